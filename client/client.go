@@ -1,0 +1,245 @@
+// Package client is the Go client of the etcdbackup.v1 API used by the
+// kubectl plugin and the agents: verified streaming uploads, and downloads
+// that resume from their offset when the connection breaks.
+package client
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+)
+
+// ChunkBytes is the size of the chunks an upload sends; it must not exceed
+// the server's ServerLimits.max_chunk_bytes (1 MiB).
+const ChunkBytes = 256 << 10
+
+// ErrCorrupt reports that downloaded bytes do not hash to the backup's
+// recorded SHA-256.
+var ErrCorrupt = errors.New("downloaded data does not match the backup's SHA-256")
+
+// Client calls an etcdbackup server over one gRPC connection.
+type Client struct {
+	Backups ebv1.BackupServiceClient
+	Info    ebv1.InfoServiceClient
+}
+
+// New returns a Client on conn.
+func New(conn grpc.ClientConnInterface) *Client {
+	return &Client{Backups: ebv1.NewBackupServiceClient(conn), Info: ebv1.NewInfoServiceClient(conn)}
+}
+
+// Upload streams r to the server as a new backup described by h. It hashes
+// while it sends and sends its size and SHA-256 in the trailer, so the
+// server stores the backup only if exactly those bytes arrived. progress,
+// if set, is called with the bytes sent so far.
+func (c *Client) Upload(ctx context.Context, r io.Reader, h *ebv1.UploadHeader, progress func(sent int64)) (*ebv1.Backup, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // on any error, cancelling tells the server to discard
+	stream, err := c.Backups.UploadBackup(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Header{Header: h}}); err != nil {
+		return nil, sendError(stream, err)
+	}
+	sum := sha256.New()
+	buf := make([]byte, ChunkBytes)
+	var sent int64
+	for {
+		n, rerr := io.ReadFull(r, buf)
+		if n > 0 {
+			sum.Write(buf[:n])
+			if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: buf[:n]}}); err != nil {
+				return nil, sendError(stream, err)
+			}
+			sent += int64(n)
+			if progress != nil {
+				progress(sent)
+			}
+		}
+		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+			break
+		}
+		if rerr != nil {
+			return nil, fmt.Errorf("read input after %d bytes: %w", sent, rerr)
+		}
+	}
+	trailer := &ebv1.UploadTrailer{Size: sent, Sha256: hex.EncodeToString(sum.Sum(nil))}
+	if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Trailer{Trailer: trailer}}); err != nil {
+		return nil, sendError(stream, err)
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetBackup(), nil
+}
+
+// sendError returns the server's status when a Send fails because the
+// server ended the stream (Send then only says io.EOF).
+func sendError(stream grpc.ClientStream, err error) error {
+	if errors.Is(err, io.EOF) {
+		if rerr := stream.RecvMsg(new(ebv1.UploadBackupResponse)); rerr != nil {
+			return rerr
+		}
+	}
+	return err
+}
+
+// DownloadRequest says what to download and from where.
+type DownloadRequest struct {
+	Name     string
+	Location string
+	// Offset is where to start: the size of a partial download already
+	// written.
+	Offset int64
+	// Prefix holds the SHA-256 state of the Offset bytes already written
+	// (nil when Offset is 0). The final digest covers prefix and new bytes.
+	Prefix hash.Hash
+	// OnHeader, if set, is called once with the backup's metadata before
+	// any byte is written; an error stops the download.
+	OnHeader func(b *ebv1.Backup) error
+	// Progress, if set, is called with the offset reached so far.
+	Progress func(offset int64)
+	// MaxRetries is how many times in a row a broken stream is re-opened
+	// without progress before giving up; 0 means 5.
+	MaxRetries int
+}
+
+// Download writes the backup's bytes from req.Offset to w, re-opening the
+// stream from the offset it reached whenever the connection breaks, and
+// fails with ErrCorrupt unless the whole backup hashes to its SHA-256.
+func (c *Client) Download(ctx context.Context, w io.Writer, req DownloadRequest) (*ebv1.Backup, error) {
+	sum := req.Prefix
+	if sum == nil {
+		if req.Offset != 0 {
+			return nil, errors.New("download: an offset needs the SHA-256 state of the bytes before it")
+		}
+		sum = sha256.New()
+	}
+	maxRetries := req.MaxRetries
+	if maxRetries == 0 {
+		maxRetries = 5
+	}
+	offset := req.Offset
+	var backup *ebv1.Backup
+	failures := 0
+	backoff := 100 * time.Millisecond
+	for {
+		before := offset
+		b, err := c.downloadOnce(ctx, io.MultiWriter(w, sum), req, &offset, backup)
+		if b != nil && backup == nil {
+			backup = b
+		}
+		if err == nil {
+			break
+		}
+		if !retryable(ctx, err) {
+			return backup, err
+		}
+		if offset > before {
+			failures, backoff = 0, 100*time.Millisecond
+		}
+		failures++
+		if failures > maxRetries {
+			return backup, fmt.Errorf("download %q: gave up after %d attempts without progress at byte %d: %w", req.Name, failures, offset, err)
+		}
+		select {
+		case <-ctx.Done():
+			return backup, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+	if got := hex.EncodeToString(sum.Sum(nil)); got != backup.GetSha256() {
+		return backup, fmt.Errorf("download %q: %w: got %s, want %s", req.Name, ErrCorrupt, got, backup.GetSha256())
+	}
+	return backup, nil
+}
+
+// downloadOnce runs one DownloadBackup stream from *offset, advancing it
+// as bytes are written. prev is the header of an earlier attempt: the
+// backup must not have changed between attempts.
+func (c *Client) downloadOnce(ctx context.Context, w io.Writer, req DownloadRequest, offset *int64, prev *ebv1.Backup) (*ebv1.Backup, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.Backups.DownloadBackup(ctx, &ebv1.DownloadBackupRequest{Name: req.Name, Location: req.Location, Offset: *offset})
+	if err != nil {
+		return nil, err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+	h := first.GetHeader()
+	if h == nil || h.GetBackup() == nil {
+		return nil, status.Error(codes.Internal, "download: the server did not start with a header")
+	}
+	b := h.GetBackup()
+	if h.GetOffset() != *offset {
+		return nil, status.Errorf(codes.Internal, "download: asked for offset %d, the server starts at %d", *offset, h.GetOffset())
+	}
+	if prev == nil {
+		if req.OnHeader != nil {
+			if err := req.OnHeader(b); err != nil {
+				return b, err
+			}
+		}
+	} else if prev.GetSha256() != b.GetSha256() || prev.GetSize() != b.GetSize() {
+		return b, fmt.Errorf("download %q: the backup changed on the server while downloading (was %d bytes %s, now %d bytes %s); download it again",
+			req.Name, prev.GetSize(), prev.GetSha256(), b.GetSize(), b.GetSha256())
+	}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return b, err
+		}
+		chunk := msg.GetChunk()
+		if _, err := w.Write(chunk); err != nil {
+			return b, fmt.Errorf("write at byte %d: %w", *offset, err)
+		}
+		*offset += int64(len(chunk))
+		if req.Progress != nil {
+			req.Progress(*offset)
+		}
+	}
+	if *offset != b.GetSize() {
+		return b, status.Errorf(codes.Unavailable, "download: stream ended at byte %d of %d", *offset, b.GetSize())
+	}
+	return b, nil
+}
+
+// retryable reports whether a failed stream may succeed when re-opened:
+// the transport broke (a tunnel dropped, a pod restarted), not the request.
+func retryable(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	s, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch s.Code() {
+	case codes.Unavailable, codes.Aborted:
+		return true
+	case codes.Internal:
+		// A connection torn mid-frame surfaces as Internal from the
+		// transport ("stream terminated by RST_STREAM", "unexpected EOF").
+		return true
+	}
+	return false
+}

@@ -1,0 +1,30 @@
+// Command kubectl-etcdbackup is the kubectl plugin: `kubectl etcdbackup ...`.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	// Every kubeconfig authentication client-go supports: exec plugins and
+	// tokens are built in, this adds OIDC.
+	_ "k8s.io/client-go/plugin/pkg/client/auth"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/plugin"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	cmd := plugin.NewCmdRoot(genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr})
+	err := cmd.ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		if !plugin.IsAlreadyReported(err) {
+			fmt.Fprintln(os.Stderr, "error:", err)
+		}
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,102 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tunnel"
+)
+
+// errAlreadyReported is returned when a command printed its own errors.
+var errAlreadyReported = errors.New("")
+
+// IsAlreadyReported tells main not to print err again.
+func IsAlreadyReported(err error) bool { return errors.Is(err, errAlreadyReported) }
+
+// dialOptions are shared by direct and tunnelled connections. Keepalive
+// pings notice a dead tunnel in seconds instead of at the next write.
+var dialOptions = []grpc.DialOption{
+	grpc.WithTransportCredentials(insecure.NewCredentials()),
+	grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
+}
+
+func (g *GlobalOptions) namespace() string {
+	if g.ConfigFlags.Namespace != nil && *g.ConfigFlags.Namespace != "" {
+		return *g.ConfigFlags.Namespace
+	}
+	return DefaultNamespace
+}
+
+// connectTunnel resolves and dials the server once up front, so that a
+// missing install, an unready pod or missing RBAC is reported as such
+// rather than as a gRPC "connection error"; later (re-)dials by gRPC go
+// through the same tunnel dialer.
+func (g *GlobalOptions) connectTunnel(ctx context.Context) (*Connection, error) {
+	cfg, err := g.ConfigFlags.ToRESTConfig()
+	if err != nil {
+		return nil, fmt.Errorf("load kubeconfig: %w", err)
+	}
+	d, err := tunnel.New(cfg, tunnel.Target{Namespace: g.namespace(), Service: g.ServerService})
+	if err != nil {
+		return nil, err
+	}
+	dctx, cancel := context.WithTimeout(ctx, g.ConnectTimeout)
+	defer cancel()
+	first, err := d.DialContext(dctx, "")
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return nil, fmt.Errorf("no answer from the API server within %s (--connect-timeout): %w", g.ConnectTimeout, err)
+		}
+		return nil, err
+	}
+	var once sync.Once
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		var c net.Conn
+		once.Do(func() { c = first })
+		if c != nil {
+			return c, nil
+		}
+		return d.DialContext(ctx, addr)
+	}
+	target := first.(*tunnel.Conn).Endpoint().String()
+	conn, err := grpc.NewClient("passthrough:///"+g.ServerService+"."+g.namespace(),
+		append(dialOptions, grpc.WithContextDialer(dial))...)
+	if err != nil {
+		first.Close()
+		return nil, err
+	}
+	return &Connection{Client: client.New(conn), conn: conn, Target: target}, nil
+}
+
+// explain turns an RPC error into one that says what to do.
+func (c *Connection) explain(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	s, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	switch s.Code() {
+	case codes.Unavailable:
+		return fmt.Errorf("%s: cannot reach the etcdbackup server at %s: %s", op, c.Target, s.Message())
+	case codes.Unimplemented:
+		return fmt.Errorf("%s: the server at %s does not support this (%s); upgrade the server to the plugin's version", op, c.Target, s.Message())
+	}
+	// The server's messages are written for people; the code is context.
+	return fmt.Errorf("%s: %s (%s)", op, s.Message(), s.Code())
+}
+
+func quote(s string) string { return strconv.Quote(s) }

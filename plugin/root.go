@@ -1,0 +1,102 @@
+// Package plugin holds the cobra commands of `kubectl etcdbackup`, built the
+// way kubectl's own commands are: an Options struct per command with
+// Complete, Validate and Run, and IOStreams injected so every command runs
+// in tests without a terminal.
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+)
+
+// DefaultNamespace is where the plugin looks for the server when -n is not
+// given. Like velero's CLI, it does not use the kubeconfig context's
+// namespace: the server lives in a namespace of its own, not the user's.
+const DefaultNamespace = "etcdbackup-system"
+
+// GlobalOptions are the flags every command shares: cli-runtime's
+// kubeconfig flags and how to reach the server.
+type GlobalOptions struct {
+	ConfigFlags *genericclioptions.ConfigFlags
+	// ServerAddress, when set, is dialled directly instead of tunnelling
+	// through the API server (in-cluster use and tests).
+	ServerAddress string
+	// ServerService is the name of the server's Service.
+	ServerService string
+	// Location is the storage location; empty means the server's default.
+	Location string
+	// Timeout bounds connecting to the server.
+	ConnectTimeout time.Duration
+
+	genericiooptions.IOStreams
+}
+
+// NewCmdRoot returns the `kubectl etcdbackup` command.
+func NewCmdRoot(streams genericiooptions.IOStreams) *cobra.Command {
+	g := &GlobalOptions{
+		ConfigFlags:    genericclioptions.NewConfigFlags(true),
+		ServerService:  "etcdbackup",
+		ConnectTimeout: 30 * time.Second,
+		IOStreams:      streams,
+	}
+	cmd := &cobra.Command{
+		Use:   "kubectl-etcdbackup",
+		Short: "Take, list, download, upload and restore etcd backups through the Kubernetes API server",
+		Long: `kubectl etcdbackup talks to the etcdbackup data server running in the cluster.
+It reaches the server by port-forwarding through the API server, so it works
+wherever "kubectl get pods" works: no Ingress, no DNS, no storage credentials.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Annotations: map[string]string{
+			cobra.CommandDisplayNameAnnotation: "kubectl etcdbackup",
+		},
+	}
+	flags := cmd.PersistentFlags()
+	g.ConfigFlags.AddFlags(flags)
+	flags.StringVar(&g.ServerAddress, "server-address", "", "HOST:PORT of the data server's gRPC port, dialled directly instead of through the API server")
+	flags.StringVar(&g.ServerService, "server-service", g.ServerService, "name of the data server's Service in the namespace")
+	flags.StringVar(&g.Location, "location", "", "storage location on the server (default: the server's default location)")
+	flags.DurationVar(&g.ConnectTimeout, "connect-timeout", g.ConnectTimeout, "how long to wait for the server to answer")
+
+	cmd.AddCommand(
+		NewCmdList(g),
+		NewCmdGet(g),
+		NewCmdUpload(g),
+		NewCmdDownload(g),
+		NewCmdDelete(g),
+		NewCmdVersion(g),
+	)
+	return cmd
+}
+
+// Connection is an open connection to the server.
+type Connection struct {
+	*client.Client
+	conn *grpc.ClientConn
+	// Target describes what was reached, for messages.
+	Target string
+}
+
+// Close releases the connection (and its tunnel).
+func (c *Connection) Close() error { return c.conn.Close() }
+
+// Connect opens a connection to the server: directly to ServerAddress when
+// set, otherwise through a port-forward tunnel.
+func (g *GlobalOptions) Connect(ctx context.Context) (*Connection, error) {
+	if g.ServerAddress != "" {
+		conn, err := grpc.NewClient("passthrough:///"+g.ServerAddress, dialOptions...)
+		if err != nil {
+			return nil, fmt.Errorf("--server-address %q: %w", g.ServerAddress, err)
+		}
+		return &Connection{Client: client.New(conn), conn: conn, Target: g.ServerAddress}, nil
+	}
+	return g.connectTunnel(ctx)
+}

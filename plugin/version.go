@@ -1,0 +1,81 @@
+package plugin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+)
+
+// VersionOptions are the options of `kubectl etcdbackup version`.
+type VersionOptions struct {
+	*GlobalOptions
+	ClientOnly bool
+	Output     string
+}
+
+// NewCmdVersion returns the version command.
+func NewCmdVersion(g *GlobalOptions) *cobra.Command {
+	o := &VersionOptions{GlobalOptions: g, Output: "table"}
+	cmd := &cobra.Command{
+		Use:   "version",
+		Short: "Print the plugin's and the server's versions, and the server's storage locations",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context())
+		},
+	}
+	cmd.Flags().BoolVar(&o.ClientOnly, "client", false, "print the plugin's version only, without contacting the server")
+	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "output format: table, json or yaml")
+	return cmd
+}
+
+// Validate checks the flags.
+func (o *VersionOptions) Validate() error { return validateOutput(o.Output) }
+
+// Run prints the versions.
+func (o *VersionOptions) Run(ctx context.Context) error {
+	info := &ebv1.GetServerInfoResponse{}
+	if !o.ClientOnly {
+		conn, err := o.Connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		if info, err = conn.Info.GetServerInfo(ctx, &ebv1.GetServerInfoRequest{}); err != nil {
+			return conn.explain("get server version", err)
+		}
+	}
+	if o.Output == "json" || o.Output == "yaml" {
+		v := map[string]any{"clientVersion": map[string]string{"version": version.Version, "gitCommit": version.Commit()}}
+		if !o.ClientOnly {
+			server, err := protojson.Marshal(info)
+			if err != nil {
+				return err
+			}
+			v["server"] = json.RawMessage(server)
+		}
+		return printValue(o.Out, o.Output, v)
+	}
+	fmt.Fprintf(o.Out, "Client Version: %s\n", version.Version)
+	if o.ClientOnly {
+		return nil
+	}
+	fmt.Fprintf(o.Out, "Server Version: %s\n", info.GetVersion())
+	for _, l := range info.GetLocations() {
+		def := ""
+		if l.GetDefault() {
+			def = " (default)"
+		}
+		fmt.Fprintf(o.Out, "Storage Location: %s%s, %s: %s\n", l.GetName(), def, l.GetType(), l.GetDescription())
+	}
+	return nil
+}

@@ -1,0 +1,353 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/apimachinery/pkg/labels"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+)
+
+// ListBackups implements ebv1.BackupServiceServer.
+func (s *Server) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest) (*ebv1.ListBackupsResponse, error) {
+	locName, loc, err := s.location(req.GetLocation())
+	if err != nil {
+		return nil, err
+	}
+	sel, err := labels.Parse(req.GetLabelSelector())
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "label selector %q: %v", req.GetLabelSelector(), err)
+	}
+	manifests, err := loc.List(ctx)
+	if err != nil {
+		return nil, storageError("list", locName, "", err)
+	}
+	resp := &ebv1.ListBackupsResponse{}
+	for _, m := range manifests {
+		if sel.Matches(labels.Set(m.Labels)) {
+			resp.Backups = append(resp.Backups, backupFromManifest(locName, m))
+		}
+	}
+	sort.Slice(resp.Backups, func(i, j int) bool {
+		a, b := resp.Backups[i], resp.Backups[j]
+		ta, tb := a.GetCreateTime().AsTime(), b.GetCreateTime().AsTime()
+		if !ta.Equal(tb) {
+			return ta.After(tb)
+		}
+		return a.GetName() < b.GetName()
+	})
+	return resp, nil
+}
+
+// GetBackup implements ebv1.BackupServiceServer.
+func (s *Server) GetBackup(ctx context.Context, req *ebv1.GetBackupRequest) (*ebv1.GetBackupResponse, error) {
+	if err := validateName("backup", req.GetName()); err != nil {
+		return nil, err
+	}
+	locName, loc, err := s.location(req.GetLocation())
+	if err != nil {
+		return nil, err
+	}
+	m, err := loc.Stat(ctx, req.GetName())
+	if err != nil {
+		return nil, storageError("get", locName, req.GetName(), err)
+	}
+	return &ebv1.GetBackupResponse{Backup: backupFromManifest(locName, m)}, nil
+}
+
+// DeleteBackup implements ebv1.BackupServiceServer.
+func (s *Server) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupRequest) (*ebv1.DeleteBackupResponse, error) {
+	if err := validateName("backup", req.GetName()); err != nil {
+		return nil, err
+	}
+	locName, loc, err := s.location(req.GetLocation())
+	if err != nil {
+		return nil, err
+	}
+	if err := loc.Delete(ctx, req.GetName()); err != nil {
+		return nil, storageError("delete", locName, req.GetName(), err)
+	}
+	s.log.Info("backup deleted", "location", locName, "backup", req.GetName())
+	return &ebv1.DeleteBackupResponse{}, nil
+}
+
+// UploadBackup implements ebv1.BackupServiceServer.
+func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err error) {
+	ctx := stream.Context()
+	start := s.now()
+	first, err := stream.Recv()
+	if err != nil {
+		return status.Errorf(codes.InvalidArgument, "upload: no header received: %v", err)
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return status.Error(codes.InvalidArgument, "upload: the first message must be the header naming the backup")
+	}
+	kind, err := validateUploadHeader(h)
+	if err != nil {
+		return err
+	}
+	locName, loc, err := s.location(h.GetLocation())
+	if err != nil {
+		return err
+	}
+	release, err := s.claim(locName, h.GetName())
+	if err != nil {
+		return err
+	}
+	defer release()
+	defer func() { s.metrics.observeTransfer("upload", start, err) }()
+
+	up, err := loc.Create(ctx, h.GetName())
+	if err != nil {
+		return storageError("upload", locName, h.GetName(), err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			if aerr := up.Abort(); aerr != nil {
+				s.log.Error("discarding failed upload", "location", locName, "backup", h.GetName(), "error", aerr)
+			}
+		}
+	}()
+
+	sum := sha256.New()
+	w := io.MultiWriter(up, sum)
+	var size int64
+	var trailer *ebv1.UploadTrailer
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			s.log.Warn("upload interrupted", "location", locName, "backup", h.GetName(), "received", size, "error", err)
+			if ctx.Err() != nil {
+				return status.Errorf(codes.Canceled, "upload of %q cancelled after %d bytes; nothing was stored", h.GetName(), size)
+			}
+			return err
+		}
+		if trailer != nil {
+			return status.Error(codes.InvalidArgument, "upload: a message arrived after the trailer; the trailer must be last")
+		}
+		if msg.GetHeader() != nil {
+			return status.Error(codes.InvalidArgument, "upload: a second header arrived; only the first message is a header")
+		}
+		if t := msg.GetTrailer(); t != nil {
+			if err := validateSHA256("trailer SHA-256", t.GetSha256()); err != nil {
+				return err
+			}
+			trailer = t
+			continue
+		}
+		chunk := msg.GetChunk()
+		if len(chunk) > MaxChunkBytes {
+			return status.Errorf(codes.InvalidArgument, "upload: chunk of %d bytes exceeds the %d-byte limit", len(chunk), MaxChunkBytes)
+		}
+		size += int64(len(chunk))
+		if h.ExpectedSize != nil && size > h.GetExpectedSize() {
+			return status.Errorf(codes.DataLoss,
+				"upload of %q: more than the declared %d bytes arrived; nothing was stored", h.GetName(), h.GetExpectedSize())
+		}
+		if _, err := w.Write(chunk); err != nil {
+			return storageError("upload", locName, h.GetName(), err)
+		}
+		s.metrics.bytesIn.Add(float64(len(chunk)))
+	}
+
+	digest := hex.EncodeToString(sum.Sum(nil))
+	if h.ExpectedSize != nil && size != h.GetExpectedSize() {
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: %d bytes arrived but %d were declared; nothing was stored, upload again", h.GetName(), size, h.GetExpectedSize())
+	}
+	if want := h.GetExpectedSha256(); want != "" && want != digest {
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: the data that arrived has SHA-256 %s but %s was declared; nothing was stored, upload again", h.GetName(), digest, want)
+	}
+	if trailer != nil && (trailer.GetSize() != size || (trailer.GetSha256() != "" && trailer.GetSha256() != digest)) {
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: the client sent %d bytes with SHA-256 %s but %d bytes with SHA-256 %s arrived; nothing was stored, upload again",
+			h.GetName(), trailer.GetSize(), trailer.GetSha256(), size, digest)
+	}
+	m := manifestFromHeader(h, kind, size, digest, s.now().UTC())
+	if err := up.Commit(ctx, m); err != nil {
+		return storageError("upload", locName, h.GetName(), err)
+	}
+	committed = true
+	s.log.Info("backup stored", "location", locName, "backup", m.Name, "bytes", size, "sha256", digest,
+		"seconds", s.now().Sub(start).Seconds())
+	return stream.SendAndClose(&ebv1.UploadBackupResponse{Backup: backupFromManifest(locName, m)})
+}
+
+func validateUploadHeader(h *ebv1.UploadHeader) (kind string, err error) {
+	if err := validateName("backup", h.GetName()); err != nil {
+		return "", err
+	}
+	if h.ExpectedSize != nil && h.GetExpectedSize() < 0 {
+		return "", status.Errorf(codes.InvalidArgument, "expected size %d is negative", h.GetExpectedSize())
+	}
+	for _, err := range []error{
+		validateSHA256("expected SHA-256", h.GetExpectedSha256()),
+		validateSHA256("raw SHA-256", h.GetRawSha256()),
+		validateLabels(h.GetLabels()),
+		validateCompression(h.GetCompression()),
+		validateDescription(h.GetSource().GetDescription()),
+		checkf(h.GetRawSize() >= 0, "raw size %d is negative", h.GetRawSize()),
+	} {
+		if err != nil {
+			return "", err
+		}
+	}
+	return validateSourceKind(h.GetSource().GetKind())
+}
+
+// bufPool holds download buffers: a stream holds one at a time, so memory
+// per download is bounded by downloadChunkBytes whatever the backup size.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, downloadChunkBytes); return &b }}
+
+// DownloadBackup implements ebv1.BackupServiceServer.
+func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.BackupService_DownloadBackupServer) (err error) {
+	ctx := stream.Context()
+	start := s.now()
+	if err := validateName("backup", req.GetName()); err != nil {
+		return err
+	}
+	if req.GetOffset() < 0 {
+		return status.Errorf(codes.InvalidArgument, "offset %d is negative", req.GetOffset())
+	}
+	locName, loc, err := s.location(req.GetLocation())
+	if err != nil {
+		return err
+	}
+	m, err := loc.Stat(ctx, req.GetName())
+	if err != nil {
+		return storageError("download", locName, req.GetName(), err)
+	}
+	if req.GetOffset() > m.Size {
+		return status.Errorf(codes.OutOfRange,
+			"offset %d is past the end of backup %q (%d bytes); a partial download larger than the backup is not of this backup: delete it and download again",
+			req.GetOffset(), req.GetName(), m.Size)
+	}
+	defer func() { s.metrics.observeTransfer("download", start, err) }()
+	r, m, err := loc.Open(ctx, req.GetName(), req.GetOffset())
+	if err != nil {
+		return storageError("download", locName, req.GetName(), err)
+	}
+	defer r.Close()
+
+	if err := stream.Send(&ebv1.DownloadBackupResponse{Msg: &ebv1.DownloadBackupResponse_Header{Header: &ebv1.DownloadHeader{
+		Backup: backupFromManifest(locName, m),
+		Offset: req.GetOffset(),
+	}}}); err != nil {
+		return err
+	}
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	sent := req.GetOffset()
+	for sent < m.Size {
+		n, rerr := io.ReadFull(r, buf[:min(int64(len(buf)), m.Size-sent)])
+		if n > 0 {
+			// Send marshals before returning, so buf can be reused.
+			if err := stream.Send(&ebv1.DownloadBackupResponse{Msg: &ebv1.DownloadBackupResponse_Chunk{Chunk: buf[:n]}}); err != nil {
+				return err
+			}
+			sent += int64(n)
+			s.metrics.bytesOut.Add(float64(n))
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+				return status.Errorf(codes.DataLoss,
+					"backup %q in location %q is truncated: its manifest says %d bytes but the data ends at %d", req.GetName(), locName, m.Size, sent)
+			}
+			return storageError("download", locName, req.GetName(), rerr)
+		}
+	}
+	return nil
+}
+
+func manifestFromHeader(h *ebv1.UploadHeader, kind string, size int64, digest string, now time.Time) *storage.Manifest {
+	m := &storage.Manifest{
+		Name:        h.GetName(),
+		Size:        size,
+		SHA256:      digest,
+		CreateTime:  now,
+		Labels:      h.GetLabels(),
+		Compression: h.GetCompression(),
+		RawSize:     h.GetRawSize(),
+		RawSHA256:   h.GetRawSha256(),
+		Source: storage.Source{
+			Kind:        kind,
+			Description: h.GetSource().GetDescription(),
+			Target:      h.GetSource().GetTarget(),
+		},
+	}
+	if m.Compression == "" {
+		m.RawSize, m.RawSHA256 = size, digest
+	}
+	if t := h.GetSource().GetStartTime(); t != nil {
+		m.Source.StartTime = t.AsTime()
+	}
+	if t := h.GetSource().GetEndTime(); t != nil {
+		m.Source.EndTime = t.AsTime()
+	}
+	if e := h.GetEtcd(); e != nil {
+		m.Etcd = &storage.EtcdInfo{
+			ClusterID:  e.GetClusterId(),
+			MemberID:   e.GetMemberId(),
+			MemberName: e.GetMemberName(),
+			Revision:   e.GetRevision(),
+			Version:    e.GetVersion(),
+			DBSize:     e.GetDbSize(),
+		}
+	}
+	return m
+}
+
+func backupFromManifest(loc string, m *storage.Manifest) *ebv1.Backup {
+	b := &ebv1.Backup{
+		Name:        m.Name,
+		Location:    loc,
+		Phase:       ebv1.BackupPhase_BACKUP_PHASE_COMPLETED,
+		Size:        m.Size,
+		Sha256:      m.SHA256,
+		CreateTime:  timestamppb.New(m.CreateTime),
+		Labels:      m.Labels,
+		Compression: m.Compression,
+		RawSize:     m.RawSize,
+		RawSha256:   m.RawSHA256,
+		Source: &ebv1.BackupSource{
+			Kind:        m.Source.Kind,
+			Description: m.Source.Description,
+			Target:      m.Source.Target,
+		},
+	}
+	if !m.Source.StartTime.IsZero() {
+		b.Source.StartTime = timestamppb.New(m.Source.StartTime)
+	}
+	if !m.Source.EndTime.IsZero() {
+		b.Source.EndTime = timestamppb.New(m.Source.EndTime)
+	}
+	if e := m.Etcd; e != nil {
+		b.Etcd = &ebv1.EtcdInfo{
+			ClusterId:  e.ClusterID,
+			MemberId:   e.MemberID,
+			MemberName: e.MemberName,
+			Revision:   e.Revision,
+			Version:    e.Version,
+			DbSize:     e.DBSize,
+		}
+	}
+	return b
+}

@@ -1,0 +1,228 @@
+// Package server is the request layer of the etcdbackup data server: it
+// validates requests, maps them onto named storage locations, enforces
+// integrity (sizes and SHA-256) and turns outcomes into gRPC status codes a
+// client can act on. It knows storage only through storage.Location.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+)
+
+const (
+	// MaxChunkBytes is the largest chunk accepted or sent on a stream. It
+	// bounds the memory a stream holds, whatever the backup's size.
+	MaxChunkBytes = 1 << 20
+	// MaxNameLength keeps NAME.json within the 255-byte file-name limit of
+	// common file systems; S3 keys allow more, names must work everywhere.
+	MaxNameLength = 200
+	// downloadChunkBytes is what the server sends per message.
+	downloadChunkBytes = 256 << 10
+)
+
+// NamedLocation is a storage location and the name clients address it by.
+type NamedLocation struct {
+	Name     string
+	Location storage.Location
+}
+
+// Config is what a Server needs.
+type Config struct {
+	// Locations in order; the first is the default.
+	Locations []NamedLocation
+	Logger    *slog.Logger
+	// Registerer receives the server's Prometheus metrics; nil skips them.
+	Registerer prometheus.Registerer
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Server implements the etcdbackup.v1 services.
+type Server struct {
+	ebv1.UnimplementedInfoServiceServer
+	ebv1.UnimplementedBackupServiceServer
+
+	locations map[string]storage.Location
+	order     []string
+	log       *slog.Logger
+	now       func() time.Time
+	metrics   *metrics
+	health    *health.Server
+
+	mu       sync.Mutex
+	inflight map[string]bool // "location/name" of uploads in progress
+}
+
+// New checks the configuration and returns a Server.
+func New(cfg Config) (*Server, error) {
+	if len(cfg.Locations) == 0 {
+		return nil, errors.New("at least one storage location is required")
+	}
+	s := &Server{
+		locations: map[string]storage.Location{},
+		log:       cfg.Logger,
+		now:       cfg.Now,
+		health:    health.NewServer(),
+		inflight:  map[string]bool{},
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	for _, l := range cfg.Locations {
+		if err := validateName("storage location", l.Name); err != nil {
+			return nil, err
+		}
+		if _, dup := s.locations[l.Name]; dup {
+			return nil, fmt.Errorf("storage location %q is configured twice", l.Name)
+		}
+		s.locations[l.Name] = l.Location
+		s.order = append(s.order, l.Name)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
+	return s, nil
+}
+
+// Register adds the etcdbackup and grpc.health.v1 services to g.
+func (s *Server) Register(g *grpc.Server) {
+	ebv1.RegisterInfoServiceServer(g, s)
+	ebv1.RegisterBackupServiceServer(g, s)
+	healthpb.RegisterHealthServer(g, s.health)
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(ebv1.BackupService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+}
+
+// GRPCServerOptions are the options the server's streams need.
+func GRPCServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		// A chunk plus framing must fit in a message.
+		grpc.MaxRecvMsgSize(MaxChunkBytes + 64<<10),
+		// Clients ping every 20 s to notice a dead port-forward tunnel;
+		// the default policy would answer that with GOAWAY.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	}
+}
+
+// Serve serves on lis until ctx is done, then stops accepting, reports
+// NOT_SERVING to health checks, lets in-flight streams finish for up to
+// drain, and stops.
+func (s *Server) Serve(ctx context.Context, lis net.Listener, drain time.Duration) error {
+	g := grpc.NewServer(GRPCServerOptions()...)
+	s.Register(g)
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	s.log.Info("shutting down: draining in-flight requests", "timeout", drain)
+	s.health.Shutdown()
+	stopped := make(chan struct{})
+	go func() {
+		g.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+		s.log.Info("drained")
+	case <-time.After(drain):
+		s.log.Warn("drain timeout passed: cancelling remaining requests")
+		g.Stop()
+		<-stopped
+	}
+	return <-errc
+}
+
+// GetServerInfo implements ebv1.InfoServiceServer.
+func (s *Server) GetServerInfo(context.Context, *ebv1.GetServerInfoRequest) (*ebv1.GetServerInfoResponse, error) {
+	resp := &ebv1.GetServerInfoResponse{
+		Version:   version.Version,
+		GitCommit: version.Commit(),
+		Limits: &ebv1.ServerLimits{
+			MaxChunkBytes: MaxChunkBytes,
+			MaxNameLength: MaxNameLength,
+		},
+	}
+	for i, name := range s.order {
+		l := s.locations[name]
+		resp.Locations = append(resp.Locations, &ebv1.StorageLocation{
+			Name:        name,
+			Type:        l.Type(),
+			Default:     i == 0,
+			Description: l.Describe(),
+		})
+	}
+	return resp, nil
+}
+
+// location resolves a request's location name ("" is the default).
+func (s *Server) location(name string) (string, storage.Location, error) {
+	if name == "" {
+		name = s.order[0]
+	}
+	l, ok := s.locations[name]
+	if !ok {
+		return "", nil, status.Errorf(codes.NotFound,
+			"storage location %q does not exist on this server; it has %v (see `kubectl etcdbackup version`)", name, s.order)
+	}
+	return name, l, nil
+}
+
+// claim marks an upload of name in loc as in progress, so a second upload
+// of the same name is refused at once instead of after its data arrived.
+func (s *Server) claim(loc, name string) (release func(), err error) {
+	key := loc + "/" + name
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inflight[key] {
+		return nil, status.Errorf(codes.AlreadyExists,
+			"an upload of backup %q to location %q is already in progress; backups are immutable, choose another name", name, loc)
+	}
+	s.inflight[key] = true
+	return func() {
+		s.mu.Lock()
+		delete(s.inflight, key)
+		s.mu.Unlock()
+	}, nil
+}
+
+// storageError turns a storage error into a status a client can act on.
+func storageError(op, loc, name string, err error) error {
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		return status.Errorf(codes.NotFound,
+			"backup %q not found in location %q; run `kubectl etcdbackup list --location %s` to see the backups", name, loc, loc)
+	case errors.Is(err, storage.ErrAlreadyExists):
+		return status.Errorf(codes.AlreadyExists,
+			"backup %q already exists in location %q; backups are immutable: choose another name or delete the old one first", name, loc)
+	case errors.Is(err, context.Canceled):
+		return status.Errorf(codes.Canceled, "%s %q: cancelled", op, name)
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Errorf(codes.DeadlineExceeded, "%s %q: deadline exceeded", op, name)
+	}
+	return status.Errorf(codes.Internal, "%s %q in location %q: %v", op, name, loc, err)
+}

@@ -1,0 +1,330 @@
+// Package filesystem is the storage location backed by a local directory
+// (in a cluster, a PersistentVolumeClaim mounted into the server pod).
+//
+// Layout under the root directory:
+//
+//	backups/NAME.db    the backup's data
+//	backups/NAME.json  its manifest, written last: its presence makes the backup exist
+//	.tmp/              uploads in progress; emptied at every start
+//
+// Data is written to .tmp, fsynced, and hard-linked into place (link(2)
+// never replaces an existing name, so two uploads of one name cannot both
+// win); the manifest follows the same way. Data without a manifest is what a
+// crash between the two steps leaves; it is removed when the location opens.
+package filesystem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+)
+
+const (
+	dataSuffix     = ".db"
+	manifestSuffix = ".json"
+)
+
+// Location stores backups in a directory.
+type Location struct {
+	root       string
+	backupsDir string
+	tmpDir     string
+
+	// publish serialises the steps that make names appear and disappear, so
+	// that a commit can tell an orphan left by a crash from a concurrent
+	// commit of the same name.
+	publish sync.Mutex
+}
+
+var _ storage.Location = (*Location)(nil)
+
+// New opens (creating if needed) the location rooted at dir and removes
+// what interrupted uploads and deletes left behind.
+func New(dir string) (*Location, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("storage directory %q: %w", dir, err)
+	}
+	l := &Location{
+		root:       abs,
+		backupsDir: filepath.Join(abs, "backups"),
+		tmpDir:     filepath.Join(abs, ".tmp"),
+	}
+	if err := os.RemoveAll(l.tmpDir); err != nil {
+		return nil, fmt.Errorf("clean interrupted uploads in %q: %w", l.tmpDir, err)
+	}
+	for _, d := range []string{l.backupsDir, l.tmpDir} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return nil, fmt.Errorf("create storage directory: %w", err)
+		}
+	}
+	if err := l.removeOrphans(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Location) Type() string     { return "filesystem" }
+func (l *Location) Describe() string { return l.root }
+
+func (l *Location) dataPath(name string) string {
+	return filepath.Join(l.backupsDir, name+dataSuffix)
+}
+
+func (l *Location) manifestPath(name string) string {
+	return filepath.Join(l.backupsDir, name+manifestSuffix)
+}
+
+// checkName is a last line of defence: the request layer validates names
+// properly, but this layer must never be able to write outside its root.
+func checkName(name string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsAny(name, `/\`) || strings.ContainsRune(name, 0) {
+		return fmt.Errorf("invalid backup name %q", name)
+	}
+	return nil
+}
+
+func (l *Location) removeOrphans() error {
+	entries, err := os.ReadDir(l.backupsDir)
+	if err != nil {
+		return fmt.Errorf("scan %q: %w", l.backupsDir, err)
+	}
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), dataSuffix)
+		if !ok {
+			continue
+		}
+		if _, err := os.Stat(l.manifestPath(name)); errors.Is(err, fs.ErrNotExist) {
+			if err := os.Remove(l.dataPath(name)); err != nil {
+				return fmt.Errorf("remove incomplete backup data %q: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Create implements storage.Location.
+func (l *Location) Create(ctx context.Context, name string) (storage.Upload, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	if _, err := l.Stat(ctx, name); err == nil {
+		return nil, fmt.Errorf("%q: %w", name, storage.ErrAlreadyExists)
+	} else if !errors.Is(err, storage.ErrNotFound) {
+		return nil, err
+	}
+	// The temporary name does not contain the backup name: a long name plus
+	// a random suffix could pass the file system's 255-byte limit.
+	f, err := os.CreateTemp(l.tmpDir, "upload-*"+dataSuffix)
+	if err != nil {
+		return nil, fmt.Errorf("create temporary file for %q: %w", name, err)
+	}
+	return &upload{loc: l, name: name, f: f}, nil
+}
+
+type upload struct {
+	loc  *Location
+	name string
+	f    *os.File
+	done bool
+}
+
+func (u *upload) Write(p []byte) (int, error) {
+	return u.f.Write(p)
+}
+
+func (u *upload) Commit(ctx context.Context, m *storage.Manifest) error {
+	if u.done {
+		return errors.New("upload already finished")
+	}
+	if m.Name != u.name {
+		return fmt.Errorf("manifest names %q, upload is %q", m.Name, u.name)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := u.f.Sync(); err != nil {
+		return fmt.Errorf("sync data of %q: %w", u.name, err)
+	}
+	if err := u.f.Close(); err != nil {
+		return fmt.Errorf("close data of %q: %w", u.name, err)
+	}
+	manifest, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode manifest of %q: %w", u.name, err)
+	}
+	manifestTmp := u.f.Name() + manifestSuffix
+	if err := writeFileSync(manifestTmp, manifest); err != nil {
+		return fmt.Errorf("write manifest of %q: %w", u.name, err)
+	}
+	defer os.Remove(manifestTmp)
+
+	l := u.loc
+	l.publish.Lock()
+	defer l.publish.Unlock()
+	if _, err := os.Stat(l.manifestPath(u.name)); err == nil {
+		return fmt.Errorf("%q: %w", u.name, storage.ErrAlreadyExists)
+	}
+	// Holding publish, data without a manifest can only be an orphan of a
+	// crash or of a delete that failed halfway.
+	if err := os.Remove(l.dataPath(u.name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove stale data of %q: %w", u.name, err)
+	}
+	if err := os.Link(u.f.Name(), l.dataPath(u.name)); err != nil {
+		return fmt.Errorf("publish data of %q: %w", u.name, err)
+	}
+	if err := syncDir(l.backupsDir); err != nil {
+		return err
+	}
+	if err := os.Link(manifestTmp, l.manifestPath(u.name)); err != nil {
+		_ = os.Remove(l.dataPath(u.name))
+		return fmt.Errorf("publish manifest of %q: %w", u.name, err)
+	}
+	if err := syncDir(l.backupsDir); err != nil {
+		return err
+	}
+	u.done = true
+	_ = os.Remove(u.f.Name())
+	return nil
+}
+
+func (u *upload) Abort() error {
+	if u.done {
+		return nil
+	}
+	u.done = true
+	_ = u.f.Close()
+	if err := os.Remove(u.f.Name()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("discard upload of %q: %w", u.name, err)
+	}
+	return nil
+}
+
+// Open implements storage.Location.
+func (l *Location) Open(ctx context.Context, name string, offset int64) (io.ReadCloser, *storage.Manifest, error) {
+	m, err := l.Stat(ctx, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if offset < 0 || offset > m.Size {
+		return nil, nil, fmt.Errorf("offset %d outside backup %q of %d bytes", offset, name, m.Size)
+	}
+	f, err := os.Open(l.dataPath(name))
+	if errors.Is(err, fs.ErrNotExist) {
+		// Deleted between Stat and Open.
+		return nil, nil, fmt.Errorf("%q: %w", name, storage.ErrNotFound)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("open data of %q: %w", name, err)
+	}
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("seek data of %q to %d: %w", name, offset, err)
+	}
+	return f, m, nil
+}
+
+// Stat implements storage.Location.
+func (l *Location) Stat(_ context.Context, name string) (*storage.Manifest, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(l.manifestPath(name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%q: %w", name, storage.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read manifest of %q: %w", name, err)
+	}
+	var m storage.Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("decode manifest of %q: %w", name, err)
+	}
+	return &m, nil
+}
+
+// List implements storage.Location.
+func (l *Location) List(ctx context.Context) ([]*storage.Manifest, error) {
+	entries, err := os.ReadDir(l.backupsDir)
+	if err != nil {
+		return nil, fmt.Errorf("list %q: %w", l.backupsDir, err)
+	}
+	var out []*storage.Manifest
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), manifestSuffix)
+		if !ok || e.IsDir() {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		m, err := l.Stat(ctx, name)
+		if errors.Is(err, storage.ErrNotFound) {
+			continue // deleted while listing
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// Delete implements storage.Location.
+func (l *Location) Delete(_ context.Context, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	l.publish.Lock()
+	defer l.publish.Unlock()
+	if err := os.Remove(l.manifestPath(name)); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%q: %w", name, storage.ErrNotFound)
+	} else if err != nil {
+		return fmt.Errorf("delete manifest of %q: %w", name, err)
+	}
+	if err := syncDir(l.backupsDir); err != nil {
+		return err
+	}
+	if err := os.Remove(l.dataPath(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("delete data of %q: %w", name, err)
+	}
+	return nil
+}
+
+func writeFileSync(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o640)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// syncDir makes a rename or link in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open directory %q: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync directory %q: %w", dir, err)
+	}
+	return nil
+}

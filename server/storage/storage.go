@@ -1,0 +1,93 @@
+// Package storage is the data access layer of the etcdbackup server: one
+// interface over the places backups are kept (a filesystem directory, an S3
+// bucket, ...), knowing nothing of gRPC, authentication or etcd.
+//
+// Every backend keeps the same promise: a backup becomes visible to Stat and
+// List only once its data is completely and durably written and its
+// manifest, written last, is in place. An upload that is aborted, or a
+// process that dies mid-upload, leaves nothing listed.
+package storage
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+)
+
+// Errors every backend returns (wrapped) so the request layer can map them
+// to status codes.
+var (
+	ErrNotFound      = errors.New("backup not found")
+	ErrAlreadyExists = errors.New("backup already exists")
+)
+
+// Manifest is what a location stores about a backup beside its data. It is
+// written after the data and its presence is what makes the backup exist.
+type Manifest struct {
+	Name        string            `json:"name"`
+	Size        int64             `json:"size"`
+	SHA256      string            `json:"sha256"`
+	CreateTime  time.Time         `json:"createTime"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Compression string            `json:"compression,omitempty"`
+	RawSize     int64             `json:"rawSize,omitempty"`
+	RawSHA256   string            `json:"rawSHA256,omitempty"`
+	Source      Source            `json:"source"`
+	Etcd        *EtcdInfo         `json:"etcd,omitempty"`
+}
+
+// Source records where a backup's data came from.
+type Source struct {
+	Kind        string    `json:"kind"`
+	Description string    `json:"description,omitempty"`
+	Target      string    `json:"target,omitempty"`
+	StartTime   time.Time `json:"startTime,omitzero"`
+	EndTime     time.Time `json:"endTime,omitzero"`
+}
+
+// EtcdInfo records facts about the etcd member a snapshot was taken from.
+type EtcdInfo struct {
+	ClusterID  uint64 `json:"clusterID,omitempty"`
+	MemberID   uint64 `json:"memberID,omitempty"`
+	MemberName string `json:"memberName,omitempty"`
+	Revision   int64  `json:"revision,omitempty"`
+	Version    string `json:"version,omitempty"`
+	DBSize     int64  `json:"dbSize,omitempty"`
+}
+
+// Location is one named place where backups are stored. Implementations are
+// safe for concurrent use.
+type Location interface {
+	// Create starts writing a new backup called name. It fails with
+	// ErrAlreadyExists when a complete backup of that name exists. The
+	// caller must call exactly one of Commit or Abort on the result.
+	Create(ctx context.Context, name string) (Upload, error)
+	// Open returns the backup's manifest and a reader of its data starting
+	// at offset, which must be within [0, Size].
+	Open(ctx context.Context, name string, offset int64) (io.ReadCloser, *Manifest, error)
+	// Stat returns the manifest of a complete backup.
+	Stat(ctx context.Context, name string) (*Manifest, error)
+	// List returns the manifests of all complete backups, in no order.
+	List(ctx context.Context) ([]*Manifest, error)
+	// Delete removes a backup: the manifest first, so that a crash halfway
+	// leaves data that the next start cleans, never a listed backup without
+	// data.
+	Delete(ctx context.Context, name string) error
+	// Describe says where the location stores, for humans; never a secret.
+	Describe() string
+	// Type is the kind of backend, such as "filesystem".
+	Type() string
+}
+
+// Upload is a backup being written. Data written is invisible until Commit.
+type Upload interface {
+	io.Writer
+	// Commit makes the data durable, then writes the manifest, which makes
+	// the backup visible. Name in the manifest must equal the created name.
+	// If the name was taken meanwhile it fails with ErrAlreadyExists and
+	// stores nothing.
+	Commit(ctx context.Context, m *Manifest) error
+	// Abort discards everything written. Safe to call after Commit failed.
+	Abort() error
+}

@@ -1,0 +1,85 @@
+package server
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+const maxDescriptionBytes = 256
+
+// validateName checks a backup or location name: a DNS-1123 subdomain
+// (lower case alphanumerics, '-' and '.', starting and ending
+// alphanumeric) of at most MaxNameLength characters. That rules out empty
+// names, path separators, "..", and absolute paths.
+func validateName(what, name string) error {
+	if name == "" {
+		return status.Errorf(codes.InvalidArgument, "%s name is empty; give a name such as \"etcd-2026-01-31\"", what)
+	}
+	if len(name) > MaxNameLength {
+		return status.Errorf(codes.InvalidArgument, "%s name is %d characters long; the limit is %d", what, len(name), MaxNameLength)
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return status.Errorf(codes.InvalidArgument, "%s name %q is invalid: %s", what, name, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+func validateLabels(labels map[string]string) error {
+	for k, v := range labels {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return status.Errorf(codes.InvalidArgument, "label key %q is invalid: %s", k, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return status.Errorf(codes.InvalidArgument, "label %s=%q has an invalid value: %s", k, v, strings.Join(errs, "; "))
+		}
+	}
+	return nil
+}
+
+func validateSHA256(field, s string) error {
+	if s == "" {
+		return nil
+	}
+	b, err := hex.DecodeString(s)
+	if err != nil || len(b) != 32 || strings.ToLower(s) != s {
+		return status.Errorf(codes.InvalidArgument, "%s %q is not a SHA-256: want 64 lower-case hex characters", field, s)
+	}
+	return nil
+}
+
+func validateCompression(c string) error {
+	switch c {
+	case "", "zstd":
+		return nil
+	}
+	return status.Errorf(codes.InvalidArgument, "compression %q is not supported; use \"zstd\" or none", c)
+}
+
+func validateSourceKind(kind string) (string, error) {
+	switch kind {
+	case "":
+		return "upload", nil
+	case "upload", "agent":
+		return kind, nil
+	}
+	return "", status.Errorf(codes.InvalidArgument, "source kind %q is not one of \"upload\", \"agent\"", kind)
+}
+
+func validateDescription(d string) error {
+	if len(d) > maxDescriptionBytes {
+		return status.Errorf(codes.InvalidArgument, "source description is %d bytes; the limit is %d", len(d), maxDescriptionBytes)
+	}
+	return nil
+}
+
+func checkf(cond bool, format string, args ...any) error {
+	if cond {
+		return nil
+	}
+	return status.Error(codes.InvalidArgument, fmt.Sprintf(format, args...))
+}
