@@ -119,6 +119,11 @@ func (o *DownloadOptions) toFile(ctx context.Context, conn *Connection) error {
 		os.Remove(part)
 		return fmt.Errorf("%w; %s was removed, run the download again (if it fails again the stored backup is corrupt: check it with `kubectl etcdbackup get %s`)", err, part, o.Name)
 	}
+	if err != nil && partSize(part) == 0 {
+		// Nothing was written: leave no empty .part behind.
+		f.Close()
+		os.Remove(part)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("download of %q interrupted at byte %d; run the same command again to resume from %s", o.Name, partSize(part), part)

@@ -1,0 +1,171 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
+)
+
+func startServer(t *testing.T) string {
+	t.Helper()
+	loc, err := filesystem.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{Locations: []server.NamedLocation{{Name: "default", Location: loc}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis, time.Second) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return lis.Addr().String()
+}
+
+// cuttingProxy forwards TCP connections to a backend and cuts every
+// connection once cutAfter bytes went from the backend to the client, for
+// the first cuts connections: the real failure a dropped tunnel causes.
+type cuttingProxy struct {
+	lis      net.Listener
+	backend  string
+	cutAfter int64
+	cuts     atomic.Int32 // cuts left
+	cutDone  atomic.Int32 // cuts made
+	wg       sync.WaitGroup
+}
+
+func newCuttingProxy(t *testing.T, backend string, cutAfter int64, cuts int32) *cuttingProxy {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cuttingProxy{lis: lis, backend: backend, cutAfter: cutAfter}
+	p.cuts.Store(cuts)
+	p.wg.Add(1)
+	go p.serve()
+	t.Cleanup(func() { lis.Close(); p.wg.Wait() })
+	return p
+}
+
+func (p *cuttingProxy) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.lis.Accept()
+		if err != nil {
+			return
+		}
+		b, err := net.Dial("tcp", p.backend)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		cut := p.cuts.Add(-1) >= 0
+		p.wg.Add(2)
+		go func() { defer p.wg.Done(); io.Copy(b, c); b.Close() }()
+		go func() {
+			defer p.wg.Done()
+			if cut {
+				io.CopyN(c, b, p.cutAfter)
+				p.cutDone.Add(1)
+			} else {
+				io.Copy(c, b)
+			}
+			c.Close()
+			b.Close()
+		}()
+	}
+}
+
+func dial(t *testing.T, addr string) *client.Client {
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return client.New(conn)
+}
+
+func TestDownloadResumesAcrossBrokenConnections(t *testing.T) {
+	addr := startServer(t)
+	data := make([]byte, 24<<20)
+	rand.Read(data)
+	if _, err := dial(t, addr).Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "big"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	proxy := newCuttingProxy(t, addr, 5<<20, 2)
+	c := dial(t, proxy.lis.Addr().String())
+	var out bytes.Buffer
+	var headers int
+	b, err := c.Download(context.Background(), &out, client.DownloadRequest{
+		Name:     "big",
+		OnHeader: func(*ebv1.Backup) error { headers++; return nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if proxy.cutDone.Load() != 2 {
+		t.Fatalf("the proxy cut %d connections, want 2: the test did not exercise resuming", proxy.cutDone.Load())
+	}
+	if !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("resumed download differs: %d bytes vs %d", out.Len(), len(data))
+	}
+	if sum := sha256.Sum256(out.Bytes()); b.GetSha256() != hexs(sum[:]) {
+		t.Fatal("sha mismatch")
+	}
+	if headers != 1 {
+		t.Fatalf("OnHeader called %d times, want once", headers)
+	}
+}
+
+func TestDownloadGivesUpWithoutProgress(t *testing.T) {
+	addr := startServer(t)
+	if _, err := dial(t, addr).Upload(context.Background(), bytes.NewReader(make([]byte, 1<<20)), &ebv1.UploadHeader{Name: "b"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Every connection is cut before any chunk arrives.
+	proxy := newCuttingProxy(t, addr, 100, 1000)
+	_, err := dial(t, proxy.lis.Addr().String()).Download(context.Background(), io.Discard, client.DownloadRequest{Name: "b", MaxRetries: 2})
+	if err == nil || !strings.Contains(err.Error(), "gave up after 3 attempts") {
+		t.Fatalf("got %v, want a give-up error after 1 try + 2 retries", err)
+	}
+}
+
+func TestCorruptPrefixIsDetected(t *testing.T) {
+	addr := startServer(t)
+	data := []byte("the real backup bytes")
+	c := dial(t, addr)
+	if _, err := c.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "b"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	prefix := sha256.New()
+	prefix.Write([]byte("THE")) // not what the backup starts with
+	_, err := c.Download(context.Background(), io.Discard, client.DownloadRequest{Name: "b", Offset: 3, Prefix: prefix})
+	if !errors.Is(err, client.ErrCorrupt) {
+		t.Fatalf("got %v, want ErrCorrupt", err)
+	}
+}
+
+func hexs(b []byte) string { return hex.EncodeToString(b) }

@@ -1,0 +1,124 @@
+// Package e2e tests the real binaries: the plugin invoked as a user would
+// (directly, and as `kubectl etcdbackup` through a real kubectl and a real
+// API server), against a real data server process.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
+)
+
+// binDir holds the plugin and server built once for all tests.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "etcdbackup-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	err = world.BuildBinaries(ctx, dir)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	binDir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func startServer(t *testing.T) *world.ServerProcess {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := world.StartServer(ctx, binDir, t.TempDir(), &testLog{t: t, prefix: "server: "})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			t.Errorf("server: %v", err)
+		}
+	})
+	return srv
+}
+
+// plugin runs the plugin binary directly with args.
+func plugin(t *testing.T, args ...string) world.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, world.PluginBinary), args...)
+	cmd.Dir = t.TempDir()
+	return world.RunCommand(cmd)
+}
+
+func mustSucceed(t *testing.T, r world.Result, what string) world.Result {
+	t.Helper()
+	if r.ExitCode != 0 {
+		t.Fatalf("%s failed: %s", what, r)
+	}
+	return r
+}
+
+func mustFail(t *testing.T, r world.Result, what string) world.Result {
+	t.Helper()
+	if r.ExitCode == 0 {
+		t.Fatalf("%s succeeded, want failure: %s", what, r)
+	}
+	return r
+}
+
+func writeRandomFile(t *testing.T, path string, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func sha(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+func mustEqualFile(t *testing.T, path string, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s: %d bytes, sha %s; want %d bytes, sha %s", path, len(got), sha(got), len(want), sha(want))
+	}
+}
+
+type testLog struct {
+	t      *testing.T
+	prefix string
+}
+
+func (l *testLog) Write(p []byte) (int, error) {
+	defer func() { _ = recover() }() // t.Log after the test ended panics
+	l.t.Log(l.prefix + string(bytes.TrimRight(p, "\n")))
+	return len(p), nil
+}

@@ -1,0 +1,257 @@
+package sandbox
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// certValidity is long enough for a demo sandbox left running for days, and
+// irrelevant for tests: every Start makes new throwaway keys.
+const certValidity = 30 * 24 * time.Hour
+
+// keyPair is a certificate with its private key, in memory and on disk.
+type keyPair struct {
+	cert     *x509.Certificate
+	key      *ecdsa.PrivateKey
+	certPEM  []byte
+	keyPEM   []byte
+	certFile string
+	keyFile  string
+}
+
+// pki holds every certificate and key the sandbox needs. Two CAs are kept
+// apart on purpose, as in kubeadm: the cluster CA signs serving certificates
+// (apiserver, node endpoint) and the client CA signs client certificates
+// (admin, users, the apiserver's kubelet client), so a test can tell a trust
+// mistake from a working setup.
+type pki struct {
+	dir string
+
+	ca       *keyPair // cluster CA: serving certs
+	clientCA *keyPair // client CA: client certs
+
+	apiserver     *keyPair // kube-apiserver serving cert
+	admin         *keyPair // CN=sandbox-admin, O=system:masters
+	kubeletClient *keyPair // apiserver → node endpoint client cert
+	node          *keyPair // node endpoint serving cert
+
+	saKeyFile string // service-account signing key (private)
+	saPubFile string // service-account verification key (public)
+}
+
+// newPKI generates the sandbox's certificates and writes them under dir.
+func newPKI(dir string) (*pki, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create pki dir: %w", err)
+	}
+	p := &pki{dir: dir}
+	var err error
+	if p.ca, err = p.newCA("ca", "sandbox-cluster-ca"); err != nil {
+		return nil, err
+	}
+	if p.clientCA, err = p.newCA("client-ca", "sandbox-client-ca"); err != nil {
+		return nil, err
+	}
+	loopback := []net.IP{net.IPv4(127, 0, 0, 1)}
+	if p.apiserver, err = p.issue("apiserver", p.ca, certRequest{
+		commonName: "kube-apiserver",
+		dnsNames:   []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
+		ips:        loopback,
+		usage:      x509.ExtKeyUsageServerAuth,
+	}); err != nil {
+		return nil, err
+	}
+	if p.admin, err = p.issue("admin", p.clientCA, certRequest{
+		commonName:    "sandbox-admin",
+		organizations: []string{"system:masters"},
+		usage:         x509.ExtKeyUsageClientAuth,
+	}); err != nil {
+		return nil, err
+	}
+	// The apiserver authenticates to kubelets with this one; system:masters
+	// mirrors what kubeadm historically used, though the node endpoint only
+	// checks that the chain leads to the client CA.
+	if p.kubeletClient, err = p.issue("apiserver-kubelet-client", p.clientCA, certRequest{
+		commonName:    "kube-apiserver-kubelet-client",
+		organizations: []string{"system:masters"},
+		usage:         x509.ExtKeyUsageClientAuth,
+	}); err != nil {
+		return nil, err
+	}
+	// The apiserver reaches the node by its InternalIP, 127.0.0.1, and checks
+	// this certificate against --kubelet-certificate-authority.
+	if p.node, err = p.issue("node", p.ca, certRequest{
+		commonName: "system:node:" + NodeName,
+		dnsNames:   []string{NodeName, "localhost"},
+		ips:        loopback,
+		usage:      x509.ExtKeyUsageServerAuth,
+	}); err != nil {
+		return nil, err
+	}
+	if err := p.newServiceAccountKey(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+type certRequest struct {
+	commonName    string
+	organizations []string
+	dnsNames      []string
+	ips           []net.IP
+	usage         x509.ExtKeyUsage
+}
+
+func (p *pki) newCA(name, commonName string) (*keyPair, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate %s key: %w", name, err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          newSerial(),
+		Subject:               pkix.Name{CommonName: commonName},
+		NotBefore:             now.Add(-time.Hour), // tolerate small clock skew
+		NotAfter:              now.Add(certValidity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, fmt.Errorf("self-sign %s: %w", name, err)
+	}
+	return p.save(name, der, key)
+}
+
+func (p *pki) issue(name string, ca *keyPair, req certRequest) (*keyPair, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate %s key: %w", name, err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: newSerial(),
+		Subject:      pkix.Name{CommonName: req.commonName, Organization: req.organizations},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(certValidity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{req.usage},
+		DNSNames:     req.dnsNames,
+		IPAddresses:  req.ips,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
+	if err != nil {
+		return nil, fmt.Errorf("sign %s: %w", name, err)
+	}
+	return p.save(name, der, key)
+}
+
+func (p *pki) save(name string, der []byte, key *ecdsa.PrivateKey) (*keyPair, error) {
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s cert: %w", name, err)
+	}
+	keyPEM, err := encodeECKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s key: %w", name, err)
+	}
+	kp := &keyPair{
+		cert:     cert,
+		key:      key,
+		certPEM:  pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		keyPEM:   keyPEM,
+		certFile: filepath.Join(p.dir, name+".crt"),
+		keyFile:  filepath.Join(p.dir, name+".key"),
+	}
+	if err := os.WriteFile(kp.certFile, kp.certPEM, 0o644); err != nil {
+		return nil, fmt.Errorf("write %s cert: %w", name, err)
+	}
+	if err := os.WriteFile(kp.keyFile, kp.keyPEM, 0o600); err != nil {
+		return nil, fmt.Errorf("write %s key: %w", name, err)
+	}
+	return kp, nil
+}
+
+// newServiceAccountKey writes the key pair the apiserver signs and verifies
+// service-account tokens with (ES256).
+func (p *pki) newServiceAccountKey() error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("generate service-account key: %w", err)
+	}
+	keyPEM, err := encodeECKey(key)
+	if err != nil {
+		return fmt.Errorf("encode service-account key: %w", err)
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(key.Public())
+	if err != nil {
+		return fmt.Errorf("encode service-account public key: %w", err)
+	}
+	p.saKeyFile = filepath.Join(p.dir, "sa.key")
+	p.saPubFile = filepath.Join(p.dir, "sa.pub")
+	if err := os.WriteFile(p.saKeyFile, keyPEM, 0o600); err != nil {
+		return fmt.Errorf("write service-account key: %w", err)
+	}
+	if err := os.WriteFile(p.saPubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), 0o644); err != nil {
+		return fmt.Errorf("write service-account public key: %w", err)
+	}
+	return nil
+}
+
+// newClientCert signs a client certificate (CN=user, O=groups) with the
+// client CA, in memory only; the caller embeds it in a kubeconfig.
+func (p *pki) newClientCert(user string, groups []string) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generate key for %q: %w", user, err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: newSerial(),
+		Subject:      pkix.Name{CommonName: user, Organization: groups},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(certValidity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.clientCA.cert, key.Public(), p.clientCA.key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sign client cert for %q: %w", user, err)
+	}
+	keyPEM, err = encodeECKey(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encode key for %q: %w", user, err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), keyPEM, nil
+}
+
+func encodeECKey(key *ecdsa.PrivateKey) ([]byte, error) {
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
+}
+
+func newSerial() *big.Int {
+	// 128 random bits: unique enough that no two sandbox certs ever collide.
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
+	if err != nil {
+		// crypto/rand does not fail on Linux; a constant serial would still
+		// produce a usable (if unusual) certificate.
+		return big.NewInt(1)
+	}
+	return n
+}

@@ -1,0 +1,267 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// BinDirEnv names the environment variable that points at the directory
+// holding kube-apiserver and kubectl (hack/build-kube.sh's OUTDIR).
+const BinDirEnv = "ETCDBACKUP_KUBE_BIN_DIR"
+
+// ErrBinariesMissing is returned (wrapped) by Start when kube-apiserver or
+// kubectl is not in the bin dir. Tests use it to skip with a useful message.
+var ErrBinariesMissing = errors.New("kube binaries missing (build them with `make kube-bins` or hack/build-kube.sh DIR)")
+
+// Config says where the sandbox keeps its files and finds its binaries.
+type Config struct {
+	// Dir is the work dir (certs, etcd data, logs, kubeconfigs); required.
+	// Start owns it: state from an earlier sandbox in it is replaced.
+	Dir string
+	// BinDir holds kube-apiserver and kubectl. Default: $ETCDBACKUP_KUBE_BIN_DIR,
+	// else <repo root>/.cache/kube/bin (repo root: the nearest parent of the
+	// working directory with this project's go.mod).
+	BinDir string
+	// Log receives progress lines for humans; nil discards them.
+	Log io.Writer
+}
+
+// Sandbox is a running control plane. Its methods are safe for concurrent use.
+type Sandbox struct {
+	dir    string
+	binDir string
+	log    io.Writer
+
+	pki       *pki
+	etcd      *etcdServer
+	apiserver *apiserverProcess
+	node      *nodeEndpoint
+
+	kubeconfig string
+	restConfig *rest.Config
+	client     kubernetes.Interface
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start brings up etcd, kube-apiserver and the node endpoint, registers the
+// Node and returns once all of it is ready. On error it stops whatever it had
+// started. ctx bounds the start only, not the sandbox's life: call Stop.
+func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
+	began := time.Now()
+	if cfg.Dir == "" {
+		return nil, errors.New("sandbox: Config.Dir is required")
+	}
+	dir, err := filepath.Abs(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: resolve dir: %w", err)
+	}
+	binDir, err := ResolveBinDir(cfg.BinDir)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if err := CheckBinaries(binDir); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	logw := cfg.Log
+	if logw == nil {
+		logw = io.Discard
+	}
+	s := &Sandbox{dir: dir, binDir: binDir, log: logw}
+	defer func() {
+		if err != nil {
+			_ = s.Stop()
+		}
+	}()
+
+	if err := resetDir(dir); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	step := time.Now()
+	if s.pki, err = newPKI(filepath.Join(dir, "pki")); err != nil {
+		return nil, fmt.Errorf("sandbox: certificates: %w", err)
+	}
+	if s.etcd, err = startEtcd(ctx, dir); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	s.logf("etcd ready at %s (%s)", s.etcd.clientURL, since(step))
+
+	step = time.Now()
+	if s.node, err = startNodeEndpoint(s.pki.node, s.pki.clientCA.cert); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if s.apiserver, err = startAPIServer(ctx, filepath.Join(binDir, "kube-apiserver"), dir, s.pki, s.etcd.clientURL, logw); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	s.logf("kube-apiserver ready at %s (%s, log %s)", s.apiserver.url, since(step), s.apiserver.logPath)
+
+	s.restConfig = s.configFor(s.pki.admin.certPEM, s.pki.admin.keyPEM)
+	if s.client, err = kubernetes.NewForConfig(s.restConfig); err != nil {
+		return nil, fmt.Errorf("sandbox: admin client: %w", err)
+	}
+	s.kubeconfig = filepath.Join(dir, "kubeconfig")
+	if err := s.writeKubeconfig(s.kubeconfig, "sandbox-admin", s.pki.admin.certPEM, s.pki.admin.keyPEM); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if err := s.registerNode(ctx); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	s.logf("node %s registered, node endpoint https://127.0.0.1:%d; ready in %s; kubeconfig %s",
+		NodeName, s.node.port, since(began), s.kubeconfig)
+	return s, nil
+}
+
+// Stop stops the apiserver (SIGTERM, then SIGKILL after 15 s), the node
+// endpoint and etcd, in that order. It is idempotent and returns the first
+// call's result. Files in Dir are left for inspection.
+func (s *Sandbox) Stop() error {
+	s.stopOnce.Do(func() {
+		var errs []error
+		if s.apiserver != nil {
+			if err := s.apiserver.stop(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if s.node != nil {
+			s.node.stop()
+		}
+		if s.etcd != nil {
+			s.etcd.stop()
+		}
+		s.stopErr = errors.Join(errs...)
+		s.logf("stopped")
+	})
+	return s.stopErr
+}
+
+// Kubeconfig is the path of the admin (system:masters) kubeconfig.
+func (s *Sandbox) Kubeconfig() string { return s.kubeconfig }
+
+// RESTConfig returns a copy of the admin client configuration.
+func (s *Sandbox) RESTConfig() *rest.Config { return rest.CopyConfig(s.restConfig) }
+
+// Client is an admin clientset.
+func (s *Sandbox) Client() kubernetes.Interface { return s.client }
+
+// KubectlPath is the kubectl built with the apiserver (same version).
+func (s *Sandbox) KubectlPath() string { return filepath.Join(s.binDir, "kubectl") }
+
+// APIServerURL is the apiserver's https://127.0.0.1:PORT.
+func (s *Sandbox) APIServerURL() string { return s.apiserver.url }
+
+// APIServerPID is the kube-apiserver child's process id.
+func (s *Sandbox) APIServerPID() int { return s.apiserver.cmd.Process.Pid }
+
+// NodeEndpointPort is the node endpoint's (the "kubelet's") HTTPS port.
+func (s *Sandbox) NodeEndpointPort() int { return s.node.port }
+
+// Dir is the sandbox work dir (absolute).
+func (s *Sandbox) Dir() string { return s.dir }
+
+// DropForwardedConnections closes every live forwarded connection at the node
+// endpoint, as if each pod-side connection broke, and returns how many it
+// closed. Each affected port-forward sees an error on its error stream;
+// client-go's port forwarder then ends the whole port-forward session ("lost
+// connection to pod"), just as it does against a real kubelet.
+func (s *Sandbox) DropForwardedConnections() int { return s.node.dropAll() }
+
+// ForwardedConnections is the number of live forwarded connections at the
+// node endpoint (one per connection a port-forward client opened).
+func (s *Sandbox) ForwardedConnections() int { return s.node.liveForwards() }
+
+func (s *Sandbox) logf(format string, args ...any) {
+	fmt.Fprintf(s.log, "sandbox: "+format+"\n", args...)
+}
+
+func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
+
+// resetDir creates dir and removes what an earlier sandbox left in it, so
+// etcd never starts on stale data signed by keys that no longer exist.
+func resetDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create dir: %w", err)
+	}
+	for _, name := range []string{"pki", "etcd", "apiserver-certs", "etcd.log", "kube-apiserver.log", "kubeconfig", "kubeconfigs"} {
+		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("clean dir: %w", err)
+		}
+	}
+	return nil
+}
+
+// ResolveBinDir applies Config.BinDir's defaults: explicit dir, else
+// $ETCDBACKUP_KUBE_BIN_DIR, else <repo root>/.cache/kube/bin.
+func ResolveBinDir(dir string) (string, error) {
+	if dir == "" {
+		dir = os.Getenv(BinDirEnv)
+	}
+	if dir == "" {
+		root, err := repoRoot()
+		if err != nil {
+			return "", fmt.Errorf("find kube bin dir: %w (set %s)", err, BinDirEnv)
+		}
+		dir = filepath.Join(root, ".cache", "kube", "bin")
+	}
+	return filepath.Abs(dir)
+}
+
+// CheckBinaries reports (wrapping ErrBinariesMissing) if kube-apiserver or
+// kubectl is not an executable file in binDir.
+func CheckBinaries(binDir string) error {
+	for _, name := range []string{"kube-apiserver", "kubectl"} {
+		fi, err := os.Stat(filepath.Join(binDir, name))
+		if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			return fmt.Errorf("%w: no executable %s in %s", ErrBinariesMissing, name, binDir)
+		}
+	}
+	return nil
+}
+
+// rootModule is the module path of the project's own go.mod; the tools
+// module (tools/kube) has a go.mod too, which must not be taken for the root.
+const rootModule = "github.com/kubectl-etcdbackup/kubectl-etcdbackup"
+
+// repoRoot walks up from the working directory to the project's go.mod.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if modulePath(filepath.Join(dir, "go.mod")) == rootModule {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod of %s above the working directory", rootModule)
+		}
+		dir = parent
+	}
+}
+
+func modulePath(gomod string) string {
+	f, err := os.Open(gomod)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "module "); ok {
+			return strings.Trim(strings.TrimSpace(rest), `"`)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,73 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+	"time"
+)
+
+// RequireEnv, when set to 1, turns "kube binaries missing" from a skip into
+// a failure (for CI, where the sandbox must run).
+const RequireEnv = "ETCDBACKUP_REQUIRE_SANDBOX"
+
+// StartForTest starts a sandbox in a fresh t.TempDir() and stops it when the
+// test ends. If the kube binaries are missing it skips the test with how to
+// build them — or fails it when ETCDBACKUP_REQUIRE_SANDBOX=1. Progress lines
+// go to t.Log; when the test failed, the tail of the apiserver log does too.
+func StartForTest(t testing.TB) *Sandbox {
+	t.Helper()
+	binDir, err := ResolveBinDir("")
+	if err == nil {
+		err = CheckBinaries(binDir)
+	}
+	if err != nil {
+		if errors.Is(err, ErrBinariesMissing) && os.Getenv(RequireEnv) != "1" {
+			t.Skipf("sandbox: %v; set %s=1 to fail instead of skipping", err, RequireEnv)
+		}
+		t.Fatalf("sandbox: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	logw := &testLogWriter{t: t}
+	s, err := Start(ctx, Config{Dir: t.TempDir(), BinDir: binDir, Log: logw})
+	if err != nil {
+		t.Fatalf("start sandbox: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("sandbox: last lines of %s:\n%s", s.apiserver.logPath, s.apiserver.logTail(30))
+		}
+		if err := s.Stop(); err != nil {
+			t.Errorf("stop sandbox: %v", err)
+		}
+		logw.close()
+	})
+	return s
+}
+
+// testLogWriter turns progress lines into t.Log lines, and stops forwarding
+// once the test is over (t.Log panics after that).
+type testLogWriter struct {
+	t      testing.TB
+	mu     sync.Mutex
+	closed bool
+}
+
+func (w *testLogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.closed {
+		w.t.Log(string(bytes.TrimRight(p, "\n")))
+	}
+	return len(p), nil
+}
+
+func (w *testLogWriter) close() {
+	w.mu.Lock()
+	w.closed = true
+	w.mu.Unlock()
+}

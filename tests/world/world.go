@@ -1,0 +1,265 @@
+// Package world assembles the product on the test sandbox: it builds the
+// project's binaries, runs the data server as a process, installs it into
+// the sandbox cluster as a Deployment-shaped Pod behind the etcdbackup
+// Service, and runs the real kubectl with the real plugin on its PATH.
+// The end-to-end tests, benchmarks, `make demo` and `make sandbox` share it.
+package world
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
+)
+
+const (
+	// ServerPort is the server's container port, named "grpc".
+	ServerPort = 50051
+	// DefaultNamespace is where the product installs by default.
+	DefaultNamespace = "etcdbackup-system"
+	// PluginBinary and ServerBinary are the names BuildBinaries produces.
+	PluginBinary = "kubectl-etcdbackup"
+	ServerBinary = "etcdbackup-server"
+)
+
+// RepoRoot finds the repository root by walking up to go.mod.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, "cmd", PluginBinary)); err == nil {
+				return dir, nil
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("repository root not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// BuildBinaries builds the plugin and the server from this repository into
+// dir with `go build`, as a user's `make` would.
+func BuildBinaries(ctx context.Context, dir string) error {
+	root, err := RepoRoot()
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator),
+		"./cmd/"+PluginBinary, "./cmd/"+ServerBinary)
+	cmd.Dir = root
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// FreeAddr returns a loopback address with a port free at the moment.
+func FreeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// ServerProcess is a running etcdbackup-server.
+type ServerProcess struct {
+	Addr       string
+	StorageDir string
+	cmd        *exec.Cmd
+	done       chan struct{}
+	waitErr    error
+	stopOnce   sync.Once
+}
+
+// StartServer runs the server binary on a free loopback port over
+// storageDir and waits until it accepts connections.
+func StartServer(ctx context.Context, binDir, storageDir string, logw io.Writer) (*ServerProcess, error) {
+	addr, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	if logw == nil {
+		logw = io.Discard
+	}
+	cmd := exec.Command(filepath.Join(binDir, ServerBinary), "--listen", addr, "--storage-dir", storageDir, "--shutdown-timeout", "10s")
+	cmd.Stdout, cmd.Stderr = logw, logw
+	// Die with the test process: no orphan server.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", ServerBinary, err)
+	}
+	p := &ServerProcess{Addr: addr, StorageDir: storageDir, cmd: cmd, done: make(chan struct{})}
+	go func() { p.waitErr = cmd.Wait(); close(p.done) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return p, nil
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("%s exited before serving: %v", ServerBinary, p.waitErr)
+		case <-ctx.Done():
+			p.Stop()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.Stop()
+			return nil, fmt.Errorf("%s did not listen on %s within 30s", ServerBinary, addr)
+		}
+	}
+}
+
+// Stop sends SIGTERM (the server drains) and waits; SIGKILL after 15 s.
+func (p *ServerProcess) Stop() error {
+	p.stopOnce.Do(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(15 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	var exit *exec.ExitError
+	if errors.As(p.waitErr, &exit) && exit.Exited() {
+		return fmt.Errorf("%s exited with %d", ServerBinary, exit.ExitCode())
+	}
+	return nil
+}
+
+// Install registers srv in the sandbox as the server of namespace ns: the
+// Service "etcdbackup" with port "grpc", and a Running, Ready pod named
+// like a Deployment's whose port-forwards the node endpoint sends to srv.
+func Install(ctx context.Context, sb *sandbox.Sandbox, ns, podName string, srv *ServerProcess) error {
+	labels := map[string]string{"app.kubernetes.io/name": "etcdbackup-server", "app.kubernetes.io/instance": ns}
+	err := sb.RunPod(ctx, sandbox.PodSpec{
+		Namespace: ns,
+		Name:      podName,
+		Labels:    labels,
+		Image:     "etcdbackup-server:dev",
+		Ports:     []corev1.ContainerPort{{Name: "grpc", ContainerPort: ServerPort, Protocol: corev1.ProtocolTCP}},
+		Targets:   map[int32]string{ServerPort: srv.Addr},
+		Ready:     true,
+	})
+	if err != nil {
+		return fmt.Errorf("install server pod in %s: %w", ns, err)
+	}
+	err = sb.CreateService(ctx, ns, "etcdbackup", labels, []corev1.ServicePort{{
+		Name: "grpc", Port: ServerPort, TargetPort: intstr.FromString("grpc"), Protocol: corev1.ProtocolTCP,
+	}})
+	if err != nil {
+		return fmt.Errorf("install server service in %s: %w", ns, err)
+	}
+	return nil
+}
+
+// Kubectl runs the sandbox's real kubectl with the plugin's directory first
+// on PATH, so `kubectl etcdbackup` finds the plugin the way it would on a
+// user's machine.
+type Kubectl struct {
+	Path       string
+	Kubeconfig string
+	PluginDir  string
+	Env        []string
+}
+
+// Command returns the exec.Cmd for `kubectl ARGS...`.
+func (k *Kubectl) Command(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, k.Path, args...)
+	cmd.Env = append(os.Environ(),
+		"KUBECONFIG="+k.Kubeconfig,
+		"PATH="+k.PluginDir+string(os.PathListSeparator)+filepath.Dir(k.Path)+string(os.PathListSeparator)+os.Getenv("PATH"),
+	)
+	cmd.Env = append(cmd.Env, k.Env...)
+	return cmd
+}
+
+// Result is what a command printed and how it ended.
+type Result struct {
+	Stdout, Stderr string
+	ExitCode       int
+}
+
+func (r Result) String() string {
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.ExitCode, r.Stdout, r.Stderr)
+}
+
+// Run runs `kubectl ARGS...` and collects its output.
+func (k *Kubectl) Run(ctx context.Context, args ...string) Result {
+	return RunCommand(k.Command(ctx, args...))
+}
+
+// RunCommand runs cmd and collects its output.
+func RunCommand(cmd *exec.Cmd) Result {
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := Result{Stdout: out.String(), Stderr: errb.String()}
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		r.ExitCode = exit.ExitCode()
+	case err != nil:
+		r.ExitCode = -1
+		r.Stderr += err.Error()
+	}
+	return r
+}
+
+// PeakRSSKiB returns the peak resident set size of a finished command,
+// from the kernel's accounting of the child.
+func PeakRSSKiB(cmd *exec.Cmd) int64 {
+	if cmd.ProcessState == nil {
+		return 0
+	}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		return ru.Maxrss
+	}
+	return 0
+}
+
+// ReadStatusValue reads a "Key:  value kB" line from /proc/PID/status.
+func ReadStatusValue(pid int, key string) (int64, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), key+":"); ok {
+			fields := strings.Fields(v)
+			if len(fields) > 0 {
+				return strconv.ParseInt(fields[0], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("%s not in /proc/%d/status", key, pid)
+}
