@@ -84,6 +84,23 @@ func TestTunnel(t *testing.T) {
 	})
 	t.Run("not-ready", func(t *testing.T) { testNotReady(t, c) })
 	t.Run("two-namespaces", func(t *testing.T) { testTwoNamespaces(t, c) })
+	t.Run("manifests", func(t *testing.T) {
+		// The install manifests are accepted by a real API server,
+		// including the restricted Pod Security admission.
+		root, err := world.RepoRoot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := mustSucceed(t, c.run(t, nil, "apply", "-k", filepath.Join(root, "manifests"), "--dry-run=server"), "kubectl apply -k manifests --dry-run=server")
+		for _, want := range []string{"deployment.apps/etcdbackup-server", "service/etcdbackup", "persistentvolumeclaim/etcdbackup-data"} {
+			if !strings.Contains(r.Stdout, want) {
+				t.Errorf("apply output lacks %s: %s", want, r)
+			}
+		}
+		if strings.Contains(r.Stderr, "would violate PodSecurity") {
+			t.Errorf("pod security warnings: %s", r.Stderr)
+		}
+	})
 	t.Run("api-server-unreachable", func(t *testing.T) {
 		r := mustFail(t, c.run(t, nil, "etcdbackup", "--server", "https://127.0.0.1:1", "list"), "list against no API server")
 		if !strings.Contains(r.Stderr, "cannot reach the Kubernetes API server at https://127.0.0.1:1") {

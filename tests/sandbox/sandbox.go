@@ -14,6 +14,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 )
 
 // BinDirEnv names the environment variable that points at the directory
@@ -52,6 +53,8 @@ type Sandbox struct {
 	restConfig *rest.Config
 	client     kubernetes.Interface
 
+	klogFile *os.File
+
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -87,6 +90,9 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	}()
 
 	if err := resetDir(dir); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if err := s.redirectKlog(); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	step := time.Now()
@@ -139,6 +145,10 @@ func (s *Sandbox) Stop() error {
 		}
 		if s.etcd != nil {
 			s.etcd.stop()
+		}
+		if s.klogFile != nil {
+			klog.SetOutput(io.Discard)
+			s.klogFile.Close()
 		}
 		s.stopErr = errors.Join(errs...)
 		s.logf("stopped")
@@ -264,4 +274,22 @@ func modulePath(gomod string) string {
 		}
 	}
 	return ""
+}
+
+// EtcdEndpoint is the client URL of the etcd the API server stores its
+// objects in: the cluster's own control-plane etcd.
+func (s *Sandbox) EtcdEndpoint() string { return s.etcd.clientURL }
+
+// redirectKlog sends klog (where the kubelet streaming code reports every
+// closed forward as an "Unhandled Error") to node.log in the sandbox dir
+// instead of the terminal, where it would drown what a person reads.
+func (s *Sandbox) redirectKlog() error {
+	f, err := os.Create(filepath.Join(s.dir, "node.log"))
+	if err != nil {
+		return err
+	}
+	s.klogFile = f
+	klog.LogToStderr(false)
+	klog.SetOutput(f)
+	return nil
 }

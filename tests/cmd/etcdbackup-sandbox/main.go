@@ -1,0 +1,269 @@
+// Command etcdbackup-sandbox runs the product on the local sandbox cluster:
+// a real etcd, a real kube-apiserver v1.37.2, a node endpoint speaking the
+// kubelet's port-forward protocol, and the etcdbackup data server installed
+// behind its Service.
+//
+//	etcdbackup-sandbox -demo   # `make demo`: the main job, step by step, then stop
+//	etcdbackup-sandbox         # `make sandbox`: keep it up for trying by hand
+//
+// In sandbox mode it writes the admin kubeconfig to .sandbox/kubeconfig,
+// puts kubectl and kubectl-etcdbackup in .sandbox/bin, and creates
+// .sandbox/ready once everything is up. Ctrl-C or SIGTERM stops it all.
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/snapshot"
+	etcdutl "go.etcd.io/etcd/etcdutl/v3/snapshot"
+	"go.uber.org/zap"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
+)
+
+func main() {
+	demo := flag.Bool("demo", false, "run the demo (snapshot, upload, list, download through the API server, verify) and exit")
+	stateDir := flag.String("dir", ".sandbox", "where the kubeconfig, binaries, server storage and cluster state live")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *stateDir, *demo); err != nil {
+		fmt.Fprintln(os.Stderr, "\nerror:", err)
+		os.Exit(1)
+	}
+}
+
+type env struct {
+	dir     string
+	binDir  string
+	sb      *sandbox.Sandbox
+	srv     *world.ServerProcess
+	kubectl *world.Kubectl
+}
+
+func step(format string, args ...any) {
+	fmt.Printf("\n==> "+format+"\n", args...)
+}
+
+func run(ctx context.Context, stateDir string, demo bool) error {
+	dir, err := filepath.Abs(stateDir)
+	if err != nil {
+		return err
+	}
+	e := &env{dir: dir, binDir: filepath.Join(dir, "bin")}
+	if err := os.MkdirAll(e.binDir, 0o755); err != nil {
+		return err
+	}
+	_ = os.Remove(filepath.Join(dir, "ready"))
+
+	step("Building kubectl-etcdbackup and etcdbackup-server from this repository")
+	if err := world.BuildBinaries(ctx, e.binDir); err != nil {
+		return err
+	}
+
+	step("Starting the sandbox cluster: etcd, kube-apiserver v1.37.2 and a node on 127.0.0.1")
+	logf, err := os.Create(filepath.Join(dir, "sandbox.log"))
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	e.sb, err = sandbox.Start(ctx, sandbox.Config{Dir: filepath.Join(dir, "cluster"), Log: io.MultiWriter(logf, prefixed("    "))})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		step("Stopping the server and the sandbox")
+		if e.srv != nil {
+			_ = e.srv.Stop()
+		}
+		_ = e.sb.Stop()
+		_ = os.Remove(filepath.Join(dir, "ready"))
+	}()
+	if err := linkFile(e.sb.KubectlPath(), filepath.Join(e.binDir, "kubectl")); err != nil {
+		return err
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := copyFile(e.sb.Kubeconfig(), kubeconfig); err != nil {
+		return err
+	}
+	e.kubectl = &world.Kubectl{Path: filepath.Join(e.binDir, "kubectl"), Kubeconfig: kubeconfig, PluginDir: e.binDir}
+
+	step("Starting the etcdbackup data server and installing it as pod + Service %q in namespace %s", "etcdbackup", world.DefaultNamespace)
+	srvLog, err := os.Create(filepath.Join(dir, "server.log"))
+	if err != nil {
+		return err
+	}
+	defer srvLog.Close()
+	e.srv, err = world.StartServer(ctx, e.binDir, filepath.Join(dir, "storage"), srvLog)
+	if err != nil {
+		return err
+	}
+	if err := world.Install(ctx, e.sb, world.DefaultNamespace, "etcdbackup-server-6b7f9c5d4-x2x9q", e.srv); err != nil {
+		return err
+	}
+	if err := e.show(ctx, "get", "pods,services", "-n", world.DefaultNamespace); err != nil {
+		return err
+	}
+
+	if demo {
+		return e.demo(ctx)
+	}
+	return e.serve(ctx)
+}
+
+func (e *env) demo(ctx context.Context) error {
+	work := filepath.Join(e.dir, "demo")
+	if err := os.RemoveAll(work); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		return err
+	}
+	snap := filepath.Join(work, "snapshot.db")
+	step("Taking a real etcd snapshot of the cluster's own etcd (%s) with go.etcd.io/etcd/client/v3/snapshot", e.sb.EtcdEndpoint())
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	version, err := snapshot.SaveWithVersion(sctx, zap.NewNop(), clientv3.Config{Endpoints: []string{e.sb.EtcdEndpoint()}, DialTimeout: 10 * time.Second}, snap)
+	if err != nil {
+		return fmt.Errorf("etcd snapshot: %w", err)
+	}
+	st, err := etcdutl.NewV3(zap.NewNop()).Status(snap)
+	if err != nil {
+		return err
+	}
+	want, err := fileSHA256(snap)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("    %s: etcd %s, revision %d, %d keys, %d bytes, sha256 %s\n", snap, version, st.Revision, st.TotalKey, st.TotalSize, want)
+
+	name := "demo-" + time.Now().UTC().Format("20060102-150405")
+	for _, args := range [][]string{
+		{"etcdbackup", "version"},
+		{"etcdbackup", "upload", snap, "--name", name, "--labels", "made-by=make-demo"},
+		{"etcdbackup", "list"},
+		{"etcdbackup", "get", name, "-o", "yaml"},
+		{"etcdbackup", "download", name, "-o", filepath.Join(work, "downloaded.db")},
+	} {
+		if err := e.show(ctx, args...); err != nil {
+			return err
+		}
+	}
+
+	step("Verifying the downloaded file")
+	got, err := fileSHA256(filepath.Join(work, "downloaded.db"))
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return fmt.Errorf("downloaded sha256 %s differs from the snapshot's %s", got, want)
+	}
+	dst, err := etcdutl.NewV3(zap.NewNop()).Status(filepath.Join(work, "downloaded.db"))
+	if err != nil {
+		return fmt.Errorf("downloaded file is not a valid etcd snapshot: %w", err)
+	}
+	fmt.Printf("    sha256 %s matches the snapshot taken from etcd\n", got)
+	fmt.Printf("    etcd says: revision %d, %d keys, hash %d (source hash %d)\n", dst.Revision, dst.TotalKey, dst.Hash, st.Hash)
+	if dst.Hash != st.Hash || dst.Revision != st.Revision {
+		return fmt.Errorf("downloaded snapshot's etcd status differs from the source's")
+	}
+	fmt.Println("\nDemo complete: the snapshot went up and came back down through the Kubernetes API server, byte for byte.")
+	return nil
+}
+
+func (e *env) serve(ctx context.Context) error {
+	if err := os.WriteFile(filepath.Join(e.dir, "ready"), []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o644); err != nil {
+		return err
+	}
+	fmt.Printf(`
+The sandbox is up. In another shell:
+
+    export KUBECONFIG=%s PATH=%s:$PATH
+    kubectl etcdbackup version
+    kubectl etcdbackup upload SOME-FILE --name my-backup
+    kubectl etcdbackup list
+    kubectl etcdbackup download my-backup -o /tmp/my-backup.db
+
+Logs: %s (cluster), %s (data server).
+Press Ctrl-C to stop.
+`, e.kubectl.Kubeconfig, e.binDir, filepath.Join(e.dir, "sandbox.log"), filepath.Join(e.dir, "server.log"))
+	<-ctx.Done()
+	return nil
+}
+
+// show prints a kubectl command as a user would type it, runs it and
+// prints its output.
+func (e *env) show(ctx context.Context, args ...string) error {
+	fmt.Printf("\n$ kubectl %s\n", strings.Join(args, " "))
+	cmd := e.kubectl.Command(ctx, args...)
+	cmd.Stdout = prefixed("  ")
+	cmd.Stderr = prefixed("  ")
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("kubectl %s: %w", strings.Join(args, " "), err)
+	}
+	return nil
+}
+
+type prefixWriter struct {
+	prefix string
+	w      io.Writer
+	bol    bool
+}
+
+func prefixed(p string) io.Writer { return &prefixWriter{prefix: p, w: os.Stdout, bol: true} }
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	for _, line := range strings.SplitAfter(string(b), "\n") {
+		if line == "" {
+			continue
+		}
+		if p.bol {
+			fmt.Fprint(p.w, p.prefix)
+		}
+		fmt.Fprint(p.w, line)
+		p.bol = strings.HasSuffix(line, "\n")
+	}
+	return len(b), nil
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func linkFile(src, dst string) error {
+	_ = os.Remove(dst)
+	if err := os.Symlink(src, dst); err != nil {
+		return fmt.Errorf("link %s: %w", dst, err)
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dst, b, 0o600)
+}
