@@ -44,6 +44,24 @@ func New(conn grpc.ClientConnInterface) *Client {
 // server stores the backup only if exactly those bytes arrived. progress,
 // if set, is called with the bytes sent so far.
 func (c *Client) Upload(ctx context.Context, r io.Reader, h *ebv1.UploadHeader, progress func(sent int64)) (*ebv1.Backup, error) {
+	return c.UploadWith(ctx, r, UploadRequest{Header: h, Progress: progress})
+}
+
+// UploadRequest describes an upload for UploadWith.
+type UploadRequest struct {
+	Header   *ebv1.UploadHeader
+	Progress func(sent int64)
+	// Raw, if set, is called once r is exhausted and returns the size and
+	// SHA-256 of the data before compression, for the trailer: a
+	// compressing sender knows them only at the end.
+	Raw func() (size int64, sha256 string)
+}
+
+// UploadWith is Upload with every option. r must return io.EOF only when
+// all data was read correctly: any other error aborts the upload and the
+// server stores nothing.
+func (c *Client) UploadWith(ctx context.Context, r io.Reader, req UploadRequest) (*ebv1.Backup, error) {
+	h, progress := req.Header, req.Progress
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // on any error, cancelling tells the server to discard
 	stream, err := c.Backups.UploadBackup(ctx)
@@ -76,6 +94,9 @@ func (c *Client) Upload(ctx context.Context, r io.Reader, h *ebv1.UploadHeader, 
 		}
 	}
 	trailer := &ebv1.UploadTrailer{Size: sent, Sha256: hex.EncodeToString(sum.Sum(nil))}
+	if req.Raw != nil {
+		trailer.RawSize, trailer.RawSha256 = req.Raw()
+	}
 	if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Trailer{Trailer: trailer}}); err != nil {
 		return nil, sendError(stream, err)
 	}

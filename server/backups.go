@@ -148,6 +148,9 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 			if err := validateSHA256("trailer SHA-256", t.GetSha256()); err != nil {
 				return err
 			}
+			if err := validateSHA256("trailer raw SHA-256", t.GetRawSha256()); err != nil {
+				return err
+			}
 			trailer = t
 			continue
 		}
@@ -181,6 +184,9 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 			h.GetName(), trailer.GetSize(), trailer.GetSha256(), size, digest)
 	}
 	m := manifestFromHeader(h, kind, size, digest, s.now().UTC())
+	if trailer.GetRawSha256() != "" && m.Compression != "" {
+		m.RawSize, m.RawSHA256 = trailer.GetRawSize(), trailer.GetRawSha256()
+	}
 	if err := up.Commit(ctx, m); err != nil {
 		return storageError("upload", locName, h.GetName(), err)
 	}

@@ -1143,7 +1143,12 @@ type UploadTrailer struct {
 	// Bytes the client sent.
 	Size int64 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
 	// Lower-case hex SHA-256 of the bytes the client sent.
-	Sha256        string `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Sha256 string `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// For compressed uploads: size and SHA-256 of the data before
+	// compression, known to the sender only at the end. They override the
+	// header's raw_size and raw_sha256.
+	RawSize       int64  `protobuf:"varint,3,opt,name=raw_size,json=rawSize,proto3" json:"raw_size,omitempty"`
+	RawSha256     string `protobuf:"bytes,4,opt,name=raw_sha256,json=rawSha256,proto3" json:"raw_sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1188,6 +1193,20 @@ func (x *UploadTrailer) GetSize() int64 {
 func (x *UploadTrailer) GetSha256() string {
 	if x != nil {
 		return x.Sha256
+	}
+	return ""
+}
+
+func (x *UploadTrailer) GetRawSize() int64 {
+	if x != nil {
+		return x.RawSize
+	}
+	return 0
+}
+
+func (x *UploadTrailer) GetRawSha256() string {
+	if x != nil {
+		return x.RawSha256
 	}
 	return ""
 }
@@ -1528,10 +1547,13 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
-	"\x0e_expected_size\";\n" +
+	"\x0e_expected_size\"u\n" +
 	"\rUploadTrailer\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12\x16\n" +
-	"\x06sha256\x18\x02 \x01(\tR\x06sha256\"E\n" +
+	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x19\n" +
+	"\braw_size\x18\x03 \x01(\x03R\arawSize\x12\x1d\n" +
+	"\n" +
+	"raw_sha256\x18\x04 \x01(\tR\trawSha256\"E\n" +
 	"\x14UploadBackupResponse\x12-\n" +
 	"\x06backup\x18\x01 \x01(\v2\x15.etcdbackup.v1.BackupR\x06backup\"_\n" +
 	"\x15DownloadBackupRequest\x12\x12\n" +

@@ -1,0 +1,143 @@
+// Command etcdbackup-agent runs in the cluster as a Job the data server
+// creates: `backup` snapshots one etcd member into the server. It talks to
+// the server by its in-cluster Service address and never sees storage
+// credentials; etcd's client certificates come from files a Secret mounts.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newRoot().ExecuteContext(ctx)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "etcdbackup-agent",
+		Short:         "Backup and restore agent of kubectl-etcdbackup",
+		Version:       version.Version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newBackupCmd())
+	return root
+}
+
+// etcdFlags are how an agent reaches etcd.
+type etcdFlags struct {
+	endpoint           string
+	cacert, cert, key  string
+	insecurePlaintext  bool
+	insecureSkipVerify bool
+	dialTimeout        time.Duration
+}
+
+func (f *etcdFlags) add(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.endpoint, "endpoint", "", "the etcd member to use, https://HOST:PORT (exactly one: a snapshot is one member's state)")
+	fl.StringVar(&f.cacert, "cacert", "", "CA bundle that signed etcd's serving certificate")
+	fl.StringVar(&f.cert, "cert", "", "client certificate for etcd")
+	fl.StringVar(&f.key, "key", "", "client key for etcd")
+	fl.BoolVar(&f.insecurePlaintext, "insecure-plaintext", false, "allow an http:// endpoint (no TLS); only when explicitly asked for")
+	fl.BoolVar(&f.insecureSkipVerify, "insecure-skip-tls-verify", false, "do not verify etcd's serving certificate")
+	fl.DurationVar(&f.dialTimeout, "dial-timeout", 10*time.Second, "how long to wait for etcd")
+}
+
+func (f *etcdFlags) client() (*clientv3.Client, error) {
+	if f.endpoint == "" || strings.Contains(f.endpoint, ",") {
+		return nil, errors.New("--endpoint must name exactly one etcd member")
+	}
+	cfg := clientv3.Config{Endpoints: []string{f.endpoint}, DialTimeout: f.dialTimeout, Logger: zap.NewNop()}
+	switch {
+	case strings.HasPrefix(f.endpoint, "http://"):
+		if !f.insecurePlaintext {
+			return nil, fmt.Errorf("--endpoint %s is plain http: pass --insecure-plaintext to allow it, or use https", f.endpoint)
+		}
+	case strings.HasPrefix(f.endpoint, "https://"):
+		info := transport.TLSInfo{TrustedCAFile: f.cacert, CertFile: f.cert, KeyFile: f.key, InsecureSkipVerify: f.insecureSkipVerify}
+		tlsCfg, err := info.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("etcd TLS files: %w", err)
+		}
+		cfg.TLS = tlsCfg
+	default:
+		return nil, fmt.Errorf("--endpoint %q must start with https:// (or http:// with --insecure-plaintext)", f.endpoint)
+	}
+	return clientv3.New(cfg)
+}
+
+
+func newBackupCmd() *cobra.Command {
+	var ef etcdFlags
+	var serverAddr string
+	opts := backup.Options{}
+	cmd := &cobra.Command{
+		Use:   "backup --endpoint URL --server HOST:PORT --name NAME",
+		Short: "Stream a snapshot of one etcd member to the data server",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+			if opts.Name == "" {
+				return errors.New("--name is required")
+			}
+			etcd, err := ef.client()
+			if err != nil {
+				return err
+			}
+			defer etcd.Close()
+			conn, err := grpc.NewClient("passthrough:///"+serverAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return fmt.Errorf("--server %q: %w", serverAddr, err)
+			}
+			defer conn.Close()
+			opts.Endpoint = ef.endpoint
+			log.Info("snapshot starting", "endpoint", ef.endpoint, "backup", opts.Name, "location", opts.Location, "compression", opts.Compression)
+			start := time.Now()
+			b, err := backup.Run(ctx, etcd, client.New(conn), opts)
+			if err != nil {
+				log.Error("backup failed", "backup", opts.Name, "error", err.Error())
+				return err
+			}
+			log.Info("backup stored", "backup", b.GetName(), "location", b.GetLocation(), "size", b.GetSize(), "sha256", b.GetSha256(),
+				"rawSize", b.GetRawSize(), "revision", b.GetEtcd().GetRevision(), "seconds", time.Since(start).Seconds())
+			return nil
+		},
+	}
+	ef.add(cmd)
+	fl := cmd.Flags()
+	fl.StringVar(&serverAddr, "server", "", "data server gRPC address, e.g. etcdbackup.etcdbackup-system.svc:50051")
+	fl.StringVar(&opts.Name, "name", "", "name of the backup")
+	fl.StringVar(&opts.Location, "location", "", "storage location (default: the server's default)")
+	fl.StringVar(&opts.Target, "target", "", "name of the etcd target, recorded with the backup")
+	fl.StringVar(&opts.Compression, "compression", "", "\"zstd\" to compress, empty for none")
+	fl.StringToStringVar(&opts.Labels, "labels", nil, "labels of the backup")
+	_ = cmd.MarkFlagRequired("server")
+	return cmd
+}
