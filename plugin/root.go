@@ -73,6 +73,8 @@ wherever "kubectl get pods" works: no Ingress, no DNS, no storage credentials.`,
 		NewCmdDownload(g),
 		NewCmdDelete(g),
 		NewCmdVersion(g),
+		NewCmdBackup(g),
+		NewCmdLogs(g),
 	)
 	return cmd
 }

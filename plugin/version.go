@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -76,6 +77,13 @@ func (o *VersionOptions) Run(ctx context.Context) error {
 			def = " (default)"
 		}
 		fmt.Fprintf(o.Out, "Storage Location: %s%s, %s: %s\n", l.GetName(), def, l.GetType(), l.GetDescription())
+	}
+	for _, t := range info.GetTargets() {
+		def := ""
+		if t.GetDefault() {
+			def = " (default)"
+		}
+		fmt.Fprintf(o.Out, "etcd Target: %s%s, %s\n", t.GetName(), def, strings.Join(t.GetEndpoints(), ","))
 	}
 	return nil
 }

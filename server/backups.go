@@ -33,10 +33,20 @@ func (s *Server) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest) 
 	if err != nil {
 		return nil, storageError("list", locName, "", err)
 	}
+	runs, err := s.runs(ctx, locName)
+	if err != nil {
+		return nil, err
+	}
 	resp := &ebv1.ListBackupsResponse{}
 	for _, m := range manifests {
+		delete(runs, m.Name)
 		if sel.Matches(labels.Set(m.Labels)) {
 			resp.Backups = append(resp.Backups, backupFromManifest(locName, m))
+		}
+	}
+	for _, b := range runs {
+		if sel.Matches(labels.Set(b.GetLabels())) {
+			resp.Backups = append(resp.Backups, b)
 		}
 	}
 	sort.Slice(resp.Backups, func(i, j int) bool {
@@ -60,6 +70,11 @@ func (s *Server) GetBackup(ctx context.Context, req *ebv1.GetBackupRequest) (*eb
 		return nil, err
 	}
 	m, err := loc.Stat(ctx, req.GetName())
+	if errors.Is(err, storage.ErrNotFound) {
+		if b := s.run(ctx, locName, req.GetName()); b != nil {
+			return &ebv1.GetBackupResponse{Backup: b}, nil
+		}
+	}
 	if err != nil {
 		return nil, storageError("get", locName, req.GetName(), err)
 	}
@@ -196,6 +211,15 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 	return stream.SendAndClose(&ebv1.UploadBackupResponse{Backup: backupFromManifest(locName, m)})
 }
 
+// run returns the agent run of a backup that is not stored, or nil.
+func (s *Server) run(ctx context.Context, locName, name string) *ebv1.Backup {
+	runs, err := s.runs(ctx, locName)
+	if err != nil {
+		return nil
+	}
+	return runs[name]
+}
+
 func validateUploadHeader(h *ebv1.UploadHeader) (kind string, err error) {
 	if err := validateName("backup", h.GetName()); err != nil {
 		return "", err
@@ -237,6 +261,12 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 		return err
 	}
 	m, err := loc.Stat(ctx, req.GetName())
+	if errors.Is(err, storage.ErrNotFound) {
+		if b := s.run(ctx, locName, req.GetName()); b != nil {
+			return status.Errorf(codes.FailedPrecondition, "backup %q is %s, not stored: %s", req.GetName(),
+				map[bool]string{true: "still being taken", false: "failed"}[b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_RUNNING], b.GetMessage())
+		}
+	}
 	if err != nil {
 		return storageError("download", locName, req.GetName(), err)
 	}

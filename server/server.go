@@ -23,6 +23,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
 )
 
@@ -52,6 +53,20 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Targets are the etcd clusters CreateBackup can back up; the first is
+	// the default.
+	Targets []Target
+	// Agents launches backup agents; nil means CreateBackup is refused.
+	Agents *jobs.Launcher
+}
+
+// Target is an etcd cluster the server backs up, with its defaults.
+type Target struct {
+	jobs.Target
+	// Location for its backups when a request names none ("" = default).
+	Location string
+	// Compression when a request names none: "" or "zstd".
+	Compression string
 }
 
 // Server implements the etcdbackup.v1 services.
@@ -65,6 +80,9 @@ type Server struct {
 	now       func() time.Time
 	metrics   *metrics
 	health    *health.Server
+
+	targets []Target
+	agents  *jobs.Launcher
 
 	mu       sync.Mutex
 	inflight map[string]bool // "location/name" of uploads in progress
@@ -98,6 +116,26 @@ func New(cfg Config) (*Server, error) {
 		s.locations[l.Name] = l.Location
 		s.order = append(s.order, l.Name)
 	}
+	seen := map[string]bool{}
+	for _, t := range cfg.Targets {
+		if err := validateName("target", t.Name); err != nil {
+			return nil, err
+		}
+		if seen[t.Name] {
+			return nil, fmt.Errorf("target %q is configured twice", t.Name)
+		}
+		seen[t.Name] = true
+		if len(t.Endpoints) == 0 {
+			return nil, fmt.Errorf("target %q has no endpoints", t.Name)
+		}
+		if t.Location != "" && s.locations[t.Location] == nil {
+			return nil, fmt.Errorf("target %q names location %q, which is not configured", t.Name, t.Location)
+		}
+		if err := validateCompression(t.Compression); err != nil {
+			return nil, fmt.Errorf("target %q: %v", t.Name, err)
+		}
+	}
+	s.targets, s.agents = cfg.Targets, cfg.Agents
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -166,6 +204,9 @@ func (s *Server) GetServerInfo(context.Context, *ebv1.GetServerInfoRequest) (*eb
 			MaxChunkBytes: MaxChunkBytes,
 			MaxNameLength: MaxNameLength,
 		},
+	}
+	for i, t := range s.targets {
+		resp.Targets = append(resp.Targets, &ebv1.EtcdTarget{Name: t.Name, Endpoints: t.Endpoints, Default: i == 0})
 	}
 	for i, name := range s.order {
 		l := s.locations[name]

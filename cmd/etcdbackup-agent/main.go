@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -52,6 +52,7 @@ func newRoot() *cobra.Command {
 // etcdFlags are how an agent reaches etcd.
 type etcdFlags struct {
 	endpoint           string
+	endpoints          []string
 	cacert, cert, key  string
 	insecurePlaintext  bool
 	insecureSkipVerify bool
@@ -60,7 +61,8 @@ type etcdFlags struct {
 
 func (f *etcdFlags) add(cmd *cobra.Command) {
 	fl := cmd.Flags()
-	fl.StringVar(&f.endpoint, "endpoint", "", "the etcd member to use, https://HOST:PORT (exactly one: a snapshot is one member's state)")
+	fl.StringVar(&f.endpoint, "endpoint", "", "the etcd member to use, https://HOST:PORT (a snapshot is one member's state)")
+	fl.StringSliceVar(&f.endpoints, "endpoints", nil, "the cluster's members; the agent snapshots a healthy follower, else the leader")
 	fl.StringVar(&f.cacert, "cacert", "", "CA bundle that signed etcd's serving certificate")
 	fl.StringVar(&f.cert, "cert", "", "client certificate for etcd")
 	fl.StringVar(&f.key, "key", "", "client key for etcd")
@@ -69,17 +71,63 @@ func (f *etcdFlags) add(cmd *cobra.Command) {
 	fl.DurationVar(&f.dialTimeout, "dial-timeout", 10*time.Second, "how long to wait for etcd")
 }
 
-func (f *etcdFlags) client() (*clientv3.Client, error) {
-	if f.endpoint == "" || strings.Contains(f.endpoint, ",") {
-		return nil, errors.New("--endpoint must name exactly one etcd member")
-	}
-	cfg := clientv3.Config{Endpoints: []string{f.endpoint}, DialTimeout: f.dialTimeout, Logger: zap.NewNop()}
+// client connects to the one member to use: --endpoint, or the member
+// --endpoints chooses.
+func (f *etcdFlags) client(ctx context.Context) (*clientv3.Client, error) {
 	switch {
-	case strings.HasPrefix(f.endpoint, "http://"):
-		if !f.insecurePlaintext {
-			return nil, fmt.Errorf("--endpoint %s is plain http: pass --insecure-plaintext to allow it, or use https", f.endpoint)
+	case f.endpoint != "" && len(f.endpoints) > 0:
+		return nil, errors.New("give --endpoint or --endpoints, not both")
+	case f.endpoint == "" && len(f.endpoints) == 0:
+		return nil, errors.New("--endpoint or --endpoints is required")
+	case f.endpoint == "":
+		return f.choose(ctx)
+	}
+	return f.connect(f.endpoint)
+}
+
+// choose snapshots a follower when it can, to spare the leader the load of
+// streaming the database.
+func (f *etcdFlags) choose(ctx context.Context) (*clientv3.Client, error) {
+	var leader *clientv3.Client
+	var errs []error
+	for _, ep := range f.endpoints {
+		c, err := f.connect(ep)
+		if err != nil {
+			return nil, err
 		}
-	case strings.HasPrefix(f.endpoint, "https://"):
+		sctx, cancel := context.WithTimeout(ctx, f.dialTimeout)
+		st, err := c.Status(sctx, ep)
+		cancel()
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("%s: %w", ep, err))
+			c.Close()
+		case st.Leader != st.Header.MemberId:
+			f.endpoint = ep
+			if leader != nil {
+				leader.Close()
+			}
+			return c, nil
+		case leader == nil:
+			leader, f.endpoint = c, ep
+		default:
+			c.Close()
+		}
+	}
+	if leader != nil {
+		return leader, nil
+	}
+	return nil, fmt.Errorf("no etcd member answered: %w", errors.Join(errs...))
+}
+
+func (f *etcdFlags) connect(endpoint string) (*clientv3.Client, error) {
+	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: f.dialTimeout, Logger: zap.NewNop()}
+	switch {
+	case strings.HasPrefix(endpoint, "http://"):
+		if !f.insecurePlaintext {
+			return nil, fmt.Errorf("etcd endpoint %s is plain http: pass --insecure-plaintext to allow it, or use https", endpoint)
+		}
+	case strings.HasPrefix(endpoint, "https://"):
 		info := transport.TLSInfo{TrustedCAFile: f.cacert, CertFile: f.cert, KeyFile: f.key, InsecureSkipVerify: f.insecureSkipVerify}
 		tlsCfg, err := info.ClientConfig()
 		if err != nil {
@@ -87,11 +135,10 @@ func (f *etcdFlags) client() (*clientv3.Client, error) {
 		}
 		cfg.TLS = tlsCfg
 	default:
-		return nil, fmt.Errorf("--endpoint %q must start with https:// (or http:// with --insecure-plaintext)", f.endpoint)
+		return nil, fmt.Errorf("etcd endpoint %q must start with https:// (or http:// with --insecure-plaintext)", endpoint)
 	}
 	return clientv3.New(cfg)
 }
-
 
 func newBackupCmd() *cobra.Command {
 	var ef etcdFlags
@@ -107,7 +154,7 @@ func newBackupCmd() *cobra.Command {
 			if opts.Name == "" {
 				return errors.New("--name is required")
 			}
-			etcd, err := ef.client()
+			etcd, err := ef.client(ctx)
 			if err != nil {
 				return err
 			}

@@ -13,15 +13,20 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
 )
 
@@ -35,7 +40,9 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("etcdbackup-server", flag.ContinueOnError)
 	listen := fs.String("listen", ":50051", "address the gRPC API listens on")
-	storageDir := fs.String("storage-dir", "/var/lib/etcdbackup", "directory of the \"default\" filesystem storage location (mount a PersistentVolumeClaim here)")
+	storageDir := fs.String("storage-dir", "/var/lib/etcdbackup", "directory of the \"default\" filesystem storage location (mount a PersistentVolumeClaim here); ignored with --config")
+	configFile := fs.String("config", "", "configuration file: storage locations, etcd targets, agents (see docs/design.md)")
+	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "the server's namespace, where agent Jobs run (default $POD_NAMESPACE)")
 	metricsListen := fs.String("metrics-listen", "", "address serving Prometheus /metrics (empty: off)")
 	drain := fs.Duration("shutdown-timeout", 60*time.Second, "how long in-flight transfers may finish after SIGTERM")
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -48,23 +55,40 @@ func run(args []string) error {
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 
-	loc, err := filesystem.New(*storageDir)
-	if err != nil {
-		return err
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+
+	cfg := server.Config{Logger: log}
+	if *configFile == "" {
+		loc, err := filesystem.New(*storageDir)
+		if err != nil {
+			return err
+		}
+		cfg.Locations = []server.NamedLocation{{Name: "default", Location: loc}}
+	} else {
+		f, err := config.Load(*configFile)
+		if err != nil {
+			return err
+		}
+		if cfg.Locations, err = f.Build(ctx, log); err != nil {
+			return err
+		}
+		cfg.Targets = f.ServerTargets()
+		if f.Agents.Image != "" {
+			if cfg.Agents, err = newLauncher(f, *namespace); err != nil {
+				return err
+			}
+		} else if len(cfg.Targets) > 0 {
+			log.Warn("targets are configured but agents.image is not: on-demand backups are off")
+		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err := server.New(server.Config{
-		Locations:  []server.NamedLocation{{Name: "default", Location: loc}},
-		Logger:     log,
-		Registerer: reg,
-	})
+	cfg.Registerer = reg
+	srv, err := server.New(cfg)
 	if err != nil {
 		return err
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
 
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -79,6 +103,31 @@ func run(args []string) error {
 		}()
 		defer m.Close()
 	}
-	log.Info("serving", "version", version.Version, "listen", lis.Addr().String(), "storage", loc.Describe())
+	var where []string
+	for _, l := range cfg.Locations {
+		where = append(where, l.Name+"="+l.Location.Describe())
+	}
+	log.Info("serving", "version", version.Version, "listen", lis.Addr().String(), "locations", where)
 	return srv.Serve(ctx, lis, *drain)
+}
+
+// newLauncher connects to the API server with the pod's service account to
+// launch agent Jobs.
+func newLauncher(f *config.File, namespace string) (*jobs.Launcher, error) {
+	if namespace == "" {
+		b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+		if err != nil {
+			return nil, errors.New("agents are configured but the server's namespace is unknown: set --namespace or POD_NAMESPACE")
+		}
+		namespace = strings.TrimSpace(string(b))
+	}
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("agents are configured, so the server needs the Kubernetes API: %w", err)
+	}
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	return jobs.New(kc, f.JobsConfig(namespace))
 }

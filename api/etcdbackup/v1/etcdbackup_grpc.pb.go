@@ -139,6 +139,8 @@ const (
 	BackupService_DeleteBackup_FullMethodName   = "/etcdbackup.v1.BackupService/DeleteBackup"
 	BackupService_UploadBackup_FullMethodName   = "/etcdbackup.v1.BackupService/UploadBackup"
 	BackupService_DownloadBackup_FullMethodName = "/etcdbackup.v1.BackupService/DownloadBackup"
+	BackupService_CreateBackup_FullMethodName   = "/etcdbackup.v1.BackupService/CreateBackup"
+	BackupService_GetBackupLogs_FullMethodName  = "/etcdbackup.v1.BackupService/GetBackupLogs"
 )
 
 // BackupServiceClient is the client API for BackupService service.
@@ -164,6 +166,14 @@ type BackupServiceClient interface {
 	// message carries the header (total size and SHA-256 of the whole
 	// backup), every later one a chunk, in order, up to the end.
 	DownloadBackup(ctx context.Context, in *DownloadBackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DownloadBackupResponse], error)
+	// CreateBackup asks the server to take a backup of one of its etcd
+	// targets: it starts a backup agent Job and returns at once with the
+	// backup in phase RUNNING. The request names a target and a location,
+	// never an endpoint or a credential.
+	CreateBackup(ctx context.Context, in *CreateBackupRequest, opts ...grpc.CallOption) (*CreateBackupResponse, error)
+	// GetBackupLogs streams the log of the agent that took (or is taking) a
+	// backup.
+	GetBackupLogs(ctx context.Context, in *GetBackupLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetBackupLogsResponse], error)
 }
 
 type backupServiceClient struct {
@@ -236,6 +246,35 @@ func (c *backupServiceClient) DownloadBackup(ctx context.Context, in *DownloadBa
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BackupService_DownloadBackupClient = grpc.ServerStreamingClient[DownloadBackupResponse]
 
+func (c *backupServiceClient) CreateBackup(ctx context.Context, in *CreateBackupRequest, opts ...grpc.CallOption) (*CreateBackupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateBackupResponse)
+	err := c.cc.Invoke(ctx, BackupService_CreateBackup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *backupServiceClient) GetBackupLogs(ctx context.Context, in *GetBackupLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetBackupLogsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &BackupService_ServiceDesc.Streams[2], BackupService_GetBackupLogs_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[GetBackupLogsRequest, GetBackupLogsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BackupService_GetBackupLogsClient = grpc.ServerStreamingClient[GetBackupLogsResponse]
+
 // BackupServiceServer is the server API for BackupService service.
 // All implementations must embed UnimplementedBackupServiceServer
 // for forward compatibility.
@@ -259,6 +298,14 @@ type BackupServiceServer interface {
 	// message carries the header (total size and SHA-256 of the whole
 	// backup), every later one a chunk, in order, up to the end.
 	DownloadBackup(*DownloadBackupRequest, grpc.ServerStreamingServer[DownloadBackupResponse]) error
+	// CreateBackup asks the server to take a backup of one of its etcd
+	// targets: it starts a backup agent Job and returns at once with the
+	// backup in phase RUNNING. The request names a target and a location,
+	// never an endpoint or a credential.
+	CreateBackup(context.Context, *CreateBackupRequest) (*CreateBackupResponse, error)
+	// GetBackupLogs streams the log of the agent that took (or is taking) a
+	// backup.
+	GetBackupLogs(*GetBackupLogsRequest, grpc.ServerStreamingServer[GetBackupLogsResponse]) error
 	mustEmbedUnimplementedBackupServiceServer()
 }
 
@@ -283,6 +330,12 @@ func (UnimplementedBackupServiceServer) UploadBackup(grpc.ClientStreamingServer[
 }
 func (UnimplementedBackupServiceServer) DownloadBackup(*DownloadBackupRequest, grpc.ServerStreamingServer[DownloadBackupResponse]) error {
 	return status.Error(codes.Unimplemented, "method DownloadBackup not implemented")
+}
+func (UnimplementedBackupServiceServer) CreateBackup(context.Context, *CreateBackupRequest) (*CreateBackupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateBackup not implemented")
+}
+func (UnimplementedBackupServiceServer) GetBackupLogs(*GetBackupLogsRequest, grpc.ServerStreamingServer[GetBackupLogsResponse]) error {
+	return status.Error(codes.Unimplemented, "method GetBackupLogs not implemented")
 }
 func (UnimplementedBackupServiceServer) mustEmbedUnimplementedBackupServiceServer() {}
 func (UnimplementedBackupServiceServer) testEmbeddedByValue()                       {}
@@ -377,6 +430,35 @@ func _BackupService_DownloadBackup_Handler(srv interface{}, stream grpc.ServerSt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BackupService_DownloadBackupServer = grpc.ServerStreamingServer[DownloadBackupResponse]
 
+func _BackupService_CreateBackup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateBackupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupServiceServer).CreateBackup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackupService_CreateBackup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupServiceServer).CreateBackup(ctx, req.(*CreateBackupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BackupService_GetBackupLogs_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(GetBackupLogsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(BackupServiceServer).GetBackupLogs(m, &grpc.GenericServerStream[GetBackupLogsRequest, GetBackupLogsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type BackupService_GetBackupLogsServer = grpc.ServerStreamingServer[GetBackupLogsResponse]
+
 // BackupService_ServiceDesc is the grpc.ServiceDesc for BackupService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -396,6 +478,10 @@ var BackupService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "DeleteBackup",
 			Handler:    _BackupService_DeleteBackup_Handler,
 		},
+		{
+			MethodName: "CreateBackup",
+			Handler:    _BackupService_CreateBackup_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -406,6 +492,11 @@ var BackupService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "DownloadBackup",
 			Handler:       _BackupService_DownloadBackup_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "GetBackupLogs",
+			Handler:       _BackupService_GetBackupLogs_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -1,0 +1,113 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+)
+
+// BackupOptions are the options of `kubectl etcdbackup backup`.
+type BackupOptions struct {
+	*GlobalOptions
+	Name        string
+	Target      string
+	Compression string
+	Labels      map[string]string
+	Wait        bool
+	WaitTimeout time.Duration
+	Output      string
+	// PollInterval is how often --wait asks the server.
+	PollInterval time.Duration
+}
+
+// NewCmdBackup returns the backup command.
+func NewCmdBackup(g *GlobalOptions) *cobra.Command {
+	o := &BackupOptions{GlobalOptions: g, Output: "table", WaitTimeout: time.Hour, PollInterval: time.Second}
+	cmd := &cobra.Command{
+		Use:   "backup",
+		Short: "Take a backup of an etcd target now, with an agent Job in the cluster",
+		Long: `backup asks the server to snapshot one of the etcd targets in its
+configuration. The server starts a backup agent Job that streams the
+snapshot from etcd into the storage location; the request names only a
+target and a location, never an endpoint or a credential.`,
+		Example: `  kubectl etcdbackup backup --wait
+  kubectl etcdbackup backup --target control-plane --location s3 --name before-upgrade --wait`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			return o.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Name, "name", "", "name of the backup (default: TARGET-YYYYMMDD-HHMMSS)")
+	f.StringVar(&o.Target, "target", "", "etcd target from the server's config (default: the server's first)")
+	f.StringVar(&o.Compression, "compression", "", "zstd or none (default: the target's setting)")
+	f.StringToStringVar(&o.Labels, "labels", nil, "labels to store with the backup, as key=value pairs")
+	f.BoolVar(&o.Wait, "wait", false, "wait until the backup is Completed or Failed")
+	f.DurationVar(&o.WaitTimeout, "timeout", o.WaitTimeout, "how long --wait waits")
+	f.StringVarP(&o.Output, "output", "o", o.Output, "output format: table, wide, json or yaml")
+	return cmd
+}
+
+// Validate checks the flags.
+func (o *BackupOptions) Validate() error {
+	switch o.Compression {
+	case "", "zstd", "none":
+	default:
+		return fmt.Errorf("--compression %q is not supported; use zstd or none", o.Compression)
+	}
+	return validateOutput(o.Output)
+}
+
+// Run starts the backup and, with --wait, follows it to its end.
+func (o *BackupOptions) Run(ctx context.Context) error {
+	conn, err := o.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	resp, err := conn.Backups.CreateBackup(ctx, &ebv1.CreateBackupRequest{
+		Name: o.Name, Location: o.Location, Target: o.Target, Compression: o.Compression, Labels: o.Labels,
+	})
+	if err != nil {
+		return conn.explain("start backup", err)
+	}
+	b := resp.GetBackup()
+	fmt.Fprintf(o.ErrOut, "backup %q of target %q started in location %q\n", b.GetName(), b.GetSource().GetTarget(), b.GetLocation())
+	if o.Wait {
+		if b, err = o.wait(ctx, conn, b); err != nil {
+			return err
+		}
+	}
+	if err := printBackups(o.Out, o.Output, &ebv1.ListBackupsResponse{Backups: []*ebv1.Backup{b}}, time.Now()); err != nil {
+		return err
+	}
+	if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_FAILED {
+		return fmt.Errorf("backup %q failed: %s; see `kubectl etcdbackup logs %s`", b.GetName(), b.GetMessage(), b.GetName())
+	}
+	return nil
+}
+
+func (o *BackupOptions) wait(ctx context.Context, conn *Connection, b *ebv1.Backup) (*ebv1.Backup, error) {
+	ctx, cancel := context.WithTimeout(ctx, o.WaitTimeout)
+	defer cancel()
+	for b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_RUNNING {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("backup %q still running after %s; follow it with `kubectl etcdbackup logs %s -f`", b.GetName(), o.WaitTimeout, b.GetName())
+		case <-time.After(o.PollInterval):
+		}
+		resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: b.GetName(), Location: b.GetLocation()})
+		if err != nil {
+			return nil, conn.explain("wait for backup "+quote(b.GetName()), err)
+		}
+		b = resp.GetBackup()
+	}
+	return b, nil
+}

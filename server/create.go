@@ -1,0 +1,172 @@
+package server
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+)
+
+// target resolves a request's target name ("" is the default).
+func (s *Server) target(name string) (*Target, error) {
+	if len(s.targets) == 0 {
+		return nil, status.Error(codes.FailedPrecondition,
+			"this server has no etcd targets configured; add one under `targets:` in its config file")
+	}
+	if name == "" {
+		return &s.targets[0], nil
+	}
+	var names []string
+	for i := range s.targets {
+		if s.targets[i].Name == name {
+			return &s.targets[i], nil
+		}
+		names = append(names, s.targets[i].Name)
+	}
+	return nil, status.Errorf(codes.NotFound, "etcd target %q is not configured on this server; it has %v (see `kubectl etcdbackup version`)", name, names)
+}
+
+// CreateBackup implements ebv1.BackupServiceServer.
+func (s *Server) CreateBackup(ctx context.Context, req *ebv1.CreateBackupRequest) (*ebv1.CreateBackupResponse, error) {
+	if s.agents == nil {
+		return nil, status.Error(codes.FailedPrecondition,
+			"this server cannot launch backup agents (it runs outside a cluster or without an agent image); upload snapshots with `kubectl etcdbackup upload` instead")
+	}
+	t, err := s.target(req.GetTarget())
+	if err != nil {
+		return nil, err
+	}
+	locName := req.GetLocation()
+	if locName == "" {
+		locName = t.Location
+	}
+	locName, loc, err := s.location(locName)
+	if err != nil {
+		return nil, err
+	}
+	compression := req.GetCompression()
+	switch compression {
+	case "":
+		compression = t.Compression
+	case "none":
+		compression = ""
+	}
+	if err := validateCompression(compression); err != nil {
+		return nil, err
+	}
+	name := req.GetName()
+	if name == "" {
+		name = t.Name + "-" + s.now().UTC().Format("20060102-150405")
+	}
+	if err := validateName("backup", name); err != nil {
+		return nil, err
+	}
+	if err := validateLabels(req.GetLabels()); err != nil {
+		return nil, err
+	}
+	if _, err := loc.Stat(ctx, name); err == nil {
+		return nil, storageError("create backup", locName, name, storage.ErrAlreadyExists)
+	} else if !errors.Is(err, storage.ErrNotFound) {
+		return nil, storageError("create backup", locName, name, err)
+	}
+	if err := s.agents.CheckTarget(ctx, t.Target); err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	job, err := s.agents.StartBackup(ctx, jobs.BackupSpec{
+		Name: name, Location: locName, Compression: compression, Labels: req.GetLabels(), Target: t.Target,
+	})
+	if errors.Is(err, jobs.ErrRunning) {
+		return nil, status.Errorf(codes.AlreadyExists, "backup %q is already being taken; follow it with `kubectl etcdbackup logs %s -f`", name, name)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "start backup agent for %q: %v", name, err)
+	}
+	s.log.Info("backup agent started", "backup", name, "location", locName, "target", t.Name, "job", job.Name)
+	return &ebv1.CreateBackupResponse{Backup: &ebv1.Backup{
+		Name: name, Location: locName, Phase: ebv1.BackupPhase_BACKUP_PHASE_RUNNING,
+		Labels: req.GetLabels(), Compression: compression, CreateTime: timestamppb.New(job.CreationTimestamp.Time),
+		Source: &ebv1.BackupSource{Kind: "agent", Target: t.Name},
+	}}, nil
+}
+
+// runs returns the agent runs of location whose backup is not stored, as
+// backups in phase RUNNING or FAILED. A run that succeeded has its backup
+// stored and listed from storage instead.
+func (s *Server) runs(ctx context.Context, locName string) (map[string]*ebv1.Backup, error) {
+	if s.agents == nil {
+		return nil, nil
+	}
+	runs, err := s.agents.List(ctx)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list backup agents: %v", err)
+	}
+	out := map[string]*ebv1.Backup{}
+	for _, r := range runs {
+		if r.Location != locName {
+			continue
+		}
+		b := &ebv1.Backup{
+			Name: r.Name, Location: r.Location, Message: r.Message,
+			CreateTime: timestamppb.New(r.StartTime),
+			Source:     &ebv1.BackupSource{Kind: "agent", Target: r.Target, StartTime: timestamppb.New(r.StartTime)},
+		}
+		switch r.Phase {
+		case jobs.PhaseRunning:
+			b.Phase = ebv1.BackupPhase_BACKUP_PHASE_RUNNING
+		case jobs.PhaseFailed:
+			b.Phase = ebv1.BackupPhase_BACKUP_PHASE_FAILED
+		case jobs.PhaseSucceeded:
+			// Stored, or about to be listed; if storage lacks it after the
+			// agent exited 0, something is badly wrong: say so.
+			b.Phase = ebv1.BackupPhase_BACKUP_PHASE_FAILED
+			b.Message = "the agent finished but the backup is not in storage"
+		}
+		out[r.Name] = b
+	}
+	return out, nil
+}
+
+// GetBackupLogs implements ebv1.BackupServiceServer.
+func (s *Server) GetBackupLogs(req *ebv1.GetBackupLogsRequest, stream ebv1.BackupService_GetBackupLogsServer) error {
+	if err := validateName("backup", req.GetName()); err != nil {
+		return err
+	}
+	locName, _, err := s.location(req.GetLocation())
+	if err != nil {
+		return err
+	}
+	if s.agents == nil {
+		return status.Error(codes.FailedPrecondition, "this server launches no agents, so there are no agent logs")
+	}
+	w := &logWriter{stream: stream}
+	err = s.agents.Logs(stream.Context(), locName, req.GetName(), req.GetFollow(), w)
+	if errors.Is(err, jobs.ErrNoRun) {
+		return status.Errorf(codes.NotFound,
+			"no agent log for backup %q in location %q: it was uploaded, or its agent Job was cleaned up (finished Jobs are kept for a day)", req.GetName(), locName)
+	}
+	if err != nil && stream.Context().Err() == nil {
+		return status.Errorf(codes.Unavailable, "agent log of %q: %v", req.GetName(), err)
+	}
+	return nil
+}
+
+// logWriter sends what it is given as log chunks of bounded size.
+type logWriter struct {
+	stream ebv1.BackupService_GetBackupLogsServer
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	for off := 0; off < len(p); off += 64 << 10 {
+		end := min(off+64<<10, len(p))
+		if err := w.stream.Send(&ebv1.GetBackupLogsResponse{Data: p[off:end]}); err != nil {
+			return off, err
+		}
+	}
+	return len(p), nil
+}

@@ -1,0 +1,413 @@
+// Package jobs launches the backup agent as a Kubernetes Job in the
+// server's namespace and reads the state of those Jobs back, so the request
+// layer can show a backup as Running or Failed before (or instead of) it
+// being stored. A Job runs under the agents' own ServiceAccount, which has
+// no API permissions, and mounts only the target's TLS Secret: no storage
+// credential and no secret value ever appears in its spec.
+package jobs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+// Labels and annotations on the Jobs this package creates.
+const (
+	LabelComponent     = "app.kubernetes.io/component"
+	LabelManagedBy     = "app.kubernetes.io/managed-by"
+	LabelRun           = "etcdbackup.io/run"
+	AnnotationBackup   = "etcdbackup.io/backup"
+	AnnotationLocation = "etcdbackup.io/location"
+	AnnotationTarget   = "etcdbackup.io/target"
+
+	componentBackup = "backup-agent"
+	managedBy       = "etcdbackup-server"
+	// tlsMountPath is where the target's TLS Secret appears in the agent.
+	tlsMountPath = "/etc/etcdbackup/etcd-tls"
+)
+
+// Config says how agents are launched.
+type Config struct {
+	// Namespace is the server's own; Jobs are created there.
+	Namespace string
+	// Image of the agent.
+	Image           string
+	ImagePullPolicy corev1.PullPolicy
+	// ServiceAccount the agents run as; it needs no permissions.
+	ServiceAccount string
+	// ServerAddress is how agents reach the server (its Service).
+	ServerAddress string
+	// TTLAfterFinished keeps finished Jobs (and their logs) this long.
+	TTLAfterFinished time.Duration
+	// Deadline bounds one agent run.
+	Deadline time.Duration
+}
+
+// Target is an etcd cluster to back up.
+type Target struct {
+	Name      string
+	Endpoints []string
+	// TLSSecret names a Secret in the server's namespace with keys ca.crt,
+	// tls.crt and tls.key: the client certificate for etcd.
+	TLSSecret string
+	// InsecurePlaintext allows http:// endpoints (no TLS).
+	InsecurePlaintext bool
+}
+
+// Launcher creates and reads agent Jobs.
+type Launcher struct {
+	client kubernetes.Interface
+	cfg    Config
+}
+
+// New returns a Launcher.
+func New(client kubernetes.Interface, cfg Config) (*Launcher, error) {
+	switch {
+	case cfg.Namespace == "":
+		return nil, errors.New("agent jobs: the server's namespace is unknown (set POD_NAMESPACE from the downward API)")
+	case cfg.Image == "":
+		return nil, errors.New("agent jobs: no agent image configured")
+	case cfg.ServerAddress == "":
+		return nil, errors.New("agent jobs: no server address for agents configured")
+	}
+	if cfg.ServiceAccount == "" {
+		cfg.ServiceAccount = "etcdbackup-agent"
+	}
+	if cfg.TTLAfterFinished == 0 {
+		cfg.TTLAfterFinished = 24 * time.Hour
+	}
+	if cfg.Deadline == 0 {
+		cfg.Deadline = 2 * time.Hour
+	}
+	return &Launcher{client: client, cfg: cfg}, nil
+}
+
+// BackupSpec is one backup to take.
+type BackupSpec struct {
+	Name, Location, Compression string
+	Labels                      map[string]string
+	Target                      Target
+}
+
+// ErrRunning is returned when an agent for that backup is still running.
+var ErrRunning = errors.New("a backup agent for this backup is still running")
+
+// runID names the Job of one backup: Job names are DNS labels of at most
+// 63 characters, backup names may be 200.
+func runID(location, name string) string {
+	s := sha256.Sum256([]byte(location + "/" + name))
+	return hex.EncodeToString(s[:])[:16]
+}
+
+func jobName(location, name string) string {
+	prefix := name
+	if len(prefix) > 30 {
+		prefix = prefix[:30]
+	}
+	prefix = strings.Trim(strings.ReplaceAll(prefix, ".", "-"), "-")
+	return "backup-" + prefix + "-" + runID(location, name)[:10]
+}
+
+// CheckTarget verifies that what the target's Job would mount exists.
+func (l *Launcher) CheckTarget(ctx context.Context, t Target) error {
+	if t.TLSSecret == "" {
+		return nil
+	}
+	_, err := l.client.CoreV1().Secrets(l.cfg.Namespace).Get(ctx, t.TLSSecret, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("target %q: its TLS Secret %s/%s does not exist; create it with keys ca.crt, tls.crt and tls.key (the etcd client certificate)",
+			t.Name, l.cfg.Namespace, t.TLSSecret)
+	}
+	if err != nil {
+		return fmt.Errorf("target %q: check TLS Secret %s/%s: %w", t.Name, l.cfg.Namespace, t.TLSSecret, err)
+	}
+	return nil
+}
+
+// StartBackup creates the agent Job for spec. A finished, failed Job of the
+// same backup is replaced; a running one gives ErrRunning.
+func (l *Launcher) StartBackup(ctx context.Context, spec BackupSpec) (*batchv1.Job, error) {
+	job := l.backupJob(spec)
+	jobs := l.client.BatchV1().Jobs(l.cfg.Namespace)
+	created, err := jobs.Create(ctx, job, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		old, gerr := jobs.Get(ctx, job.Name, metav1.GetOptions{})
+		if gerr != nil {
+			return nil, fmt.Errorf("get existing job %s: %w", job.Name, gerr)
+		}
+		if phase, _ := jobPhase(old); phase == PhaseRunning {
+			return nil, ErrRunning
+		}
+		// An earlier attempt that ended without a stored backup: replace it.
+		if derr := jobs.Delete(ctx, job.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); derr != nil && !apierrors.IsNotFound(derr) {
+			return nil, fmt.Errorf("replace finished job %s: %w", job.Name, derr)
+		}
+		created, err = l.createWhenGone(ctx, job)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("create backup job: %w", err)
+	}
+	return created, nil
+}
+
+// createWhenGone retries Create while a deleted Job with the same name is
+// still being removed.
+func (l *Launcher) createWhenGone(ctx context.Context, job *batchv1.Job) (*batchv1.Job, error) {
+	for {
+		created, err := l.client.BatchV1().Jobs(l.cfg.Namespace).Create(ctx, job, metav1.CreateOptions{})
+		if !apierrors.IsAlreadyExists(err) {
+			return created, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
+	t := spec.Target
+	args := []string{
+		"backup",
+		"--server=" + l.cfg.ServerAddress,
+		"--name=" + spec.Name,
+		"--location=" + spec.Location,
+		"--target=" + t.Name,
+		"--endpoints=" + strings.Join(t.Endpoints, ","),
+	}
+	if spec.Compression != "" {
+		args = append(args, "--compression="+spec.Compression)
+	}
+	for _, k := range sortedKeys(spec.Labels) {
+		args = append(args, "--labels="+k+"="+spec.Labels[k])
+	}
+	var volumes []corev1.Volume
+	var mounts []corev1.VolumeMount
+	if t.TLSSecret != "" {
+		args = append(args,
+			"--cacert="+tlsMountPath+"/ca.crt",
+			"--cert="+tlsMountPath+"/tls.crt",
+			"--key="+tlsMountPath+"/tls.key")
+		volumes = append(volumes, corev1.Volume{Name: "etcd-tls", VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{SecretName: t.TLSSecret, DefaultMode: ptr.To[int32](0o400)},
+		}})
+		mounts = append(mounts, corev1.VolumeMount{Name: "etcd-tls", MountPath: tlsMountPath, ReadOnly: true})
+	}
+	if t.InsecurePlaintext {
+		args = append(args, "--insecure-plaintext")
+	}
+	id := runID(spec.Location, spec.Name)
+	labels := map[string]string{LabelComponent: componentBackup, LabelManagedBy: managedBy, LabelRun: id}
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      jobName(spec.Location, spec.Name),
+			Namespace: l.cfg.Namespace,
+			Labels:    labels,
+			Annotations: map[string]string{
+				AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
+			},
+		},
+		Spec: batchv1.JobSpec{
+			// A retry would upload the same name again: one attempt, and
+			// the user (or the schedule) decides to try again.
+			BackoffLimit:            ptr.To[int32](0),
+			ActiveDeadlineSeconds:   ptr.To(int64(l.cfg.Deadline.Seconds())),
+			TTLSecondsAfterFinished: ptr.To(int32(l.cfg.TTLAfterFinished.Seconds())),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationBackup: spec.Name}},
+				Spec: corev1.PodSpec{
+					RestartPolicy:                corev1.RestartPolicyNever,
+					ServiceAccountName:           l.cfg.ServiceAccount,
+					AutomountServiceAccountToken: ptr.To(false),
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot:   ptr.To(true),
+						RunAsUser:      ptr.To[int64](65532),
+						RunAsGroup:     ptr.To[int64](65532),
+						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+					Containers: []corev1.Container{{
+						Name:                     "agent",
+						Image:                    l.cfg.Image,
+						ImagePullPolicy:          l.cfg.ImagePullPolicy,
+						Args:                     args,
+						VolumeMounts:             mounts,
+						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: ptr.To(false),
+							ReadOnlyRootFilesystem:   ptr.To(true),
+							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+					}},
+					Volumes: volumes,
+				},
+			},
+		},
+	}
+}
+
+// Phase of an agent run.
+type Phase string
+
+const (
+	PhaseRunning   Phase = "Running"
+	PhaseSucceeded Phase = "Succeeded"
+	PhaseFailed    Phase = "Failed"
+)
+
+// Run is what the cluster says about one backup's agent.
+type Run struct {
+	Name, Location, Target string
+	Phase                  Phase
+	// Message says why a run failed.
+	Message   string
+	StartTime time.Time
+	JobName   string
+}
+
+// List returns the runs of every backup agent Job in the namespace.
+func (l *Launcher) List(ctx context.Context) ([]Run, error) {
+	list, err := l.client.BatchV1().Jobs(l.cfg.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: LabelComponent + "=" + componentBackup + "," + LabelManagedBy + "=" + managedBy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list backup jobs: %w", err)
+	}
+	runs := make([]Run, 0, len(list.Items))
+	for i := range list.Items {
+		j := &list.Items[i]
+		if j.DeletionTimestamp != nil {
+			continue
+		}
+		phase, msg := jobPhase(j)
+		if phase == PhaseFailed {
+			if m := l.failureMessage(ctx, j); m != "" {
+				msg = m
+			}
+		}
+		runs = append(runs, Run{
+			Name: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation], Target: j.Annotations[AnnotationTarget],
+			Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, JobName: j.Name,
+		})
+	}
+	return runs, nil
+}
+
+func jobPhase(j *batchv1.Job) (Phase, string) {
+	for _, c := range j.Status.Conditions {
+		if c.Status != corev1.ConditionTrue {
+			continue
+		}
+		switch c.Type {
+		case batchv1.JobComplete, batchv1.JobSuccessCriteriaMet:
+			return PhaseSucceeded, ""
+		case batchv1.JobFailed, batchv1.JobFailureTarget:
+			return PhaseFailed, strings.TrimSpace(c.Reason + ": " + c.Message)
+		}
+	}
+	return PhaseRunning, ""
+}
+
+// failureMessage is the agent's own last words: its container's
+// termination message (the end of its log, by FallbackToLogsOnError).
+func (l *Launcher) failureMessage(ctx context.Context, j *batchv1.Job) string {
+	pods, err := l.pods(ctx, j)
+	if err != nil || len(pods) == 0 {
+		return ""
+	}
+	for _, cs := range pods[0].Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil {
+			msg := strings.TrimSpace(t.Message)
+			if i := strings.LastIndex(msg, "\n"); i >= 0 {
+				msg = strings.TrimSpace(msg[i+1:])
+			}
+			if msg == "" {
+				return fmt.Sprintf("agent exited with code %d (%s)", t.ExitCode, t.Reason)
+			}
+			return fmt.Sprintf("agent exited with code %d: %s", t.ExitCode, msg)
+		}
+	}
+	return ""
+}
+
+// pods returns the Job's pods, newest first.
+func (l *Launcher) pods(ctx context.Context, j *batchv1.Job) ([]corev1.Pod, error) {
+	list, err := l.client.CoreV1().Pods(l.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + j.Name})
+	if err != nil {
+		return nil, err
+	}
+	pods := list.Items
+	sort.Slice(pods, func(a, b int) bool { return pods[b].CreationTimestamp.Before(&pods[a].CreationTimestamp) })
+	return pods, nil
+}
+
+// ErrNoRun is returned by Logs when no agent ran for that backup.
+var ErrNoRun = errors.New("no backup agent ran for this backup")
+
+// Logs writes the log of the agent of backup (location, name) to w. With
+// follow it waits for the pod to start and streams until the agent ends.
+func (l *Launcher) Logs(ctx context.Context, location, name string, follow bool, w io.Writer) error {
+	j, err := l.client.BatchV1().Jobs(l.cfg.Namespace).Get(ctx, jobName(location, name), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return ErrNoRun
+	}
+	if err != nil {
+		return fmt.Errorf("get backup job: %w", err)
+	}
+	for {
+		pods, err := l.pods(ctx, j)
+		if err != nil {
+			return fmt.Errorf("find agent pod: %w", err)
+		}
+		if len(pods) > 0 && podStarted(&pods[0]) {
+			req := l.client.CoreV1().Pods(l.cfg.Namespace).GetLogs(pods[0].Name, &corev1.PodLogOptions{Container: "agent", Follow: follow})
+			rc, err := req.Stream(ctx)
+			if err != nil {
+				return fmt.Errorf("stream log of agent pod %s: %w", pods[0].Name, err)
+			}
+			defer rc.Close()
+			_, err = io.Copy(w, rc)
+			return err
+		}
+		if !follow {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func podStarted(p *corev1.Pod) bool {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.State.Running != nil || cs.State.Terminated != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
