@@ -75,6 +75,8 @@ wherever "kubectl get pods" works: no Ingress, no DNS, no storage credentials.`,
 		NewCmdVersion(g),
 		NewCmdBackup(g),
 		NewCmdLogs(g),
+		NewCmdVerify(g),
+		NewCmdRestore(g),
 	)
 	return cmd
 }

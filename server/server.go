@@ -58,6 +58,8 @@ type Config struct {
 	Targets []Target
 	// Agents launches backup agents; nil means CreateBackup is refused.
 	Agents *jobs.Launcher
+	// ScratchDir holds temporary files of VerifyBackup; "" is os.TempDir().
+	ScratchDir string
 }
 
 // Target is an etcd cluster the server backs up, with its defaults.
@@ -81,8 +83,9 @@ type Server struct {
 	metrics   *metrics
 	health    *health.Server
 
-	targets []Target
-	agents  *jobs.Launcher
+	targets    []Target
+	agents     *jobs.Launcher
+	scratchDir string
 
 	mu       sync.Mutex
 	inflight map[string]bool // "location/name" of uploads in progress
@@ -135,7 +138,7 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("target %q: %v", t.Name, err)
 		}
 	}
-	s.targets, s.agents = cfg.Targets, cfg.Agents
+	s.targets, s.agents, s.scratchDir = cfg.Targets, cfg.Agents, cfg.ScratchDir
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err

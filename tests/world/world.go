@@ -36,6 +36,7 @@ const (
 	// PluginBinary and ServerBinary are the names BuildBinaries produces.
 	PluginBinary = "kubectl-etcdbackup"
 	ServerBinary = "etcdbackup-server"
+	AgentBinary  = "etcdbackup-agent"
 )
 
 // RepoRoot finds the repository root by walking up to go.mod.
@@ -66,7 +67,7 @@ func BuildBinaries(ctx context.Context, dir string) error {
 		return err
 	}
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", dir+string(filepath.Separator),
-		"./cmd/"+PluginBinary, "./cmd/"+ServerBinary)
+		"./cmd/"+PluginBinary, "./cmd/"+ServerBinary, "./cmd/"+AgentBinary)
 	cmd.Dir = root
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -1756,6 +1756,146 @@ func (x *GetBackupLogsResponse) GetData() []byte {
 	return nil
 }
 
+type VerifyBackupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Location      string                 `protobuf:"bytes,2,opt,name=location,proto3" json:"location,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyBackupRequest) Reset() {
+	*x = VerifyBackupRequest{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyBackupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyBackupRequest) ProtoMessage() {}
+
+func (x *VerifyBackupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyBackupRequest.ProtoReflect.Descriptor instead.
+func (*VerifyBackupRequest) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *VerifyBackupRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *VerifyBackupRequest) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
+type VerifyBackupResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Backup *Backup                `protobuf:"bytes,1,opt,name=backup,proto3" json:"backup,omitempty"`
+	// What etcd reads from the snapshot.
+	Revision  int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	TotalKeys int64 `protobuf:"varint,3,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"`
+	// Size of the etcd database (the snapshot without its trailer, after
+	// undoing compression).
+	TotalSize int64 `protobuf:"varint,4,opt,name=total_size,json=totalSize,proto3" json:"total_size,omitempty"`
+	// etcd's hash of all keys and values (etcdutl snapshot status).
+	Hash           uint32 `protobuf:"varint,5,opt,name=hash,proto3" json:"hash,omitempty"`
+	StorageVersion string `protobuf:"bytes,6,opt,name=storage_version,json=storageVersion,proto3" json:"storage_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *VerifyBackupResponse) Reset() {
+	*x = VerifyBackupResponse{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyBackupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyBackupResponse) ProtoMessage() {}
+
+func (x *VerifyBackupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyBackupResponse.ProtoReflect.Descriptor instead.
+func (*VerifyBackupResponse) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *VerifyBackupResponse) GetBackup() *Backup {
+	if x != nil {
+		return x.Backup
+	}
+	return nil
+}
+
+func (x *VerifyBackupResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *VerifyBackupResponse) GetTotalKeys() int64 {
+	if x != nil {
+		return x.TotalKeys
+	}
+	return 0
+}
+
+func (x *VerifyBackupResponse) GetTotalSize() int64 {
+	if x != nil {
+		return x.TotalSize
+	}
+	return 0
+}
+
+func (x *VerifyBackupResponse) GetHash() uint32 {
+	if x != nil {
+		return x.Hash
+	}
+	return 0
+}
+
+func (x *VerifyBackupResponse) GetStorageVersion() string {
+	if x != nil {
+		return x.StorageVersion
+	}
+	return ""
+}
+
 var File_etcdbackup_v1_etcdbackup_proto protoreflect.FileDescriptor
 
 const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
@@ -1889,14 +2029,26 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x16\n" +
 	"\x06follow\x18\x03 \x01(\bR\x06follow\"+\n" +
 	"\x15GetBackupLogsResponse\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data*z\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"E\n" +
+	"\x13VerifyBackupRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\blocation\x18\x02 \x01(\tR\blocation\"\xdc\x01\n" +
+	"\x14VerifyBackupResponse\x12-\n" +
+	"\x06backup\x18\x01 \x01(\v2\x15.etcdbackup.v1.BackupR\x06backup\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x1d\n" +
+	"\n" +
+	"total_keys\x18\x03 \x01(\x03R\ttotalKeys\x12\x1d\n" +
+	"\n" +
+	"total_size\x18\x04 \x01(\x03R\ttotalSize\x12\x12\n" +
+	"\x04hash\x18\x05 \x01(\rR\x04hash\x12'\n" +
+	"\x0fstorage_version\x18\x06 \x01(\tR\x0estorageVersion*z\n" +
 	"\vBackupPhase\x12\x1c\n" +
 	"\x18BACKUP_PHASE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BACKUP_PHASE_RUNNING\x10\x01\x12\x1a\n" +
 	"\x16BACKUP_PHASE_COMPLETED\x10\x02\x12\x17\n" +
 	"\x13BACKUP_PHASE_FAILED\x10\x032i\n" +
 	"\vInfoService\x12Z\n" +
-	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\x81\x05\n" +
+	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\xda\x05\n" +
 	"\rBackupService\x12T\n" +
 	"\vListBackups\x12!.etcdbackup.v1.ListBackupsRequest\x1a\".etcdbackup.v1.ListBackupsResponse\x12N\n" +
 	"\tGetBackup\x12\x1f.etcdbackup.v1.GetBackupRequest\x1a .etcdbackup.v1.GetBackupResponse\x12W\n" +
@@ -1904,7 +2056,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\fUploadBackup\x12\".etcdbackup.v1.UploadBackupRequest\x1a#.etcdbackup.v1.UploadBackupResponse(\x01\x12_\n" +
 	"\x0eDownloadBackup\x12$.etcdbackup.v1.DownloadBackupRequest\x1a%.etcdbackup.v1.DownloadBackupResponse0\x01\x12W\n" +
 	"\fCreateBackup\x12\".etcdbackup.v1.CreateBackupRequest\x1a#.etcdbackup.v1.CreateBackupResponse\x12\\\n" +
-	"\rGetBackupLogs\x12#.etcdbackup.v1.GetBackupLogsRequest\x1a$.etcdbackup.v1.GetBackupLogsResponse0\x01BQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
+	"\rGetBackupLogs\x12#.etcdbackup.v1.GetBackupLogsRequest\x1a$.etcdbackup.v1.GetBackupLogsResponse0\x01\x12W\n" +
+	"\fVerifyBackup\x12\".etcdbackup.v1.VerifyBackupRequest\x1a#.etcdbackup.v1.VerifyBackupResponseBQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
 
 var (
 	file_etcdbackup_v1_etcdbackup_proto_rawDescOnce sync.Once
@@ -1919,7 +2072,7 @@ func file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP() []byte {
 }
 
 var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(BackupPhase)(0),               // 0: etcdbackup.v1.BackupPhase
 	(*GetServerInfoRequest)(nil),   // 1: etcdbackup.v1.GetServerInfoRequest
@@ -1947,55 +2100,60 @@ var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(*CreateBackupResponse)(nil),   // 23: etcdbackup.v1.CreateBackupResponse
 	(*GetBackupLogsRequest)(nil),   // 24: etcdbackup.v1.GetBackupLogsRequest
 	(*GetBackupLogsResponse)(nil),  // 25: etcdbackup.v1.GetBackupLogsResponse
-	nil,                            // 26: etcdbackup.v1.Backup.LabelsEntry
-	nil,                            // 27: etcdbackup.v1.UploadHeader.LabelsEntry
-	nil,                            // 28: etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 29: google.protobuf.Timestamp
+	(*VerifyBackupRequest)(nil),    // 26: etcdbackup.v1.VerifyBackupRequest
+	(*VerifyBackupResponse)(nil),   // 27: etcdbackup.v1.VerifyBackupResponse
+	nil,                            // 28: etcdbackup.v1.Backup.LabelsEntry
+	nil,                            // 29: etcdbackup.v1.UploadHeader.LabelsEntry
+	nil,                            // 30: etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 31: google.protobuf.Timestamp
 }
 var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	4,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
 	5,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
 	3,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
 	0,  // 3: etcdbackup.v1.Backup.phase:type_name -> etcdbackup.v1.BackupPhase
-	29, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
-	26, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
+	31, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
+	28, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
 	7,  // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
 	8,  // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	29, // 8: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
-	29, // 9: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
+	31, // 8: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
+	31, // 9: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
 	6,  // 10: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
 	6,  // 11: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	16, // 12: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
 	17, // 13: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	27, // 14: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	29, // 14: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
 	7,  // 15: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
 	8,  // 16: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
 	6,  // 17: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	21, // 18: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
 	6,  // 19: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	28, // 20: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	30, // 20: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
 	6,  // 21: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	1,  // 22: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	9,  // 23: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	11, // 24: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	13, // 25: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	15, // 26: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	19, // 27: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	22, // 28: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	24, // 29: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	2,  // 30: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	10, // 31: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	12, // 32: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	14, // 33: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	18, // 34: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	20, // 35: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	23, // 36: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	25, // 37: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	30, // [30:38] is the sub-list for method output_type
-	22, // [22:30] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	6,  // 22: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	1,  // 23: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	9,  // 24: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	11, // 25: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	13, // 26: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	15, // 27: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	19, // 28: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	22, // 29: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	24, // 30: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	26, // 31: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	2,  // 32: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	10, // 33: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	12, // 34: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	14, // 35: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	18, // 36: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	20, // 37: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	23, // 38: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	25, // 39: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	27, // 40: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	32, // [32:41] is the sub-list for method output_type
+	23, // [23:32] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -2019,7 +2177,7 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdbackup_v1_etcdbackup_proto_rawDesc), len(file_etcdbackup_v1_etcdbackup_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -141,6 +141,7 @@ const (
 	BackupService_DownloadBackup_FullMethodName = "/etcdbackup.v1.BackupService/DownloadBackup"
 	BackupService_CreateBackup_FullMethodName   = "/etcdbackup.v1.BackupService/CreateBackup"
 	BackupService_GetBackupLogs_FullMethodName  = "/etcdbackup.v1.BackupService/GetBackupLogs"
+	BackupService_VerifyBackup_FullMethodName   = "/etcdbackup.v1.BackupService/VerifyBackup"
 )
 
 // BackupServiceClient is the client API for BackupService service.
@@ -174,6 +175,11 @@ type BackupServiceClient interface {
 	// GetBackupLogs streams the log of the agent that took (or is taking) a
 	// backup.
 	GetBackupLogs(ctx context.Context, in *GetBackupLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetBackupLogsResponse], error)
+	// VerifyBackup checks a stored backup end to end on the server, without
+	// downloading it: the stored SHA-256, etcd's own SHA-256 trailer (after
+	// undoing compression) and the database's consistency. A corrupt backup
+	// is DATA_LOSS with what is wrong.
+	VerifyBackup(ctx context.Context, in *VerifyBackupRequest, opts ...grpc.CallOption) (*VerifyBackupResponse, error)
 }
 
 type backupServiceClient struct {
@@ -275,6 +281,16 @@ func (c *backupServiceClient) GetBackupLogs(ctx context.Context, in *GetBackupLo
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BackupService_GetBackupLogsClient = grpc.ServerStreamingClient[GetBackupLogsResponse]
 
+func (c *backupServiceClient) VerifyBackup(ctx context.Context, in *VerifyBackupRequest, opts ...grpc.CallOption) (*VerifyBackupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VerifyBackupResponse)
+	err := c.cc.Invoke(ctx, BackupService_VerifyBackup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BackupServiceServer is the server API for BackupService service.
 // All implementations must embed UnimplementedBackupServiceServer
 // for forward compatibility.
@@ -306,6 +322,11 @@ type BackupServiceServer interface {
 	// GetBackupLogs streams the log of the agent that took (or is taking) a
 	// backup.
 	GetBackupLogs(*GetBackupLogsRequest, grpc.ServerStreamingServer[GetBackupLogsResponse]) error
+	// VerifyBackup checks a stored backup end to end on the server, without
+	// downloading it: the stored SHA-256, etcd's own SHA-256 trailer (after
+	// undoing compression) and the database's consistency. A corrupt backup
+	// is DATA_LOSS with what is wrong.
+	VerifyBackup(context.Context, *VerifyBackupRequest) (*VerifyBackupResponse, error)
 	mustEmbedUnimplementedBackupServiceServer()
 }
 
@@ -336,6 +357,9 @@ func (UnimplementedBackupServiceServer) CreateBackup(context.Context, *CreateBac
 }
 func (UnimplementedBackupServiceServer) GetBackupLogs(*GetBackupLogsRequest, grpc.ServerStreamingServer[GetBackupLogsResponse]) error {
 	return status.Error(codes.Unimplemented, "method GetBackupLogs not implemented")
+}
+func (UnimplementedBackupServiceServer) VerifyBackup(context.Context, *VerifyBackupRequest) (*VerifyBackupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method VerifyBackup not implemented")
 }
 func (UnimplementedBackupServiceServer) mustEmbedUnimplementedBackupServiceServer() {}
 func (UnimplementedBackupServiceServer) testEmbeddedByValue()                       {}
@@ -459,6 +483,24 @@ func _BackupService_GetBackupLogs_Handler(srv interface{}, stream grpc.ServerStr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BackupService_GetBackupLogsServer = grpc.ServerStreamingServer[GetBackupLogsResponse]
 
+func _BackupService_VerifyBackup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VerifyBackupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupServiceServer).VerifyBackup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackupService_VerifyBackup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupServiceServer).VerifyBackup(ctx, req.(*VerifyBackupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BackupService_ServiceDesc is the grpc.ServiceDesc for BackupService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -481,6 +523,10 @@ var BackupService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CreateBackup",
 			Handler:    _BackupService_CreateBackup_Handler,
+		},
+		{
+			MethodName: "VerifyBackup",
+			Handler:    _BackupService_VerifyBackup_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,94 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+)
+
+// VerifyBackup implements ebv1.BackupServiceServer. bolt needs random
+// access, so the snapshot is unpacked into a scratch file (disk, not
+// memory) that is removed afterwards.
+func (s *Server) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest) (*ebv1.VerifyBackupResponse, error) {
+	if err := validateName("backup", req.GetName()); err != nil {
+		return nil, err
+	}
+	locName, loc, err := s.location(req.GetLocation())
+	if err != nil {
+		return nil, err
+	}
+	r, m, err := loc.Open(ctx, req.GetName(), 0)
+	if err != nil {
+		return nil, storageError("verify", locName, req.GetName(), err)
+	}
+	defer r.Close()
+	dir, err := os.MkdirTemp(s.scratchDir, "verify-")
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "verify %q: scratch space: %v", req.GetName(), err)
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "snapshot.db")
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "verify %q: %v", req.GetName(), err)
+	}
+	defer f.Close()
+
+	stored := sha256.New()
+	n, err := snapshot.Decompress(f, io.TeeReader(readerCtx{ctx, r}, stored), m.Compression)
+	corrupt := func(format string, args ...any) error {
+		msg := fmt.Sprintf(format, args...)
+		s.log.Warn("backup failed verification", "location", locName, "backup", req.GetName(), "reason", msg)
+		return status.Errorf(codes.DataLoss, "backup %q in location %q is corrupt: %s; do not restore it", req.GetName(), locName, msg)
+	}
+	if errors.Is(err, snapshot.ErrCorrupt) {
+		return nil, corrupt("%v", err)
+	}
+	if err != nil {
+		return nil, storageError("verify", locName, req.GetName(), err)
+	}
+	// Drain what decompression did not need, so the stored hash covers it.
+	if _, err := io.Copy(stored, r); err != nil {
+		return nil, storageError("verify", locName, req.GetName(), err)
+	}
+	if got := hex.EncodeToString(stored.Sum(nil)); got != m.SHA256 {
+		return nil, corrupt("its data has SHA-256 %s, but %s was recorded when it was stored", got, m.SHA256)
+	}
+	if m.RawSize != 0 && n != m.RawSize {
+		return nil, corrupt("it unpacks to %d bytes, but %d were recorded", n, m.RawSize)
+	}
+	if err := f.Close(); err != nil {
+		return nil, status.Errorf(codes.Internal, "verify %q: %v", req.GetName(), err)
+	}
+	st, err := snapshot.Check(path)
+	if err != nil {
+		return nil, corrupt("%v", err)
+	}
+	return &ebv1.VerifyBackupResponse{
+		Backup:   backupFromManifest(locName, m),
+		Revision: st.Revision, TotalKeys: int64(st.TotalKey), TotalSize: st.TotalSize, Hash: st.Hash, StorageVersion: st.Version,
+	}, nil
+}
+
+type readerCtx struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (r readerCtx) Read(p []byte) (int, error) {
+	if err := r.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return r.r.Read(p)
+}
