@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
 func main() {
@@ -45,7 +47,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newBackupCmd())
+	root.AddCommand(newBackupCmd(), newRestoreCmd())
 	return root
 }
 
@@ -185,6 +187,66 @@ func newBackupCmd() *cobra.Command {
 	fl.StringVar(&opts.Target, "target", "", "name of the etcd target, recorded with the backup")
 	fl.StringVar(&opts.Compression, "compression", "", "\"zstd\" to compress, empty for none")
 	fl.StringToStringVar(&opts.Labels, "labels", nil, "labels of the backup")
+	_ = cmd.MarkFlagRequired("server")
+	return cmd
+}
+
+func newRestoreCmd() *cobra.Command {
+	var serverAddr, name, location, workDir string
+	var m snapshot.Member
+	cmd := &cobra.Command{
+		Use:   "restore --server HOST:PORT --name NAME --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U",
+		Short: "Download a backup through the data server and rebuild one etcd member's data directory",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+			if name == "" {
+				return errors.New("--name is required")
+			}
+			if err := snapshot.CheckDataDir(m); err != nil {
+				return err
+			}
+			if workDir == "" {
+				workDir = filepath.Join(filepath.Dir(filepath.Clean(m.DataDir)), ".etcdbackup-restore")
+			}
+			if err := os.MkdirAll(workDir, 0o700); err != nil {
+				return err
+			}
+			conn, err := grpc.NewClient("passthrough:///"+serverAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return fmt.Errorf("--server %q: %w", serverAddr, err)
+			}
+			defer conn.Close()
+			log.Info("downloading backup", "backup", name, "location", location)
+			path, b, st, err := snapshot.Fetch(ctx, client.New(conn), name, location, workDir, nil)
+			if err != nil {
+				return fmt.Errorf("backup %q: %w", name, err)
+			}
+			log.Info("backup verified", "backup", name, "sha256", b.GetSha256(), "revision", st.Revision, "keys", st.TotalKey)
+			movedTo, err := snapshot.Restore(path, m)
+			if movedTo != "" {
+				log.Info("old data directory moved aside", "to", movedTo)
+			}
+			if err != nil {
+				return err
+			}
+			_ = os.RemoveAll(workDir)
+			log.Info("member data restored", "member", m.Name, "dataDir", m.DataDir)
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&serverAddr, "server", "", "data server gRPC address")
+	fl.StringVar(&name, "name", "", "backup to restore")
+	fl.StringVar(&location, "location", "", "storage location (default: the server's default)")
+	fl.StringVar(&workDir, "work-dir", "", "where the download is kept until restored (default: beside the data dir)")
+	fl.StringVar(&m.DataDir, "data-dir", "", "the member's data directory")
+	fl.StringVar(&m.Name, "member-name", "", "the member's name")
+	fl.StringVar(&m.InitialCluster, "initial-cluster", "", "NAME=PEER-URL,... of every member")
+	fl.StringSliceVar(&m.InitialAdvertisePeerURLs, "initial-advertise-peer-urls", nil, "this member's peer URLs")
+	fl.StringVar(&m.InitialClusterToken, "initial-cluster-token", "", "the restored cluster's token")
+	fl.BoolVar(&m.MoveAside, "move-aside", false, "rename a non-empty data directory instead of refusing")
 	_ = cmd.MarkFlagRequired("server")
 	return cmd
 }

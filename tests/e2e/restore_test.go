@@ -256,6 +256,13 @@ func TestCorruptBackupIsRefused(t *testing.T) {
 	put(t, etcdClient(t, ms), "foo", "1")
 	mustSucceed(t, runAgent(t, "backup", "--server", c.srv.Addr, "--name", "flip", "--endpoint", ms[0].clientURL.String(), "--insecure-plaintext"), "agent backup")
 	mustSucceed(t, c.run(t, nil, "etcdbackup", "verify", "flip"), "verify before the flip")
+	// The restore agent rebuilds a member's data dir from the intact backup.
+	agentDir := filepath.Join(t.TempDir(), "agent-restored")
+	mustSucceed(t, runAgent(t, "restore", "--server", c.srv.Addr, "--name", "flip", "--data-dir", agentDir, "--member-name", "m1",
+		"--initial-cluster", "m1="+ms[0].peerURL.String(), "--initial-advertise-peer-urls", ms[0].peerURL.String()), "agent restore")
+	if _, err := os.Stat(filepath.Join(agentDir, "member", "snap", "db")); err != nil {
+		t.Fatalf("agent restore did not build a member data dir: %v", err)
+	}
 
 	data := filepath.Join(c.srv.StorageDir, "backups", "flip.db")
 	b, err := os.ReadFile(data)
