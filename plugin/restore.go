@@ -18,8 +18,9 @@ type RestoreOptions struct {
 	*GlobalOptions
 	Name string
 
-	Local   bool
-	Member  snapshot.Member
+	Local    bool
+	FromFile string
+	Member   snapshot.Member
 	WorkDir string
 	Target  string
 	Wait    bool
@@ -61,6 +62,7 @@ which renames it to DIR.before-restore-TIMESTAMP; nothing is ever deleted.`,
 	f.StringSliceVar(&o.Member.InitialAdvertisePeerURLs, "initial-advertise-peer-urls", nil, "with --local: this member's peer URLs")
 	f.StringVar(&o.Member.InitialClusterToken, "initial-cluster-token", "", "with --local: the restored cluster's token (default etcd's \"etcd-cluster\")")
 	f.BoolVar(&o.Member.MoveAside, "move-aside", false, "rename a non-empty data directory instead of refusing")
+	f.StringVar(&o.FromFile, "from-file", "", "with --local: restore from a file `download` wrote earlier instead of downloading (when the API server is down)")
 	f.StringVar(&o.WorkDir, "work-dir", "", "where the download is kept until restored (default: beside the data directory)")
 	f.StringVar(&o.Target, "target", "", "restore the members of this etcd target in the cluster")
 	f.BoolVar(&o.Wait, "wait", false, "with --target: wait until every member's data is rebuilt")
@@ -75,6 +77,8 @@ func (o *RestoreOptions) Validate() error {
 		return errors.New("give --local or --target, not both")
 	case !o.Local && o.Target == "":
 		return errors.New("say where to restore: --local (with --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls) or --target")
+	case o.FromFile != "" && !o.Local:
+		return errors.New("--from-file goes with --local")
 	case o.Local:
 		if err := o.Member.Validate(); err != nil {
 			return fmt.Errorf("%w (flags --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls)", err)
@@ -106,6 +110,9 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 	if err := os.MkdirAll(work, 0o700); err != nil {
 		return err
 	}
+	if o.FromFile != "" {
+		return o.restoreFile(work)
+	}
 	conn, err := o.Connect(ctx)
 	if err != nil {
 		return err
@@ -126,6 +133,25 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 		return conn.explain("download "+quote(o.Name), err)
 	}
 	fmt.Fprintf(o.ErrOut, "backup %q verified: sha256 %s, revision %d, %d keys\n", o.Name, b.GetSha256(), st.Revision, st.TotalKey)
+	return o.restore(path, work)
+}
+
+// restoreFile restores from a file downloaded earlier; it may still be
+// zstd-compressed as stored.
+func (o *RestoreOptions) restoreFile(work string) error {
+	path, err := snapshot.Unpack(o.FromFile, work)
+	if err != nil {
+		return err
+	}
+	st, err := snapshot.Check(path)
+	if err != nil {
+		return fmt.Errorf("%s is not a usable etcd snapshot, refusing to restore it: %v", o.FromFile, err)
+	}
+	fmt.Fprintf(o.ErrOut, "%s verified: etcd trailer and database consistent, revision %d, %d keys\n", o.FromFile, st.Revision, st.TotalKey)
+	return o.restore(path, work)
+}
+
+func (o *RestoreOptions) restore(path, work string) error {
 	movedTo, err := snapshot.Restore(path, o.Member)
 	if movedTo != "" {
 		fmt.Fprintf(o.ErrOut, "the old data directory was moved to %s\n", movedTo)
@@ -134,7 +160,7 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 		return err
 	}
 	os.RemoveAll(work)
-	fmt.Fprintf(o.Out, "restored backup %q into %s for member %q; start etcd with --data-dir %s --name %s --initial-cluster %s --initial-advertise-peer-urls %s\n",
-		o.Name, dataDir, o.Member.Name, dataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
+	fmt.Fprintf(o.Out, "restored %q into %s for member %q; start etcd with --data-dir %s --name %s --initial-cluster %s --initial-advertise-peer-urls %s\n",
+		o.Name, o.Member.DataDir, o.Member.Name, o.Member.DataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
 	return nil
 }

@@ -151,6 +151,27 @@ func Fetch(ctx context.Context, c *client.Client, name, location, dir string, pr
 	return path, b, st, nil
 }
 
+// zstdMagic starts every zstd frame.
+var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
+
+// Unpack returns the path of the etcd snapshot in file: file itself, or,
+// when it is zstd-compressed (a stored backup downloaded as is), a
+// decompressed copy in dir.
+func Unpack(file, dir string) (string, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return "", err
+	}
+	head := make([]byte, len(zstdMagic))
+	_, err = io.ReadFull(f, head)
+	f.Close()
+	if err != nil || !bytes.Equal(head, zstdMagic) {
+		return file, nil
+	}
+	out := filepath.Join(dir, filepath.Base(file)+".db")
+	return out, decompressFile(file, out, "zstd")
+}
+
 func decompressFile(src, dst, compression string) error {
 	in, err := os.Open(src)
 	if err != nil {
