@@ -12,6 +12,7 @@ LDFLAGS := -X $(MODULE)/internal/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 30m
 
 include hack/kube.mk
+include hack/s3.mk
 
 .PHONY: all build test unit lint generate check-generate demo sandbox bench tools clean
 
@@ -56,8 +57,8 @@ unit:
 	$(GO) test -count=1 ./server/... ./client/... ./plugin/... ./tunnel/...
 
 ## test: everything CI checks — generated code, lint, and all tests on the real sandbox
-test: check-generate lint kube-bins
-	ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) \
+test: check-generate lint kube-bins s3-bins
+	ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) \
 		$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 ## demo: the main job on the local sandbox cluster, step by step, then stop
