@@ -99,6 +99,16 @@ type ServerProcess struct {
 // StartServer runs the server binary on a free loopback port over
 // storageDir and waits until it accepts connections.
 func StartServer(ctx context.Context, binDir, storageDir string, logw io.Writer) (*ServerProcess, error) {
+	p, err := StartServerArgs(ctx, binDir, logw, "--storage-dir", storageDir)
+	if p != nil {
+		p.StorageDir = storageDir
+	}
+	return p, err
+}
+
+// StartServerArgs runs the server binary with extra args (such as
+// --config FILE) on a free loopback port.
+func StartServerArgs(ctx context.Context, binDir string, logw io.Writer, args ...string) (*ServerProcess, error) {
 	addr, err := FreeAddr()
 	if err != nil {
 		return nil, err
@@ -106,14 +116,14 @@ func StartServer(ctx context.Context, binDir, storageDir string, logw io.Writer)
 	if logw == nil {
 		logw = io.Discard
 	}
-	cmd := exec.Command(filepath.Join(binDir, ServerBinary), "--listen", addr, "--storage-dir", storageDir, "--shutdown-timeout", "10s")
+	cmd := exec.Command(filepath.Join(binDir, ServerBinary), append([]string{"--listen", addr, "--shutdown-timeout", "10s"}, args...)...)
 	cmd.Stdout, cmd.Stderr = logw, logw
 	// Die with the test process: no orphan server.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", ServerBinary, err)
 	}
-	p := &ServerProcess{Addr: addr, StorageDir: storageDir, cmd: cmd, done: make(chan struct{})}
+	p := &ServerProcess{Addr: addr, cmd: cmd, done: make(chan struct{})}
 	go func() { p.waitErr = cmd.Wait(); close(p.done) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
