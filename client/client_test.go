@@ -13,36 +13,17 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
 func startServer(t *testing.T) string {
-	t.Helper()
-	loc, err := filesystem.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := server.New(server.Config{Locations: []server.NamedLocation{{Name: "default", Location: loc}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, lis, time.Second) }()
-	t.Cleanup(func() { cancel(); <-done })
-	return lis.Addr().String()
+	return servertest.Start(t, "").Addr
 }
 
 // cuttingProxy forwards TCP connections to a backend and cuts every

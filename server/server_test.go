@@ -9,7 +9,6 @@ import (
 	"errors"
 	"io"
 	"io/fs"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -21,63 +20,29 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
 type testServer struct {
-	dir    string
-	addr   string
-	conn   *grpc.ClientConn
+	*servertest.Server
 	client *client.Client
-	stop   func() // cancels Serve and waits for it
+	dir    string
+	conn   *grpc.ClientConn
+	stop   func()
 }
 
 // startServer runs a real server on a loopback port over a real
-// filesystem location in a temporary directory.
+// filesystem location.
 func startServer(t *testing.T, dir string) *testServer {
 	t.Helper()
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	loc, err := filesystem.New(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := server.New(server.Config{Locations: []server.NamedLocation{{Name: "default", Location: loc}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, lis, 10*time.Second) }()
-	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := &testServer{dir: dir, addr: lis.Addr().String(), conn: conn, client: client.New(conn)}
-	var once sync.Once
-	ts.stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-			conn.Close()
-		})
-	}
-	t.Cleanup(ts.stop)
-	return ts
+	s := servertest.Start(t, dir)
+	return &testServer{Server: s, client: s.Client, dir: s.Dir, conn: s.Conn, stop: s.Stop}
 }
 
 func randomBytes(t testing.TB, n int) []byte {

@@ -30,14 +30,11 @@ import (
 	etcdutl "go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
 // testEtcd is a real etcd member, with TLS client certificates or without.
@@ -133,30 +130,8 @@ type dataServer struct {
 }
 
 func startServer(t *testing.T) *dataServer {
-	t.Helper()
-	dir := t.TempDir()
-	loc, err := filesystem.New(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := server.New(server.Config{Locations: []server.NamedLocation{{Name: "default", Location: loc}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, lis, time.Second) }()
-	t.Cleanup(func() { cancel(); <-done })
-	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return &dataServer{client: client.New(conn), dir: dir}
+	s := servertest.Start(t, "")
+	return &dataServer{client: s.Client, dir: s.Dir}
 }
 
 func (s *dataServer) download(t *testing.T, name string) []byte {
