@@ -20,9 +20,10 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
 
-// ChunkBytes is the size of the chunks an upload sends; it must not exceed
-// the server's ServerLimits.max_chunk_bytes (1 MiB).
-const ChunkBytes = 256 << 10
+// ChunkBytes is the size of the chunks an upload sends: just under gRPC's
+// 1 MiB pooled buffer size, and within the server's
+// ServerLimits.max_chunk_bytes (1 MiB).
+const ChunkBytes = 1<<20 - 64
 
 // ErrCorrupt reports that downloaded bytes do not hash to the backup's
 // recorded SHA-256.

@@ -34,8 +34,10 @@ const (
 	// MaxNameLength keeps NAME.json within the 255-byte file-name limit of
 	// common file systems; S3 keys allow more, names must work everywhere.
 	MaxNameLength = 200
-	// downloadChunkBytes is what the server sends per message.
-	downloadChunkBytes = 256 << 10
+	// downloadChunkBytes is what the server sends per message: just under
+	// gRPC's 1 MiB pooled buffer size, so each message takes one buffer
+	// (a 256 KiB message would take, and zero, a 1 MiB buffer anyway).
+	downloadChunkBytes = 1<<20 - 64
 )
 
 // NamedLocation is a storage location and the name clients address it by.

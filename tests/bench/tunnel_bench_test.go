@@ -1,0 +1,717 @@
+// Package bench holds the end-to-end benchmarks that need the sandbox: the
+// real kubectl and plugin against a real kube-apiserver and a node endpoint
+// speaking the kubelet's port-forward protocol.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/transport/spdy"
+	streamhttp "k8s.io/streaming/pkg/httpstream"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
+)
+
+const (
+	namespace  = world.DefaultNamespace
+	serverPod  = "etcdbackup-server-5d8f7c-x2x9q"
+	backupName = "big"
+	backupSize = 1 << 30
+
+	// sourcePod is the baseline's pod: its port leads to a local TCP
+	// server that writes backupSize bytes to every connection.
+	sourcePod  = "byte-source-7c9d6b-m4k8p"
+	sourcePort = 8080
+
+	// bufBytes is the read and write buffer of the baseline's ends and of
+	// the pipe reader: the size of the chunks the server sends.
+	bufBytes = 256 << 10
+	// pipeBytes is the capacity asked for the plugin's stdout pipe, so the
+	// plugin's 256 KiB writes do not each wait for this process to read.
+	pipeBytes = 1 << 20
+	// fSetPipeSize is F_SETPIPE_SZ (Linux), absent from package syscall.
+	fSetPipeSize = 1031
+	// clockTicks is USER_HZ, the unit of /proc CPU times on Linux.
+	clockTicks = 100
+	// rssSampleEvery is how often the plugin's VmHWM is read.
+	rssSampleEvery = 10 * time.Millisecond
+)
+
+// BenchmarkTunnelDownload compares, in one run and side by side, the whole
+// product path — `kubectl etcdbackup download big -o -`: kubectl execs the
+// plugin, which port-forwards through the API server to the data server
+// and streams a 1 GiB backup over gRPC, verifying its SHA-256 — against
+// the bare tunnel: a raw 1 GiB byte stream through the same API server and
+// node endpoint, forwarded by client-go's PortForwarder to a local port
+// and read by a plain TCP reader. Both transports kubectl uses are
+// compared: WebSocket (the default, SPDY tunnelled over WebSocket to the
+// API server) and SPDY (KUBECTL_PORT_FORWARD_WEBSOCKETS=false).
+//
+//	go test -run '^$' -bench TunnelDownload -benchtime 1x ./tests/bench/
+//
+// MB/s and tunnel/raw are end to end: from starting kubectl (raw: from
+// creating the port forwarder, which dials the API server) to the plugin's
+// exit (raw: the last byte read). stream-* metrics count only first byte
+// to last byte, leaving out process start, lookups and dialling.
+//
+// On a small machine every hop shares the same cores and the transfer is
+// CPU-bound, so MB/s follows the CPU each path spends per byte; that is
+// reported per process (cpu-tunnel/raw and the table), together with the
+// CPU the rest of the machine used meanwhile, which is noise.
+func BenchmarkTunnelDownload(b *testing.B) {
+	sb := sandbox.StartForTest(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	binDir := b.TempDir()
+	began := time.Now()
+	if err := world.BuildBinaries(ctx, binDir); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("built plugin and server in %s", time.Since(began).Round(time.Millisecond))
+	srv, err := world.StartServer(ctx, binDir, b.TempDir(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			b.Errorf("stop server: %v", err)
+		}
+	})
+	if err := world.Install(ctx, sb, namespace, serverPod, srv); err != nil {
+		b.Fatal(err)
+	}
+	probe := cpuProbe{apiserverPID: sb.APIServerPID(), serverPID: childPID(b, world.ServerBinary)}
+
+	pattern := newPattern()
+	began = time.Now()
+	uploadBackup(ctx, b, srv.Addr, pattern)
+	b.Logf("uploaded %d-byte backup %q directly to %s in %s", backupSize, backupName, srv.Addr, time.Since(began).Round(time.Millisecond))
+
+	source := startByteSource(b, pattern, backupSize)
+	if err := sb.RunPod(ctx, sandbox.PodSpec{
+		Namespace: namespace,
+		Name:      sourcePod,
+		Labels:    map[string]string{"app.kubernetes.io/name": "byte-source"},
+		Ports:     []corev1.ContainerPort{{Name: "bytes", ContainerPort: sourcePort, Protocol: corev1.ProtocolTCP}},
+		Targets:   map[int32]string{sourcePort: source.addr()},
+		Ready:     true,
+	}); err != nil {
+		b.Fatal(err)
+	}
+
+	kubectl := world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
+	var rows []summary
+	for _, tr := range []struct {
+		name       string
+		websockets bool
+	}{
+		{"websocket", true},
+		{"spdy", false},
+	} {
+		b.Run(tr.name, func(b *testing.B) {
+			k := kubectl
+			k.Env = []string{"KUBECTL_PORT_FORWARD_WEBSOCKETS=" + strconv.FormatBool(tr.websockets)}
+			dialer := rawDialer(b, sb, tr.websockets)
+			s := summary{transport: tr.name}
+			i := 0
+			for b.Loop() {
+				// Alternate which path goes first, so neither always runs
+				// on a warmer or a busier machine.
+				if i%2 == 0 {
+					s.plugin.add(runPlugin(ctx, b, sb, probe, &k))
+					s.raw.add(runRaw(ctx, b, sb, probe, dialer))
+				} else {
+					s.raw.add(runRaw(ctx, b, sb, probe, dialer))
+					s.plugin.add(runPlugin(ctx, b, sb, probe, &k))
+				}
+				i++
+			}
+			waitForwardsGone(b, sb)
+			b.ReportMetric(s.plugin.mbps(), "tunnel-MB/s")
+			b.ReportMetric(s.raw.mbps(), "raw-MB/s")
+			b.ReportMetric(s.plugin.mbps()/s.raw.mbps(), "tunnel/raw")
+			b.ReportMetric(s.plugin.streamMBps(), "stream-tunnel-MB/s")
+			b.ReportMetric(s.raw.streamMBps(), "stream-raw-MB/s")
+			b.ReportMetric(s.plugin.streamMBps()/s.raw.streamMBps(), "stream-tunnel/raw")
+			b.ReportMetric(s.cpuRatio(), "cpu-tunnel/raw")
+			b.ReportMetric(s.plugin.peakRSSMiB(), "plugin-peak-RSS-MiB")
+			b.Log("\n" + s.table())
+			rows = append(rows, s)
+		})
+	}
+	// A parent benchmark's log is shown only with -v: print the summary.
+	if len(rows) > 0 {
+		fmt.Print(comparisonTable(rows))
+	}
+}
+
+// uploadBackup stores the backup the plugin downloads, straight to the
+// server's address (no tunnel) to save time, from a generated stream.
+func uploadBackup(ctx context.Context, b *testing.B, addr string, pattern []byte) {
+	b.Helper()
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	bk, err := client.New(conn).Upload(ctx, &patternReader{pattern: pattern, remaining: backupSize}, &ebv1.UploadHeader{Name: backupName}, nil)
+	if err != nil {
+		b.Fatalf("upload %q: %v", backupName, err)
+	}
+	if bk.GetSize() != backupSize {
+		b.Fatalf("uploaded %d bytes, want %d", bk.GetSize(), backupSize)
+	}
+}
+
+// sample is one timed transfer.
+type sample struct {
+	wall   time.Duration // start to end, setup included
+	stream time.Duration // first byte to last byte
+	cpu    cpuUse
+	// Plugin only: ru_maxrss of the kubectl process, which execs the
+	// plugin (it includes kubectl's pre-exec peak, ~45 MiB, so above
+	// that it is the plugin's), and VmHWM sampled after the exec.
+	maxRSSKiB, sampledRSSKiB int64
+}
+
+// measurement accumulates the samples of one path.
+type measurement struct {
+	n                        int
+	wall, stream             time.Duration
+	cpu                      cpuUse
+	maxRSSKiB, sampledRSSKiB int64
+}
+
+func (m *measurement) add(s sample) {
+	m.n++
+	m.wall += s.wall
+	m.stream += s.stream
+	m.cpu = m.cpu.add(s.cpu)
+	m.maxRSSKiB = max(m.maxRSSKiB, s.maxRSSKiB)
+	m.sampledRSSKiB = max(m.sampledRSSKiB, s.sampledRSSKiB)
+}
+
+// peakRSSMiB is the plugin's peak RSS: ru_maxrss (exact, but kubectl's
+// pre-exec peak is in it too; that stays under 50 MiB) or the VmHWM
+// sampled after the exec, whichever is higher.
+func (m *measurement) peakRSSMiB() float64 {
+	return float64(max(m.maxRSSKiB, m.sampledRSSKiB)) / 1024
+}
+
+func (m *measurement) mbps() float64 {
+	return float64(backupSize) * float64(m.n) / m.wall.Seconds() / 1e6
+}
+
+func (m *measurement) streamMBps() float64 {
+	return float64(backupSize) * float64(m.n) / m.stream.Seconds() / 1e6
+}
+
+// avg is d per run, for the table.
+func (m *measurement) avg(d time.Duration) string {
+	return (d / time.Duration(max(m.n, 1))).Round(10 * time.Millisecond).String()
+}
+
+// runPlugin runs `kubectl etcdbackup download big -o -` with stdout on a
+// pipe this process counts, and samples the plugin's peak RSS.
+func runPlugin(ctx context.Context, b *testing.B, sb *sandbox.Sandbox, probe cpuProbe, k *world.Kubectl) sample {
+	b.Helper()
+	waitForwardsGone(b, sb)
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pr.Close()
+	// Best effort: a bigger pipe means fewer wake-ups on both sides.
+	_, _, _ = syscall.Syscall(syscall.SYS_FCNTL, pw.Fd(), fSetPipeSize, pipeBytes)
+	cmd := k.Command(ctx, "etcdbackup", "download", backupName, "-o", "-")
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = pw, &stderr
+
+	cpu0 := probe.snapshot()
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		pw.Close()
+		b.Fatal(err)
+	}
+	pw.Close()
+	rss := startRSSSampler(cmd.Process.Pid)
+	got, first, last, rerr := readCounting(pr, backupSize+1)
+	werr := cmd.Wait()
+	wall := time.Since(start)
+	cpu := probe.snapshot().since(cpu0)
+	sampled, image := rss.stop()
+	if werr != nil || rerr != nil {
+		b.Fatalf("kubectl etcdbackup download: %v (read: %v)\nstderr:\n%s", werr, rerr, stderr.String())
+	}
+	if got != backupSize {
+		b.Fatalf("kubectl etcdbackup download wrote %d bytes, want %d\nstderr:\n%s", got, backupSize, stderr.String())
+	}
+	// kubectl runs a plugin with execve on Linux: the child kubectl
+	// becomes the plugin, same pid.
+	if image != world.PluginBinary {
+		b.Fatalf("process %d ran %q, not the plugin: kubectl did not exec it", cmd.Process.Pid, image)
+	}
+	cpu.plugin = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	return sample{
+		wall:          wall,
+		stream:        last.Sub(first),
+		cpu:           cpu,
+		maxRSSKiB:     world.PeakRSSKiB(cmd),
+		sampledRSSKiB: sampled,
+	}
+}
+
+// rssSampler polls /proc/PID/status for VmHWM while the plugin runs. The
+// high-water mark only grows, so the last sample is the peak up to at most
+// rssSampleEvery before the exit.
+type rssSampler struct {
+	done   chan struct{}
+	result chan rssResult
+}
+
+type rssResult struct {
+	peakKiB int64
+	image   string
+}
+
+func startRSSSampler(pid int) *rssSampler {
+	s := &rssSampler{done: make(chan struct{}), result: make(chan rssResult, 1)}
+	go func() {
+		var r rssResult
+		t := time.NewTicker(rssSampleEvery)
+		defer t.Stop()
+		for {
+			// Only samples of the plugin's image count: before the exec
+			// the process is kubectl.
+			if exe, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); err == nil && filepath.Base(exe) == world.PluginBinary {
+				if v, err := world.ReadStatusValue(pid, "VmHWM"); err == nil {
+					r.peakKiB, r.image = max(r.peakKiB, v), world.PluginBinary
+				}
+			}
+			select {
+			case <-s.done:
+				s.result <- r
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+func (s *rssSampler) stop() (peakKiB int64, image string) {
+	close(s.done)
+	r := <-s.result
+	return r.peakKiB, r.image
+}
+
+// rawDialer is the port-forward dialer kubectl would use: WebSocket with
+// SPDY as fallback, or SPDY alone (see tunnel.Dialer.streamDialer).
+func rawDialer(b *testing.B, sb *sandbox.Sandbox, websockets bool) streamhttp.Dialer {
+	b.Helper()
+	cfg := sb.RESTConfig()
+	u := sb.Client().CoreV1().RESTClient().Post().
+		Resource("pods").Namespace(namespace).Name(sourcePod).SubResource("portforward").URL()
+	transport, upgrader, err := spdy.RoundTripperFor(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dialer := spdy.NewDialerForStreaming(upgrader, &http.Client{Transport: transport}, http.MethodPost, u)
+	if !websockets {
+		return dialer
+	}
+	ws, err := portforward.NewSPDYOverWebsocketDialerForStreaming(u, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return portforward.NewFallbackDialerForStreaming(ws, dialer, func(err error) bool {
+		return streamhttp.IsUpgradeFailure(err) || streamhttp.IsHTTPSProxyError(err)
+	})
+}
+
+// runRaw forwards a local port to the byte source's pod with client-go's
+// PortForwarder, as `kubectl port-forward` does, and reads backupSize
+// bytes from it with a plain TCP reader.
+func runRaw(ctx context.Context, b *testing.B, sb *sandbox.Sandbox, probe cpuProbe, dialer streamhttp.Dialer) sample {
+	b.Helper()
+	waitForwardsGone(b, sb)
+	cpu0 := probe.snapshot()
+	start := time.Now()
+	fctx, cancel := context.WithCancel(ctx)
+	ready := make(chan struct{})
+	pf, err := portforward.NewOnAddressesForStreamingWithContext(fctx, dialer, []string{"127.0.0.1"},
+		[]string{"0:" + strconv.Itoa(sourcePort)}, ready, io.Discard, io.Discard)
+	if err != nil {
+		cancel()
+		b.Fatal(err)
+	}
+	forwardErr := make(chan error, 1)
+	go func() { forwardErr <- pf.ForwardPorts() }()
+	defer func() {
+		cancel()
+		select {
+		case <-forwardErr:
+		case <-time.After(10 * time.Second):
+			b.Error("port forwarder did not stop within 10s")
+		}
+	}()
+	select {
+	case <-ready:
+	case err := <-forwardErr:
+		forwardErr <- err // for the deferred wait
+		b.Fatalf("port-forward to %s failed: %v", sourcePod, err)
+	case <-time.After(30 * time.Second):
+		b.Fatal("port-forward not ready after 30s")
+	}
+	ports, err := pf.GetPorts()
+	if err != nil {
+		b.Fatal(err)
+	}
+	conn, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(int(ports[0].Local)), 10*time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	// Timing stops at the last byte: after it, the node endpoint (like
+	// containerd) waits up to 1 s for the other direction before it
+	// closes, which is no part of the transfer.
+	got, first, last, rerr := readCounting(conn, backupSize)
+	wall := time.Since(start)
+	cpu := probe.snapshot().since(cpu0)
+	if got != backupSize {
+		b.Fatalf("raw port-forward: read %d of %d bytes: %v", got, backupSize, rerr)
+	}
+	return sample{wall: wall, stream: last.Sub(first), cpu: cpu}
+}
+
+// readCounting reads r into io.Discard with a 256 KiB buffer until EOF or
+// limit bytes, and returns the count and when the first and last bytes
+// arrived.
+func readCounting(r io.Reader, limit int64) (n int64, first, last time.Time, err error) {
+	buf := make([]byte, bufBytes)
+	for n < limit {
+		k, rerr := r.Read(buf[:min(int64(len(buf)), limit-n)])
+		if k > 0 {
+			last = time.Now()
+			if n == 0 {
+				first = last
+			}
+			n += int64(k)
+			_, _ = io.Discard.Write(buf[:k])
+		}
+		if errors.Is(rerr, io.EOF) {
+			return n, first, last, nil
+		}
+		if rerr != nil {
+			return n, first, last, rerr
+		}
+	}
+	return n, first, last, nil
+}
+
+// waitForwardsGone lets the forwarded connections of the previous
+// measurement wind down, so teardown never overlaps a timed transfer.
+func waitForwardsGone(b *testing.B, sb *sandbox.Sandbox) {
+	b.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for sb.ForwardedConnections() > 0 {
+		if time.Now().After(deadline) {
+			b.Fatalf("%d forwarded connections still open after 15s", sb.ForwardedConnections())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// cpuUse is the CPU time (user+system) a transfer cost, by process.
+type cpuUse struct {
+	plugin    time.Duration // kubectl, then the plugin it execs (plugin path)
+	apiserver time.Duration // kube-apiserver
+	server    time.Duration // etcdbackup-server
+	// bench is this process: the sandbox's in-process parts (etcd, the
+	// node endpoint), plus the raw path's port forwarder, reader and byte
+	// source, or the plugin path's stdout reader.
+	bench time.Duration
+	// machine is the busy time of all CPUs (/proc/stat), kernel work and
+	// every other process on the machine included; steal is what the
+	// hypervisor took.
+	machine, steal time.Duration
+}
+
+// path is what the path's own processes used.
+func (c cpuUse) path() time.Duration { return c.plugin + c.apiserver + c.server + c.bench }
+
+// rest is what the machine did meanwhile besides those processes: other
+// tenants, unattributed kernel work. Large values mean a noisy run.
+func (c cpuUse) rest() time.Duration { return max(0, c.machine-c.path()) }
+
+func (c cpuUse) add(o cpuUse) cpuUse {
+	return cpuUse{c.plugin + o.plugin, c.apiserver + o.apiserver, c.server + o.server, c.bench + o.bench, c.machine + o.machine, c.steal + o.steal}
+}
+
+// cpuProbe reads the CPU counters of the processes of both paths.
+type cpuProbe struct{ apiserverPID, serverPID int }
+
+type cpuSnapshot struct{ apiserver, server, bench, machine, steal time.Duration }
+
+func (p cpuProbe) snapshot() cpuSnapshot {
+	s := cpuSnapshot{apiserver: processCPU(p.apiserverPID), server: processCPU(p.serverPID)}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		s.bench = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	s.machine, s.steal = machineCPU()
+	return s
+}
+
+func (s cpuSnapshot) since(o cpuSnapshot) cpuUse {
+	return cpuUse{apiserver: s.apiserver - o.apiserver, server: s.server - o.server, bench: s.bench - o.bench,
+		machine: s.machine - o.machine, steal: s.steal - o.steal}
+}
+
+// processCPU is the user+system time a process has used so far, from
+// /proc/PID/stat; 0 if it cannot be read.
+func processCPU(pid int) time.Duration {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The command name is in parentheses and may contain spaces; after
+	// it come state (field 3) ... utime (14) and stime (15).
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	return ticks(f[11]) + ticks(f[12])
+}
+
+// machineCPU is the busy (user, nice, system, irq, softirq) and stolen
+// time of all CPUs so far, from /proc/stat.
+func machineCPU() (busy, steal time.Duration) {
+	stat, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(stat), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0
+	}
+	return ticks(f[1]) + ticks(f[2]) + ticks(f[3]) + ticks(f[6]) + ticks(f[7]), ticks(f[8])
+}
+
+func ticks(s string) time.Duration {
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return time.Duration(n) * time.Second / clockTicks
+}
+
+// childPID finds the pid of this process's child running binary name.
+func childPID(b *testing.B, name string) int {
+	b.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, err := os.Readlink("/proc/" + e.Name() + "/exe")
+		if err != nil || filepath.Base(exe) != name {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		if i := bytes.LastIndexByte(stat, ')'); i >= 0 {
+			if f := strings.Fields(string(stat[i+1:])); len(f) > 1 && f[1] == strconv.Itoa(os.Getpid()) {
+				return pid
+			}
+		}
+	}
+	b.Fatalf("no child process %s found", name)
+	return 0
+}
+
+// byteSource is the baseline's pod-side server: it writes size bytes of
+// the pattern to every connection, then closes it.
+type byteSource struct {
+	ln    net.Listener
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+func startByteSource(b *testing.B, pattern []byte, size int64) *byteSource {
+	b.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := &byteSource{ln: ln, conns: map[net.Conn]struct{}{}}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.conns[c] = struct{}{}
+			s.wg.Add(1)
+			s.mu.Unlock()
+			go func() {
+				defer s.wg.Done()
+				defer func() {
+					s.mu.Lock()
+					delete(s.conns, c)
+					s.mu.Unlock()
+					c.Close()
+				}()
+				r := &patternReader{pattern: pattern, remaining: size}
+				buf := make([]byte, bufBytes)
+				for {
+					n, err := r.Read(buf)
+					if err != nil {
+						return
+					}
+					if _, err := c.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	b.Cleanup(func() {
+		ln.Close()
+		s.mu.Lock()
+		for c := range s.conns {
+			c.Close()
+		}
+		s.mu.Unlock()
+		s.wg.Wait()
+	})
+	return s
+}
+
+func (s *byteSource) addr() string { return s.ln.Addr().String() }
+
+// patternPeriod is odd so the stream does not repeat in step with any
+// power-of-two chunk or buffer size.
+const patternPeriod = 1<<20 + 4093
+
+// newPattern is a deterministic pseudo-random block; repeating it costs a
+// copy, where generating 1 GiB with ChaCha8 would cost more than a second.
+func newPattern() []byte {
+	p := make([]byte, patternPeriod)
+	_, _ = rand.NewChaCha8([32]byte{'e', 't', 'c', 'd'}).Read(p)
+	return p
+}
+
+// patternReader yields remaining bytes of pattern, repeated: a backup of
+// any size without holding it in memory.
+type patternReader struct {
+	pattern   []byte
+	off       int
+	remaining int64
+}
+
+func (r *patternReader) Read(p []byte) (int, error) {
+	if r.remaining == 0 {
+		return 0, io.EOF
+	}
+	if int64(len(p)) > r.remaining {
+		p = p[:r.remaining]
+	}
+	n := 0
+	for n < len(p) {
+		k := copy(p[n:], r.pattern[r.off:])
+		n += k
+		r.off += k
+		if r.off == len(r.pattern) {
+			r.off = 0
+		}
+	}
+	r.remaining -= int64(n)
+	return n, nil
+}
+
+// summary is one transport's result.
+type summary struct {
+	transport   string
+	plugin, raw measurement
+}
+
+func (s *summary) cpuRatio() float64 {
+	return s.plugin.cpu.path().Seconds() / s.raw.cpu.path().Seconds()
+}
+
+func (s *summary) table() string {
+	var buf bytes.Buffer
+	w := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "%s, 1 GiB, per run (%d each)\tMB/s\tstream MB/s\twall\tCPU\tkubectl+plugin\tAPI server\tdata server\tbench process\trest of machine\tsteal\t\n", s.transport, s.plugin.n)
+	for _, r := range []struct {
+		name string
+		m    *measurement
+	}{{"kubectl etcdbackup download", &s.plugin}, {"raw port-forward stream", &s.raw}} {
+		m, c := r.m, r.m.cpu
+		fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.name, m.mbps(), m.streamMBps(), m.avg(m.wall),
+			m.avg(c.path()), m.avg(c.plugin), m.avg(c.apiserver), m.avg(c.server), m.avg(c.bench), m.avg(c.rest()), m.avg(c.steal))
+	}
+	ratio := func(a, b time.Duration) string {
+		if b <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", a.Seconds()/b.Seconds())
+	}
+	p, r := s.plugin.cpu, s.raw.cpu
+	fmt.Fprintf(w, "tunnel/raw\t%.2f\t%.2f\t\t%s\t\t%s\t\t\t\t\t\n", s.plugin.mbps()/s.raw.mbps(), s.plugin.streamMBps()/s.raw.streamMBps(),
+		ratio(p.path(), r.path()), ratio(p.apiserver, r.apiserver))
+	w.Flush()
+	fmt.Fprintf(&buf, "CPU: user+system of the path's processes, on %d CPUs. Plugin peak RSS: %.1f MiB (ru_maxrss %.1f MiB, VmHWM sampled after exec %.1f MiB).\n",
+		runtime.NumCPU(), s.plugin.peakRSSMiB(), float64(s.plugin.maxRSSKiB)/1024, float64(s.plugin.sampledRSSKiB)/1024)
+	return buf.String()
+}
+
+func comparisonTable(rows []summary) string {
+	var buf bytes.Buffer
+	w := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "BenchmarkTunnelDownload, 1 GiB\tplugin MB/s\traw MB/s\ttunnel/raw\tstream tunnel/raw\tCPU tunnel/raw\tplugin peak RSS\t")
+	for _, s := range rows {
+		fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.1f MiB\t\n", s.transport, s.plugin.mbps(), s.raw.mbps(),
+			s.plugin.mbps()/s.raw.mbps(), s.plugin.streamMBps()/s.raw.streamMBps(), s.cpuRatio(), s.plugin.peakRSSMiB())
+	}
+	w.Flush()
+	return buf.String()
+}
