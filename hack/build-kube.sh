@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# build-kube.sh OUTDIR — build the real kube-apiserver and kubectl that the
-# test sandbox (tests/sandbox) runs, from the tools module tools/kube.
+# build-kube.sh OUTDIR — build the real Kubernetes binaries the test sandbox
+# (tests/sandbox) runs — kube-apiserver, kube-controller-manager,
+# kube-scheduler and kubectl — from the tools module tools/kube.
 #
-# Idempotent: when OUTDIR already holds both binaries and its stamp file
+# Idempotent: when OUTDIR already holds every binary and its stamp file
 # records the same inputs (tools/kube/go.mod, go.sum, this script, the Go
 # version), it returns at once. Build flags are deliberately fixed (no
 # -trimpath, CGO off, same ldflags every time) so the Go build cache is reused:
-# a cold kube-apiserver build costs about 10 minutes on 2 cores, a warm one
-# seconds.
+# a cold build costs about 10 minutes on 2 cores for kube-apiserver and
+# kubectl, a few more for the controller-manager and scheduler (they share
+# most packages with the apiserver), a warm one seconds.
 set -euo pipefail
 
 if (($# != 1)); then
@@ -20,7 +22,7 @@ script="$repo_root/hack/build-kube.sh"
 mkdir -p "$1"
 out_dir=$(cd "$1" && pwd)
 stamp="$out_dir/.build-kube.stamp"
-bins=(kube-apiserver kubectl)
+bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
 # Serialize concurrent callers (make and a test may both ask) so two builds
 # never write the same binaries at once.
@@ -70,7 +72,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 	ldflags+=" -X $pkg.buildDate=$build_date"
 done
 
-echo "build-kube: building ${bins[*]} $kube_version into $out_dir (a cold build takes ~10 min on 2 cores)" >&2
+echo "build-kube: building ${bins[*]} $kube_version into $out_dir (a cold build takes ~15 min on 2 cores)" >&2
 start=$(date +%s)
 rm -f "$stamp"
 # Go into a temp dir then rename, so an interrupted build never leaves a
@@ -78,7 +80,8 @@ rm -f "$stamp"
 tmp=$(mktemp -d "$out_dir/.build-kube.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" go build -ldflags "$ldflags" -o "$tmp/" \
-	k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+	k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+	k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 for b in "${bins[@]}"; do
 	mv -f "$tmp/$b" "$out_dir/$b"
 done

@@ -21,10 +21,10 @@ type RestoreOptions struct {
 	Local    bool
 	FromFile string
 	Member   snapshot.Member
-	WorkDir string
-	Target  string
-	Wait    bool
-	DryRun  bool
+	WorkDir  string
+	Target   string
+	Wait     bool
+	DryRun   bool
 }
 
 // NewCmdRestore returns the restore command.

@@ -1,32 +1,29 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"syscall"
-	"time"
 )
+
+// ServiceCIDR is the sandbox's Service ClusterIP range. It is a loopback
+// range on purpose: ClusterIPs exist only inside Pod network namespaces
+// (where all of 127.0.0.0/8 is local and the node agent's proxy listens on
+// them), so no Service address is ever one of the host network's.
+const ServiceCIDR = "127.96.0.0/16"
+
+// kubernetesServiceIP is the first address of ServiceCIDR, the ClusterIP of
+// the `kubernetes` Service, which in-cluster clients dial.
+const kubernetesServiceIP = "127.96.0.1"
 
 // apiserverProcess is a running kube-apiserver child process.
 type apiserverProcess struct {
-	cmd     *exec.Cmd
-	url     string
-	logPath string
-	logFile *os.File
-	exited  chan struct{} // closed once cmd.Wait returned
-	waitErr error         // valid after exited is closed
+	*process
+	url string
 }
 
 // apiserverArgs are the flags that make a real kube-apiserver serve on
@@ -43,9 +40,10 @@ func apiserverArgs(dir string, p *pki, etcdURL string, port int) []string {
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + p.saPubFile,
 		"--service-account-signing-key-file=" + p.saKeyFile,
-		// Services get ClusterIPs from here; nothing routes to them.
-		"--service-cluster-ip-range=10.96.0.0/16",
+		"--service-cluster-ip-range=" + ServiceCIDR,
 		"--authorization-mode=Node,RBAC",
+		// As kubeadm: a node may only touch its own Node, Lease and Pods.
+		"--enable-admission-plugins=NodeRestriction",
 		// The kubelet connection: by the node's InternalIP (127.0.0.1), with
 		// a client certificate the node endpoint checks, verifying the node
 		// endpoint's serving certificate against the cluster CA.
@@ -53,194 +51,52 @@ func apiserverArgs(dir string, p *pki, etcdURL string, port int) []string {
 		"--kubelet-client-certificate=" + p.kubeletClient.certFile,
 		"--kubelet-client-key=" + p.kubeletClient.keyFile,
 		"--kubelet-certificate-authority=" + p.ca.certFile,
+		// The aggregation layer's front proxy (kubeadm's flags).
+		"--requestheader-client-ca-file=" + p.frontProxyCA.certFile,
+		"--requestheader-allowed-names=front-proxy-client",
+		"--requestheader-username-headers=X-Remote-User",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--proxy-client-cert-file=" + p.frontProxyClient.certFile,
+		"--proxy-client-key-file=" + p.frontProxyClient.keyFile,
 		"--profiling=false",
 		// --advertise-address=127.0.0.1 is refused unless the endpoint
 		// reconciler is off; leaving it unset lets the apiserver pick the
-		// host's address for the "kubernetes" Service, which nothing uses.
+		// host's address for the "kubernetes" Service's endpoints, which
+		// nothing dials (the node agent's proxy sends that Service's traffic
+		// to the loopback port instead).
 		"--v=1",
 	}
 }
 
-// startAPIServer runs kube-apiserver and waits until /readyz answers 200. A
-// lost race for the picked port (another process bound it between our probe
-// and the apiserver's bind) is retried with a new port.
-func startAPIServer(ctx context.Context, binary, dir string, p *pki, etcdURL string, logw io.Writer) (*apiserverProcess, error) {
-	const attempts = 3
-	var lastErr error
-	for i := 0; i < attempts; i++ {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		proc, err := launchAPIServer(binary, dir, p, etcdURL, port)
-		if err != nil {
-			return nil, err
-		}
-		err = proc.waitReady(ctx, p)
-		if err == nil {
-			return proc, nil
-		}
-		proc.stop()
-		lastErr = err
-		if !proc.lostPortRace() || ctx.Err() != nil {
-			break
-		}
-		fmt.Fprintf(logw, "sandbox: port %d was taken, retrying kube-apiserver on another port\n", port)
-	}
-	return nil, lastErr
-}
-
-func launchAPIServer(binary, dir string, p *pki, etcdURL string, port int) (*apiserverProcess, error) {
-	logPath := filepath.Join(dir, "kube-apiserver.log")
-	// Append: a retried start keeps the first attempt's output for diagnosis.
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("open apiserver log: %w", err)
-	}
-	cmd := exec.Command(binary, apiserverArgs(dir, p, etcdURL, port)...)
-	cmd.Dir = dir
-	cmd.Stdout = logFile
-	cmd.Stderr = logFile
-	// Only what the apiserver needs; a developer's KUBECONFIG or proxy
-	// settings must not leak into it.
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir}
-	cmd.SysProcAttr = childSysProcAttr()
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return nil, fmt.Errorf("start %s: %w", binary, err)
-	}
-	proc := &apiserverProcess{
-		cmd:     cmd,
-		url:     "https://127.0.0.1:" + strconv.Itoa(port),
-		logPath: logPath,
-		logFile: logFile,
-		exited:  make(chan struct{}),
-	}
-	// The reaper: owned by the process, ends when it exits.
-	go func() {
-		proc.waitErr = cmd.Wait()
-		logFile.Close()
-		close(proc.exited)
-	}()
-	return proc, nil
-}
-
-// waitReady polls /readyz as the admin until it answers 200, the process
-// exits, or ctx ends.
-func (a *apiserverProcess) waitReady(ctx context.Context, p *pki) error {
+// adminTLS is the client TLS configuration of the sandbox admin, trusting
+// the cluster CA: for polling health endpoints.
+func adminTLS(p *pki) (*tls.Config, error) {
 	cert, err := tls.X509KeyPair(p.admin.certPEM, p.admin.keyPEM)
 	if err != nil {
-		return fmt.Errorf("admin cert: %w", err)
+		return nil, fmt.Errorf("admin cert: %w", err)
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(p.ca.cert)
-	tr := &http.Transport{
-		TLSClientConfig:   &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
-		DisableKeepAlives: true,
-	}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: 2 * time.Second}
-
-	deadline := time.NewTimer(90 * time.Second)
-	defer deadline.Stop()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	var last string
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, a.url+"/readyz", nil)
-		if err != nil {
-			return fmt.Errorf("readyz request: %w", err)
-		}
-		resp, err := client.Do(req)
-		if err == nil {
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, failingChecks(body))
-		} else {
-			last = err.Error()
-		}
-		select {
-		case <-a.exited:
-			return fmt.Errorf("kube-apiserver exited before ready (%v); last lines of %s:\n%s", a.waitErr, a.logPath, a.logTail(20))
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for kube-apiserver /readyz (last: %s): %w", last, ctx.Err())
-		case <-deadline.C:
-			return fmt.Errorf("kube-apiserver not ready after 90s (last: %s); see %s", last, a.logPath)
-		case <-tick.C:
-		}
-	}
+	return &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
-// failingChecks picks the "[-]... failed" lines out of a /readyz body.
-func failingChecks(body []byte) string {
-	var failed []string
-	for _, line := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(line, "[-]") {
-			failed = append(failed, strings.TrimSpace(line))
-		}
-	}
-	if len(failed) == 0 {
-		return strings.TrimSpace(string(body))
-	}
-	return strings.Join(failed, "; ")
-}
-
-// lostPortRace tells whether the process died because its port was taken.
-func (a *apiserverProcess) lostPortRace() bool {
-	select {
-	case <-a.exited:
-	default:
-		return false
-	}
-	return strings.Contains(a.logTail(50), "address already in use")
-}
-
-func (a *apiserverProcess) logTail(n int) string {
-	data, err := os.ReadFile(a.logPath)
+// startAPIServer runs kube-apiserver and waits until /readyz answers 200.
+func startAPIServer(ctx context.Context, binary, dir string, p *pki, etcdURL string, logw io.Writer) (*apiserverProcess, error) {
+	tlsConfig, err := adminTLS(p)
 	if err != nil {
-		return "(no log: " + err.Error() + ")"
+		return nil, err
 	}
-	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return string(bytes.Join(lines, []byte("\n")))
-}
-
-// stop asks the apiserver to shut down gracefully (SIGTERM), and kills it if
-// it has not exited in time. It returns once the process is reaped.
-func (a *apiserverProcess) stop() error {
-	select {
-	case <-a.exited:
-		return nil
-	default:
-	}
-	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		_ = a.cmd.Process.Kill()
-	}
-	select {
-	case <-a.exited:
-		return nil
-	case <-time.After(15 * time.Second):
-	}
-	if err := a.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("kill kube-apiserver (pid %d): %w", a.cmd.Process.Pid, err)
-	}
-	<-a.exited
-	return nil
-}
-
-// freePort asks the kernel for a free loopback port. The port is released
-// before the caller binds it, so a race is possible; callers that can tell
-// (the apiserver) retry.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	proc, url, err := startComponent(ctx, component{
+		name:   "kube-apiserver",
+		binary: binary,
+		dir:    dir,
+		args:   func(port int) []string { return apiserverArgs(dir, p, etcdURL, port) },
+		health: "/readyz",
+		tls:    tlsConfig,
+	}, logw)
 	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
+		return nil, err
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return &apiserverProcess{process: proc, url: url}, nil
 }

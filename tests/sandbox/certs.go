@@ -45,6 +45,18 @@ type pki struct {
 	kubeletClient *keyPair // apiserver → node endpoint client cert
 	node          *keyPair // node endpoint serving cert
 
+	controllerManager *keyPair // CN=system:kube-controller-manager
+	scheduler         *keyPair // CN=system:kube-scheduler
+	nodeClient        *keyPair // the node agent as kubelet: CN=system:node:NODE, O=system:nodes
+	kubeProxy         *keyPair // the node agent's proxy: CN=system:kube-proxy
+	controlPlane      *keyPair // serving cert of the controller-manager and scheduler
+
+	// The aggregation layer's front proxy, as kubeadm sets it up: the
+	// controllers read its CA from extension-apiserver-authentication and
+	// complain without one.
+	frontProxyCA     *keyPair
+	frontProxyClient *keyPair
+
 	saKeyFile string // service-account signing key (private)
 	saPubFile string // service-account verification key (public)
 }
@@ -63,9 +75,44 @@ func newPKI(dir string) (*pki, error) {
 		return nil, err
 	}
 	loopback := []net.IP{net.IPv4(127, 0, 0, 1)}
+	// In-cluster clients reach the API server at the `kubernetes`
+	// Service's ClusterIP and names, through the node agent's proxy.
 	if p.apiserver, err = p.issue("apiserver", p.ca, certRequest{
 		commonName: "kube-apiserver",
-		dnsNames:   []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
+		dnsNames:   []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
+		ips:        append(loopback, net.ParseIP(kubernetesServiceIP)),
+		usage:      x509.ExtKeyUsageServerAuth,
+	}); err != nil {
+		return nil, err
+	}
+	// The identities RBAC's bootstrap roles and the Node authorizer know.
+	for _, id := range []struct {
+		kp   **keyPair
+		name string
+		req  certRequest
+	}{
+		{&p.controllerManager, "kube-controller-manager", certRequest{commonName: "system:kube-controller-manager"}},
+		{&p.scheduler, "kube-scheduler", certRequest{commonName: "system:kube-scheduler"}},
+		{&p.nodeClient, "node-client", certRequest{commonName: "system:node:" + NodeName, organizations: []string{"system:nodes"}}},
+		{&p.kubeProxy, "kube-proxy", certRequest{commonName: "system:kube-proxy"}},
+	} {
+		id.req.usage = x509.ExtKeyUsageClientAuth
+		if *id.kp, err = p.issue(id.name, p.clientCA, id.req); err != nil {
+			return nil, err
+		}
+	}
+	if p.frontProxyCA, err = p.newCA("front-proxy-ca", "sandbox-front-proxy-ca"); err != nil {
+		return nil, err
+	}
+	if p.frontProxyClient, err = p.issue("front-proxy-client", p.frontProxyCA, certRequest{
+		commonName: "front-proxy-client",
+		usage:      x509.ExtKeyUsageClientAuth,
+	}); err != nil {
+		return nil, err
+	}
+	if p.controlPlane, err = p.issue("control-plane-serving", p.ca, certRequest{
+		commonName: "sandbox-control-plane",
+		dnsNames:   []string{"localhost"},
 		ips:        loopback,
 		usage:      x509.ExtKeyUsageServerAuth,
 	}); err != nil {

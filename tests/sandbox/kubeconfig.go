@@ -80,3 +80,13 @@ func (s *Sandbox) UserRESTConfig(user string, groups ...string) (*rest.Config, e
 	}
 	return s.configFor(certPEM, keyPEM), nil
 }
+
+// componentKubeconfig writes the kubeconfig of a control-plane component
+// (under Dir/kubeconfigs) and returns its path.
+func (s *Sandbox) componentKubeconfig(name string, kp *keyPair) (string, error) {
+	path := filepath.Join(s.dir, "kubeconfigs", name+".kubeconfig")
+	if err := s.writeKubeconfig(path, name, kp.certPEM, kp.keyPEM); err != nil {
+		return "", fmt.Errorf("sandbox: %w", err)
+	}
+	return path, nil
+}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -36,18 +37,28 @@ var errDropped = errors.New("forwarded connection dropped by the sandbox (DropFo
 // podKey names a pod on the node.
 type podKey struct{ namespace, name string }
 
-// podEntry is what the node endpoint knows about a pod: enough to answer the
-// kubelet's port-forward lookups.
+// podEntry is what the node endpoint knows about a hand-run pod (RunPod):
+// enough to answer the kubelet's port-forward lookups.
 type podEntry struct {
 	uid     types.UID
+	ip      netip.Addr       // its Pod IP (EndpointSlices refuse loopback ones)
 	targets map[int32]string // container port → local TCP address
 }
 
-// nodeEndpoint plays the kubelet's HTTPS server for port-forward only. The
-// streaming protocol handling (SPDY and WebSocket, stream pairing, error
-// streams) is the kubelet's own code from k8s.io/cri-streaming; only the
-// container runtime's part — connecting to the port inside the pod — is
-// replaced by dialing a local address.
+// podRuntime is the node agent as the node endpoint sees it: the pods it
+// runs, reachable for port-forward, and their logs.
+type podRuntime interface {
+	HasPod(ns, name string) (types.UID, bool)
+	DialPod(ctx context.Context, ns, name string, uid types.UID, port int32) (net.Conn, error)
+	ServeContainerLogs(w http.ResponseWriter, r *http.Request, ns, pod, container string)
+}
+
+// nodeEndpoint plays the kubelet's HTTPS server: port-forward and container
+// logs. The streaming protocol handling (SPDY and WebSocket, stream pairing,
+// error streams) is the kubelet's own code from k8s.io/cri-streaming; only
+// the container runtime's part — connecting to the port inside the pod — is
+// replaced: by dialing into the pod's network namespace for pods the node
+// agent runs, by dialing a local address for hand-run pods (RunPod).
 type nodeEndpoint struct {
 	ctx    context.Context // cancelled by stop; bounds dials to targets
 	cancel context.CancelFunc
@@ -57,6 +68,7 @@ type nodeEndpoint struct {
 	port     int
 
 	mu       sync.Mutex
+	runtime  podRuntime // the node agent; nil until it started
 	pods     map[podKey]*podEntry
 	forwards map[*forwardedConn]struct{} // live forwarded connections
 	rawConns map[net.Conn]struct{}       // every accepted TCP conn, hijacked or not
@@ -105,6 +117,7 @@ func startNodeEndpoint(serving *keyPair, clientCA *x509.Certificate) (*nodeEndpo
 	mux := http.NewServeMux()
 	mux.HandleFunc("/portForward/{namespace}/{pod}", n.servePortForward)
 	mux.HandleFunc("/portForward/{namespace}/{pod}/{uid}", n.servePortForward)
+	mux.HandleFunc("GET /containerLogs/{namespace}/{pod}/{container}", n.serveContainerLogs)
 	n.srv = &http.Server{
 		Handler: mux,
 		TLSConfig: &tls.Config{
@@ -145,14 +158,12 @@ func (n *nodeEndpoint) servePortForward(w http.ResponseWriter, r *http.Request) 
 	defer n.handlers.Done()
 
 	ns, name, uid := r.PathValue("namespace"), r.PathValue("pod"), r.PathValue("uid")
-	n.mu.Lock()
-	entry, ok := n.pods[podKey{ns, name}]
-	n.mu.Unlock()
+	podUID, ok := n.lookupPod(ns, name)
 	if !ok {
 		http.Error(w, "pod does not exist", http.StatusNotFound)
 		return
 	}
-	if uid != "" && types.UID(uid) != entry.uid {
+	if uid != "" && types.UID(uid) != podUID {
 		http.Error(w, "pod not found", http.StatusNotFound)
 		return
 	}
@@ -164,8 +175,61 @@ func (n *nodeEndpoint) servePortForward(w http.ResponseWriter, r *http.Request) 
 		return
 	}
 	fwd := &podForwarder{n: n, namespace: ns}
-	portforward.ServePortForward(w, r, fwd, name, string(entry.uid), opts,
+	portforward.ServePortForward(w, r, fwd, name, string(podUID), opts,
 		streamIdleTimeout, streamCreationTimeout, portforward.SupportedProtocols)
+}
+
+// lookupPod finds a pod on the node: hand-run first, then the agent's.
+func (n *nodeEndpoint) lookupPod(ns, name string) (types.UID, bool) {
+	n.mu.Lock()
+	entry, ok := n.pods[podKey{ns, name}]
+	rt := n.runtime
+	n.mu.Unlock()
+	if ok {
+		return entry.uid, true
+	}
+	if rt != nil {
+		return rt.HasPod(ns, name)
+	}
+	return "", false
+}
+
+// serveContainerLogs is the kubelet's /containerLogs, which `kubectl logs`
+// reaches through the API server.
+func (n *nodeEndpoint) serveContainerLogs(w http.ResponseWriter, r *http.Request) {
+	ns, name, container := r.PathValue("namespace"), r.PathValue("pod"), r.PathValue("container")
+	n.mu.Lock()
+	_, handRun := n.pods[podKey{ns, name}]
+	rt := n.runtime
+	n.mu.Unlock()
+	switch {
+	case handRun:
+		http.Error(w, fmt.Sprintf("pod %q is run by the test itself (sandbox RunPod); its logs are not collected", name), http.StatusBadRequest)
+	case rt != nil:
+		rt.ServeContainerLogs(w, r, ns, name, container)
+	default:
+		http.Error(w, fmt.Sprintf("pod %q does not exist", name), http.StatusNotFound)
+	}
+}
+
+func (n *nodeEndpoint) setRuntime(rt podRuntime) {
+	n.mu.Lock()
+	n.runtime = rt
+	n.mu.Unlock()
+}
+
+// handRunTarget maps a hand-run pod's IP and port to its process's
+// address, for Service traffic the node agent proxies.
+func (n *nodeEndpoint) handRunTarget(ip netip.Addr, port int32) (string, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, e := range n.pods {
+		if e.ip == ip {
+			addr, ok := e.targets[port]
+			return addr, ok
+		}
+	}
+	return "", false
 }
 
 // podForwarder is the runtime side of one port-forward request.
@@ -180,24 +244,11 @@ type podForwarder struct {
 // stream and reset the pair.
 func (f *podForwarder) PortForward(_ context.Context, name, uid string, port int32, stream io.ReadWriteCloser) error {
 	n := f.n
-	n.mu.Lock()
-	entry, ok := n.pods[podKey{f.namespace, name}]
-	n.mu.Unlock()
-	if !ok || string(entry.uid) != uid {
-		return fmt.Errorf("pod %s/%s (uid %s) is gone", f.namespace, name, uid)
-	}
-	addr, ok := entry.targets[port]
-	if !ok {
-		// What a container runtime says when nothing listens on the port.
-		return fmt.Errorf("failed to connect to localhost:%d inside namespace of pod %s/%s: connection refused", port, f.namespace, name)
-	}
-
 	dialCtx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
-	var d net.Dialer
-	target, err := d.DialContext(dialCtx, "tcp", addr)
+	target, addr, err := n.dialPod(dialCtx, f.namespace, name, types.UID(uid), port)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("failed to connect to localhost:%d inside namespace of pod %s/%s: %w", port, f.namespace, name, err)
+		return err
 	}
 	fc := &forwardedConn{target: target}
 	if !n.addForward(fc) {
@@ -254,6 +305,37 @@ func (f *podForwarder) PortForward(_ context.Context, name, uid string, port int
 	return nil
 }
 
+// dialPod connects to a pod's port: a hand-run pod's target address, or
+// 127.0.0.1:port inside the network namespace of a pod the agent runs.
+// addr names the target for error messages.
+func (n *nodeEndpoint) dialPod(ctx context.Context, ns, name string, uid types.UID, port int32) (net.Conn, string, error) {
+	n.mu.Lock()
+	entry, handRun := n.pods[podKey{ns, name}]
+	rt := n.runtime
+	n.mu.Unlock()
+	if !handRun {
+		if rt == nil {
+			return nil, "", fmt.Errorf("pod %s/%s (uid %s) is gone", ns, name, uid)
+		}
+		c, err := rt.DialPod(ctx, ns, name, uid, port)
+		return c, fmt.Sprintf("port %d of pod %s/%s", port, ns, name), err
+	}
+	if entry.uid != uid {
+		return nil, "", fmt.Errorf("pod %s/%s (uid %s) is gone", ns, name, uid)
+	}
+	addr, ok := entry.targets[port]
+	if !ok {
+		// What a container runtime says when nothing listens on the port.
+		return nil, "", fmt.Errorf("failed to connect to localhost:%d inside namespace of pod %s/%s: connection refused", port, ns, name)
+	}
+	var d net.Dialer
+	target, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("failed to connect to localhost:%d inside namespace of pod %s/%s: %w", port, ns, name, err)
+	}
+	return target, addr, nil
+}
+
 func (fc *forwardedConn) wasDropped() bool {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
@@ -299,20 +381,37 @@ func (n *nodeEndpoint) dropAll() int {
 	return len(live)
 }
 
-func (n *nodeEndpoint) setPod(ns, name string, uid types.UID, targets map[int32]string) {
+func (n *nodeEndpoint) setPod(ns, name string, uid types.UID, ip netip.Addr, targets map[int32]string) {
 	copied := make(map[int32]string, len(targets))
 	for p, a := range targets {
 		copied[p] = a
 	}
 	n.mu.Lock()
-	n.pods[podKey{ns, name}] = &podEntry{uid: uid, targets: copied}
+	n.pods[podKey{ns, name}] = &podEntry{uid: uid, ip: ip, targets: copied}
 	n.mu.Unlock()
 }
 
-func (n *nodeEndpoint) deletePod(ns, name string) {
+// deletePod forgets a hand-run pod and returns its IP (invalid if unknown).
+func (n *nodeEndpoint) deletePod(ns, name string) netip.Addr {
 	n.mu.Lock()
+	defer n.mu.Unlock()
+	e, ok := n.pods[podKey{ns, name}]
+	if !ok {
+		return netip.Addr{}
+	}
 	delete(n.pods, podKey{ns, name})
-	n.mu.Unlock()
+	return e.ip
+}
+
+// podIP is a hand-run pod's IP.
+func (n *nodeEndpoint) podIP(ns, name string) (netip.Addr, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	e, ok := n.pods[podKey{ns, name}]
+	if !ok {
+		return netip.Addr{}, false
+	}
+	return e.ip, true
 }
 
 // stop closes the listener and every connection, hijacked ones included

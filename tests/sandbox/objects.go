@@ -12,15 +12,24 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox/nodeagent"
 )
 
 // kubeletVersion is what the fake node reports; it matches the apiserver.
 const kubeletVersion = "v1.37.2"
 
+// nodeCapacity is what the sandbox node offers the scheduler.
+var nodeCapacity = corev1.ResourceList{
+	corev1.ResourceCPU:    resource.MustParse("2"),
+	corev1.ResourceMemory: resource.MustParse("8Gi"),
+	corev1.ResourcePods:   resource.MustParse("110"),
+}
+
 // registerNode creates the Node and writes the status a kubelet would: the
 // InternalIP the apiserver dials (127.0.0.1), the kubelet port (the node
-// endpoint) and Ready=True. Nothing renews its lease and no node controller
-// runs, so it stays Ready for the sandbox's life.
+// endpoint) and Ready=True. The node agent then renews its Lease, which
+// keeps the node lifecycle controller from declaring it dead.
 func (s *Sandbox) registerNode(ctx context.Context) error {
 	nodes := s.client.CoreV1().Nodes()
 	node, err := nodes.Create(ctx, &corev1.Node{
@@ -37,11 +46,7 @@ func (s *Sandbox) registerNode(ctx context.Context) error {
 		return fmt.Errorf("create node: %w", err)
 	}
 	now := metav1.Now()
-	capacity := corev1.ResourceList{
-		corev1.ResourceCPU:    resource.MustParse("2"),
-		corev1.ResourceMemory: resource.MustParse("8Gi"),
-		corev1.ResourcePods:   resource.MustParse("110"),
-	}
+	capacity := nodeCapacity
 	node.Status = corev1.NodeStatus{
 		Capacity:    capacity,
 		Allocatable: capacity,
@@ -77,8 +82,9 @@ func (s *Sandbox) registerNode(ctx context.Context) error {
 }
 
 // EnsureNamespace creates the namespace and its ServiceAccount "default" if
-// they are missing (no controller-manager runs to create the account, and the
-// ServiceAccount admission plugin refuses pods without it).
+// they are missing. The controller-manager creates the account too, moments
+// after the namespace; creating it here means a Pod created right after
+// never meets the ServiceAccount admission plugin's "not found".
 func (s *Sandbox) EnsureNamespace(ctx context.Context, ns string) error {
 	_, err := s.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{
 		ObjectMeta: metav1.ObjectMeta{Name: ns},
@@ -117,8 +123,10 @@ type PodSpec struct {
 
 // RunPod creates the namespace if missing (with ServiceAccount default), the
 // Pod bound to the sandbox node, registers its port-forward targets in the
-// node endpoint, and sets its status to Running with PodIP 127.0.0.1 and
-// Ready as asked.
+// node endpoint, and sets its status to Running with a Pod IP of its own and
+// Ready as asked. The Pod is "hand-run": its process is the caller's, so it
+// carries nodeagent.HandRunAnnotation and the node agent neither runs nor
+// reports it; Service traffic from agent-run Pods still reaches its Targets.
 func (s *Sandbox) RunPod(ctx context.Context, p PodSpec) error {
 	if p.Namespace == "" || p.Name == "" {
 		return fmt.Errorf("sandbox: RunPod: namespace and name are required")
@@ -139,12 +147,17 @@ func (s *Sandbox) RunPod(ctx context.Context, p PodSpec) error {
 	if image == "" {
 		image = "registry.k8s.io/pause:3.10"
 	}
+	annotations := maps.Clone(p.Annotations)
+	if annotations == nil {
+		annotations = map[string]string{}
+	}
+	annotations[nodeagent.HandRunAnnotation] = "true"
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:            p.Name,
 			Namespace:       p.Namespace,
 			Labels:          maps.Clone(p.Labels),
-			Annotations:     maps.Clone(p.Annotations),
+			Annotations:     annotations,
 			OwnerReferences: p.OwnerReferences,
 		},
 		Spec: corev1.PodSpec{
@@ -163,26 +176,36 @@ func (s *Sandbox) RunPod(ctx context.Context, p PodSpec) error {
 	if err != nil {
 		return fmt.Errorf("sandbox: create pod %s/%s: %w", p.Namespace, p.Name, err)
 	}
+	ip, err := s.agent.AllocateIP()
+	if err != nil {
+		return fmt.Errorf("sandbox: RunPod %s/%s: %w", p.Namespace, p.Name, err)
+	}
 	// Register before the pod turns Running, so nobody sees it Running and
 	// gets "pod does not exist" from the node.
-	s.node.setPod(p.Namespace, p.Name, created.UID, p.Targets)
+	s.node.setPod(p.Namespace, p.Name, created.UID, ip, p.Targets)
 	if err := s.SetPodStatus(ctx, p.Namespace, p.Name, corev1.PodRunning, p.Ready); err != nil {
 		s.node.deletePod(p.Namespace, p.Name)
+		s.agent.ReleaseIP(ip)
 		return err
 	}
 	return nil
 }
 
-// SetPodStatus sets a pod's phase and Ready condition the way a kubelet would
-// report them (container state, ContainersReady and Ready conditions, IPs).
+// SetPodStatus sets a hand-run pod's phase and Ready condition the way a
+// kubelet would report them (container state, ContainersReady and Ready
+// conditions, IPs). Pods the node agent runs get their status from it.
 func (s *Sandbox) SetPodStatus(ctx context.Context, ns, name string, phase corev1.PodPhase, ready bool) error {
+	ip, ok := s.node.podIP(ns, name)
+	if !ok {
+		return fmt.Errorf("sandbox: SetPodStatus %s/%s: not a pod from RunPod (the node agent reports the status of the others)", ns, name)
+	}
 	pods := s.client.CoreV1().Pods(ns)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		pod, err := pods.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		pod.Status = podStatus(pod, phase, ready)
+		pod.Status = podStatus(pod, phase, ready, ip.String())
 		_, err = pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 		return err
 	})
@@ -192,7 +215,7 @@ func (s *Sandbox) SetPodStatus(ctx context.Context, ns, name string, phase corev
 	return nil
 }
 
-func podStatus(pod *corev1.Pod, phase corev1.PodPhase, ready bool) corev1.PodStatus {
+func podStatus(pod *corev1.Pod, phase corev1.PodPhase, ready bool, podIP string) corev1.PodStatus {
 	now := metav1.Now()
 	// Keep transition times of conditions that do not change, as a kubelet does.
 	old := map[corev1.PodConditionType]corev1.PodCondition{}
@@ -228,8 +251,8 @@ func podStatus(pod *corev1.Pod, phase corev1.PodPhase, ready bool) corev1.PodSta
 		},
 		HostIP:    "127.0.0.1",
 		HostIPs:   []corev1.HostIP{{IP: "127.0.0.1"}},
-		PodIP:     "127.0.0.1",
-		PodIPs:    []corev1.PodIP{{IP: "127.0.0.1"}},
+		PodIP:     podIP,
+		PodIPs:    []corev1.PodIP{{IP: podIP}},
 		StartTime: startTime,
 		QOSClass:  corev1.PodQOSBestEffort,
 	}
@@ -264,7 +287,9 @@ func podStatus(pod *corev1.Pod, phase corev1.PodPhase, ready bool) corev1.PodSta
 // connections to it stay up until dropped, as a real pod's would until its
 // process dies.
 func (s *Sandbox) DeletePod(ctx context.Context, ns, name string) error {
-	s.node.deletePod(ns, name)
+	if ip := s.node.deletePod(ns, name); ip.IsValid() {
+		s.agent.ReleaseIP(ip)
+	}
 	err := s.client.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("sandbox: delete pod %s/%s: %w", ns, name, err)
@@ -272,10 +297,9 @@ func (s *Sandbox) DeletePod(ctx context.Context, ns, name string) error {
 	return nil
 }
 
-// CreateService creates a ClusterIP Service (the namespace too, if missing).
-// No endpoints controller runs, so no EndpointSlices appear: clients that
-// resolve a Service to pods by its selector (as kubectl port-forward svc/...
-// does) work, ones that read EndpointSlices do not.
+// CreateService creates a ClusterIP Service (the namespace too, if
+// missing). The EndpointSlice controller gives it endpoints as in any
+// cluster, and Pods the node agent runs reach it by name.
 func (s *Sandbox) CreateService(ctx context.Context, ns, name string, selector map[string]string, ports []corev1.ServicePort) error {
 	if err := s.EnsureNamespace(ctx, ns); err != nil {
 		return err

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,39 +17,58 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox/nodeagent"
 )
 
 // BinDirEnv names the environment variable that points at the directory
-// holding kube-apiserver and kubectl (hack/build-kube.sh's OUTDIR).
+// holding the Kubernetes binaries (hack/build-kube.sh's OUTDIR).
 const BinDirEnv = "ETCDBACKUP_KUBE_BIN_DIR"
 
-// ErrBinariesMissing is returned (wrapped) by Start when kube-apiserver or
-// kubectl is not in the bin dir. Tests use it to skip with a useful message.
+// kubeBinaries are the binaries Start needs in the bin dir.
+var kubeBinaries = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"}
+
+// ErrBinariesMissing is returned (wrapped) by Start when a Kubernetes binary
+// is not in the bin dir. Tests use it to skip with a useful message.
 var ErrBinariesMissing = errors.New("kube binaries missing (build them with `make kube-bins` or hack/build-kube.sh DIR)")
 
 // Config says where the sandbox keeps its files and finds its binaries.
 type Config struct {
-	// Dir is the work dir (certs, etcd data, logs, kubeconfigs); required.
-	// Start owns it: state from an earlier sandbox in it is replaced.
+	// Dir is the work dir (certs, etcd data, logs, kubeconfigs, the node's
+	// Pods and volumes); required. Start owns it: state from an earlier
+	// sandbox in it is replaced.
 	Dir string
-	// BinDir holds kube-apiserver and kubectl. Default: $ETCDBACKUP_KUBE_BIN_DIR,
-	// else <repo root>/.cache/kube/bin (repo root: the nearest parent of the
-	// working directory with this project's go.mod).
+	// BinDir holds kube-apiserver, kube-controller-manager, kube-scheduler
+	// and kubectl. Default: $ETCDBACKUP_KUBE_BIN_DIR, else <repo
+	// root>/.cache/kube/bin (repo root: the nearest parent of the working
+	// directory with this project's go.mod).
 	BinDir string
 	// Log receives progress lines for humans; nil discards them.
 	Log io.Writer
+	// Images is the node agent's image table: image name (registry, tag
+	// and digest are ignored: "ghcr.io/x/etcdbackup-server:v1" is
+	// "etcdbackup-server") → path of the host binary that is the image. The
+	// binary appears in the container at /<image name>, the image's
+	// entrypoint. Pods with other images stay Pending. SetImage adds more
+	// later.
+	Images map[string]string
 }
 
-// Sandbox is a running control plane. Its methods are safe for concurrent use.
+// Sandbox is a running cluster. Its methods are safe for concurrent use.
 type Sandbox struct {
 	dir    string
 	binDir string
 	log    io.Writer
 
-	pki       *pki
-	etcd      *etcdServer
-	apiserver *apiserverProcess
-	node      *nodeEndpoint
+	pki               *pki
+	etcd              *etcdServer
+	apiserver         *apiserverProcess
+	controllerManager *process
+	scheduler         *process
+	node              *nodeEndpoint
+	agent             *nodeagent.Agent
+	provisioner       *provisioner
+	agentLog          *lockedFile
 
 	kubeconfig string
 	restConfig *rest.Config
@@ -59,9 +80,11 @@ type Sandbox struct {
 	stopErr  error
 }
 
-// Start brings up etcd, kube-apiserver and the node endpoint, registers the
-// Node and returns once all of it is ready. On error it stops whatever it had
-// started. ctx bounds the start only, not the sandbox's life: call Stop.
+// Start brings up etcd, kube-apiserver, the node endpoint, the node agent,
+// the volume provisioner, kube-controller-manager and kube-scheduler,
+// registers the Node and returns once all of it is ready. On error it stops
+// whatever it had started. ctx bounds the start only, not the sandbox's
+// life: call Stop.
 func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	began := time.Now()
 	if cfg.Dir == "" {
@@ -124,19 +147,104 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	if err := s.registerNode(ctx); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
+
+	// The controllers take the longest to be up; the node agent and the
+	// provisioner start meanwhile.
+	step = time.Now()
+	controllersDone := make(chan error, 1)
+	go func() { controllersDone <- s.startControllers(ctx, logw) }()
+	agentErr := s.startNodeAgent(ctx, cfg.Images)
+	if err := <-controllersDone; err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if agentErr != nil {
+		return nil, fmt.Errorf("sandbox: %w", agentErr)
+	}
+	s.logf("kube-controller-manager, kube-scheduler and node agent ready (%s, logs in %s)", since(step), dir)
 	s.logf("node %s registered, node endpoint https://127.0.0.1:%d; ready in %s; kubeconfig %s",
 		NodeName, s.node.port, since(began), s.kubeconfig)
 	return s, nil
 }
 
-// Stop stops the apiserver (SIGTERM, then SIGKILL after 15 s), the node
-// endpoint and etcd, in that order. It is idempotent and returns the first
-// call's result. Files in Dir are left for inspection.
+// startNodeAgent starts the default StorageClass' provisioner and the node
+// agent (the kubelet for the project's images) with their own identities.
+func (s *Sandbox) startNodeAgent(ctx context.Context, images map[string]string) error {
+	if err := ensureStorageClass(ctx, s.client); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(s.dir, "node-agent.log"))
+	if err != nil {
+		return fmt.Errorf("node agent log: %w", err)
+	}
+	s.agentLog = &lockedFile{f: f}
+	nodeClient, err := kubernetes.NewForConfig(s.configFor(s.pki.nodeClient.certPEM, s.pki.nodeClient.keyPEM))
+	if err != nil {
+		return fmt.Errorf("node agent client: %w", err)
+	}
+	proxyClient, err := kubernetes.NewForConfig(s.configFor(s.pki.kubeProxy.certPEM, s.pki.kubeProxy.keyPEM))
+	if err != nil {
+		return fmt.Errorf("node agent proxy client: %w", err)
+	}
+	s.agent, err = nodeagent.New(nodeagent.Config{
+		NodeName:      NodeName,
+		Client:        nodeClient,
+		ProxyClient:   proxyClient,
+		StateDir:      filepath.Join(s.dir, "kubelet"),
+		NodeRoot:      filepath.Join(s.dir, "node-root"),
+		Images:        images,
+		APIServerAddr: strings.TrimPrefix(s.apiserver.url, "https://"),
+		ServiceCIDR:   netip.MustParsePrefix(ServiceCIDR),
+		HostIP:        "127.0.0.1",
+		Allocatable:   nodeCapacity,
+		HandRunTarget: s.node.handRunTarget,
+		Logf:          s.agentLog.logf,
+	})
+	if err != nil {
+		return err
+	}
+	if err := s.agent.Start(ctx); err != nil {
+		return err
+	}
+	s.node.setRuntime(s.agent)
+	s.provisioner, err = startProvisioner(ctx, s.client, s.agent.NodePath, s.agentLog.logf)
+	return err
+}
+
+// Stop stops the controllers, the node agent (every container it runs is
+// killed, every Pod network namespace released), the apiserver (SIGTERM,
+// then SIGKILL after 15 s), the node endpoint and etcd, in that order. It is
+// idempotent and returns the first call's result. Files in Dir are left for
+// inspection.
 func (s *Sandbox) Stop() error {
 	s.stopOnce.Do(func() {
 		var errs []error
+		controllers := []*process{s.controllerManager, s.scheduler}
+		stopErrs := make([]error, len(controllers))
+		var wg sync.WaitGroup
+		for i, p := range controllers {
+			if p == nil {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				stopErrs[i] = p.stop(15 * time.Second)
+			}()
+		}
+		wg.Wait()
+		for _, err := range stopErrs {
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if s.provisioner != nil {
+			s.provisioner.stop()
+		}
+		if s.agent != nil {
+			s.agent.Stop()
+		}
 		if s.apiserver != nil {
-			if err := s.apiserver.stop(); err != nil {
+			if err := s.apiserver.stop(15 * time.Second); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -149,6 +257,9 @@ func (s *Sandbox) Stop() error {
 		if s.klogFile != nil {
 			klog.SetOutput(io.Discard)
 			s.klogFile.Close()
+		}
+		if s.agentLog != nil {
+			s.agentLog.close()
 		}
 		s.stopErr = errors.Join(errs...)
 		s.logf("stopped")
@@ -166,7 +277,9 @@ func (s *Sandbox) RESTConfig() *rest.Config { return rest.CopyConfig(s.restConfi
 func (s *Sandbox) Client() kubernetes.Interface { return s.client }
 
 // KubectlPath is the kubectl built with the apiserver (same version).
-func (s *Sandbox) KubectlPath() string { return filepath.Join(s.binDir, "kubectl") }
+func (s *Sandbox) KubectlPath() string { return s.binPath("kubectl") }
+
+func (s *Sandbox) binPath(name string) string { return filepath.Join(s.binDir, name) }
 
 // APIServerURL is the apiserver's https://127.0.0.1:PORT.
 func (s *Sandbox) APIServerURL() string { return s.apiserver.url }
@@ -203,7 +316,8 @@ func resetDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create dir: %w", err)
 	}
-	for _, name := range []string{"pki", "etcd", "apiserver-certs", "etcd.log", "kube-apiserver.log", "kubeconfig", "kubeconfigs"} {
+	for _, name := range []string{"pki", "etcd", "apiserver-certs", "etcd.log", "kube-apiserver.log", "kubeconfig", "kubeconfigs",
+		"kube-controller-manager.log", "kube-scheduler.log", "node-agent.log", "kubelet", "node-root"} {
 		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("clean dir: %w", err)
 		}
@@ -227,10 +341,10 @@ func ResolveBinDir(dir string) (string, error) {
 	return filepath.Abs(dir)
 }
 
-// CheckBinaries reports (wrapping ErrBinariesMissing) if kube-apiserver or
-// kubectl is not an executable file in binDir.
+// CheckBinaries reports (wrapping ErrBinariesMissing) if a Kubernetes
+// binary the sandbox runs is not an executable file in binDir.
 func CheckBinaries(binDir string) error {
-	for _, name := range []string{"kube-apiserver", "kubectl"} {
+	for _, name := range kubeBinaries {
 		fi, err := os.Stat(filepath.Join(binDir, name))
 		if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
 			return fmt.Errorf("%w: no executable %s in %s", ErrBinariesMissing, name, binDir)
@@ -289,7 +403,37 @@ func (s *Sandbox) redirectKlog() error {
 		return err
 	}
 	s.klogFile = f
-	klog.LogToStderr(false)
+	// Errors would still be copied to stderr (klog's stderrthreshold is
+	// ERROR by default); only fatal ones may reach the terminal.
+	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	for name, value := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL"} {
+		if err := fs.Set(name, value); err != nil {
+			return fmt.Errorf("klog flag %s: %w", name, err)
+		}
+	}
 	klog.SetOutput(f)
 	return nil
+}
+
+// lockedFile is a log file written from several goroutines.
+type lockedFile struct {
+	mu     sync.Mutex
+	f      *os.File
+	closed bool
+}
+
+func (l *lockedFile) logf(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.closed {
+		fmt.Fprintf(l.f, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+	}
+}
+
+func (l *lockedFile) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	l.f.Close()
 }

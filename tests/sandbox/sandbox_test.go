@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"regexp"
@@ -28,6 +29,7 @@ import (
 	streamhttp "k8s.io/streaming/pkg/httpstream"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox/nodeagent"
 )
 
 const (
@@ -69,7 +71,7 @@ func TestSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP != "127.0.0.1" || pod.Spec.NodeName != sandbox.NodeName {
+		if ip, err := netip.ParseAddr(pod.Status.PodIP); pod.Status.Phase != corev1.PodRunning || err != nil || !nodeagent.PodCIDR.Contains(ip) || pod.Spec.NodeName != sandbox.NodeName {
 			t.Fatalf("pod: phase %s, IP %q, node %q", pod.Status.Phase, pod.Status.PodIP, pod.Spec.NodeName)
 		}
 		if !podReady(pod) {
@@ -426,9 +428,15 @@ var forwardingRE = regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) ->`)
 // test ends and returns the local address it listens on.
 func kubectlPortForward(t *testing.T, s *sandbox.Sandbox, target string) string {
 	t.Helper()
+	return kubectlPortForwardIn(t, s, testNS, target, grpcPort)
+}
+
+// kubectlPortForwardIn is kubectlPortForward to any namespace and port.
+func kubectlPortForwardIn(t *testing.T, s *sandbox.Sandbox, ns, target string, port int) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, s.KubectlPath(), "--kubeconfig", s.Kubeconfig(), "-n", testNS,
-		"port-forward", "--address", "127.0.0.1", target, ":"+strconv.Itoa(grpcPort))
+	cmd := exec.CommandContext(ctx, s.KubectlPath(), "--kubeconfig", s.Kubeconfig(), "-n", ns,
+		"port-forward", "--address", "127.0.0.1", target, ":"+strconv.Itoa(port))
 	cmd.Env = kubectlEnv()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

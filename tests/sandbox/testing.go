@@ -14,18 +14,34 @@ import (
 // a failure (for CI, where the sandbox must run).
 const RequireEnv = "ETCDBACKUP_REQUIRE_SANDBOX"
 
+// ErrNotRoot is why StartForTest skips for a user other than root: the node
+// agent makes a network and a mount namespace per Pod.
+var ErrNotRoot = errors.New("the sandbox's node agent must run as root (it makes network and mount namespaces)")
+
 // StartForTest starts a sandbox in a fresh t.TempDir() and stops it when the
-// test ends. If the kube binaries are missing it skips the test with how to
-// build them — or fails it when ETCDBACKUP_REQUIRE_SANDBOX=1. Progress lines
+// test ends. If the kube binaries are missing, or the test does not run as
+// root, it skips the test with how to fix that — or fails it when
+// ETCDBACKUP_REQUIRE_SANDBOX=1. Progress lines
 // go to t.Log; when the test failed, the tail of the apiserver log does too.
 func StartForTest(t testing.TB) *Sandbox {
 	t.Helper()
-	binDir, err := ResolveBinDir("")
+	return StartForTestWith(t, Config{})
+}
+
+// StartForTestWith is StartForTest with a configuration: Images, say. An
+// empty Dir is a fresh t.TempDir(), an empty BinDir the default one, a nil
+// Log the test's log.
+func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
+	t.Helper()
+	binDir, err := ResolveBinDir(cfg.BinDir)
 	if err == nil {
 		err = CheckBinaries(binDir)
 	}
+	if err == nil && os.Geteuid() != 0 {
+		err = ErrNotRoot
+	}
 	if err != nil {
-		if errors.Is(err, ErrBinariesMissing) && os.Getenv(RequireEnv) != "1" {
+		if (errors.Is(err, ErrBinariesMissing) || errors.Is(err, ErrNotRoot)) && os.Getenv(RequireEnv) != "1" {
 			t.Skipf("sandbox: %v; set %s=1 to fail instead of skipping", err, RequireEnv)
 		}
 		t.Fatalf("sandbox: %v", err)
@@ -33,13 +49,21 @@ func StartForTest(t testing.TB) *Sandbox {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	logw := &testLogWriter{t: t}
-	s, err := Start(ctx, Config{Dir: t.TempDir(), BinDir: binDir, Log: logw})
+	cfg.BinDir = binDir
+	if cfg.Dir == "" {
+		cfg.Dir = t.TempDir()
+	}
+	if cfg.Log == nil {
+		cfg.Log = logw
+	}
+	s, err := Start(ctx, cfg)
 	if err != nil {
 		t.Fatalf("start sandbox: %v", err)
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("sandbox: last lines of %s:\n%s", s.apiserver.logPath, s.apiserver.logTail(30))
+			t.Logf("sandbox: logs of the controllers and the node agent are in %s", s.dir)
 		}
 		if err := s.Stop(); err != nil {
 			t.Errorf("stop sandbox: %v", err)

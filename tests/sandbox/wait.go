@@ -1,0 +1,198 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox/nodeagent"
+)
+
+// pollInterval is how often the Wait helpers look; the API server is local.
+const pollInterval = 100 * time.Millisecond
+
+// poll calls check until it reports done or an error, or ctx ends; last
+// describes the state for the timeout message.
+func poll(ctx context.Context, what string, check func() (done bool, last string, err error)) error {
+	var last string
+	for {
+		done, l, err := check()
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		last = l
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox: waiting for %s (last: %s): %w", what, last, ctx.Err())
+		case <-time.After(pollInterval):
+		}
+	}
+}
+
+// WaitForDeploymentAvailable waits until the Deployment's controller has
+// seen its latest generation and every replica is updated and available
+// (condition Available=True), as `kubectl rollout status` does.
+func (s *Sandbox) WaitForDeploymentAvailable(ctx context.Context, ns, name string) error {
+	return poll(ctx, "deployment "+ns+"/"+name+" to be available", func() (bool, string, error) {
+		d, err := s.client.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, "not found", nil
+		}
+		if err != nil {
+			return false, "", fmt.Errorf("sandbox: get deployment %s/%s: %w", ns, name, err)
+		}
+		want := ptr.Deref(d.Spec.Replicas, 1)
+		st := d.Status
+		available := false
+		for _, c := range st.Conditions {
+			if c.Type == appsv1.DeploymentAvailable && c.Status == corev1.ConditionTrue {
+				available = true
+			}
+		}
+		last := fmt.Sprintf("generation %d observed %d, %d/%d updated, %d available, %d total",
+			d.Generation, st.ObservedGeneration, st.UpdatedReplicas, want, st.AvailableReplicas, st.Replicas)
+		return st.ObservedGeneration >= d.Generation && st.UpdatedReplicas == want && st.AvailableReplicas == want &&
+			st.Replicas == want && available, last, nil
+	})
+}
+
+// WaitForPod waits until cond holds for the Pod (which may not exist yet).
+func (s *Sandbox) WaitForPod(ctx context.Context, ns, name string, cond func(*corev1.Pod) bool) (*corev1.Pod, error) {
+	var pod *corev1.Pod
+	err := poll(ctx, "pod "+ns+"/"+name, func() (bool, string, error) {
+		p, err := s.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, "not found", nil
+		}
+		if err != nil {
+			return false, "", fmt.Errorf("sandbox: get pod %s/%s: %w", ns, name, err)
+		}
+		pod = p
+		return cond(p), string(p.Status.Phase), nil
+	})
+	return pod, err
+}
+
+// PodReady tells whether a Pod's Ready condition is True.
+func PodReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// ErrJobFailed is returned (wrapped) by WaitForJob for a Job that failed.
+var ErrJobFailed = errors.New("job failed")
+
+// WaitForJob waits until the Job has finished and returns it: nil error for
+// Complete, ErrJobFailed (with the condition's reason and message) for
+// Failed.
+func (s *Sandbox) WaitForJob(ctx context.Context, ns, name string) (*batchv1.Job, error) {
+	var job *batchv1.Job
+	var failed error
+	err := poll(ctx, "job "+ns+"/"+name+" to finish", func() (bool, string, error) {
+		j, err := s.client.BatchV1().Jobs(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, "not found", nil
+		}
+		if err != nil {
+			return false, "", fmt.Errorf("sandbox: get job %s/%s: %w", ns, name, err)
+		}
+		job = j
+		for _, c := range j.Status.Conditions {
+			if c.Status != corev1.ConditionTrue {
+				continue
+			}
+			switch c.Type {
+			case batchv1.JobComplete:
+				return true, "", nil
+			case batchv1.JobFailed:
+				failed = fmt.Errorf("sandbox: job %s/%s: %w: %s: %s", ns, name, ErrJobFailed, c.Reason, c.Message)
+				return true, "", nil
+			}
+		}
+		return false, fmt.Sprintf("%d active, %d succeeded, %d failed", j.Status.Active, j.Status.Succeeded, j.Status.Failed), nil
+	})
+	if err != nil {
+		return job, err
+	}
+	return job, failed
+}
+
+// VolumePath is the host directory behind a bound PersistentVolumeClaim
+// (a hostPath PV under the node's root directory).
+func (s *Sandbox) VolumePath(ctx context.Context, ns, claim string) (string, error) {
+	pvc, err := s.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claim, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("sandbox: get claim %s/%s: %w", ns, claim, err)
+	}
+	if pvc.Spec.VolumeName == "" {
+		return "", fmt.Errorf("sandbox: claim %s/%s is not bound", ns, claim)
+	}
+	pv, err := s.client.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("sandbox: get volume %s: %w", pvc.Spec.VolumeName, err)
+	}
+	if pv.Spec.HostPath == nil {
+		return "", fmt.Errorf("sandbox: volume %s is not a hostPath volume", pv.Name)
+	}
+	return s.agent.NodePath(pv.Spec.HostPath.Path), nil
+}
+
+// NodePath maps a path of the node's filesystem (hostPath volumes) to the
+// host directory that stands for it.
+func (s *Sandbox) NodePath(path string) string { return s.agent.NodePath(path) }
+
+// ExposeHostService creates a selector-less Service ns/name whose port
+// leads to target, a loopback address of the host (say, the sandbox's
+// etcd): Pods reach it by the Service's name, through the node agent's
+// proxy.
+func (s *Sandbox) ExposeHostService(ctx context.Context, ns, name string, port int32, target string) error {
+	if err := s.EnsureNamespace(ctx, ns); err != nil {
+		return err
+	}
+	_, err := s.client.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        name,
+			Namespace:   ns,
+			Annotations: map[string]string{nodeagent.HostTargetAnnotation: fmt.Sprintf("%d=%s", port, target)},
+		},
+		Spec: corev1.ServiceSpec{
+			Type:  corev1.ServiceTypeClusterIP,
+			Ports: []corev1.ServicePort{{Name: "main", Port: port, Protocol: corev1.ProtocolTCP}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("sandbox: create service %s/%s: %w", ns, name, err)
+	}
+	return nil
+}
+
+// SetImage maps an image (registry and tag ignored) to a host binary the
+// node agent runs for it; Pods waiting for the image start.
+func (s *Sandbox) SetImage(image, binary string) { s.agent.SetImage(image, binary) }
+
+// Images is the node agent's image table.
+func (s *Sandbox) Images() map[string]string { return s.agent.Images() }
+
+// ContainerPIDs are the process ids of the containers running now.
+func (s *Sandbox) ContainerPIDs() []int { return s.agent.ContainerPIDs() }
+
+// ControllerManagerPID and SchedulerPID are the child processes' ids.
+func (s *Sandbox) ControllerManagerPID() int { return s.controllerManager.cmd.Process.Pid }
+
+// SchedulerPID is kube-scheduler's process id.
+func (s *Sandbox) SchedulerPID() int { return s.scheduler.cmd.Process.Pid }
