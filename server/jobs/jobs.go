@@ -204,7 +204,8 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 			"--cert="+tlsMountPath+"/tls.crt",
 			"--key="+tlsMountPath+"/tls.key")
 		volumes = append(volumes, corev1.Volume{Name: "etcd-tls", VolumeSource: corev1.VolumeSource{
-			Secret: &corev1.SecretVolumeSource{SecretName: t.TLSSecret, DefaultMode: ptr.To[int32](0o400)},
+			// Readable by the agent's group (fsGroup) only.
+			Secret: &corev1.SecretVolumeSource{SecretName: t.TLSSecret, DefaultMode: ptr.To[int32](0o440)},
 		}})
 		mounts = append(mounts, corev1.VolumeMount{Name: "etcd-tls", MountPath: tlsMountPath, ReadOnly: true})
 	}
@@ -238,6 +239,7 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 						RunAsNonRoot:   ptr.To(true),
 						RunAsUser:      ptr.To[int64](65532),
 						RunAsGroup:     ptr.To[int64](65532),
+						FSGroup:        ptr.To[int64](65532),
 						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 					},
 					Containers: []corev1.Container{{

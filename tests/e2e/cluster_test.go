@@ -56,13 +56,15 @@ func TestCluster(t *testing.T) {
 	})
 
 	t.Run("agent-job-backs-up", func(t *testing.T) {
-		// The cluster's own etcd, as a Service in the cluster.
-		etcdAddr := strings.TrimPrefix(sb.EtcdEndpoint(), "http://")
-		if err := sb.ExposeHostService(ctx, "kube-system", "etcd", 2379, etcdAddr); err != nil {
+		// An etcd of the test's own (the cluster's is TLS-only; the
+		// product's TLS path is TestBackupFromCluster), as a Service.
+		ms := newMembers(t, 1)
+		startMembers(t, ms)
+		if err := sb.ExposeHostService(ctx, "kube-system", "job-etcd", 2379, ms[0].clientURL.Host); err != nil {
 			t.Fatal(err)
 		}
 		createAgentJob(ctx, t, sb, ns, "backup-from-job", "backup",
-			"--endpoint=http://etcd.kube-system.svc:2379", "--insecure-plaintext",
+			"--endpoint=http://job-etcd.kube-system.svc:2379", "--insecure-plaintext",
 			"--server=etcdbackup."+ns+".svc:50051", "--name=from-job")
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()

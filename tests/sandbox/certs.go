@@ -57,6 +57,13 @@ type pki struct {
 	frontProxyCA     *keyPair
 	frontProxyClient *keyPair
 
+	// etcd, as kubeadm sets it up: its own CA, a serving certificate, and
+	// client certificates for the API server and for backups.
+	etcdCA           *keyPair
+	etcdServer       *keyPair
+	apiserverEtcd    *keyPair // CN=kube-apiserver-etcd-client
+	etcdBackupClient *keyPair // CN=etcdbackup: what the etcd-client Secret holds
+
 	saKeyFile string // service-account signing key (private)
 	saPubFile string // service-account verification key (public)
 }
@@ -100,6 +107,28 @@ func newPKI(dir string) (*pki, error) {
 		if *id.kp, err = p.issue(id.name, p.clientCA, id.req); err != nil {
 			return nil, err
 		}
+	}
+	if p.etcdCA, err = p.newCA("etcd-ca", "sandbox-etcd-ca"); err != nil {
+		return nil, err
+	}
+	if p.etcdServer, err = p.issue("etcd-server", p.etcdCA, certRequest{
+		commonName: "etcd",
+		// Pods reach it through the kube-system/etcd Service.
+		dnsNames: []string{"localhost", "etcd.kube-system.svc", "etcd.kube-system.svc.cluster.local"},
+		ips:      loopback,
+		usage:    x509.ExtKeyUsageServerAuth,
+	}); err != nil {
+		return nil, err
+	}
+	if p.apiserverEtcd, err = p.issue("apiserver-etcd-client", p.etcdCA, certRequest{
+		commonName: "kube-apiserver-etcd-client", usage: x509.ExtKeyUsageClientAuth,
+	}); err != nil {
+		return nil, err
+	}
+	if p.etcdBackupClient, err = p.issue("etcd-backup-client", p.etcdCA, certRequest{
+		commonName: "etcdbackup", usage: x509.ExtKeyUsageClientAuth,
+	}); err != nil {
+		return nil, err
 	}
 	if p.frontProxyCA, err = p.newCA("front-proxy-ca", "sandbox-front-proxy-ca"); err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -19,7 +20,7 @@ type etcdServer struct {
 // startEtcd starts a single-member etcd on loopback with its data in dir. It
 // is a real etcd server; only fsync is off, because test data is throwaway and
 // fsync dominates the apiserver's write latency on small VMs.
-func startEtcd(ctx context.Context, dir string) (*etcdServer, error) {
+func startEtcd(ctx context.Context, dir string, p *pki) (*etcdServer, error) {
 	clientPort, err := freePort()
 	if err != nil {
 		return nil, err
@@ -28,12 +29,18 @@ func startEtcd(ctx context.Context, dir string) (*etcdServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	clientURL := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", clientPort)}
+	// TLS with client-certificate authentication, as kubeadm's etcd: the
+	// backup agent must bring the certificate from its Secret.
+	clientURL := url.URL{Scheme: "https", Host: fmt.Sprintf("127.0.0.1:%d", clientPort)}
 	peerURL := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", peerPort)}
 
 	cfg := embed.NewConfig()
 	cfg.Name = "sandbox"
 	cfg.Dir = filepath.Join(dir, "etcd")
+	cfg.ClientTLSInfo = transport.TLSInfo{
+		CertFile: p.etcdServer.certFile, KeyFile: p.etcdServer.keyFile,
+		TrustedCAFile: p.etcdCA.certFile, ClientCertAuth: true,
+	}
 	cfg.ListenClientUrls = []url.URL{clientURL}
 	cfg.AdvertiseClientUrls = []url.URL{clientURL}
 	cfg.ListenPeerUrls = []url.URL{peerURL}

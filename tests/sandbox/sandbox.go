@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox/nodeagent"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 )
 
 // BinDirEnv names the environment variable that points at the directory
@@ -122,7 +124,7 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	if s.pki, err = newPKI(filepath.Join(dir, "pki")); err != nil {
 		return nil, fmt.Errorf("sandbox: certificates: %w", err)
 	}
-	if s.etcd, err = startEtcd(ctx, dir); err != nil {
+	if s.etcd, err = startEtcd(ctx, dir, s.pki); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	s.logf("etcd ready at %s (%s)", s.etcd.clientURL, since(step))
@@ -390,9 +392,22 @@ func modulePath(gomod string) string {
 	return ""
 }
 
-// EtcdEndpoint is the client URL of the etcd the API server stores its
-// objects in: the cluster's own control-plane etcd.
+// EtcdEndpoint is the client URL (https) of the etcd the API server stores
+// its objects in: the cluster's own control-plane etcd.
 func (s *Sandbox) EtcdEndpoint() string { return s.etcd.clientURL }
+
+// EtcdClientTLS returns the files of a client certificate etcd accepts
+// (CN=etcdbackup) and of etcd's CA: what a kubeadm operator would put in
+// the Secret a backup target names.
+func (s *Sandbox) EtcdClientTLS() (caFile, certFile, keyFile string) {
+	return s.pki.etcdCA.certFile, s.pki.etcdBackupClient.certFile, s.pki.etcdBackupClient.keyFile
+}
+
+// EtcdClientConfig returns a TLS config for clients of EtcdEndpoint.
+func (s *Sandbox) EtcdClientConfig() (*tls.Config, error) {
+	ca, cert, key := s.EtcdClientTLS()
+	return transport.TLSInfo{TrustedCAFile: ca, CertFile: cert, KeyFile: key}.ClientConfig()
+}
 
 // redirectKlog sends klog (where the kubelet streaming code reports every
 // closed forward as an "Unhandled Error") to node.log in the sandbox dir

@@ -27,9 +27,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/snapshot"
-	etcdutl "go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
 
+	ebsnapshot "github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
@@ -50,7 +50,7 @@ type env struct {
 	dir     string
 	binDir  string
 	sb      *sandbox.Sandbox
-	srv     *world.ServerProcess
+	product *world.Product
 	kubectl *world.Kubectl
 }
 
@@ -74,20 +74,28 @@ func run(ctx context.Context, stateDir string, demo bool) error {
 		return err
 	}
 
-	step("Starting the sandbox cluster: etcd, kube-apiserver v1.37.2 and a node on 127.0.0.1")
+	step("Starting the sandbox cluster: etcd (TLS), kube-apiserver, controller-manager, scheduler v1.37.2 and a node on 127.0.0.1")
 	logf, err := os.Create(filepath.Join(dir, "sandbox.log"))
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	e.sb, err = sandbox.Start(ctx, sandbox.Config{Dir: filepath.Join(dir, "cluster"), Log: io.MultiWriter(logf, prefixed("    "))})
+	e.sb, err = sandbox.Start(ctx, sandbox.Config{
+		Dir: filepath.Join(dir, "cluster"),
+		Log: io.MultiWriter(logf, prefixed("    ")),
+		// The node runs the project's images from the binaries just built.
+		Images: map[string]string{
+			"etcdbackup-server": filepath.Join(e.binDir, world.ServerBinary),
+			"etcdbackup-agent":  filepath.Join(e.binDir, world.AgentBinary),
+		},
+	})
 	if err != nil {
 		return err
 	}
 	defer func() {
-		step("Stopping the server and the sandbox")
-		if e.srv != nil {
-			_ = e.srv.Stop()
+		step("Stopping the sandbox")
+		if e.product != nil {
+			e.product.Stop()
 		}
 		_ = e.sb.Stop()
 		_ = os.Remove(filepath.Join(dir, "ready"))
@@ -101,20 +109,14 @@ func run(ctx context.Context, stateDir string, demo bool) error {
 	}
 	e.kubectl = &world.Kubectl{Path: filepath.Join(e.binDir, "kubectl"), Kubeconfig: kubeconfig, PluginDir: e.binDir}
 
-	step("Starting the etcdbackup data server and installing it as pod + Service %q in namespace %s", "etcdbackup", world.DefaultNamespace)
-	srvLog, err := os.Create(filepath.Join(dir, "server.log"))
+	step("Installing etcdbackup from manifests/ with kubectl apply -k, as a user would")
+	fmt.Printf("    overlay %s: target control-plane = the cluster's etcd (client cert in Secret etcd-client),\n", filepath.Join(dir, "overlay"))
+	fmt.Printf("    locations default (filesystem on the PVC) and s3 (versitygw over HTTPS at %s)\n", world.S3ServiceName)
+	e.product, err = world.InstallProduct(ctx, e.sb, e.kubectl, dir, prefixed("  "))
 	if err != nil {
 		return err
 	}
-	defer srvLog.Close()
-	e.srv, err = world.StartServer(ctx, e.binDir, filepath.Join(dir, "storage"), srvLog)
-	if err != nil {
-		return err
-	}
-	if err := world.Install(ctx, e.sb, world.DefaultNamespace, "etcdbackup-server-6b7f9c5d4-x2x9q", e.srv); err != nil {
-		return err
-	}
-	if err := e.show(ctx, "get", "pods,services", "-n", world.DefaultNamespace); err != nil {
+	if err := e.show(ctx, "get", "deploy,pods,svc,pvc", "-n", world.DefaultNamespace); err != nil {
 		return err
 	}
 
@@ -132,55 +134,65 @@ func (e *env) demo(ctx context.Context) error {
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return err
 	}
-	snap := filepath.Join(work, "snapshot.db")
-	step("Taking a real etcd snapshot of the cluster's own etcd (%s) with go.etcd.io/etcd/client/v3/snapshot", e.sb.EtcdEndpoint())
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	version, err := snapshot.SaveWithVersion(sctx, zap.NewNop(), clientv3.Config{Endpoints: []string{e.sb.EtcdEndpoint()}, DialTimeout: 10 * time.Second}, snap)
-	if err != nil {
-		return fmt.Errorf("etcd snapshot: %w", err)
-	}
-	st, err := etcdutl.NewV3(zap.NewNop()).Status(snap)
-	if err != nil {
-		return err
-	}
-	want, err := fileSHA256(snap)
-	if err != nil {
-		return err
-	}
-	fmt.Printf("    %s: etcd %s, revision %d, %d keys, %d bytes, sha256 %s\n", snap, version, st.Revision, st.TotalKey, st.TotalSize, want)
-
-	name := "demo-" + time.Now().UTC().Format("20060102-150405")
+	name := "control-plane-" + time.Now().UTC().Format("20060102-150405")
+	step("Backing up the cluster's own etcd into S3: the server starts an agent Job")
 	for _, args := range [][]string{
 		{"etcdbackup", "version"},
-		{"etcdbackup", "upload", snap, "--name", name, "--labels", "made-by=make-demo"},
-		{"etcdbackup", "list"},
-		{"etcdbackup", "get", name, "-o", "yaml"},
-		{"etcdbackup", "download", name, "-o", filepath.Join(work, "downloaded.db")},
+		{"etcdbackup", "backup", "--target", "control-plane", "--location", "s3", "--name", name, "--wait"},
+		{"get", "jobs,pods", "-n", world.DefaultNamespace, "-l", "app.kubernetes.io/component=backup-agent"},
+		{"etcdbackup", "logs", name, "--location", "s3"},
+		{"etcdbackup", "list", "--location", "s3", "-o", "wide"},
+		{"etcdbackup", "verify", name, "--location", "s3"},
 	} {
 		if err := e.show(ctx, args...); err != nil {
 			return err
 		}
 	}
+	step("Downloading it through the API server and checking it with etcd's own tools")
+	downloaded := filepath.Join(work, name+".db")
+	if err := e.show(ctx, "etcdbackup", "download", name, "--location", "s3", "-o", downloaded); err != nil {
+		return err
+	}
+	st, err := ebsnapshot.Check(downloaded)
+	if err != nil {
+		return fmt.Errorf("downloaded backup: %w", err)
+	}
+	fmt.Printf("    etcd's SHA-256 trailer and database check pass: revision %d, %d keys, %d bytes\n", st.Revision, st.TotalKey, st.TotalSize)
 
-	step("Verifying the downloaded file")
-	got, err := fileSHA256(filepath.Join(work, "downloaded.db"))
+	step("Uploading a snapshot taken on this machine, and downloading it back")
+	snap := filepath.Join(work, "snapshot.db")
+	tlsCfg, err := e.sb.EtcdClientConfig()
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := snapshot.SaveWithVersion(sctx, zap.NewNop(), clientv3.Config{Endpoints: []string{e.sb.EtcdEndpoint()}, TLS: tlsCfg, DialTimeout: 10 * time.Second}, snap); err != nil {
+		return fmt.Errorf("etcd snapshot: %w", err)
+	}
+	want, err := fileSHA256(snap)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("    %s: sha256 %s\n", snap, want)
+	for _, args := range [][]string{
+		{"etcdbackup", "upload", snap, "--name", "uploaded-" + name, "--labels", "made-by=make-demo"},
+		{"etcdbackup", "list"},
+		{"etcdbackup", "download", "uploaded-" + name, "-o", filepath.Join(work, "uploaded.db")},
+	} {
+		if err := e.show(ctx, args...); err != nil {
+			return err
+		}
+	}
+	got, err := fileSHA256(filepath.Join(work, "uploaded.db"))
 	if err != nil {
 		return err
 	}
 	if got != want {
-		return fmt.Errorf("downloaded sha256 %s differs from the snapshot's %s", got, want)
+		return fmt.Errorf("downloaded sha256 %s differs from the uploaded snapshot's %s", got, want)
 	}
-	dst, err := etcdutl.NewV3(zap.NewNop()).Status(filepath.Join(work, "downloaded.db"))
-	if err != nil {
-		return fmt.Errorf("downloaded file is not a valid etcd snapshot: %w", err)
-	}
-	fmt.Printf("    sha256 %s matches the snapshot taken from etcd\n", got)
-	fmt.Printf("    etcd says: revision %d, %d keys, hash %d (source hash %d)\n", dst.Revision, dst.TotalKey, dst.Hash, st.Hash)
-	if dst.Hash != st.Hash || dst.Revision != st.Revision {
-		return fmt.Errorf("downloaded snapshot's etcd status differs from the source's")
-	}
-	fmt.Println("\nDemo complete: the snapshot went up and came back down through the Kubernetes API server, byte for byte.")
+	fmt.Printf("    sha256 %s matches, byte for byte\n", got)
+	fmt.Println("\nDemo complete: etcd was backed up into S3 by an agent Job, and backups went up and came back down through the Kubernetes API server.")
 	return nil
 }
 
@@ -193,13 +205,15 @@ The sandbox is up. In another shell:
 
     export KUBECONFIG=%s PATH=%s:$PATH
     kubectl etcdbackup version
+    kubectl etcdbackup backup --target control-plane --location s3 --wait
+    kubectl etcdbackup list --location s3
     kubectl etcdbackup upload SOME-FILE --name my-backup
     kubectl etcdbackup list
     kubectl etcdbackup download my-backup -o /tmp/my-backup.db
 
-Logs: %s (cluster), %s (data server).
+Logs: %s (sandbox), and kubectl logs -n etcdbackup-system deploy/etcdbackup-server.
 Press Ctrl-C to stop.
-`, e.kubectl.Kubeconfig, e.binDir, filepath.Join(e.dir, "sandbox.log"), filepath.Join(e.dir, "server.log"))
+`, e.kubectl.Kubeconfig, e.binDir, filepath.Join(e.dir, "sandbox.log"))
 	<-ctx.Done()
 	return nil
 }

@@ -76,10 +76,11 @@ type Server struct {
 	// Dir holds everything: data/ (the posix backend), iam/, pki/, the log.
 	Dir string
 
-	bin     string
-	addr    string
-	certPEM []byte
-	logPath string
+	bin      string
+	addr     string
+	dnsNames []string
+	certPEM  []byte
+	logPath  string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -154,9 +155,11 @@ func repoRoot() (string, error) {
 }
 
 // New prepares a server in dir (PKI, credentials, an empty bucket) without
-// starting it; Restart starts it.
-func New(dir, bin string) (*Server, error) {
+// starting it; Restart starts it. Its certificate is valid for 127.0.0.1,
+// localhost and dnsNames (e.g. a Service name pods use).
+func New(dir, bin string, dnsNames ...string) (*Server, error) {
 	s := &Server{
+		dnsNames:        dnsNames,
 		Bucket:          Bucket,
 		Region:          Region,
 		Dir:             dir,
@@ -247,7 +250,7 @@ func (s *Server) makePKI() error {
 		NotAfter:     now.Add(7 * 24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:     []string{"localhost"},
+		DNSNames:     append([]string{"localhost"}, s.dnsNames...),
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
@@ -346,6 +349,9 @@ func (s *Server) waitReady(exit <-chan struct{}, timeout time.Duration) error {
 		}
 	}
 }
+
+// Addr is the host:port it listens on.
+func (s *Server) Addr() string { return s.addr }
 
 // Kill sends SIGKILL to versitygw (as a crash would) and waits for it to
 // exit. Restart brings it back on the same data.

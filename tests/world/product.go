@@ -1,0 +1,225 @@
+package world
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3/s3test"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
+)
+
+// Product is the etcdbackup install in the sandbox, as a user would set it
+// up on a kubeadm cluster with an S3-compatible store: the manifests, plus
+// an overlay that names the cluster's own etcd as target `control-plane`
+// (TLS client certificate from a Secret) and adds an `s3` location.
+type Product struct {
+	// S3 is the sandbox's S3 server (versitygw over HTTPS with its own CA).
+	S3 *s3test.Server
+	// Overlay is the kustomize directory that was applied.
+	Overlay string
+}
+
+// Stop stops what the install started outside the cluster (the S3 server).
+func (p *Product) Stop() {
+	if p.S3 != nil {
+		p.S3.Kill()
+	}
+}
+
+// S3ServiceName is the Service pods reach the sandbox's S3 server by.
+const S3ServiceName = "s3.kube-system.svc"
+
+// InstallProduct starts the sandbox's S3 server, exposes it and the
+// cluster's etcd as Services, writes a kustomize overlay over manifests/
+// into dir/overlay and applies it with the real kubectl, then waits for the
+// server Deployment to be Available.
+func InstallProduct(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, dir string, out io.Writer, extra ...PlainTarget) (*Product, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	bin, err := s3test.FindBinary()
+	if err != nil {
+		return nil, err
+	}
+	s3dir := filepath.Join(dir, "s3")
+	if err := os.RemoveAll(s3dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(s3dir, 0o700); err != nil {
+		return nil, err
+	}
+	s3, err := s3test.New(s3dir, bin, S3ServiceName)
+	if err != nil {
+		return nil, fmt.Errorf("s3 server: %w", err)
+	}
+	if err := s3.Restart(); err != nil {
+		return nil, fmt.Errorf("s3 server: %w", err)
+	}
+	p := &Product{S3: s3}
+	ok := false
+	defer func() {
+		if !ok {
+			p.Stop()
+		}
+	}()
+	if err := sb.ExposeHostService(ctx, "kube-system", "s3", 443, s3.Addr()); err != nil {
+		return nil, err
+	}
+	etcdHost := strings.TrimPrefix(sb.EtcdEndpoint(), "https://")
+	if err := sb.ExposeHostService(ctx, "kube-system", "etcd", 2379, etcdHost); err != nil {
+		return nil, err
+	}
+
+	for _, t := range extra {
+		if err := sb.ExposeHostService(ctx, "kube-system", t.Name, 2379, t.Addr); err != nil {
+			return nil, err
+		}
+	}
+	p.Overlay = filepath.Join(dir, "overlay")
+	if err := writeOverlay(p.Overlay, root, sb, s3, extra); err != nil {
+		return nil, err
+	}
+	cmd := k.Command(ctx, "apply", "-k", p.Overlay)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("kubectl apply -k %s: %w", p.Overlay, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := sb.WaitForDeploymentAvailable(wctx, DefaultNamespace, "etcdbackup-server"); err != nil {
+		return nil, err
+	}
+	ok = true
+	return p, nil
+}
+
+// PlainTarget is an extra etcd target without TLS (a test's own etcd on a
+// host address), exposed to pods as NAME.kube-system.svc:2379.
+type PlainTarget struct {
+	Name string
+	Addr string
+}
+
+func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, extra []PlainTarget) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	base, err := filepath.Rel(dir, filepath.Join(root, "manifests"))
+	if err != nil {
+		return err
+	}
+	ca, cert, key := sb.EtcdClientTLS()
+	copies := map[string]string{
+		"etcd-ca.crt": ca, "etcd-tls.crt": cert, "etcd-tls.key": key,
+		"s3-access-key-id": s3.AccessKeyIDFile, "s3-secret-access-key": s3.SecretAccessKeyFile, "s3-ca.crt": s3.CAFile,
+	}
+	for name, src := range copies {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			return err
+		}
+	}
+	files := map[string]string{
+		"kustomization.yaml": fmt.Sprintf(`# The sandbox's install: the project's manifests as a user applies them,
+# with the cluster's etcd as a backup target and an S3 location.
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: %[1]s
+resources:
+  - %[2]s
+generatorOptions:
+  disableNameSuffixHash: true
+secretGenerator:
+  # What a kubeadm operator copies from /etc/kubernetes/pki/etcd.
+  - name: etcd-client
+    files: [ca.crt=etcd-ca.crt, tls.crt=etcd-tls.crt, tls.key=etcd-tls.key]
+  - name: s3-credentials
+    files: [access-key-id=s3-access-key-id, secret-access-key=s3-secret-access-key]
+configMapGenerator:
+  - name: s3-ca
+    files: [ca.crt=s3-ca.crt]
+patches:
+  - path: config.yaml
+  - path: deployment.yaml
+`, DefaultNamespace, base),
+		"config.yaml": fmt.Sprintf(`apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: etcdbackup-config
+data:
+  config.yaml: |
+    locations:
+      - name: default
+        filesystem:
+          path: /var/lib/etcdbackup
+      - name: s3
+        s3:
+          bucket: %[1]s
+          prefix: sandbox
+          region: %[2]s
+          endpoint: https://%[3]s
+          pathStyle: true
+          caBundleFile: /etc/etcdbackup/s3-ca/ca.crt
+          accessKeyIDFile: /etc/etcdbackup/s3-credentials/access-key-id
+          secretAccessKeyFile: /etc/etcdbackup/s3-credentials/secret-access-key
+    targets:
+      - name: control-plane
+        endpoints: [https://etcd.kube-system.svc:2379]
+        tlsSecret: etcd-client
+%[4]s    agents:
+      image: etcdbackup-agent:dev
+      serviceAccount: etcdbackup-agent
+`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)),
+		"deployment.yaml": `apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: etcdbackup-server
+spec:
+  template:
+    spec:
+      containers:
+        - name: server
+          volumeMounts:
+            - name: s3-credentials
+              mountPath: /etc/etcdbackup/s3-credentials
+              readOnly: true
+            - name: s3-ca
+              mountPath: /etc/etcdbackup/s3-ca
+              readOnly: true
+      volumes:
+        - name: s3-credentials
+          secret:
+            secretName: s3-credentials
+            defaultMode: 0440
+        - name: s3-ca
+          configMap:
+            name: s3-ca
+`,
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func plainTargets(ts []PlainTarget) string {
+	var b strings.Builder
+	for _, t := range ts {
+		fmt.Fprintf(&b, "      - name: %s\n        endpoints: [http://%s.kube-system.svc:2379]\n        insecurePlaintext: true\n", t.Name, t.Name)
+	}
+	return b.String()
+}
