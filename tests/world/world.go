@@ -244,8 +244,10 @@ func RunCommand(cmd *exec.Cmd) Result {
 	return r
 }
 
-// PeakRSSKiB returns the peak resident set size of a finished command,
-// from the kernel's accounting of the child.
+// PeakRSSKiB returns ru_maxrss of a finished command. On Linux it counts
+// the parent's RSS at the moment of the fork too (Go forks with vfork and
+// execs), so it is an upper bound; sample VmHWM while a process runs for
+// its own peak.
 func PeakRSSKiB(cmd *exec.Cmd) int64 {
 	if cmd.ProcessState == nil {
 		return 0
@@ -273,4 +275,11 @@ func ReadStatusValue(pid int, key string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("%s not in /proc/%d/status", key, pid)
+}
+
+// PeakRSSKiB is the server process's peak resident set size so far
+// (VmHWM), while it runs.
+func (p *ServerProcess) PeakRSSKiB() int64 {
+	v, _ := ReadStatusValue(p.cmd.Process.Pid, "VmHWM")
+	return v
 }
