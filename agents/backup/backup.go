@@ -89,7 +89,9 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		info.Version = snap.Version
 	}
 
-	raw := newVerifier(snap.Snapshot, opts.Progress)
+	// Uncompressed, the stored bytes are the raw bytes: the upload's own
+	// hash covers them, so the verifier need not hash them a second time.
+	raw := newVerifier(snap.Snapshot, opts.Progress, opts.Compression != "")
 	var body io.Reader = raw
 	if opts.Compression == "zstd" {
 		pr := compress(ctx, raw)
@@ -111,7 +113,12 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 	}
 	b, err := up.UploadWith(ctx, body, client.UploadRequest{
 		Header: h,
-		Raw:    func() (int64, string) { return raw.size, raw.digest },
+		Raw: func() (int64, string) {
+			if raw.whole == nil {
+				return 0, "" // the server records raw = stored
+			}
+			return raw.size, raw.digest
+		},
 	})
 	if err != nil {
 		if verr := raw.err; verr != nil {
@@ -130,15 +137,19 @@ type verifier struct {
 	r        io.Reader
 	progress func(int64)
 	sum      hash.Hash // of the database bytes (all but the trailer)
-	whole    hash.Hash // of everything, trailer included: what is stored raw
+	whole    hash.Hash // of everything, trailer included (nil: not needed)
 	tail     []byte    // the last up-to-32 bytes seen, not yet in sum
 	size     int64
 	digest   string
 	err      error
 }
 
-func newVerifier(r io.Reader, progress func(int64)) *verifier {
-	return &verifier{r: r, progress: progress, sum: sha256.New(), whole: sha256.New(), tail: make([]byte, 0, 2*sha256.Size)}
+func newVerifier(r io.Reader, progress func(int64), hashWhole bool) *verifier {
+	v := &verifier{r: r, progress: progress, sum: sha256.New(), tail: make([]byte, 0, 2*sha256.Size)}
+	if hashWhole {
+		v.whole = sha256.New()
+	}
+	return v
 }
 
 func (v *verifier) Read(p []byte) (int, error) {
@@ -147,7 +158,9 @@ func (v *verifier) Read(p []byte) (int, error) {
 	}
 	n, err := v.r.Read(p)
 	if n > 0 {
-		v.whole.Write(p[:n])
+		if v.whole != nil {
+			v.whole.Write(p[:n])
+		}
 		v.size += int64(n)
 		// Hash all but the last 32 bytes seen so far.
 		v.tail = append(v.tail, p[:n]...)
@@ -168,7 +181,9 @@ func (v *verifier) Read(p []byte) (int, error) {
 			v.err = fmt.Errorf("%w: the trailer does not match the data", ErrCorruptSnapshot)
 			return n, v.err
 		}
-		v.digest = hex.EncodeToString(v.whole.Sum(nil))
+		if v.whole != nil {
+			v.digest = hex.EncodeToString(v.whole.Sum(nil))
+		}
 		return n, io.EOF
 	}
 	if err != nil {

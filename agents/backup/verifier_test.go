@@ -16,7 +16,7 @@ func snapshotBytes(dbPages int) []byte {
 
 func TestVerifierAcceptsAWholeSnapshot(t *testing.T) {
 	snap := snapshotBytes(9)
-	v := newVerifier(bytes.NewReader(snap), nil)
+	v := newVerifier(bytes.NewReader(snap), nil, true)
 	got, err := io.ReadAll(v) // ReadAll treats io.EOF as success
 	if err != nil || !bytes.Equal(got, snap) {
 		t.Fatalf("err %v, %d bytes of %d", err, len(got), len(snap))
@@ -36,7 +36,7 @@ func TestVerifierRefusesShortOrDamagedStreams(t *testing.T) {
 		"damaged":    damaged,
 		"empty":      nil,
 	} {
-		_, err := io.ReadAll(newVerifier(bytes.NewReader(in), nil))
+		_, err := io.ReadAll(newVerifier(bytes.NewReader(in), nil, true))
 		if !errors.Is(err, ErrCorruptSnapshot) {
 			t.Errorf("%s: got %v, want ErrCorruptSnapshot", name, err)
 		}
