@@ -7,9 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -25,15 +27,26 @@ type RestoreOptions struct {
 	Target   string
 	Wait     bool
 	DryRun   bool
+	// WaitTimeout bounds --wait; PollInterval is how often it asks.
+	WaitTimeout  time.Duration
+	PollInterval time.Duration
 }
 
 // NewCmdRestore returns the restore command.
 func NewCmdRestore(g *GlobalOptions) *cobra.Command {
-	o := &RestoreOptions{GlobalOptions: g}
+	o := &RestoreOptions{GlobalOptions: g, WaitTimeout: time.Hour, PollInterval: time.Second}
 	cmd := &cobra.Command{
-		Use:   "restore NAME (--local --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U | --target T)",
+		Use:   "restore NAME (--target T | --local --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U)",
 		Short: "Rebuild etcd member data from a backup",
-		Long: `With --local, restore downloads the backup through the API server, checks
+		Long: `With --target, the server rebuilds every member of one of its etcd targets
+in the cluster: it starts one restore agent Job per member, each writing into
+that member's volume as the server's configuration names it (a
+PersistentVolumeClaim, or a host path on the member's node). The restore is
+refused while any member still answers: stop them first (scale the
+StatefulSet or Deployment to 0), restore with --wait, then start them again.
+--dry-run prints the plan and changes nothing.
+
+With --local, restore downloads the backup through the API server, checks
 its SHA-256 and etcd's own hash, and rebuilds an etcd member's data directory
 on this machine with etcd's own restore code — what an operator does on a
 kubeadm control-plane node to recover from losing etcd. Run it once per
@@ -41,7 +54,10 @@ member, with that member's name and peer URLs and the same --initial-cluster.
 
 A data directory that is not empty is refused unless --move-aside is given,
 which renames it to DIR.before-restore-TIMESTAMP; nothing is ever deleted.`,
-		Example: `  kubectl etcdbackup restore control-plane-20260131-020000 --local \
+		Example: `  kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --dry-run
+  kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --wait
+
+  kubectl etcdbackup restore control-plane-20260131-020000 --local \
       --data-dir /var/lib/etcd --member-name cp-1 \
       --initial-cluster cp-1=https://10.0.0.10:2380,cp-2=https://10.0.0.11:2380,cp-3=https://10.0.0.12:2380 \
       --initial-advertise-peer-urls https://10.0.0.10:2380`,
@@ -67,6 +83,7 @@ which renames it to DIR.before-restore-TIMESTAMP; nothing is ever deleted.`,
 	f.StringVar(&o.Target, "target", "", "restore the members of this etcd target in the cluster")
 	f.BoolVar(&o.Wait, "wait", false, "with --target: wait until every member's data is rebuilt")
 	f.BoolVar(&o.DryRun, "dry-run", false, "print what would be done, change nothing")
+	f.DurationVar(&o.WaitTimeout, "timeout", o.WaitTimeout, "how long --wait waits")
 	return cmd
 }
 
@@ -79,6 +96,10 @@ func (o *RestoreOptions) Validate() error {
 		return errors.New("say where to restore: --local (with --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls) or --target")
 	case o.FromFile != "" && !o.Local:
 		return errors.New("--from-file goes with --local")
+	case o.Target != "" && (o.Member.DataDir != "" || o.Member.Name != "" || o.Member.InitialCluster != "" || len(o.Member.InitialAdvertisePeerURLs) > 0 || o.Member.InitialClusterToken != "" || o.WorkDir != ""):
+		return errors.New("with --target the members' layout comes from the server's configuration: drop --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls, --initial-cluster-token and --work-dir")
+	case o.Wait && o.Target == "":
+		return errors.New("--wait goes with --target")
 	case o.Local:
 		if err := o.Member.Validate(); err != nil {
 			return fmt.Errorf("%w (flags --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls)", err)
@@ -91,7 +112,7 @@ func (o *RestoreOptions) Validate() error {
 // Run restores.
 func (o *RestoreOptions) Run(ctx context.Context) error {
 	if !o.Local {
-		return fmt.Errorf("in-cluster restore (--target) is not available from this server yet; restore each member with --local on its node")
+		return o.runTarget(ctx)
 	}
 	dataDir, err := filepath.Abs(o.Member.DataDir)
 	if err != nil {
@@ -163,4 +184,87 @@ func (o *RestoreOptions) restore(path, work string) error {
 	fmt.Fprintf(o.Out, "restored %q into %s for member %q; start etcd with --data-dir %s --name %s --initial-cluster %s --initial-advertise-peer-urls %s\n",
 		o.Name, o.Member.DataDir, o.Member.Name, o.Member.DataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
 	return nil
+}
+
+// runTarget asks the server to restore every member of o.Target.
+func (o *RestoreOptions) runTarget(ctx context.Context) error {
+	conn, err := o.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	resp, err := conn.Backups.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{
+		Name: o.Name, Location: o.Location, Target: o.Target, DryRun: o.DryRun, MoveAside: o.Member.MoveAside,
+	})
+	if err != nil {
+		return conn.explain("restore "+quote(o.Name)+" into target "+quote(o.Target), err)
+	}
+	members := resp.GetMembers()
+	if o.DryRun {
+		fmt.Fprintf(o.Out, "would restore backup %q into the %d members of target %q (nothing was changed):\n", o.Name, len(members), o.Target)
+		for _, m := range members {
+			fmt.Fprintf(o.Out, "  member %s: job %s writes %s (data dir %q), peer URL %s, initial cluster %s, token %q\n",
+				m.GetMember(), m.GetJobName(), m.GetVolume(), dataDirLabel(m.GetDataDir()), m.GetPeerUrl(), m.GetInitialCluster(), tokenLabel(m.GetInitialClusterToken()))
+			if m.GetMessage() != "" {
+				fmt.Fprintf(o.Out, "    %s\n", m.GetMessage())
+			}
+		}
+		return nil
+	}
+	for _, m := range members {
+		fmt.Fprintf(o.ErrOut, "restoring member %s into %s with job %s\n", m.GetMember(), m.GetVolume(), m.GetJobName())
+	}
+	if !o.Wait {
+		fmt.Fprintf(o.Out, "restore of %q into target %q started; follow it with `kubectl etcdbackup restore %s --target %s --wait`\n", o.Name, o.Target, o.Name, o.Target)
+		return nil
+	}
+	return o.waitTarget(ctx, conn)
+}
+
+func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error {
+	ctx, cancel := context.WithTimeout(ctx, o.WaitTimeout)
+	defer cancel()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("restore of %q into target %q still running after %s; see `kubectl get jobs -A -l app.kubernetes.io/component=restore-agent`", o.Name, o.Target, o.WaitTimeout)
+		case <-time.After(o.PollInterval):
+		}
+		resp, err := conn.Backups.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: o.Name, Location: o.Location, Target: o.Target})
+		if err != nil {
+			return conn.explain("wait for the restore of "+quote(o.Name), err)
+		}
+		done := true
+		for _, m := range resp.GetMembers() {
+			switch m.GetPhase() {
+			case ebv1.RestorePhase_RESTORE_PHASE_FAILED:
+				ns, job, _ := strings.Cut(m.GetJobName(), "/")
+				return fmt.Errorf("restore of member %s failed: %s; see `kubectl -n %s logs job/%s`", m.GetMember(), m.GetMessage(), ns, job)
+			case ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED:
+			default:
+				done = false
+			}
+		}
+		if done {
+			for _, m := range resp.GetMembers() {
+				fmt.Fprintf(o.Out, "member %s restored into %s (data dir %q)\n", m.GetMember(), m.GetVolume(), dataDirLabel(m.GetDataDir()))
+			}
+			fmt.Fprintf(o.Out, "restore of %q into target %q done: start the members again\n", o.Name, o.Target)
+			return nil
+		}
+	}
+}
+
+func dataDirLabel(d string) string {
+	if d == "" {
+		return "."
+	}
+	return d
+}
+
+func tokenLabel(t string) string {
+	if t == "" {
+		return "etcd-cluster"
+	}
+	return t
 }

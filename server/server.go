@@ -139,6 +139,9 @@ func New(cfg Config) (*Server, error) {
 		if err := validateCompression(t.Compression); err != nil {
 			return nil, fmt.Errorf("target %q: %v", t.Name, err)
 		}
+		if err := validateMembers(t.Target); err != nil {
+			return nil, fmt.Errorf("target %q: %v", t.Name, err)
+		}
 	}
 	s.targets, s.agents, s.scratchDir = cfg.Targets, cfg.Agents, cfg.ScratchDir
 	m, err := newMetrics(cfg.Registerer)

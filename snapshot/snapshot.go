@@ -271,11 +271,8 @@ func Restore(path string, m Member) (movedTo string, err error) {
 			return "", fmt.Errorf("move %s aside: %w", m.DataDir, err)
 		}
 	default:
-		// An empty directory (a fresh volume's mount point) is used as is;
-		// etcdutl wants to create it, so remove the empty one.
-		if err := os.Remove(m.DataDir); err != nil {
-			return "", err
-		}
+		// An empty directory (a fresh volume's mount point, which cannot
+		// be removed) is used as is: etcdutl refuses only non-empty ones.
 	}
 	token := m.InitialClusterToken
 	if token == "" {

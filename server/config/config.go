@@ -21,6 +21,21 @@
 //	    tlsSecret: etcd-client      # keys ca.crt, tls.crt, tls.key
 //	    location: s3
 //	    compression: zstd
+//	  - name: app-etcd              # etcd in the cluster, restorable in place
+//	    endpoints: [https://app-etcd-0.app-etcd.app.svc:2379]
+//	    tlsSecret: app-etcd-client
+//	    namespace: app              # where the members' PVCs are; restore Jobs run there
+//	    initialClusterToken: app-etcd
+//	    restoreRunAsUser: 1001      # the uid/gid etcd runs as (default 65532)
+//	    restoreRunAsGroup: 1001
+//	    members:
+//	      - name: app-etcd-0
+//	        peerURL: https://app-etcd-0.app-etcd.app.svc:2380
+//	        clientURL: https://app-etcd-0.app-etcd.app.svc:2379
+//	        dataDir: data           # etcd's --data-dir inside the volume
+//	        volume: {persistentVolumeClaim: {claimName: data-app-etcd-0}}
+//	      # control-plane etcd: volume: {hostPath: {path: /var/lib}}, dataDir: etcd,
+//	      # nodeName: cp-1, and restoreRunAsUser: 0 on the target
 //	agents:
 //	  image: ghcr.io/kubectl-etcdbackup/etcdbackup-agent:v0.1.0
 //	  serviceAccount: etcdbackup-agent
@@ -95,6 +110,41 @@ type Target struct {
 	InsecurePlaintext bool   `json:"insecurePlaintext,omitempty"`
 	Location          string `json:"location,omitempty"`
 	Compression       string `json:"compression,omitempty"`
+	// InitialClusterToken, Namespace and Members describe the cluster for
+	// an in-cluster restore (`restore --target`).
+	InitialClusterToken string   `json:"initialClusterToken,omitempty"`
+	Namespace           string   `json:"namespace,omitempty"`
+	Members             []Member `json:"members,omitempty"`
+	RestoreRunAsUser    *int64   `json:"restoreRunAsUser,omitempty"`
+	RestoreRunAsGroup   *int64   `json:"restoreRunAsGroup,omitempty"`
+}
+
+// Member is one etcd member of a target and where its data lives.
+type Member struct {
+	Name      string `json:"name"`
+	PeerURL   string `json:"peerURL"`
+	ClientURL string `json:"clientURL,omitempty"`
+	// DataDir is the member's --data-dir relative to the volume's root.
+	DataDir  string       `json:"dataDir,omitempty"`
+	Volume   MemberVolume `json:"volume"`
+	NodeName string       `json:"nodeName,omitempty"`
+}
+
+// MemberVolume is exactly one of a PersistentVolumeClaim (in the target's
+// namespace) or a host path on the member's node.
+type MemberVolume struct {
+	PersistentVolumeClaim *ClaimRef    `json:"persistentVolumeClaim,omitempty"`
+	HostPath              *HostPathRef `json:"hostPath,omitempty"`
+}
+
+// ClaimRef names a PersistentVolumeClaim.
+type ClaimRef struct {
+	ClaimName string `json:"claimName"`
+}
+
+// HostPathRef is a directory on a node.
+type HostPathRef struct {
+	Path string `json:"path"`
 }
 
 // Agents says how agent Jobs are launched.
@@ -152,6 +202,21 @@ func Load(path string) (*File, error) {
 			return nil, fmt.Errorf("config %s: location %d (%q) must have exactly one of filesystem, s3", path, i, l.Name)
 		}
 	}
+	for _, t := range f.Targets {
+		for i, m := range t.Members {
+			v := m.Volume
+			switch {
+			case (v.PersistentVolumeClaim == nil) == (v.HostPath == nil):
+				return nil, fmt.Errorf("config %s: target %q member %d (%q): volume must have exactly one of persistentVolumeClaim, hostPath", path, t.Name, i, m.Name)
+			case v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == "":
+				return nil, fmt.Errorf("config %s: target %q member %d (%q): persistentVolumeClaim needs a claimName", path, t.Name, i, m.Name)
+			case v.HostPath != nil && (v.HostPath.Path == "" || m.NodeName == ""):
+				return nil, fmt.Errorf("config %s: target %q member %d (%q): a hostPath volume needs a path and the member's nodeName", path, t.Name, i, m.Name)
+			case v.PersistentVolumeClaim != nil && m.NodeName != "":
+				return nil, fmt.Errorf("config %s: target %q member %d (%q): nodeName goes with hostPath volumes only", path, t.Name, i, m.Name)
+			}
+		}
+	}
 	return &f, nil
 }
 
@@ -191,8 +256,23 @@ func (f *File) Build(ctx context.Context, log *slog.Logger) ([]server.NamedLocat
 func (f *File) ServerTargets() []server.Target {
 	var out []server.Target
 	for _, t := range f.Targets {
+		var members []jobs.Member
+		for _, m := range t.Members {
+			jm := jobs.Member{Name: m.Name, PeerURL: m.PeerURL, ClientURL: m.ClientURL, DataDir: m.DataDir, NodeName: m.NodeName}
+			if c := m.Volume.PersistentVolumeClaim; c != nil {
+				jm.ClaimName = c.ClaimName
+			}
+			if h := m.Volume.HostPath; h != nil {
+				jm.HostPath = h.Path
+			}
+			members = append(members, jm)
+		}
 		out = append(out, server.Target{
-			Target:      jobs.Target{Name: t.Name, Endpoints: t.Endpoints, TLSSecret: t.TLSSecret, InsecurePlaintext: t.InsecurePlaintext},
+			Target: jobs.Target{
+				Name: t.Name, Endpoints: t.Endpoints, TLSSecret: t.TLSSecret, InsecurePlaintext: t.InsecurePlaintext,
+				InitialClusterToken: t.InitialClusterToken, Namespace: t.Namespace, Members: members,
+				RestoreRunAsUser: t.RestoreRunAsUser, RestoreRunAsGroup: t.RestoreRunAsGroup,
+			},
 			Location:    t.Location,
 			Compression: t.Compression,
 		})

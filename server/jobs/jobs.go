@@ -66,6 +66,17 @@ type Target struct {
 	TLSSecret string
 	// InsecurePlaintext allows http:// endpoints (no TLS).
 	InsecurePlaintext bool
+	// InitialClusterToken and Members are what an in-cluster restore
+	// rebuilds; a target without members can only be backed up.
+	InitialClusterToken string
+	// Namespace holds the members' PersistentVolumeClaims: restore Jobs
+	// run there ("" = the server's namespace).
+	Namespace string
+	Members   []Member
+	// RestoreRunAsUser and RestoreRunAsGroup are the uid and gid restore
+	// agents run as, so the files they write belong to the user etcd runs
+	// as (nil: 65532, the agent's own).
+	RestoreRunAsUser, RestoreRunAsGroup *int64
 }
 
 // Launcher creates and reads agent Jobs.
@@ -168,7 +179,7 @@ func (l *Launcher) StartBackup(ctx context.Context, spec BackupSpec) (*batchv1.J
 // still being removed.
 func (l *Launcher) createWhenGone(ctx context.Context, job *batchv1.Job) (*batchv1.Job, error) {
 	for {
-		created, err := l.client.BatchV1().Jobs(l.cfg.Namespace).Create(ctx, job, metav1.CreateOptions{})
+		created, err := l.client.BatchV1().Jobs(job.Namespace).Create(ctx, job, metav1.CreateOptions{})
 		if !apierrors.IsAlreadyExists(err) {
 			return created, err
 		}
@@ -348,7 +359,7 @@ func (l *Launcher) failureMessage(ctx context.Context, j *batchv1.Job) string {
 
 // pods returns the Job's pods, newest first.
 func (l *Launcher) pods(ctx context.Context, j *batchv1.Job) ([]corev1.Pod, error) {
-	list, err := l.client.CoreV1().Pods(l.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + j.Name})
+	list, err := l.client.CoreV1().Pods(j.Namespace).List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + j.Name})
 	if err != nil {
 		return nil, err
 	}

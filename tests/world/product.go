@@ -39,6 +39,36 @@ const S3ServiceName = "s3.kube-system.svc"
 // into dir/overlay and applies it with the real kubectl, then waits for the
 // server Deployment to be Available.
 func InstallProduct(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, dir string, out io.Writer, extra ...PlainTarget) (*Product, error) {
+	return InstallProductWith(ctx, sb, k, dir, out, ProductOptions{PlainTargets: extra})
+}
+
+// ProductOptions adds targets to the installed configuration.
+type ProductOptions struct {
+	// PlainTargets are test etcds on host addresses, exposed as Services.
+	PlainTargets []PlainTarget
+	// ClusterTargets are etcd clusters running as pods in the sandbox,
+	// with their members' layout for in-cluster restores.
+	ClusterTargets []ClusterTarget
+}
+
+// ClusterTarget is an etcd cluster running in the sandbox without TLS,
+// configured with its members so `restore --target` can rebuild it.
+type ClusterTarget struct {
+	Name, Namespace, InitialClusterToken string
+	// Location for its backups ("" = the server's default).
+	Location string
+	Members  []ClusterMember
+}
+
+// ClusterMember is one member of a ClusterTarget: its data is DataDir in
+// PersistentVolumeClaim ClaimName of the target's namespace.
+type ClusterMember struct {
+	Name, PeerURL, ClientURL, DataDir, ClaimName string
+}
+
+// InstallProductWith is InstallProduct with options.
+func InstallProductWith(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, dir string, out io.Writer, opts ProductOptions) (*Product, error) {
+	extra := opts.PlainTargets
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
@@ -82,7 +112,7 @@ func InstallProduct(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, dir st
 		}
 	}
 	p.Overlay = filepath.Join(dir, "overlay")
-	if err := writeOverlay(p.Overlay, root, sb, s3, extra); err != nil {
+	if err := writeOverlay(p.Overlay, root, sb, s3, extra, opts.ClusterTargets); err != nil {
 		return nil, err
 	}
 	cmd := k.Command(ctx, "apply", "-k", p.Overlay)
@@ -106,7 +136,7 @@ type PlainTarget struct {
 	Addr string
 }
 
-func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, extra []PlainTarget) error {
+func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, extra []PlainTarget, cluster []ClusterTarget) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
@@ -181,7 +211,7 @@ data:
 %[4]s    agents:
       image: etcdbackup-agent:dev
       serviceAccount: etcdbackup-agent
-`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)),
+`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster)),
 		"deployment.yaml": `apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -220,6 +250,26 @@ func plainTargets(ts []PlainTarget) string {
 	var b strings.Builder
 	for _, t := range ts {
 		fmt.Fprintf(&b, "      - name: %s\n        endpoints: [http://%s.kube-system.svc:2379]\n        insecurePlaintext: true\n", t.Name, t.Name)
+	}
+	return b.String()
+}
+
+func clusterTargets(ts []ClusterTarget) string {
+	var b strings.Builder
+	for _, t := range ts {
+		var eps []string
+		for _, m := range t.Members {
+			eps = append(eps, m.ClientURL)
+		}
+		fmt.Fprintf(&b, "      - name: %s\n        endpoints: [%s]\n        insecurePlaintext: true\n", t.Name, strings.Join(eps, ", "))
+		if t.Location != "" {
+			fmt.Fprintf(&b, "        location: %s\n", t.Location)
+		}
+		fmt.Fprintf(&b, "        namespace: %s\n        initialClusterToken: %s\n        members:\n", t.Namespace, t.InitialClusterToken)
+		for _, m := range t.Members {
+			fmt.Fprintf(&b, "          - name: %s\n            peerURL: %s\n            clientURL: %s\n            dataDir: %q\n            volume: {persistentVolumeClaim: {claimName: %s}}\n",
+				m.Name, m.PeerURL, m.ClientURL, m.DataDir, m.ClaimName)
+		}
 	}
 	return b.String()
 }

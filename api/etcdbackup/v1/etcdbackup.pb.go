@@ -83,6 +83,63 @@ func (BackupPhase) EnumDescriptor() ([]byte, []int) {
 	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{0}
 }
 
+// RestorePhase is where one member's restore agent is.
+type RestorePhase int32
+
+const (
+	RestorePhase_RESTORE_PHASE_UNSPECIFIED RestorePhase = 0
+	// Planned (dry run) or created but not finished.
+	RestorePhase_RESTORE_PHASE_PENDING   RestorePhase = 1
+	RestorePhase_RESTORE_PHASE_RUNNING   RestorePhase = 2
+	RestorePhase_RESTORE_PHASE_SUCCEEDED RestorePhase = 3
+	RestorePhase_RESTORE_PHASE_FAILED    RestorePhase = 4
+)
+
+// Enum value maps for RestorePhase.
+var (
+	RestorePhase_name = map[int32]string{
+		0: "RESTORE_PHASE_UNSPECIFIED",
+		1: "RESTORE_PHASE_PENDING",
+		2: "RESTORE_PHASE_RUNNING",
+		3: "RESTORE_PHASE_SUCCEEDED",
+		4: "RESTORE_PHASE_FAILED",
+	}
+	RestorePhase_value = map[string]int32{
+		"RESTORE_PHASE_UNSPECIFIED": 0,
+		"RESTORE_PHASE_PENDING":     1,
+		"RESTORE_PHASE_RUNNING":     2,
+		"RESTORE_PHASE_SUCCEEDED":   3,
+		"RESTORE_PHASE_FAILED":      4,
+	}
+)
+
+func (x RestorePhase) Enum() *RestorePhase {
+	p := new(RestorePhase)
+	*p = x
+	return p
+}
+
+func (x RestorePhase) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RestorePhase) Descriptor() protoreflect.EnumDescriptor {
+	return file_etcdbackup_v1_etcdbackup_proto_enumTypes[1].Descriptor()
+}
+
+func (RestorePhase) Type() protoreflect.EnumType {
+	return &file_etcdbackup_v1_etcdbackup_proto_enumTypes[1]
+}
+
+func (x RestorePhase) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RestorePhase.Descriptor instead.
+func (RestorePhase) EnumDescriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{1}
+}
+
 type GetServerInfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1896,6 +1953,353 @@ func (x *VerifyBackupResponse) GetStorageVersion() string {
 	return ""
 }
 
+type RestoreBackupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Backup to restore.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Storage location; empty means the server's default.
+	Location string `protobuf:"bytes,2,opt,name=location,proto3" json:"location,omitempty"`
+	// etcd target whose members are rebuilt; required.
+	Target string `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	// Return the plan without creating anything.
+	DryRun bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Rename a member's non-empty data directory to
+	// DIR.before-restore-TIMESTAMP instead of failing.
+	MoveAside     bool `protobuf:"varint,5,opt,name=move_aside,json=moveAside,proto3" json:"move_aside,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreBackupRequest) Reset() {
+	*x = RestoreBackupRequest{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreBackupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreBackupRequest) ProtoMessage() {}
+
+func (x *RestoreBackupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreBackupRequest.ProtoReflect.Descriptor instead.
+func (*RestoreBackupRequest) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RestoreBackupRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RestoreBackupRequest) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
+func (x *RestoreBackupRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *RestoreBackupRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *RestoreBackupRequest) GetMoveAside() bool {
+	if x != nil {
+		return x.MoveAside
+	}
+	return false
+}
+
+type RestoreBackupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One entry per member of the target, in the configuration's order.
+	Members       []*MemberRestore `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreBackupResponse) Reset() {
+	*x = RestoreBackupResponse{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreBackupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreBackupResponse) ProtoMessage() {}
+
+func (x *RestoreBackupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreBackupResponse.ProtoReflect.Descriptor instead.
+func (*RestoreBackupResponse) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RestoreBackupResponse) GetMembers() []*MemberRestore {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+// MemberRestore is the restore of one member's data directory.
+type MemberRestore struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The member's etcd --name.
+	Member string `protobuf:"bytes,1,opt,name=member,proto3" json:"member,omitempty"`
+	// The agent Job (in the server's namespace) that restores it.
+	JobName string `protobuf:"bytes,2,opt,name=job_name,json=jobName,proto3" json:"job_name,omitempty"`
+	// The volume written to: "pvc/NAME" or "hostPath NODE:/PATH".
+	Volume string `protobuf:"bytes,3,opt,name=volume,proto3" json:"volume,omitempty"`
+	// The member's etcd --data-dir as seen inside the volume ("" = its root).
+	DataDir string `protobuf:"bytes,4,opt,name=data_dir,json=dataDir,proto3" json:"data_dir,omitempty"`
+	// NAME=PEER-URL,... of every member.
+	InitialCluster string `protobuf:"bytes,5,opt,name=initial_cluster,json=initialCluster,proto3" json:"initial_cluster,omitempty"`
+	// This member's peer URL.
+	PeerUrl             string       `protobuf:"bytes,6,opt,name=peer_url,json=peerUrl,proto3" json:"peer_url,omitempty"`
+	InitialClusterToken string       `protobuf:"bytes,7,opt,name=initial_cluster_token,json=initialClusterToken,proto3" json:"initial_cluster_token,omitempty"`
+	Phase               RestorePhase `protobuf:"varint,8,opt,name=phase,proto3,enum=etcdbackup.v1.RestorePhase" json:"phase,omitempty"`
+	// Why a restore failed.
+	Message       string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemberRestore) Reset() {
+	*x = MemberRestore{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberRestore) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberRestore) ProtoMessage() {}
+
+func (x *MemberRestore) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberRestore.ProtoReflect.Descriptor instead.
+func (*MemberRestore) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *MemberRestore) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *MemberRestore) GetJobName() string {
+	if x != nil {
+		return x.JobName
+	}
+	return ""
+}
+
+func (x *MemberRestore) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *MemberRestore) GetDataDir() string {
+	if x != nil {
+		return x.DataDir
+	}
+	return ""
+}
+
+func (x *MemberRestore) GetInitialCluster() string {
+	if x != nil {
+		return x.InitialCluster
+	}
+	return ""
+}
+
+func (x *MemberRestore) GetPeerUrl() string {
+	if x != nil {
+		return x.PeerUrl
+	}
+	return ""
+}
+
+func (x *MemberRestore) GetInitialClusterToken() string {
+	if x != nil {
+		return x.InitialClusterToken
+	}
+	return ""
+}
+
+func (x *MemberRestore) GetPhase() RestorePhase {
+	if x != nil {
+		return x.Phase
+	}
+	return RestorePhase_RESTORE_PHASE_UNSPECIFIED
+}
+
+func (x *MemberRestore) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type GetRestoreRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Location      string                 `protobuf:"bytes,2,opt,name=location,proto3" json:"location,omitempty"`
+	Target        string                 `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRestoreRequest) Reset() {
+	*x = GetRestoreRequest{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRestoreRequest) ProtoMessage() {}
+
+func (x *GetRestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRestoreRequest.ProtoReflect.Descriptor instead.
+func (*GetRestoreRequest) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *GetRestoreRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GetRestoreRequest) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
+func (x *GetRestoreRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+type GetRestoreResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*MemberRestore       `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRestoreResponse) Reset() {
+	*x = GetRestoreResponse{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRestoreResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRestoreResponse) ProtoMessage() {}
+
+func (x *GetRestoreResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRestoreResponse.ProtoReflect.Descriptor instead.
+func (*GetRestoreResponse) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *GetRestoreResponse) GetMembers() []*MemberRestore {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
 var File_etcdbackup_v1_etcdbackup_proto protoreflect.FileDescriptor
 
 const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
@@ -2041,14 +2445,45 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\n" +
 	"total_size\x18\x04 \x01(\x03R\ttotalSize\x12\x12\n" +
 	"\x04hash\x18\x05 \x01(\rR\x04hash\x12'\n" +
-	"\x0fstorage_version\x18\x06 \x01(\tR\x0estorageVersion*z\n" +
+	"\x0fstorage_version\x18\x06 \x01(\tR\x0estorageVersion\"\x96\x01\n" +
+	"\x14RestoreBackupRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\blocation\x18\x02 \x01(\tR\blocation\x12\x16\n" +
+	"\x06target\x18\x03 \x01(\tR\x06target\x12\x17\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\x12\x1d\n" +
+	"\n" +
+	"move_aside\x18\x05 \x01(\bR\tmoveAside\"O\n" +
+	"\x15RestoreBackupResponse\x126\n" +
+	"\amembers\x18\x01 \x03(\v2\x1c.etcdbackup.v1.MemberRestoreR\amembers\"\xba\x02\n" +
+	"\rMemberRestore\x12\x16\n" +
+	"\x06member\x18\x01 \x01(\tR\x06member\x12\x19\n" +
+	"\bjob_name\x18\x02 \x01(\tR\ajobName\x12\x16\n" +
+	"\x06volume\x18\x03 \x01(\tR\x06volume\x12\x19\n" +
+	"\bdata_dir\x18\x04 \x01(\tR\adataDir\x12'\n" +
+	"\x0finitial_cluster\x18\x05 \x01(\tR\x0einitialCluster\x12\x19\n" +
+	"\bpeer_url\x18\x06 \x01(\tR\apeerUrl\x122\n" +
+	"\x15initial_cluster_token\x18\a \x01(\tR\x13initialClusterToken\x121\n" +
+	"\x05phase\x18\b \x01(\x0e2\x1b.etcdbackup.v1.RestorePhaseR\x05phase\x12\x18\n" +
+	"\amessage\x18\t \x01(\tR\amessage\"[\n" +
+	"\x11GetRestoreRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\blocation\x18\x02 \x01(\tR\blocation\x12\x16\n" +
+	"\x06target\x18\x03 \x01(\tR\x06target\"L\n" +
+	"\x12GetRestoreResponse\x126\n" +
+	"\amembers\x18\x01 \x03(\v2\x1c.etcdbackup.v1.MemberRestoreR\amembers*z\n" +
 	"\vBackupPhase\x12\x1c\n" +
 	"\x18BACKUP_PHASE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BACKUP_PHASE_RUNNING\x10\x01\x12\x1a\n" +
 	"\x16BACKUP_PHASE_COMPLETED\x10\x02\x12\x17\n" +
-	"\x13BACKUP_PHASE_FAILED\x10\x032i\n" +
+	"\x13BACKUP_PHASE_FAILED\x10\x03*\x9a\x01\n" +
+	"\fRestorePhase\x12\x1d\n" +
+	"\x19RESTORE_PHASE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15RESTORE_PHASE_PENDING\x10\x01\x12\x19\n" +
+	"\x15RESTORE_PHASE_RUNNING\x10\x02\x12\x1b\n" +
+	"\x17RESTORE_PHASE_SUCCEEDED\x10\x03\x12\x18\n" +
+	"\x14RESTORE_PHASE_FAILED\x10\x042i\n" +
 	"\vInfoService\x12Z\n" +
-	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\xda\x05\n" +
+	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\x89\a\n" +
 	"\rBackupService\x12T\n" +
 	"\vListBackups\x12!.etcdbackup.v1.ListBackupsRequest\x1a\".etcdbackup.v1.ListBackupsResponse\x12N\n" +
 	"\tGetBackup\x12\x1f.etcdbackup.v1.GetBackupRequest\x1a .etcdbackup.v1.GetBackupResponse\x12W\n" +
@@ -2057,7 +2492,10 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x0eDownloadBackup\x12$.etcdbackup.v1.DownloadBackupRequest\x1a%.etcdbackup.v1.DownloadBackupResponse0\x01\x12W\n" +
 	"\fCreateBackup\x12\".etcdbackup.v1.CreateBackupRequest\x1a#.etcdbackup.v1.CreateBackupResponse\x12\\\n" +
 	"\rGetBackupLogs\x12#.etcdbackup.v1.GetBackupLogsRequest\x1a$.etcdbackup.v1.GetBackupLogsResponse0\x01\x12W\n" +
-	"\fVerifyBackup\x12\".etcdbackup.v1.VerifyBackupRequest\x1a#.etcdbackup.v1.VerifyBackupResponseBQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
+	"\fVerifyBackup\x12\".etcdbackup.v1.VerifyBackupRequest\x1a#.etcdbackup.v1.VerifyBackupResponse\x12Z\n" +
+	"\rRestoreBackup\x12#.etcdbackup.v1.RestoreBackupRequest\x1a$.etcdbackup.v1.RestoreBackupResponse\x12Q\n" +
+	"\n" +
+	"GetRestore\x12 .etcdbackup.v1.GetRestoreRequest\x1a!.etcdbackup.v1.GetRestoreResponseBQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
 
 var (
 	file_etcdbackup_v1_etcdbackup_proto_rawDescOnce sync.Once
@@ -2071,89 +2509,102 @@ func file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP() []byte {
 	return file_etcdbackup_v1_etcdbackup_proto_rawDescData
 }
 
-var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(BackupPhase)(0),               // 0: etcdbackup.v1.BackupPhase
-	(*GetServerInfoRequest)(nil),   // 1: etcdbackup.v1.GetServerInfoRequest
-	(*GetServerInfoResponse)(nil),  // 2: etcdbackup.v1.GetServerInfoResponse
-	(*EtcdTarget)(nil),             // 3: etcdbackup.v1.EtcdTarget
-	(*StorageLocation)(nil),        // 4: etcdbackup.v1.StorageLocation
-	(*ServerLimits)(nil),           // 5: etcdbackup.v1.ServerLimits
-	(*Backup)(nil),                 // 6: etcdbackup.v1.Backup
-	(*BackupSource)(nil),           // 7: etcdbackup.v1.BackupSource
-	(*EtcdInfo)(nil),               // 8: etcdbackup.v1.EtcdInfo
-	(*ListBackupsRequest)(nil),     // 9: etcdbackup.v1.ListBackupsRequest
-	(*ListBackupsResponse)(nil),    // 10: etcdbackup.v1.ListBackupsResponse
-	(*GetBackupRequest)(nil),       // 11: etcdbackup.v1.GetBackupRequest
-	(*GetBackupResponse)(nil),      // 12: etcdbackup.v1.GetBackupResponse
-	(*DeleteBackupRequest)(nil),    // 13: etcdbackup.v1.DeleteBackupRequest
-	(*DeleteBackupResponse)(nil),   // 14: etcdbackup.v1.DeleteBackupResponse
-	(*UploadBackupRequest)(nil),    // 15: etcdbackup.v1.UploadBackupRequest
-	(*UploadHeader)(nil),           // 16: etcdbackup.v1.UploadHeader
-	(*UploadTrailer)(nil),          // 17: etcdbackup.v1.UploadTrailer
-	(*UploadBackupResponse)(nil),   // 18: etcdbackup.v1.UploadBackupResponse
-	(*DownloadBackupRequest)(nil),  // 19: etcdbackup.v1.DownloadBackupRequest
-	(*DownloadBackupResponse)(nil), // 20: etcdbackup.v1.DownloadBackupResponse
-	(*DownloadHeader)(nil),         // 21: etcdbackup.v1.DownloadHeader
-	(*CreateBackupRequest)(nil),    // 22: etcdbackup.v1.CreateBackupRequest
-	(*CreateBackupResponse)(nil),   // 23: etcdbackup.v1.CreateBackupResponse
-	(*GetBackupLogsRequest)(nil),   // 24: etcdbackup.v1.GetBackupLogsRequest
-	(*GetBackupLogsResponse)(nil),  // 25: etcdbackup.v1.GetBackupLogsResponse
-	(*VerifyBackupRequest)(nil),    // 26: etcdbackup.v1.VerifyBackupRequest
-	(*VerifyBackupResponse)(nil),   // 27: etcdbackup.v1.VerifyBackupResponse
-	nil,                            // 28: etcdbackup.v1.Backup.LabelsEntry
-	nil,                            // 29: etcdbackup.v1.UploadHeader.LabelsEntry
-	nil,                            // 30: etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 31: google.protobuf.Timestamp
+	(RestorePhase)(0),              // 1: etcdbackup.v1.RestorePhase
+	(*GetServerInfoRequest)(nil),   // 2: etcdbackup.v1.GetServerInfoRequest
+	(*GetServerInfoResponse)(nil),  // 3: etcdbackup.v1.GetServerInfoResponse
+	(*EtcdTarget)(nil),             // 4: etcdbackup.v1.EtcdTarget
+	(*StorageLocation)(nil),        // 5: etcdbackup.v1.StorageLocation
+	(*ServerLimits)(nil),           // 6: etcdbackup.v1.ServerLimits
+	(*Backup)(nil),                 // 7: etcdbackup.v1.Backup
+	(*BackupSource)(nil),           // 8: etcdbackup.v1.BackupSource
+	(*EtcdInfo)(nil),               // 9: etcdbackup.v1.EtcdInfo
+	(*ListBackupsRequest)(nil),     // 10: etcdbackup.v1.ListBackupsRequest
+	(*ListBackupsResponse)(nil),    // 11: etcdbackup.v1.ListBackupsResponse
+	(*GetBackupRequest)(nil),       // 12: etcdbackup.v1.GetBackupRequest
+	(*GetBackupResponse)(nil),      // 13: etcdbackup.v1.GetBackupResponse
+	(*DeleteBackupRequest)(nil),    // 14: etcdbackup.v1.DeleteBackupRequest
+	(*DeleteBackupResponse)(nil),   // 15: etcdbackup.v1.DeleteBackupResponse
+	(*UploadBackupRequest)(nil),    // 16: etcdbackup.v1.UploadBackupRequest
+	(*UploadHeader)(nil),           // 17: etcdbackup.v1.UploadHeader
+	(*UploadTrailer)(nil),          // 18: etcdbackup.v1.UploadTrailer
+	(*UploadBackupResponse)(nil),   // 19: etcdbackup.v1.UploadBackupResponse
+	(*DownloadBackupRequest)(nil),  // 20: etcdbackup.v1.DownloadBackupRequest
+	(*DownloadBackupResponse)(nil), // 21: etcdbackup.v1.DownloadBackupResponse
+	(*DownloadHeader)(nil),         // 22: etcdbackup.v1.DownloadHeader
+	(*CreateBackupRequest)(nil),    // 23: etcdbackup.v1.CreateBackupRequest
+	(*CreateBackupResponse)(nil),   // 24: etcdbackup.v1.CreateBackupResponse
+	(*GetBackupLogsRequest)(nil),   // 25: etcdbackup.v1.GetBackupLogsRequest
+	(*GetBackupLogsResponse)(nil),  // 26: etcdbackup.v1.GetBackupLogsResponse
+	(*VerifyBackupRequest)(nil),    // 27: etcdbackup.v1.VerifyBackupRequest
+	(*VerifyBackupResponse)(nil),   // 28: etcdbackup.v1.VerifyBackupResponse
+	(*RestoreBackupRequest)(nil),   // 29: etcdbackup.v1.RestoreBackupRequest
+	(*RestoreBackupResponse)(nil),  // 30: etcdbackup.v1.RestoreBackupResponse
+	(*MemberRestore)(nil),          // 31: etcdbackup.v1.MemberRestore
+	(*GetRestoreRequest)(nil),      // 32: etcdbackup.v1.GetRestoreRequest
+	(*GetRestoreResponse)(nil),     // 33: etcdbackup.v1.GetRestoreResponse
+	nil,                            // 34: etcdbackup.v1.Backup.LabelsEntry
+	nil,                            // 35: etcdbackup.v1.UploadHeader.LabelsEntry
+	nil,                            // 36: etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),  // 37: google.protobuf.Timestamp
 }
 var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
-	4,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
-	5,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
-	3,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
+	5,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
+	6,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
+	4,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
 	0,  // 3: etcdbackup.v1.Backup.phase:type_name -> etcdbackup.v1.BackupPhase
-	31, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
-	28, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
-	7,  // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
-	8,  // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	31, // 8: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
-	31, // 9: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
-	6,  // 10: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
-	6,  // 11: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	16, // 12: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
-	17, // 13: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	29, // 14: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
-	7,  // 15: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
-	8,  // 16: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	6,  // 17: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	21, // 18: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
-	6,  // 19: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	30, // 20: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	6,  // 21: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	6,  // 22: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	1,  // 23: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	9,  // 24: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	11, // 25: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	13, // 26: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	15, // 27: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	19, // 28: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	22, // 29: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	24, // 30: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	26, // 31: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	2,  // 32: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	10, // 33: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	12, // 34: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	14, // 35: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	18, // 36: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	20, // 37: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	23, // 38: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	25, // 39: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	27, // 40: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	32, // [32:41] is the sub-list for method output_type
-	23, // [23:32] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	37, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
+	34, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
+	8,  // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
+	9,  // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	37, // 8: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
+	37, // 9: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
+	7,  // 10: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
+	7,  // 11: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	17, // 12: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
+	18, // 13: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
+	35, // 14: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	8,  // 15: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
+	9,  // 16: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	7,  // 17: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	22, // 18: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
+	7,  // 19: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
+	36, // 20: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	7,  // 21: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	7,  // 22: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	31, // 23: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	1,  // 24: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
+	31, // 25: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	2,  // 26: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	10, // 27: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	12, // 28: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	14, // 29: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	16, // 30: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	20, // 31: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	23, // 32: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	25, // 33: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	27, // 34: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	29, // 35: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	32, // 36: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	3,  // 37: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	11, // 38: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	13, // 39: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	15, // 40: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	19, // 41: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	21, // 42: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	24, // 43: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	26, // 44: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	28, // 45: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	30, // 46: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	33, // 47: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	37, // [37:48] is the sub-list for method output_type
+	26, // [26:37] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -2176,8 +2627,8 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdbackup_v1_etcdbackup_proto_rawDesc), len(file_etcdbackup_v1_etcdbackup_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   30,
+			NumEnums:      2,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

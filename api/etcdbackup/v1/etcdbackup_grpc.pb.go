@@ -142,6 +142,8 @@ const (
 	BackupService_CreateBackup_FullMethodName   = "/etcdbackup.v1.BackupService/CreateBackup"
 	BackupService_GetBackupLogs_FullMethodName  = "/etcdbackup.v1.BackupService/GetBackupLogs"
 	BackupService_VerifyBackup_FullMethodName   = "/etcdbackup.v1.BackupService/VerifyBackup"
+	BackupService_RestoreBackup_FullMethodName  = "/etcdbackup.v1.BackupService/RestoreBackup"
+	BackupService_GetRestore_FullMethodName     = "/etcdbackup.v1.BackupService/GetRestore"
 )
 
 // BackupServiceClient is the client API for BackupService service.
@@ -180,6 +182,15 @@ type BackupServiceClient interface {
 	// undoing compression) and the database's consistency. A corrupt backup
 	// is DATA_LOSS with what is wrong.
 	VerifyBackup(ctx context.Context, in *VerifyBackupRequest, opts ...grpc.CallOption) (*VerifyBackupResponse, error)
+	// RestoreBackup rebuilds the data of every member of an etcd target from
+	// a stored backup: the server starts one restore agent Job per member,
+	// each writing into that member's volume as the target's configuration
+	// names it, and returns at once. It is FAILED_PRECONDITION while any
+	// member still answers on its client URL (stop the members first). With
+	// dry_run it returns the plan and creates nothing.
+	RestoreBackup(ctx context.Context, in *RestoreBackupRequest, opts ...grpc.CallOption) (*RestoreBackupResponse, error)
+	// GetRestore returns the state of each member's restore agent.
+	GetRestore(ctx context.Context, in *GetRestoreRequest, opts ...grpc.CallOption) (*GetRestoreResponse, error)
 }
 
 type backupServiceClient struct {
@@ -291,6 +302,26 @@ func (c *backupServiceClient) VerifyBackup(ctx context.Context, in *VerifyBackup
 	return out, nil
 }
 
+func (c *backupServiceClient) RestoreBackup(ctx context.Context, in *RestoreBackupRequest, opts ...grpc.CallOption) (*RestoreBackupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RestoreBackupResponse)
+	err := c.cc.Invoke(ctx, BackupService_RestoreBackup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *backupServiceClient) GetRestore(ctx context.Context, in *GetRestoreRequest, opts ...grpc.CallOption) (*GetRestoreResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetRestoreResponse)
+	err := c.cc.Invoke(ctx, BackupService_GetRestore_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BackupServiceServer is the server API for BackupService service.
 // All implementations must embed UnimplementedBackupServiceServer
 // for forward compatibility.
@@ -327,6 +358,15 @@ type BackupServiceServer interface {
 	// undoing compression) and the database's consistency. A corrupt backup
 	// is DATA_LOSS with what is wrong.
 	VerifyBackup(context.Context, *VerifyBackupRequest) (*VerifyBackupResponse, error)
+	// RestoreBackup rebuilds the data of every member of an etcd target from
+	// a stored backup: the server starts one restore agent Job per member,
+	// each writing into that member's volume as the target's configuration
+	// names it, and returns at once. It is FAILED_PRECONDITION while any
+	// member still answers on its client URL (stop the members first). With
+	// dry_run it returns the plan and creates nothing.
+	RestoreBackup(context.Context, *RestoreBackupRequest) (*RestoreBackupResponse, error)
+	// GetRestore returns the state of each member's restore agent.
+	GetRestore(context.Context, *GetRestoreRequest) (*GetRestoreResponse, error)
 	mustEmbedUnimplementedBackupServiceServer()
 }
 
@@ -360,6 +400,12 @@ func (UnimplementedBackupServiceServer) GetBackupLogs(*GetBackupLogsRequest, grp
 }
 func (UnimplementedBackupServiceServer) VerifyBackup(context.Context, *VerifyBackupRequest) (*VerifyBackupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method VerifyBackup not implemented")
+}
+func (UnimplementedBackupServiceServer) RestoreBackup(context.Context, *RestoreBackupRequest) (*RestoreBackupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RestoreBackup not implemented")
+}
+func (UnimplementedBackupServiceServer) GetRestore(context.Context, *GetRestoreRequest) (*GetRestoreResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetRestore not implemented")
 }
 func (UnimplementedBackupServiceServer) mustEmbedUnimplementedBackupServiceServer() {}
 func (UnimplementedBackupServiceServer) testEmbeddedByValue()                       {}
@@ -501,6 +547,42 @@ func _BackupService_VerifyBackup_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BackupService_RestoreBackup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RestoreBackupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupServiceServer).RestoreBackup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackupService_RestoreBackup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupServiceServer).RestoreBackup(ctx, req.(*RestoreBackupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BackupService_GetRestore_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRestoreRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupServiceServer).GetRestore(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackupService_GetRestore_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupServiceServer).GetRestore(ctx, req.(*GetRestoreRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BackupService_ServiceDesc is the grpc.ServiceDesc for BackupService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -527,6 +609,14 @@ var BackupService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "VerifyBackup",
 			Handler:    _BackupService_VerifyBackup_Handler,
+		},
+		{
+			MethodName: "RestoreBackup",
+			Handler:    _BackupService_RestoreBackup_Handler,
+		},
+		{
+			MethodName: "GetRestore",
+			Handler:    _BackupService_GetRestore_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

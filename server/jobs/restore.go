@@ -1,0 +1,257 @@
+package jobs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"path"
+	"strings"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// Labels and annotations of restore Jobs, beside the backup ones.
+const (
+	AnnotationMember = "etcdbackup.io/member"
+
+	componentRestore = "restore-agent"
+	// restoreMountPath is where the member's volume appears in the agent.
+	restoreMountPath = "/var/lib/etcd-restore"
+	// workMountPath is the agent's scratch space for the download.
+	workMountPath = "/var/lib/etcdbackup-work"
+)
+
+// Member is one member of a target, as a restore rebuilds it.
+type Member struct {
+	// Name is the member's etcd --name.
+	Name string
+	// PeerURL is its --initial-advertise-peer-urls.
+	PeerURL string
+	// ClientURL is where it serves clients; a restore is refused while it
+	// answers there.
+	ClientURL string
+	// DataDir is its --data-dir relative to the volume's root ("" = the
+	// root itself).
+	DataDir string
+	// ClaimName is the PersistentVolumeClaim (in Namespace) holding its
+	// data; or else
+	ClaimName string
+	// HostPath is a directory on node NodeName (control-plane etcd).
+	HostPath, NodeName string
+}
+
+// Volume describes where m's data lives, for people.
+func (m Member) Volume() string {
+	if m.ClaimName != "" {
+		return "pvc/" + m.ClaimName
+	}
+	return "hostPath " + m.NodeName + ":" + m.HostPath
+}
+
+// DataDirIn is m's --data-dir as the restore agent sees it.
+func (m Member) DataDirIn() string {
+	return path.Join(restoreMountPath, m.DataDir)
+}
+
+// RestoreNamespace is where the restore Jobs of t run: beside its
+// members' volumes.
+func (l *Launcher) RestoreNamespace(t Target) string {
+	if t.Namespace != "" {
+		return t.Namespace
+	}
+	return l.cfg.Namespace
+}
+
+// InitialCluster is NAME=PEER-URL,... of every member of t.
+func InitialCluster(t Target) string {
+	parts := make([]string, 0, len(t.Members))
+	for _, m := range t.Members {
+		parts = append(parts, m.Name+"="+m.PeerURL)
+	}
+	return strings.Join(parts, ",")
+}
+
+// RestoreSpec is one restore of a target from a backup.
+type RestoreSpec struct {
+	Name, Location string
+	Target         Target
+	MoveAside      bool
+}
+
+func restoreRunID(location, name, target, member string) string {
+	s := sha256.Sum256([]byte(location + "/" + name + "/" + target + "/" + member))
+	return hex.EncodeToString(s[:])[:16]
+}
+
+// RestoreJobName is the Job that restores member of target from backup
+// (location, name): one per member and backup.
+func RestoreJobName(location, name, target, member string) string {
+	prefix := member
+	if len(prefix) > 30 {
+		prefix = prefix[:30]
+	}
+	prefix = strings.Trim(strings.ReplaceAll(prefix, ".", "-"), "-")
+	return "restore-" + prefix + "-" + restoreRunID(location, name, target, member)[:10]
+}
+
+// StartRestore creates one restore agent Job per member of spec.Target.
+// Finished Jobs of an earlier attempt are replaced; if any is still
+// running, nothing is created and ErrRunning is returned.
+func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batchv1.Job, error) {
+	jobs := l.client.BatchV1().Jobs(l.RestoreNamespace(spec.Target))
+	var want []*batchv1.Job
+	for _, m := range spec.Target.Members {
+		want = append(want, l.restoreJob(spec, m))
+	}
+	for _, j := range want {
+		old, err := jobs.Get(ctx, j.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("get existing job %s: %w", j.Name, err)
+		}
+		if phase, _ := jobPhase(old); phase == PhaseRunning && old.DeletionTimestamp == nil {
+			return nil, ErrRunning
+		}
+	}
+	var out []*batchv1.Job
+	for _, j := range want {
+		if err := jobs.Delete(ctx, j.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil && !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("replace finished job %s: %w", j.Name, err)
+		}
+		created, err := l.createWhenGone(ctx, j)
+		if err != nil {
+			return nil, fmt.Errorf("create restore job for member %q: %w", j.Annotations[AnnotationMember], err)
+		}
+		out = append(out, created)
+	}
+	return out, nil
+}
+
+func (l *Launcher) restoreJob(spec RestoreSpec, m Member) *batchv1.Job {
+	t := spec.Target
+	args := []string{
+		"restore",
+		"--server=" + l.cfg.ServerAddress,
+		"--name=" + spec.Name,
+		"--location=" + spec.Location,
+		"--data-dir=" + m.DataDirIn(),
+		"--work-dir=" + workMountPath + "/download",
+		"--member-name=" + m.Name,
+		"--initial-cluster=" + InitialCluster(t),
+		"--initial-advertise-peer-urls=" + m.PeerURL,
+	}
+	if t.InitialClusterToken != "" {
+		args = append(args, "--initial-cluster-token="+t.InitialClusterToken)
+	}
+	if spec.MoveAside {
+		args = append(args, "--move-aside")
+	}
+	data := corev1.Volume{Name: "data"}
+	if m.ClaimName != "" {
+		data.PersistentVolumeClaim = &corev1.PersistentVolumeClaimVolumeSource{ClaimName: m.ClaimName}
+	} else {
+		data.HostPath = &corev1.HostPathVolumeSource{Path: m.HostPath, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}
+	}
+	id := restoreRunID(spec.Location, spec.Name, t.Name, m.Name)
+	labels := map[string]string{LabelComponent: componentRestore, LabelManagedBy: managedBy, LabelRun: id}
+	sc := &corev1.PodSecurityContext{
+		RunAsNonRoot:   ptr.To(true),
+		RunAsUser:      ptr.To[int64](65532),
+		RunAsGroup:     ptr.To[int64](65532),
+		FSGroup:        ptr.To[int64](65532),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	if t.RestoreRunAsUser != nil {
+		sc.RunAsUser = t.RestoreRunAsUser
+		sc.RunAsNonRoot = ptr.To(*t.RestoreRunAsUser != 0)
+	}
+	if t.RestoreRunAsGroup != nil {
+		sc.RunAsGroup, sc.FSGroup = t.RestoreRunAsGroup, t.RestoreRunAsGroup
+	}
+	return &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      RestoreJobName(spec.Location, spec.Name, t.Name, m.Name),
+			Namespace: l.RestoreNamespace(t),
+			Labels:    labels,
+			Annotations: map[string]string{
+				AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
+			},
+		},
+		Spec: batchv1.JobSpec{
+			// A second attempt would find a half-written data directory:
+			// one attempt, and the user decides.
+			BackoffLimit:            ptr.To[int32](0),
+			ActiveDeadlineSeconds:   ptr.To(int64(l.cfg.Deadline.Seconds())),
+			TTLSecondsAfterFinished: ptr.To(int32(l.cfg.TTLAfterFinished.Seconds())),
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationBackup: spec.Name, AnnotationMember: m.Name}},
+				Spec: corev1.PodSpec{
+					RestartPolicy:                corev1.RestartPolicyNever,
+					ServiceAccountName:           l.cfg.ServiceAccount,
+					AutomountServiceAccountToken: ptr.To(false),
+					NodeName:                     m.NodeName,
+					SecurityContext:              sc,
+					Containers: []corev1.Container{{
+						Name:            "agent",
+						Image:           l.cfg.Image,
+						ImagePullPolicy: l.cfg.ImagePullPolicy,
+						Args:            args,
+						VolumeMounts: []corev1.VolumeMount{
+							{Name: "data", MountPath: restoreMountPath},
+							{Name: "work", MountPath: workMountPath},
+						},
+						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: ptr.To(false),
+							ReadOnlyRootFilesystem:   ptr.To(true),
+							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+					}},
+					Volumes: []corev1.Volume{data, {Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+				},
+			},
+		},
+	}
+}
+
+// MemberRun is what the cluster says about one member's restore agent.
+type MemberRun struct {
+	Member  string
+	JobName string
+	Phase   Phase
+	Message string
+}
+
+// ListRestores returns the restore agent runs of backup (location, name)
+// into target, keyed by member name.
+func (l *Launcher) ListRestores(ctx context.Context, location, name string, target Target) (map[string]MemberRun, error) {
+	list, err := l.client.BatchV1().Jobs(l.RestoreNamespace(target)).List(ctx, metav1.ListOptions{
+		LabelSelector: LabelComponent + "=" + componentRestore + "," + LabelManagedBy + "=" + managedBy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list restore jobs: %w", err)
+	}
+	out := map[string]MemberRun{}
+	for i := range list.Items {
+		j := &list.Items[i]
+		a := j.Annotations
+		if j.DeletionTimestamp != nil || a[AnnotationBackup] != name || a[AnnotationLocation] != location || a[AnnotationTarget] != target.Name {
+			continue
+		}
+		phase, msg := jobPhase(j)
+		if phase == PhaseFailed {
+			if m := l.failureMessage(ctx, j); m != "" {
+				msg = m
+			}
+		}
+		out[a[AnnotationMember]] = MemberRun{Member: a[AnnotationMember], JobName: j.Name, Phase: phase, Message: msg}
+	}
+	return out, nil
+}

@@ -1,0 +1,275 @@
+package server_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
+)
+
+// closedURL is a client URL where nothing listens.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return "http://" + addr
+}
+
+// silentURL accepts connections and closes them at once, as a Service
+// without endpoints may.
+func silentURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return "http://" + l.Addr().String()
+}
+
+type restoreWorld struct {
+	srv    *server.Server
+	client *fake.Clientset
+}
+
+func newRestoreWorld(t *testing.T, clientURLs ...string) *restoreWorld {
+	t.Helper()
+	loc, err := filesystem.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	up, err := loc.Create(ctx, "b1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := []byte("not really a snapshot")
+	if _, err := up.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	if err := up.Commit(ctx, &storage.Manifest{Name: "b1", Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}); err != nil {
+		t.Fatal(err)
+	}
+	cs := fake.NewClientset()
+	l, err := jobs.New(cs, jobs.Config{Namespace: "etcdbackup-system", Image: "agent:dev", ServerAddress: "etcdbackup.etcdbackup-system.svc:50051"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := jobs.Target{Name: "app", Endpoints: []string{closedURL(t)}, InsecurePlaintext: true, Namespace: "app", InitialClusterToken: "tok"}
+	for i, u := range clientURLs {
+		name := "m" + string(rune('0'+i))
+		target.Members = append(target.Members, jobs.Member{
+			Name: name, PeerURL: "http://" + name + ".app.svc:2380", ClientURL: u, DataDir: "data", ClaimName: "data-" + name,
+		})
+	}
+	srv, err := server.New(server.Config{
+		Locations: []server.NamedLocation{{Name: "default", Location: loc}},
+		Targets:   []server.Target{{Target: target}},
+		Agents:    l,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &restoreWorld{srv: srv, client: cs}
+}
+
+func (w *restoreWorld) jobs(t *testing.T) []batchv1.Job {
+	t.Helper()
+	list, err := w.client.BatchV1().Jobs("app").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+func TestRestoreRefusedWhileAMemberAnswers(t *testing.T) {
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{"etcdserver":"3.7.3"}`)) }))
+	defer live.Close()
+	w := newRestoreWorld(t, closedURL(t), live.URL, silentURL(t))
+	_, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("restore while m1 answers: %v, want FailedPrecondition", err)
+	}
+	msg := status.Convert(err).Message()
+	for _, want := range []string{"m1 (" + live.URL + ")", "scale statefulset", "/etc/kubernetes/manifests"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("refusal %q does not say %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "m0") || strings.Contains(msg, "m2") {
+		t.Errorf("refusal names stopped members: %q", msg)
+	}
+	if j := w.jobs(t); len(j) != 0 {
+		t.Fatalf("a refused restore created %d jobs", len(j))
+	}
+
+	// A dry run shows the plan, marks the running member, creates nothing.
+	resp, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetMembers()) != 3 || !strings.Contains(resp.GetMembers()[1].GetMessage(), "still answers") || resp.GetMembers()[0].GetMessage() != "" {
+		t.Fatalf("dry run plan: %v", resp)
+	}
+	if j := w.jobs(t); len(j) != 0 {
+		t.Fatalf("a dry run created %d jobs", len(j))
+	}
+}
+
+func TestRestoreStartsOneJobPerMember(t *testing.T) {
+	w := newRestoreWorld(t, closedURL(t), silentURL(t))
+	ctx := context.Background()
+	resp, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", MoveAside: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetMembers()) != 2 {
+		t.Fatalf("plan: %v", resp)
+	}
+	list := w.jobs(t)
+	if len(list) != 2 {
+		t.Fatalf("%d jobs, want 2", len(list))
+	}
+	for _, j := range list {
+		spec := j.Spec.Template.Spec
+		if spec.ServiceAccountName != "etcdbackup-agent" || *spec.AutomountServiceAccountToken {
+			t.Errorf("job %s: service account %q, token %v", j.Name, spec.ServiceAccountName, *spec.AutomountServiceAccountToken)
+		}
+		args := strings.Join(spec.Containers[0].Args, " ")
+		for _, want := range []string{
+			"--initial-cluster=m0=http://m0.app.svc:2380,m1=http://m1.app.svc:2380", "--initial-cluster-token=tok",
+			"--data-dir=/var/lib/etcd-restore/data", "--move-aside", "--server=etcdbackup.etcdbackup-system.svc:50051",
+		} {
+			if !strings.Contains(args, want) {
+				t.Errorf("job %s args %q lack %q", j.Name, args, want)
+			}
+		}
+		if spec.Volumes[0].PersistentVolumeClaim == nil || !strings.HasPrefix(spec.Volumes[0].PersistentVolumeClaim.ClaimName, "data-m") {
+			t.Errorf("job %s does not mount the member's claim: %+v", j.Name, spec.Volumes[0])
+		}
+	}
+
+	// Running: a second restore is refused; GetRestore follows the Jobs.
+	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("second restore while running: %v", err)
+	}
+	get := func() []*ebv1.MemberRestore {
+		r, err := w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetMembers()
+	}
+	for _, m := range get() {
+		if m.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_RUNNING {
+			t.Fatalf("member %s: %v, want running", m.GetMember(), m.GetPhase())
+		}
+	}
+	for i, j := range list {
+		cond := batchv1.JobComplete
+		if i == 1 {
+			cond = batchv1.JobFailed
+		}
+		j.Status.Conditions = []batchv1.JobCondition{{Type: cond, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded"}}
+		if _, err := w.client.BatchV1().Jobs("app").UpdateStatus(ctx, &j, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	phases := map[string]ebv1.RestorePhase{}
+	for _, m := range get() {
+		phases[m.GetMember()] = m.GetPhase()
+	}
+	if len(phases) != 2 || phases["m0"] == phases["m1"] {
+		t.Fatalf("phases after the jobs ended: %v", phases)
+	}
+}
+
+func TestRestoreRequestErrors(t *testing.T) {
+	w := newRestoreWorld(t, closedURL(t))
+	ctx := context.Background()
+	for _, tc := range []struct {
+		req  *ebv1.RestoreBackupRequest
+		code codes.Code
+	}{
+		{&ebv1.RestoreBackupRequest{Name: "b1"}, codes.InvalidArgument},
+		{&ebv1.RestoreBackupRequest{Name: "b1", Target: "nope"}, codes.NotFound},
+		{&ebv1.RestoreBackupRequest{Name: "missing", Target: "app"}, codes.NotFound},
+		{&ebv1.RestoreBackupRequest{Name: "../x", Target: "app"}, codes.InvalidArgument},
+	} {
+		if _, err := w.srv.RestoreBackup(ctx, tc.req); status.Code(err) != tc.code {
+			t.Errorf("%v: %v, want %v", tc.req, err, tc.code)
+		}
+	}
+	if _, err := w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"}); status.Code(err) != codes.NotFound {
+		t.Errorf("GetRestore of a restore never started: %v", err)
+	}
+}
+
+func TestTargetMembersAreValidated(t *testing.T) {
+	loc, err := filesystem.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []jobs.Member{
+		{Name: "a", PeerURL: "etcd-0:2380", ClaimName: "c"},
+		{Name: "a", PeerURL: "http://a:2380", DataDir: "../x", ClaimName: "c"},
+		{Name: "a", PeerURL: "http://a:2380", DataDir: "/abs", ClaimName: "c"},
+		{Name: "a", PeerURL: "http://a:2380"},
+		{Name: "a", PeerURL: "http://a:2380", HostPath: "/var/lib/etcd"},
+		{Name: "a", PeerURL: "http://a:2380", ClaimName: "c", HostPath: "/var/lib/etcd", NodeName: "n"},
+	} {
+		_, err := server.New(server.Config{
+			Locations: []server.NamedLocation{{Name: "default", Location: loc}},
+			Targets:   []server.Target{{Target: jobs.Target{Name: "t", Endpoints: []string{"http://a:2379"}, Members: []jobs.Member{m}}}},
+		})
+		if err == nil {
+			t.Errorf("member %+v accepted", m)
+		}
+	}
+}
+
+func TestRestoreProbeSeesTLSMembers(t *testing.T) {
+	live := httptest.NewUnstartedServer(http.NotFoundHandler())
+	live.TLS = nil
+	live.StartTLS()
+	defer live.Close()
+	w := newRestoreWorld(t, live.URL)
+	if !strings.HasPrefix(live.URL, "https://") {
+		t.Fatalf("not a TLS URL: %s", live.URL)
+	}
+	_, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("restore while a TLS member answers: %v", err)
+	}
+}

@@ -1,0 +1,14 @@
+// Command etcd is etcd v3.7.3's own server main, built from the module the
+// product pins, so the sandbox's node agent can run etcd members as pods
+// (image "etcd") for the in-cluster restore tests.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() {
+	etcdmain.Main(os.Args)
+}

@@ -1,0 +1,471 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tunnel"
+)
+
+var (
+	etcdBinOnce sync.Once
+	etcdBin     string
+	etcdBinErr  error
+)
+
+// etcdBinary builds etcd's own server main (tests/cmd/etcd) once: the
+// sandbox node runs it for pods with image "etcd".
+func etcdBinary(t *testing.T) string {
+	t.Helper()
+	etcdBinOnce.Do(func() {
+		root, err := world.RepoRoot()
+		if err != nil {
+			etcdBinErr = err
+			return
+		}
+		out := filepath.Join(binDir, "etcd")
+		cmd := exec.Command("go", "build", "-o", out, "./tests/cmd/etcd")
+		cmd.Dir = root
+		if b, err := cmd.CombinedOutput(); err != nil {
+			etcdBinErr = fmt.Errorf("go build ./tests/cmd/etcd: %v\n%s", err, b)
+			return
+		}
+		etcdBin = out
+	})
+	if etcdBinErr != nil {
+		t.Fatal(etcdBinErr)
+	}
+	return etcdBin
+}
+
+const (
+	appNS        = "app"
+	appTarget    = "app-etcd"
+	appToken     = "app-etcd-token"
+	appMembers   = 3
+	appDataDir   = "data"
+	appMountPath = "/var/lib/etcd"
+)
+
+func appMember(i int) world.ClusterMember {
+	n := fmt.Sprintf("etcd-%d", i)
+	return world.ClusterMember{
+		Name:      n,
+		PeerURL:   fmt.Sprintf("http://%s.%s.svc:2380", n, appNS),
+		ClientURL: fmt.Sprintf("http://%s.%s.svc:2379", n, appNS),
+		DataDir:   appDataDir,
+		ClaimName: "data-" + n,
+	}
+}
+
+// appCluster is the YAML of a 3-member etcd running in namespace app as
+// three Deployments, each with its own PVC and ClusterIP Service, plus
+// what the etcdbackup server needs there to run restore Jobs.
+func appCluster(members []world.ClusterMember) string {
+	var ic []string
+	for _, m := range members {
+		ic = append(ic, m.Name+"="+m.PeerURL)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `apiVersion: v1
+kind: Namespace
+metadata:
+  name: %[1]s
+---
+# Restore agents run beside the volumes, under their own ServiceAccount.
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: etcdbackup-agent
+  namespace: %[1]s
+automountServiceAccountToken: false
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: etcdbackup-server
+  namespace: %[1]s
+rules:
+  - apiGroups: [batch]
+    resources: [jobs]
+    verbs: [create, get, list, watch, delete]
+  - apiGroups: [""]
+    resources: [pods]
+    verbs: [get, list]
+  - apiGroups: [""]
+    resources: [pods/log]
+    verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: etcdbackup-server
+  namespace: %[1]s
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: etcdbackup-server
+subjects:
+  - kind: ServiceAccount
+    name: etcdbackup-server
+    namespace: %[2]s
+`, appNS, world.DefaultNamespace)
+	for _, m := range members {
+		fmt.Fprintf(&b, `---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: %[2]s
+  namespace: %[3]s
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 1Gi
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: %[1]s
+  namespace: %[3]s
+spec:
+  selector:
+    app: etcd
+    member: %[1]s
+  ports:
+    - name: client
+      port: 2379
+      targetPort: client
+    - name: peer
+      port: 2380
+      targetPort: peer
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: %[1]s
+  namespace: %[3]s
+spec:
+  replicas: 1
+  strategy:
+    type: Recreate
+  selector:
+    matchLabels:
+      app: etcd
+      member: %[1]s
+  template:
+    metadata:
+      labels:
+        app: etcd
+        member: %[1]s
+    spec:
+      securityContext:
+        runAsNonRoot: true
+        runAsUser: 65532
+        runAsGroup: 65532
+        fsGroup: 65532
+      containers:
+        - name: etcd
+          image: etcd
+          args:
+            - --name=%[1]s
+            - --data-dir=%[4]s/%[5]s
+            - --listen-client-urls=http://0.0.0.0:2379
+            - --advertise-client-urls=%[6]s
+            - --listen-peer-urls=http://0.0.0.0:2380
+            - --initial-advertise-peer-urls=%[7]s
+            - --initial-cluster=%[8]s
+            - --initial-cluster-token=%[9]s
+            - --initial-cluster-state=new
+          ports:
+            - name: client
+              containerPort: 2379
+            - name: peer
+              containerPort: 2380
+          volumeMounts:
+            - name: data
+              mountPath: %[4]s
+      volumes:
+        - name: data
+          persistentVolumeClaim:
+            claimName: %[2]s
+`, m.Name, m.ClaimName, appNS, appMountPath, m.DataDir, m.ClientURL, m.PeerURL, strings.Join(ic, ","), appToken)
+	}
+	return b.String()
+}
+
+// appClient is an etcd client to member through a port-forward to its
+// Service's pod, as kubectl port-forward would open.
+func appClient(t *testing.T, sb *sandbox.Sandbox, member string) *clientv3.Client {
+	t.Helper()
+	d, err := tunnel.New(sb.RESTConfig(), tunnel.Target{Namespace: appNS, Service: member, PortName: "client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{"http://" + member + ":2379"},
+		DialTimeout: 10 * time.Second,
+		DialOptions: []grpc.DialOption{grpc.WithContextDialer(d.DialContext)},
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// waitHealthy waits until member's cluster has n started members and a
+// quorum read works, and returns its member list.
+func waitHealthy(ctx context.Context, t *testing.T, c *clientv3.Client, n int) *clientv3.MemberListResponse {
+	t.Helper()
+	var last error
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ml, err := c.MemberList(rctx)
+		if err == nil {
+			started := 0
+			for _, m := range ml.Members {
+				if m.Name != "" {
+					started++
+				}
+			}
+			if started == n {
+				_, err = c.Get(rctx, "health-probe")
+				if err == nil {
+					cancel()
+					return ml
+				}
+			} else {
+				err = fmt.Errorf("%d of %d members started", started, n)
+			}
+		}
+		cancel()
+		last = err
+		select {
+		case <-ctx.Done():
+			t.Fatalf("etcd cluster not healthy with %d members: %v", n, last)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func scaleApp(t *testing.T, c *cluster, replicas int) {
+	t.Helper()
+	args := []string{"-n", appNS, "scale", "deployment"}
+	for i := 0; i < appMembers; i++ {
+		args = append(args, fmt.Sprintf("etcd-%d", i))
+	}
+	mustSucceed(t, c.run(t, nil, append(args, fmt.Sprintf("--replicas=%d", replicas))...), "kubectl scale")
+}
+
+// TestRestoreIntoCluster is issue 6's end-to-end: a 3-member etcd running
+// as pods on PVCs is backed up into S3, changed, stopped and wiped, then
+// `kubectl etcdbackup restore --target --wait` rebuilds every member's
+// volume with agent Jobs; started again, the cluster has its 3 members
+// with the configured names and peer URLs, and the backup's data.
+func TestRestoreIntoCluster(t *testing.T) {
+	etcd := etcdBinary(t)
+	sb := sandbox.StartForTestWith(t, sandbox.Config{Images: map[string]string{
+		"etcdbackup-server": filepath.Join(binDir, world.ServerBinary),
+		"etcdbackup-agent":  filepath.Join(binDir, world.AgentBinary),
+		"etcd":              etcd,
+	}})
+	k := &world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
+	c := &cluster{sb: sb, kubectl: k}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	var members []world.ClusterMember
+	for i := 0; i < appMembers; i++ {
+		members = append(members, appMember(i))
+	}
+	dir := t.TempDir()
+
+	// 1. The target: three etcd pods, data on the node agent's volumes.
+	// Applied first: the sandbox's pods resolve Services through an
+	// /etc/hosts written when they start (it stands in for cluster DNS).
+	manifest := filepath.Join(dir, "app-etcd.yaml")
+	if err := os.WriteFile(manifest, []byte(appCluster(members)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustSucceed(t, c.run(t, nil, "apply", "-f", manifest), "kubectl apply app etcd")
+	product, err := world.InstallProductWith(ctx, sb, k, dir, &testLog{t: t, prefix: "install: "}, world.ProductOptions{
+		ClusterTargets: []world.ClusterTarget{{Name: appTarget, Namespace: appNS, InitialClusterToken: appToken, Location: "s3", Members: members}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(product.Stop)
+	for i := 0; i < appMembers; i++ {
+		wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
+		if err := sb.WaitForDeploymentAvailable(wctx, appNS, fmt.Sprintf("etcd-%d", i)); err != nil {
+			wcancel()
+			t.Fatal(err)
+		}
+		wcancel()
+	}
+	ec := appClient(t, sb, "etcd-0")
+	waitHealthy(ctx, t, ec, appMembers)
+
+	// 2-4. foo=1, backup into S3, foo=2.
+	put(t, ec, "foo", "1")
+	r := mustSucceed(t, c.run(t, nil, "etcdbackup", "backup", "--target", appTarget, "--name", "app-1", "--wait"), "backup --wait")
+	if !strings.Contains(r.Stdout, "Completed") {
+		t.Fatalf("backup --wait: %s", r)
+	}
+	mustSucceed(t, c.run(t, nil, "etcdbackup", "get", "app-1", "--location", "s3"), "backup is in s3")
+	put(t, ec, "foo", "2")
+
+	restoreArgs := []string{"etcdbackup", "restore", "app-1", "--location", "s3", "--target", appTarget}
+	restoreJobs := func() string {
+		return mustSucceed(t, c.run(t, nil, "-n", appNS, "get", "jobs", "-l", "app.kubernetes.io/component=restore-agent", "-o", "name"), "get restore jobs").Stdout
+	}
+
+	t.Run("refused-while-running", func(t *testing.T) {
+		r := mustFail(t, c.run(t, nil, restoreArgs...), "restore while members run")
+		for _, want := range []string{"still running", "etcd-0", "scale", "--replicas=0", "/etc/kubernetes/manifests"} {
+			if !strings.Contains(r.Stderr, want) {
+				t.Errorf("refusal does not say %q: %s", want, r)
+			}
+		}
+		if j := restoreJobs(); strings.TrimSpace(j) != "" {
+			t.Fatalf("a refused restore created jobs: %s", j)
+		}
+	})
+
+	t.Run("dry-run", func(t *testing.T) {
+		r := mustSucceed(t, c.run(t, nil, append(restoreArgs, "--dry-run")...), "restore --dry-run")
+		ic := "etcd-0=http://etcd-0.app.svc:2380,etcd-1=http://etcd-1.app.svc:2380,etcd-2=http://etcd-2.app.svc:2380"
+		for _, want := range []string{"would restore", "pvc/data-etcd-0", "pvc/data-etcd-2", ic, appToken, "still answers"} {
+			if !strings.Contains(r.Stdout, want) {
+				t.Errorf("dry run does not show %q: %s", want, r)
+			}
+		}
+		if j := restoreJobs(); strings.TrimSpace(j) != "" {
+			t.Fatalf("a dry run created jobs: %s", j)
+		}
+	})
+	if t.Failed() {
+		return
+	}
+
+	// 5. Stop the members and wipe their volumes.
+	ec.Close()
+	scaleApp(t, c, 0)
+	pollUntil(ctx, t, "etcd pods gone", func() bool {
+		pods, err := sb.Client().CoreV1().Pods(appNS).List(ctx, metav1.ListOptions{LabelSelector: "app=etcd"})
+		return err == nil && len(pods.Items) == 0
+	})
+	wipe := func(ms []world.ClusterMember) {
+		t.Helper()
+		for _, m := range ms {
+			vol, err := sb.VolumePath(ctx, appNS, m.ClaimName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			entries, err := os.ReadDir(vol)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				if err := os.RemoveAll(filepath.Join(vol, e.Name())); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	for _, m := range members {
+		vol, err := sb.VolumePath(ctx, appNS, m.ClaimName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(vol, appDataDir, "member")); err != nil {
+			t.Fatalf("member %s wrote no data in its volume: %v", m.Name, err)
+		}
+	}
+
+	t.Run("member-with-data-fails", func(t *testing.T) {
+		// etcd-2's old data is still there: its agent refuses to write
+		// over it, and --wait says which member failed and where to look.
+		wipe(members[:2])
+		r := mustFail(t, c.run(t, nil, append(restoreArgs, "--wait")...), "restore over etcd-2's data")
+		t.Logf("restore over a member's data: %s", r.Stderr)
+		for _, want := range []string{"member etcd-2 failed", "not empty", "kubectl -n app logs job/restore-etcd-2-"} {
+			if !strings.Contains(r.Stderr, want) {
+				t.Errorf("failure does not say %q: %s", want, r)
+			}
+		}
+		vol, err := sb.VolumePath(ctx, appNS, members[2].ClaimName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(filepath.Join(vol, appDataDir, "member")); err != nil {
+			t.Fatalf("etcd-2's data was touched: %v", err)
+		}
+	})
+	wipe(members)
+
+	// 6. Restore in the cluster.
+	start := time.Now()
+	r = mustSucceed(t, c.run(t, nil, append(restoreArgs, "--wait")...), "restore --target --wait")
+	t.Logf("restore --wait took %s: %s", time.Since(start).Round(time.Millisecond), r.Stdout)
+	for _, m := range members {
+		if !strings.Contains(r.Stdout, "member "+m.Name+" restored") {
+			t.Errorf("restore output lacks member %s: %s", m.Name, r)
+		}
+	}
+	jobs := mustSucceed(t, c.run(t, nil, "-n", appNS, "get", "jobs", "-l", "app.kubernetes.io/component=restore-agent", "-o", "yaml"), "get restore jobs")
+	for _, want := range []string{"serviceAccountName: etcdbackup-agent", "automountServiceAccountToken: false", "claimName: data-etcd-1", "--member-name=etcd-2"} {
+		if !strings.Contains(jobs.Stdout, want) {
+			t.Errorf("restore Jobs lack %q", want)
+		}
+	}
+	for _, secret := range []string{product.S3.SecretAccessKey, product.S3.AccessKeyID} {
+		if strings.Contains(jobs.Stdout, secret) {
+			t.Errorf("a storage credential appears in a restore Job's spec")
+		}
+	}
+
+	// 7-8. Start the members on the restored data.
+	scaleApp(t, c, 1)
+	for i := 0; i < appMembers; i++ {
+		wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
+		if err := sb.WaitForDeploymentAvailable(wctx, appNS, fmt.Sprintf("etcd-%d", i)); err != nil {
+			wcancel()
+			t.Fatal(err)
+		}
+		wcancel()
+	}
+	ec = appClient(t, sb, "etcd-1")
+	defer ec.Close()
+	ml := waitHealthy(ctx, t, ec, appMembers)
+	if got := get(t, ec, "foo"); got != "1" {
+		t.Fatalf("foo after restore = %q, want 1 (the backup's)", got)
+	}
+	var got, want []string
+	for _, m := range ml.Members {
+		got = append(got, m.Name+"="+strings.Join(m.PeerURLs, ","))
+	}
+	for _, m := range members {
+		want = append(want, m.Name+"="+m.PeerURL)
+	}
+	sort.Strings(got)
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("member list after restore: %v, want %v", got, want)
+	}
+}
