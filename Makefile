@@ -14,7 +14,7 @@ TEST_TIMEOUT ?= 30m
 include hack/kube.mk
 include hack/s3.mk
 
-.PHONY: all build test unit lint generate check-generate demo sandbox bench tools clean
+.PHONY: all build test unit lint generate check-generate demo sandbox bench tools clean dist krew-check
 
 all: build
 
@@ -57,7 +57,7 @@ unit:
 	$(GO) test -count=1 ./server/... ./client/... ./plugin/... ./tunnel/...
 
 ## test: everything CI checks — generated code, lint, and all tests on the real sandbox
-test: check-generate lint kube-bins s3-bins
+test: check-generate lint krew-check kube-bins s3-bins
 	ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) \
 		$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
 
@@ -75,6 +75,19 @@ sandbox: kube-bins
 bench: kube-bins
 	ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) \
 		$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./client/ ./tests/bench/
+
+## dist: plugin archives for every krew platform, SHA256SUMS and the krew manifest, in dist/
+DIST_VERSION ?= v0.1.0
+dist:
+	hack/dist.sh $(DIST_VERSION)
+
+## krew-check: krew's own validation of a manifest for this machine's platform, and a real `kubectl krew install` of its archive
+krew-check: $(TOOLS_BIN)/krew $(TOOLS_BIN)/validate-krew-manifest
+	DIST_PLATFORMS=$$($(GO) env GOOS)/$$($(GO) env GOARCH) hack/dist.sh $(DIST_VERSION)
+	hack/krew-check.sh $(TOOLS_BIN) dist
+
+$(TOOLS_BIN)/krew $(TOOLS_BIN)/validate-krew-manifest &: tools/krew/go.mod tools/krew/go.sum
+	cd tools/krew && $(GO) build -o $(TOOLS_BIN)/ sigs.k8s.io/krew/cmd/krew sigs.k8s.io/krew/cmd/validate-krew-manifest
 
 clean:
 	rm -rf bin dist .sandbox

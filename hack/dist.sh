@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# dist.sh VERSION — build the plugin for every platform krew serves into
+# dist/, one .tar.gz each (binary + LICENSE) with its SHA-256, and write the
+# krew manifest dist/etcdbackup.yaml from krew/etcdbackup.yaml.tmpl.
+set -euo pipefail
+version=${1:?usage: dist.sh VERSION}
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+dist=$root/dist
+url=${RELEASE_URL:-https://github.com/kubectl-etcdbackup/kubectl-etcdbackup/releases/download/$version}
+# DIST_PLATFORMS narrows the list (CI checks the manifest with this
+# machine's platform only, to spare four cold cross-builds).
+read -r -a platforms <<<"${DIST_PLATFORMS:-linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64}"
+rm -rf "$dist" && mkdir -p "$dist"
+entries=""
+for p in "${platforms[@]}"; do
+	os=${p%/*} arch=${p#*/}
+	bin=kubectl-etcdbackup
+	[[ $os == windows ]] && bin=$bin.exe
+	stage=$dist/stage/$os-$arch
+	mkdir -p "$stage"
+	(cd "$root" && CGO_ENABLED=0 GOOS=$os GOARCH=$arch go build -trimpath \
+		-ldflags "-s -w -X github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version.Version=$version" \
+		-o "$stage/$bin" ./cmd/kubectl-etcdbackup)
+	cp "$root/LICENSE" "$stage/LICENSE"
+	archive=kubectl-etcdbackup_${version}_${os}_${arch}.tar.gz
+	# Reproducible archives: fixed order, owner and time.
+	tar --sort=name --owner=0 --group=0 --numeric-owner --mtime='2000-01-01 00:00Z' \
+		-C "$stage" -cf - "$bin" LICENSE | gzip -n >"$dist/$archive"
+	sum=$(sha256sum "$dist/$archive" | cut -d' ' -f1)
+	echo "$sum  $archive" >>"$dist/SHA256SUMS"
+	entries+="  - selector:
+      matchLabels:
+        os: $os
+        arch: $arch
+    uri: $url/$archive
+    sha256: $sum
+    bin: $bin
+    files:
+      - from: $bin
+        to: .
+      - from: LICENSE
+        to: .
+"
+done
+rm -rf "$dist/stage"
+manifest=$(<"$root/krew/etcdbackup.yaml.tmpl")
+manifest=${manifest//'${VERSION}'/$version}
+manifest=${manifest//'${PLATFORMS}'/${entries%$'\n'}}
+printf '%s\n' "$manifest" >"$dist/etcdbackup.yaml"
+echo "dist: $(ls "$dist" | tr '\n' ' ')" >&2

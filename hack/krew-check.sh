@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# krew-check.sh TOOLS_BIN DIST — validate dist/etcdbackup.yaml with krew's own
+# validator, then install it with the real krew from this machine's archive
+# (no network) into a throwaway KREW_ROOT and run the installed plugin
+# through kubectl, as a user would after `kubectl krew install etcdbackup`.
+set -euo pipefail
+tools=$(cd "$1" && pwd)
+dist=$(cd "$2" && pwd)
+manifest=$dist/etcdbackup.yaml
+"$tools/validate-krew-manifest" -manifest "$manifest" -skip-install
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
+mkdir -p "$root/bin"
+ln -s "$tools/krew" "$root/bin/kubectl-krew"
+os=$(go env GOOS) arch=$(go env GOARCH)
+archive=$(ls "$dist"/kubectl-etcdbackup_*_"${os}_${arch}".tar.gz)
+export KREW_ROOT=$root/krew PATH=$root/bin:$root/krew/bin:$PATH
+kubectl krew install --manifest="$manifest" --archive="$archive" >/dev/null
+out=$(kubectl etcdbackup version --client)
+echo "krew-check: installed with krew; kubectl etcdbackup says: $out" >&2
+[[ $out == *"Client Version: v"* ]] || { echo "krew-check: unexpected output" >&2; exit 1; }
+[[ -f $root/krew/store/etcdbackup/*/LICENSE || -n $(find "$root/krew/store" -name LICENSE) ]]
