@@ -32,14 +32,7 @@ import (
 // reports wall times, their ratio to the save, and the agent's and the
 // server's peak RSS.
 func BenchmarkBackup(b *testing.B) {
-	mib := 1024
-	if v := os.Getenv("ETCDBACKUP_BENCH_DB_MIB"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			b.Fatalf("ETCDBACKUP_BENCH_DB_MIB=%q: %v", v, err)
-		}
-		mib = n
-	}
+	mib := dbMiB(b)
 	ctx := context.Background()
 	dir := b.TempDir()
 	binDir := filepath.Join(dir, "bin")

@@ -1,0 +1,146 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/snapshot"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	ebsnapshot "github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
+)
+
+// BenchmarkRestoreLocal measures, side by side in one run on the sandbox,
+// `kubectl etcdbackup restore --local` of a real etcd snapshot of about
+// ETCDBACKUP_BENCH_DB_MIB MiB (default 1024) through the API server,
+// against what an operator would do by hand: `kubectl etcdbackup download`
+// of the same backup, then etcd's own restore (etcdutl's snapshot package)
+// of the downloaded file. It reports both wall times, their ratio, and the
+// plugin's peak RSS.
+func BenchmarkRestoreLocal(b *testing.B) {
+	mib := dbMiB(b)
+	sb := sandbox.StartForTest(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	dir := b.TempDir()
+	binDir := filepath.Join(dir, "bin")
+	if err := world.BuildBinaries(ctx, binDir); err != nil {
+		b.Fatal(err)
+	}
+	srv, err := world.StartServer(ctx, binDir, filepath.Join(dir, "storage"), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = srv.Stop() })
+	if err := world.Install(ctx, sb, namespace, serverPod, srv); err != nil {
+		b.Fatal(err)
+	}
+
+	// A real snapshot of a loaded etcd, uploaded directly to the server.
+	endpoint := startLoadedEtcd(b, filepath.Join(dir, "etcd"), mib)
+	snap := filepath.Join(dir, "snap.db")
+	if _, err := snapshot.SaveWithVersion(ctx, zap.NewNop(), clientv3.Config{Endpoints: []string{endpoint}, Logger: zap.NewNop()}, snap); err != nil {
+		b.Fatal(err)
+	}
+	uploadFile(ctx, b, srv.Addr, snap, "restore-me")
+	if err := os.Remove(snap); err != nil {
+		b.Fatal(err)
+	}
+
+	k := world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
+	member := []string{"--member-name", "m1", "--initial-cluster", "m1=http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380"}
+	var restoreWall, downloadWall, etcdRestoreWall time.Duration
+	var peakRSS int64
+	for i := 0; i < b.N; i++ {
+		run := filepath.Join(dir, fmt.Sprintf("run-%d", i))
+		// The plugin: download through the tunnel, verify, restore.
+		cmd := k.Command(ctx, append([]string{"etcdbackup", "restore", "restore-me", "--local", "--data-dir", filepath.Join(run, "plugin.etcd")}, member...)...)
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		start := time.Now()
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		rss := sampleHWM(cmd)
+		restoreWall += time.Since(start)
+		if !cmd.ProcessState.Success() {
+			b.Fatalf("restore --local: %s\n%s", cmd.ProcessState, out.String())
+		}
+		peakRSS = max(peakRSS, rss)
+
+		// By hand: download, then etcd's own restore of the file.
+		file := filepath.Join(run, "downloaded.db")
+		start = time.Now()
+		dl := k.Command(ctx, "etcdbackup", "download", "restore-me", "-o", file)
+		if o, err := dl.CombinedOutput(); err != nil {
+			b.Fatalf("download: %v\n%s", err, o)
+		}
+		downloadWall += time.Since(start)
+		start = time.Now()
+		if _, err := ebsnapshot.Restore(file, ebsnapshot.Member{
+			Name: "m1", InitialCluster: "m1=http://127.0.0.1:2380", InitialAdvertisePeerURLs: []string{"http://127.0.0.1:2380"},
+			DataDir: filepath.Join(run, "byhand.etcd"),
+		}); err != nil {
+			b.Fatal(err)
+		}
+		etcdRestoreWall += time.Since(start)
+		if err := os.RemoveAll(run); err != nil {
+			b.Fatal(err)
+		}
+	}
+	n := time.Duration(b.N)
+	byHand := (downloadWall + etcdRestoreWall) / n
+	ratio := (restoreWall / n).Seconds() / byHand.Seconds()
+	b.ReportMetric(ratio, "restore/by-hand")
+	b.ReportMetric(float64(peakRSS)/1024, "plugin-peak-RSS-MiB")
+	var t strings.Builder
+	tw := tabwriter.NewWriter(&t, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "restore of a ≈ %d MiB etcd snapshot\twall\t\n", mib)
+	fmt.Fprintf(tw, "kubectl etcdbackup restore --local\t%.2fs\t\n", (restoreWall / n).Seconds())
+	fmt.Fprintf(tw, "kubectl etcdbackup download\t%.2fs\t\n", (downloadWall / n).Seconds())
+	fmt.Fprintf(tw, "+ etcd's own restore of the file\t%.2fs\t\n", (etcdRestoreWall / n).Seconds())
+	fmt.Fprintf(tw, "restore / (download + etcd restore)\t%.2f\t\n", ratio)
+	fmt.Fprintf(tw, "plugin peak RSS\t%.1f MiB\t\n", float64(peakRSS)/1024)
+	tw.Flush()
+	fmt.Print("\n" + t.String())
+}
+
+func dbMiB(b *testing.B) int {
+	mib := 1024
+	if v := os.Getenv("ETCDBACKUP_BENCH_DB_MIB"); v != "" {
+		if _, err := fmt.Sscan(v, &mib); err != nil {
+			b.Fatalf("ETCDBACKUP_BENCH_DB_MIB=%q: %v", v, err)
+		}
+	}
+	return mib
+}
+
+func uploadFile(ctx context.Context, b *testing.B, addr, path, name string) {
+	b.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := client.New(conn).Upload(ctx, f, &ebv1.UploadHeader{Name: name}, nil); err != nil {
+		b.Fatalf("upload %s: %v", path, err)
+	}
+}
