@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -150,3 +151,54 @@ func TestCorruptPrefixIsDetected(t *testing.T) {
 }
 
 func hexs(b []byte) string { return hex.EncodeToString(b) }
+
+func TestDownloadFileResumesAndRemovesCorruptPart(t *testing.T) {
+	c := dial(t, startServer(t))
+	data := make([]byte, 3<<20+9)
+	rand.Read(data)
+	if _, err := c.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "f"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	path := dir + "/f.db"
+	if err := os.WriteFile(path+".part", data[:1<<20], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var resumedAt int64
+	if _, err := c.DownloadFile(context.Background(), client.FileDownload{
+		Path: path, DownloadRequest: client.DownloadRequest{Name: "f"},
+		OnResume: func(_ string, off int64) { resumedAt = off },
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil || !bytes.Equal(got, data) || resumedAt != 1<<20 {
+		t.Fatalf("resumed at %d, %d bytes equal=%v, err %v", resumedAt, len(got), bytes.Equal(got, data), err)
+	}
+	if _, err := os.Stat(path + ".part"); !os.IsNotExist(err) {
+		t.Fatal(".part left behind")
+	}
+	// The destination exists now: refused without Replace, kept complete
+	// in the .part.
+	_, err = c.DownloadFile(context.Background(), client.FileDownload{Path: path, DownloadRequest: client.DownloadRequest{Name: "f"}})
+	if !errors.Is(err, client.ErrExists) {
+		t.Fatalf("got %v, want ErrExists", err)
+	}
+	os.Remove(path + ".part")
+	// A .part that is not a prefix of the backup is removed.
+	bad := append([]byte(nil), data[:1000]...)
+	bad[7] ^= 1
+	other := dir + "/g.db"
+	if err := os.WriteFile(other+".part", bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.DownloadFile(context.Background(), client.FileDownload{Path: other, DownloadRequest: client.DownloadRequest{Name: "f"}})
+	if !errors.Is(err, client.ErrCorrupt) {
+		t.Fatalf("got %v, want ErrCorrupt", err)
+	}
+	for _, p := range []string{other, other + ".part"} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Fatalf("%s exists after a corrupt download", p)
+		}
+	}
+}

@@ -2,11 +2,8 @@ package plugin
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -84,68 +81,38 @@ func (o *DownloadOptions) Run(ctx context.Context) error {
 }
 
 func (o *DownloadOptions) toFile(ctx context.Context, conn *Connection) error {
-	part := o.File + ".part"
-	f, err := os.OpenFile(part, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("download %q: %w", o.Name, err)
-	}
-	defer f.Close()
-	// Resume: hash what an earlier attempt wrote, continue after it.
-	prefix := sha256.New()
-	offset, err := io.Copy(prefix, f)
-	if err != nil {
-		return fmt.Errorf("download %q: read %s: %w", o.Name, part, err)
-	}
-	if offset > 0 {
-		fmt.Fprintf(o.ErrOut, "resuming %s from byte %d\n", part, offset)
-	}
 	var bar *progress
-	b, err := conn.Download(ctx, f, client.DownloadRequest{
-		Name: o.Name, Location: o.Location, Offset: offset, Prefix: prefix,
-		OnHeader: func(b *ebv1.Backup) error {
-			bar = newProgress(o.ErrOut, b.GetSize(), "downloading "+o.Name)
-			bar.Set(offset)
-			return nil
+	b, err := conn.DownloadFile(ctx, client.FileDownload{
+		Path:    o.File,
+		Replace: o.Overwrite,
+		OnResume: func(part string, offset int64) {
+			fmt.Fprintf(o.ErrOut, "resuming %s from byte %d\n", part, offset)
 		},
-		Progress: func(n int64) { bar.Set(n) },
+		DownloadRequest: client.DownloadRequest{
+			Name: o.Name, Location: o.Location,
+			OnHeader: func(b *ebv1.Backup) error {
+				bar = newProgress(o.ErrOut, b.GetSize(), "downloading "+o.Name)
+				return nil
+			},
+			Progress: func(n int64) { bar.Set(n) },
+		},
 	})
 	if bar != nil {
 		bar.Finish(err == nil)
 	}
-	if errors.Is(err, client.ErrCorrupt) {
-		// The bytes on disk are proven wrong: resuming from them again
-		// cannot help.
-		f.Close()
-		os.Remove(part)
+	part := o.File + ".part"
+	switch {
+	case err == nil:
+		fmt.Fprintf(o.ErrOut, "backup %q downloaded to %s (%d bytes, sha256 %s verified)\n", o.Name, o.File, b.GetSize(), b.GetSha256())
+		return nil
+	case errors.Is(err, client.ErrCorrupt):
 		return fmt.Errorf("%w; %s was removed, run the download again (if it fails again the stored backup is corrupt: check it with `kubectl etcdbackup get %s`)", err, part, o.Name)
+	case errors.Is(err, client.ErrExists):
+		return fmt.Errorf("%s appeared while downloading; the download is complete in %s", o.File, part)
+	case ctx.Err() != nil:
+		return fmt.Errorf("download of %q interrupted at byte %d; run the same command again to resume from %s", o.Name, partSize(part), part)
 	}
-	if err != nil && partSize(part) == 0 {
-		// Nothing was written: leave no empty .part behind.
-		f.Close()
-		os.Remove(part)
-	}
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("download of %q interrupted at byte %d; run the same command again to resume from %s", o.Name, partSize(part), part)
-		}
-		return conn.explain("download "+quote(o.Name), err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("download %q: sync %s: %w", o.Name, part, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("download %q: close %s: %w", o.Name, part, err)
-	}
-	if !o.Overwrite {
-		if _, err := os.Stat(o.File); !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%s appeared while downloading; the download is complete in %s", o.File, part)
-		}
-	}
-	if err := os.Rename(part, o.File); err != nil {
-		return fmt.Errorf("download %q: %w", o.Name, err)
-	}
-	fmt.Fprintf(o.ErrOut, "backup %q downloaded to %s (%d bytes, sha256 %s verified)\n", o.Name, o.File, b.GetSize(), b.GetSha256())
-	return nil
+	return conn.explain("download "+quote(o.Name), err)
 }
 
 func partSize(path string) int64 {

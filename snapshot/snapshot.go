@@ -101,39 +101,24 @@ func checkTrailer(path string) error {
 // download resumes from a .part file left by an interrupted Fetch.
 func Fetch(ctx context.Context, c *client.Client, name, location, dir string, progress func(done, total int64)) (string, *ebv1.Backup, Status, error) {
 	stored := filepath.Join(dir, name+".backup")
-	part := stored + ".part"
-	f, err := os.OpenFile(part, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return "", nil, Status{}, err
-	}
-	defer f.Close()
-	prefix := sha256.New()
-	offset, err := io.Copy(prefix, f)
-	if err != nil {
-		return "", nil, Status{}, err
-	}
 	var total int64
-	b, err := c.Download(ctx, f, client.DownloadRequest{
-		Name: name, Location: location, Offset: offset, Prefix: prefix,
-		OnHeader: func(b *ebv1.Backup) error { total = b.GetSize(); return nil },
-		Progress: func(n int64) {
-			if progress != nil {
-				progress(n, total)
-			}
+	b, err := c.DownloadFile(ctx, client.FileDownload{
+		Path:    stored,
+		Replace: true,
+		DownloadRequest: client.DownloadRequest{
+			Name: name, Location: location,
+			OnHeader: func(b *ebv1.Backup) error { total = b.GetSize(); return nil },
+			Progress: func(n int64) {
+				if progress != nil {
+					progress(n, total)
+				}
+			},
 		},
 	})
 	if errors.Is(err, client.ErrCorrupt) {
-		f.Close()
-		os.Remove(part)
 		return "", b, Status{}, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	if err != nil {
-		return "", b, Status{}, err
-	}
-	if err := f.Close(); err != nil {
-		return "", b, Status{}, err
-	}
-	if err := os.Rename(part, stored); err != nil {
 		return "", b, Status{}, err
 	}
 	path := stored
