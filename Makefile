@@ -14,7 +14,7 @@ TEST_TIMEOUT ?= 30m
 include hack/kube.mk
 include hack/s3.mk
 
-.PHONY: all build test unit lint generate check-generate demo sandbox bench tools clean dist krew-check
+.PHONY: all build test unit e2e lint generate check-generate demo sandbox bench tools clean dist krew-check
 
 all: build
 
@@ -52,28 +52,46 @@ lint: $(TOOLS_BIN)/staticcheck
 	$(GO) vet ./...
 	$(TOOLS_BIN)/staticcheck ./...
 
-## unit: the tests that need no Kubernetes binaries
-unit:
-	$(GO) test -count=1 ./server/... ./client/... ./plugin/... ./tunnel/...
+# Packages whose tests need neither root nor the Kubernetes binaries: all
+# but the end-to-end world under tests/.
+UNIT_PKGS = $(shell $(GO) list ./... | grep -v '/tests/')
+E2E_PKGS = ./tests/...
+TESTREPORT := $(TOOLS_BIN)/testreport
+# make test runs the unit tests under the race detector; UNIT_FLAGS= turns it off.
+UNIT_FLAGS ?=
 
-## test: everything CI checks — generated code, lint, and all tests on the real sandbox
-test: check-generate lint krew-check kube-bins s3-bins
-	ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) \
-		$(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+$(TESTREPORT): hack/testreport/main.go
+	$(GO) build -o $@ ./hack/testreport
+
+## unit: every test that needs neither root nor the Kubernetes binaries (agents, server, S3 against a real versitygw, plugin, tunnel, …); lists what it skipped and why
+unit: s3-bins $(TESTREPORT)
+	@echo "unit: $(E2E_PKGS) is not run here: it needs root and the Kubernetes binaries (make test runs it)" >&2
+	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) \
+		$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) $(UNIT_FLAGS) $(UNIT_PKGS) | $(TESTREPORT)
+
+## e2e: the end-to-end tests and the sandbox's own tests, on the real sandbox cluster (root)
+e2e: kube-bins s3-bins $(TESTREPORT)
+	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) \
+		$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) $(E2E_PKGS) | $(TESTREPORT)
+
+## test: everything CI checks — generated code, lint, krew, the unit tests with -race, and the end-to-end tests on the sandbox
+test: check-generate lint krew-check
+	$(MAKE) unit UNIT_FLAGS=-race
+	$(MAKE) e2e
 
 ## demo: the main job on the local sandbox cluster, step by step, then stop
-demo: kube-bins
+demo: kube-bins s3-bins
 	$(GO) build -o $(TOOLS_BIN)/etcdbackup-sandbox ./tests/cmd/etcdbackup-sandbox
-	ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) $(TOOLS_BIN)/etcdbackup-sandbox -demo -dir .sandbox
+	ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) $(TOOLS_BIN)/etcdbackup-sandbox -demo -dir .sandbox
 
 ## sandbox: the same cluster, kept running for trying kubectl etcdbackup by hand (Ctrl-C stops)
-sandbox: kube-bins
+sandbox: kube-bins s3-bins
 	$(GO) build -o $(TOOLS_BIN)/etcdbackup-sandbox ./tests/cmd/etcdbackup-sandbox
-	ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) exec $(TOOLS_BIN)/etcdbackup-sandbox -dir .sandbox
+	ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) exec $(TOOLS_BIN)/etcdbackup-sandbox -dir .sandbox
 
 ## bench: throughput and memory benchmarks, printed side by side
-bench: kube-bins
-	ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) \
+bench: kube-bins s3-bins
+	ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) \
 		$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./client/ ./tests/bench/
 
 ## dist: plugin archives for every krew platform, SHA256SUMS and the krew manifest, in dist/

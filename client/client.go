@@ -11,11 +11,13 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"math"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
@@ -157,7 +159,7 @@ func (c *Client) Download(ctx context.Context, w io.Writer, req DownloadRequest)
 	offset := req.Offset
 	var backup *ebv1.Backup
 	failures := 0
-	backoff := 100 * time.Millisecond
+	backoff := retryBackoff()
 	for {
 		before := offset
 		b, err := c.downloadOnce(ctx, io.MultiWriter(w, sum), req, &offset, backup)
@@ -171,18 +173,19 @@ func (c *Client) Download(ctx context.Context, w io.Writer, req DownloadRequest)
 			return backup, err
 		}
 		if offset > before {
-			failures, backoff = 0, 100*time.Millisecond
+			failures, backoff = 0, retryBackoff()
 		}
 		failures++
 		if failures > maxRetries {
 			return backup, fmt.Errorf("download %q: gave up after %d attempts without progress at byte %d: %w", req.Name, failures, offset, err)
 		}
+		t := time.NewTimer(backoff.Step())
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return backup, ctx.Err()
-		case <-time.After(backoff):
+		case <-t.C:
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 	if got := hex.EncodeToString(sum.Sum(nil)); got != backup.GetSha256() {
 		return backup, fmt.Errorf("download %q: %w: got %s, want %s", req.Name, ErrCorrupt, got, backup.GetSha256())
@@ -264,4 +267,10 @@ func retryable(ctx context.Context, err error) bool {
 		return true
 	}
 	return false
+}
+
+// retryBackoff is the pause between attempts to re-open a broken download:
+// 100 ms doubling up to 5 s, reset whenever an attempt made progress.
+func retryBackoff() *wait.Backoff {
+	return &wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Cap: 5 * time.Second, Steps: math.MaxInt32}
 }

@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -104,7 +105,6 @@ func (o *RestoreOptions) Validate() error {
 		if err := o.Member.Validate(); err != nil {
 			return fmt.Errorf("%w (flags --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls)", err)
 		}
-		return snapshot.CheckDataDir(o.Member)
 	}
 	return nil
 }
@@ -114,73 +114,70 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 	if !o.Local {
 		return o.runTarget(ctx)
 	}
+	return o.runLocal(ctx)
+}
+
+// runLocal runs the restore agent's own flow (agents/restore) on this
+// machine, reporting to the terminal instead of a log.
+func (o *RestoreOptions) runLocal(ctx context.Context) error {
 	dataDir, err := filepath.Abs(o.Member.DataDir)
 	if err != nil {
 		return err
 	}
 	o.Member.DataDir = dataDir
-	work := o.WorkDir
-	if work == "" {
-		work = filepath.Join(filepath.Dir(dataDir), ".etcdbackup-restore-"+o.Name)
+	// Refused before connecting or downloading anything, dry run included.
+	if err := snapshot.CheckDataDir(o.Member); err != nil {
+		return err
+	}
+	ro := restore.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: o.WorkDir}
+	if ro.WorkDir == "" {
+		ro.WorkDir = restore.DefaultWorkDir(dataDir, o.Name)
 	}
 	if o.DryRun {
 		fmt.Fprintf(o.Out, "would download backup %q to %s, verify it, and rebuild %s for member %q of cluster %s (peer URLs %s)\n",
-			o.Name, work, dataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
+			o.Name, ro.WorkDir, dataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
 		return nil
 	}
-	if err := os.MkdirAll(work, 0o700); err != nil {
-		return err
-	}
-	if o.FromFile != "" {
-		return o.restoreFile(work)
-	}
-	conn, err := o.Connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	var bar *progress
-	path, b, st, err := snapshot.Fetch(ctx, conn.Client, o.Name, o.Location, work, func(done, total int64) {
-		if bar == nil {
-			bar = newProgress(o.ErrOut, total, "downloading "+o.Name)
+	var conn *Connection
+	if o.FromFile == "" {
+		if conn, err = o.Connect(ctx); err != nil {
+			return err
 		}
-		bar.Set(done)
-	})
-	bar.Finish(err == nil)
-	if errors.Is(err, snapshot.ErrCorrupt) {
-		return fmt.Errorf("backup %q is corrupt, refusing to restore it: %v", o.Name, err)
+		defer conn.Close()
+	}
+	var bar *progress
+	ev := restore.Events{
+		Downloading: func(done, total int64) {
+			if bar == nil {
+				bar = newProgress(o.ErrOut, total, "downloading "+o.Name)
+			}
+			bar.Set(done)
+		},
+		Verified: func(v restore.Verified) {
+			bar.Finish(true)
+			bar = nil
+			if v.File != "" {
+				fmt.Fprintf(o.ErrOut, "%s verified: etcd trailer and database consistent, revision %d, %d keys\n", v.File, v.Status.Revision, v.Status.TotalKey)
+				return
+			}
+			fmt.Fprintf(o.ErrOut, "backup %q verified: sha256 %s, revision %d, %d keys\n", o.Name, v.Backup.GetSha256(), v.Status.Revision, v.Status.TotalKey)
+		},
+		MovedAside: func(to string) { fmt.Fprintf(o.ErrOut, "the old data directory was moved to %s\n", to) },
+	}
+	var c *client.Client
+	if conn != nil {
+		c = conn.Client
+	}
+	_, err = restore.Run(ctx, c, ro, ev)
+	var de *restore.DownloadError
+	if errors.As(err, &de) {
+		bar.Finish(false)
+		return conn.explain("download "+quote(o.Name), de.Err)
 	}
 	if err != nil {
-		return conn.explain("download "+quote(o.Name), err)
-	}
-	fmt.Fprintf(o.ErrOut, "backup %q verified: sha256 %s, revision %d, %d keys\n", o.Name, b.GetSha256(), st.Revision, st.TotalKey)
-	return o.restore(path, work)
-}
-
-// restoreFile restores from a file downloaded earlier; it may still be
-// zstd-compressed as stored.
-func (o *RestoreOptions) restoreFile(work string) error {
-	path, err := snapshot.Unpack(o.FromFile, work)
-	if err != nil {
+		bar.Finish(false)
 		return err
 	}
-	st, err := snapshot.Check(path)
-	if err != nil {
-		return fmt.Errorf("%s is not a usable etcd snapshot, refusing to restore it: %v", o.FromFile, err)
-	}
-	fmt.Fprintf(o.ErrOut, "%s verified: etcd trailer and database consistent, revision %d, %d keys\n", o.FromFile, st.Revision, st.TotalKey)
-	return o.restore(path, work)
-}
-
-func (o *RestoreOptions) restore(path, work string) error {
-	movedTo, err := snapshot.Restore(path, o.Member)
-	if movedTo != "" {
-		fmt.Fprintf(o.ErrOut, "the old data directory was moved to %s\n", movedTo)
-	}
-	if err != nil {
-		return err
-	}
-	os.RemoveAll(work)
 	fmt.Fprintf(o.Out, "restored %q into %s for member %q; start etcd with --data-dir %s --name %s --initial-cluster %s --initial-advertise-peer-urls %s\n",
 		o.Name, o.Member.DataDir, o.Member.Name, o.Member.DataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
 	return nil

@@ -46,7 +46,7 @@ func (s *Server) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest
 	defer f.Close()
 
 	stored := sha256.New()
-	n, err := snapshot.Decompress(f, io.TeeReader(readerCtx{ctx, r}, stored), m.Compression)
+	n, err := snapshot.Decompress(ctx, f, io.TeeReader(r, stored), m.Compression)
 	corrupt := func(format string, args ...any) error {
 		msg := fmt.Sprintf(format, args...)
 		s.log.Warn("backup failed verification", "location", locName, "backup", req.GetName(), "reason", msg)
@@ -79,16 +79,4 @@ func (s *Server) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest
 		Backup:   backupFromManifest(locName, m),
 		Revision: st.Revision, TotalKeys: int64(st.TotalKey), TotalSize: st.TotalSize, Hash: st.Hash, StorageVersion: st.Version,
 	}, nil
-}
-
-type readerCtx struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (r readerCtx) Read(p []byte) (int, error) {
-	if err := r.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return r.r.Read(p)
 }

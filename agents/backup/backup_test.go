@@ -3,23 +3,13 @@ package backup_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
-	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,101 +18,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/snapshot"
 	etcdutl "go.etcd.io/etcd/etcdutl/v3/snapshot"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
-
-// testEtcd is a real etcd member, with TLS client certificates or without.
-type testEtcd struct {
-	e        *embed.Etcd
-	stop     func()
-	endpoint string
-	tls      *transport.TLSInfo
-}
-
-func freeURL(t *testing.T, scheme string) url.URL {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return url.URL{Scheme: scheme, Host: l.Addr().String()}
-}
-
-func startEtcd(t *testing.T, withTLS bool) *testEtcd {
-	t.Helper()
-	dir := t.TempDir()
-	cfg := embed.NewConfig()
-	cfg.Name = "member-1"
-	cfg.Dir = filepath.Join(dir, "data")
-	cfg.LogLevel = "error"
-	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
-	cfg.UnsafeNoFsync = true
-	scheme := "http"
-	te := &testEtcd{}
-	if withTLS {
-		scheme = "https"
-		info := makeTLS(t, dir)
-		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: info.serverCert, KeyFile: info.serverKey, TrustedCAFile: info.ca, ClientCertAuth: true}
-		te.tls = &transport.TLSInfo{CertFile: info.clientCert, KeyFile: info.clientKey, TrustedCAFile: info.ca}
-	}
-	client, peer := freeURL(t, scheme), freeURL(t, "http")
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	te.stop = sync.OnceFunc(e.Close)
-	t.Cleanup(te.stop)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(30 * time.Second):
-		t.Fatal("etcd not ready")
-	}
-	te.e, te.endpoint = e, client.String()
-	return te
-}
-
-func (te *testEtcd) client(t *testing.T) *clientv3.Client {
-	t.Helper()
-	cfg := te.config(t)
-	c, err := clientv3.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-func (te *testEtcd) config(t *testing.T) clientv3.Config {
-	cfg := clientv3.Config{Endpoints: []string{te.endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
-	if te.tls != nil {
-		tlsCfg, err := te.tls.ClientConfig()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.TLS = tlsCfg
-	}
-	return cfg
-}
-
-// fill writes n values of size bytes under /fill/.
-func fill(t *testing.T, c *clientv3.Client, n, size int) {
-	t.Helper()
-	val := strings.Repeat("v", size)
-	for i := 0; i < n; i++ {
-		if _, err := c.Put(context.Background(), fmt.Sprintf("/fill/%06d", i), val); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 type dataServer struct {
 	client *client.Client
@@ -171,16 +74,16 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 		{"tls-zstd", true, "zstd"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			te := startEtcd(t, tc.tls)
-			c := te.client(t)
-			fill(t, c, 2000, 512)
+			te := etcdtest.Start(t, tc.tls)
+			c := te.Client(t)
+			etcdtest.Fill(t, c, 2000, 512)
 			if _, err := c.Put(context.Background(), "foo", "1"); err != nil {
 				t.Fatal(err)
 			}
 			srv := startServer(t)
 
 			b, err := backup.Run(context.Background(), c, srv.client, backup.Options{
-				Endpoint: te.endpoint, Name: "b1", Target: "test-etcd", Compression: tc.compression,
+				Endpoint: te.Endpoint, Name: "b1", Target: "test-etcd", Compression: tc.compression,
 				Labels: map[string]string{"by": "test"},
 			})
 			if err != nil {
@@ -188,7 +91,7 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 			}
 			// etcd's own tool on the same member at the same revision.
 			ref := filepath.Join(t.TempDir(), "ref.db")
-			if _, err := snapshot.SaveWithVersion(context.Background(), zap.NewNop(), te.config(t), ref); err != nil {
+			if _, err := snapshot.SaveWithVersion(context.Background(), zap.NewNop(), te.Config(t), ref); err != nil {
 				t.Fatal(err)
 			}
 			want, err := os.ReadFile(ref)
@@ -226,7 +129,7 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 			}
 			// Metadata the issue asks for.
 			e := b.GetEtcd()
-			st, _ := c.Status(context.Background(), te.endpoint)
+			st, _ := c.Status(context.Background(), te.Endpoint)
 			if e.GetClusterId() != st.Header.ClusterId || e.GetMemberId() != st.Header.MemberId || e.GetMemberName() != "member-1" ||
 				e.GetRevision() != st.Header.Revision || e.GetVersion() == "" || e.GetDbSize() == 0 {
 				t.Errorf("etcd info %+v; status %+v", e, st.Header)
@@ -243,17 +146,17 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 
 // etcd going away mid-snapshot fails the backup and stores nothing.
 func TestEtcdDiesMidSnapshot(t *testing.T) {
-	te := startEtcd(t, false)
-	c := te.client(t)
-	fill(t, c, 4000, 4096) // ~16 MiB: the stream takes many messages
+	te := etcdtest.Start(t, false)
+	c := te.Client(t)
+	etcdtest.Fill(t, c, 4000, 4096) // ~16 MiB: the stream takes many messages
 	srv := startServer(t)
 	killed := false
 	_, err := backup.Run(context.Background(), c, srv.client, backup.Options{
-		Endpoint: te.endpoint, Name: "doomed",
+		Endpoint: te.Endpoint, Name: "doomed",
 		Progress: func(n int64) {
 			if n > 1<<20 && !killed {
 				killed = true
-				te.stop()
+				te.Stop()
 			}
 		},
 	})
@@ -274,9 +177,9 @@ func TestEtcdDiesMidSnapshot(t *testing.T) {
 }
 
 func TestPlaintextNeedsNoCertsButTLSRefusesStrangers(t *testing.T) {
-	te := startEtcd(t, true)
-	cfg := clientv3.Config{Endpoints: []string{te.endpoint}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()}
-	info := transport.TLSInfo{TrustedCAFile: te.tls.TrustedCAFile} // no client cert
+	te := etcdtest.Start(t, true)
+	cfg := clientv3.Config{Endpoints: []string{te.Endpoint}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()}
+	info := transport.TLSInfo{TrustedCAFile: te.TLS.TrustedCAFile} // no client cert
 	tlsCfg, err := info.ClientConfig()
 	if err != nil {
 		t.Fatal(err)
@@ -287,7 +190,7 @@ func TestPlaintextNeedsNoCertsButTLSRefusesStrangers(t *testing.T) {
 		defer c.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
-		_, err = backup.Run(ctx, c, startServer(t).client, backup.Options{Endpoint: te.endpoint, Name: "x"})
+		_, err = backup.Run(ctx, c, startServer(t).client, backup.Options{Endpoint: te.Endpoint, Name: "x"})
 	}
 	if err == nil {
 		t.Fatal("etcd with client-cert auth accepted a client without a certificate")
@@ -316,45 +219,38 @@ func verifyTrailer(b []byte) error {
 	return nil
 }
 
-type tlsFiles struct{ ca, serverCert, serverKey, clientCert, clientKey string }
-
-func makeTLS(t *testing.T, dir string) tlsFiles {
-	t.Helper()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-etcd-ca"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+func TestConnectRefusesWhatItCannotUse(t *testing.T) {
+	for _, tc := range []struct {
+		etcd backup.Etcd
+		want string
+	}{
+		{backup.Etcd{}, "--endpoint or --endpoints is required"},
+		{backup.Etcd{Endpoint: "https://a:2379", Endpoints: []string{"https://b:2379"}}, "not both"},
+		{backup.Etcd{Endpoint: "http://127.0.0.1:1"}, "pass --insecure-plaintext"},
+		{backup.Etcd{Endpoint: "127.0.0.1:2379"}, "must start with https://"},
+		{backup.Etcd{Endpoint: "https://127.0.0.1:1", CACert: "/nonexistent/ca.crt"}, "etcd TLS files"},
+	} {
+		c, _, err := tc.etcd.Connect(context.Background())
+		if err == nil {
+			c.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: got %v, want %q", tc.etcd, err, tc.want)
+		}
 	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+}
+
+func TestConnectChoosesAnAnsweringMember(t *testing.T) {
+	te := etcdtest.Start(t, false)
+	// The first endpoint answers nothing; the agent moves on to the member
+	// that answers (the leader of a one-member cluster).
+	e := backup.Etcd{Endpoints: []string{"http://127.0.0.1:1", te.Endpoint}, InsecurePlaintext: true, DialTimeout: time.Second}
+	c, ep, err := e.Connect(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	caCert, _ := x509.ParseCertificate(caDER)
-	write := func(name string, typ string, der []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
+	defer c.Close()
+	if ep != te.Endpoint {
+		t.Fatalf("chose %s, want %s", ep, te.Endpoint)
 	}
-	issue := func(name string, serial int64, usage x509.ExtKeyUsage) (string, string) {
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
-			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		keyDER, _ := x509.MarshalECPrivateKey(key)
-		return write(name+".crt", "CERTIFICATE", der), write(name+".key", "EC PRIVATE KEY", keyDER)
-	}
-	f := tlsFiles{ca: write("ca.crt", "CERTIFICATE", caDER)}
-	f.serverCert, f.serverKey = issue("server", 2, x509.ExtKeyUsageServerAuth)
-	f.clientCert, f.clientKey = issue("client", 3, x509.ExtKeyUsageClientAuth)
-	return f
 }

@@ -1,7 +1,10 @@
 // Command etcdbackup-agent runs in the cluster as a Job the data server
-// creates: `backup` snapshots one etcd member into the server. It talks to
+// creates: `backup` snapshots one etcd member into the server (package
+// agents/backup), `restore` rebuilds one member's data directory from a
+// backup fetched through the server (package agents/restore). It talks to
 // the server by its in-cluster Service address and never sees storage
 // credentials; etcd's client certificates come from files a Secret mounts.
+// This file only parses flags and wires.
 package main
 
 import (
@@ -11,22 +14,15 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
-	"go.etcd.io/etcd/client/pkg/v3/transport"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
 func main() {
@@ -51,99 +47,10 @@ func newRoot() *cobra.Command {
 	return root
 }
 
-// etcdFlags are how an agent reaches etcd.
-type etcdFlags struct {
-	endpoint           string
-	endpoints          []string
-	cacert, cert, key  string
-	insecurePlaintext  bool
-	insecureSkipVerify bool
-	dialTimeout        time.Duration
-}
-
-func (f *etcdFlags) add(cmd *cobra.Command) {
-	fl := cmd.Flags()
-	fl.StringVar(&f.endpoint, "endpoint", "", "the etcd member to use, https://HOST:PORT (a snapshot is one member's state)")
-	fl.StringSliceVar(&f.endpoints, "endpoints", nil, "the cluster's members; the agent snapshots a healthy follower, else the leader")
-	fl.StringVar(&f.cacert, "cacert", "", "CA bundle that signed etcd's serving certificate")
-	fl.StringVar(&f.cert, "cert", "", "client certificate for etcd")
-	fl.StringVar(&f.key, "key", "", "client key for etcd")
-	fl.BoolVar(&f.insecurePlaintext, "insecure-plaintext", false, "allow an http:// endpoint (no TLS); only when explicitly asked for")
-	fl.BoolVar(&f.insecureSkipVerify, "insecure-skip-tls-verify", false, "do not verify etcd's serving certificate")
-	fl.DurationVar(&f.dialTimeout, "dial-timeout", 10*time.Second, "how long to wait for etcd")
-}
-
-// client connects to the one member to use: --endpoint, or the member
-// --endpoints chooses.
-func (f *etcdFlags) client(ctx context.Context) (*clientv3.Client, error) {
-	switch {
-	case f.endpoint != "" && len(f.endpoints) > 0:
-		return nil, errors.New("give --endpoint or --endpoints, not both")
-	case f.endpoint == "" && len(f.endpoints) == 0:
-		return nil, errors.New("--endpoint or --endpoints is required")
-	case f.endpoint == "":
-		return f.choose(ctx)
-	}
-	return f.connect(f.endpoint)
-}
-
-// choose snapshots a follower when it can, to spare the leader the load of
-// streaming the database.
-func (f *etcdFlags) choose(ctx context.Context) (*clientv3.Client, error) {
-	var leader *clientv3.Client
-	var errs []error
-	for _, ep := range f.endpoints {
-		c, err := f.connect(ep)
-		if err != nil {
-			return nil, err
-		}
-		sctx, cancel := context.WithTimeout(ctx, f.dialTimeout)
-		st, err := c.Status(sctx, ep)
-		cancel()
-		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("%s: %w", ep, err))
-			c.Close()
-		case st.Leader != st.Header.MemberId:
-			f.endpoint = ep
-			if leader != nil {
-				leader.Close()
-			}
-			return c, nil
-		case leader == nil:
-			leader, f.endpoint = c, ep
-		default:
-			c.Close()
-		}
-	}
-	if leader != nil {
-		return leader, nil
-	}
-	return nil, fmt.Errorf("no etcd member answered: %w", errors.Join(errs...))
-}
-
-func (f *etcdFlags) connect(endpoint string) (*clientv3.Client, error) {
-	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: f.dialTimeout, Logger: zap.NewNop()}
-	switch {
-	case strings.HasPrefix(endpoint, "http://"):
-		if !f.insecurePlaintext {
-			return nil, fmt.Errorf("etcd endpoint %s is plain http: pass --insecure-plaintext to allow it, or use https", endpoint)
-		}
-	case strings.HasPrefix(endpoint, "https://"):
-		info := transport.TLSInfo{TrustedCAFile: f.cacert, CertFile: f.cert, KeyFile: f.key, InsecureSkipVerify: f.insecureSkipVerify}
-		tlsCfg, err := info.ClientConfig()
-		if err != nil {
-			return nil, fmt.Errorf("etcd TLS files: %w", err)
-		}
-		cfg.TLS = tlsCfg
-	default:
-		return nil, fmt.Errorf("etcd endpoint %q must start with https:// (or http:// with --insecure-plaintext)", endpoint)
-	}
-	return clientv3.New(cfg)
-}
+func newLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(os.Stderr, nil)) }
 
 func newBackupCmd() *cobra.Command {
-	var ef etcdFlags
+	var etcd backup.Etcd
 	var serverAddr string
 	opts := backup.Options{}
 	cmd := &cobra.Command{
@@ -152,24 +59,24 @@ func newBackupCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+			log := newLogger()
 			if opts.Name == "" {
 				return errors.New("--name is required")
 			}
-			etcd, err := ef.client(ctx)
+			etcdClient, endpoint, err := etcd.Connect(ctx)
 			if err != nil {
 				return err
 			}
-			defer etcd.Close()
-			conn, err := grpc.NewClient("passthrough:///"+serverAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			defer etcdClient.Close()
+			conn, up, err := client.Dial(serverAddr)
 			if err != nil {
-				return fmt.Errorf("--server %q: %w", serverAddr, err)
+				return fmt.Errorf("--server: %w", err)
 			}
 			defer conn.Close()
-			opts.Endpoint = ef.endpoint
-			log.Info("snapshot starting", "endpoint", ef.endpoint, "backup", opts.Name, "location", opts.Location, "compression", opts.Compression)
+			opts.Endpoint = endpoint
+			log.Info("snapshot starting", "endpoint", endpoint, "backup", opts.Name, "location", opts.Location, "compression", opts.Compression)
 			start := time.Now()
-			b, err := backup.Run(ctx, etcd, client.New(conn), opts)
+			b, err := backup.Run(ctx, etcdClient, up, opts)
 			if err != nil {
 				log.Error("backup failed", "backup", opts.Name, "error", err.Error())
 				return err
@@ -179,8 +86,15 @@ func newBackupCmd() *cobra.Command {
 			return nil
 		},
 	}
-	ef.add(cmd)
 	fl := cmd.Flags()
+	fl.StringVar(&etcd.Endpoint, "endpoint", "", "the etcd member to use, https://HOST:PORT (a snapshot is one member's state)")
+	fl.StringSliceVar(&etcd.Endpoints, "endpoints", nil, "the cluster's members; the agent snapshots a healthy follower, else the leader")
+	fl.StringVar(&etcd.CACert, "cacert", "", "CA bundle that signed etcd's serving certificate")
+	fl.StringVar(&etcd.Cert, "cert", "", "client certificate for etcd")
+	fl.StringVar(&etcd.Key, "key", "", "client key for etcd")
+	fl.BoolVar(&etcd.InsecurePlaintext, "insecure-plaintext", false, "allow an http:// endpoint (no TLS); only when explicitly asked for")
+	fl.BoolVar(&etcd.InsecureSkipVerify, "insecure-skip-tls-verify", false, "do not verify etcd's serving certificate")
+	fl.DurationVar(&etcd.DialTimeout, "dial-timeout", 10*time.Second, "how long to wait for etcd")
 	fl.StringVar(&serverAddr, "server", "", "data server gRPC address, e.g. etcdbackup.etcdbackup-system.svc:50051")
 	fl.StringVar(&opts.Name, "name", "", "name of the backup")
 	fl.StringVar(&opts.Location, "location", "", "storage location (default: the server's default)")
@@ -192,61 +106,50 @@ func newBackupCmd() *cobra.Command {
 }
 
 func newRestoreCmd() *cobra.Command {
-	var serverAddr, name, location, workDir string
-	var m snapshot.Member
+	var serverAddr string
+	var o restore.Options
 	cmd := &cobra.Command{
 		Use:   "restore --server HOST:PORT --name NAME --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U",
 		Short: "Download a backup through the data server and rebuild one etcd member's data directory",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-			if name == "" {
+			log := newLogger()
+			if o.Name == "" {
 				return errors.New("--name is required")
 			}
-			if err := snapshot.CheckDataDir(m); err != nil {
+			if err := o.Validate(); err != nil {
 				return err
 			}
-			if workDir == "" {
-				workDir = filepath.Join(filepath.Dir(filepath.Clean(m.DataDir)), ".etcdbackup-restore")
-			}
-			if err := os.MkdirAll(workDir, 0o700); err != nil {
-				return err
-			}
-			conn, err := grpc.NewClient("passthrough:///"+serverAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			conn, c, err := client.Dial(serverAddr)
 			if err != nil {
-				return fmt.Errorf("--server %q: %w", serverAddr, err)
+				return fmt.Errorf("--server: %w", err)
 			}
 			defer conn.Close()
-			log.Info("downloading backup", "backup", name, "location", location)
-			path, b, st, err := snapshot.Fetch(ctx, client.New(conn), name, location, workDir, nil)
-			if err != nil {
-				return fmt.Errorf("backup %q: %w", name, err)
-			}
-			log.Info("backup verified", "backup", name, "sha256", b.GetSha256(), "revision", st.Revision, "keys", st.TotalKey)
-			movedTo, err := snapshot.Restore(path, m)
-			if movedTo != "" {
-				log.Info("old data directory moved aside", "to", movedTo)
-			}
+			log.Info("downloading backup", "backup", o.Name, "location", o.Location)
+			res, err := restore.Run(cmd.Context(), c, o, restore.Events{
+				Verified: func(v restore.Verified) {
+					log.Info("backup verified", "backup", o.Name, "sha256", v.Backup.GetSha256(), "revision", v.Status.Revision, "keys", v.Status.TotalKey)
+				},
+				MovedAside: func(to string) { log.Info("old data directory moved aside", "to", to) },
+			})
 			if err != nil {
 				return err
 			}
-			_ = os.RemoveAll(workDir)
-			log.Info("member data restored", "member", m.Name, "dataDir", m.DataDir)
+			log.Info("member data restored", "member", o.Member.Name, "dataDir", res.DataDir)
 			return nil
 		},
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&serverAddr, "server", "", "data server gRPC address")
-	fl.StringVar(&name, "name", "", "backup to restore")
-	fl.StringVar(&location, "location", "", "storage location (default: the server's default)")
-	fl.StringVar(&workDir, "work-dir", "", "where the download is kept until restored (default: beside the data dir)")
-	fl.StringVar(&m.DataDir, "data-dir", "", "the member's data directory")
-	fl.StringVar(&m.Name, "member-name", "", "the member's name")
-	fl.StringVar(&m.InitialCluster, "initial-cluster", "", "NAME=PEER-URL,... of every member")
-	fl.StringSliceVar(&m.InitialAdvertisePeerURLs, "initial-advertise-peer-urls", nil, "this member's peer URLs")
-	fl.StringVar(&m.InitialClusterToken, "initial-cluster-token", "", "the restored cluster's token")
-	fl.BoolVar(&m.MoveAside, "move-aside", false, "rename a non-empty data directory instead of refusing")
+	fl.StringVar(&o.Name, "name", "", "backup to restore")
+	fl.StringVar(&o.Location, "location", "", "storage location (default: the server's default)")
+	fl.StringVar(&o.WorkDir, "work-dir", "", "where the download is kept until restored (default: beside the data dir)")
+	fl.StringVar(&o.Member.DataDir, "data-dir", "", "the member's data directory")
+	fl.StringVar(&o.Member.Name, "member-name", "", "the member's name")
+	fl.StringVar(&o.Member.InitialCluster, "initial-cluster", "", "NAME=PEER-URL,... of every member")
+	fl.StringSliceVar(&o.Member.InitialAdvertisePeerURLs, "initial-advertise-peer-urls", nil, "this member's peer URLs")
+	fl.StringVar(&o.Member.InitialClusterToken, "initial-cluster-token", "", "the restored cluster's token")
+	fl.BoolVar(&o.Member.MoveAside, "move-aside", false, "rename a non-empty data directory instead of refusing")
 	_ = cmd.MarkFlagRequired("server")
 	return cmd
 }

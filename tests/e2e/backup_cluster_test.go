@@ -83,7 +83,7 @@ func TestBackupFromCluster(t *testing.T) {
 		dir := t.TempDir()
 		out := filepath.Join(dir, "q.zst")
 		mustSucceed(t, c.run(t, nil, "etcdbackup", "download", "q", "-o", out), "download")
-		db, err := ebsnapshot.Unpack(out, dir)
+		db, err := ebsnapshot.Unpack(ctx, out, dir)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -75,7 +75,7 @@ func TestBackupIntoS3Location(t *testing.T) {
 
 	out := filepath.Join(dir, "to-s3.zst")
 	mustSucceed(t, plugin(t, addr, "download", "to-s3", "--location", "s3", "-o", out), "download from s3")
-	db, err := snapshot.Unpack(out, dir)
+	db, err := snapshot.Unpack(context.Background(), out, dir)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,191 @@
+// Package restore is the restore flow: it checks that a member's data
+// directory may be rebuilt, fetches a backup through the data server (or
+// takes a file downloaded earlier), undoes its compression, verifies it
+// (stored SHA-256, etcd's trailer, bolt's consistency) and rebuilds the
+// data directory with etcd's own restore code. The in-cluster restore
+// agent and the plugin's `restore --local` run this same flow; they differ
+// only in how they report it (Events).
+package restore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+)
+
+// Options say what to restore and where.
+type Options struct {
+	// Name and Location of the backup on the server.
+	Name, Location string
+	// FromFile, if set, is a backup downloaded earlier (as stored, possibly
+	// zstd-compressed) to restore instead of downloading: the path for a
+	// dead control plane, when no API server answers.
+	FromFile string
+	// Member is the layout the data directory is rebuilt for.
+	Member snapshot.Member
+	// WorkDir keeps the download until it is restored; "" is a directory
+	// beside the data directory (DefaultWorkDir). It is removed after a
+	// successful restore and kept after a failed one, so a rerun resumes
+	// the download.
+	WorkDir string
+}
+
+// Events report the flow's progress; any may be nil.
+type Events struct {
+	// Downloading is called as bytes arrive.
+	Downloading func(done, total int64)
+	// Verified is called once the snapshot passed every check.
+	Verified func(Verified)
+	// MovedAside is called when a non-empty data directory was renamed.
+	MovedAside func(to string)
+}
+
+// Verified is what was checked before the data directory is touched.
+type Verified struct {
+	// Backup is the server's record of the backup (nil with FromFile).
+	Backup *ebv1.Backup
+	// File is FromFile, when restoring from a file.
+	File   string
+	Status snapshot.Status
+}
+
+// Result is what a restore did.
+type Result struct {
+	// DataDir is the absolute data directory that was rebuilt.
+	DataDir string
+	// MovedTo is where the old data went, if anywhere.
+	MovedTo string
+}
+
+// DownloadError wraps an error of fetching the backup through the server
+// (the API's status codes are in it), as opposed to a corrupt backup or a
+// refused data directory.
+type DownloadError struct{ Err error }
+
+func (e *DownloadError) Error() string { return e.Err.Error() }
+func (e *DownloadError) Unwrap() error { return e.Err }
+
+// DefaultWorkDir is where a restore into dataDir keeps backup name's
+// download: beside the data directory, on the same volume.
+func DefaultWorkDir(dataDir, name string) string {
+	return filepath.Join(filepath.Dir(filepath.Clean(dataDir)), ".etcdbackup-restore-"+name)
+}
+
+// Validate checks the options without I/O.
+func (o Options) Validate() error {
+	if o.Name == "" && o.FromFile == "" {
+		return errors.New("restore needs the name of a backup")
+	}
+	return o.Member.Validate()
+}
+
+// Run restores. c may be nil with FromFile. A corrupt backup wraps
+// snapshot.ErrCorrupt and changes nothing; so does a data directory that
+// is not empty without Member.MoveAside (snapshot.ErrDataDirNotEmpty).
+func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	dataDir, err := filepath.Abs(o.Member.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	o.Member.DataDir = dataDir
+	// Refuse before a byte is downloaded.
+	if err := snapshot.CheckDataDir(o.Member); err != nil {
+		return nil, err
+	}
+	work := o.WorkDir
+	if work == "" {
+		work = DefaultWorkDir(dataDir, o.Name)
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return nil, fmt.Errorf("work directory: %w", err)
+	}
+
+	var path string
+	var v Verified
+	if o.FromFile != "" {
+		path, v, err = checkFile(ctx, o.FromFile, work)
+	} else {
+		if c == nil {
+			return nil, errors.New("restore: no server connection and no file to restore from")
+		}
+		path, v, err = Fetch(ctx, c, o.Name, o.Location, work, ev.Downloading)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if ev.Verified != nil {
+		ev.Verified(v)
+	}
+	movedTo, err := snapshot.Restore(path, o.Member)
+	if movedTo != "" && ev.MovedAside != nil {
+		ev.MovedAside(movedTo)
+	}
+	if err != nil {
+		return &Result{DataDir: dataDir, MovedTo: movedTo}, err
+	}
+	_ = os.RemoveAll(work)
+	return &Result{DataDir: dataDir, MovedTo: movedTo}, nil
+}
+
+// checkFile unpacks and checks a backup downloaded earlier.
+func checkFile(ctx context.Context, file, work string) (string, Verified, error) {
+	path, err := snapshot.Unpack(ctx, file, work)
+	if err != nil {
+		return "", Verified{}, fmt.Errorf("%s: %w", file, err)
+	}
+	st, err := snapshot.Check(path)
+	if err != nil {
+		return "", Verified{}, fmt.Errorf("%s is not a usable etcd snapshot, refusing to restore it: %w", file, err)
+	}
+	return path, Verified{File: file, Status: st}, nil
+}
+
+// Fetch downloads backup (name, location) through c into dir, verifying the
+// stored SHA-256, undoing compression and checking the result with
+// snapshot.Check. It returns the path of the etcd snapshot file. The
+// download resumes from a .part file left by an interrupted Fetch.
+func Fetch(ctx context.Context, c *client.Client, name, location, dir string, progress func(done, total int64)) (string, Verified, error) {
+	stored := filepath.Join(dir, name+".backup")
+	var total int64
+	b, err := c.DownloadFile(ctx, client.FileDownload{
+		Path:    stored,
+		Replace: true,
+		DownloadRequest: client.DownloadRequest{
+			Name: name, Location: location,
+			OnHeader: func(b *ebv1.Backup) error { total = b.GetSize(); return nil },
+			Progress: func(n int64) {
+				if progress != nil {
+					progress(n, total)
+				}
+			},
+		},
+	})
+	if errors.Is(err, client.ErrCorrupt) {
+		return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w: %v", name, snapshot.ErrCorrupt, err)
+	}
+	if err != nil {
+		return "", Verified{}, &DownloadError{Err: err}
+	}
+	path := stored
+	if b.GetCompression() != ebv1.CompressionNone {
+		path = filepath.Join(dir, name+".db")
+		if err := snapshot.DecompressFile(ctx, stored, path, b.GetCompression()); err != nil {
+			return "", Verified{}, fmt.Errorf("backup %q: %w", name, err)
+		}
+		os.Remove(stored)
+	}
+	st, err := snapshot.Check(path)
+	if err != nil {
+		return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w", name, err)
+	}
+	return path, Verified{Backup: b, Status: st}, nil
+}

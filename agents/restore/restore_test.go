@@ -1,0 +1,152 @@
+package restore_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+)
+
+// backUp writes marker=value into a real etcd and stores a backup of it
+// through a real data server with the backup agent.
+func backUp(t *testing.T, name, compression, value string) *servertest.Server {
+	t.Helper()
+	te := etcdtest.Start(t, false)
+	c := te.Client(t)
+	if _, err := c.Put(context.Background(), "marker", value); err != nil {
+		t.Fatal(err)
+	}
+	srv := servertest.Start(t, "")
+	if _, err := backup.Run(context.Background(), c, srv.Client, backup.Options{Endpoint: te.Endpoint, Name: name, Compression: compression}); err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
+func member(t *testing.T, dataDir string) (snapshot.Member, url.URL) {
+	peer := etcdtest.FreeURL(t)
+	return snapshot.Member{Name: "m1", InitialCluster: "m1=" + peer.String(), InitialAdvertisePeerURLs: []string{peer.String()}, DataDir: dataDir}, peer
+}
+
+func TestRestoreThroughTheServerBringsTheDataBack(t *testing.T) {
+	for _, compression := range []string{"", "zstd"} {
+		t.Run("compression="+compression, func(t *testing.T) {
+			srv := backUp(t, "b1", compression, "before")
+			dataDir := filepath.Join(t.TempDir(), "data")
+			m, peer := member(t, dataDir)
+			var verified restore.Verified
+			var progressed bool
+			res, err := restore.Run(context.Background(), srv.Client, restore.Options{Name: "b1", Member: m}, restore.Events{
+				Downloading: func(done, total int64) { progressed = progressed || (done > 0 && total > 0) },
+				Verified:    func(v restore.Verified) { verified = v },
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.DataDir != dataDir || !progressed || verified.Backup.GetName() != "b1" || verified.Status.TotalKey == 0 {
+				t.Fatalf("result %+v, verified %+v, progressed %v", res, verified, progressed)
+			}
+			if _, err := os.Stat(restore.DefaultWorkDir(dataDir, "b1")); !os.IsNotExist(err) {
+				t.Errorf("work dir left behind: %v", err)
+			}
+			if got := readMarker(t, m, peer); got != "before" {
+				t.Fatalf("marker = %q, want %q", got, "before")
+			}
+		})
+	}
+}
+
+func TestRestoreFromAFileNeedsNoServer(t *testing.T) {
+	srv := backUp(t, "b1", "zstd", "from-file")
+	file := filepath.Join(t.TempDir(), "b1.backup")
+	if _, err := srv.Client.DownloadFile(context.Background(), client.FileDownload{Path: file, DownloadRequest: client.DownloadRequest{Name: "b1"}}); err != nil {
+		t.Fatal(err)
+	}
+	m, peer := member(t, filepath.Join(t.TempDir(), "data"))
+	var verified restore.Verified
+	if _, err := restore.Run(context.Background(), nil, restore.Options{Name: "b1", FromFile: file, Member: m}, restore.Events{
+		Verified: func(v restore.Verified) { verified = v },
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if verified.File != file || verified.Backup != nil {
+		t.Fatalf("verified %+v", verified)
+	}
+	if got := readMarker(t, m, peer); got != "from-file" {
+		t.Fatalf("marker = %q", got)
+	}
+}
+
+func TestRestoreRefusesWithoutTouchingTheDataDir(t *testing.T) {
+	srv := backUp(t, "b1", "", "x")
+	ctx := context.Background()
+
+	// A backup that does not exist: a download error carrying the API's
+	// NotFound, and no data dir.
+	dataDir := filepath.Join(t.TempDir(), "data")
+	m, _ := member(t, dataDir)
+	_, err := restore.Run(ctx, srv.Client, restore.Options{Name: "missing", Member: m}, restore.Events{})
+	var de *restore.DownloadError
+	if !errors.As(err, &de) || status.Code(de.Err) != codes.NotFound {
+		t.Fatalf("got %v, want a DownloadError with NotFound", err)
+	}
+	if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
+		t.Fatal("a failed restore created the data dir")
+	}
+
+	// A non-empty data dir is refused before anything is downloaded.
+	full := t.TempDir()
+	os.WriteFile(filepath.Join(full, "keep"), []byte("precious"), 0o600)
+	m2, _ := member(t, full)
+	_, err = restore.Run(ctx, srv.Client, restore.Options{Name: "b1", Member: m2}, restore.Events{
+		Downloading: func(int64, int64) { t.Error("downloaded although the data dir is not empty") },
+	})
+	if !errors.Is(err, snapshot.ErrDataDirNotEmpty) {
+		t.Fatalf("got %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(full, "keep")); string(b) != "precious" {
+		t.Fatal("the data dir was changed")
+	}
+
+	// A flipped byte in storage: corrupt, refused, data dir untouched.
+	stored := filepath.Join(srv.Dir, "backups", "b1.db")
+	b, err := os.ReadFile(stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 1
+	os.WriteFile(stored, b, 0o600)
+	_, err = restore.Run(ctx, srv.Client, restore.Options{Name: "b1", Member: m}, restore.Events{})
+	if err == nil || !strings.Contains(err.Error(), "corrupt") || !errors.Is(err, snapshot.ErrCorrupt) {
+		t.Fatalf("got %v, want corrupt", err)
+	}
+	if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
+		t.Fatal("a corrupt backup created the data dir")
+	}
+}
+
+func TestOptionsValidateDoesNoIO(t *testing.T) {
+	if err := (restore.Options{}).Validate(); err == nil || !strings.Contains(err.Error(), "name of a backup") {
+		t.Fatalf("got %v", err)
+	}
+	if err := (restore.Options{Name: "b", Member: snapshot.Member{Name: "m"}}).Validate(); err == nil || !strings.Contains(err.Error(), "initial cluster") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func readMarker(t *testing.T, m snapshot.Member, peer url.URL) string {
+	return etcdtest.ReadKey(t, m.DataDir, m.Name, m.InitialCluster, peer, "marker")
+}

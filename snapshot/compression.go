@@ -1,0 +1,124 @@
+package snapshot
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/klauspost/compress/zstd"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+)
+
+// Decompress copies r to w, undoing the backup's compression (one of
+// ebv1.Compressions). A damaged compressed stream wraps ErrCorrupt. It
+// stops when ctx is done.
+func Decompress(ctx context.Context, w io.Writer, r io.Reader, compression string) (int64, error) {
+	if err := ebv1.ValidateCompression(compression); err != nil {
+		return 0, err
+	}
+	r = contextReader{ctx, r}
+	if compression == ebv1.CompressionNone {
+		return io.Copy(w, r)
+	}
+	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+	if err != nil {
+		return 0, err
+	}
+	defer dec.Close()
+	n, err := io.Copy(w, dec)
+	if err != nil && ctx.Err() == nil {
+		return n, fmt.Errorf("%w: zstd: %v", ErrCorrupt, err)
+	}
+	return n, err
+}
+
+// Compress returns a reader of r's bytes in the given compression (one of
+// ebv1.Compressions; none returns r itself, wrapped). The encoder runs in a
+// goroutine that ends when r ends or fails, when ctx is done, or when the
+// returned reader is closed — the caller must close it.
+func Compress(ctx context.Context, r io.Reader, compression string) (io.ReadCloser, error) {
+	if err := ebv1.ValidateCompression(compression); err != nil {
+		return nil, err
+	}
+	if compression == ebv1.CompressionNone {
+		return io.NopCloser(contextReader{ctx, r}), nil
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		enc, err := zstd.NewWriter(pw, zstd.WithEncoderConcurrency(1))
+		if err != nil {
+			pw.CloseWithError(err)
+			return
+		}
+		_, err = io.Copy(enc, contextReader{ctx, r})
+		if cerr := enc.Close(); err == nil {
+			err = cerr
+		}
+		pw.CloseWithError(err) // nil closes with io.EOF
+	}()
+	return pr, nil
+}
+
+// zstdMagic starts every zstd frame.
+var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
+
+// Unpack returns the path of the etcd snapshot in file: file itself, or,
+// when it is zstd-compressed (a stored backup downloaded as is), a
+// decompressed copy in dir.
+func Unpack(ctx context.Context, file, dir string) (string, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return "", err
+	}
+	head := make([]byte, len(zstdMagic))
+	_, err = io.ReadFull(f, head)
+	f.Close()
+	if err != nil || !bytes.Equal(head, zstdMagic) {
+		return file, nil
+	}
+	out := filepath.Join(dir, filepath.Base(file)+".db")
+	return out, DecompressFile(ctx, file, out, ebv1.CompressionZstd)
+}
+
+// DecompressFile writes src, undoing compression, to dst (created or
+// truncated, fsynced). A failed dst is removed.
+func DecompressFile(ctx context.Context, src, dst, compression string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := Decompress(ctx, out, in, compression); err != nil {
+		out.Close()
+		os.Remove(dst)
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		os.Remove(dst)
+		return err
+	}
+	return out.Close()
+}
+
+// contextReader stops a copy when its context is done: io.Copy itself does
+// not look at contexts.
+type contextReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (r contextReader) Read(p []byte) (int, error) {
+	if err := r.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return r.r.Read(p)
+}

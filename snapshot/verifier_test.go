@@ -1,0 +1,69 @@
+package snapshot
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func snapshotBytes(dbPages int) []byte {
+	db := bytes.Repeat([]byte{0xab}, 512*dbPages)
+	sum := sha256.Sum256(db)
+	return append(db, sum[:]...)
+}
+
+func TestVerifierAcceptsAWholeSnapshot(t *testing.T) {
+	snap := snapshotBytes(9)
+	var progress int64
+	v := NewVerifier(bytes.NewReader(snap), VerifierOptions{HashWhole: true, Progress: func(n int64) { progress = n }})
+	got, err := io.ReadAll(v) // ReadAll treats io.EOF as success
+	if err != nil || !bytes.Equal(got, snap) {
+		t.Fatalf("err %v, %d bytes of %d", err, len(got), len(snap))
+	}
+	want := sha256.Sum256(snap)
+	if v.Size() != int64(len(snap)) || v.SHA256() != hex.EncodeToString(want[:]) || progress != int64(len(snap)) {
+		t.Fatalf("size %d digest %q progress %d", v.Size(), v.SHA256(), progress)
+	}
+}
+
+func TestVerifierRefusesShortOrDamagedStreams(t *testing.T) {
+	snap := snapshotBytes(9)
+	damaged := append([]byte(nil), snap...)
+	damaged[1000] ^= 1
+	for name, in := range map[string][]byte{
+		"truncated":  snap[:len(snap)-512],
+		"no-trailer": snap[:512*9],
+		"damaged":    damaged,
+		"empty":      nil,
+	} {
+		v := NewVerifier(bytes.NewReader(in), VerifierOptions{HashWhole: true})
+		_, err := io.ReadAll(v)
+		if !errors.Is(err, ErrCorrupt) || !errors.Is(v.Err(), ErrCorrupt) || v.SHA256() != "" {
+			t.Errorf("%s: got %v (digest %q), want ErrCorrupt", name, err, v.SHA256())
+		}
+		path := filepath.Join(t.TempDir(), name)
+		if err := os.WriteFile(path, in, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := CheckTrailer(path); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("CheckTrailer %s: got %v, want ErrCorrupt", name, err)
+		}
+	}
+}
+
+func TestVerifierPassesReadErrorsOn(t *testing.T) {
+	boom := errors.New("connection reset")
+	v := NewVerifier(io.MultiReader(bytes.NewReader(snapshotBytes(1)[:100]), errReader{boom}), VerifierOptions{})
+	if _, err := io.ReadAll(v); !errors.Is(err, boom) || errors.Is(err, ErrCorrupt) {
+		t.Fatalf("got %v, want the read error and not ErrCorrupt", err)
+	}
+}
+
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
