@@ -115,4 +115,3 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 	}
 	return b, nil
 }
-
