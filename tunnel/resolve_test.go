@@ -111,7 +111,7 @@ func TestResolveNoReadyPod(t *testing.T) {
 		service("etcdbackup", grpcPort(intstr.FromString("grpc"))),
 		pod("server-a", pending("ImagePullBackOff")),
 		pod("server-b", notReady),
-		pod("server-c", terminating),                             // going away: neither chosen nor listed
+		pod("server-c", terminating),                              // going away: neither chosen nor listed
 		pod("other", labelled(map[string]string{"app": "other"})), // Ready, but not behind the Service
 	)
 	_, err := d.Resolve(context.Background())
