@@ -26,6 +26,9 @@ var _ net.Conn = (*Conn)(nil)
 func (c *Conn) Endpoint() *Endpoint { return c.endpoint }
 
 func (c *Conn) Read(p []byte) (int, error) {
+	if err := c.closedErr(); err != nil {
+		return 0, err
+	}
 	n, err := c.data.Read(p)
 	if err != nil {
 		if cause := c.cause(); cause != nil {
@@ -35,7 +38,12 @@ func (c *Conn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Write fails once the tunnel is closed: a reset SPDY stream would accept
+// the bytes and drop them.
 func (c *Conn) Write(p []byte) (int, error) {
+	if err := c.closedErr(); err != nil {
+		return 0, err
+	}
 	n, err := c.data.Write(p)
 	if err != nil {
 		if cause := c.cause(); cause != nil {
@@ -45,6 +53,19 @@ func (c *Conn) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// closedErr is why the tunnel is closed, nil while it is open.
+func (c *Conn) closedErr() error {
+	select {
+	case <-c.closed:
+		if cause := c.cause(); cause != nil {
+			return cause
+		}
+		return net.ErrClosed
+	default:
+		return nil
+	}
+}
+
 func (c *Conn) cause() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -52,11 +73,16 @@ func (c *Conn) cause() error {
 }
 
 // fail records why the tunnel broke, for the next Read or Write to
-// return, and closes it.
+// return, and closes it. After Close the tunnel did not break: tearing it
+// down is what makes the streams end.
 func (c *Conn) fail(err error) {
 	c.mu.Lock()
-	if c.err == nil {
-		c.err = err
+	select {
+	case <-c.closed:
+	default:
+		if c.err == nil {
+			c.err = err
+		}
 	}
 	c.mu.Unlock()
 	c.Close()
