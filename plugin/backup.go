@@ -2,10 +2,12 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
@@ -13,20 +15,20 @@ import (
 // BackupOptions are the options of `kubectl etcdbackup backup`.
 type BackupOptions struct {
 	*GlobalOptions
+	PrintFlags  *PrintFlags
 	Name        string
 	Target      string
 	Compression string
 	Labels      map[string]string
 	Wait        bool
 	WaitTimeout time.Duration
-	Output      string
 	// PollInterval is how often --wait asks the server.
 	PollInterval time.Duration
 }
 
 // NewCmdBackup returns the backup command.
 func NewCmdBackup(g *GlobalOptions) *cobra.Command {
-	o := &BackupOptions{GlobalOptions: g, Output: "table", WaitTimeout: time.Hour, PollInterval: time.Second}
+	o := &BackupOptions{GlobalOptions: g, PrintFlags: newPrintFlags(tableFormats), WaitTimeout: time.Hour, PollInterval: time.Second}
 	cmd := &cobra.Command{
 		Use:   "backup",
 		Short: "Take a backup of an etcd target now, with an agent Job in the cluster",
@@ -34,10 +36,17 @@ func NewCmdBackup(g *GlobalOptions) *cobra.Command {
 configuration. The server starts a backup agent Job that streams the
 snapshot from etcd into the storage location; the request names only a
 target and a location, never an endpoint or a credential.`,
-		Example: `  kubectl etcdbackup backup --wait
-  kubectl etcdbackup backup --target control-plane --location s3 --name before-upgrade --wait`,
+		Example: examples(`
+# Back up the server's default etcd target and wait until it is stored
+kubectl etcdbackup backup --wait
+
+# Back up target control-plane into location s3 under a chosen name
+kubectl etcdbackup backup --target control-plane --location s3 --name before-upgrade --wait`),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
 			if err := o.Validate(); err != nil {
 				return err
 			}
@@ -51,18 +60,23 @@ target and a location, never an endpoint or a credential.`,
 	f.StringToStringVar(&o.Labels, "labels", nil, "labels to store with the backup, as key=value pairs")
 	f.BoolVar(&o.Wait, "wait", false, "wait until the backup is Completed or Failed")
 	f.DurationVar(&o.WaitTimeout, "timeout", o.WaitTimeout, "how long --wait waits")
-	f.StringVarP(&o.Output, "output", "o", o.Output, "output format: table, wide, json or yaml")
+	o.PrintFlags.AddFlags(cmd, "output format")
 	return cmd
 }
 
+// Complete has nothing to fill in: every field comes from a flag, and the
+// server picks the defaults.
+func (o *BackupOptions) Complete(*cobra.Command, []string) error { return nil }
+
 // Validate checks the flags.
 func (o *BackupOptions) Validate() error {
-	switch o.Compression {
-	case "", "zstd", "none":
-	default:
-		return fmt.Errorf("--compression %q is not supported; use zstd or none", o.Compression)
+	// "none" asks the server to override a target's compression.
+	if o.Compression != "none" {
+		if err := ebv1.ValidateCompression(o.Compression); err != nil {
+			return errors.New("--" + err.Error()) // names the flag: "--compression …"
+		}
 	}
-	return validateOutput(o.Output)
+	return o.PrintFlags.Validate()
 }
 
 // Run starts the backup and, with --wait, follows it to its end.
@@ -85,7 +99,7 @@ func (o *BackupOptions) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := printBackups(o.Out, o.Output, &ebv1.ListBackupsResponse{Backups: []*ebv1.Backup{b}}, time.Now()); err != nil {
+	if err := printBackups(o.Out, o.PrintFlags.OutputFormat, &ebv1.ListBackupsResponse{Backups: []*ebv1.Backup{b}}, time.Now()); err != nil {
 		return err
 	}
 	if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_FAILED {
@@ -94,20 +108,30 @@ func (o *BackupOptions) Run(ctx context.Context) error {
 	return nil
 }
 
+// wait polls the backup every PollInterval until it leaves Running or
+// WaitTimeout passes.
 func (o *BackupOptions) wait(ctx context.Context, conn *Connection, b *ebv1.Backup) (*ebv1.Backup, error) {
-	ctx, cancel := context.WithTimeout(ctx, o.WaitTimeout)
-	defer cancel()
-	for b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_RUNNING {
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("backup %q still running after %s; follow it with `kubectl etcdbackup logs %s -f`", b.GetName(), o.WaitTimeout, b.GetName())
-		case <-time.After(o.PollInterval):
-		}
-		resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: b.GetName(), Location: b.GetLocation()})
+	if b.GetPhase() != ebv1.BackupPhase_BACKUP_PHASE_RUNNING {
+		return b, nil
+	}
+	name, location := b.GetName(), b.GetLocation()
+	err := wait.PollUntilContextTimeout(ctx, o.PollInterval, o.WaitTimeout, false, func(ctx context.Context) (bool, error) {
+		resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name, Location: location})
 		if err != nil {
-			return nil, conn.explain("wait for backup "+quote(b.GetName()), err)
+			if ctx.Err() != nil {
+				// The deadline, not the server: report it as the timeout.
+				return false, ctx.Err()
+			}
+			return false, conn.explain("wait for backup "+quote(name), err)
 		}
 		b = resp.GetBackup()
+		return b.GetPhase() != ebv1.BackupPhase_BACKUP_PHASE_RUNNING, nil
+	})
+	if wait.Interrupted(err) {
+		return nil, fmt.Errorf("backup %q still running after %s; follow it with `kubectl etcdbackup logs %s -f`", name, o.WaitTimeout, name)
+	}
+	if err != nil {
+		return nil, err
 	}
 	return b, nil
 }

@@ -19,18 +19,40 @@ type DeleteOptions struct {
 func NewCmdDelete(g *GlobalOptions) *cobra.Command {
 	o := &DeleteOptions{GlobalOptions: g}
 	return &cobra.Command{
-		Use:     "delete NAME [NAME...]",
-		Short:   "Delete backups",
-		Example: `  kubectl etcdbackup delete etcd-2026-01-31`,
-		Args:    cobra.MinimumNArgs(1),
+		Use:   "delete NAME [NAME...]",
+		Short: "Delete backups",
+		Example: examples(`
+# Delete one backup from the server's default storage location
+kubectl etcdbackup delete etcd-2026-01-31
+
+# Delete two backups from location s3
+kubectl etcdbackup delete etcd-2026-01-30 etcd-2026-01-31 --location s3`),
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Names = args
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
 			return o.Run(cmd.Context())
 		},
 	}
 }
 
-// Run deletes each named backup, reporting each, and fails if any failed.
+// Complete takes the backups' names from the arguments.
+func (o *DeleteOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Names = args
+	return nil
+}
+
+// Validate has nothing to check: the server owns the naming rules and
+// says which name it refuses.
+func (o *DeleteOptions) Validate() error { return nil }
+
+// Run deletes each named backup, reporting each as it goes, and fails if
+// any failed. Every failure is printed here, so the error returned is only
+// the exit status.
 func (o *DeleteOptions) Run(ctx context.Context) error {
 	conn, err := o.Connect(ctx)
 	if err != nil {
@@ -47,8 +69,8 @@ func (o *DeleteOptions) Run(ctx context.Context) error {
 		}
 		fmt.Fprintf(o.Out, "backup %q deleted\n", name)
 	}
-	if failed != nil && len(o.Names) > 1 {
+	if failed != nil {
 		return errAlreadyReported
 	}
-	return failed
+	return nil
 }

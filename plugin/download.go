@@ -30,12 +30,20 @@ func NewCmdDownload(g *GlobalOptions) *cobra.Command {
 (an earlier interrupted download) and re-connecting when the connection
 breaks; once the whole file matches the backup's SHA-256 it is renamed to
 FILE. With -o - the backup is written to standard output.`,
-		Example: `  kubectl etcdbackup download etcd-2026-01-31
-  kubectl etcdbackup download etcd-2026-01-31 -o /tmp/snapshot.db
-  kubectl etcdbackup download etcd-2026-01-31 -o - | etcdutl snapshot status /dev/stdin`,
+		Example: examples(`
+# Download a backup to the file etcd-2026-01-31 in the current directory
+kubectl etcdbackup download etcd-2026-01-31
+
+# Download a backup to /tmp/snapshot.db
+kubectl etcdbackup download etcd-2026-01-31 -o /tmp/snapshot.db
+
+# Stream a backup to standard output, here into etcdutl
+kubectl etcdbackup download etcd-2026-01-31 -o - | etcdutl snapshot status /dev/stdin`),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Complete(args)
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
 			if err := o.Validate(); err != nil {
 				return err
 			}
@@ -48,26 +56,26 @@ FILE. With -o - the backup is written to standard output.`,
 }
 
 // Complete defaults the output file to the backup's name.
-func (o *DownloadOptions) Complete(args []string) {
+func (o *DownloadOptions) Complete(_ *cobra.Command, args []string) error {
 	o.Name = args[0]
 	if o.File == "" {
 		o.File = o.Name
 	}
-}
-
-// Validate refuses to replace an existing file unless asked.
-func (o *DownloadOptions) Validate() error {
-	if o.File == "-" || o.Overwrite {
-		return nil
-	}
-	if _, err := os.Stat(o.File); err == nil {
-		return fmt.Errorf("%s already exists; pass --overwrite to replace it or -o to choose another file", o.File)
-	}
 	return nil
 }
 
-// Run downloads the backup.
+// Validate has nothing to check without I/O: whether FILE exists is
+// asked in Run, just before the download.
+func (o *DownloadOptions) Validate() error { return nil }
+
+// Run downloads the backup. An existing FILE is refused, unless
+// --overwrite, before the server is contacted.
 func (o *DownloadOptions) Run(ctx context.Context) error {
+	if o.File != "-" && !o.Overwrite {
+		if _, err := os.Stat(o.File); err == nil {
+			return fmt.Errorf("%s already exists; pass --overwrite to replace it or -o to choose another file", o.File)
+		}
+	}
 	conn, err := o.Connect(ctx)
 	if err != nil {
 		return err

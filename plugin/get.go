@@ -12,34 +12,46 @@ import (
 // GetOptions are the options of `kubectl etcdbackup get`.
 type GetOptions struct {
 	*GlobalOptions
-	Name   string
-	Output string
+	PrintFlags *PrintFlags
+	Name       string
 }
 
 // NewCmdGet returns the get command.
 func NewCmdGet(g *GlobalOptions) *cobra.Command {
-	o := &GetOptions{GlobalOptions: g, Output: "table"}
+	o := &GetOptions{GlobalOptions: g, PrintFlags: newPrintFlags(tableFormats)}
 	cmd := &cobra.Command{
 		Use:     "get NAME",
 		Aliases: []string{"describe"},
 		Short:   "Show one backup",
-		Example: `  kubectl etcdbackup get etcd-2026-01-31
-  kubectl etcdbackup get etcd-2026-01-31 -o yaml`,
+		Example: examples(`
+# Show one backup as a table row
+kubectl etcdbackup get etcd-2026-01-31
+
+# Show every field of the backup as YAML
+kubectl etcdbackup get etcd-2026-01-31 -o yaml`),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Name = args[0]
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
 			if err := o.Validate(); err != nil {
 				return err
 			}
 			return o.Run(cmd.Context())
 		},
 	}
-	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "output format: table, wide, json or yaml")
+	o.PrintFlags.AddFlags(cmd, "output format")
 	return cmd
 }
 
+// Complete takes the backup's name from the arguments.
+func (o *GetOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Name = args[0]
+	return nil
+}
+
 // Validate checks the flags.
-func (o *GetOptions) Validate() error { return validateOutput(o.Output) }
+func (o *GetOptions) Validate() error { return o.PrintFlags.Validate() }
 
 // Run shows the backup.
 func (o *GetOptions) Run(ctx context.Context) error {
@@ -52,8 +64,8 @@ func (o *GetOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return conn.explain("get backup "+quote(o.Name), err)
 	}
-	if o.Output == "json" || o.Output == "yaml" {
-		return printMessage(o.Out, o.Output, resp.GetBackup())
+	if o.PrintFlags.Structured() {
+		return printMessage(o.Out, o.PrintFlags.OutputFormat, resp.GetBackup())
 	}
-	return printBackups(o.Out, o.Output, &ebv1.ListBackupsResponse{Backups: []*ebv1.Backup{resp.GetBackup()}}, time.Now())
+	return printBackups(o.Out, o.PrintFlags.OutputFormat, &ebv1.ListBackupsResponse{Backups: []*ebv1.Backup{resp.GetBackup()}}, time.Now())
 }

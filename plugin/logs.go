@@ -21,18 +21,38 @@ type LogsOptions struct {
 func NewCmdLogs(g *GlobalOptions) *cobra.Command {
 	o := &LogsOptions{GlobalOptions: g}
 	cmd := &cobra.Command{
-		Use:     "logs NAME",
-		Short:   "Print the log of the agent that took a backup",
-		Example: `  kubectl etcdbackup logs control-plane-20260131-020000 -f`,
-		Args:    cobra.ExactArgs(1),
+		Use:   "logs NAME",
+		Short: "Print the log of the agent that took a backup",
+		Example: examples(`
+# Print the log of the agent that took a backup
+kubectl etcdbackup logs control-plane-20260131-020000
+
+# Follow the log while the agent is still running
+kubectl etcdbackup logs control-plane-20260131-020000 -f`),
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Name = args[0]
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
 			return o.Run(cmd.Context())
 		},
 	}
 	cmd.Flags().BoolVarP(&o.Follow, "follow", "f", false, "keep streaming while the agent runs")
 	return cmd
 }
+
+// Complete takes the backup's name from the arguments.
+func (o *LogsOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Name = args[0]
+	return nil
+}
+
+// Validate has nothing to check: the server owns the naming rules and
+// says which name it refuses.
+func (o *LogsOptions) Validate() error { return nil }
 
 // Run streams the log through the server (the plugin needs no
 // permission on pods/log).

@@ -19,18 +19,6 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
 
-// outputFormats are the values -o accepts.
-var outputFormats = []string{"table", "wide", "json", "yaml"}
-
-func validateOutput(format string) error {
-	for _, f := range outputFormats {
-		if format == f {
-			return nil
-		}
-	}
-	return fmt.Errorf("-o %q is not a known output format; use one of %s", format, strings.Join(outputFormats, ", "))
-}
-
 // printMessage writes m as JSON or YAML with the API's field names.
 func printMessage(out io.Writer, format string, m proto.Message) error {
 	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)

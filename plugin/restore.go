@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
@@ -55,16 +56,23 @@ member, with that member's name and peer URLs and the same --initial-cluster.
 
 A data directory that is not empty is refused unless --move-aside is given,
 which renames it to DIR.before-restore-TIMESTAMP; nothing is ever deleted.`,
-		Example: `  kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --dry-run
-  kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --wait
+		Example: examples(`
+# Show which Job would rebuild which member of target app-etcd; change nothing
+kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --dry-run
 
-  kubectl etcdbackup restore control-plane-20260131-020000 --local \
-      --data-dir /var/lib/etcd --member-name cp-1 \
-      --initial-cluster cp-1=https://10.0.0.10:2380,cp-2=https://10.0.0.11:2380,cp-3=https://10.0.0.12:2380 \
-      --initial-advertise-peer-urls https://10.0.0.10:2380`,
+# Rebuild every member of target app-etcd in the cluster and wait until done
+kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --wait
+
+# Rebuild member cp-1's data directory on this control-plane node
+kubectl etcdbackup restore control-plane-20260131-020000 --local \
+    --data-dir /var/lib/etcd --member-name cp-1 \
+    --initial-cluster cp-1=https://10.0.0.10:2380,cp-2=https://10.0.0.11:2380,cp-3=https://10.0.0.12:2380 \
+    --initial-advertise-peer-urls https://10.0.0.10:2380`),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Name = args[0]
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
 			if err := o.Validate(); err != nil {
 				return err
 			}
@@ -79,7 +87,7 @@ which renames it to DIR.before-restore-TIMESTAMP; nothing is ever deleted.`,
 	f.StringSliceVar(&o.Member.InitialAdvertisePeerURLs, "initial-advertise-peer-urls", nil, "with --local: this member's peer URLs")
 	f.StringVar(&o.Member.InitialClusterToken, "initial-cluster-token", "", "with --local: the restored cluster's token (default etcd's \"etcd-cluster\")")
 	f.BoolVar(&o.Member.MoveAside, "move-aside", false, "rename a non-empty data directory instead of refusing")
-	f.StringVar(&o.FromFile, "from-file", "", "with --local: restore from a file `download` wrote earlier instead of downloading (when the API server is down)")
+	f.StringVar(&o.FromFile, "from-file", "", "with --local: restore from `FILE`, written earlier by download, instead of downloading (when the API server is down)")
 	f.StringVar(&o.WorkDir, "work-dir", "", "where the download is kept until restored (default: beside the data directory)")
 	f.StringVar(&o.Target, "target", "", "restore the members of this etcd target in the cluster")
 	f.BoolVar(&o.Wait, "wait", false, "with --target: wait until every member's data is rebuilt")
@@ -88,7 +96,14 @@ which renames it to DIR.before-restore-TIMESTAMP; nothing is ever deleted.`,
 	return cmd
 }
 
-// Validate checks the flags before anything is downloaded.
+// Complete takes the backup's name from the arguments.
+func (o *RestoreOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Name = args[0]
+	return nil
+}
+
+// Validate checks that the flags go together; it reads nothing, so the
+// data directory is checked in Run.
 func (o *RestoreOptions) Validate() error {
 	switch {
 	case o.Local && o.Target != "":
@@ -109,41 +124,45 @@ func (o *RestoreOptions) Validate() error {
 	return nil
 }
 
-// Run restores.
+// Run restores. With --local a data directory that is not empty is
+// refused first, before anything is downloaded, and even for --dry-run.
 func (o *RestoreOptions) Run(ctx context.Context) error {
 	if !o.Local {
 		return o.runTarget(ctx)
 	}
-	return o.runLocal(ctx)
-}
-
-// runLocal runs the restore agent's own flow (agents/restore) on this
-// machine, reporting to the terminal instead of a log.
-func (o *RestoreOptions) runLocal(ctx context.Context) error {
+	if err := snapshot.CheckDataDir(o.Member); err != nil {
+		return err
+	}
 	dataDir, err := filepath.Abs(o.Member.DataDir)
 	if err != nil {
 		return err
 	}
 	o.Member.DataDir = dataDir
-	// Refused before connecting or downloading anything, dry run included.
-	if err := snapshot.CheckDataDir(o.Member); err != nil {
-		return err
-	}
-	ro := restore.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: o.WorkDir}
-	if ro.WorkDir == "" {
-		ro.WorkDir = restore.DefaultWorkDir(dataDir, o.Name)
+	work := o.WorkDir
+	if work == "" {
+		work = restore.DefaultWorkDir(dataDir, o.Name)
 	}
 	if o.DryRun {
 		fmt.Fprintf(o.Out, "would download backup %q to %s, verify it, and rebuild %s for member %q of cluster %s (peer URLs %s)\n",
-			o.Name, ro.WorkDir, dataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
+			o.Name, work, dataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
 		return nil
 	}
+	return o.restoreLocal(ctx, work)
+}
+
+// restoreLocal runs the restore agent's own flow (agents/restore) on this
+// machine — fetch (or --from-file), verify, rebuild o.Member's data
+// directory — reporting to the terminal where the agent logs.
+func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 	var conn *Connection
+	var c *client.Client
 	if o.FromFile == "" {
+		var err error
 		if conn, err = o.Connect(ctx); err != nil {
 			return err
 		}
 		defer conn.Close()
+		c = conn.Client
 	}
 	var bar *progress
 	ev := restore.Events{
@@ -164,18 +183,13 @@ func (o *RestoreOptions) runLocal(ctx context.Context) error {
 		},
 		MovedAside: func(to string) { fmt.Fprintf(o.ErrOut, "the old data directory was moved to %s\n", to) },
 	}
-	var c *client.Client
-	if conn != nil {
-		c = conn.Client
-	}
-	_, err = restore.Run(ctx, c, ro, ev)
+	_, err := restore.Run(ctx, c, restore.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work}, ev)
+	bar.Finish(false)
 	var de *restore.DownloadError
 	if errors.As(err, &de) {
-		bar.Finish(false)
 		return conn.explain("download "+quote(o.Name), de.Err)
 	}
 	if err != nil {
-		bar.Finish(false)
 		return err
 	}
 	fmt.Fprintf(o.Out, "restored %q into %s for member %q; start etcd with --data-dir %s --name %s --initial-cluster %s --initial-advertise-peer-urls %s\n",
@@ -218,38 +232,44 @@ func (o *RestoreOptions) runTarget(ctx context.Context) error {
 	return o.waitTarget(ctx, conn)
 }
 
+// waitTarget polls the restore every PollInterval until every member
+// succeeded, one failed, or WaitTimeout passes.
 func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error {
-	ctx, cancel := context.WithTimeout(ctx, o.WaitTimeout)
-	defer cancel()
-	for {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("restore of %q into target %q still running after %s; see `kubectl get jobs -A -l app.kubernetes.io/component=restore-agent`", o.Name, o.Target, o.WaitTimeout)
-		case <-time.After(o.PollInterval):
-		}
+	var members []*ebv1.MemberRestore
+	err := wait.PollUntilContextTimeout(ctx, o.PollInterval, o.WaitTimeout, false, func(ctx context.Context) (bool, error) {
 		resp, err := conn.Backups.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: o.Name, Location: o.Location, Target: o.Target})
 		if err != nil {
-			return conn.explain("wait for the restore of "+quote(o.Name), err)
+			if ctx.Err() != nil {
+				// The deadline, not the server: report it as the timeout.
+				return false, ctx.Err()
+			}
+			return false, conn.explain("wait for the restore of "+quote(o.Name), err)
 		}
+		members = resp.GetMembers()
 		done := true
-		for _, m := range resp.GetMembers() {
+		for _, m := range members {
 			switch m.GetPhase() {
 			case ebv1.RestorePhase_RESTORE_PHASE_FAILED:
 				ns, job, _ := strings.Cut(m.GetJobName(), "/")
-				return fmt.Errorf("restore of member %s failed: %s; see `kubectl -n %s logs job/%s`", m.GetMember(), m.GetMessage(), ns, job)
+				return false, fmt.Errorf("restore of member %s failed: %s; see `kubectl -n %s logs job/%s`", m.GetMember(), m.GetMessage(), ns, job)
 			case ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED:
 			default:
 				done = false
 			}
 		}
-		if done {
-			for _, m := range resp.GetMembers() {
-				fmt.Fprintf(o.Out, "member %s restored into %s (data dir %q)\n", m.GetMember(), m.GetVolume(), dataDirLabel(m.GetDataDir()))
-			}
-			fmt.Fprintf(o.Out, "restore of %q into target %q done: start the members again\n", o.Name, o.Target)
-			return nil
-		}
+		return done, nil
+	})
+	if wait.Interrupted(err) {
+		return fmt.Errorf("restore of %q into target %q still running after %s; see `kubectl get jobs -A -l app.kubernetes.io/component=restore-agent`", o.Name, o.Target, o.WaitTimeout)
 	}
+	if err != nil {
+		return err
+	}
+	for _, m := range members {
+		fmt.Fprintf(o.Out, "member %s restored into %s (data dir %q)\n", m.GetMember(), m.GetVolume(), dataDirLabel(m.GetDataDir()))
+	}
+	fmt.Fprintf(o.Out, "restore of %q into target %q done: start the members again\n", o.Name, o.Target)
+	return nil
 }
 
 func dataDirLabel(d string) string {

@@ -1,8 +1,13 @@
 package plugin
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
 func TestRestoreFlagCombinations(t *testing.T) {
@@ -25,5 +30,84 @@ func TestRestoreFlagCombinations(t *testing.T) {
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%+v: %v, want %q", tc.o, err, tc.want)
 		}
+	}
+}
+
+// localRestoreArgs are the flags of a valid --local restore into dataDir.
+func localRestoreArgs(dataDir string) []string {
+	return []string{
+		"--local", "--data-dir", dataDir, "--member-name", "m1",
+		"--initial-cluster", "m1=http://10.0.0.1:2380", "--initial-advertise-peer-urls", "http://10.0.0.1:2380",
+	}
+}
+
+// Validate reads nothing: a data directory that holds data is refused by
+// Run, before any download (nothing listens at the server address).
+func TestRestoreLocalRefusesNonEmptyDataDirBeforeDownload(t *testing.T) {
+	dataDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dataDir, "member"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := RestoreOptions{Local: true, Member: snapshot.Member{
+		DataDir: dataDir, Name: "m1", InitialCluster: "m1=http://10.0.0.1:2380", InitialAdvertisePeerURLs: []string{"http://10.0.0.1:2380"},
+	}}
+	if err := o.Validate(); err != nil {
+		t.Fatalf("Validate looked at the data directory: %v", err)
+	}
+
+	args := append([]string{"--server-address", nowhere, "restore", "b"}, localRestoreArgs(dataDir)...)
+	for _, extra := range [][]string{nil, {"--dry-run"}} {
+		r := mustFail(t, "not empty", append(args, extra...)...)
+		if !strings.Contains(r.err.Error(), "move-aside") || !strings.Contains(r.err.Error(), dataDir) {
+			t.Errorf("%v: error does not name the directory and --move-aside: %v", extra, r.err)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Dir(dataDir))
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".etcdbackup-restore-") {
+			t.Errorf("refused restore created work directory %s", e.Name())
+		}
+	}
+}
+
+func TestRestoreLocalDryRun(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "etcd")
+	r := mustRun(t, append([]string{"--server-address", nowhere, "restore", "b", "--dry-run"}, localRestoreArgs(dataDir)...)...)
+	work := filepath.Join(filepath.Dir(dataDir), ".etcdbackup-restore-b")
+	want := fmt.Sprintf("would download backup %q to %s, verify it, and rebuild %s for member %q of cluster %s (peer URLs %s)\n",
+		"b", work, dataDir, "m1", "m1=http://10.0.0.1:2380", "http://10.0.0.1:2380")
+	if r.out != want {
+		t.Fatalf("dry run: %q, want %q", r.out, want)
+	}
+	if _, err := os.Stat(work); !os.IsNotExist(err) {
+		t.Fatalf("dry run created %s: %v", work, err)
+	}
+}
+
+func TestRestoreFlagErrorsThroughCommand(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"restore", "b"}, "say where to restore"},
+		{[]string{"restore", "b", "--local", "--data-dir", "/d"}, "restore needs the member name, initial cluster, initial advertise peer URLs (flags --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls)"},
+		{[]string{"restore", "b", "--local", "--data-dir", "/d", "--member-name", "m1", "--initial-cluster", "other=http://x:2380", "--initial-advertise-peer-urls", "http://x:2380"}, `initial cluster "other=http://x:2380" does not name member "m1"`},
+		{[]string{"restore", "b", "--target", "t", "--data-dir", "/d"}, "drop --data-dir"},
+		{[]string{"restore", "b", "--target", "t", "--timeout", "x"}, `invalid argument "x" for "--timeout"`},
+		{[]string{"restore"}, "accepts 1 arg(s), received 0"},
+	} {
+		r := run(t, append([]string{"--server-address", nowhere}, tc.args...)...)
+		if r.err == nil || !strings.Contains(r.err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want it to contain %q", tc.args, r.err, tc.want)
+		}
+	}
+}
+
+// --target goes to the server; this one has no restore agents.
+func TestRestoreTargetAsksServer(t *testing.T) {
+	addr := startServer(t)
+	r := run(t, addr, "restore", "b", "--target", "t", "--dry-run")
+	if r.err == nil || !strings.HasPrefix(r.err.Error(), `restore "b" into target "t": this server cannot launch restore agents`) || !strings.Contains(r.err.Error(), "--local") {
+		t.Fatalf("restore --target: %v", r.err)
 	}
 }

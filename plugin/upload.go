@@ -17,26 +17,30 @@ import (
 // UploadOptions are the options of `kubectl etcdbackup upload`.
 type UploadOptions struct {
 	*GlobalOptions
-	File   string
-	Name   string
-	Labels map[string]string
-	Output string
+	PrintFlags *PrintFlags
+	File       string
+	Name       string
+	Labels     map[string]string
 }
 
 // NewCmdUpload returns the upload command.
 func NewCmdUpload(g *GlobalOptions) *cobra.Command {
-	o := &UploadOptions{GlobalOptions: g, Output: "table"}
+	o := &UploadOptions{GlobalOptions: g, PrintFlags: newPrintFlags(tableFormats)}
 	cmd := &cobra.Command{
 		Use:   "upload FILE",
 		Short: "Upload an etcd snapshot file as a new backup",
 		Long: `Upload streams FILE to the server, hashing it on the way; the server stores it
 only if every byte arrived with the same SHA-256. Backups are immutable: a
 name that exists is refused.`,
-		Example: `  kubectl etcdbackup upload snapshot.db
-  kubectl etcdbackup upload /var/backups/etcd.db --name before-upgrade --labels reason=upgrade`,
+		Example: examples(`
+# Upload snapshot.db as the backup "snapshot.db"
+kubectl etcdbackup upload snapshot.db
+
+# Upload a snapshot under another name, with a label
+kubectl etcdbackup upload /var/backups/etcd.db --name before-upgrade --labels reason=upgrade`),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(args); err != nil {
+			if err := o.Complete(cmd, args); err != nil {
 				return err
 			}
 			if err := o.Validate(); err != nil {
@@ -47,12 +51,12 @@ name that exists is refused.`,
 	}
 	cmd.Flags().StringVar(&o.Name, "name", "", "name of the backup (default: the file's name, lower-cased)")
 	cmd.Flags().StringToStringVar(&o.Labels, "labels", nil, "labels to store with the backup, as key=value pairs")
-	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "output format of the stored backup: table, wide, json or yaml")
+	o.PrintFlags.AddFlags(cmd, "output format of the stored backup")
 	return cmd
 }
 
 // Complete fills in the name from the file when not given.
-func (o *UploadOptions) Complete(args []string) error {
+func (o *UploadOptions) Complete(_ *cobra.Command, args []string) error {
 	o.File = args[0]
 	if o.Name == "" {
 		o.Name = strings.ToLower(filepath.Base(o.File))
@@ -65,7 +69,7 @@ func (o *UploadOptions) Validate() error {
 	if errs := validation.IsDNS1123Subdomain(o.Name); len(errs) > 0 {
 		return fmt.Errorf("backup name %q is invalid (%s); pass a valid one with --name", o.Name, strings.Join(errs, "; "))
 	}
-	return validateOutput(o.Output)
+	return o.PrintFlags.Validate()
 }
 
 // Run uploads the file.
@@ -107,8 +111,8 @@ func (o *UploadOptions) Run(ctx context.Context) error {
 		}
 		return conn.explain("upload "+quote(o.Name), err)
 	}
-	if o.Output == "json" || o.Output == "yaml" {
-		return printMessage(o.Out, o.Output, b)
+	if o.PrintFlags.Structured() {
+		return printMessage(o.Out, o.PrintFlags.OutputFormat, b)
 	}
 	fmt.Fprintf(o.Out, "backup %q uploaded: %d bytes, sha256 %s\n", b.GetName(), b.GetSize(), b.GetSha256())
 	return nil

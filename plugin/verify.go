@@ -12,31 +12,48 @@ import (
 // VerifyOptions are the options of `kubectl etcdbackup verify`.
 type VerifyOptions struct {
 	*GlobalOptions
-	Name   string
-	Output string
+	PrintFlags *PrintFlags
+	Name       string
 }
 
 // NewCmdVerify returns the verify command.
 func NewCmdVerify(g *GlobalOptions) *cobra.Command {
-	o := &VerifyOptions{GlobalOptions: g, Output: "table"}
+	o := &VerifyOptions{GlobalOptions: g, PrintFlags: newPrintFlags(plainFormats)}
 	cmd := &cobra.Command{
 		Use:   "verify NAME",
 		Short: "Check a stored backup end to end on the server, without downloading it",
 		Long: `verify has the server re-read a backup and check its stored SHA-256, etcd's own
 SHA-256 trailer and the consistency of the etcd database inside, then prints
 the revision, key count and size etcd reports. A corrupt backup is an error.`,
+		Example: examples(`
+# Check a backup on the server: SHA-256, etcd's trailer and database
+kubectl etcdbackup verify etcd-2026-01-31
+
+# The same, with etcd's figures as JSON for a script
+kubectl etcdbackup verify etcd-2026-01-31 -o json`),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			o.Name = args[0]
-			if err := validateOutput(o.Output); err != nil {
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
 				return err
 			}
 			return o.Run(cmd.Context())
 		},
 	}
-	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "output format: table, json or yaml")
+	o.PrintFlags.AddFlags(cmd, "output format")
 	return cmd
 }
+
+// Complete takes the backup's name from the arguments.
+func (o *VerifyOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Name = args[0]
+	return nil
+}
+
+// Validate checks the flags.
+func (o *VerifyOptions) Validate() error { return o.PrintFlags.Validate() }
 
 // Run verifies the backup.
 func (o *VerifyOptions) Run(ctx context.Context) error {
@@ -49,8 +66,8 @@ func (o *VerifyOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return conn.explain("verify "+quote(o.Name), err)
 	}
-	if o.Output == "json" || o.Output == "yaml" {
-		return printMessage(o.Out, o.Output, r)
+	if o.PrintFlags.Structured() {
+		return printMessage(o.Out, o.PrintFlags.OutputFormat, r)
 	}
 	fmt.Fprintf(o.Out, "backup %q is intact: sha256 %s, etcd trailer and database consistent\n", o.Name, r.GetBackup().GetSha256())
 	fmt.Fprintf(o.Out, "revision %d, %d keys, database %d bytes, etcd hash %d\n", r.GetRevision(), r.GetTotalKeys(), r.GetTotalSize(), r.GetHash())

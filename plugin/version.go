@@ -16,18 +16,27 @@ import (
 // VersionOptions are the options of `kubectl etcdbackup version`.
 type VersionOptions struct {
 	*GlobalOptions
+	PrintFlags *PrintFlags
 	ClientOnly bool
-	Output     string
 }
 
 // NewCmdVersion returns the version command.
 func NewCmdVersion(g *GlobalOptions) *cobra.Command {
-	o := &VersionOptions{GlobalOptions: g, Output: "table"}
+	o := &VersionOptions{GlobalOptions: g, PrintFlags: newPrintFlags(plainFormats)}
 	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print the plugin's and the server's versions, and the server's storage locations",
-		Args:  cobra.NoArgs,
+		Example: examples(`
+# Print the plugin's and the server's versions, storage locations and etcd targets
+kubectl etcdbackup version
+
+# Print the plugin's version only, without contacting the server
+kubectl etcdbackup version --client`),
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
 			if err := o.Validate(); err != nil {
 				return err
 			}
@@ -35,12 +44,15 @@ func NewCmdVersion(g *GlobalOptions) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&o.ClientOnly, "client", false, "print the plugin's version only, without contacting the server")
-	cmd.Flags().StringVarP(&o.Output, "output", "o", o.Output, "output format: table, json or yaml")
+	o.PrintFlags.AddFlags(cmd, "output format")
 	return cmd
 }
 
+// Complete has nothing to fill in: every field comes from a flag.
+func (o *VersionOptions) Complete(*cobra.Command, []string) error { return nil }
+
 // Validate checks the flags.
-func (o *VersionOptions) Validate() error { return validateOutput(o.Output) }
+func (o *VersionOptions) Validate() error { return o.PrintFlags.Validate() }
 
 // Run prints the versions.
 func (o *VersionOptions) Run(ctx context.Context) error {
@@ -55,7 +67,7 @@ func (o *VersionOptions) Run(ctx context.Context) error {
 			return conn.explain("get server version", err)
 		}
 	}
-	if o.Output == "json" || o.Output == "yaml" {
+	if o.PrintFlags.Structured() {
 		v := map[string]any{"clientVersion": map[string]string{"version": version.Version, "gitCommit": version.Commit()}}
 		if !o.ClientOnly {
 			server, err := protojson.Marshal(info)
@@ -64,7 +76,7 @@ func (o *VersionOptions) Run(ctx context.Context) error {
 			}
 			v["server"] = json.RawMessage(server)
 		}
-		return printValue(o.Out, o.Output, v)
+		return printValue(o.Out, o.PrintFlags.OutputFormat, v)
 	}
 	fmt.Fprintf(o.Out, "Client Version: %s\n", version.Version)
 	if o.ClientOnly {

@@ -1,13 +1,14 @@
 package tunnel
 
 import (
-	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 
-	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 )
 
 // NotInstalledError: the namespace has no server Service.
@@ -78,6 +79,12 @@ func (e *ForbiddenError) Error() string {
 
 func (e *ForbiddenError) Unwrap() error { return e.Err }
 
+// newPortForwardForbidden is the ForbiddenError for a port-forward to ep
+// that RBAC denies: it names the verb, resource and namespace to grant.
+func newPortForwardForbidden(ep *Endpoint, err error) *ForbiddenError {
+	return &ForbiddenError{Action: "port-forward to " + ep.String(), Verb: "create", Resource: "pods/portforward", Namespace: ep.Pod.Namespace, Err: err}
+}
+
 // UnreachableError: the API server could not be reached at all.
 type UnreachableError struct {
 	Host string
@@ -90,16 +97,19 @@ func (e *UnreachableError) Error() string {
 
 func (e *UnreachableError) Unwrap() error { return e.Err }
 
-// canPortForward asks the API server whether the caller may create
-// pods/portforward in ns. known is false when the question itself failed.
-func (d *Dialer) canPortForward(ctx context.Context, ns string) (allowed, known bool) {
-	r, err := d.client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
-		Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Namespace: ns, Verb: "create", Resource: "pods", Subresource: "portforward",
-		}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return false, false
+// apiError turns a failed API call (what) against the API server at host
+// into the typed error that says what to do.
+func apiError(host, what string, err error) error {
+	switch {
+	case apierrors.IsForbidden(err):
+		return &ForbiddenError{Action: what, Err: err}
+	case apierrors.IsUnauthorized(err):
+		return fmt.Errorf("%s: the API server did not accept your credentials (%v); check your kubeconfig with `kubectl auth whoami`", what, err)
 	}
-	return r.Status.Allowed, true
+	var netErr net.Error
+	var opErr *net.OpError
+	if errors.As(err, &opErr) || errors.As(err, &netErr) || errors.Is(err, io.EOF) {
+		return &UnreachableError{Host: host, Err: err}
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }

@@ -1,0 +1,257 @@
+package plugin
+
+import (
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/dustin/go-humanize"
+	"google.golang.org/protobuf/encoding/protojson"
+	"sigs.k8s.io/yaml"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+)
+
+func TestListAndGetTable(t *testing.T) {
+	addr := startServer(t)
+	r := mustRun(t, addr, "list")
+	if r.out != "" || r.errOut != "No backups found.\n" {
+		t.Fatalf("empty list: stdout %q, stderr %q; want only kubectl's %q on stderr", r.out, r.errOut, "No backups found.\n")
+	}
+
+	const size = 3<<20 + 17
+	file, _, sum := writeRandom(t, "Snap.DB", size)
+	mustRun(t, addr, "upload", file, "--labels", "env=test,team=etcd")
+
+	header, rows := parseTable(t, mustRun(t, addr, "list").out)
+	if want := []string{"NAME", "LOCATION", "PHASE", "SIZE", "AGE"}; !reflect.DeepEqual(header, want) {
+		t.Fatalf("list header %v, want %v", header, want)
+	}
+	if len(rows) != 1 {
+		t.Fatalf("list has %d rows, want 1: %v", len(rows), rows)
+	}
+	row := rows[0]
+	for col, want := range map[string]string{"NAME": "snap.db", "LOCATION": "default", "PHASE": "Completed", "SIZE": humanize.IBytes(size)} {
+		if row[col] != want {
+			t.Errorf("list %s = %q, want %q", col, row[col], want)
+		}
+	}
+	if !strings.HasSuffix(row["AGE"], "s") {
+		t.Errorf("list AGE = %q, want seconds", row["AGE"])
+	}
+
+	header, rows = parseTable(t, mustRun(t, addr, "list", "-o", "wide").out)
+	if want := []string{"NAME", "LOCATION", "PHASE", "SIZE", "AGE", "SOURCE", "REVISION", "COMPRESSION", "SHA256", "LABELS"}; !reflect.DeepEqual(header, want) {
+		t.Fatalf("list -o wide header %v, want %v", header, want)
+	}
+	for col, want := range map[string]string{"NAME": "snap.db", "SOURCE": "upload", "REVISION": "<none>", "COMPRESSION": "<none>", "SHA256": sum, "LABELS": "env=test,team=etcd"} {
+		if rows[0][col] != want {
+			t.Errorf("list -o wide %s = %q, want %q", col, rows[0][col], want)
+		}
+	}
+
+	// get prints the same row as list.
+	header, rows = parseTable(t, mustRun(t, addr, "get", "snap.db").out)
+	if header[0] != "NAME" || len(rows) != 1 || rows[0]["NAME"] != "snap.db" || rows[0]["PHASE"] != "Completed" {
+		t.Fatalf("get table: %v %v", header, rows)
+	}
+
+	// A label selector that matches nothing lists nothing.
+	r = mustRun(t, addr, "list", "-l", "env=prod")
+	if r.out != "" || r.errOut != "No backups found.\n" {
+		t.Fatalf("list -l env=prod: stdout %q, stderr %q", r.out, r.errOut)
+	}
+}
+
+func TestListAndGetJSONAndYAML(t *testing.T) {
+	addr := startServer(t)
+	file, data, sum := writeRandom(t, "b1", 4096)
+	mustRun(t, addr, "upload", file, "--labels", "env=test")
+
+	var list ebv1.ListBackupsResponse
+	if err := protojson.Unmarshal([]byte(mustRun(t, addr, "list", "-o", "json").out), &list); err != nil {
+		t.Fatalf("list -o json is not the API's JSON: %v", err)
+	}
+	if n := len(list.GetBackups()); n != 1 {
+		t.Fatalf("list -o json has %d backups, want 1", n)
+	}
+	b := list.GetBackups()[0]
+	if b.GetName() != "b1" || b.GetSha256() != sum || b.GetSize() != int64(len(data)) || b.GetLabels()["env"] != "test" || b.GetPhase() != ebv1.BackupPhase_BACKUP_PHASE_COMPLETED {
+		t.Fatalf("list -o json: %v", b)
+	}
+
+	// An empty list is still a document, not the table's notice.
+	r := mustRun(t, addr, "list", "-o", "json", "-l", "env=none")
+	if strings.TrimSpace(r.out) != "{}" || r.errOut != "" {
+		t.Fatalf("empty list -o json: stdout %q, stderr %q", r.out, r.errOut)
+	}
+
+	y := mustRun(t, addr, "get", "b1", "-o", "yaml").out
+	if !strings.Contains(y, "sha256: "+sum+"\n") {
+		t.Fatalf("get -o yaml lacks the sha256 line: %s", y)
+	}
+	j, err := yaml.YAMLToJSON([]byte(y))
+	if err != nil {
+		t.Fatalf("get -o yaml is not YAML: %v\n%s", err, y)
+	}
+	var got ebv1.Backup
+	if err := protojson.Unmarshal(j, &got); err != nil {
+		t.Fatalf("get -o yaml is not a Backup: %v\n%s", err, y)
+	}
+	if got.GetName() != "b1" || got.GetSha256() != sum || got.GetSize() != int64(len(data)) {
+		t.Fatalf("get -o yaml: %v", &got)
+	}
+
+	if err := protojson.Unmarshal([]byte(mustRun(t, addr, "get", "b1", "-o", "json").out), &got); err != nil || got.GetSha256() != sum {
+		t.Fatalf("get -o json: %v %v", err, &got)
+	}
+}
+
+func TestGetMissingBackup(t *testing.T) {
+	addr := startServer(t)
+	r := mustFail(t, `get backup "nope"`, addr, "get", "nope")
+	for _, want := range []string{`backup "nope" not found`, "kubectl etcdbackup list"} {
+		if !strings.Contains(r.err.Error(), want) {
+			t.Errorf("error %q does not contain %q", r.err, want)
+		}
+	}
+	if r.out != "" {
+		t.Errorf("get of a missing backup printed %q", r.out)
+	}
+	mustFail(t, `storage location "elsewhere" does not exist`, addr, "list", "--location", "elsewhere")
+}
+
+// -o is refused before the server is contacted, with the flag and every
+// value the command accepts, and those values are the ones its help names.
+func TestOutputFormatFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		allowed string
+		// next is the error a valid -o runs into: the step after Validate.
+		next string
+	}{
+		{[]string{"list"}, "table, wide, json, yaml", "cannot reach the etcdbackup server at " + nowhere},
+		{[]string{"get", "b"}, "table, wide, json, yaml", "cannot reach the etcdbackup server at " + nowhere},
+		{[]string{"backup"}, "table, wide, json, yaml", "cannot reach the etcdbackup server at " + nowhere},
+		{[]string{"upload", "/does/not/exist.db"}, "table, wide, json, yaml", "open /does/not/exist.db: no such file or directory"},
+		{[]string{"version"}, "table, json, yaml", "cannot reach the etcdbackup server at " + nowhere},
+		{[]string{"verify", "b"}, "table, json, yaml", "cannot reach the etcdbackup server at " + nowhere},
+	} {
+		t.Run(tc.args[0], func(t *testing.T) {
+			args := append([]string{"--server-address", nowhere}, tc.args...)
+			r := run(t, append(args, "-o", "bogus")...)
+			want := fmt.Sprintf("-o %q is not a known output format; use one of %s", "bogus", tc.allowed)
+			if r.err == nil || r.err.Error() != want {
+				t.Fatalf("-o bogus: error %v, want %q", r.err, want)
+			}
+			// The help lists the same formats.
+			cmd, _, err := NewCmdRoot(genericiooptionsForHelp()).Find(tc.args[:1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			usage := cmd.Flags().Lookup("output").Usage
+			if got := strings.ReplaceAll(usage[strings.Index(usage, ": ")+2:], " or ", ", "); got != tc.allowed {
+				t.Errorf("-o help %q lists %q, validation accepts %q", usage, got, tc.allowed)
+			}
+			// Each allowed format gets past Validate to the next step.
+			for _, f := range strings.Split(tc.allowed, ", ") {
+				r := run(t, append(args, "-o", f)...)
+				if r.err == nil || !strings.Contains(r.err.Error(), tc.next) {
+					t.Errorf("-o %s: %v, want it accepted and then %q", f, r.err, tc.next)
+				}
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	// --client never contacts the server.
+	r := mustRun(t, "--server-address", nowhere, "version", "--client")
+	if want := "Client Version: " + version.Version + "\n"; r.out != want {
+		t.Fatalf("version --client = %q, want %q", r.out, want)
+	}
+	var v struct {
+		ClientVersion struct{ Version string } `json:"clientVersion"`
+		Server        *struct{}                `json:"server"`
+	}
+	if err := yaml.Unmarshal([]byte(mustRun(t, "--server-address", nowhere, "version", "--client", "-o", "yaml").out), &v); err != nil {
+		t.Fatal(err)
+	}
+	if v.ClientVersion.Version != version.Version || v.Server != nil {
+		t.Fatalf("version --client -o yaml: %+v", v)
+	}
+
+	addr := startServer(t)
+	r = mustRun(t, addr, "version")
+	want := "Client Version: " + version.Version + "\nServer Version: " + version.Version + "\nStorage Location: default (default), filesystem: "
+	if !strings.HasPrefix(r.out, want) {
+		t.Fatalf("version = %q, want it to start with %q", r.out, want)
+	}
+	var full struct {
+		ClientVersion struct{ Version string } `json:"clientVersion"`
+		Server        struct {
+			Version   string
+			Locations []struct {
+				Name, Type string
+				Default    bool
+			}
+		} `json:"server"`
+	}
+	if err := yaml.Unmarshal([]byte(mustRun(t, addr, "version", "-o", "json").out), &full); err != nil {
+		t.Fatal(err)
+	}
+	if full.Server.Version != version.Version || len(full.Server.Locations) != 1 || full.Server.Locations[0].Name != "default" || !full.Server.Locations[0].Default {
+		t.Fatalf("version -o json: %+v", full)
+	}
+}
+
+func TestArgumentAndFlagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"list", "--bogus"}, "unknown flag: --bogus"},
+		{[]string{"get", "b", "-z"}, "unknown shorthand flag: 'z' in -z"},
+		{[]string{"get"}, "accepts 1 arg(s), received 0"},
+		{[]string{"list", "extra"}, `unknown command "extra" for "kubectl etcdbackup list"`},
+		{[]string{"delete"}, "requires at least 1 arg(s), only received 0"},
+		{[]string{"download", "a", "b"}, "accepts 1 arg(s), received 2"},
+		{[]string{"backup", "--compression", "gzip"}, `--compression "gzip" is not supported; use zstd or none`},
+		{[]string{"backup", "--timeout", "soon"}, `invalid argument "soon" for "--timeout" flag`},
+		{[]string{"upload", "x.db", "--name", "Bad_Name"}, `backup name "Bad_Name" is invalid`},
+		{[]string{"nosuch"}, `unknown command "nosuch" for "kubectl etcdbackup"`},
+	} {
+		r := run(t, append([]string{"--server-address", nowhere}, tc.args...)...)
+		if r.err == nil || !strings.Contains(r.err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want it to contain %q", tc.args, r.err, tc.want)
+		}
+	}
+}
+
+// Every example has kubectl's "# what it does" line above it.
+func TestExamplesAreCommented(t *testing.T) {
+	root := NewCmdRoot(genericiooptionsForHelp())
+	for _, cmd := range root.Commands() {
+		if cmd.Name() == "help" || cmd.Name() == "completion" {
+			continue
+		}
+		if cmd.Example == "" {
+			t.Errorf("%s has no examples", cmd.Name())
+			continue
+		}
+		lines := strings.Split(cmd.Example, "\n")
+		for i, l := range lines {
+			if !strings.HasPrefix(l, "  kubectl etcdbackup ") {
+				continue
+			}
+			if i == 0 || !strings.HasPrefix(lines[i-1], "  # ") {
+				t.Errorf("%s: example %q has no # comment above it", cmd.Name(), l)
+			}
+			if !strings.HasPrefix(l, "  kubectl etcdbackup "+cmd.Name()) {
+				t.Errorf("%s: example %q runs another command", cmd.Name(), l)
+			}
+		}
+	}
+}

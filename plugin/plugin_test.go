@@ -1,0 +1,133 @@
+package plugin
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
+)
+
+// nowhere is an address nothing listens on: a command run against it that
+// fails with anything but "cannot reach" never got as far as the server.
+const nowhere = "127.0.0.1:1"
+
+type result struct {
+	out, errOut string
+	err         error
+}
+
+// run drives the real command tree, as main does, with test streams.
+func run(t *testing.T, args ...string) result {
+	t.Helper()
+	streams, _, out, errOut := genericiooptions.NewTestIOStreams()
+	cmd := NewCmdRoot(streams)
+	cmd.SetArgs(args)
+	cmd.SetOut(out)
+	cmd.SetErr(errOut)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := cmd.ExecuteContext(ctx)
+	return result{out: out.String(), errOut: errOut.String(), err: err}
+}
+
+func mustRun(t *testing.T, args ...string) result {
+	t.Helper()
+	r := run(t, args...)
+	if r.err != nil {
+		t.Fatalf("%v: %v\nstdout: %s\nstderr: %s", args, r.err, r.out, r.errOut)
+	}
+	return r
+}
+
+func mustFail(t *testing.T, want string, args ...string) result {
+	t.Helper()
+	r := run(t, args...)
+	if r.err == nil {
+		t.Fatalf("%v succeeded, want an error containing %q\nstdout: %s", args, want, r.out)
+	}
+	if !strings.Contains(r.err.Error(), want) {
+		t.Fatalf("%v: error %q does not contain %q", args, r.err, want)
+	}
+	return r
+}
+
+// startServer runs the real data server and returns the flag that points
+// the plugin at it.
+func startServer(t *testing.T) string {
+	t.Helper()
+	return "--server-address=" + servertest.Start(t, "").Addr
+}
+
+// writeRandom writes n random bytes to a new file and returns its path,
+// contents and hex SHA-256.
+func writeRandom(t *testing.T, name string, n int) (string, []byte, string) {
+	t.Helper()
+	data := make([]byte, n)
+	if _, err := rand.Read(data); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, data, sha(data)
+}
+
+func sha(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// parseTable splits kubectl-style table output into rows of column→value,
+// cutting each row at the header's column starts.
+func parseTable(t *testing.T, out string) (header []string, rows []map[string]string) {
+	t.Helper()
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if len(lines) == 0 || lines[0] == "" {
+		t.Fatalf("no table in %q", out)
+	}
+	head := lines[0]
+	var starts []int
+	for i := 0; i < len(head); i++ {
+		if head[i] != ' ' && (i == 0 || head[i-1] == ' ') {
+			starts = append(starts, i)
+		}
+	}
+	for i, s := range starts {
+		end := len(head)
+		if i+1 < len(starts) {
+			end = starts[i+1]
+		}
+		header = append(header, strings.TrimSpace(head[s:end]))
+	}
+	for _, l := range lines[1:] {
+		row := map[string]string{}
+		for i, s := range starts {
+			if s >= len(l) {
+				continue
+			}
+			end := len(l)
+			if i+1 < len(starts) && starts[i+1] < end {
+				end = starts[i+1]
+			}
+			row[header[i]] = strings.TrimSpace(l[s:end])
+		}
+		rows = append(rows, row)
+	}
+	return header, rows
+}
+
+// genericiooptionsForHelp gives streams for building a command tree that is
+// only inspected, never run.
+func genericiooptionsForHelp() genericiooptions.IOStreams {
+	return genericiooptions.NewTestIOStreamsDiscard()
+}

@@ -1,0 +1,160 @@
+package plugin
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestUploadDownloadRoundTrip(t *testing.T) {
+	addr := startServer(t)
+	const size = 5<<20 + 3 // several gRPC messages, not a round number
+	file, data, sum := writeRandom(t, "snapshot.db", size)
+
+	r := mustRun(t, addr, "upload", file, "--name", "rt", "--labels", "reason=test")
+	if want := fmt.Sprintf("backup %q uploaded: %d bytes, sha256 %s\n", "rt", size, sum); r.out != want {
+		t.Fatalf("upload stdout %q, want %q", r.out, want)
+	}
+	mustFail(t, "rt", addr, "upload", file, "--name", "rt") // backups are immutable
+
+	out := filepath.Join(t.TempDir(), "out.db")
+	r = mustRun(t, addr, "download", "rt", "-o", out)
+	if want := fmt.Sprintf("backup %q downloaded to %s (%d bytes, sha256 %s verified)\n", "rt", out, size, sum); r.errOut != want {
+		t.Fatalf("download stderr %q, want %q", r.errOut, want)
+	}
+	if r.out != "" {
+		t.Fatalf("download to a file wrote %d bytes to stdout", len(r.out))
+	}
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) || sha(got) != sum {
+		t.Fatalf("downloaded %d bytes sha256 %s, uploaded %d bytes sha256 %s", len(got), sha(got), size, sum)
+	}
+	if _, err := os.Stat(out + ".part"); !os.IsNotExist(err) {
+		t.Fatalf("%s.part left behind: %v", out, err)
+	}
+
+	// -o - streams the bytes to stdout and nothing else.
+	r = mustRun(t, addr, "download", "rt", "-o", "-")
+	if r.out != string(data) {
+		t.Fatalf("download -o - wrote %d bytes sha256 %s, want %d bytes sha256 %s", len(r.out), sha([]byte(r.out)), size, sum)
+	}
+
+	// The default file is the backup's name in the current directory.
+	dir := t.TempDir()
+	t.Chdir(dir)
+	mustRun(t, addr, "download", "rt")
+	if got, err := os.ReadFile(filepath.Join(dir, "rt")); err != nil || sha(got) != sum {
+		t.Fatalf("download without -o: %v, sha256 %s", err, sha(got))
+	}
+}
+
+func TestDownloadRefusesToOverwrite(t *testing.T) {
+	addr := startServer(t)
+	file, data, _ := writeRandom(t, "b", 10000)
+	mustRun(t, addr, "upload", file)
+
+	out := filepath.Join(t.TempDir(), "existing.db")
+	if err := os.WriteFile(out, []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := mustFail(t, "--overwrite", addr, "download", "b", "-o", out)
+	if want := out + " already exists; pass --overwrite to replace it or -o to choose another file"; r.err.Error() != want {
+		t.Fatalf("error %q, want %q", r.err, want)
+	}
+	if got, _ := os.ReadFile(out); string(got) != "keep me" {
+		t.Fatalf("refused download changed the file to %d bytes", len(got))
+	}
+	if _, err := os.Stat(out + ".part"); !os.IsNotExist(err) {
+		t.Fatalf("refused download left a .part: %v", err)
+	}
+
+	// The refusal comes before any connection: nothing need listen.
+	mustFail(t, "already exists", "--server-address", nowhere, "download", "b", "-o", out)
+
+	mustRun(t, addr, "download", "b", "-o", out, "--overwrite")
+	if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
+		t.Fatalf("download --overwrite: file has %d bytes, want the backup's %d", len(got), len(data))
+	}
+}
+
+func TestDownloadMissingBackupLeavesNothing(t *testing.T) {
+	addr := startServer(t)
+	out := filepath.Join(t.TempDir(), "x")
+	mustFail(t, `backup "nope" not found`, addr, "download", "nope", "-o", out)
+	for _, p := range []string{out, out + ".part"} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("failed download left %s: %v", p, err)
+		}
+	}
+}
+
+func TestDelete(t *testing.T) {
+	addr := startServer(t)
+	for _, n := range []string{"a", "b"} {
+		file, _, _ := writeRandom(t, n, 100)
+		mustRun(t, addr, "upload", file)
+	}
+
+	// kubectl's wording, on stdout.
+	r := mustRun(t, addr, "delete", "a")
+	if r.out != "backup \"a\" deleted\n" || r.errOut != "" {
+		t.Fatalf("delete: stdout %q, stderr %q", r.out, r.errOut)
+	}
+
+	// One missing: the others are still deleted, each failure is printed
+	// once, and the command fails without main printing it again.
+	r = run(t, addr, "delete", "gone", "b")
+	if !IsAlreadyReported(r.err) {
+		t.Fatalf("delete with a missing name: error %v, want it already reported", r.err)
+	}
+	if r.out != "backup \"b\" deleted\n" {
+		t.Fatalf("delete gone b: stdout %q", r.out)
+	}
+	if !strings.HasPrefix(r.errOut, `error: delete backup "gone": backup "gone" not found`) || strings.Count(r.errOut, "error:") != 1 {
+		t.Fatalf("delete gone b: stderr %q", r.errOut)
+	}
+
+	// A single missing name is printed once too.
+	r = run(t, addr, "delete", "gone")
+	if !IsAlreadyReported(r.err) || strings.Count(r.errOut, "not found") != 1 {
+		t.Fatalf("delete gone: error %v, stderr %q", r.err, r.errOut)
+	}
+
+	r = mustRun(t, addr, "list")
+	if r.out != "" || r.errOut != "No backups found.\n" {
+		t.Fatalf("list after deleting all: stdout %q, stderr %q", r.out, r.errOut)
+	}
+}
+
+// A server without agents refuses backup and logs with a message that
+// says why, and says what to do instead.
+func TestBackupAndLogsWithoutAgents(t *testing.T) {
+	addr := startServer(t)
+	r := mustFail(t, "start backup: this server cannot launch backup agents", addr, "backup", "--wait")
+	if !strings.Contains(r.err.Error(), "kubectl etcdbackup upload") || !strings.Contains(r.err.Error(), "FailedPrecondition") {
+		t.Fatalf("backup error does not help: %v", r.err)
+	}
+	mustFail(t, `logs of "x": this server launches no agents, so there are no agent logs`, addr, "logs", "x")
+}
+
+// verify re-reads a stored backup on the server: random bytes are no etcd
+// snapshot, and saying so is an error.
+func TestVerifyRefusesNonSnapshot(t *testing.T) {
+	addr := startServer(t)
+	file, _, _ := writeRandom(t, "junk", 4096)
+	mustRun(t, addr, "upload", file)
+	r := mustFail(t, `verify "junk": backup "junk" in location "default" is corrupt`, addr, "verify", "junk")
+	if !strings.Contains(r.err.Error(), "do not restore it") {
+		t.Fatalf("verify error does not warn against restoring: %v", r.err)
+	}
+	if r.out != "" {
+		t.Fatalf("verify of junk printed %q", r.out)
+	}
+	mustFail(t, `backup "nope" not found`, addr, "verify", "nope")
+}

@@ -1,0 +1,196 @@
+package tunnel
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/transport/spdy"
+	streamhttp "k8s.io/streaming/pkg/httpstream"
+)
+
+// Dialer opens port-forward tunnels to the server. It is safe for
+// concurrent use; every Dial resolves the pod again, so after the pod is
+// replaced the next connection reaches the new one.
+type Dialer struct {
+	config *rest.Config
+	client kubernetes.Interface
+	target Target
+	// websockets selects the WebSocket dialer with SPDY fallback; false
+	// forces SPDY, as KUBECTL_PORT_FORWARD_WEBSOCKETS=false does for kubectl.
+	websockets bool
+	requestID  atomic.Int64
+}
+
+// New returns a Dialer for target using config's credentials.
+func New(config *rest.Config, target Target) (*Dialer, error) {
+	client, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return newDialer(config, client, target), nil
+}
+
+// newDialer is New with the API client given, so resolution and error
+// explanation can be tested against a fake clientset. config still
+// carries the credentials and address the port-forward dialers use.
+func newDialer(config *rest.Config, client kubernetes.Interface, target Target) *Dialer {
+	if target.PortName == "" {
+		target.PortName = DefaultPortName
+	}
+	return &Dialer{
+		config:     config,
+		client:     client,
+		target:     target,
+		websockets: !strings.EqualFold(os.Getenv("KUBECTL_PORT_FORWARD_WEBSOCKETS"), "false"),
+	}
+}
+
+// DialContext resolves the server pod and opens a port-forward to it. Its
+// signature fits grpc.WithContextDialer; the address is ignored.
+func (d *Dialer) DialContext(ctx context.Context, _ string) (net.Conn, error) {
+	ep, err := d.Resolve(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return d.DialEndpoint(ctx, ep)
+}
+
+// DialEndpoint opens a port-forward to ep.
+func (d *Dialer) DialEndpoint(ctx context.Context, ep *Endpoint) (net.Conn, error) {
+	dialer, err := d.streamDialer(ep.Pod)
+	if err != nil {
+		return nil, err
+	}
+	type result struct {
+		conn streamhttp.Connection
+		err  error
+	}
+	// client-go's Dial takes no context: run it aside so ctx still bounds
+	// how long we wait, and close a connection that arrives too late.
+	done := make(chan result, 1)
+	go func() {
+		c, _, err := dialer.Dial(portforward.PortForwardProtocolV1Name)
+		done <- result{c, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.conn != nil {
+				r.conn.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
+	if r.err != nil {
+		return nil, d.portForwardError(ctx, ep, r.err)
+	}
+	conn, err := d.openStreams(r.conn, ep)
+	if err != nil {
+		r.conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+func (d *Dialer) streamDialer(pod *corev1.Pod) (streamhttp.Dialer, error) {
+	u := d.client.CoreV1().RESTClient().Post().
+		Resource("pods").Namespace(pod.Namespace).Name(pod.Name).SubResource("portforward").URL()
+	transport, upgrader, err := spdy.RoundTripperFor(d.config)
+	if err != nil {
+		return nil, fmt.Errorf("port-forward transport: %w", err)
+	}
+	dialer := spdy.NewDialerForStreaming(upgrader, &http.Client{Transport: transport}, http.MethodPost, u)
+	if !d.websockets {
+		return dialer, nil
+	}
+	ws, err := portforward.NewSPDYOverWebsocketDialerForStreaming(u, d.config)
+	if err != nil {
+		return nil, fmt.Errorf("port-forward websocket dialer: %w", err)
+	}
+	// Exactly kubectl's choice: WebSocket first, SPDY when the server
+	// cannot upgrade to it (older API servers, proxies).
+	return portforward.NewFallbackDialerForStreaming(ws, dialer, func(err error) bool {
+		return streamhttp.IsUpgradeFailure(err) || streamhttp.IsHTTPSProxyError(err)
+	}), nil
+}
+
+// openStreams creates the error and data streams of one forwarded
+// connection, as client-go's PortForwarder does for each local connection.
+func (d *Dialer) openStreams(sc streamhttp.Connection, ep *Endpoint) (*Conn, error) {
+	id := strconv.FormatInt(d.requestID.Add(1), 10)
+	headers := http.Header{}
+	headers.Set(corev1.StreamType, corev1.StreamTypeError)
+	headers.Set(corev1.PortHeader, strconv.Itoa(int(ep.Port)))
+	headers.Set(corev1.PortForwardRequestIDHeader, id)
+	errorStream, err := sc.CreateStream(headers)
+	if err != nil {
+		return nil, fmt.Errorf("port-forward to %s: create error stream: %w", ep, err)
+	}
+	// Nothing is written to the error stream.
+	errorStream.Close()
+	headers.Set(corev1.StreamType, corev1.StreamTypeData)
+	dataStream, err := sc.CreateStream(headers)
+	if err != nil {
+		return nil, fmt.Errorf("port-forward to %s: create data stream: %w", ep, err)
+	}
+	c := &Conn{sc: sc, data: dataStream, endpoint: ep, closed: make(chan struct{})}
+	// The error stream carries the kubelet's complaint (e.g. nothing
+	// listens on the port). When one comes, the tunnel is useless: close
+	// it so gRPC sees the failure and re-dials.
+	go func() {
+		msg, err := io.ReadAll(errorStream)
+		switch {
+		case len(msg) > 0:
+			c.fail(fmt.Errorf("port-forward to %s: %s", ep, strings.TrimSpace(string(msg))))
+		case err != nil:
+			c.fail(fmt.Errorf("port-forward to %s: error stream: %w", ep, err))
+		}
+	}()
+	go func() {
+		select {
+		case <-sc.CloseChan():
+			c.fail(fmt.Errorf("port-forward to %s: connection to the API server closed", ep))
+		case <-c.closed:
+		}
+	}()
+	return c, nil
+}
+
+// portForwardError explains a failed port-forward. An upgrade refused with
+// 403 is almost always RBAC; confirm with a SelfSubjectAccessReview so the
+// message names exactly what is missing.
+func (d *Dialer) portForwardError(ctx context.Context, ep *Endpoint, err error) error {
+	if allowed, known := d.canPortForward(ctx, ep.Pod.Namespace); known && !allowed {
+		return newPortForwardForbidden(ep, err)
+	}
+	return apiError(d.config.Host, "port-forward to "+ep.String(), err)
+}
+
+// canPortForward asks the API server whether the caller may create
+// pods/portforward in ns. known is false when the question itself failed.
+func (d *Dialer) canPortForward(ctx context.Context, ns string) (allowed, known bool) {
+	r, err := d.client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+		Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Namespace: ns, Verb: "create", Resource: "pods", Subresource: "portforward",
+		}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return false, false
+	}
+	return r.Status.Allowed, true
+}

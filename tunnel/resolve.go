@@ -1,0 +1,118 @@
+package tunnel
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// DefaultPortName is the name of the server's gRPC port on its Service
+// and container.
+const DefaultPortName = "grpc"
+
+// Target names the server to reach.
+type Target struct {
+	Namespace string
+	Service   string
+	// PortName is the Service port (and container port) to forward to.
+	PortName string
+}
+
+// Endpoint is the pod and port a tunnel leads to.
+type Endpoint struct {
+	Pod  *corev1.Pod
+	Port int32
+}
+
+func (e *Endpoint) String() string {
+	return fmt.Sprintf("pod %s/%s port %d", e.Pod.Namespace, e.Pod.Name, e.Port)
+}
+
+// Resolve finds a Running and Ready pod behind the Service and the
+// container port the Service's port leads to.
+func (d *Dialer) Resolve(ctx context.Context) (*Endpoint, error) {
+	t := d.target
+	svc, err := d.client.CoreV1().Services(t.Namespace).Get(ctx, t.Service, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, &NotInstalledError{Namespace: t.Namespace, Service: t.Service}
+	}
+	if err != nil {
+		return nil, apiError(d.config.Host, fmt.Sprintf("get service %s/%s", t.Namespace, t.Service), err)
+	}
+	svcPort, err := servicePort(svc, t.PortName)
+	if err != nil {
+		return nil, err
+	}
+	if len(svc.Spec.Selector) == 0 {
+		return nil, fmt.Errorf("service %s/%s has no selector, so no server pod can be found behind it", t.Namespace, t.Service)
+	}
+	pods, err := d.client.CoreV1().Pods(t.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: labels.SelectorFromSet(svc.Spec.Selector).String(),
+	})
+	if err != nil {
+		return nil, apiError(d.config.Host, fmt.Sprintf("list pods of service %s/%s", t.Namespace, t.Service), err)
+	}
+	var notReady []corev1.Pod
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		if p.Status.Phase == corev1.PodRunning && podReady(p) {
+			port, err := containerPort(p, svcPort.TargetPort, svcPort.Port)
+			if err != nil {
+				return nil, err
+			}
+			return &Endpoint{Pod: p, Port: port}, nil
+		}
+		notReady = append(notReady, *p)
+	}
+	return nil, &NotReadyError{Namespace: t.Namespace, Service: t.Service, Pods: notReady}
+}
+
+// servicePort picks the Service port named name, or the Service's only
+// port when it has one and that one is unnamed.
+func servicePort(svc *corev1.Service, name string) (*corev1.ServicePort, error) {
+	for i := range svc.Spec.Ports {
+		if svc.Spec.Ports[i].Name == name {
+			return &svc.Spec.Ports[i], nil
+		}
+	}
+	if len(svc.Spec.Ports) == 1 && svc.Spec.Ports[0].Name == "" {
+		return &svc.Spec.Ports[0], nil
+	}
+	return nil, fmt.Errorf("service %s/%s has no port named %q; is it the etcdbackup server's Service?", svc.Namespace, svc.Name, name)
+}
+
+// containerPort resolves a Service targetPort against the pod, as the
+// endpoints controller does.
+func containerPort(p *corev1.Pod, target intstr.IntOrString, servicePort int32) (int32, error) {
+	switch {
+	case target.Type == intstr.String && target.StrVal != "":
+		for _, c := range p.Spec.Containers {
+			for _, cp := range c.Ports {
+				if cp.Name == target.StrVal {
+					return cp.ContainerPort, nil
+				}
+			}
+		}
+		return 0, fmt.Errorf("pod %s/%s has no container port named %q", p.Namespace, p.Name, target.StrVal)
+	case target.Type == intstr.Int && target.IntVal != 0:
+		return target.IntVal, nil
+	}
+	return servicePort, nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
