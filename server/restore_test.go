@@ -19,6 +19,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
@@ -82,20 +83,21 @@ func newRestoreWorld(t *testing.T, clientURLs ...string) *restoreWorld {
 		t.Fatal(err)
 	}
 	cs := fake.NewClientset()
-	l, err := jobs.New(cs, jobs.Config{Namespace: "etcdbackup-system", Image: "agent:dev", ServerAddress: "etcdbackup.etcdbackup-system.svc:50051"})
+	l, err := jobs.New(cs, "etcdbackup-system", config.Agents{Image: "agent:dev"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	target := jobs.Target{Name: "app", Endpoints: []string{closedURL(t)}, InsecurePlaintext: true, Namespace: "app", InitialClusterToken: "tok"}
+	target := config.Target{Name: "app", Endpoints: []string{closedURL(t)}, InsecurePlaintext: true, Namespace: "app", InitialClusterToken: "tok"}
 	for i, u := range clientURLs {
 		name := "m" + string(rune('0'+i))
-		target.Members = append(target.Members, jobs.Member{
-			Name: name, PeerURL: "http://" + name + ".app.svc:2380", ClientURL: u, DataDir: "data", ClaimName: "data-" + name,
+		target.Members = append(target.Members, config.Member{
+			Name: name, PeerURL: "http://" + name + ".app.svc:2380", ClientURL: u, DataDir: "data",
+			Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-" + name}},
 		})
 	}
 	srv, err := server.New(server.Config{
 		Locations: []server.NamedLocation{{Name: "default", Location: loc}},
-		Targets:   []server.Target{{Target: target}},
+		Targets:   []config.Target{target},
 		Agents:    l,
 	})
 	if err != nil {
@@ -241,20 +243,24 @@ func TestTargetMembersAreValidated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range []jobs.Member{
-		{Name: "a", PeerURL: "etcd-0:2380", ClaimName: "c"},
-		{Name: "a", PeerURL: "http://a:2380", DataDir: "../x", ClaimName: "c"},
-		{Name: "a", PeerURL: "http://a:2380", DataDir: "/abs", ClaimName: "c"},
+	pvc := config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "c"}}
+	host := config.MemberVolume{HostPath: &config.HostPathRef{Path: "/var/lib/etcd"}}
+	for _, m := range []config.Member{
+		{Name: "a", PeerURL: "etcd-0:2380", Volume: pvc},
+		{Name: "a", PeerURL: "http://a:2380", DataDir: "../x", Volume: pvc},
+		{Name: "a", PeerURL: "http://a:2380", DataDir: "/abs", Volume: pvc},
 		{Name: "a", PeerURL: "http://a:2380"},
-		{Name: "a", PeerURL: "http://a:2380", HostPath: "/var/lib/etcd"},
-		{Name: "a", PeerURL: "http://a:2380", ClaimName: "c", HostPath: "/var/lib/etcd", NodeName: "n"},
+		{Name: "a", PeerURL: "http://a:2380", Volume: host},
+		{Name: "a", PeerURL: "http://a:2380", Volume: config.MemberVolume{PersistentVolumeClaim: pvc.PersistentVolumeClaim, HostPath: host.HostPath}, NodeName: "n"},
 	} {
 		_, err := server.New(server.Config{
 			Locations: []server.NamedLocation{{Name: "default", Location: loc}},
-			Targets:   []server.Target{{Target: jobs.Target{Name: "t", Endpoints: []string{"http://a:2379"}, Members: []jobs.Member{m}}}},
+			Targets:   []config.Target{{Name: "t", Endpoints: []string{"http://a:2379"}, Members: []config.Member{m}}},
 		})
 		if err == nil {
 			t.Errorf("member %+v accepted", m)
+		} else if !strings.Contains(err.Error(), "targets[0].members[0].") {
+			t.Errorf("member %+v: error %q does not name the field", m, err)
 		}
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
 
 // Defaults applied by New to zero Config fields.
@@ -55,62 +57,21 @@ const (
 	ChecksumWhenRequired = "when_required"
 )
 
-// Config describes one S3 storage location. The zero values of the optional
-// fields get the defaults above. Credentials come from exactly one of: the
-// *File fields (a mounted Secret), the *Env fields (names of environment
-// variables, e.g. set from a Secret with secretKeyRef), or
-// DefaultCredentialChain.
+// Config describes one S3 storage location: its section of the server's
+// configuration file (config.S3, whose zero optional fields get the
+// defaults above), and what only code sets. Credentials come from exactly
+// one of: the *File fields (a mounted Secret, re-read at least every
+// minute, so a rotated Secret is picked up without a restart), the *Env
+// fields (names of environment variables, e.g. set from a Secret with
+// secretKeyRef), or DefaultCredentialChain (the AWS SDK's chain: AWS_*
+// variables, ~/.aws, web identity, container and instance roles; without
+// it none of those is read, so a stray ~/.aws or AWS_PROFILE cannot change
+// what the location does). An Endpoint must not carry credentials;
+// InsecureSkipVerify is for trying things out and never goes with
+// CABundleFile; NoConditionalWrites serialises uploads of one name only
+// within one server process.
 type Config struct {
-	// Bucket must exist; New checks that it is reachable.
-	Bucket string
-	// Prefix is prepended to every key ("team-a/etcd" → team-a/etcd/backups/…).
-	// Leading and trailing slashes are ignored.
-	Prefix string
-	// Region for SigV4 signing; see DefaultRegion.
-	Region string
-	// Endpoint is the store's URL (https://minio.example:9000); empty means
-	// AWS S3 itself. It must not carry credentials.
-	Endpoint string
-	// PathStyle addresses https://endpoint/bucket/key instead of
-	// https://bucket.endpoint/key; most S3-compatible stores need it.
-	PathStyle bool
-	// CABundleFile is a PEM file of CA certificates trusted (in addition to
-	// the system's) to sign the endpoint's certificate.
-	CABundleFile string
-	// InsecureSkipVerify turns off TLS certificate verification. Only for
-	// trying things out; never together with CABundleFile.
-	InsecureSkipVerify bool
-
-	// AccessKeyIDFile and SecretAccessKeyFile (and the optional
-	// SessionTokenFile) are files holding the credentials, such as the keys
-	// of a Secret mounted as a volume. They are re-read at least every
-	// minute, so a rotated Secret is picked up without a restart.
-	AccessKeyIDFile     string
-	SecretAccessKeyFile string
-	SessionTokenFile    string
-	// AccessKeyIDEnv and SecretAccessKeyEnv (and the optional
-	// SessionTokenEnv) name environment variables holding the credentials.
-	AccessKeyIDEnv     string
-	SecretAccessKeyEnv string
-	SessionTokenEnv    string
-	// DefaultCredentialChain uses the AWS SDK's default chain: AWS_*
-	// environment variables, shared config files (~/.aws), web identity
-	// (IRSA), container and instance roles. Without it none of those is
-	// read, so a stray ~/.aws or AWS_PROFILE cannot change what the
-	// location does.
-	DefaultCredentialChain bool
-
-	// PartSize is the multipart part size in bytes, at least 5 MiB.
-	PartSize int64
-	// Concurrency is the number of parts of one upload in flight.
-	Concurrency int
-	// RequestChecksum is ChecksumWhenSupported (default) or
-	// ChecksumWhenRequired.
-	RequestChecksum string
-	// NoConditionalWrites stops sending If-None-Match: * when publishing
-	// data and manifests, for stores that reject it (HTTP 501). Uploads of
-	// one name are then serialised only within one server process.
-	NoConditionalWrites bool
+	config.S3
 
 	// OrphanAge and StaleUploadAge tune CleanOrphans; see the defaults.
 	OrphanAge      time.Duration
@@ -121,6 +82,9 @@ type Config struct {
 	// Logger receives cleanup results and warnings; nil discards them.
 	// Nothing logged contains a credential.
 	Logger *slog.Logger
+
+	// partSize is PartSizeMiB in bytes, set by withDefaults.
+	partSize int64
 }
 
 // withDefaults validates c and returns it with defaults applied and the
@@ -182,12 +146,13 @@ func (c Config) withDefaults() (Config, error) {
 		bad("credential environment variables: both accessKeyIDEnv and secretAccessKeyEnv are required")
 	}
 
-	if c.PartSize == 0 {
-		c.PartSize = DefaultPartSize
+	if c.PartSizeMiB == 0 {
+		c.PartSizeMiB = DefaultPartSize >> 20
 	}
-	if c.PartSize < MinPartSize || c.PartSize > MaxPartSize {
-		bad("part size %d is outside S3's limits [%d (5 MiB), %d (5 GiB)]", c.PartSize, MinPartSize, MaxPartSize)
+	if c.PartSizeMiB < MinPartSize>>20 || c.PartSizeMiB > MaxPartSize>>20 {
+		bad("part size %d MiB is outside S3's limits [%d MiB, %d MiB (5 GiB)]", c.PartSizeMiB, MinPartSize>>20, MaxPartSize>>20)
 	}
+	c.partSize = c.PartSizeMiB << 20
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
