@@ -80,13 +80,22 @@ func runID(parts ...string) string {
 }
 
 // jobName is a Job name from kind, a readable hint and the run's ID: Job
-// names are DNS labels of at most 63 characters, backup names may be 200.
-// The hint is cut to 30 characters and dots become dashes.
+// names are DNS labels of at most 63 characters, backup names may be 200
+// and member names are whatever etcd accepts. The hint is cut to 30
+// characters and what a DNS label cannot hold becomes a dash.
 func jobName(kind, hint, id string) string {
 	if len(hint) > 30 {
 		hint = hint[:30]
 	}
-	hint = strings.Trim(strings.ReplaceAll(hint, ".", "-"), "-")
+	hint = strings.Trim(strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r - 'A' + 'a'
+		}
+		return '-'
+	}, hint), "-")
 	return kind + "-" + hint + "-" + id[:10]
 }
 
