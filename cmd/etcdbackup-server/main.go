@@ -13,15 +13,12 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
@@ -71,7 +68,7 @@ func run(args []string) error {
 	}
 	cfg.Targets = f.Targets
 	if f.Agents.Image != "" {
-		if cfg.Agents, err = newLauncher(f.Agents, *namespace); err != nil {
+		if cfg.Agents, err = jobs.NewInCluster(*namespace, f.Agents); err != nil {
 			return err
 		}
 	} else if len(cfg.Targets) > 0 {
@@ -104,25 +101,4 @@ func run(args []string) error {
 	}
 	log.Info("serving", "version", version.Version, "listen", lis.Addr().String(), "locations", where)
 	return srv.Serve(ctx, lis, *drain)
-}
-
-// newLauncher connects to the API server with the pod's service account to
-// launch agent Jobs.
-func newLauncher(agents config.Agents, namespace string) (*jobs.Launcher, error) {
-	if namespace == "" {
-		b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-		if err != nil {
-			return nil, errors.New("agents are configured but the server's namespace is unknown: set --namespace or POD_NAMESPACE")
-		}
-		namespace = strings.TrimSpace(string(b))
-	}
-	rc, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("agents are configured, so the server needs the Kubernetes API: %w", err)
-	}
-	kc, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, err
-	}
-	return jobs.New(kc, namespace, agents)
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -23,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
@@ -61,6 +63,27 @@ func New(client kubernetes.Interface, namespace string, agents config.Agents) (*
 		return nil, errors.New("agent jobs: no agent image configured")
 	}
 	return &Launcher{client: client, namespace: namespace, agents: agents.WithDefaults(namespace)}, nil
+}
+
+// NewInCluster returns a Launcher that talks to the API server with the
+// pod's service account; namespace "" is the pod's own.
+func NewInCluster(namespace string, agents config.Agents) (*Launcher, error) {
+	if namespace == "" {
+		b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+		if err != nil {
+			return nil, errors.New("agents are configured but the server's namespace is unknown: set --namespace or POD_NAMESPACE")
+		}
+		namespace = strings.TrimSpace(string(b))
+	}
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("agents are configured, so the server needs the Kubernetes API: %w", err)
+	}
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("agents: Kubernetes client: %w", err)
+	}
+	return New(kc, namespace, agents)
 }
 
 // BackupSpec is one backup to take.
