@@ -220,34 +220,47 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 	}
 	id := runID(spec.Location, spec.Name)
 	labels := map[string]string{LabelComponent: componentBackup, LabelManagedBy: managedBy, LabelRun: id}
-	return &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      backupJobName(spec.Location, spec.Name),
-			Namespace: l.namespace,
-			Labels:    labels,
-			Annotations: map[string]string{
-				AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
-			},
+	job := l.agentJob(agentSecurityContext(), args, volumes, mounts)
+	job.ObjectMeta = metav1.ObjectMeta{
+		Name:      backupJobName(spec.Location, spec.Name),
+		Namespace: l.namespace,
+		Labels:    labels,
+		Annotations: map[string]string{
+			AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
 		},
+	}
+	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationBackup: spec.Name}}
+	return job
+}
+
+// agentSecurityContext is the agents' own: uid and gid 65532, not root.
+func agentSecurityContext() *corev1.PodSecurityContext {
+	return &corev1.PodSecurityContext{
+		RunAsNonRoot:   ptr.To(true),
+		RunAsUser:      ptr.To[int64](65532),
+		RunAsGroup:     ptr.To[int64](65532),
+		FSGroup:        ptr.To[int64](65532),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// agentJob is what backup and restore Jobs share; the caller names it and
+// sets its labels.
+func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volumes []corev1.Volume, mounts []corev1.VolumeMount) *batchv1.Job {
+	return &batchv1.Job{
 		Spec: batchv1.JobSpec{
-			// A retry would upload the same name again: one attempt, and
-			// the user (or the schedule) decides to try again.
+			// One attempt: a retry would upload the same backup name again,
+			// or find a restore's half-written data directory. The user (or
+			// the schedule) decides to try again.
 			BackoffLimit:            ptr.To[int32](0),
 			ActiveDeadlineSeconds:   ptr.To(int64(l.agents.Deadline.Seconds())),
 			TTLSecondsAfterFinished: ptr.To(int32(l.agents.TTLAfterFinished.Seconds())),
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationBackup: spec.Name}},
 				Spec: corev1.PodSpec{
 					RestartPolicy:                corev1.RestartPolicyNever,
 					ServiceAccountName:           l.agents.ServiceAccount,
 					AutomountServiceAccountToken: ptr.To(false),
-					SecurityContext: &corev1.PodSecurityContext{
-						RunAsNonRoot:   ptr.To(true),
-						RunAsUser:      ptr.To[int64](65532),
-						RunAsGroup:     ptr.To[int64](65532),
-						FSGroup:        ptr.To[int64](65532),
-						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-					},
+					SecurityContext:              sc,
 					Containers: []corev1.Container{{
 						Name:                     "agent",
 						Image:                    l.agents.Image,

@@ -135,13 +135,7 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) *batchv1.Job {
 	}
 	id := runID(spec.Location, spec.Name, t.Name, m.Name)
 	labels := map[string]string{LabelComponent: componentRestore, LabelManagedBy: managedBy, LabelRun: id}
-	sc := &corev1.PodSecurityContext{
-		RunAsNonRoot:   ptr.To(true),
-		RunAsUser:      ptr.To[int64](65532),
-		RunAsGroup:     ptr.To[int64](65532),
-		FSGroup:        ptr.To[int64](65532),
-		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-	}
+	sc := agentSecurityContext()
 	if t.RestoreRunAsUser != nil {
 		sc.RunAsUser = t.RestoreRunAsUser
 		sc.RunAsNonRoot = ptr.To(*t.RestoreRunAsUser != 0)
@@ -149,50 +143,20 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) *batchv1.Job {
 	if t.RestoreRunAsGroup != nil {
 		sc.RunAsGroup, sc.FSGroup = t.RestoreRunAsGroup, t.RestoreRunAsGroup
 	}
-	return &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      RestoreJobName(spec.Location, spec.Name, t.Name, m.Name),
-			Namespace: l.RestoreNamespace(t),
-			Labels:    labels,
-			Annotations: map[string]string{
-				AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
-			},
-		},
-		Spec: batchv1.JobSpec{
-			// A second attempt would find a half-written data directory:
-			// one attempt, and the user decides.
-			BackoffLimit:            ptr.To[int32](0),
-			ActiveDeadlineSeconds:   ptr.To(int64(l.agents.Deadline.Seconds())),
-			TTLSecondsAfterFinished: ptr.To(int32(l.agents.TTLAfterFinished.Seconds())),
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationBackup: spec.Name, AnnotationMember: m.Name}},
-				Spec: corev1.PodSpec{
-					RestartPolicy:                corev1.RestartPolicyNever,
-					ServiceAccountName:           l.agents.ServiceAccount,
-					AutomountServiceAccountToken: ptr.To(false),
-					NodeName:                     m.NodeName,
-					SecurityContext:              sc,
-					Containers: []corev1.Container{{
-						Name:            "agent",
-						Image:           l.agents.Image,
-						ImagePullPolicy: l.agents.ImagePullPolicy,
-						Args:            args,
-						VolumeMounts: []corev1.VolumeMount{
-							{Name: "data", MountPath: restoreMountPath},
-							{Name: "work", MountPath: workMountPath},
-						},
-						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-						SecurityContext: &corev1.SecurityContext{
-							AllowPrivilegeEscalation: ptr.To(false),
-							ReadOnlyRootFilesystem:   ptr.To(true),
-							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-						},
-					}},
-					Volumes: []corev1.Volume{data, {Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
-				},
-			},
+	job := l.agentJob(sc, args,
+		[]corev1.Volume{data, {Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+		[]corev1.VolumeMount{{Name: "data", MountPath: restoreMountPath}, {Name: "work", MountPath: workMountPath}})
+	job.ObjectMeta = metav1.ObjectMeta{
+		Name:      RestoreJobName(spec.Location, spec.Name, t.Name, m.Name),
+		Namespace: l.RestoreNamespace(t),
+		Labels:    labels,
+		Annotations: map[string]string{
+			AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
 		},
 	}
+	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationBackup: spec.Name, AnnotationMember: m.Name}}
+	job.Spec.Template.Spec.NodeName = m.NodeName
+	return job
 }
 
 // MemberRun is what the cluster says about one member's restore agent.
