@@ -84,9 +84,8 @@ type Filesystem struct {
 	Path string `json:"path"`
 }
 
-// S3 is a bucket of an S3-compatible store. Package
-// server/storage/s3 documents and checks the fields and fills in the
-// defaults of the zero ones. Credentials come from exactly one of: the
+// S3 is a bucket of an S3-compatible store, checked by ValidateS3; package
+// server/storage/s3 fills in the defaults of the zero fields. Credentials come from exactly one of: the
 // *File fields (a mounted Secret), the *Env fields (names of environment
 // variables), or DefaultCredentialChain.
 type S3 struct {

@@ -79,6 +79,11 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"location without backend", "locations:\n  - name: a\n", "locations[0]: Required value: must have exactly one of filesystem, s3"},
 		{"location with two backends", "locations:\n  - name: a\n    filesystem: {path: /x}\n    s3: {bucket: b}\n",
 			"locations[0]: Invalid value: must have exactly one of filesystem, s3"},
+		{"s3 without bucket", "locations:\n  - name: a\n    s3: {defaultCredentialChain: true}\n", "locations[0].s3.bucket: Required value"},
+		{"s3 without credentials", "locations:\n  - name: a\n    s3: {bucket: b}\n", "locations[0].s3: Required value: no credentials configured"},
+		{"s3 part size", "locations:\n  - name: a\n    s3: {bucket: b, defaultCredentialChain: true, partSizeMiB: 4}\n", "locations[0].s3.partSizeMiB: Invalid value: 4"},
+		{"s3 endpoint", "locations:\n  - name: a\n    s3: {bucket: b, defaultCredentialChain: true, endpoint: \"https://key:hunter2@s3.example\"}\n",
+			`locations[0].s3.endpoint: Invalid value: "https://key:xxxxx@s3.example": must not contain credentials`},
 		{"filesystem without path", "locations:\n  - name: a\n    filesystem: {}\n", "locations[0].filesystem.path: Required value"},
 		{"location name", "locations:\n  - name: Default\n    filesystem: {path: /x}\n", `locations[0].name: Invalid value: "Default"`},
 		{"empty location name", "locations:\n  - filesystem: {path: /x}\n", "locations[0].name: Required value"},
@@ -122,6 +127,9 @@ func TestErrorsNameTheField(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error\n  %v\ndoes not say\n  %s", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Fatalf("error shows a credential: %v", err)
 			}
 		})
 	}

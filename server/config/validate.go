@@ -45,9 +45,9 @@ func validateLocation(l Location, p *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(p, field.OmitValueType{}, "must have exactly one of filesystem, s3"))
 	case l.Filesystem != nil && l.Filesystem.Path == "":
 		errs = append(errs, field.Required(p.Child("filesystem", "path"), "the directory backups are stored in"))
+	case l.S3 != nil:
+		errs = append(errs, ValidateS3(*l.S3, p.Child("s3"))...)
 	}
-	// The s3 section is checked by package server/storage/s3 when the
-	// location is opened: its rules are that package's contract.
 	return errs
 }
 
