@@ -9,12 +9,13 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
 )
 
 // target resolves a request's target name ("" is the default).
-func (s *Server) target(name string) (*Target, error) {
+func (s *Server) target(name string) (*config.Target, error) {
 	if len(s.targets) == 0 {
 		return nil, status.Error(codes.FailedPrecondition,
 			"this server has no etcd targets configured; add one under `targets:` in its config file")
@@ -75,11 +76,11 @@ func (s *Server) CreateBackup(ctx context.Context, req *ebv1.CreateBackupRequest
 	} else if !errors.Is(err, storage.ErrNotFound) {
 		return nil, storageError("create backup", locName, name, err)
 	}
-	if err := s.agents.CheckTarget(ctx, t.Target); err != nil {
+	if err := s.agents.CheckTarget(ctx, *t); err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
 	job, err := s.agents.StartBackup(ctx, jobs.BackupSpec{
-		Name: name, Location: locName, Compression: compression, Labels: req.GetLabels(), Target: t.Target,
+		Name: name, Location: locName, Compression: compression, Labels: req.GetLabels(), Target: *t,
 	})
 	if errors.Is(err, jobs.ErrRunning) {
 		return nil, status.Errorf(codes.AlreadyExists, "backup %q is already being taken; follow it with `kubectl etcdbackup logs %s -f`", name, name)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"path"
 	"strings"
 	"sync"
 	"time"
@@ -16,57 +15,15 @@ import (
 	"google.golang.org/grpc/status"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 )
 
 // probeTimeout bounds the check that a member is stopped.
 const probeTimeout = 2 * time.Second
 
-// validateMembers checks the restore layout of target t at start.
-func validateMembers(t jobs.Target) error {
-	seen := map[string]bool{}
-	for i, m := range t.Members {
-		if m.Name == "" {
-			return fmt.Errorf("member %d has no name", i)
-		}
-		if seen[m.Name] {
-			return fmt.Errorf("member %q is listed twice", m.Name)
-		}
-		seen[m.Name] = true
-		if err := checkURL(m.PeerURL); err != nil {
-			return fmt.Errorf("member %q: peerURL: %v", m.Name, err)
-		}
-		if m.ClientURL != "" {
-			if err := checkURL(m.ClientURL); err != nil {
-				return fmt.Errorf("member %q: clientURL: %v", m.Name, err)
-			}
-		}
-		if m.DataDir != "" && (path.IsAbs(m.DataDir) || path.Clean(m.DataDir) != m.DataDir || m.DataDir == ".." || strings.HasPrefix(m.DataDir, "../")) {
-			return fmt.Errorf("member %q: dataDir %q must be a clean path relative to the volume's root", m.Name, m.DataDir)
-		}
-		switch {
-		case (m.ClaimName == "") == (m.HostPath == ""):
-			return fmt.Errorf("member %q: give exactly one volume: a persistentVolumeClaim or a hostPath", m.Name)
-		case m.HostPath != "" && (m.NodeName == "" || !path.IsAbs(m.HostPath)):
-			return fmt.Errorf("member %q: a hostPath volume needs an absolute path and the member's nodeName", m.Name)
-		}
-	}
-	return nil
-}
-
-func checkURL(s string) error {
-	u, err := url.Parse(s)
-	if err != nil {
-		return err
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%q is not an http:// or https:// URL", s)
-	}
-	return nil
-}
-
 // restoreTarget resolves and checks the target of a restore request.
-func (s *Server) restoreTarget(name string) (*Target, error) {
+func (s *Server) restoreTarget(name string) (*config.Target, error) {
 	if s.agents == nil {
 		return nil, status.Error(codes.FailedPrecondition,
 			"this server cannot launch restore agents (it runs outside a cluster or without an agent image); restore each member with `kubectl etcdbackup restore NAME --local` instead")
@@ -86,13 +43,13 @@ func (s *Server) restoreTarget(name string) (*Target, error) {
 }
 
 // plan is one entry per member of t.
-func (s *Server) plan(t *Target, locName, name string) []*ebv1.MemberRestore {
-	ic := jobs.InitialCluster(t.Target)
+func (s *Server) plan(t *config.Target, locName, name string) []*ebv1.MemberRestore {
+	ic := jobs.InitialCluster(*t)
 	out := make([]*ebv1.MemberRestore, 0, len(t.Members))
 	for _, m := range t.Members {
 		out = append(out, &ebv1.MemberRestore{
-			Member: m.Name, JobName: s.agents.RestoreNamespace(t.Target) + "/" + jobs.RestoreJobName(locName, name, t.Name, m.Name),
-			Volume: m.Volume(), DataDir: m.DataDir, InitialCluster: ic, PeerUrl: m.PeerURL,
+			Member: m.Name, JobName: s.agents.RestoreNamespace(*t) + "/" + jobs.RestoreJobName(locName, name, t.Name, m.Name),
+			Volume: jobs.DescribeVolume(m), DataDir: m.DataDir, InitialCluster: ic, PeerUrl: m.PeerURL,
 			InitialClusterToken: t.InitialClusterToken,
 		})
 	}
@@ -147,13 +104,13 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 		}
 		return nil, status.Errorf(codes.FailedPrecondition,
 			"etcd of target %q is still running: %s answers; a restore must not write under a running member. Stop every member first — scale its StatefulSet or Deployment to 0 (`kubectl -n %s scale statefulset NAME --replicas=0`), or for control-plane etcd move /etc/kubernetes/manifests/etcd.yaml out of /etc/kubernetes/manifests on each node — then run the restore again",
-			t.Name, strings.Join(names, ", "), s.agents.RestoreNamespace(t.Target))
+			t.Name, strings.Join(names, ", "), s.agents.RestoreNamespace(*t))
 	}
-	created, err := s.agents.StartRestore(ctx, jobs.RestoreSpec{Name: name, Location: locName, Target: t.Target, MoveAside: req.GetMoveAside()})
+	created, err := s.agents.StartRestore(ctx, jobs.RestoreSpec{Name: name, Location: locName, Target: *t, MoveAside: req.GetMoveAside()})
 	if errors.Is(err, jobs.ErrRunning) {
 		return nil, status.Errorf(codes.AlreadyExists,
 			"a restore of backup %q into target %q is still running; wait for it with `kubectl etcdbackup restore %s --target %s --wait` after it ends, or follow `kubectl -n %s get jobs -l app.kubernetes.io/component=restore-agent`",
-			name, t.Name, name, t.Name, s.agents.RestoreNamespace(t.Target))
+			name, t.Name, name, t.Name, s.agents.RestoreNamespace(*t))
 	}
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "start restore agents for %q: %v", name, err)
@@ -178,7 +135,7 @@ func (s *Server) GetRestore(ctx context.Context, req *ebv1.GetRestoreRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	runs, err := s.agents.ListRestores(ctx, locName, req.GetName(), t.Target)
+	runs, err := s.agents.ListRestores(ctx, locName, req.GetName(), *t)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "list restore agents: %v", err)
 	}
@@ -210,7 +167,7 @@ func (s *Server) GetRestore(ctx context.Context, req *ebv1.GetRestoreRequest) (*
 // answering returns the members of t that still answer on their client
 // URL (and, under "", any target endpoint that answers), mapped to that
 // URL.
-func answering(ctx context.Context, t *Target) map[string]string {
+func answering(ctx context.Context, t *config.Target) map[string]string {
 	type probe struct{ member, url string }
 	var probes []probe
 	seen := map[string]bool{}

@@ -7,7 +7,6 @@ package server
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -20,9 +19,11 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
 )
@@ -56,21 +57,12 @@ type Config struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Targets are the etcd clusters CreateBackup can back up; the first is
-	// the default.
-	Targets []Target
+	// the default. New checks them with config.ValidateTargets.
+	Targets []config.Target
 	// Agents launches backup agents; nil means CreateBackup is refused.
 	Agents *jobs.Launcher
 	// ScratchDir holds temporary files of VerifyBackup; "" is os.TempDir().
 	ScratchDir string
-}
-
-// Target is an etcd cluster the server backs up, with its defaults.
-type Target struct {
-	jobs.Target
-	// Location for its backups when a request names none ("" = default).
-	Location string
-	// Compression when a request names none: "" or "zstd".
-	Compression string
 }
 
 // Server implements the etcdbackup.v1 services.
@@ -85,7 +77,7 @@ type Server struct {
 	metrics   *metrics
 	health    *health.Server
 
-	targets    []Target
+	targets    []config.Target
 	agents     *jobs.Launcher
 	scratchDir string
 
@@ -112,36 +104,13 @@ func New(cfg Config) (*Server, error) {
 		s.now = time.Now
 	}
 	for _, l := range cfg.Locations {
-		if err := validateName("storage location", l.Name); err != nil {
-			return nil, err
-		}
-		if _, dup := s.locations[l.Name]; dup {
-			return nil, fmt.Errorf("storage location %q is configured twice", l.Name)
-		}
 		s.locations[l.Name] = l.Location
 		s.order = append(s.order, l.Name)
 	}
-	seen := map[string]bool{}
-	for _, t := range cfg.Targets {
-		if err := validateName("target", t.Name); err != nil {
-			return nil, err
-		}
-		if seen[t.Name] {
-			return nil, fmt.Errorf("target %q is configured twice", t.Name)
-		}
-		seen[t.Name] = true
-		if len(t.Endpoints) == 0 {
-			return nil, fmt.Errorf("target %q has no endpoints", t.Name)
-		}
-		if t.Location != "" && s.locations[t.Location] == nil {
-			return nil, fmt.Errorf("target %q names location %q, which is not configured", t.Name, t.Location)
-		}
-		if err := validateCompression(t.Compression); err != nil {
-			return nil, fmt.Errorf("target %q: %v", t.Name, err)
-		}
-		if err := validateMembers(t.Target); err != nil {
-			return nil, fmt.Errorf("target %q: %v", t.Name, err)
-		}
+	errs := config.ValidateLocationNames(s.order, field.NewPath("locations"))
+	errs = append(errs, config.ValidateTargets(cfg.Targets, s.order, field.NewPath("targets"))...)
+	if len(errs) > 0 {
+		return nil, errs.ToAggregate()
 	}
 	s.targets, s.agents, s.scratchDir = cfg.Targets, cfg.Agents, cfg.ScratchDir
 	m, err := newMetrics(cfg.Registerer)

@@ -3,11 +3,14 @@ package server
 import (
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
 
 const maxDescriptionBytes = 256
@@ -53,8 +56,7 @@ func validateSHA256(field, s string) error {
 }
 
 func validateCompression(c string) error {
-	switch c {
-	case "", "zstd":
+	if slices.Contains(config.Compressions, c) {
 		return nil
 	}
 	return status.Errorf(codes.InvalidArgument, "compression %q is not supported; use \"zstd\" or none", c)

@@ -13,21 +13,17 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
 )
 
 func main() {
@@ -59,28 +55,24 @@ func run(args []string) error {
 	defer stop()
 
 	cfg := server.Config{Logger: log}
-	if *configFile == "" {
-		loc, err := filesystem.New(*storageDir)
-		if err != nil {
+	// Without --config: one filesystem location, no targets.
+	f := &config.File{Locations: []config.Location{{Name: "default", Filesystem: &config.Filesystem{Path: *storageDir}}}}
+	var err error
+	if *configFile != "" {
+		if f, err = config.Load(*configFile); err != nil {
 			return err
 		}
-		cfg.Locations = []server.NamedLocation{{Name: "default", Location: loc}}
-	} else {
-		f, err := config.Load(*configFile)
-		if err != nil {
+	}
+	if cfg.Locations, err = server.OpenLocations(ctx, f.Locations, log); err != nil {
+		return err
+	}
+	cfg.Targets = f.Targets
+	if f.Agents.Image != "" {
+		if cfg.Agents, err = jobs.NewInCluster(*namespace, f.Agents); err != nil {
 			return err
 		}
-		if cfg.Locations, err = f.Build(ctx, log); err != nil {
-			return err
-		}
-		cfg.Targets = f.ServerTargets()
-		if f.Agents.Image != "" {
-			if cfg.Agents, err = newLauncher(f, *namespace); err != nil {
-				return err
-			}
-		} else if len(cfg.Targets) > 0 {
-			log.Warn("targets are configured but agents.image is not: on-demand backups are off")
-		}
+	} else if len(cfg.Targets) > 0 {
+		log.Warn("targets are configured but agents.image is not: on-demand backups are off")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -109,25 +101,4 @@ func run(args []string) error {
 	}
 	log.Info("serving", "version", version.Version, "listen", lis.Addr().String(), "locations", where)
 	return srv.Serve(ctx, lis, *drain)
-}
-
-// newLauncher connects to the API server with the pod's service account to
-// launch agent Jobs.
-func newLauncher(f *config.File, namespace string) (*jobs.Launcher, error) {
-	if namespace == "" {
-		b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-		if err != nil {
-			return nil, errors.New("agents are configured but the server's namespace is unknown: set --namespace or POD_NAMESPACE")
-		}
-		namespace = strings.TrimSpace(string(b))
-	}
-	rc, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("agents are configured, so the server needs the Kubernetes API: %w", err)
-	}
-	kc, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, err
-	}
-	return jobs.New(kc, f.JobsConfig(namespace))
 }

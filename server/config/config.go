@@ -1,7 +1,9 @@
-// Package config reads the data server's configuration file — its storage
-// locations, its etcd targets and how it launches agents — and builds the
-// server's parts from it. Secrets are never in the file: it names files (a
-// mounted Secret) or Secret objects that hold them.
+// Package config is the data server's configuration model: the types of its
+// configuration file — storage locations, etcd targets and how agents are
+// launched —, their defaults, and Load and Validate. It is a leaf of plain
+// types that the server, its Job launcher and its storage wiring all use
+// as is. Secrets are never in the file: it names files (a mounted Secret)
+// or Secret objects that hold them.
 //
 //	locations:
 //	  - name: default
@@ -39,34 +41,39 @@
 //	agents:
 //	  image: ghcr.io/kubectl-etcdbackup/etcdbackup-agent:v0.1.0
 //	  serviceAccount: etcdbackup-agent
+//	  ttlAfterFinished: 24h
+//	  deadline: 2h
 package config
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+)
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3"
+// Defaults of the agents section.
+const (
+	DefaultServiceAccount   = "etcdbackup-agent"
+	DefaultTTLAfterFinished = 24 * time.Hour
+	DefaultDeadline         = 2 * time.Hour
 )
 
 // File is the configuration file.
 type File struct {
 	// Locations in order; the first is the default.
 	Locations []Location `json:"locations"`
-	Targets   []Target   `json:"targets,omitempty"`
-	Agents    Agents     `json:"agents,omitempty"`
+	// Targets in order; the first is the default.
+	Targets []Target `json:"targets,omitempty"`
+	Agents  Agents   `json:"agents,omitempty"`
 }
 
 // Location is one storage location: exactly one of the backends.
 type Location struct {
+	// Name is what clients address it by: a DNS-1123 subdomain.
 	Name       string      `json:"name"`
 	Filesystem *Filesystem `json:"filesystem,omitempty"`
 	S3         *S3         `json:"s3,omitempty"`
@@ -77,15 +84,25 @@ type Filesystem struct {
 	Path string `json:"path"`
 }
 
-// S3 is a bucket of an S3-compatible store.
+// S3 is a bucket of an S3-compatible store, checked by ValidateS3; package
+// server/storage/s3 fills in the defaults of the zero fields. Credentials come from exactly one of: the
+// *File fields (a mounted Secret), the *Env fields (names of environment
+// variables), or DefaultCredentialChain.
 type S3 struct {
-	Bucket              string `json:"bucket"`
-	Prefix              string `json:"prefix,omitempty"`
-	Region              string `json:"region,omitempty"`
-	Endpoint            string `json:"endpoint,omitempty"`
-	PathStyle           bool   `json:"pathStyle,omitempty"`
-	CABundleFile        string `json:"caBundleFile,omitempty"`
-	InsecureSkipVerify  bool   `json:"insecureSkipVerify,omitempty"`
+	// Bucket must exist.
+	Bucket string `json:"bucket"`
+	// Prefix is prepended to every key ("team-a/etcd" → team-a/etcd/backups/…).
+	Prefix string `json:"prefix,omitempty"`
+	// Region for SigV4 signing (default us-east-1, or the chain's).
+	Region string `json:"region,omitempty"`
+	// Endpoint is the store's URL; empty means AWS S3 itself.
+	Endpoint string `json:"endpoint,omitempty"`
+	// PathStyle addresses https://endpoint/bucket/key.
+	PathStyle bool `json:"pathStyle,omitempty"`
+	// CABundleFile is a PEM file of CAs trusted besides the system's.
+	CABundleFile       string `json:"caBundleFile,omitempty"`
+	InsecureSkipVerify bool   `json:"insecureSkipVerify,omitempty"`
+
 	AccessKeyIDFile     string `json:"accessKeyIDFile,omitempty"`
 	SecretAccessKeyFile string `json:"secretAccessKeyFile,omitempty"`
 	SessionTokenFile    string `json:"sessionTokenFile,omitempty"`
@@ -93,41 +110,63 @@ type S3 struct {
 	SecretAccessKeyEnv  string `json:"secretAccessKeyEnv,omitempty"`
 	SessionTokenEnv     string `json:"sessionTokenEnv,omitempty"`
 	// DefaultCredentialChain uses the SDK's chain (env, ~/.aws, IRSA, roles).
-	DefaultCredentialChain bool   `json:"defaultCredentialChain,omitempty"`
-	PartSizeMiB            int64  `json:"partSizeMiB,omitempty"`
-	Concurrency            int    `json:"concurrency,omitempty"`
-	RequestChecksum        string `json:"requestChecksum,omitempty"`
-	NoConditionalWrites    bool   `json:"noConditionalWrites,omitempty"`
+	DefaultCredentialChain bool `json:"defaultCredentialChain,omitempty"`
+
+	// PartSizeMiB is the multipart part size (default 8, at least 5).
+	PartSizeMiB int64 `json:"partSizeMiB,omitempty"`
+	// Concurrency is the number of parts of one upload in flight (default 4).
+	Concurrency int `json:"concurrency,omitempty"`
+	// RequestChecksum is "when_supported" (default) or "when_required".
+	RequestChecksum string `json:"requestChecksum,omitempty"`
+	// NoConditionalWrites stops sending If-None-Match: *, for stores that
+	// reject it.
+	NoConditionalWrites bool `json:"noConditionalWrites,omitempty"`
 }
 
-// Target is an etcd cluster to back up.
+// Target is an etcd cluster to back up and, with Members, to restore.
 type Target struct {
+	// Name is what clients address it by: a DNS-1123 subdomain.
 	Name      string   `json:"name"`
 	Endpoints []string `json:"endpoints"`
 	// TLSSecret is a Secret in the server's namespace with ca.crt, tls.crt
-	// and tls.key.
-	TLSSecret         string `json:"tlsSecret,omitempty"`
-	InsecurePlaintext bool   `json:"insecurePlaintext,omitempty"`
-	Location          string `json:"location,omitempty"`
-	Compression       string `json:"compression,omitempty"`
+	// and tls.key: the client certificate for etcd.
+	TLSSecret string `json:"tlsSecret,omitempty"`
+	// InsecurePlaintext allows http:// endpoints (no TLS).
+	InsecurePlaintext bool `json:"insecurePlaintext,omitempty"`
+	// Location for its backups when a request names none ("" = default).
+	Location string `json:"location,omitempty"`
+	// Compression when a request names none: "" or "zstd".
+	Compression string `json:"compression,omitempty"`
 	// InitialClusterToken, Namespace and Members describe the cluster for
-	// an in-cluster restore (`restore --target`).
-	InitialClusterToken string   `json:"initialClusterToken,omitempty"`
-	Namespace           string   `json:"namespace,omitempty"`
-	Members             []Member `json:"members,omitempty"`
-	RestoreRunAsUser    *int64   `json:"restoreRunAsUser,omitempty"`
-	RestoreRunAsGroup   *int64   `json:"restoreRunAsGroup,omitempty"`
+	// an in-cluster restore (`restore --target`); a target without members
+	// can only be backed up.
+	InitialClusterToken string `json:"initialClusterToken,omitempty"`
+	// Namespace holds the members' PersistentVolumeClaims: restore Jobs
+	// run there ("" = the server's namespace).
+	Namespace string   `json:"namespace,omitempty"`
+	Members   []Member `json:"members,omitempty"`
+	// RestoreRunAsUser and RestoreRunAsGroup are the uid and gid restore
+	// agents run as, so the files they write belong to the user etcd runs
+	// as (nil: 65532, the agent's own).
+	RestoreRunAsUser  *int64 `json:"restoreRunAsUser,omitempty"`
+	RestoreRunAsGroup *int64 `json:"restoreRunAsGroup,omitempty"`
 }
 
 // Member is one etcd member of a target and where its data lives.
 type Member struct {
-	Name      string `json:"name"`
-	PeerURL   string `json:"peerURL"`
+	// Name is the member's etcd --name.
+	Name string `json:"name"`
+	// PeerURL is its --initial-advertise-peer-urls.
+	PeerURL string `json:"peerURL"`
+	// ClientURL is where it serves clients; a restore is refused while it
+	// answers there.
 	ClientURL string `json:"clientURL,omitempty"`
-	// DataDir is the member's --data-dir relative to the volume's root.
-	DataDir  string       `json:"dataDir,omitempty"`
-	Volume   MemberVolume `json:"volume"`
-	NodeName string       `json:"nodeName,omitempty"`
+	// DataDir is the member's --data-dir relative to the volume's root
+	// ("" = the root itself).
+	DataDir string       `json:"dataDir,omitempty"`
+	Volume  MemberVolume `json:"volume"`
+	// NodeName is the node of a hostPath volume.
+	NodeName string `json:"nodeName,omitempty"`
 }
 
 // MemberVolume is exactly one of a PersistentVolumeClaim (in the target's
@@ -149,35 +188,42 @@ type HostPathRef struct {
 
 // Agents says how agent Jobs are launched.
 type Agents struct {
-	Image           string `json:"image,omitempty"`
-	ImagePullPolicy string `json:"imagePullPolicy,omitempty"`
-	ServiceAccount  string `json:"serviceAccount,omitempty"`
+	// Image of the agent; without it the server launches no agents.
+	Image           string            `json:"image,omitempty"`
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+	// ServiceAccount the agents run as; it needs no permissions.
+	// Default DefaultServiceAccount.
+	ServiceAccount string `json:"serviceAccount,omitempty"`
 	// ServerAddress is how agents reach the server; default
 	// etcdbackup.NAMESPACE.svc:50051.
-	ServerAddress    string   `json:"serverAddress,omitempty"`
-	TTLAfterFinished Duration `json:"ttlAfterFinished,omitempty"`
-	Deadline         Duration `json:"deadline,omitempty"`
+	ServerAddress string `json:"serverAddress,omitempty"`
+	// TTLAfterFinished keeps finished Jobs (and their logs) this long;
+	// default DefaultTTLAfterFinished.
+	TTLAfterFinished metav1.Duration `json:"ttlAfterFinished,omitempty"`
+	// Deadline bounds one agent run; default DefaultDeadline.
+	Deadline metav1.Duration `json:"deadline,omitempty"`
 }
 
-// Duration is a time.Duration written as "90s" or "2h".
-type Duration struct{ time.Duration }
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := yaml.Unmarshal(b, &s); err != nil {
-		return err
+// WithDefaults returns a with the defaults of its zero fields filled in;
+// namespace is the server's own.
+func (a Agents) WithDefaults(namespace string) Agents {
+	if a.ServiceAccount == "" {
+		a.ServiceAccount = DefaultServiceAccount
 	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("duration %q: %w", s, err)
+	if a.ServerAddress == "" {
+		a.ServerAddress = "etcdbackup." + namespace + ".svc:50051"
 	}
-	d.Duration = v
-	return nil
+	if a.TTLAfterFinished.Duration == 0 {
+		a.TTLAfterFinished.Duration = DefaultTTLAfterFinished
+	}
+	if a.Deadline.Duration == 0 {
+		a.Deadline.Duration = DefaultDeadline
+	}
+	return a
 }
 
-// Load reads and checks a configuration file. Unknown fields are errors:
-// a misspelled key must not silently change where backups go.
+// Load reads and validates a configuration file. Unknown fields are
+// errors: a misspelled key must not silently change where backups go.
 func Load(path string) (*File, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -187,110 +233,8 @@ func Load(path string) (*File, error) {
 	if err := yaml.UnmarshalStrict(b, &f); err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
-	if len(f.Locations) == 0 {
-		return nil, fmt.Errorf("config %s: no storage locations; add at least one under `locations:`", path)
-	}
-	for i, l := range f.Locations {
-		n := 0
-		if l.Filesystem != nil {
-			n++
-		}
-		if l.S3 != nil {
-			n++
-		}
-		if n != 1 {
-			return nil, fmt.Errorf("config %s: location %d (%q) must have exactly one of filesystem, s3", path, i, l.Name)
-		}
-	}
-	for _, t := range f.Targets {
-		for i, m := range t.Members {
-			v := m.Volume
-			switch {
-			case (v.PersistentVolumeClaim == nil) == (v.HostPath == nil):
-				return nil, fmt.Errorf("config %s: target %q member %d (%q): volume must have exactly one of persistentVolumeClaim, hostPath", path, t.Name, i, m.Name)
-			case v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == "":
-				return nil, fmt.Errorf("config %s: target %q member %d (%q): persistentVolumeClaim needs a claimName", path, t.Name, i, m.Name)
-			case v.HostPath != nil && (v.HostPath.Path == "" || m.NodeName == ""):
-				return nil, fmt.Errorf("config %s: target %q member %d (%q): a hostPath volume needs a path and the member's nodeName", path, t.Name, i, m.Name)
-			case v.PersistentVolumeClaim != nil && m.NodeName != "":
-				return nil, fmt.Errorf("config %s: target %q member %d (%q): nodeName goes with hostPath volumes only", path, t.Name, i, m.Name)
-			}
-		}
+	if errs := Validate(&f); len(errs) > 0 {
+		return nil, fmt.Errorf("config %s: %w", path, errs.ToAggregate())
 	}
 	return &f, nil
-}
-
-// Build opens the locations of f.
-func (f *File) Build(ctx context.Context, log *slog.Logger) ([]server.NamedLocation, error) {
-	var out []server.NamedLocation
-	for _, l := range f.Locations {
-		switch {
-		case l.Filesystem != nil:
-			loc, err := filesystem.New(l.Filesystem.Path)
-			if err != nil {
-				return nil, fmt.Errorf("location %q: %w", l.Name, err)
-			}
-			out = append(out, server.NamedLocation{Name: l.Name, Location: loc})
-		case l.S3 != nil:
-			c := l.S3
-			loc, err := s3.New(ctx, s3.Config{
-				Bucket: c.Bucket, Prefix: c.Prefix, Region: c.Region, Endpoint: c.Endpoint, PathStyle: c.PathStyle,
-				CABundleFile: c.CABundleFile, InsecureSkipVerify: c.InsecureSkipVerify,
-				AccessKeyIDFile: c.AccessKeyIDFile, SecretAccessKeyFile: c.SecretAccessKeyFile, SessionTokenFile: c.SessionTokenFile,
-				AccessKeyIDEnv: c.AccessKeyIDEnv, SecretAccessKeyEnv: c.SecretAccessKeyEnv, SessionTokenEnv: c.SessionTokenEnv,
-				DefaultCredentialChain: c.DefaultCredentialChain,
-				PartSize:               c.PartSizeMiB << 20, Concurrency: c.Concurrency, RequestChecksum: c.RequestChecksum,
-				NoConditionalWrites: c.NoConditionalWrites,
-				Logger:              log.With("location", l.Name),
-			})
-			if err != nil {
-				return nil, fmt.Errorf("location %q: %w", l.Name, err)
-			}
-			out = append(out, server.NamedLocation{Name: l.Name, Location: loc})
-		}
-	}
-	return out, nil
-}
-
-// ServerTargets converts the targets for server.Config.
-func (f *File) ServerTargets() []server.Target {
-	var out []server.Target
-	for _, t := range f.Targets {
-		var members []jobs.Member
-		for _, m := range t.Members {
-			jm := jobs.Member{Name: m.Name, PeerURL: m.PeerURL, ClientURL: m.ClientURL, DataDir: m.DataDir, NodeName: m.NodeName}
-			if c := m.Volume.PersistentVolumeClaim; c != nil {
-				jm.ClaimName = c.ClaimName
-			}
-			if h := m.Volume.HostPath; h != nil {
-				jm.HostPath = h.Path
-			}
-			members = append(members, jm)
-		}
-		out = append(out, server.Target{
-			Target: jobs.Target{
-				Name: t.Name, Endpoints: t.Endpoints, TLSSecret: t.TLSSecret, InsecurePlaintext: t.InsecurePlaintext,
-				InitialClusterToken: t.InitialClusterToken, Namespace: t.Namespace, Members: members,
-				RestoreRunAsUser: t.RestoreRunAsUser, RestoreRunAsGroup: t.RestoreRunAsGroup,
-			},
-			Location:    t.Location,
-			Compression: t.Compression,
-		})
-	}
-	return out
-}
-
-// JobsConfig converts the agents section for jobs.New; namespace is the
-// server's own.
-func (f *File) JobsConfig(namespace string) jobs.Config {
-	a := f.Agents
-	addr := a.ServerAddress
-	if addr == "" {
-		addr = "etcdbackup." + namespace + ".svc:50051"
-	}
-	return jobs.Config{
-		Namespace: namespace, Image: a.Image, ImagePullPolicy: corev1.PullPolicy(a.ImagePullPolicy),
-		ServiceAccount: a.ServiceAccount, ServerAddress: addr,
-		TTLAfterFinished: a.TTLAfterFinished.Duration, Deadline: a.Deadline.Duration,
-	}
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func load(t *testing.T, s string) (*File, error) {
@@ -42,10 +43,11 @@ func TestTargetMembers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := f.ServerTargets()
+	ts := f.Targets
 	m := ts[0].Members
 	if ts[0].Namespace != "app" || ts[0].InitialClusterToken != "tok" || len(m) != 2 ||
-		m[0].ClaimName != "data-etcd-0" || m[0].DataDir != "data" || m[1].HostPath != "/var/lib" || m[1].NodeName != "cp-1" {
+		m[0].Volume.PersistentVolumeClaim.ClaimName != "data-etcd-0" || m[0].DataDir != "data" ||
+		m[1].Volume.HostPath.Path != "/var/lib" || m[1].NodeName != "cp-1" {
 		t.Fatalf("targets: %+v", ts)
 	}
 }
@@ -63,5 +65,121 @@ func TestTargetMemberErrors(t *testing.T) {
 		} else if what == "unknown key" && !strings.Contains(err.Error(), "dataDirectory") {
 			t.Errorf("unknown key: %v", err)
 		}
+	}
+}
+
+// TestErrorsNameTheField: each bad config is refused with an error that
+// names the field to fix, as a user reads it in the server's log.
+func TestErrorsNameTheField(t *testing.T) {
+	const member = "      - name: m0\n        peerURL: http://m0:2380\n        volume: {persistentVolumeClaim: {claimName: c}}\n"
+	for _, tc := range []struct {
+		name, config, want string
+	}{
+		{"no locations", "targets: []\n", "locations: Required value"},
+		{"location without backend", "locations:\n  - name: a\n", "locations[0]: Required value: must have exactly one of filesystem, s3"},
+		{"location with two backends", "locations:\n  - name: a\n    filesystem: {path: /x}\n    s3: {bucket: b}\n",
+			"locations[0]: Invalid value: must have exactly one of filesystem, s3"},
+		{"s3 without bucket", "locations:\n  - name: a\n    s3: {defaultCredentialChain: true}\n", "locations[0].s3.bucket: Required value"},
+		{"s3 without credentials", "locations:\n  - name: a\n    s3: {bucket: b}\n", "locations[0].s3: Required value: no credentials configured"},
+		{"s3 part size", "locations:\n  - name: a\n    s3: {bucket: b, defaultCredentialChain: true, partSizeMiB: 4}\n", "locations[0].s3.partSizeMiB: Invalid value: 4"},
+		{"s3 endpoint", "locations:\n  - name: a\n    s3: {bucket: b, defaultCredentialChain: true, endpoint: \"https://key:hunter2@s3.example\"}\n",
+			`locations[0].s3.endpoint: Invalid value: "https://key:xxxxx@s3.example": must not contain credentials`},
+		{"filesystem without path", "locations:\n  - name: a\n    filesystem: {}\n", "locations[0].filesystem.path: Required value"},
+		{"location name", "locations:\n  - name: Default\n    filesystem: {path: /x}\n", `locations[0].name: Invalid value: "Default"`},
+		{"empty location name", "locations:\n  - filesystem: {path: /x}\n", "locations[0].name: Required value"},
+		{"duplicate location", "locations:\n  - name: a\n    filesystem: {path: /x}\n  - name: a\n    filesystem: {path: /y}\n",
+			`locations[1].name: Duplicate value: "a"`},
+		{"target name", head[:strings.Index(head, "targets:")] + "targets:\n  - name: my_etcd\n    endpoints: [http://e:2379]\n",
+			`targets[0].name: Invalid value: "my_etcd"`},
+		{"duplicate target", head + member + "  - name: app\n    endpoints: [http://e:2379]\n", `targets[1].name: Duplicate value: "app"`},
+		{"no endpoints", head[:strings.Index(head, "targets:")] + "targets:\n  - name: t\n", "targets[0].endpoints: Required value"},
+		{"unknown location", head + member + "    location: s3\n", `targets[0].location: Not found: "s3"`},
+		{"compression", head + member + "    compression: gzip\n", `targets[0].compression: Unsupported value: "gzip": supported values: "", "zstd"`},
+		{"namespace", head[:strings.Index(head, "targets:")] + "targets:\n  - name: t\n    endpoints: [http://e:2379]\n    namespace: App\n",
+			`targets[0].namespace: Invalid value: "App"`},
+		{"negative uid", head + member + "    restoreRunAsUser: -1\n", "targets[0].restoreRunAsUser: Invalid value: -1: must not be negative"},
+		{"member without name", head + "      - peerURL: http://m0:2380\n        volume: {persistentVolumeClaim: {claimName: c}}\n",
+			"targets[0].members[0].name: Required value"},
+		{"duplicate member", head + member + member, `targets[0].members[1].name: Duplicate value: "m0"`},
+		{"peer URL", head + "      - name: m0\n        peerURL: m0:2380\n        volume: {persistentVolumeClaim: {claimName: c}}\n",
+			`targets[0].members[0].peerURL: Invalid value: "m0:2380": must be an http:// or https:// URL`},
+		{"client URL", head + member + "        clientURL: ftp://m0\n", `targets[0].members[0].clientURL: Invalid value: "ftp://m0"`},
+		{"data dir", head + member + "        dataDir: ../etcd\n",
+			`targets[0].members[0].dataDir: Invalid value: "../etcd": must be a clean path relative to the volume's root`},
+		{"no volume", head + member + "      - name: m1\n        peerURL: http://m1:2380\n",
+			"targets[0].members[1].volume: Invalid value: must have exactly one of persistentVolumeClaim, hostPath"},
+		{"claim name", head + "      - name: m0\n        peerURL: http://m0:2380\n        volume: {persistentVolumeClaim: {}}\n",
+			"targets[0].members[0].volume.persistentVolumeClaim.claimName: Required value"},
+		{"node name with claim", head + member + "        nodeName: n\n", "targets[0].members[0].nodeName: Forbidden: goes with hostPath volumes only"},
+		{"hostPath without node", head + "      - name: m0\n        peerURL: http://m0:2380\n        volume: {hostPath: {path: /var/lib}}\n",
+			"targets[0].members[0].nodeName: Required value"},
+		{"relative hostPath", head + "      - name: m0\n        peerURL: http://m0:2380\n        volume: {hostPath: {path: var/lib}}\n        nodeName: n\n",
+			`targets[0].members[0].volume.hostPath.path: Invalid value: "var/lib": must be an absolute path`},
+		{"negative deadline", head + member + "agents: {deadline: -1m}\n", `agents.deadline: Invalid value: "-1m0s": must not be negative`},
+		{"pull policy", head + member + "agents: {imagePullPolicy: Sometimes}\n", `agents.imagePullPolicy: Unsupported value: "Sometimes"`},
+		{"bad duration", head + member + "agents: {ttlAfterFinished: 1 day}\n", `duration "1 day"`},
+		{"unknown key", head + member + "    endpoint: [http://e:2379]\n", `unknown field "endpoint"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := load(t, tc.config)
+			if err == nil {
+				t.Fatalf("accepted:\n%s", tc.config)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error\n  %v\ndoes not say\n  %s", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Fatalf("error shows a credential: %v", err)
+			}
+		})
+	}
+}
+
+// TestPackageExample loads the example of the package documentation, so
+// the documented format is one the server accepts.
+func TestPackageExample(t *testing.T) {
+	src, err := os.ReadFile("config.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for line := range strings.SplitSeq(string(src), "\n") {
+		if y, ok := strings.CutPrefix(line, "//\t"); ok {
+			b.WriteString(y + "\n")
+		}
+	}
+	f, err := load(t, b.String())
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b.String())
+	}
+	if len(f.Locations) != 2 || f.Locations[1].S3 == nil || f.Locations[1].S3.Bucket != "etcd-backups" || !f.Locations[1].S3.PathStyle {
+		t.Errorf("locations: %+v", f.Locations)
+	}
+	if len(f.Targets) != 2 || f.Targets[0].Compression != "zstd" || f.Targets[0].Location != "s3" ||
+		f.Targets[1].RestoreRunAsUser == nil || *f.Targets[1].RestoreRunAsUser != 1001 || len(f.Targets[1].Members) != 1 {
+		t.Errorf("targets: %+v", f.Targets)
+	}
+	if f.Agents.TTLAfterFinished.Duration != 24*time.Hour || f.Agents.Deadline.Duration != 2*time.Hour {
+		t.Errorf("agents: %+v", f.Agents)
+	}
+}
+
+func TestDurations(t *testing.T) {
+	f, err := load(t, head+"      - name: m0\n        peerURL: http://m0:2380\n        volume: {persistentVolumeClaim: {claimName: c}}\n"+
+		"agents:\n  ttlAfterFinished: 90s\n  deadline: 2h\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Agents.TTLAfterFinished.Duration != 90*time.Second || f.Agents.Deadline.Duration != 2*time.Hour {
+		t.Fatalf("agents: %+v", f.Agents)
+	}
+	a := f.Agents.WithDefaults("ns")
+	if a.TTLAfterFinished.Duration != 90*time.Second || a.Deadline.Duration != 2*time.Hour {
+		t.Errorf("defaults replaced configured durations: %+v", a)
+	}
+	d := Agents{}.WithDefaults("ns")
+	if d.TTLAfterFinished.Duration != DefaultTTLAfterFinished || d.Deadline.Duration != DefaultDeadline ||
+		d.ServiceAccount != DefaultServiceAccount || d.ServerAddress != "etcdbackup.ns.svc:50051" {
+		t.Errorf("defaults: %+v", d)
 	}
 }

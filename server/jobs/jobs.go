@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -21,8 +22,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
 
 // Labels and annotations on the Jobs this package creates.
@@ -40,111 +45,99 @@ const (
 	tlsMountPath = "/etc/etcdbackup/etcd-tls"
 )
 
-// Config says how agents are launched.
-type Config struct {
-	// Namespace is the server's own; Jobs are created there.
-	Namespace string
-	// Image of the agent.
-	Image           string
-	ImagePullPolicy corev1.PullPolicy
-	// ServiceAccount the agents run as; it needs no permissions.
-	ServiceAccount string
-	// ServerAddress is how agents reach the server (its Service).
-	ServerAddress string
-	// TTLAfterFinished keeps finished Jobs (and their logs) this long.
-	TTLAfterFinished time.Duration
-	// Deadline bounds one agent run.
-	Deadline time.Duration
-}
-
-// Target is an etcd cluster to back up.
-type Target struct {
-	Name      string
-	Endpoints []string
-	// TLSSecret names a Secret in the server's namespace with keys ca.crt,
-	// tls.crt and tls.key: the client certificate for etcd.
-	TLSSecret string
-	// InsecurePlaintext allows http:// endpoints (no TLS).
-	InsecurePlaintext bool
-	// InitialClusterToken and Members are what an in-cluster restore
-	// rebuilds; a target without members can only be backed up.
-	InitialClusterToken string
-	// Namespace holds the members' PersistentVolumeClaims: restore Jobs
-	// run there ("" = the server's namespace).
-	Namespace string
-	Members   []Member
-	// RestoreRunAsUser and RestoreRunAsGroup are the uid and gid restore
-	// agents run as, so the files they write belong to the user etcd runs
-	// as (nil: 65532, the agent's own).
-	RestoreRunAsUser, RestoreRunAsGroup *int64
-}
-
 // Launcher creates and reads agent Jobs.
 type Launcher struct {
 	client kubernetes.Interface
-	cfg    Config
+	// namespace is the server's own; backup Jobs are created there.
+	namespace string
+	agents    config.Agents
 }
 
-// New returns a Launcher.
-func New(client kubernetes.Interface, cfg Config) (*Launcher, error) {
+// New returns a Launcher that creates Jobs in namespace (the server's own)
+// as agents says, with its defaults filled in.
+func New(client kubernetes.Interface, namespace string, agents config.Agents) (*Launcher, error) {
 	switch {
-	case cfg.Namespace == "":
+	case namespace == "":
 		return nil, errors.New("agent jobs: the server's namespace is unknown (set POD_NAMESPACE from the downward API)")
-	case cfg.Image == "":
+	case agents.Image == "":
 		return nil, errors.New("agent jobs: no agent image configured")
-	case cfg.ServerAddress == "":
-		return nil, errors.New("agent jobs: no server address for agents configured")
 	}
-	if cfg.ServiceAccount == "" {
-		cfg.ServiceAccount = "etcdbackup-agent"
+	return &Launcher{client: client, namespace: namespace, agents: agents.WithDefaults(namespace)}, nil
+}
+
+// NewInCluster returns a Launcher that talks to the API server with the
+// pod's service account; namespace "" is the pod's own.
+func NewInCluster(namespace string, agents config.Agents) (*Launcher, error) {
+	if namespace == "" {
+		b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+		if err != nil {
+			return nil, errors.New("agents are configured but the server's namespace is unknown: set --namespace or POD_NAMESPACE")
+		}
+		namespace = strings.TrimSpace(string(b))
 	}
-	if cfg.TTLAfterFinished == 0 {
-		cfg.TTLAfterFinished = 24 * time.Hour
+	rc, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("agents are configured, so the server needs the Kubernetes API: %w", err)
 	}
-	if cfg.Deadline == 0 {
-		cfg.Deadline = 2 * time.Hour
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("agents: Kubernetes client: %w", err)
 	}
-	return &Launcher{client: client, cfg: cfg}, nil
+	return New(kc, namespace, agents)
 }
 
 // BackupSpec is one backup to take.
 type BackupSpec struct {
 	Name, Location, Compression string
 	Labels                      map[string]string
-	Target                      Target
+	Target                      config.Target
 }
 
 // ErrRunning is returned when an agent for that backup is still running.
 var ErrRunning = errors.New("a backup agent for this backup is still running")
 
-// runID names the Job of one backup: Job names are DNS labels of at most
-// 63 characters, backup names may be 200.
-func runID(location, name string) string {
-	s := sha256.Sum256([]byte(location + "/" + name))
+// runID names the run of one agent: a hash of what it works on.
+func runID(parts ...string) string {
+	s := sha256.Sum256([]byte(strings.Join(parts, "/")))
 	return hex.EncodeToString(s[:])[:16]
 }
 
-func jobName(location, name string) string {
-	prefix := name
-	if len(prefix) > 30 {
-		prefix = prefix[:30]
+// jobName is a Job name from kind, a readable hint and the run's ID: Job
+// names are DNS labels of at most 63 characters, backup names may be 200
+// and member names are whatever etcd accepts. The hint is cut to 30
+// characters and what a DNS label cannot hold becomes a dash.
+func jobName(kind, hint, id string) string {
+	if len(hint) > 30 {
+		hint = hint[:30]
 	}
-	prefix = strings.Trim(strings.ReplaceAll(prefix, ".", "-"), "-")
-	return "backup-" + prefix + "-" + runID(location, name)[:10]
+	hint = strings.Trim(strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r - 'A' + 'a'
+		}
+		return '-'
+	}, hint), "-")
+	return kind + "-" + hint + "-" + id[:10]
+}
+
+func backupJobName(location, backup string) string {
+	return jobName("backup", backup, runID(location, backup))
 }
 
 // CheckTarget verifies that what the target's Job would mount exists.
-func (l *Launcher) CheckTarget(ctx context.Context, t Target) error {
+func (l *Launcher) CheckTarget(ctx context.Context, t config.Target) error {
 	if t.TLSSecret == "" {
 		return nil
 	}
-	_, err := l.client.CoreV1().Secrets(l.cfg.Namespace).Get(ctx, t.TLSSecret, metav1.GetOptions{})
+	_, err := l.client.CoreV1().Secrets(l.namespace).Get(ctx, t.TLSSecret, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("target %q: its TLS Secret %s/%s does not exist; create it with keys ca.crt, tls.crt and tls.key (the etcd client certificate)",
-			t.Name, l.cfg.Namespace, t.TLSSecret)
+			t.Name, l.namespace, t.TLSSecret)
 	}
 	if err != nil {
-		return fmt.Errorf("target %q: check TLS Secret %s/%s: %w", t.Name, l.cfg.Namespace, t.TLSSecret, err)
+		return fmt.Errorf("target %q: check TLS Secret %s/%s: %w", t.Name, l.namespace, t.TLSSecret, err)
 	}
 	return nil
 }
@@ -153,7 +146,7 @@ func (l *Launcher) CheckTarget(ctx context.Context, t Target) error {
 // same backup is replaced; a running one gives ErrRunning.
 func (l *Launcher) StartBackup(ctx context.Context, spec BackupSpec) (*batchv1.Job, error) {
 	job := l.backupJob(spec)
-	jobs := l.client.BatchV1().Jobs(l.cfg.Namespace)
+	jobs := l.client.BatchV1().Jobs(l.namespace)
 	created, err := jobs.Create(ctx, job, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		old, gerr := jobs.Get(ctx, job.Name, metav1.GetOptions{})
@@ -178,24 +171,26 @@ func (l *Launcher) StartBackup(ctx context.Context, spec BackupSpec) (*batchv1.J
 // createWhenGone retries Create while a deleted Job with the same name is
 // still being removed.
 func (l *Launcher) createWhenGone(ctx context.Context, job *batchv1.Job) (*batchv1.Job, error) {
-	for {
-		created, err := l.client.BatchV1().Jobs(job.Namespace).Create(ctx, job, metav1.CreateOptions{})
-		if !apierrors.IsAlreadyExists(err) {
-			return created, err
+	var created *batchv1.Job
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		var err error
+		created, err = l.client.BatchV1().Jobs(job.Namespace).Create(ctx, job, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return false, nil
 		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
+		return true, err
+	})
+	if err != nil {
+		return nil, err
 	}
+	return created, nil
 }
 
 func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 	t := spec.Target
 	args := []string{
 		"backup",
-		"--server=" + l.cfg.ServerAddress,
+		"--server=" + l.agents.ServerAddress,
 		"--name=" + spec.Name,
 		"--location=" + spec.Location,
 		"--target=" + t.Name,
@@ -225,38 +220,51 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 	}
 	id := runID(spec.Location, spec.Name)
 	labels := map[string]string{LabelComponent: componentBackup, LabelManagedBy: managedBy, LabelRun: id}
-	return &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      jobName(spec.Location, spec.Name),
-			Namespace: l.cfg.Namespace,
-			Labels:    labels,
-			Annotations: map[string]string{
-				AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
-			},
+	job := l.agentJob(agentSecurityContext(), args, volumes, mounts)
+	job.ObjectMeta = metav1.ObjectMeta{
+		Name:      backupJobName(spec.Location, spec.Name),
+		Namespace: l.namespace,
+		Labels:    labels,
+		Annotations: map[string]string{
+			AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
 		},
+	}
+	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationBackup: spec.Name}}
+	return job
+}
+
+// agentSecurityContext is the agents' own: uid and gid 65532, not root.
+func agentSecurityContext() *corev1.PodSecurityContext {
+	return &corev1.PodSecurityContext{
+		RunAsNonRoot:   ptr.To(true),
+		RunAsUser:      ptr.To[int64](65532),
+		RunAsGroup:     ptr.To[int64](65532),
+		FSGroup:        ptr.To[int64](65532),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// agentJob is what backup and restore Jobs share; the caller names it and
+// sets its labels.
+func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volumes []corev1.Volume, mounts []corev1.VolumeMount) *batchv1.Job {
+	return &batchv1.Job{
 		Spec: batchv1.JobSpec{
-			// A retry would upload the same name again: one attempt, and
-			// the user (or the schedule) decides to try again.
+			// One attempt: a retry would upload the same backup name again,
+			// or find a restore's half-written data directory. The user (or
+			// the schedule) decides to try again.
 			BackoffLimit:            ptr.To[int32](0),
-			ActiveDeadlineSeconds:   ptr.To(int64(l.cfg.Deadline.Seconds())),
-			TTLSecondsAfterFinished: ptr.To(int32(l.cfg.TTLAfterFinished.Seconds())),
+			ActiveDeadlineSeconds:   ptr.To(int64(l.agents.Deadline.Seconds())),
+			TTLSecondsAfterFinished: ptr.To(int32(l.agents.TTLAfterFinished.Seconds())),
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationBackup: spec.Name}},
 				Spec: corev1.PodSpec{
 					RestartPolicy:                corev1.RestartPolicyNever,
-					ServiceAccountName:           l.cfg.ServiceAccount,
+					ServiceAccountName:           l.agents.ServiceAccount,
 					AutomountServiceAccountToken: ptr.To(false),
-					SecurityContext: &corev1.PodSecurityContext{
-						RunAsNonRoot:   ptr.To(true),
-						RunAsUser:      ptr.To[int64](65532),
-						RunAsGroup:     ptr.To[int64](65532),
-						FSGroup:        ptr.To[int64](65532),
-						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-					},
+					SecurityContext:              sc,
 					Containers: []corev1.Container{{
 						Name:                     "agent",
-						Image:                    l.cfg.Image,
-						ImagePullPolicy:          l.cfg.ImagePullPolicy,
+						Image:                    l.agents.Image,
+						ImagePullPolicy:          l.agents.ImagePullPolicy,
 						Args:                     args,
 						VolumeMounts:             mounts,
 						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
@@ -294,7 +302,7 @@ type Run struct {
 
 // List returns the runs of every backup agent Job in the namespace.
 func (l *Launcher) List(ctx context.Context) ([]Run, error) {
-	list, err := l.client.BatchV1().Jobs(l.cfg.Namespace).List(ctx, metav1.ListOptions{
+	list, err := l.client.BatchV1().Jobs(l.namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: LabelComponent + "=" + componentBackup + "," + LabelManagedBy + "=" + managedBy,
 	})
 	if err != nil {
@@ -374,37 +382,38 @@ var ErrNoRun = errors.New("no backup agent ran for this backup")
 // Logs writes the log of the agent of backup (location, name) to w. With
 // follow it waits for the pod to start and streams until the agent ends.
 func (l *Launcher) Logs(ctx context.Context, location, name string, follow bool, w io.Writer) error {
-	j, err := l.client.BatchV1().Jobs(l.cfg.Namespace).Get(ctx, jobName(location, name), metav1.GetOptions{})
+	j, err := l.client.BatchV1().Jobs(l.namespace).Get(ctx, backupJobName(location, name), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return ErrNoRun
 	}
 	if err != nil {
 		return fmt.Errorf("get backup job: %w", err)
 	}
-	for {
+	// Until the pod has started there is no log to read: wait for it
+	// when following, else there is nothing to show yet.
+	var pod *corev1.Pod
+	err = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		pods, err := l.pods(ctx, j)
 		if err != nil {
-			return fmt.Errorf("find agent pod: %w", err)
+			return false, fmt.Errorf("find agent pod: %w", err)
 		}
 		if len(pods) > 0 && podStarted(&pods[0]) {
-			req := l.client.CoreV1().Pods(l.cfg.Namespace).GetLogs(pods[0].Name, &corev1.PodLogOptions{Container: "agent", Follow: follow})
-			rc, err := req.Stream(ctx)
-			if err != nil {
-				return fmt.Errorf("stream log of agent pod %s: %w", pods[0].Name, err)
-			}
-			defer rc.Close()
-			_, err = io.Copy(w, rc)
-			return err
+			pod = &pods[0]
+			return true, nil
 		}
-		if !follow {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
+		return !follow, nil
+	})
+	if err != nil || pod == nil {
+		return err
 	}
+	req := l.client.CoreV1().Pods(l.namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "agent", Follow: follow})
+	rc, err := req.Stream(ctx)
+	if err != nil {
+		return fmt.Errorf("stream log of agent pod %s: %w", pod.Name, err)
+	}
+	defer rc.Close()
+	_, err = io.Copy(w, rc)
+	return err
 }
 
 func podStarted(p *corev1.Pod) bool {

@@ -2,8 +2,6 @@ package jobs
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"path"
 	"strings"
@@ -13,6 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
 
 // Labels and annotations of restore Jobs, beside the backup ones.
@@ -26,49 +26,33 @@ const (
 	workMountPath = "/var/lib/etcdbackup-work"
 )
 
-// Member is one member of a target, as a restore rebuilds it.
-type Member struct {
-	// Name is the member's etcd --name.
-	Name string
-	// PeerURL is its --initial-advertise-peer-urls.
-	PeerURL string
-	// ClientURL is where it serves clients; a restore is refused while it
-	// answers there.
-	ClientURL string
-	// DataDir is its --data-dir relative to the volume's root ("" = the
-	// root itself).
-	DataDir string
-	// ClaimName is the PersistentVolumeClaim (in Namespace) holding its
-	// data; or else
-	ClaimName string
-	// HostPath is a directory on node NodeName (control-plane etcd).
-	HostPath, NodeName string
-}
-
-// Volume describes where m's data lives, for people.
-func (m Member) Volume() string {
-	if m.ClaimName != "" {
-		return "pvc/" + m.ClaimName
+// DescribeVolume says where m's data lives, for people.
+func DescribeVolume(m config.Member) string {
+	if c := m.Volume.PersistentVolumeClaim; c != nil {
+		return "pvc/" + c.ClaimName
 	}
-	return "hostPath " + m.NodeName + ":" + m.HostPath
+	if h := m.Volume.HostPath; h != nil {
+		return "hostPath " + m.NodeName + ":" + h.Path
+	}
+	return ""
 }
 
-// DataDirIn is m's --data-dir as the restore agent sees it.
-func (m Member) DataDirIn() string {
+// dataDirIn is m's --data-dir as the restore agent sees it.
+func dataDirIn(m config.Member) string {
 	return path.Join(restoreMountPath, m.DataDir)
 }
 
 // RestoreNamespace is where the restore Jobs of t run: beside its
 // members' volumes.
-func (l *Launcher) RestoreNamespace(t Target) string {
+func (l *Launcher) RestoreNamespace(t config.Target) string {
 	if t.Namespace != "" {
 		return t.Namespace
 	}
-	return l.cfg.Namespace
+	return l.namespace
 }
 
 // InitialCluster is NAME=PEER-URL,... of every member of t.
-func InitialCluster(t Target) string {
+func InitialCluster(t config.Target) string {
 	parts := make([]string, 0, len(t.Members))
 	for _, m := range t.Members {
 		parts = append(parts, m.Name+"="+m.PeerURL)
@@ -79,24 +63,14 @@ func InitialCluster(t Target) string {
 // RestoreSpec is one restore of a target from a backup.
 type RestoreSpec struct {
 	Name, Location string
-	Target         Target
+	Target         config.Target
 	MoveAside      bool
-}
-
-func restoreRunID(location, name, target, member string) string {
-	s := sha256.Sum256([]byte(location + "/" + name + "/" + target + "/" + member))
-	return hex.EncodeToString(s[:])[:16]
 }
 
 // RestoreJobName is the Job that restores member of target from backup
 // (location, name): one per member and backup.
 func RestoreJobName(location, name, target, member string) string {
-	prefix := member
-	if len(prefix) > 30 {
-		prefix = prefix[:30]
-	}
-	prefix = strings.Trim(strings.ReplaceAll(prefix, ".", "-"), "-")
-	return "restore-" + prefix + "-" + restoreRunID(location, name, target, member)[:10]
+	return jobName("restore", member, runID(location, name, target, member))
 }
 
 // StartRestore creates one restore agent Job per member of spec.Target.
@@ -134,14 +108,14 @@ func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batch
 	return out, nil
 }
 
-func (l *Launcher) restoreJob(spec RestoreSpec, m Member) *batchv1.Job {
+func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) *batchv1.Job {
 	t := spec.Target
 	args := []string{
 		"restore",
-		"--server=" + l.cfg.ServerAddress,
+		"--server=" + l.agents.ServerAddress,
 		"--name=" + spec.Name,
 		"--location=" + spec.Location,
-		"--data-dir=" + m.DataDirIn(),
+		"--data-dir=" + dataDirIn(m),
 		"--work-dir=" + workMountPath + "/download",
 		"--member-name=" + m.Name,
 		"--initial-cluster=" + InitialCluster(t),
@@ -154,20 +128,14 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m Member) *batchv1.Job {
 		args = append(args, "--move-aside")
 	}
 	data := corev1.Volume{Name: "data"}
-	if m.ClaimName != "" {
-		data.PersistentVolumeClaim = &corev1.PersistentVolumeClaimVolumeSource{ClaimName: m.ClaimName}
-	} else {
-		data.HostPath = &corev1.HostPathVolumeSource{Path: m.HostPath, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}
+	if c := m.Volume.PersistentVolumeClaim; c != nil {
+		data.PersistentVolumeClaim = &corev1.PersistentVolumeClaimVolumeSource{ClaimName: c.ClaimName}
+	} else if h := m.Volume.HostPath; h != nil {
+		data.HostPath = &corev1.HostPathVolumeSource{Path: h.Path, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}
 	}
-	id := restoreRunID(spec.Location, spec.Name, t.Name, m.Name)
+	id := runID(spec.Location, spec.Name, t.Name, m.Name)
 	labels := map[string]string{LabelComponent: componentRestore, LabelManagedBy: managedBy, LabelRun: id}
-	sc := &corev1.PodSecurityContext{
-		RunAsNonRoot:   ptr.To(true),
-		RunAsUser:      ptr.To[int64](65532),
-		RunAsGroup:     ptr.To[int64](65532),
-		FSGroup:        ptr.To[int64](65532),
-		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-	}
+	sc := agentSecurityContext()
 	if t.RestoreRunAsUser != nil {
 		sc.RunAsUser = t.RestoreRunAsUser
 		sc.RunAsNonRoot = ptr.To(*t.RestoreRunAsUser != 0)
@@ -175,50 +143,20 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m Member) *batchv1.Job {
 	if t.RestoreRunAsGroup != nil {
 		sc.RunAsGroup, sc.FSGroup = t.RestoreRunAsGroup, t.RestoreRunAsGroup
 	}
-	return &batchv1.Job{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      RestoreJobName(spec.Location, spec.Name, t.Name, m.Name),
-			Namespace: l.RestoreNamespace(t),
-			Labels:    labels,
-			Annotations: map[string]string{
-				AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
-			},
-		},
-		Spec: batchv1.JobSpec{
-			// A second attempt would find a half-written data directory:
-			// one attempt, and the user decides.
-			BackoffLimit:            ptr.To[int32](0),
-			ActiveDeadlineSeconds:   ptr.To(int64(l.cfg.Deadline.Seconds())),
-			TTLSecondsAfterFinished: ptr.To(int32(l.cfg.TTLAfterFinished.Seconds())),
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationBackup: spec.Name, AnnotationMember: m.Name}},
-				Spec: corev1.PodSpec{
-					RestartPolicy:                corev1.RestartPolicyNever,
-					ServiceAccountName:           l.cfg.ServiceAccount,
-					AutomountServiceAccountToken: ptr.To(false),
-					NodeName:                     m.NodeName,
-					SecurityContext:              sc,
-					Containers: []corev1.Container{{
-						Name:            "agent",
-						Image:           l.cfg.Image,
-						ImagePullPolicy: l.cfg.ImagePullPolicy,
-						Args:            args,
-						VolumeMounts: []corev1.VolumeMount{
-							{Name: "data", MountPath: restoreMountPath},
-							{Name: "work", MountPath: workMountPath},
-						},
-						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-						SecurityContext: &corev1.SecurityContext{
-							AllowPrivilegeEscalation: ptr.To(false),
-							ReadOnlyRootFilesystem:   ptr.To(true),
-							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-						},
-					}},
-					Volumes: []corev1.Volume{data, {Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
-				},
-			},
+	job := l.agentJob(sc, args,
+		[]corev1.Volume{data, {Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+		[]corev1.VolumeMount{{Name: "data", MountPath: restoreMountPath}, {Name: "work", MountPath: workMountPath}})
+	job.ObjectMeta = metav1.ObjectMeta{
+		Name:      RestoreJobName(spec.Location, spec.Name, t.Name, m.Name),
+		Namespace: l.RestoreNamespace(t),
+		Labels:    labels,
+		Annotations: map[string]string{
+			AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
 		},
 	}
+	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationBackup: spec.Name, AnnotationMember: m.Name}}
+	job.Spec.Template.Spec.NodeName = m.NodeName
+	return job
 }
 
 // MemberRun is what the cluster says about one member's restore agent.
@@ -231,7 +169,7 @@ type MemberRun struct {
 
 // ListRestores returns the restore agent runs of backup (location, name)
 // into target, keyed by member name.
-func (l *Launcher) ListRestores(ctx context.Context, location, name string, target Target) (map[string]MemberRun, error) {
+func (l *Launcher) ListRestores(ctx context.Context, location, name string, target config.Target) (map[string]MemberRun, error) {
 	list, err := l.client.BatchV1().Jobs(l.RestoreNamespace(target)).List(ctx, metav1.ListOptions{
 		LabelSelector: LabelComponent + "=" + componentRestore + "," + LabelManagedBy + "=" + managedBy,
 	})

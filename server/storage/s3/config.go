@@ -3,7 +3,6 @@ package s3
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -12,6 +11,9 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
 
 // Defaults applied by New to zero Config fields.
@@ -35,9 +37,9 @@ const (
 	DefaultStaleUploadAge = 24 * time.Hour
 
 	// MinPartSize is S3's minimum size of every part but the last.
-	MinPartSize int64 = 5 << 20
+	MinPartSize int64 = config.MinPartSizeMiB << 20
 	// MaxPartSize is S3's maximum part size.
-	MaxPartSize int64 = 5 << 30
+	MaxPartSize int64 = config.MaxPartSizeMiB << 20
 )
 
 // Checksum modes for Config.RequestChecksum.
@@ -46,71 +48,30 @@ const (
 	// single-part objects; over HTTPS it goes in an aws-chunked trailer. The
 	// store verifies it: a corrupted part is refused. versitygw, AWS and
 	// recent S3-compatible stores accept it.
-	ChecksumWhenSupported = "when_supported"
+	ChecksumWhenSupported = config.ChecksumWhenSupported
 	// ChecksumWhenRequired sends a checksum only where an operation requires
 	// one: no aws-chunked encoding, no trailers. For stores that reject
 	// aws-chunked uploads ("STREAMING-UNSIGNED-PAYLOAD-TRAILER not
 	// implemented", XAmzContentSHA256Mismatch, ...). TLS and the end-to-end
 	// SHA-256 in the manifest still protect the data.
-	ChecksumWhenRequired = "when_required"
+	ChecksumWhenRequired = config.ChecksumWhenRequired
 )
 
-// Config describes one S3 storage location. The zero values of the optional
-// fields get the defaults above. Credentials come from exactly one of: the
-// *File fields (a mounted Secret), the *Env fields (names of environment
-// variables, e.g. set from a Secret with secretKeyRef), or
-// DefaultCredentialChain.
+// Config describes one S3 storage location: its section of the server's
+// configuration file (config.S3, whose zero optional fields get the
+// defaults above), and what only code sets. Credentials come from exactly
+// one of: the *File fields (a mounted Secret, re-read at least every
+// minute, so a rotated Secret is picked up without a restart), the *Env
+// fields (names of environment variables, e.g. set from a Secret with
+// secretKeyRef), or DefaultCredentialChain (the AWS SDK's chain: AWS_*
+// variables, ~/.aws, web identity, container and instance roles; without
+// it none of those is read, so a stray ~/.aws or AWS_PROFILE cannot change
+// what the location does). An Endpoint must not carry credentials;
+// InsecureSkipVerify is for trying things out and never goes with
+// CABundleFile; NoConditionalWrites serialises uploads of one name only
+// within one server process.
 type Config struct {
-	// Bucket must exist; New checks that it is reachable.
-	Bucket string
-	// Prefix is prepended to every key ("team-a/etcd" → team-a/etcd/backups/…).
-	// Leading and trailing slashes are ignored.
-	Prefix string
-	// Region for SigV4 signing; see DefaultRegion.
-	Region string
-	// Endpoint is the store's URL (https://minio.example:9000); empty means
-	// AWS S3 itself. It must not carry credentials.
-	Endpoint string
-	// PathStyle addresses https://endpoint/bucket/key instead of
-	// https://bucket.endpoint/key; most S3-compatible stores need it.
-	PathStyle bool
-	// CABundleFile is a PEM file of CA certificates trusted (in addition to
-	// the system's) to sign the endpoint's certificate.
-	CABundleFile string
-	// InsecureSkipVerify turns off TLS certificate verification. Only for
-	// trying things out; never together with CABundleFile.
-	InsecureSkipVerify bool
-
-	// AccessKeyIDFile and SecretAccessKeyFile (and the optional
-	// SessionTokenFile) are files holding the credentials, such as the keys
-	// of a Secret mounted as a volume. They are re-read at least every
-	// minute, so a rotated Secret is picked up without a restart.
-	AccessKeyIDFile     string
-	SecretAccessKeyFile string
-	SessionTokenFile    string
-	// AccessKeyIDEnv and SecretAccessKeyEnv (and the optional
-	// SessionTokenEnv) name environment variables holding the credentials.
-	AccessKeyIDEnv     string
-	SecretAccessKeyEnv string
-	SessionTokenEnv    string
-	// DefaultCredentialChain uses the AWS SDK's default chain: AWS_*
-	// environment variables, shared config files (~/.aws), web identity
-	// (IRSA), container and instance roles. Without it none of those is
-	// read, so a stray ~/.aws or AWS_PROFILE cannot change what the
-	// location does.
-	DefaultCredentialChain bool
-
-	// PartSize is the multipart part size in bytes, at least 5 MiB.
-	PartSize int64
-	// Concurrency is the number of parts of one upload in flight.
-	Concurrency int
-	// RequestChecksum is ChecksumWhenSupported (default) or
-	// ChecksumWhenRequired.
-	RequestChecksum string
-	// NoConditionalWrites stops sending If-None-Match: * when publishing
-	// data and manifests, for stores that reject it (HTTP 501). Uploads of
-	// one name are then serialised only within one server process.
-	NoConditionalWrites bool
+	config.S3
 
 	// OrphanAge and StaleUploadAge tune CleanOrphans; see the defaults.
 	OrphanAge      time.Duration
@@ -121,85 +82,32 @@ type Config struct {
 	// Logger receives cleanup results and warnings; nil discards them.
 	// Nothing logged contains a credential.
 	Logger *slog.Logger
+
+	// partSize is PartSizeMiB in bytes, set by withDefaults.
+	partSize int64
 }
 
 // withDefaults validates c and returns it with defaults applied and the
 // prefix normalised. Errors never contain credential values: only file
 // and variable names.
 func (c Config) withDefaults() (Config, error) {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-
-	if c.Bucket == "" {
-		bad("bucket is required")
-	} else if strings.ContainsAny(c.Bucket, "/\\ ") || len(c.Bucket) > 255 {
-		bad("bucket %q is not a bucket name", c.Bucket)
+	errs := config.ValidateS3(c.S3, field.NewPath("s3"))
+	if c.OrphanAge < 0 || c.StaleUploadAge < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("orphanAge"), field.OmitValueType{}, "orphan and stale upload ages must not be negative"))
+	}
+	if len(errs) > 0 {
+		return c, fmt.Errorf("s3 storage location: %w", errs.ToAggregate())
 	}
 	c.Prefix = strings.Trim(c.Prefix, "/")
-	if c.Prefix != "" {
-		for seg := range strings.SplitSeq(c.Prefix, "/") {
-			if seg == "" || seg == "." || seg == ".." || strings.ContainsRune(seg, 0) {
-				bad("prefix %q: empty, '.' or '..' path segments are not allowed", c.Prefix)
-				break
-			}
-		}
+	if c.PartSizeMiB == 0 {
+		c.PartSizeMiB = DefaultPartSize >> 20
 	}
-	if c.Endpoint != "" {
-		u, err := url.Parse(c.Endpoint)
-		switch {
-		case err != nil:
-			bad("endpoint is not a URL: %v", redactURLError(err))
-		case u.Scheme != "https" && u.Scheme != "http":
-			bad("endpoint %q: the scheme must be https or http", u.Redacted())
-		case u.Host == "":
-			bad("endpoint %q has no host", u.Redacted())
-		case u.User != nil:
-			bad("endpoint %q must not contain credentials: use the credential files or variables", u.Redacted())
-		case u.RawQuery != "" || u.Fragment != "":
-			bad("endpoint %q must not have a query or fragment", u.Redacted())
-		}
-	}
-	if c.InsecureSkipVerify && c.CABundleFile != "" {
-		bad("both caBundleFile and insecureSkipVerify are set: with a CA bundle, certificates can be verified, so leave insecureSkipVerify off")
-	}
-
-	files := c.AccessKeyIDFile != "" || c.SecretAccessKeyFile != "" || c.SessionTokenFile != ""
-	envs := c.AccessKeyIDEnv != "" || c.SecretAccessKeyEnv != "" || c.SessionTokenEnv != ""
-	sources := 0
-	for _, b := range []bool{files, envs, c.DefaultCredentialChain} {
-		if b {
-			sources++
-		}
-	}
-	switch {
-	case sources == 0:
-		bad("no credentials configured: set accessKeyIDFile and secretAccessKeyFile (a mounted Secret), accessKeyIDEnv and secretAccessKeyEnv, or defaultCredentialChain")
-	case sources > 1:
-		bad("credentials are configured more than one way: use only one of the files, the environment variables, or defaultCredentialChain")
-	case files && (c.AccessKeyIDFile == "" || c.SecretAccessKeyFile == ""):
-		bad("credential files: both accessKeyIDFile and secretAccessKeyFile are required")
-	case envs && (c.AccessKeyIDEnv == "" || c.SecretAccessKeyEnv == ""):
-		bad("credential environment variables: both accessKeyIDEnv and secretAccessKeyEnv are required")
-	}
-
-	if c.PartSize == 0 {
-		c.PartSize = DefaultPartSize
-	}
-	if c.PartSize < MinPartSize || c.PartSize > MaxPartSize {
-		bad("part size %d is outside S3's limits [%d (5 MiB), %d (5 GiB)]", c.PartSize, MinPartSize, MaxPartSize)
-	}
+	c.partSize = c.PartSizeMiB << 20
 	if c.Concurrency == 0 {
 		c.Concurrency = DefaultConcurrency
 	}
-	if c.Concurrency < 1 || c.Concurrency > 64 {
-		bad("concurrency %d must be between 1 and 64", c.Concurrency)
-	}
-	switch c.RequestChecksum {
-	case "":
+	if c.RequestChecksum == "" {
 		c.RequestChecksum = ChecksumWhenSupported
-	case ChecksumWhenSupported, ChecksumWhenRequired:
-	default:
-		bad("request checksum %q must be %q or %q", c.RequestChecksum, ChecksumWhenSupported, ChecksumWhenRequired)
 	}
 	if c.OrphanAge == 0 {
 		c.OrphanAge = DefaultOrphanAge
@@ -207,26 +115,10 @@ func (c Config) withDefaults() (Config, error) {
 	if c.StaleUploadAge == 0 {
 		c.StaleUploadAge = DefaultStaleUploadAge
 	}
-	if c.OrphanAge < 0 || c.StaleUploadAge < 0 {
-		bad("orphan and stale upload ages must not be negative")
-	}
 	if c.Region == "" && !c.DefaultCredentialChain {
 		c.Region = DefaultRegion
 	}
-	if len(errs) > 0 {
-		return c, fmt.Errorf("s3 storage location: %w", joinErrs(errs...))
-	}
 	return c, nil
-}
-
-// redactURLError drops the URL text from a parse error: it may contain
-// credentials someone put in it.
-func redactURLError(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
-	}
-	return err
 }
 
 func (c Config) requestChecksum() aws.RequestChecksumCalculation {

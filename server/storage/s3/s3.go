@@ -159,11 +159,11 @@ func New(ctx context.Context, cfg Config) (*Location, error) {
 		cfg:    cfg,
 		client: client,
 		tm: transfermanager.New(client, func(to *transfermanager.Options) {
-			to.PartSizeBytes = cfg.PartSize
+			to.PartSizeBytes = cfg.partSize
 			// Below one part the data goes in a single PutObject; the
 			// first part is read into its own buffer, so a threshold above
 			// PartSize would hold more memory.
-			to.MultipartUploadThreshold = cfg.PartSize
+			to.MultipartUploadThreshold = cfg.partSize
 			to.Concurrency = cfg.Concurrency
 			// The transfer manager ignores the client's setting.
 			to.RequestChecksumCalculation = cfg.requestChecksum()

@@ -18,6 +18,7 @@ import (
 	s3sdk "github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3/s3test"
@@ -30,7 +31,7 @@ const partSize = 5 << 20
 func newLocation(t testing.TB, srv *s3test.Server, prefix string, edit ...func(*s3.Config)) *s3.Location {
 	t.Helper()
 	cfg := srv.Config(prefix)
-	cfg.PartSize = partSize
+	cfg.PartSizeMiB = partSize >> 20
 	cfg.Concurrency = 2
 	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, nil))
 	for _, e := range edit {
@@ -543,18 +544,18 @@ func TestConfigValidation(t *testing.T) {
 		cfg  s3.Config
 		want string
 	}{
-		{"no bucket", s3.Config{AccessKeyIDFile: "a", SecretAccessKeyFile: "b"}, "bucket is required"},
-		{"no credentials", s3.Config{Bucket: "b"}, "no credentials configured"},
-		{"two credential sources", s3.Config{Bucket: "b", AccessKeyIDFile: "a", SecretAccessKeyFile: "b", DefaultCredentialChain: true}, "more than one way"},
-		{"half files", s3.Config{Bucket: "b", AccessKeyIDFile: "a"}, "both accessKeyIDFile and secretAccessKeyFile"},
-		{"small parts", s3.Config{Bucket: "b", DefaultCredentialChain: true, PartSize: 1 << 20}, "part size"},
-		{"concurrency", s3.Config{Bucket: "b", DefaultCredentialChain: true, Concurrency: -1}, "concurrency"},
-		{"endpoint with secret", s3.Config{Bucket: "b", DefaultCredentialChain: true, Endpoint: "https://user:hunter2@s3.example"}, "must not contain credentials"},
-		{"endpoint scheme", s3.Config{Bucket: "b", DefaultCredentialChain: true, Endpoint: "s3.example:9000"}, "scheme"},
-		{"ca and insecure", s3.Config{Bucket: "b", DefaultCredentialChain: true, CABundleFile: "x", InsecureSkipVerify: true}, "insecureSkipVerify"},
-		{"prefix traversal", s3.Config{Bucket: "b", DefaultCredentialChain: true, Prefix: "a/../b"}, "prefix"},
-		{"checksum", s3.Config{Bucket: "b", DefaultCredentialChain: true, RequestChecksum: "always"}, "request checksum"},
-		{"missing CA file", s3.Config{Bucket: "b", DefaultCredentialChain: true, CABundleFile: "/nonexistent/ca.pem"}, "CA bundle"},
+		{"no bucket", s3.Config{S3: config.S3{AccessKeyIDFile: "a", SecretAccessKeyFile: "b"}}, "bucket is required"},
+		{"no credentials", s3.Config{S3: config.S3{Bucket: "b"}}, "no credentials configured"},
+		{"two credential sources", s3.Config{S3: config.S3{Bucket: "b", AccessKeyIDFile: "a", SecretAccessKeyFile: "b", DefaultCredentialChain: true}}, "more than one way"},
+		{"half files", s3.Config{S3: config.S3{Bucket: "b", AccessKeyIDFile: "a"}}, "both accessKeyIDFile and secretAccessKeyFile"},
+		{"small parts", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, PartSizeMiB: 1}}, "part size"},
+		{"concurrency", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, Concurrency: -1}}, "concurrency"},
+		{"endpoint with secret", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, Endpoint: "https://user:hunter2@s3.example"}}, "must not contain credentials"},
+		{"endpoint scheme", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, Endpoint: "s3.example:9000"}}, "scheme"},
+		{"ca and insecure", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, CABundleFile: "x", InsecureSkipVerify: true}}, "insecureSkipVerify"},
+		{"prefix traversal", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, Prefix: "a/../b"}}, "prefix"},
+		{"checksum", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, RequestChecksum: "always"}}, "request checksum"},
+		{"missing CA file", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, CABundleFile: "/nonexistent/ca.pem"}}, "CA bundle"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := s3.New(context.Background(), tc.cfg)
@@ -651,7 +652,7 @@ func BenchmarkUpload(b *testing.B) {
 	for _, c := range []struct{ part, conc int }{{5, 1}, {5, 2}, {8, 4}, {16, 4}} {
 		b.Run(fmt.Sprintf("part=%dMiB/concurrency=%d", c.part, c.conc), func(b *testing.B) {
 			loc := newLocation(b, srv, fmt.Sprintf("bench-%d-%d", c.part, c.conc), func(cfg *s3.Config) {
-				cfg.PartSize = int64(c.part) << 20
+				cfg.PartSizeMiB = int64(c.part)
 				cfg.Concurrency = c.conc
 			})
 			b.SetBytes(size)

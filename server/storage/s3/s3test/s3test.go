@@ -37,6 +37,7 @@ import (
 	s3sdk "github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go/logging"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3"
 )
 
@@ -444,7 +445,7 @@ func (s *Server) Keys(ctx context.Context) ([]string, error) {
 // Config is a storage location configuration for this server under prefix,
 // with the credentials in files and the test CA trusted.
 func (s *Server) Config(prefix string) s3.Config {
-	return s3.Config{
+	return s3.Config{S3: config.S3{
 		Bucket:              s.Bucket,
 		Prefix:              prefix,
 		Region:              s.Region,
@@ -453,5 +454,5 @@ func (s *Server) Config(prefix string) s3.Config {
 		CABundleFile:        s.CAFile,
 		AccessKeyIDFile:     s.AccessKeyIDFile,
 		SecretAccessKeyFile: s.SecretAccessKeyFile,
-	}
+	}}
 }

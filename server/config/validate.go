@@ -1,0 +1,198 @@
+package config
+
+import (
+	"net/url"
+	"path"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// Compressions are the values a target's compression may take ("" is
+// none).
+var Compressions = []string{"", "zstd"}
+
+var pullPolicies = []corev1.PullPolicy{"", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever}
+
+// Validate checks f and returns every problem, each naming the field's
+// path (targets[0].members[1].volume).
+func Validate(f *File) field.ErrorList {
+	var errs field.ErrorList
+	locs := field.NewPath("locations")
+	if len(f.Locations) == 0 {
+		errs = append(errs, field.Required(locs, "add at least one storage location"))
+	}
+	names := make([]string, 0, len(f.Locations))
+	for i, l := range f.Locations {
+		names = append(names, l.Name)
+		errs = append(errs, validateLocation(l, locs.Index(i))...)
+	}
+	errs = append(errs, ValidateLocationNames(names, locs)...)
+	errs = append(errs, ValidateTargets(f.Targets, names, field.NewPath("targets"))...)
+	errs = append(errs, validateAgents(f.Agents, field.NewPath("agents"))...)
+	return errs
+}
+
+func validateLocation(l Location, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	switch {
+	case l.Filesystem == nil && l.S3 == nil:
+		errs = append(errs, field.Required(p, "must have exactly one of filesystem, s3"))
+	case l.Filesystem != nil && l.S3 != nil:
+		errs = append(errs, field.Invalid(p, field.OmitValueType{}, "must have exactly one of filesystem, s3"))
+	case l.Filesystem != nil && l.Filesystem.Path == "":
+		errs = append(errs, field.Required(p.Child("filesystem", "path"), "the directory backups are stored in"))
+	case l.S3 != nil:
+		errs = append(errs, ValidateS3(*l.S3, p.Child("s3"))...)
+	}
+	return errs
+}
+
+// ValidateLocationNames checks the names of the locations at fldPath:
+// DNS-1123 subdomains, each used once.
+func ValidateLocationNames(names []string, fldPath *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	seen := sets.New[string]()
+	for i, n := range names {
+		p := fldPath.Index(i).Child("name")
+		errs = append(errs, validateName(n, p)...)
+		if n != "" && seen.Has(n) {
+			errs = append(errs, field.Duplicate(p, n))
+		}
+		seen.Insert(n)
+	}
+	return errs
+}
+
+// ValidateTargets checks the targets at fldPath; locations are the names
+// of the configured storage locations, which a target may name.
+func ValidateTargets(targets []Target, locations []string, fldPath *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	seen := sets.New[string]()
+	known := sets.New(locations...)
+	for i, t := range targets {
+		p := fldPath.Index(i)
+		errs = append(errs, validateName(t.Name, p.Child("name"))...)
+		if t.Name != "" && seen.Has(t.Name) {
+			errs = append(errs, field.Duplicate(p.Child("name"), t.Name))
+		}
+		seen.Insert(t.Name)
+		if len(t.Endpoints) == 0 {
+			errs = append(errs, field.Required(p.Child("endpoints"), "the etcd client URLs to back up from"))
+		}
+		if t.TLSSecret != "" {
+			errs = append(errs, validateDNS(t.TLSSecret, p.Child("tlsSecret"), validation.IsDNS1123Subdomain)...)
+		}
+		if t.Location != "" && !known.Has(t.Location) {
+			errs = append(errs, field.NotFound(p.Child("location"), t.Location))
+		}
+		if !sets.New(Compressions...).Has(t.Compression) {
+			errs = append(errs, field.NotSupported(p.Child("compression"), t.Compression, Compressions))
+		}
+		if t.Namespace != "" {
+			errs = append(errs, validateDNS(t.Namespace, p.Child("namespace"), validation.IsDNS1123Label)...)
+		}
+		errs = append(errs, validateID(t.RestoreRunAsUser, p.Child("restoreRunAsUser"))...)
+		errs = append(errs, validateID(t.RestoreRunAsGroup, p.Child("restoreRunAsGroup"))...)
+		errs = append(errs, validateMembers(t.Members, p.Child("members"))...)
+	}
+	return errs
+}
+
+// validateMembers checks the restore layout of a target.
+func validateMembers(members []Member, fldPath *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	seen := sets.New[string]()
+	for i, m := range members {
+		p := fldPath.Index(i)
+		switch {
+		case m.Name == "":
+			errs = append(errs, field.Required(p.Child("name"), "the member's etcd --name"))
+		case seen.Has(m.Name):
+			errs = append(errs, field.Duplicate(p.Child("name"), m.Name))
+		}
+		seen.Insert(m.Name)
+		errs = append(errs, validateURL(m.PeerURL, p.Child("peerURL"))...)
+		if m.ClientURL != "" {
+			errs = append(errs, validateURL(m.ClientURL, p.Child("clientURL"))...)
+		}
+		if d := m.DataDir; d != "" && (path.IsAbs(d) || path.Clean(d) != d || d == ".." || strings.HasPrefix(d, "../")) {
+			errs = append(errs, field.Invalid(p.Child("dataDir"), d, "must be a clean path relative to the volume's root"))
+		}
+		v, vp := m.Volume, p.Child("volume")
+		switch {
+		case (v.PersistentVolumeClaim == nil) == (v.HostPath == nil):
+			errs = append(errs, field.Invalid(vp, field.OmitValueType{}, "must have exactly one of persistentVolumeClaim, hostPath"))
+		case v.PersistentVolumeClaim != nil:
+			if v.PersistentVolumeClaim.ClaimName == "" {
+				errs = append(errs, field.Required(vp.Child("persistentVolumeClaim", "claimName"), ""))
+			}
+			if m.NodeName != "" {
+				errs = append(errs, field.Forbidden(p.Child("nodeName"), "goes with hostPath volumes only"))
+			}
+		case v.HostPath != nil:
+			if !path.IsAbs(v.HostPath.Path) {
+				errs = append(errs, field.Invalid(vp.Child("hostPath", "path"), v.HostPath.Path, "must be an absolute path"))
+			}
+			if m.NodeName == "" {
+				errs = append(errs, field.Required(p.Child("nodeName"), "a hostPath volume needs the member's node"))
+			}
+		}
+	}
+	return errs
+}
+
+func validateAgents(a Agents, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if !sets.New(pullPolicies...).Has(a.ImagePullPolicy) {
+		errs = append(errs, field.NotSupported(p.Child("imagePullPolicy"), a.ImagePullPolicy, pullPolicies[1:]))
+	}
+	if a.ServiceAccount != "" {
+		errs = append(errs, validateDNS(a.ServiceAccount, p.Child("serviceAccount"), validation.IsDNS1123Subdomain)...)
+	}
+	if a.TTLAfterFinished.Duration < 0 {
+		errs = append(errs, field.Invalid(p.Child("ttlAfterFinished"), a.TTLAfterFinished.Duration.String(), "must not be negative"))
+	}
+	if a.Deadline.Duration < 0 {
+		errs = append(errs, field.Invalid(p.Child("deadline"), a.Deadline.Duration.String(), "must not be negative"))
+	}
+	return errs
+}
+
+// validateName checks the name of a location or target: clients address
+// it by that name.
+func validateName(name string, p *field.Path) field.ErrorList {
+	if name == "" {
+		return field.ErrorList{field.Required(p, "a DNS-1123 subdomain such as \"default\"")}
+	}
+	return validateDNS(name, p, validation.IsDNS1123Subdomain)
+}
+
+func validateDNS(v string, p *field.Path, check func(string) []string) field.ErrorList {
+	var errs field.ErrorList
+	for _, msg := range check(v) {
+		errs = append(errs, field.Invalid(p, v, msg))
+	}
+	return errs
+}
+
+func validateURL(s string, p *field.Path) field.ErrorList {
+	if s == "" {
+		return field.ErrorList{field.Required(p, "an http:// or https:// URL")}
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return field.ErrorList{field.Invalid(p, s, "must be an http:// or https:// URL")}
+	}
+	return nil
+}
+
+func validateID(id *int64, p *field.Path) field.ErrorList {
+	if id != nil && *id < 0 {
+		return field.ErrorList{field.Invalid(p, *id, "must not be negative")}
+	}
+	return nil
+}

@@ -1,0 +1,400 @@
+package jobs_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+)
+
+const (
+	ns         = "etcdbackup-system"
+	secretData = "-----BEGIN PRIVATE KEY----- not-really-a-key"
+)
+
+func newLauncher(t *testing.T, agents config.Agents) (*jobs.Launcher, *fake.Clientset) {
+	t.Helper()
+	cs := fake.NewClientset(&corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "etcd-client"},
+		Data:       map[string][]byte{"ca.crt": []byte("ca"), "tls.crt": []byte("crt"), "tls.key": []byte(secretData)},
+	})
+	if agents.Image == "" {
+		agents.Image = "agent:dev"
+	}
+	l, err := jobs.New(cs, ns, agents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, cs
+}
+
+var target = config.Target{
+	Name:      "control-plane",
+	Endpoints: []string{"https://10.0.0.10:2379", "https://10.0.0.11:2379"},
+	TLSSecret: "etcd-client",
+}
+
+func TestNewNeedsNamespaceAndImage(t *testing.T) {
+	cs := fake.NewClientset()
+	if _, err := jobs.New(cs, "", config.Agents{Image: "agent:dev"}); err == nil || !strings.Contains(err.Error(), "POD_NAMESPACE") {
+		t.Errorf("no namespace: %v", err)
+	}
+	if _, err := jobs.New(cs, ns, config.Agents{}); err == nil || !strings.Contains(err.Error(), "image") {
+		t.Errorf("no image: %v", err)
+	}
+}
+
+func TestBackupJobSpec(t *testing.T) {
+	l, cs := newLauncher(t, config.Agents{Image: "registry.example/agent:v1", ImagePullPolicy: corev1.PullIfNotPresent})
+	ctx := context.Background()
+	job, err := l.StartBackup(ctx, jobs.BackupSpec{
+		Name: "etcd-2026-01-31", Location: "s3", Compression: "zstd", Labels: map[string]string{"team": "a"}, Target: target,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.BatchV1().Jobs(ns).Get(ctx, job.Name, metav1.GetOptions{}); err != nil {
+		t.Fatalf("job not in the API: %v", err)
+	}
+	if !strings.HasPrefix(job.Name, "backup-etcd-2026-01-31-") {
+		t.Errorf("job name %q does not start with backup-NAME-", job.Name)
+	}
+	if job.Annotations[jobs.AnnotationBackup] != "etcd-2026-01-31" || job.Annotations[jobs.AnnotationLocation] != "s3" || job.Annotations[jobs.AnnotationTarget] != "control-plane" {
+		t.Errorf("annotations: %v", job.Annotations)
+	}
+	// The defaults of config.Agents.
+	if got := *job.Spec.ActiveDeadlineSeconds; got != int64(config.DefaultDeadline/time.Second) {
+		t.Errorf("deadline %ds", got)
+	}
+	if got := *job.Spec.TTLSecondsAfterFinished; got != int32(config.DefaultTTLAfterFinished/time.Second) {
+		t.Errorf("TTL %ds", got)
+	}
+	if *job.Spec.BackoffLimit != 0 {
+		t.Errorf("backoffLimit %d: a retry would upload the same name again", *job.Spec.BackoffLimit)
+	}
+	pod := job.Spec.Template.Spec
+	if pod.ServiceAccountName != config.DefaultServiceAccount || pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Errorf("service account %q, automount %v", pod.ServiceAccountName, pod.AutomountServiceAccountToken)
+	}
+	if pod.RestartPolicy != corev1.RestartPolicyNever {
+		t.Errorf("restartPolicy %s", pod.RestartPolicy)
+	}
+	psc := pod.SecurityContext
+	if !*psc.RunAsNonRoot || *psc.RunAsUser != 65532 || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod security context: %+v", psc)
+	}
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	if c.Image != "registry.example/agent:v1" || c.ImagePullPolicy != corev1.PullIfNotPresent {
+		t.Errorf("image %s (%s)", c.Image, c.ImagePullPolicy)
+	}
+	sc := c.SecurityContext
+	if *sc.AllowPrivilegeEscalation || !*sc.ReadOnlyRootFilesystem || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
+		t.Errorf("container security context: %+v", sc)
+	}
+	if len(c.Env) != 0 || len(c.EnvFrom) != 0 {
+		t.Errorf("environment given to the agent: %v %v", c.Env, c.EnvFrom)
+	}
+	if len(pod.Volumes) != 1 || pod.Volumes[0].Secret == nil || pod.Volumes[0].Secret.SecretName != "etcd-client" {
+		t.Fatalf("volumes %+v: want only the target's TLS Secret", pod.Volumes)
+	}
+	if len(c.VolumeMounts) != 1 || !c.VolumeMounts[0].ReadOnly {
+		t.Errorf("mounts %+v", c.VolumeMounts)
+	}
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{
+		"backup", "--server=etcdbackup." + ns + ".svc:50051", "--name=etcd-2026-01-31", "--location=s3", "--target=control-plane",
+		"--endpoints=https://10.0.0.10:2379,https://10.0.0.11:2379", "--compression=zstd", "--labels=team=a",
+		"--cacert=/etc/etcdbackup/etcd-tls/ca.crt", "--key=/etc/etcdbackup/etcd-tls/tls.key",
+	} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %q lack %q", args, want)
+		}
+	}
+	all, err := json.Marshal(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(all, []byte(secretData)) {
+		t.Errorf("the Job carries the Secret's content")
+	}
+}
+
+func TestBackupJobAgentsConfig(t *testing.T) {
+	l, _ := newLauncher(t, config.Agents{
+		ServiceAccount: "sa", ServerAddress: "server:1234",
+		TTLAfterFinished: metav1.Duration{Duration: 90 * time.Second}, Deadline: metav1.Duration{Duration: time.Hour},
+	})
+	job, err := l.StartBackup(context.Background(), jobs.BackupSpec{
+		Name: "b", Location: "default",
+		Target: config.Target{Name: "plain", Endpoints: []string{"http://etcd:2379"}, InsecurePlaintext: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *job.Spec.TTLSecondsAfterFinished != 90 || *job.Spec.ActiveDeadlineSeconds != 3600 || job.Spec.Template.Spec.ServiceAccountName != "sa" {
+		t.Errorf("job spec: TTL %d, deadline %d, SA %s", *job.Spec.TTLSecondsAfterFinished, *job.Spec.ActiveDeadlineSeconds, job.Spec.Template.Spec.ServiceAccountName)
+	}
+	c := job.Spec.Template.Spec.Containers[0]
+	args := strings.Join(c.Args, " ")
+	if !strings.Contains(args, "--server=server:1234") || !strings.Contains(args, "--insecure-plaintext") || strings.Contains(args, "--cacert") {
+		t.Errorf("args %q", args)
+	}
+	if len(job.Spec.Template.Spec.Volumes) != 0 || len(c.VolumeMounts) != 0 {
+		t.Errorf("a target without TLS Secret mounts %+v", job.Spec.Template.Spec.Volumes)
+	}
+}
+
+func TestJobNamesAreDNSLabels(t *testing.T) {
+	l, _ := newLauncher(t, config.Agents{})
+	long := strings.Repeat("a.b-", 50) // 200 characters
+	names := map[string]bool{}
+	for _, name := range []string{long, long[:199] + "c", "x", "a." + strings.Repeat("z", 198)} {
+		job, err := l.StartBackup(context.Background(), jobs.BackupSpec{Name: name, Location: "default", Target: target})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if errs := validation.IsDNS1123Label(job.Name); len(errs) > 0 {
+			t.Errorf("job name %q of backup %q: %v", job.Name, name, errs)
+		}
+		if names[job.Name] {
+			t.Errorf("job name %q used twice", job.Name)
+		}
+		names[job.Name] = true
+	}
+	for _, member := range []string{"Member_0", strings.Repeat("m", 100), "etcd-0.etcd.ns.svc"} {
+		if n := jobs.RestoreJobName("default", long, "app", member); len(validation.IsDNS1123Label(n)) > 0 {
+			t.Errorf("restore job name %q of member %q: %v", n, member, validation.IsDNS1123Label(n))
+		}
+	}
+	if a, b := jobs.RestoreJobName("default", "b", "app", "m0"), jobs.RestoreJobName("s3", "b", "app", "m0"); a == b {
+		t.Errorf("restores from two locations share job name %q", a)
+	}
+}
+
+func setFailed(t *testing.T, cs *fake.Clientset, job *batchv1.Job) {
+	t.Helper()
+	job.Status.Failed = 1
+	job.Status.Conditions = []batchv1.JobCondition{{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: "DeadlineExceeded", Message: "Job was active longer than specified deadline"}}
+	if _, err := cs.BatchV1().Jobs(job.Namespace).UpdateStatus(context.Background(), job, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestStartBackupWhileRunningAndAfterFailure(t *testing.T) {
+	l, cs := newLauncher(t, config.Agents{})
+	ctx := context.Background()
+	spec := jobs.BackupSpec{Name: "b1", Location: "default", Target: target}
+	job, err := l.StartBackup(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job.Status.Active = 1
+	if _, err := cs.BatchV1().Jobs(ns).UpdateStatus(ctx, job, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.StartBackup(ctx, spec); !errors.Is(err, jobs.ErrRunning) {
+		t.Fatalf("second start while the first runs: %v, want ErrRunning", err)
+	}
+	runs, err := l.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 1 || runs[0].Phase != jobs.PhaseRunning || runs[0].Name != "b1" || runs[0].Location != "default" || runs[0].Target != "control-plane" || runs[0].JobName != job.Name {
+		t.Fatalf("runs %+v", runs)
+	}
+
+	// A failed run is replaced by a new one.
+	setFailed(t, cs, job)
+	again, err := l.StartBackup(ctx, spec)
+	if err != nil {
+		t.Fatalf("start after a failed run: %v", err)
+	}
+	if again.Name != job.Name || len(again.Status.Conditions) != 0 {
+		t.Errorf("replacement %s: %+v", again.Name, again.Status)
+	}
+}
+
+func TestFailedRunMessage(t *testing.T) {
+	l, cs := newLauncher(t, config.Agents{})
+	ctx := context.Background()
+	job, err := l.StartBackup(ctx, jobs.BackupSpec{Name: "b1", Location: "default", Target: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setFailed(t, cs, job)
+	runs, err := l.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 1 || runs[0].Phase != jobs.PhaseFailed || runs[0].Message != "DeadlineExceeded: Job was active longer than specified deadline" {
+		t.Fatalf("without a pod: %+v", runs)
+	}
+	// With the agent's pod, its last words are the message.
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: job.Name + "-x", Labels: map[string]string{batchv1.JobNameLabel: job.Name}},
+		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "agent", State: corev1.ContainerState{
+			Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: "connecting\nsnapshot: etcd at https://10.0.0.10:2379 refused the client certificate\n"},
+		}}}},
+	}
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	runs, err = l.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "agent exited with code 1: snapshot: etcd at https://10.0.0.10:2379 refused the client certificate"; len(runs) != 1 || runs[0].Message != want {
+		t.Fatalf("runs %+v, want message %q", runs, want)
+	}
+}
+
+func TestCheckTarget(t *testing.T) {
+	l, _ := newLauncher(t, config.Agents{})
+	ctx := context.Background()
+	if err := l.CheckTarget(ctx, target); err != nil {
+		t.Errorf("existing Secret: %v", err)
+	}
+	missing := target
+	missing.TLSSecret = "nope"
+	if err := l.CheckTarget(ctx, missing); err == nil || !strings.Contains(err.Error(), ns+"/nope does not exist") {
+		t.Errorf("missing Secret: %v", err)
+	}
+}
+
+func TestLogs(t *testing.T) {
+	l, cs := newLauncher(t, config.Agents{})
+	ctx := context.Background()
+	var out bytes.Buffer
+	if err := l.Logs(ctx, "default", "b1", false, &out); !errors.Is(err, jobs.ErrNoRun) {
+		t.Fatalf("logs of a backup without run: %v, want ErrNoRun", err)
+	}
+	job, err := l.StartBackup(ctx, jobs.BackupSpec{Name: "b1", Location: "default", Target: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Logs(ctx, "default", "b1", false, &out); err != nil || out.Len() != 0 {
+		t.Fatalf("logs before the pod started: %v, %q", err, out.String())
+	}
+	// Following waits for the pod to start.
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_, _ = cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: job.Name + "-x", Labels: map[string]string{batchv1.JobNameLabel: job.Name}},
+			Status:     corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "agent", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
+		}, metav1.CreateOptions{})
+	}()
+	if err := l.Logs(ctx, "default", "b1", true, &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != "fake logs" { // what the fake clientset streams
+		t.Errorf("logs %q", out.String())
+	}
+	// A cancelled follow ends with the context's error.
+	cctx, ccancel := context.WithCancel(context.Background())
+	ccancel()
+	if _, err := l.StartBackup(context.Background(), jobs.BackupSpec{Name: "b2", Location: "default", Target: target}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Logs(cctx, "default", "b2", true, &out); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled follow: %v", err)
+	}
+}
+
+func TestRestoreJobs(t *testing.T) {
+	l, cs := newLauncher(t, config.Agents{})
+	ctx := context.Background()
+	app := config.Target{
+		Name: "app", Endpoints: []string{"http://app-etcd:2379"}, Namespace: "app", InitialClusterToken: "tok",
+		RestoreRunAsUser: ptr.To[int64](0), RestoreRunAsGroup: ptr.To[int64](1001),
+		Members: []config.Member{
+			{Name: "m0", PeerURL: "http://m0:2380", DataDir: "data", Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-m0"}}},
+			{Name: "cp-1", PeerURL: "https://10.0.0.10:2380", DataDir: "etcd", NodeName: "cp-1", Volume: config.MemberVolume{HostPath: &config.HostPathRef{Path: "/var/lib"}}},
+		},
+	}
+	spec := jobs.RestoreSpec{Name: "b1", Location: "s3", Target: app, MoveAside: true}
+	created, err := l.StartRestore(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(created) != 2 {
+		t.Fatalf("%d jobs for 2 members", len(created))
+	}
+	for i, j := range created {
+		m := app.Members[i]
+		if j.Namespace != "app" || j.Name != jobs.RestoreJobName("s3", "b1", "app", m.Name) || j.Annotations[jobs.AnnotationMember] != m.Name {
+			t.Errorf("job %s/%s for member %s", j.Namespace, j.Name, m.Name)
+		}
+		pod := j.Spec.Template.Spec
+		if *pod.AutomountServiceAccountToken || *pod.SecurityContext.RunAsUser != 0 || *pod.SecurityContext.RunAsNonRoot ||
+			*pod.SecurityContext.RunAsGroup != 1001 || *pod.SecurityContext.FSGroup != 1001 {
+			t.Errorf("member %s: pod security %+v", m.Name, pod.SecurityContext)
+		}
+		args := strings.Join(pod.Containers[0].Args, " ")
+		for _, want := range []string{
+			"restore", "--name=b1", "--location=s3", "--member-name=" + m.Name, "--data-dir=/var/lib/etcd-restore/" + m.DataDir,
+			"--initial-cluster=m0=http://m0:2380,cp-1=https://10.0.0.10:2380", "--initial-advertise-peer-urls=" + m.PeerURL,
+			"--initial-cluster-token=tok", "--move-aside",
+		} {
+			if !strings.Contains(args, want) {
+				t.Errorf("member %s: args %q lack %q", m.Name, args, want)
+			}
+		}
+	}
+	pvc, host := created[0].Spec.Template.Spec, created[1].Spec.Template.Spec
+	if pvc.Volumes[0].PersistentVolumeClaim == nil || pvc.Volumes[0].PersistentVolumeClaim.ClaimName != "data-m0" || pvc.NodeName != "" {
+		t.Errorf("PVC member: volume %+v, node %q", pvc.Volumes[0], pvc.NodeName)
+	}
+	if host.Volumes[0].HostPath == nil || host.Volumes[0].HostPath.Path != "/var/lib" || host.NodeName != "cp-1" {
+		t.Errorf("hostPath member: volume %+v, node %q", host.Volumes[0], host.NodeName)
+	}
+	if got := jobs.DescribeVolume(app.Members[0]) + " " + jobs.DescribeVolume(app.Members[1]); got != "pvc/data-m0 hostPath cp-1:/var/lib" {
+		t.Errorf("volumes described as %q", got)
+	}
+
+	// Running: a second restore is refused and nothing is replaced.
+	if _, err := l.StartRestore(ctx, spec); !errors.Is(err, jobs.ErrRunning) {
+		t.Fatalf("restore while running: %v, want ErrRunning", err)
+	}
+	setFailed(t, cs, created[1])
+	runs, err := l.ListRestores(ctx, "s3", "b1", app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 || runs["m0"].Phase != jobs.PhaseRunning || runs["cp-1"].Phase != jobs.PhaseFailed || !strings.Contains(runs["cp-1"].Message, "DeadlineExceeded") {
+		t.Errorf("runs %+v", runs)
+	}
+	if other, err := l.ListRestores(ctx, "default", "b1", app); err != nil || len(other) != 0 {
+		t.Errorf("restores from another location: %+v, %v", other, err)
+	}
+	// Default: restore Jobs run as the agent's own user, non-root.
+	def := app
+	def.RestoreRunAsUser, def.RestoreRunAsGroup, def.Namespace = nil, nil, ""
+	created, err = l.StartRestore(ctx, jobs.RestoreSpec{Name: "b2", Location: "s3", Target: def})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc := created[0].Spec.Template.Spec.SecurityContext; created[0].Namespace != ns || *sc.RunAsUser != 65532 || !*sc.RunAsNonRoot || *sc.FSGroup != 65532 {
+		t.Errorf("default restore job %s: %+v", created[0].Namespace, sc)
+	}
+	if a := strings.Join(created[0].Spec.Template.Spec.Containers[0].Args, " "); strings.Contains(a, "--move-aside") {
+		t.Errorf("args %q", a)
+	}
+}
