@@ -3,14 +3,13 @@ package server
 import (
 	"encoding/hex"
 	"fmt"
-	"slices"
 	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
 
 const maxDescriptionBytes = 256
@@ -56,10 +55,10 @@ func validateSHA256(field, s string) error {
 }
 
 func validateCompression(c string) error {
-	if slices.Contains(config.Compressions, c) {
-		return nil
+	if err := ebv1.ValidateCompression(c); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	return status.Errorf(codes.InvalidArgument, "compression %q is not supported; use \"zstd\" or none", c)
+	return nil
 }
 
 func validateSourceKind(kind string) (string, error) {

@@ -9,11 +9,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-)
 
-// Compressions are the values a target's compression may take ("" is
-// none).
-var Compressions = []string{"", "zstd"}
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+)
 
 var pullPolicies = []corev1.PullPolicy{"", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever}
 
@@ -89,8 +87,8 @@ func ValidateTargets(targets []Target, locations []string, fldPath *field.Path) 
 		if t.Location != "" && !known.Has(t.Location) {
 			errs = append(errs, field.NotFound(p.Child("location"), t.Location))
 		}
-		if !sets.New(Compressions...).Has(t.Compression) {
-			errs = append(errs, field.NotSupported(p.Child("compression"), t.Compression, Compressions))
+		if !sets.New(ebv1.Compressions...).Has(t.Compression) {
+			errs = append(errs, field.NotSupported(p.Child("compression"), t.Compression, ebv1.Compressions))
 		}
 		if t.Namespace != "" {
 			errs = append(errs, validateDNS(t.Namespace, p.Child("namespace"), validation.IsDNS1123Label)...)
