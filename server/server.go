@@ -1,7 +1,9 @@
 // Package server is the request layer of the etcdbackup data server: it
 // validates requests, maps them onto named storage locations, enforces
 // integrity (sizes and SHA-256) and turns outcomes into gRPC status codes a
-// client can act on. It knows storage only through storage.Location.
+// client can act on. Requests reach storage only through storage.Location;
+// the backends are named only where the configuration opens them
+// (OpenLocations).
 package server
 
 import (
