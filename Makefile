@@ -13,6 +13,7 @@ TEST_TIMEOUT ?= 30m
 
 include hack/kube.mk
 include hack/s3.mk
+include hack/age.mk
 
 .PHONY: all build test unit e2e lint generate check-generate demo sandbox bench tools clean dist krew-check
 

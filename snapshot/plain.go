@@ -97,7 +97,9 @@ func plainError(ctx context.Context, src *recordingReader, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		return cerr
 	}
-	if src.err != nil && !errors.Is(src.err, io.EOF) {
+	// Unpack hands WritePlain an already decrypted stream: age's verdicts
+	// come through the source there.
+	if src.err != nil && !errors.Is(src.err, io.EOF) && !errors.Is(src.err, crypt.ErrTampered) {
 		return src.err
 	}
 	switch {
