@@ -101,9 +101,13 @@ func downloadPlain(ctx context.Context, conn *Connection, b *ebv1.Backup, w io.W
 	pr.CloseWithError(errPlainStopped)
 	dlErr := <-done
 	switch {
+	case errors.Is(dlErr, client.ErrCorrupt):
+		return p, fmt.Errorf("%w; nothing was kept (if it fails again the stored backup is damaged: `kubectl etcdbackup verify %s`)", dlErr, b.GetName())
 	case dlErr != nil && !errors.Is(dlErr, errPlainStopped) && !errors.Is(dlErr, io.ErrClosedPipe):
 		// The transfer's own failure explains the rest.
 		return p, conn.explain("download "+quote(b.GetName()), dlErr)
+	case errors.Is(err, snapshot.ErrCorrupt):
+		return p, fmt.Errorf("backup %q: %w; do not restore it", b.GetName(), err)
 	case err != nil:
 		return p, identityError(b.GetName(), b, err)
 	}
