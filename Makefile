@@ -93,7 +93,7 @@ sandbox: kube-bins s3-bins
 ## bench: throughput and memory benchmarks, printed side by side
 bench: kube-bins s3-bins
 	ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) ETCDBACKUP_AGE_BIN_DIR=$(AGE_BIN_DIR) \
-		$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./client/ ./tests/bench/
+		$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./client/ ./plugin/ ./tests/bench/
 
 ## dist: plugin archives for every krew platform, SHA256SUMS and the krew manifest, in dist/
 DIST_VERSION ?= v0.1.0
