@@ -44,7 +44,7 @@ kubectl etcdbackup upload /var/backups/etcd.db --name before-upgrade --labels re
 				return err
 			}
 			if err := o.Validate(); err != nil {
-				return err
+				return usageError(err)
 			}
 			return o.Run(cmd.Context())
 		},
@@ -111,8 +111,8 @@ func (o *UploadOptions) Run(ctx context.Context) error {
 		}
 		return conn.explain("upload "+quote(o.Name), err)
 	}
-	if o.PrintFlags.Structured() {
-		return printMessage(o.Out, o.PrintFlags.OutputFormat, b)
+	if !o.PrintFlags.Human() {
+		return printBackups(o.Out, o.PrintFlags, []*ebv1.Backup{b}, true)
 	}
 	fmt.Fprintf(o.Out, "backup %q uploaded: %d bytes, sha256 %s\n", b.GetName(), b.GetSize(), b.GetSha256())
 	return nil

@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"io"
 
 	"github.com/spf13/cobra"
 
@@ -31,13 +32,14 @@ kubectl etcdbackup verify etcd-2026-01-31
 
 # The same, with etcd's figures as JSON for a script
 kubectl etcdbackup verify etcd-2026-01-31 -o json`),
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeBackupNames(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
 				return err
 			}
 			if err := o.Validate(); err != nil {
-				return err
+				return usageError(err)
 			}
 			return o.Run(cmd.Context())
 		},
@@ -48,7 +50,7 @@ kubectl etcdbackup verify etcd-2026-01-31 -o json`),
 
 // Complete takes the backup's name from the arguments.
 func (o *VerifyOptions) Complete(_ *cobra.Command, args []string) error {
-	o.Name = args[0]
+	o.Name = backupName(args[0])
 	return nil
 }
 
@@ -62,14 +64,26 @@ func (o *VerifyOptions) Run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	r, err := conn.Backups.VerifyBackup(ctx, &ebv1.VerifyBackupRequest{Name: o.Name, Location: o.Location})
+	location, err := o.resolveLocation(ctx, conn, "verify "+quote(o.Name), o.Name)
+	if err != nil {
+		return err
+	}
+	r, err := conn.Backups.VerifyBackup(ctx, &ebv1.VerifyBackupRequest{Name: o.Name, Location: location})
 	if err != nil {
 		return conn.explain("verify "+quote(o.Name), err)
 	}
-	if o.PrintFlags.Structured() {
-		return printMessage(o.Out, o.PrintFlags.OutputFormat, r)
+	obj := &VerifyResult{
+		TypeMeta: typeMeta("BackupVerification"),
+		Metadata: ObjectMeta{Name: o.Name},
+		Status: VerifyResultStatus{
+			Intact: true, Location: r.GetBackup().GetLocation(), SHA256: r.GetBackup().GetSha256(),
+			Revision: r.GetRevision(), TotalKeys: r.GetTotalKeys(), TotalSizeBytes: r.GetTotalSize(),
+			Hash: r.GetHash(), StorageVersion: r.GetStorageVersion(),
+		},
 	}
-	fmt.Fprintf(o.Out, "backup %q is intact: sha256 %s, etcd trailer and database consistent\n", o.Name, r.GetBackup().GetSha256())
-	fmt.Fprintf(o.Out, "revision %d, %d keys, database %d bytes, etcd hash %d\n", r.GetRevision(), r.GetTotalKeys(), r.GetTotalSize(), r.GetHash())
-	return nil
+	return o.PrintFlags.Print(o.Out, obj, func(w io.Writer) error {
+		fmt.Fprintf(w, "backup %q is intact: sha256 %s, etcd trailer and database consistent\n", o.Name, r.GetBackup().GetSha256())
+		_, err := fmt.Fprintf(w, "revision %d, %d keys, database %d bytes, etcd hash %d\n", r.GetRevision(), r.GetTotalKeys(), r.GetTotalSize(), r.GetHash())
+		return err
+	})
 }

@@ -25,6 +25,8 @@ func main() {
 		if !plugin.IsAlreadyReported(err) {
 			fmt.Fprintln(os.Stderr, "error:", err)
 		}
-		os.Exit(1)
+		// Distinct codes for usage errors, not found, refused and failed
+		// backups or restores: see plugin.ExitCode and `--help`.
+		os.Exit(plugin.ExitCode(err))
 	}
 }
