@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"sort"
 	"strings"
 	"time"
 
@@ -46,6 +47,7 @@ func completeBackupNames(g *GlobalOptions, max int) cobra.CompletionFunc {
 					names = append(names, n)
 				}
 			}
+			sort.Strings(names)
 			return nil
 		})
 		return names, cobra.ShellCompDirectiveNoFileComp
