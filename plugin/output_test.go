@@ -1,10 +1,10 @@
 package plugin
 
 import (
-	"io"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -296,4 +296,3 @@ func contains(s []string, want string) bool {
 	}
 	return false
 }
-
