@@ -32,7 +32,9 @@ type agentWorld struct {
 	cs   *fake.Clientset
 }
 
-func newAgentWorld(t *testing.T) *agentWorld {
+// newAgentWorld serves locations (default: one, "default") and targets
+// backupTarget (backed up by agents) and "app" (two members, restorable).
+func newAgentWorld(t *testing.T, backupTarget string, locations ...string) *agentWorld {
 	t.Helper()
 	cs := fake.NewClientset(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "etcd-client", Namespace: serverNS}})
 	l, err := jobs.New(cs, serverNS, config.Agents{Image: "agent:dev"})
@@ -53,8 +55,9 @@ func newAgentWorld(t *testing.T) *agentWorld {
 		})
 	}
 	srv := servertest.StartWith(t, servertest.Options{
-		Targets: []config.Target{{Name: "cp", Endpoints: []string{"https://etcd:2379"}, TLSSecret: "etcd-client"}, app},
-		Agents:  l,
+		Locations: locations,
+		Targets:   []config.Target{{Name: backupTarget, Endpoints: []string{"https://etcd:2379"}, TLSSecret: "etcd-client"}, app},
+		Agents:    l,
 	})
 	return &agentWorld{srv: srv, addr: "--server-address=" + srv.Addr, cs: cs}
 }
@@ -109,7 +112,7 @@ func (w *agentWorld) finish(t *testing.T, j batchv1.Job, ok bool, lastWords stri
 var elapsed = `after \d+s`
 
 func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
-	w := newAgentWorld(t)
+	w := newAgentWorld(t, "cp")
 
 	// A backup that fails: each phase with its elapsed time, the agent's
 	// last log lines, exit code 5 and the logs command.
@@ -165,7 +168,7 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 }
 
 func TestRestoreWaitShowsMemberPhases(t *testing.T) {
-	w := newAgentWorld(t)
+	w := newAgentWorld(t, "cp")
 	file, _, _ := writeRandom(t, "b1", 100)
 	mustRun(t, w.addr, "upload", file)
 
