@@ -62,8 +62,8 @@ func newAgentWorld(t *testing.T, backupTarget string, locations ...string) *agen
 	return &agentWorld{srv: srv, addr: "--server-address=" + srv.Addr, cs: cs}
 }
 
-// jobsOf waits for the Jobs of component in ns working on backup.
-func (w *agentWorld) jobsOf(t *testing.T, ns, component, backup string) []batchv1.Job {
+// jobsOf waits for n Jobs of component in ns working on backup.
+func (w *agentWorld) jobsOf(t *testing.T, ns, component, backup string, n int) []batchv1.Job {
 	t.Helper()
 	var items []batchv1.Job
 	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -77,7 +77,7 @@ func (w *agentWorld) jobsOf(t *testing.T, ns, component, backup string) []batchv
 				items = append(items, j)
 			}
 		}
-		return len(items) > 0, nil
+		return len(items) >= n, nil
 	})
 	if err != nil {
 		t.Errorf("no %s Job: %v", component, err)
@@ -119,7 +119,7 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 	agent := make(chan struct{})
 	go func() {
 		defer close(agent)
-		j := w.jobsOf(t, serverNS, "backup-agent", "down")
+		j := w.jobsOf(t, serverNS, "backup-agent", "down", 1)
 		if len(j) > 0 {
 			time.Sleep(1500 * time.Millisecond) // let --wait see Running first
 			w.finish(t, j[0], false, "snapshot from https://etcd:2379: connection refused")
@@ -149,7 +149,7 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 	agent = make(chan struct{})
 	go func() {
 		defer close(agent)
-		for _, job := range w.jobsOf(t, serverNS, "backup-agent", "up") {
+		for _, job := range w.jobsOf(t, serverNS, "backup-agent", "up", 1) {
 			time.Sleep(1500 * time.Millisecond)
 			if _, err := w.srv.Client.Upload(context.Background(), bytes.NewReader([]byte("snapshot")), &ebv1.UploadHeader{Name: "up", Source: &ebv1.BackupSource{Kind: "agent", Target: "cp"}}, nil); err != nil {
 				t.Error(err)
@@ -181,7 +181,7 @@ func TestRestoreWaitShowsMemberPhases(t *testing.T) {
 	agent := make(chan struct{})
 	go func() {
 		defer close(agent)
-		js := w.jobsOf(t, "app", "restore-agent", "b1")
+		js := w.jobsOf(t, "app", "restore-agent", "b1", 2)
 		time.Sleep(1500 * time.Millisecond)
 		for _, j := range js {
 			w.finish(t, j, j.Annotations["etcdbackup.io/member"] == "m0", "restore m1: disk full")
