@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/cli-runtime/pkg/printers"
 
@@ -72,13 +76,54 @@ func (o *DescribeOptions) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return describeBackup(o.Out, b, time.Now())
+	now := time.Now()
+	w := printers.GetNewTabWriter(o.Out)
+	describeBackup(w, b, now)
+	if b.GetSource().GetKind() != "upload" { // an upload has no agent Job
+		describeEvents(ctx, w, conn, b, now)
+	}
+	return w.Flush()
 }
 
-// describeBackup writes Key:\tvalue lines through a tabwriter, as
-// kubectl describe and velero describe do.
-func describeBackup(out io.Writer, b *ebv1.Backup, now time.Time) error {
-	w := printers.GetNewTabWriter(out)
+// describeEvents writes the events of the backup's agent Job and pods as
+// kubectl describe does. Events are a help, not the answer: a server
+// that cannot give them says why in the section, and describe succeeds.
+func describeEvents(ctx context.Context, w io.Writer, conn *Connection, b *ebv1.Backup, now time.Time) {
+	resp, err := conn.Backups.GetBackupEvents(ctx, &ebv1.GetBackupEventsRequest{Name: b.GetName(), Location: b.GetLocation()})
+	switch status.Code(err) {
+	case codes.OK:
+	case codes.Unimplemented:
+		return // an older server
+	case codes.NotFound, codes.FailedPrecondition:
+		fmt.Fprintln(w, "Events:\t<none>")
+		return
+	default:
+		fmt.Fprintf(w, "Events:\t<unavailable: %s>\n", status.Convert(err).Message())
+		return
+	}
+	fmt.Fprintf(w, "Agent Job:\t%s\n", resp.GetJobName())
+	if len(resp.GetEvents()) == 0 {
+		fmt.Fprintln(w, "Events:\t<none>")
+		return
+	}
+	fmt.Fprintln(w, "Events:")
+	fmt.Fprintln(w, "  Type\tReason\tAge\tObject\tMessage")
+	fmt.Fprintln(w, "  ----\t------\t----\t------\t-------")
+	for _, e := range resp.GetEvents() {
+		age := "<unknown>"
+		if t := e.GetLastTime(); knownTime(t) {
+			age = duration.HumanDuration(now.Sub(t.AsTime()))
+			if n := e.GetCount(); n > 1 {
+				age = fmt.Sprintf("%s (x%d)", age, n)
+			}
+		}
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", e.GetType(), e.GetReason(), age, e.GetObject(), strings.TrimSpace(e.GetMessage()))
+	}
+}
+
+// describeBackup writes Key:\tvalue lines for a tabwriter, as kubectl
+// describe and velero describe do.
+func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
 	line := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
 	sub := func(k string, v any) { fmt.Fprintf(w, "  %s:\t%v\n", k, v) }
 	line("Name", b.GetName())
@@ -88,7 +133,7 @@ func describeBackup(out io.Writer, b *ebv1.Backup, now time.Time) error {
 		line("Message", m)
 	}
 	line("Labels", labelsString(b.GetLabels()))
-	if t := b.GetCreateTime(); t != nil {
+	if t := b.GetCreateTime(); knownTime(t) {
 		line("Created", fmt.Sprintf("%s (%s ago)", t.AsTime().UTC().Format(time.RFC3339), duration.HumanDuration(now.Sub(t.AsTime()))))
 	} else {
 		line("Created", "<unknown>")
@@ -103,18 +148,18 @@ func describeBackup(out io.Writer, b *ebv1.Backup, now time.Time) error {
 	if s.GetDescription() != "" {
 		sub("Description", s.GetDescription())
 	}
-	if s.GetKind() == "agent" {
-		// The Job's name is the server's (a hash of location and name);
-		// logs reach it without the user's pods/log permission.
-		sub("Agent Job logs", "kubectl etcdbackup logs "+b.GetName()+" --location "+b.GetLocation())
+	if s.GetKind() != "upload" {
+		// Logs reach the agent through the server, without the user's
+		// pods/log permission.
+		sub("Agent Logs", "kubectl etcdbackup logs "+b.GetName()+" --location "+b.GetLocation())
 	}
-	if s.GetStartTime() != nil {
+	if knownTime(s.GetStartTime()) {
 		sub("Started", s.GetStartTime().AsTime().UTC().Format(time.RFC3339))
 	}
-	if s.GetEndTime() != nil {
+	if knownTime(s.GetEndTime()) {
 		sub("Finished", s.GetEndTime().AsTime().UTC().Format(time.RFC3339))
 	}
-	if s.GetStartTime() != nil && s.GetEndTime() != nil {
+	if knownTime(s.GetStartTime()) && knownTime(s.GetEndTime()) {
 		sub("Duration", s.GetEndTime().AsTime().Sub(s.GetStartTime().AsTime()).Round(time.Millisecond))
 	}
 
@@ -143,9 +188,14 @@ func describeBackup(out io.Writer, b *ebv1.Backup, now time.Time) error {
 	if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_FAILED {
 		fmt.Fprintf(w, "Next:\tkubectl etcdbackup logs %s --location %s\n", b.GetName(), b.GetLocation())
 	}
-	return w.Flush()
 }
 
 func sizeString(n int64) string {
 	return fmt.Sprintf("%s (%d bytes)", humanize.IBytes(uint64(n)), n)
+}
+
+// knownTime reports whether t is set to a real time: not absent, and not
+// the zero time a Job without a creation time converts to.
+func knownTime(t *timestamppb.Timestamp) bool {
+	return t != nil && t.AsTime().Unix() > 0
 }

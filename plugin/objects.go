@@ -2,12 +2,11 @@ package plugin
 
 import (
 	"fmt"
-	"sort"
-	"time"
-
+	"google.golang.org/protobuf/types/known/timestamppb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sort"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
@@ -196,8 +195,8 @@ func typeMeta(kind string) metav1.TypeMeta {
 	return metav1.TypeMeta{APIVersion: GroupVersion.String(), Kind: kind}
 }
 
-func timeOf(t interface{ AsTime() time.Time }, valid bool) *metav1.Time {
-	if !valid {
+func timeOf(t *timestamppb.Timestamp) *metav1.Time {
+	if !knownTime(t) {
 		return nil
 	}
 	m := metav1.NewTime(t.AsTime().UTC())
@@ -211,7 +210,7 @@ func backupObject(b *ebv1.Backup) Backup {
 		Metadata: ObjectMeta{
 			Name:              b.GetName(),
 			Labels:            b.GetLabels(),
-			CreationTimestamp: timeOf(b.GetCreateTime(), b.GetCreateTime() != nil),
+			CreationTimestamp: timeOf(b.GetCreateTime()),
 		},
 		Spec: BackupSpec{
 			Location:    b.GetLocation(),
@@ -234,8 +233,8 @@ func backupObject(b *ebv1.Backup) Backup {
 		o.Spec.Source = &BackupSource{
 			Kind:        s.GetKind(),
 			Description: s.GetDescription(),
-			StartTime:   timeOf(s.GetStartTime(), s.GetStartTime() != nil),
-			EndTime:     timeOf(s.GetEndTime(), s.GetEndTime() != nil),
+			StartTime:   timeOf(s.GetStartTime()),
+			EndTime:     timeOf(s.GetEndTime()),
 		}
 	}
 	if e := b.GetEtcd(); e != nil {

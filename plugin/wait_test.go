@@ -3,6 +3,7 @@ package plugin
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"regexp"
 	"strings"
@@ -143,6 +144,46 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 	}
 	if !strings.Contains(r.out, "Failed") {
 		t.Errorf("stdout lacks the Failed row:\n%s", r.out)
+	}
+
+	// describe shows the failure, the agent Job and its events, oldest
+	// first (recorded here as the Job controller and kubelet would).
+	j := w.jobsOf(t, serverNS, "backup-agent", "down", 1)[0]
+	base := time.Now().Add(-2 * time.Minute)
+	for i, e := range []struct{ kind, name, typ, reason, msg string }{
+		{"Pod", j.Name + "-x", "Warning", "BackOff", "Back-off restarting failed container agent"},
+		{"Job", j.Name, "Normal", "SuccessfulCreate", "Created pod: " + j.Name + "-x"},
+		{"Job", j.Name, "Warning", "BackoffLimitExceeded", "Job has reached the specified backoff limit"},
+		{"Job", "some-other-job", "Normal", "SuccessfulCreate", "not ours"},
+	} {
+		at := metav1.NewTime(base.Add(time.Duration([]int{2, 0, 3, 1}[i]) * time.Second))
+		ev := &corev1.Event{
+			ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("e%d", i), Namespace: serverNS},
+			InvolvedObject: corev1.ObjectReference{Kind: e.kind, Name: e.name, Namespace: serverNS},
+			Type:           e.typ, Reason: e.reason, Message: e.msg, Count: 1, FirstTimestamp: at, LastTimestamp: at,
+		}
+		if _, err := w.cs.CoreV1().Events(serverNS).Create(context.Background(), ev, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r = mustRun(t, w.addr, "describe", "down")
+	for _, re := range []string{
+		`(?m)^Phase:\s+Failed$`,
+		`(?m)^Message:\s+.*connection refused$`,
+		`(?m)^  Target:\s+cp$`,
+		`(?m)^Agent Job:\s+` + serverNS + `/` + j.Name + `$`,
+		`(?m)^  Type\s+Reason\s+Age\s+Object\s+Message\n  ----.*\n` +
+			`  Normal\s+SuccessfulCreate\s+\S+\s+job/` + j.Name + `\s+Created pod: ` + j.Name + `-x\n` +
+			`  Warning\s+BackOff\s+\S+\s+pod/` + j.Name + `-x\s+Back-off restarting failed container agent\n` +
+			`  Warning\s+BackoffLimitExceeded\s+\S+\s+job/` + j.Name + `\s+Job has reached the specified backoff limit\n$`,
+		`(?m)^Next:\s+kubectl etcdbackup logs down --location default$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(r.out) {
+			t.Errorf("describe down does not match %q:\n%s", re, r.out)
+		}
+	}
+	if strings.Contains(r.out, "not ours") {
+		t.Errorf("describe shows another Job's events:\n%s", r.out)
 	}
 
 	// A backup that completes: the agent's upload makes it Completed.
