@@ -22,11 +22,8 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	cmd := plugin.NewCmdRoot(genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr})
-	// Installed (copied or linked) as kubectl_complete-etcdbackup, the
-	// binary is its own completion helper for `kubectl etcdbackup <TAB>`:
-	// kubectl runs it with the words typed, and cobra's __complete answers.
-	if name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".exe"); name == "kubectl_complete-etcdbackup" {
-		cmd.SetArgs(append([]string{cobra.ShellCompRequestCmd}, os.Args[1:]...))
+	if args, ok := completionArgs(os.Args); ok {
+		cmd.SetArgs(args)
 	}
 	err := cmd.ExecuteContext(ctx)
 	stop()
@@ -38,4 +35,15 @@ func main() {
 		// backups or restores: see plugin.ExitCode and `--help`.
 		os.Exit(plugin.ExitCode(err))
 	}
+}
+
+// completionArgs turns the command line of the binary installed (copied
+// or linked) as kubectl_complete-etcdbackup into cobra's __complete
+// request: kubectl (v1.26 and later) runs that name from PATH with the
+// words typed after `kubectl etcdbackup`, for `kubectl etcdbackup <TAB>`.
+func completionArgs(argv []string) ([]string, bool) {
+	if strings.TrimSuffix(filepath.Base(argv[0]), ".exe") != "kubectl_complete-etcdbackup" {
+		return nil, false
+	}
+	return append([]string{cobra.ShellCompRequestCmd}, argv[1:]...), true
 }
