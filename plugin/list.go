@@ -61,9 +61,9 @@ func (o *ListOptions) Run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	bs, err := o.listBackups(ctx, conn, o.Selector)
-	if err != nil {
-		return err
+	bs, listErr := o.listBackups(ctx, conn, o.Selector)
+	if listErr != nil && len(bs) == 0 {
+		return listErr
 	}
 	if len(bs) == 0 && (o.PrintFlags.Human() || o.PrintFlags.columns != nil) {
 		// kubectl's notice, on stderr so that a script reading stdout
@@ -71,5 +71,10 @@ func (o *ListOptions) Run(ctx context.Context) error {
 		_, err := o.ErrOut.Write([]byte("No backups found.\n"))
 		return err
 	}
-	return printBackups(o.Out, o.PrintFlags, bs, false)
+	// What could be listed is printed; a location that failed is still
+	// an error (and the exit status), as kubectl get does.
+	if err := printBackups(o.Out, o.PrintFlags, bs, false); err != nil {
+		return err
+	}
+	return listErr
 }

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -34,21 +35,33 @@ func (g *GlobalOptions) locationNames(ctx context.Context, conn *Connection) ([]
 }
 
 // listBackups lists the backups matching selector in --location, or in
-// every location, newest first.
+// every location, newest first. A location that fails (an S3 endpoint
+// down) does not hide the others: their backups come back with an error
+// naming the location that failed.
 func (g *GlobalOptions) listBackups(ctx context.Context, conn *Connection, selector string) ([]*ebv1.Backup, error) {
 	locs, err := g.locationNames(ctx, conn)
 	if err != nil {
 		return nil, err
 	}
 	var all []*ebv1.Backup
+	var errs []error
 	for _, l := range locs {
 		resp, err := conn.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{Location: l, LabelSelector: selector})
 		if err != nil {
-			return nil, conn.explain("list backups", err)
+			op := "list backups"
+			if g.Location == "" {
+				op += " in location " + quote(l)
+			}
+			errs = append(errs, conn.explain(op, err))
+			continue
 		}
 		all = append(all, resp.GetBackups()...)
 	}
 	sortBackups(all)
+	if len(errs) > 0 {
+		// The exit code is the first failure's.
+		return all, withCode(ExitCode(errs[0]), errors.Join(errs...))
+	}
 	return all, nil
 }
 

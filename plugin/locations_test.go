@@ -1,6 +1,8 @@
 package plugin
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -12,13 +14,40 @@ import (
 // only-default, only-s3 and "both" (in each).
 func startTwo(t *testing.T) string {
 	t.Helper()
-	addr := "--server-address=" + servertest.StartWith(t, servertest.Options{Locations: []string{"default", "s3"}}).Addr
+	addr, _ := startTwoServer(t)
+	return addr
+}
+
+func startTwoServer(t *testing.T) (string, *servertest.Server) {
+	t.Helper()
+	srv := servertest.StartWith(t, servertest.Options{Locations: []string{"default", "s3"}})
+	addr := "--server-address=" + srv.Addr
 	file, _, _ := writeRandom(t, "x.db", 2048)
 	mustRun(t, addr, "upload", file, "--name", "only-default", "--labels", "env=test")
 	mustRun(t, addr, "upload", file, "--name", "only-s3", "--location", "s3", "--labels", "env=test")
 	mustRun(t, addr, "upload", file, "--name", "both")
 	mustRun(t, addr, "upload", file, "--name", "both", "--location", "s3")
-	return addr
+	return addr, srv
+}
+
+// A location that fails does not hide the others' backups; the failure
+// is still reported, and is the exit status.
+func TestListShowsWhatItCanWhenALocationFails(t *testing.T) {
+	addr, srv := startTwoServer(t)
+	backups := filepath.Join(srv.Dirs["s3"], "backups")
+	if err := os.RemoveAll(backups); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(backups, []byte("not a directory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, addr, "list", "-o", "name")
+	if r.out != "backup/both\nbackup/only-default\n" {
+		t.Errorf("list with s3 broken printed %q, want default's backups", r.out)
+	}
+	if r.err == nil || !strings.Contains(r.err.Error(), `list backups in location "s3"`) || ExitCode(r.err) == ExitOK {
+		t.Errorf("list with s3 broken: %v", r.err)
+	}
 }
 
 func TestListSpansEveryLocation(t *testing.T) {
