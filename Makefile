@@ -13,6 +13,7 @@ TEST_TIMEOUT ?= 30m
 
 include hack/kube.mk
 include hack/s3.mk
+include hack/age.mk
 
 .PHONY: all build test unit e2e lint generate check-generate demo sandbox bench tools clean dist krew-check
 
@@ -64,14 +65,14 @@ $(TESTREPORT): hack/testreport/main.go
 	$(GO) build -o $@ ./hack/testreport
 
 ## unit: every test that needs neither root nor the Kubernetes binaries (agents, server, S3 against a real versitygw, plugin, tunnel, …); lists what it skipped and why
-unit: s3-bins $(TESTREPORT)
+unit: s3-bins age-bins $(TESTREPORT)
 	@echo "unit: $(E2E_PKGS) is not run here: it needs root and the Kubernetes binaries (make test runs it)" >&2
-	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) \
+	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) ETCDBACKUP_AGE_BIN_DIR=$(AGE_BIN_DIR) \
 		$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) $(UNIT_FLAGS) $(UNIT_PKGS) | $(TESTREPORT)
 
 ## e2e: the end-to-end tests and the sandbox's own tests, on the real sandbox cluster (root)
-e2e: kube-bins s3-bins $(TESTREPORT)
-	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) \
+e2e: kube-bins s3-bins age-bins $(TESTREPORT)
+	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) ETCDBACKUP_AGE_BIN_DIR=$(AGE_BIN_DIR) \
 		$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) $(E2E_PKGS) | $(TESTREPORT)
 
 ## test: everything CI checks — generated code, lint, krew, the unit tests with -race, and the end-to-end tests on the sandbox
@@ -91,8 +92,8 @@ sandbox: kube-bins s3-bins
 
 ## bench: throughput and memory benchmarks, printed side by side
 bench: kube-bins s3-bins
-	ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) \
-		$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./client/ ./tests/bench/
+	ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) ETCDBACKUP_AGE_BIN_DIR=$(AGE_BIN_DIR) \
+		$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./client/ ./plugin/ ./tests/bench/
 
 ## dist: plugin archives for every krew platform, SHA256SUMS and the krew manifest, in dist/
 DIST_VERSION ?= v0.1.0

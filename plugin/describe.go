@@ -181,6 +181,18 @@ func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
 		sub("Raw Size", sizeString(b.GetRawSize()))
 	}
 	sub("Compression", orNone(b.GetCompression()))
+	if b.GetEncryption() != "" {
+		sub("Encryption", b.GetEncryption())
+		for i, r := range b.GetAgeRecipients() {
+			k := ""
+			if i == 0 {
+				k = "Recipients"
+			}
+			fmt.Fprintf(w, "  %s\t%s\n", pad(k), r)
+		}
+	} else {
+		sub("Encryption", "<none>")
+	}
 	sub("SHA256", orNone(b.GetSha256()))
 	if b.GetRawSha256() != "" {
 		sub("Raw SHA256", b.GetRawSha256())
@@ -198,4 +210,13 @@ func sizeString(n int64) string {
 // the zero time a Job without a creation time converts to.
 func knownTime(t *timestamppb.Timestamp) bool {
 	return t != nil && t.AsTime().Unix() > 0
+}
+
+// pad writes a key of a multi-line value: "Key:" on the first line,
+// nothing on the next ones.
+func pad(k string) string {
+	if k == "" {
+		return ""
+	}
+	return k + ":"
 }

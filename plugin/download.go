@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
+	agelib "filippo.io/age"
 	"github.com/spf13/cobra"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
@@ -18,6 +20,10 @@ type DownloadOptions struct {
 	Name      string
 	File      string
 	Overwrite bool
+	// Raw writes the stored bytes unchanged (resumable).
+	Raw bool
+	// IdentityFiles decrypt an encrypted backup.
+	IdentityFiles []string
 }
 
 // NewCmdDownload returns the download command.
@@ -26,19 +32,37 @@ func NewCmdDownload(g *GlobalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "download NAME",
 		Short: "Download a backup to a file or to standard output",
-		Long: `Download writes the backup to FILE.part, resuming from an existing FILE.part
-(an earlier interrupted download) and re-connecting when the connection
-breaks; once the whole file matches the backup's SHA-256 it is renamed to
-FILE. With -o - the backup is written to standard output.`,
+		Long: `Download writes the backup as a plain etcd snapshot, the file etcdutl and
+etcd's restore read: it decrypts an age-encrypted backup with --identity,
+undoes compression, and checks etcd's own SHA-256 trailer and the snapshot's
+recorded SHA-256, streaming, into FILE.part; only a snapshot that passed every
+check is renamed to FILE. A failed or refused download leaves no file. A
+dropped connection is re-opened from the byte it reached; a plain download
+that is interrupted starts over when run again.
+
+With --raw the backup is written as stored (compressed and encrypted as it
+is), resuming from an existing FILE.part, and checked against the stored
+SHA-256 only: for copying backups elsewhere, or for the age CLI
+(docs/encryption.md).
+
+With -o - the snapshot is written to standard output as it is checked: a
+failed check exits non-zero after part of it was written.`,
 		Example: examples(`
 # Download a backup to the file etcd-2026-01-31 in the current directory
 kubectl etcdbackup download etcd-2026-01-31
 
-# Download a backup to /tmp/snapshot.db
+# Download a backup as a plain etcd snapshot and show what etcd sees in it
 kubectl etcdbackup download etcd-2026-01-31 -o /tmp/snapshot.db
+etcdutl snapshot status /tmp/snapshot.db
 
-# Stream a backup to standard output, here into etcdutl
-kubectl etcdbackup download etcd-2026-01-31 -o - | etcdutl snapshot status /dev/stdin`),
+# Decrypt an encrypted backup with your age key while downloading
+kubectl etcdbackup download etcd-2026-01-31 -o /tmp/snapshot.db --identity ~/.config/etcdbackup/key.txt
+
+# Copy the stored (compressed, encrypted) bytes unchanged, resumably
+kubectl etcdbackup download etcd-2026-01-31 -o etcd-2026-01-31.age --raw
+
+# Stream the plain snapshot to standard output, here into a checksum
+kubectl etcdbackup download etcd-2026-01-31 -o - | sha256sum`),
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeBackupNames(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -53,6 +77,8 @@ kubectl etcdbackup download etcd-2026-01-31 -o - | etcdutl snapshot status /dev/
 	}
 	cmd.Flags().StringVarP(&o.File, "output", "o", "", "file to write, or - for standard output (default: NAME in the current directory)")
 	cmd.Flags().BoolVar(&o.Overwrite, "overwrite", false, "replace FILE if it already exists")
+	cmd.Flags().BoolVar(&o.Raw, "raw", false, "write the stored bytes unchanged (compressed, encrypted), resuming an interrupted download")
+	addIdentityFlag(cmd, &o.IdentityFiles, "an encrypted backup")
 	return cmd
 }
 
@@ -65,9 +91,14 @@ func (o *DownloadOptions) Complete(_ *cobra.Command, args []string) error {
 	return nil
 }
 
-// Validate has nothing to check without I/O: whether FILE exists is
+// Validate checks that the flags go together; whether FILE exists is
 // asked in Run, just before the download.
-func (o *DownloadOptions) Validate() error { return nil }
+func (o *DownloadOptions) Validate() error {
+	if o.Raw && len(o.IdentityFiles) > 0 {
+		return errors.New("--raw writes the stored bytes unchanged, so --identity has nothing to decrypt: drop one of them")
+	}
+	return nil
+}
 
 // Run downloads the backup. An existing FILE is refused, unless
 // --overwrite, before the server is contacted.
@@ -75,6 +106,18 @@ func (o *DownloadOptions) Run(ctx context.Context) error {
 	if o.File != "-" && !o.Overwrite {
 		if _, err := os.Stat(o.File); err == nil {
 			return fmt.Errorf("%s already exists; pass --overwrite to replace it or -o to choose another file", o.File)
+		}
+	}
+	var ids []agelib.Identity
+	if !o.Raw {
+		var err error
+		if ids, err = loadIdentities(o.IdentityFiles); err != nil {
+			return err
+		}
+		if o.File != "-" {
+			if _, err := os.Stat(o.File + ".part"); err == nil {
+				return fmt.Errorf("%s.part exists, from an earlier --raw download or a killed one; a plain download cannot resume it: pass --raw to resume it, or remove it", o.File)
+			}
 		}
 	}
 	conn, err := o.Connect(ctx)
@@ -86,11 +129,75 @@ func (o *DownloadOptions) Run(ctx context.Context) error {
 	if o.Location, err = o.resolveLocation(ctx, conn, "download "+quote(o.Name), o.Name); err != nil {
 		return err
 	}
-	if o.File == "-" {
-		_, err := conn.Download(ctx, o.Out, client.DownloadRequest{Name: o.Name, Location: o.Location})
+	if o.Raw {
+		if o.File == "-" {
+			_, err := conn.Download(ctx, o.Out, client.DownloadRequest{Name: o.Name, Location: o.Location})
+			return conn.explain("download "+quote(o.Name), err)
+		}
+		return o.toFile(ctx, conn)
+	}
+	return o.plain(ctx, conn, ids)
+}
+
+// plain writes the plain etcd snapshot to -o. An encrypted backup without
+// an identity is refused before anything is created or written.
+func (o *DownloadOptions) plain(ctx context.Context, conn *Connection, ids []agelib.Identity) error {
+	resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: o.Name, Location: o.Location})
+	if err != nil {
 		return conn.explain("download "+quote(o.Name), err)
 	}
-	return o.toFile(ctx, conn)
+	b := resp.GetBackup()
+	if b.GetPhase() != ebv1.BackupPhase_BACKUP_PHASE_COMPLETED {
+		// The download itself says why (still running, failed).
+		_, err := conn.Download(ctx, io.Discard, client.DownloadRequest{Name: o.Name, Location: o.Location})
+		return conn.explain("download "+quote(o.Name), err)
+	}
+	if b.GetEncryption() != ebv1.EncryptionNone && len(ids) == 0 {
+		return needIdentity(o.Name, b, ", or --raw to download the encrypted bytes as stored")
+	}
+	if o.File == "-" {
+		_, err := downloadPlain(ctx, conn, b, o.Out, ids, nil)
+		return err
+	}
+	part := o.File + ".part"
+	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("download: %w", err)
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			f.Close()
+			os.Remove(part)
+		}
+	}()
+	bar := newProgress(o.ErrOut, b.GetSize(), "downloading "+o.Name)
+	p, err := downloadPlain(ctx, conn, b, f, ids, bar.Set)
+	bar.Finish(err == nil)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("download of %q interrupted; nothing was kept, run the same command again (or use --raw to download resumably)", o.Name)
+		}
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync %s: %w", part, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", part, err)
+	}
+	if !o.Overwrite {
+		if _, err := os.Stat(o.File); err == nil {
+			return fmt.Errorf("%s appeared while downloading; run again with --overwrite or another -o", o.File)
+		}
+	}
+	if err := os.Rename(part, o.File); err != nil {
+		return err
+	}
+	keep = true
+	fmt.Fprintf(o.ErrOut, "backup %q downloaded to %s as a plain etcd snapshot (%d bytes, sha256 %s; etcd trailer and stored sha256 %s verified)\n",
+		o.Name, o.File, p.Size, p.SHA256, b.GetSha256())
+	return nil
 }
 
 func (o *DownloadOptions) toFile(ctx context.Context, conn *Connection) error {

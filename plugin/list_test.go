@@ -110,7 +110,7 @@ func TestListAndGetJSONAndYAML(t *testing.T) {
 	if err := yaml.Unmarshal([]byte(y), &got); err != nil {
 		t.Fatalf("get -o yaml is not YAML: %v\n%s", err, y)
 	}
-	if got.Metadata.Name != "b1" || got.Status.SHA256 != sum || got.Status.SizeBytes != int64(len(data)) || got.Spec.Compression != "none" {
+	if got.Metadata.Name != "b1" || got.Status.SHA256 != sum || got.Status.SizeBytes != int64(len(data)) || got.Spec.Compression != "none" || got.Spec.Encryption != "none" {
 		t.Fatalf("get -o yaml: %+v", got)
 	}
 	if err := json.Unmarshal([]byte(mustRun(t, addr, "get", "b1", "-o", "json").out), &got); err != nil || got.Status.SHA256 != sum || got.Kind != "Backup" {

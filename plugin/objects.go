@@ -42,6 +42,10 @@ type BackupSpec struct {
 	Target      string        `json:"target,omitempty"`
 	Source      *BackupSource `json:"source,omitempty"`
 	Compression string        `json:"compression"`
+	// Encryption is "none" or "age"; AgeRecipients the public keys an
+	// age-encrypted backup is encrypted to.
+	Encryption    string   `json:"encryption"`
+	AgeRecipients []string `json:"ageRecipients,omitempty"`
 }
 
 // BackupSource says how the backup arrived.
@@ -167,7 +171,12 @@ type VerifyResult struct {
 
 // VerifyResultStatus are the figures etcd reports of a verified snapshot.
 type VerifyResultStatus struct {
+	// Intact is true when everything was checked: stored bytes, etcd's
+	// trailer and the database. StoredOnly is an encrypted backup whose
+	// stored bytes alone were checked (no --identity); Message says so.
 	Intact         bool   `json:"intact"`
+	StoredOnly     bool   `json:"storedOnly,omitempty"`
+	Message        string `json:"message,omitempty"`
 	Location       string `json:"location"`
 	SHA256         string `json:"sha256"`
 	Revision       int64  `json:"revision"`
@@ -213,9 +222,11 @@ func backupObject(b *ebv1.Backup) Backup {
 			CreationTimestamp: timeOf(b.GetCreateTime()),
 		},
 		Spec: BackupSpec{
-			Location:    b.GetLocation(),
-			Target:      b.GetSource().GetTarget(),
-			Compression: b.GetCompression(),
+			Location:      b.GetLocation(),
+			Target:        b.GetSource().GetTarget(),
+			Compression:   b.GetCompression(),
+			Encryption:    b.GetEncryption(),
+			AgeRecipients: b.GetAgeRecipients(),
 		},
 		Status: BackupStatus{
 			Phase:        phaseString(b.GetPhase()),
@@ -228,6 +239,9 @@ func backupObject(b *ebv1.Backup) Backup {
 	}
 	if o.Spec.Compression == "" {
 		o.Spec.Compression = "none"
+	}
+	if o.Spec.Encryption == "" {
+		o.Spec.Encryption = "none"
 	}
 	if s := b.GetSource(); s != nil {
 		o.Spec.Source = &BackupSource{

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +17,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/agetest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tunnel"
 )
 
@@ -128,6 +132,7 @@ func TestDescribe(t *testing.T) {
 		"Description": "b1",
 		"Stored Size": fmt.Sprintf("2.9 KiB (%d bytes)", len(data)),
 		"Compression": "<none>",
+		"Encryption":  "<none>",
 		"SHA256":      sum,
 	} {
 		if fields[k] != want {
@@ -141,6 +146,22 @@ func TestDescribe(t *testing.T) {
 	if strings.HasPrefix(r.out, "NAME") {
 		t.Errorf("describe prints a table:\n%s", r.out)
 	}
+	// An encrypted backup names its encryption and recipients, in
+	// describe and in the document.
+	key, other := agetest.NewKey(t), agetest.NewKey(t)
+	snap := filepath.Join(t.TempDir(), "snap.db")
+	if err := os.WriteFile(snap, snapshotShaped(2), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, addr, "upload", snap, "--name", "enc", "--encrypt-to", key.Recipient, "--encrypt-to", other.Recipient)
+	r = mustRun(t, addr, "describe", "enc")
+	if !regexp.MustCompile(`(?m)^  Encryption:\s+age\n  Recipients:\s+` + key.Recipient + `\n\s+` + other.Recipient + `\n`).MatchString(r.out) {
+		t.Errorf("describe enc:\n%s", r.out)
+	}
+	if r := mustRun(t, addr, "get", "enc", "-o", "jsonpath={.spec.encryption} {.spec.ageRecipients[0]}"); r.out != "age "+key.Recipient {
+		t.Errorf("get enc -o jsonpath = %q", r.out)
+	}
+
 	r = mustFail(t, `backup "nope" not found`, addr, "describe", "nope")
 	if ExitCode(r.err) != ExitNotFound {
 		t.Errorf("describe nope: exit %d", ExitCode(r.err))

@@ -14,6 +14,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -25,11 +26,15 @@ type RestoreOptions struct {
 
 	Local    bool
 	FromFile string
-	Member   snapshot.Member
-	WorkDir  string
-	Target   string
-	Wait     bool
-	DryRun   bool
+	// IdentityFiles decrypt an encrypted backup with --local;
+	// IdentitySecret names the Secret the restore Jobs mount with --target.
+	IdentityFiles  []string
+	IdentitySecret string
+	Member         snapshot.Member
+	WorkDir        string
+	Target         string
+	Wait           bool
+	DryRun         bool
 	// WaitTimeout bounds --wait; PollInterval is how often it asks.
 	WaitTimeout  time.Duration
 	PollInterval time.Duration
@@ -56,7 +61,13 @@ kubeadm control-plane node to recover from losing etcd. Run it once per
 member, with that member's name and peer URLs and the same --initial-cluster.
 
 A data directory that is not empty is refused unless --move-aside is given,
-which renames it to DIR.before-restore-TIMESTAMP; nothing is ever deleted.`,
+which renames it to DIR.before-restore-TIMESTAMP; nothing is ever deleted.
+
+An age-encrypted backup needs a secret key of one of its recipients: with
+--local, --identity KEYFILE (or $ETCDBACKUP_AGE_IDENTITY); with --target,
+--identity-secret NAME, a Secret you create in the members' namespace
+(kubectl -n NS create secret generic NAME --from-file=identity=KEYFILE). It is
+mounted only into the restore Jobs; the server never reads it.`,
 		Example: examples(`
 # Show which Job would rebuild which member of target app-etcd; change nothing
 kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --dry-run
@@ -68,7 +79,10 @@ kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --wait
 kubectl etcdbackup restore control-plane-20260131-020000 --local \
     --data-dir /var/lib/etcd --member-name cp-1 \
     --initial-cluster cp-1=https://10.0.0.10:2380,cp-2=https://10.0.0.11:2380,cp-3=https://10.0.0.12:2380 \
-    --initial-advertise-peer-urls https://10.0.0.10:2380`),
+    --initial-advertise-peer-urls https://10.0.0.10:2380
+
+# Rebuild target app-etcd from an encrypted backup, the key in Secret etcd-age-key
+kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity-secret etcd-age-key --wait`),
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeBackupNames(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -96,6 +110,8 @@ kubectl etcdbackup restore control-plane-20260131-020000 --local \
 	f.BoolVar(&o.Wait, "wait", false, "with --target: wait until every member's data is rebuilt, printing each member's phase changes on stderr")
 	f.BoolVar(&o.DryRun, "dry-run", false, "print what would be done, change nothing")
 	f.DurationVar(&o.WaitTimeout, "timeout", o.WaitTimeout, "how long --wait waits")
+	addIdentityFlag(cmd, &o.IdentityFiles, "an encrypted backup (with --local)")
+	f.StringVar(&o.IdentitySecret, "identity-secret", "", "with --target: `SECRET` in the members' namespace holding the age identity of an encrypted backup, mounted only into the restore Jobs")
 	o.PrintFlags.AddFlags(cmd, "output format (with --target)")
 	return cmd
 }
@@ -120,6 +136,10 @@ func (o *RestoreOptions) Validate() error {
 		return errors.New("with --target the members' layout comes from the server's configuration: drop --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls, --initial-cluster-token and --work-dir")
 	case o.Wait && o.Target == "":
 		return errors.New("--wait goes with --target")
+	case o.IdentitySecret != "" && o.Target == "":
+		return errors.New("--identity-secret goes with --target; with --local pass --identity KEYFILE")
+	case len(o.IdentityFiles) > 0 && !o.Local:
+		return errors.New("--identity goes with --local: the key stays on this machine; with --target name a Secret in the members' namespace with --identity-secret")
 	case o.Local && !o.PrintFlags.Human():
 		return errors.New("-o goes with --target; --local prints what it did for a person")
 	case o.Local:
@@ -163,10 +183,13 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 // machine — fetch (or --from-file), verify, rebuild o.Member's data
 // directory — reporting to the terminal where the agent logs.
 func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
+	ids, err := loadIdentities(o.IdentityFiles)
+	if err != nil {
+		return err
+	}
 	var conn *Connection
 	var c *client.Client
 	if o.FromFile == "" {
-		var err error
 		if conn, err = o.Connect(ctx); err != nil {
 			return err
 		}
@@ -195,8 +218,14 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 		},
 		MovedAside: func(to string) { fmt.Fprintf(o.ErrOut, "the old data directory was moved to %s\n", to) },
 	}
-	_, err := restore.Run(ctx, c, restore.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work}, ev)
+	_, err = restore.Run(ctx, c, restore.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work, Identities: ids}, ev)
 	bar.Finish(false)
+	if errors.Is(err, crypt.ErrIdentityRequired) {
+		return fmt.Errorf("restore %q: the backup is age-encrypted and no identity was given: pass --identity KEYFILE, or set %s=KEYFILE, with a secret key of one of its recipients; nothing was changed", o.Name, IdentityEnv)
+	}
+	if errors.Is(err, crypt.ErrNoMatchingIdentity) {
+		return fmt.Errorf("restore %q: none of the identities given can decrypt the backup (see its recipients with `kubectl etcdbackup get %s -o yaml`); nothing was changed", o.Name, o.Name)
+	}
 	var de *restore.DownloadError
 	if errors.As(err, &de) {
 		return conn.explain("download "+quote(o.Name), de.Err)
@@ -222,6 +251,7 @@ func (o *RestoreOptions) runTarget(ctx context.Context) error {
 	}
 	resp, err := conn.Backups.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{
 		Name: o.Name, Location: o.Location, Target: o.Target, DryRun: o.DryRun, MoveAside: o.Member.MoveAside,
+		IdentitySecret: o.IdentitySecret,
 	})
 	if err != nil {
 		return conn.explain("restore "+quote(o.Name)+" into target "+quote(o.Target), err)

@@ -3,6 +3,7 @@ package plugin
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"os"
 	"os/exec"
 	"regexp"
@@ -72,7 +73,8 @@ func TestScriptingDoc(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // distinct creation times: newest first is well defined
 	}
 	upload("cp-old", "default", "old snapshot", nil, "control-plane")
-	upload("cp-new", "s3", "new snapshot", nil, "control-plane")
+	newest := snapshotShaped(1)
+	upload("cp-new", "s3", string(newest), nil, "control-plane")
 	upload("before-upgrade", "default", "before the upgrade", map[string]string{"env": "prod"}, "")
 	upload("t1", "default", "test 1", map[string]string{"env": "test"}, "")
 	upload("t2", "s3", "test 2", map[string]string{"env": "test"}, "")
@@ -90,8 +92,8 @@ func TestScriptingDoc(t *testing.T) {
 		`[0].metadata.name'` + "\x00":           regexp.MustCompile(`^cp-new\n$`),
 		`@.spec.target=="control-plane"`:        regexp.MustCompile(`^cp-new cp-old cp-broken$`),
 		"get before-upgrade -o jsonpath":        regexp.MustCompile(`^18$`),
-		"reduce .items[]":                       regexp.MustCompile(`^default 30\ns3 12\n$`),
-		"REVISION:.status.etcd.revision":        regexp.MustCompile(`(?m)^cp-new\s+s3\s+12\s+48213$`),
+		"reduce .items[]":                       regexp.MustCompile(`^default 30\ns3 544\n$`),
+		"REVISION:.status.etcd.revision":        regexp.MustCompile(`(?m)^cp-new\s+s3\s+544\s+48213$`),
 		"sort -n":                               regexp.MustCompile(`^\d+\s+\S+\n`),
 		`select(.status.phase == "Failed")`:     regexp.MustCompile(`(?m)^cp-broken: agent exited with code 1: `),
 		"backup --target control-plane --wait":  regexp.MustCompile(`^control-plane-\d{8}-\d{6}$`),
@@ -132,8 +134,8 @@ func TestScriptingDoc(t *testing.T) {
 		}
 	}
 	// The download example wrote the newest completed control-plane backup.
-	if b, err := os.ReadFile("newest.db"); err != nil || string(b) != "new snapshot" {
-		t.Errorf("newest.db: %q, %v", b, err)
+	if b, err := os.ReadFile("newest.db"); err != nil || !bytes.Equal(b, newest) {
+		t.Errorf("newest.db: %d bytes, %v; want cp-new's %d", len(b), err, len(newest))
 	}
 }
 
@@ -305,4 +307,12 @@ func matchParen(s string, open int) int {
 		}
 	}
 	return -1
+}
+
+// snapshotShaped returns pages 512-byte pages followed by their SHA-256:
+// what a plain download checks of an etcd snapshot (its trailer).
+func snapshotShaped(pages int) []byte {
+	db := bytes.Repeat([]byte("etcd db page "), pages*512/13+1)[:pages*512]
+	sum := sha256.Sum256(db)
+	return append(db, sum[:]...)
 }

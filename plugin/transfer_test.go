@@ -20,8 +20,10 @@ func TestUploadDownloadRoundTrip(t *testing.T) {
 	}
 	mustFail(t, "rt", addr, "upload", file, "--name", "rt") // backups are immutable
 
+	// Random bytes are no etcd snapshot: --raw transfers them as stored
+	// (plain downloads are in encryption_test.go).
 	out := filepath.Join(t.TempDir(), "out.db")
-	r = mustRun(t, addr, "download", "rt", "-o", out)
+	r = mustRun(t, addr, "download", "rt", "-o", out, "--raw")
 	if want := fmt.Sprintf("backup %q downloaded to %s (%d bytes, sha256 %s verified)\n", "rt", out, size, sum); r.errOut != want {
 		t.Fatalf("download stderr %q, want %q", r.errOut, want)
 	}
@@ -40,7 +42,7 @@ func TestUploadDownloadRoundTrip(t *testing.T) {
 	}
 
 	// -o - streams the bytes to stdout and nothing else.
-	r = mustRun(t, addr, "download", "rt", "-o", "-")
+	r = mustRun(t, addr, "download", "rt", "-o", "-", "--raw")
 	if r.out != string(data) {
 		t.Fatalf("download -o - wrote %d bytes sha256 %s, want %d bytes sha256 %s", len(r.out), sha([]byte(r.out)), size, sum)
 	}
@@ -48,7 +50,7 @@ func TestUploadDownloadRoundTrip(t *testing.T) {
 	// The default file is the backup's name in the current directory.
 	dir := t.TempDir()
 	t.Chdir(dir)
-	mustRun(t, addr, "download", "rt")
+	mustRun(t, addr, "download", "rt", "--raw")
 	if got, err := os.ReadFile(filepath.Join(dir, "rt")); err != nil || sha(got) != sum {
 		t.Fatalf("download without -o: %v, sha256 %s", err, sha(got))
 	}
@@ -77,7 +79,7 @@ func TestDownloadRefusesToOverwrite(t *testing.T) {
 	// The refusal comes before any connection: nothing need listen.
 	mustFail(t, "already exists", "--server-address", nowhere, "download", "b", "-o", out)
 
-	mustRun(t, addr, "download", "b", "-o", out, "--overwrite")
+	mustRun(t, addr, "download", "b", "-o", out, "--overwrite", "--raw")
 	if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
 		t.Fatalf("download --overwrite: file has %d bytes, want the backup's %d", len(got), len(data))
 	}

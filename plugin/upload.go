@@ -12,6 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
 // UploadOptions are the options of `kubectl etcdbackup upload`.
@@ -21,6 +24,9 @@ type UploadOptions struct {
 	File       string
 	Name       string
 	Labels     map[string]string
+	// EncryptTo and EncryptToFiles name the age recipients to encrypt to.
+	EncryptTo      []string
+	EncryptToFiles []string
 }
 
 // NewCmdUpload returns the upload command.
@@ -31,13 +37,21 @@ func NewCmdUpload(g *GlobalOptions) *cobra.Command {
 		Short: "Upload an etcd snapshot file as a new backup",
 		Long: `Upload streams FILE to the server, hashing it on the way; the server stores it
 only if every byte arrived with the same SHA-256. Backups are immutable: a
-name that exists is refused.`,
+name that exists is refused.
+
+With --encrypt-to (or --encrypt-to-file) FILE must be a plain etcd snapshot:
+it is checked (etcd's trailer) and encrypted with age on this machine, so the
+server and the storage only ever see ciphertext; download and restore it
+with --identity and a secret key of one of the recipients.`,
 		Example: examples(`
 # Upload snapshot.db as the backup "snapshot.db"
 kubectl etcdbackup upload snapshot.db
 
 # Upload a snapshot under another name, with a label
-kubectl etcdbackup upload /var/backups/etcd.db --name before-upgrade --labels reason=upgrade`),
+kubectl etcdbackup upload /var/backups/etcd.db --name before-upgrade --labels reason=upgrade
+
+# Encrypt a snapshot to the team's key and an offline break-glass key
+kubectl etcdbackup upload snapshot.db --encrypt-to age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p --encrypt-to-file break-glass.pub`),
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
@@ -51,6 +65,8 @@ kubectl etcdbackup upload /var/backups/etcd.db --name before-upgrade --labels re
 	}
 	cmd.Flags().StringVar(&o.Name, "name", "", "name of the backup (default: the file's name, lower-cased)")
 	cmd.Flags().StringToStringVar(&o.Labels, "labels", nil, "labels to store with the backup, as key=value pairs")
+	cmd.Flags().StringArrayVar(&o.EncryptTo, "encrypt-to", nil, "age public key (age1...) to encrypt the snapshot to before it leaves this machine; repeatable")
+	cmd.Flags().StringArrayVar(&o.EncryptToFiles, "encrypt-to-file", nil, "`FILE` of age public keys, one per line (# comments), to encrypt to; repeatable")
 	o.PrintFlags.AddFlags(cmd, "output format of the stored backup")
 	return cmd
 }
@@ -61,6 +77,13 @@ func (o *UploadOptions) Complete(_ *cobra.Command, args []string) error {
 	if o.Name == "" {
 		o.Name = strings.ToLower(filepath.Base(o.File))
 	}
+	for _, f := range o.EncryptToFiles {
+		keys, err := crypt.ReadRecipientsFile(f)
+		if err != nil {
+			return fmt.Errorf("--encrypt-to-file: %w", err)
+		}
+		o.EncryptTo = append(o.EncryptTo, keys...)
+	}
 	return nil
 }
 
@@ -68,6 +91,11 @@ func (o *UploadOptions) Complete(_ *cobra.Command, args []string) error {
 func (o *UploadOptions) Validate() error {
 	if errs := validation.IsDNS1123Subdomain(o.Name); len(errs) > 0 {
 		return fmt.Errorf("backup name %q is invalid (%s); pass a valid one with --name", o.Name, strings.Join(errs, "; "))
+	}
+	if len(o.EncryptTo) > 0 {
+		if _, err := crypt.ParseRecipients(o.EncryptTo); err != nil {
+			return fmt.Errorf("--encrypt-to: %w", err)
+		}
 	}
 	return o.PrintFlags.Validate()
 }
@@ -103,8 +131,17 @@ func (o *UploadOptions) Run(ctx context.Context) error {
 	defer conn.Close()
 
 	bar := newProgress(o.ErrOut, st.Size(), "uploading "+o.Name)
-	b, err := conn.Upload(ctx, f, h, bar.Set)
+	var b *ebv1.Backup
+	if len(o.EncryptTo) > 0 {
+		b, err = o.uploadEncrypted(ctx, conn, f, h, bar.Set)
+	} else {
+		b, err = conn.Upload(ctx, f, h, bar.Set)
+	}
 	bar.Finish(err == nil)
+	var encErr *encryptInputError
+	if errors.As(err, &encErr) {
+		return encErr.err
+	}
 	if err != nil {
 		if errors.Is(ctx.Err(), context.Canceled) {
 			return fmt.Errorf("upload of %q interrupted; nothing was stored", o.Name)
@@ -114,8 +151,47 @@ func (o *UploadOptions) Run(ctx context.Context) error {
 	if !o.PrintFlags.Human() {
 		return printBackups(o.Out, o.PrintFlags, []*ebv1.Backup{b}, true)
 	}
+	if b.GetEncryption() != ebv1.EncryptionNone {
+		fmt.Fprintf(o.Out, "backup %q uploaded: %d bytes, sha256 %s, age-encrypted to %d recipient(s) (plain snapshot %d bytes, sha256 %s)\n",
+			b.GetName(), b.GetSize(), b.GetSha256(), len(b.GetAgeRecipients()), b.GetRawSize(), b.GetRawSha256())
+		return nil
+	}
 	fmt.Fprintf(o.Out, "backup %q uploaded: %d bytes, sha256 %s\n", b.GetName(), b.GetSize(), b.GetSha256())
 	return nil
+}
+
+// encryptInputError is a refusal of the file to encrypt, not the server's.
+type encryptInputError struct{ err error }
+
+func (e *encryptInputError) Error() string { return e.err.Error() }
+
+// uploadEncrypted checks that f is a plain etcd snapshot while it streams
+// (its size and SHA-256 become the backup's raw ones, checked again after
+// every decryption) and encrypts it to o.EncryptTo on the way out.
+func (o *UploadOptions) uploadEncrypted(ctx context.Context, conn *Connection, f *os.File, h *ebv1.UploadHeader, progress func(int64)) (*ebv1.Backup, error) {
+	if form, err := snapshot.SniffForm(f.Name()); err != nil || form != (snapshot.Form{}) {
+		return nil, &encryptInputError{fmt.Errorf("upload: %s is already compressed or encrypted (%+v); --encrypt-to takes a plain etcd snapshot, such as `etcdutl snapshot save` or `download` (without --raw) write", o.File, form)}
+	}
+	recipients, err := crypt.ParseRecipients(o.EncryptTo)
+	if err != nil {
+		return nil, err
+	}
+	plain := snapshot.NewVerifier(f, snapshot.VerifierOptions{HashWhole: true, Progress: progress})
+	body, err := crypt.Encrypt(ctx, plain, recipients)
+	if err != nil {
+		return nil, err
+	}
+	h.ExpectedSize = nil // the ciphertext is longer than the file
+	h.Encryption = ebv1.EncryptionAge
+	h.AgeRecipients = o.EncryptTo
+	b, err := conn.UploadWith(ctx, body, client.UploadRequest{
+		Header: h,
+		Raw:    func() (int64, string) { return plain.Size(), plain.SHA256() },
+	})
+	if verr := plain.Err(); verr != nil && ctx.Err() == nil {
+		return nil, &encryptInputError{fmt.Errorf("upload: %s is not a whole etcd snapshot, nothing was stored: %w", o.File, verr)}
+	}
+	return b, err
 }
 
 func truncate(s string, n int) string {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
 )
 
@@ -140,6 +142,8 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 	sum := sha256.New()
 	w := io.MultiWriter(up, sum)
 	var size int64
+	// The first bytes, to check that data declared encrypted is an age file.
+	head := make([]byte, 0, len(crypt.Magic))
 	var trailer *ebv1.UploadTrailer
 	for {
 		msg, err := stream.Recv()
@@ -174,6 +178,9 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 			return status.Errorf(codes.InvalidArgument, "upload: chunk of %d bytes exceeds the %d-byte limit", len(chunk), MaxChunkBytes)
 		}
 		size += int64(len(chunk))
+		if len(head) < cap(head) {
+			head = append(head, chunk[:min(len(chunk), cap(head)-len(head))]...)
+		}
 		if h.ExpectedSize != nil && size > h.GetExpectedSize() {
 			return status.Errorf(codes.DataLoss,
 				"upload of %q: more than the declared %d bytes arrived; nothing was stored", h.GetName(), h.GetExpectedSize())
@@ -198,8 +205,12 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 			"upload of %q: the client sent %d bytes with SHA-256 %s but %d bytes with SHA-256 %s arrived; nothing was stored, upload again",
 			h.GetName(), trailer.GetSize(), trailer.GetSha256(), size, digest)
 	}
+	if h.GetEncryption() == ebv1.EncryptionAge && !bytes.Equal(head, crypt.Magic) {
+		return status.Errorf(codes.InvalidArgument,
+			"upload of %q: declared age-encrypted, but the data does not start with an age header; nothing was stored", h.GetName())
+	}
 	m := manifestFromHeader(h, kind, size, digest, s.now().UTC())
-	if trailer.GetRawSha256() != "" && m.Compression != "" {
+	if trailer.GetRawSha256() != "" && (m.Compression != "" || m.Encryption != "") {
 		m.RawSize, m.RawSHA256 = trailer.GetRawSize(), trailer.GetRawSha256()
 	}
 	if err := up.Commit(ctx, m); err != nil {
@@ -232,6 +243,7 @@ func validateUploadHeader(h *ebv1.UploadHeader) (kind string, err error) {
 		validateSHA256("raw SHA-256", h.GetRawSha256()),
 		validateLabels(h.GetLabels()),
 		validateCompression(h.GetCompression()),
+		validateEncryption(h.GetEncryption(), h.GetAgeRecipients()),
 		validateDescription(h.GetSource().GetDescription()),
 		checkf(h.GetRawSize() >= 0, "raw size %d is negative", h.GetRawSize()),
 	} {
@@ -323,13 +335,17 @@ func manifestFromHeader(h *ebv1.UploadHeader, kind string, size int64, digest st
 		Compression: h.GetCompression(),
 		RawSize:     h.GetRawSize(),
 		RawSHA256:   h.GetRawSha256(),
+		Encryption:  h.GetEncryption(),
 		Source: storage.Source{
 			Kind:        kind,
 			Description: h.GetSource().GetDescription(),
 			Target:      h.GetSource().GetTarget(),
 		},
 	}
-	if m.Compression == "" {
+	if m.Encryption != "" {
+		m.AgeRecipients = h.GetAgeRecipients()
+	}
+	if m.Compression == "" && m.Encryption == "" {
 		m.RawSize, m.RawSHA256 = size, digest
 	}
 	if t := h.GetSource().GetStartTime(); t != nil {
@@ -353,16 +369,18 @@ func manifestFromHeader(h *ebv1.UploadHeader, kind string, size int64, digest st
 
 func backupFromManifest(loc string, m *storage.Manifest) *ebv1.Backup {
 	b := &ebv1.Backup{
-		Name:        m.Name,
-		Location:    loc,
-		Phase:       ebv1.BackupPhase_BACKUP_PHASE_COMPLETED,
-		Size:        m.Size,
-		Sha256:      m.SHA256,
-		CreateTime:  timestamppb.New(m.CreateTime),
-		Labels:      m.Labels,
-		Compression: m.Compression,
-		RawSize:     m.RawSize,
-		RawSha256:   m.RawSHA256,
+		Name:          m.Name,
+		Location:      loc,
+		Phase:         ebv1.BackupPhase_BACKUP_PHASE_COMPLETED,
+		Size:          m.Size,
+		Sha256:        m.SHA256,
+		CreateTime:    timestamppb.New(m.CreateTime),
+		Labels:        m.Labels,
+		Compression:   m.Compression,
+		RawSize:       m.RawSize,
+		RawSha256:     m.RawSHA256,
+		Encryption:    m.Encryption,
+		AgeRecipients: m.AgeRecipients,
 		Source: &ebv1.BackupSource{
 			Kind:        m.Source.Kind,
 			Description: m.Source.Description,

@@ -82,6 +82,7 @@ func (s *Server) CreateBackup(ctx context.Context, req *ebv1.CreateBackupRequest
 	}
 	job, err := s.agents.StartBackup(ctx, jobs.BackupSpec{
 		Name: name, Location: locName, Compression: compression, Labels: req.GetLabels(), Target: *t,
+		AgeRecipients: t.AgeRecipients(),
 	})
 	if errors.Is(err, jobs.ErrRunning) {
 		return nil, status.Errorf(codes.AlreadyExists, "backup %q is already being taken; follow it with `kubectl etcdbackup logs %s -f`", name, name)
@@ -93,6 +94,7 @@ func (s *Server) CreateBackup(ctx context.Context, req *ebv1.CreateBackupRequest
 	return &ebv1.CreateBackupResponse{Backup: &ebv1.Backup{
 		Name: name, Location: locName, Phase: ebv1.BackupPhase_BACKUP_PHASE_RUNNING,
 		Labels: req.GetLabels(), Compression: compression, CreateTime: timestamppb.New(job.CreationTimestamp.Time),
+		Encryption: t.EncryptionName(), AgeRecipients: t.AgeRecipients(),
 		Source: &ebv1.BackupSource{Kind: "agent", Target: t.Name},
 	}}, nil
 }

@@ -70,8 +70,20 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 	if err != nil {
 		return nil, err
 	}
-	if _, err := loc.Stat(ctx, name); err != nil {
+	m, err := loc.Stat(ctx, name)
+	if err != nil {
 		return nil, storageError("restore backup", locName, name, err)
+	}
+	secret := req.GetIdentitySecret()
+	if secret != "" {
+		if err := validateName("identity Secret", secret); err != nil {
+			return nil, err
+		}
+	}
+	if m.Encryption != "" && secret == "" {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"backup %q is age-encrypted and the server holds no key: create a Secret with your age identity file in namespace %q (`kubectl -n %s create secret generic etcd-backup-identity --from-file=identity=KEYFILE`) and pass --identity-secret etcd-backup-identity; it is mounted only into the restore Jobs",
+			name, s.agents.RestoreNamespace(*t), s.agents.RestoreNamespace(*t))
 	}
 	if req.GetMoveAside() {
 		for _, m := range t.Members {
@@ -106,7 +118,7 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 			"etcd of target %q is still running: %s answers; a restore must not write under a running member. Stop every member first — scale its StatefulSet or Deployment to 0 (`kubectl -n %s scale statefulset NAME --replicas=0`), or for control-plane etcd move /etc/kubernetes/manifests/etcd.yaml out of /etc/kubernetes/manifests on each node — then run the restore again",
 			t.Name, strings.Join(names, ", "), s.agents.RestoreNamespace(*t))
 	}
-	created, err := s.agents.StartRestore(ctx, jobs.RestoreSpec{Name: name, Location: locName, Target: *t, MoveAside: req.GetMoveAside()})
+	created, err := s.agents.StartRestore(ctx, jobs.RestoreSpec{Name: name, Location: locName, Target: *t, MoveAside: req.GetMoveAside(), IdentitySecret: secret})
 	if errors.Is(err, jobs.ErrRunning) {
 		return nil, status.Errorf(codes.AlreadyExists,
 			"a restore of backup %q into target %q is still running; wait for it with `kubectl etcdbackup restore %s --target %s --wait` after it ends, or follow `kubectl -n %s get jobs -l app.kubernetes.io/component=restore-agent`",

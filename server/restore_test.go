@@ -62,6 +62,7 @@ func silentURL(t *testing.T) string {
 type restoreWorld struct {
 	srv    *server.Server
 	client *fake.Clientset
+	loc    storage.Location
 }
 
 func newRestoreWorld(t *testing.T, clientURLs ...string) *restoreWorld {
@@ -104,7 +105,7 @@ func newRestoreWorld(t *testing.T, clientURLs ...string) *restoreWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &restoreWorld{srv: srv, client: cs}
+	return &restoreWorld{srv: srv, client: cs, loc: loc}
 }
 
 func (w *restoreWorld) jobs(t *testing.T) []batchv1.Job {
@@ -380,5 +381,84 @@ func TestCreateBackupUsesTargetDefaults(t *testing.T) {
 	}
 	if a := args["plain"]; !strings.Contains(a, "--location=default") || strings.Contains(a, "--compression") {
 		t.Errorf("job args %q", a)
+	}
+}
+
+// An encrypted backup is restored only with an identity Secret, which the
+// Jobs mount; the request without one says how to make it.
+func TestRestoreOfEncryptedBackupNeedsIdentitySecret(t *testing.T) {
+	w := newRestoreWorld(t, closedURL(t))
+	ctx := context.Background()
+	up, err := w.loc.Create(ctx, "enc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := []byte("age-encryption.org/v1\n")
+	up.Write(data)
+	sum := sha256.Sum256(data)
+	if err := up.Commit(ctx, &storage.Manifest{Name: "enc", Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:]), Encryption: "age",
+		AgeRecipients: []string{"age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "enc", Target: "app"})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "--identity-secret") || !strings.Contains(err.Error(), `namespace "app"`) {
+		t.Fatalf("without identity Secret: %v", err)
+	}
+	if len(w.jobs(t)) != 0 {
+		t.Fatal("jobs created")
+	}
+	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "enc", Target: "app", IdentitySecret: "Bad_Name"}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("bad Secret name: %v", err)
+	}
+	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "enc", Target: "app", IdentitySecret: "etcd-age-key"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range w.jobs(t) {
+		spec := j.Spec.Template.Spec
+		mounted := false
+		for _, v := range spec.Volumes {
+			mounted = mounted || (v.Secret != nil && v.Secret.SecretName == "etcd-age-key")
+		}
+		if !mounted || !strings.Contains(strings.Join(spec.Containers[0].Args, " "), "--identity-dir=") {
+			t.Errorf("job %s: identity Secret mounted %v, args %v", j.Name, mounted, spec.Containers[0].Args)
+		}
+	}
+}
+
+// A target with encryption hands its public keys to the backup Job, and
+// the running backup says it will be encrypted.
+func TestCreateBackupOfAnEncryptedTarget(t *testing.T) {
+	ctx := context.Background()
+	loc, err := filesystem.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := fake.NewClientset()
+	l, err := jobs.New(cs, "etcdbackup-system", config.Agents{Image: "agent:dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rcp = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"
+	srv, err := server.New(server.Config{
+		Locations: []server.NamedLocation{{Name: "default", Location: loc}},
+		Targets:   []config.Target{{Name: "cp", Endpoints: []string{"http://etcd:2379"}, InsecurePlaintext: true, Encryption: &config.Encryption{AgeRecipients: []string{rcp}}}},
+		Agents:    l,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := srv.CreateBackup(ctx, &ebv1.CreateBackupRequest{Name: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := resp.GetBackup(); b.GetEncryption() != "age" || len(b.GetAgeRecipients()) != 1 {
+		t.Fatalf("backup %v", b)
+	}
+	list, err := cs.BatchV1().Jobs("etcdbackup-system").List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) != 1 {
+		t.Fatalf("%v %v", list, err)
+	}
+	if args := strings.Join(list.Items[0].Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--encrypt-to="+rcp) {
+		t.Fatalf("args %s", args)
 	}
 }

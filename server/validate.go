@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 )
 
 const maxDescriptionBytes = 256
@@ -57,6 +58,23 @@ func validateSHA256(field, s string) error {
 func validateCompression(c string) error {
 	if err := ebv1.ValidateCompression(c); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return nil
+}
+
+// validateEncryption checks an upload's encryption and its recipients:
+// public keys only, parsed as age would.
+func validateEncryption(e string, recipients []string) error {
+	if err := ebv1.ValidateEncryption(e); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	switch {
+	case e == ebv1.EncryptionNone && len(recipients) > 0:
+		return status.Error(codes.InvalidArgument, "age recipients were given but the encryption is none; set encryption to \"age\"")
+	case e == ebv1.EncryptionAge:
+		if _, err := crypt.ParseRecipients(recipients); err != nil {
+			return status.Errorf(codes.InvalidArgument, "age recipients: %v", err)
+		}
 	}
 	return nil
 }

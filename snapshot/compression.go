@@ -1,12 +1,9 @@
 package snapshot
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -65,49 +62,6 @@ func Compress(ctx context.Context, r io.Reader, compression string) (io.ReadClos
 
 // zstdMagic starts every zstd frame.
 var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
-
-// Unpack returns the path of the etcd snapshot in file: file itself, or,
-// when it is zstd-compressed (a stored backup downloaded as is), a
-// decompressed copy in dir.
-func Unpack(ctx context.Context, file, dir string) (string, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return "", err
-	}
-	head := make([]byte, len(zstdMagic))
-	_, err = io.ReadFull(f, head)
-	f.Close()
-	if err != nil || !bytes.Equal(head, zstdMagic) {
-		return file, nil
-	}
-	out := filepath.Join(dir, filepath.Base(file)+".db")
-	return out, DecompressFile(ctx, file, out, ebv1.CompressionZstd)
-}
-
-// DecompressFile writes src, undoing compression, to dst (created or
-// truncated, fsynced). A failed dst is removed.
-func DecompressFile(ctx context.Context, src, dst, compression string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := Decompress(ctx, out, in, compression); err != nil {
-		out.Close()
-		os.Remove(dst)
-		return err
-	}
-	if err := out.Sync(); err != nil {
-		out.Close()
-		os.Remove(dst)
-		return err
-	}
-	return out.Close()
-}
 
 // contextReader stops a copy when its context is done: io.Copy itself does
 // not look at contexts.

@@ -1,6 +1,8 @@
 // Package snapshot owns etcd snapshot files and streams, and nothing else:
 // it checks etcd's own SHA-256 trailer while a snapshot streams by
-// (Verifier), undoes and applies the backups' compression, checks a
+// (Verifier), undoes and applies the backups' compression, turns a stored
+// backup — compressed, age-encrypted (through package crypt) — back into
+// a verified plain snapshot (WritePlain, Unpack), checks a
 // snapshot file's bolt database (Check) and rebuilds a member's data
 // directory with etcd's own restore code (Restore, from
 // go.etcd.io/etcd/etcdutl/v3/snapshot). It has no network code: the backup

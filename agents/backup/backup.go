@@ -1,6 +1,7 @@
 // Package backup is the backup agent: it streams Maintenance.Snapshot from
-// one etcd member through optional zstd compression into the data server's
-// upload RPC, checking etcd's own SHA-256 trailer on the way. Nothing is
+// one etcd member through optional zstd compression, then optional age
+// encryption to public keys (package crypt), into the data server's upload
+// RPC, checking etcd's own SHA-256 trailer on the way. Nothing is
 // written to disk and nothing holds the whole snapshot: memory stays flat
 // whatever the database size. If the stream is short, the trailer wrong or
 // etcd goes away, the upload is aborted and the server stores nothing.
@@ -9,13 +10,16 @@ package backup
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
+	"filippo.io/age"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -32,6 +36,9 @@ type Options struct {
 	Target string
 	// Compression is one of ebv1.Compressions.
 	Compression string
+	// AgeRecipients, when set, are the age public keys the backup is
+	// encrypted to, after compression, before it leaves the agent.
+	AgeRecipients []string
 	// Progress, if set, is called with the raw snapshot bytes read so far.
 	Progress func(n int64)
 }
@@ -41,6 +48,13 @@ type Options struct {
 func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Options) (*ebv1.Backup, error) {
 	if err := ebv1.ValidateCompression(opts.Compression); err != nil {
 		return nil, err
+	}
+	var recipients []age.Recipient
+	if len(opts.AgeRecipients) > 0 {
+		var err error
+		if recipients, err = crypt.ParseRecipients(opts.AgeRecipients); err != nil {
+			return nil, fmt.Errorf("encryption: %w", err)
+		}
 	}
 	start := time.Now()
 	st, err := etcd.Status(ctx, opts.Endpoint)
@@ -77,21 +91,32 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		info.Version = snap.Version
 	}
 
-	// Uncompressed, the stored bytes are the raw bytes: the upload's own
+	// Stored as is, the stored bytes are the raw bytes: the upload's own
 	// hash covers them, so the verifier need not hash them a second time.
-	raw := snapshot.NewVerifier(snap.Snapshot, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: opts.Compression != ebv1.CompressionNone})
-	body, err := snapshot.Compress(ctx, raw, opts.Compression)
+	transformed := opts.Compression != ebv1.CompressionNone || recipients != nil
+	raw := snapshot.NewVerifier(snap.Snapshot, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: transformed})
+	compressed, err := snapshot.Compress(ctx, raw, opts.Compression)
 	if err != nil {
 		return nil, err
 	}
 	// Unblocks the encoder goroutine if the upload stops reading.
-	defer body.Close()
+	defer compressed.Close()
+	var body io.Reader = compressed
+	encryption := ebv1.EncryptionNone
+	if recipients != nil {
+		if body, err = crypt.Encrypt(ctx, compressed, recipients); err != nil {
+			return nil, fmt.Errorf("encryption: %w", err)
+		}
+		encryption = ebv1.EncryptionAge
+	}
 	h := &ebv1.UploadHeader{
-		Name:        opts.Name,
-		Location:    opts.Location,
-		Labels:      opts.Labels,
-		Compression: opts.Compression,
-		Etcd:        info,
+		Name:          opts.Name,
+		Location:      opts.Location,
+		Labels:        opts.Labels,
+		Compression:   opts.Compression,
+		Encryption:    encryption,
+		AgeRecipients: opts.AgeRecipients,
+		Etcd:          info,
 		Source: &ebv1.BackupSource{
 			Kind:      "agent",
 			Target:    opts.Target,
@@ -102,7 +127,7 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		Header: h,
 		Raw: func() (int64, string) {
 			if raw.SHA256() == "" {
-				return 0, "" // uncompressed: the server records raw = stored
+				return 0, "" // stored as is: the server records raw = stored
 			}
 			return raw.Size(), raw.SHA256()
 		},

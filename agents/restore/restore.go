@@ -1,6 +1,8 @@
 // Package restore is the restore flow: it checks that a member's data
 // directory may be rebuilt, fetches a backup through the data server (or
-// takes a file downloaded earlier), undoes its compression, verifies it
+// takes a file downloaded earlier), decrypts it with the age identities
+// it is given (never the server's: it has none), undoes its compression,
+// verifies it
 // (stored SHA-256, etcd's trailer, bolt's consistency) and rebuilds the
 // data directory with etcd's own restore code. The in-cluster restore
 // agent and the plugin's `restore --local` run this same flow; they differ
@@ -14,8 +16,11 @@ import (
 	"os"
 	"path/filepath"
 
+	"filippo.io/age"
+
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -29,6 +34,9 @@ type Options struct {
 	FromFile string
 	// Member is the layout the data directory is rebuilt for.
 	Member snapshot.Member
+	// Identities decrypt an age-encrypted backup. Without them, an
+	// encrypted backup is refused before any byte is downloaded.
+	Identities []age.Identity
 	// WorkDir keeps the download until it is restored; "" is a directory
 	// beside the data directory (DefaultWorkDir). It is removed after a
 	// successful restore and kept after a failed one, so a rerun resumes
@@ -112,12 +120,12 @@ func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, 
 	var path string
 	var v Verified
 	if o.FromFile != "" {
-		path, v, err = checkFile(ctx, o.FromFile, work)
+		path, v, err = checkFile(ctx, o.FromFile, work, o.Identities)
 	} else {
 		if c == nil {
 			return nil, errors.New("restore: no server connection and no file to restore from")
 		}
-		path, v, err = Fetch(ctx, c, o.Name, o.Location, work, ev.Downloading)
+		path, v, err = Fetch(ctx, c, FetchRequest{Name: o.Name, Location: o.Location, Dir: work, Identities: o.Identities, Progress: ev.Downloading})
 	}
 	if err != nil {
 		return nil, err
@@ -137,8 +145,8 @@ func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, 
 }
 
 // checkFile unpacks and checks a backup downloaded earlier.
-func checkFile(ctx context.Context, file, work string) (string, Verified, error) {
-	path, err := snapshot.Unpack(ctx, file, work)
+func checkFile(ctx context.Context, file, work string, ids []age.Identity) (string, Verified, error) {
+	path, err := snapshot.UnpackWith(ctx, file, work, ids)
 	if err != nil {
 		return "", Verified{}, fmt.Errorf("%s: %w", file, err)
 	}
@@ -149,26 +157,49 @@ func checkFile(ctx context.Context, file, work string) (string, Verified, error)
 	return path, Verified{File: file, Status: st}, nil
 }
 
+// FetchRequest says which backup Fetch downloads, where to and how to
+// decrypt it.
+type FetchRequest struct {
+	Name, Location string
+	// Dir keeps the stored bytes (resumable) and the plain snapshot.
+	Dir        string
+	Identities []age.Identity
+	Progress   func(done, total int64)
+}
+
 // Fetch downloads backup (name, location) through c into dir, verifying the
-// stored SHA-256, undoing compression and checking the result with
+// stored SHA-256, then decrypts it, undoes compression, checks the plain
+// snapshot's SHA-256 and etcd's trailer, and checks the result with
 // snapshot.Check. It returns the path of the etcd snapshot file. The
-// download resumes from a .part file left by an interrupted Fetch.
-func Fetch(ctx context.Context, c *client.Client, name, location, dir string, progress func(done, total int64)) (string, Verified, error) {
+// download resumes from a .part file left by an interrupted Fetch. An
+// encrypted backup without identities is refused before any byte is
+// downloaded (crypt.ErrIdentityRequired).
+func Fetch(ctx context.Context, c *client.Client, req FetchRequest) (string, Verified, error) {
+	name, dir := req.Name, req.Dir
 	stored := filepath.Join(dir, name+".backup")
 	var total int64
 	b, err := c.DownloadFile(ctx, client.FileDownload{
 		Path:    stored,
 		Replace: true,
 		DownloadRequest: client.DownloadRequest{
-			Name: name, Location: location,
-			OnHeader: func(b *ebv1.Backup) error { total = b.GetSize(); return nil },
+			Name: name, Location: req.Location,
+			OnHeader: func(b *ebv1.Backup) error {
+				if b.GetEncryption() != ebv1.EncryptionNone && len(req.Identities) == 0 {
+					return fmt.Errorf("backup %q: %w", name, crypt.ErrIdentityRequired)
+				}
+				total = b.GetSize()
+				return nil
+			},
 			Progress: func(n int64) {
-				if progress != nil {
-					progress(n, total)
+				if req.Progress != nil {
+					req.Progress(n, total)
 				}
 			},
 		},
 	})
+	if errors.Is(err, crypt.ErrIdentityRequired) {
+		return "", Verified{}, err
+	}
 	if errors.Is(err, client.ErrCorrupt) {
 		return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w: %v", name, snapshot.ErrCorrupt, err)
 	}
@@ -176,9 +207,18 @@ func Fetch(ctx context.Context, c *client.Client, name, location, dir string, pr
 		return "", Verified{}, &DownloadError{Err: err}
 	}
 	path := stored
-	if b.GetCompression() != ebv1.CompressionNone {
+	if form := snapshot.FormOf(b); form.Compression != ebv1.CompressionNone || form.Encryption != ebv1.EncryptionNone {
 		path = filepath.Join(dir, name+".db")
-		if err := snapshot.DecompressFile(ctx, stored, path, b.GetCompression()); err != nil {
+		in, err := os.Open(stored)
+		if err != nil {
+			return "", Verified{}, err
+		}
+		_, err = snapshot.WritePlainFile(ctx, path, in, form, req.Identities, nil)
+		in.Close()
+		if errors.Is(err, snapshot.ErrCorrupt) {
+			return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w", name, err)
+		}
+		if err != nil {
 			return "", Verified{}, fmt.Errorf("backup %q: %w", name, err)
 		}
 		os.Remove(stored)

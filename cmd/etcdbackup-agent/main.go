@@ -22,6 +22,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
 )
 
@@ -74,7 +75,8 @@ func newBackupCmd() *cobra.Command {
 			}
 			defer conn.Close()
 			opts.Endpoint = endpoint
-			log.Info("snapshot starting", "endpoint", endpoint, "backup", opts.Name, "location", opts.Location, "compression", opts.Compression)
+			log.Info("snapshot starting", "endpoint", endpoint, "backup", opts.Name, "location", opts.Location, "compression", opts.Compression,
+				"encryptedTo", len(opts.AgeRecipients))
 			start := time.Now()
 			b, err := backup.Run(ctx, etcdClient, up, opts)
 			if err != nil {
@@ -101,12 +103,13 @@ func newBackupCmd() *cobra.Command {
 	fl.StringVar(&opts.Target, "target", "", "name of the etcd target, recorded with the backup")
 	fl.StringVar(&opts.Compression, "compression", "", "\"zstd\" to compress, empty for none")
 	fl.StringToStringVar(&opts.Labels, "labels", nil, "labels of the backup")
+	fl.StringArrayVar(&opts.AgeRecipients, "encrypt-to", nil, "age public key (age1...) to encrypt the backup to, after compression; repeatable")
 	_ = cmd.MarkFlagRequired("server")
 	return cmd
 }
 
 func newRestoreCmd() *cobra.Command {
-	var serverAddr string
+	var serverAddr, identityDir string
 	var o restore.Options
 	cmd := &cobra.Command{
 		Use:   "restore --server HOST:PORT --name NAME --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U",
@@ -119,6 +122,13 @@ func newRestoreCmd() *cobra.Command {
 			}
 			if err := o.Validate(); err != nil {
 				return err
+			}
+			if identityDir != "" {
+				ids, err := crypt.ReadIdentityDir(identityDir)
+				if err != nil {
+					return fmt.Errorf("--identity-dir: %w", err)
+				}
+				o.Identities = ids
 			}
 			conn, c, err := client.Dial(serverAddr)
 			if err != nil {
@@ -150,6 +160,7 @@ func newRestoreCmd() *cobra.Command {
 	fl.StringSliceVar(&o.Member.InitialAdvertisePeerURLs, "initial-advertise-peer-urls", nil, "this member's peer URLs")
 	fl.StringVar(&o.Member.InitialClusterToken, "initial-cluster-token", "", "the restored cluster's token")
 	fl.BoolVar(&o.Member.MoveAside, "move-aside", false, "rename a non-empty data directory instead of refusing")
+	fl.StringVar(&identityDir, "identity-dir", "", "directory of age identity files (a mounted Secret) to decrypt an encrypted backup")
 	_ = cmd.MarkFlagRequired("server")
 	return cmd
 }

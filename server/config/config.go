@@ -23,6 +23,8 @@
 //	    tlsSecret: etcd-client      # keys ca.crt, tls.crt, tls.key
 //	    location: s3
 //	    compression: zstd
+//	    encryption:                 # public keys only; see docs/encryption.md
+//	      ageRecipients: [age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p]
 //	  - name: app-etcd              # etcd in the cluster, restorable in place
 //	    endpoints: [https://app-etcd-0.app-etcd.app.svc:2379]
 //	    tlsSecret: app-etcd-client
@@ -137,6 +139,9 @@ type Target struct {
 	Location string `json:"location,omitempty"`
 	// Compression when a request names none: "" or "zstd".
 	Compression string `json:"compression,omitempty"`
+	// Encryption, when set, makes every backup of the target encrypted by
+	// the agent before it leaves it; a request cannot turn it off.
+	Encryption *Encryption `json:"encryption,omitempty"`
 	// InitialClusterToken, Namespace and Members describe the cluster for
 	// an in-cluster restore (`restore --target`); a target without members
 	// can only be backed up.
@@ -150,6 +155,33 @@ type Target struct {
 	// as (nil: 65532, the agent's own).
 	RestoreRunAsUser  *int64 `json:"restoreRunAsUser,omitempty"`
 	RestoreRunAsGroup *int64 `json:"restoreRunAsGroup,omitempty"`
+}
+
+// Encryption is how a target's backups are encrypted: age, to public keys
+// only. The identities (secret keys) that decrypt them never reach the
+// server; see docs/encryption.md.
+type Encryption struct {
+	// AgeRecipients are age public keys ("age1..." or "age1pq1..."); any
+	// one of their identities decrypts a backup. Several allow key
+	// rotation and a break-glass key kept offline.
+	AgeRecipients []string `json:"ageRecipients"`
+}
+
+// AgeRecipients returns the public keys t's backups are encrypted to, or
+// nil.
+func (t Target) AgeRecipients() []string {
+	if t.Encryption == nil {
+		return nil
+	}
+	return t.Encryption.AgeRecipients
+}
+
+// EncryptionName is the API's name of t's encryption: "" or "age".
+func (t Target) EncryptionName() string {
+	if len(t.AgeRecipients()) == 0 {
+		return ""
+	}
+	return "age"
 }
 
 // Member is one etcd member of a target and where its data lives.

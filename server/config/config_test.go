@@ -183,3 +183,30 @@ func TestDurations(t *testing.T) {
 		t.Errorf("defaults: %+v", d)
 	}
 }
+
+func TestEncryptionRecipients(t *testing.T) {
+	const good = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"
+	const secret = "AGE-SECRET-KEY-1GFPYYSJZGFPYYSJZGFPYYSJZGFPYYSJZGFPYYSJZGFPYYSJZGFPQ4EGAEX"
+	base := head[:strings.Index(head, "targets:")] + "targets:\n  - name: t\n    endpoints: [http://e:2379]\n"
+	f, err := load(t, base+"    encryption: {ageRecipients: ["+good+"]}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Targets[0].AgeRecipients(); len(got) != 1 || got[0] != good || f.Targets[0].EncryptionName() != "age" {
+		t.Fatalf("recipients %v", got)
+	}
+	for _, tc := range []struct{ name, enc, want string }{
+		{"none", "    encryption: {ageRecipients: []}\n", "targets[0].encryption.ageRecipients: Required value"},
+		{"not a key", "    encryption: {ageRecipients: [" + good + ", age1nope]}\n", "targets[0].encryption.ageRecipients[1]: Invalid value"},
+		{"secret key", "    encryption: {ageRecipients: [" + secret + "]}\n", "targets[0].encryption.ageRecipients[0]: Invalid value: this is an age identity (a secret key)"},
+		{"unknown key", "    encryption: {ageRecipient: [" + good + "]}\n", `unknown field "ageRecipient"`},
+	} {
+		_, err := load(t, base+tc.enc)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want %q", tc.name, err, tc.want)
+		}
+		if err != nil && strings.Contains(err.Error(), secret) {
+			t.Errorf("%s: the error repeats the secret key", tc.name)
+		}
+	}
+}

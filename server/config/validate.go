@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 )
 
 var pullPolicies = []corev1.PullPolicy{"", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever}
@@ -90,6 +91,9 @@ func ValidateTargets(targets []Target, locations []string, fldPath *field.Path) 
 		if !sets.New(ebv1.Compressions...).Has(t.Compression) {
 			errs = append(errs, field.NotSupported(p.Child("compression"), t.Compression, ebv1.Compressions))
 		}
+		if t.Encryption != nil {
+			errs = append(errs, validateEncryption(*t.Encryption, p.Child("encryption"))...)
+		}
 		if t.Namespace != "" {
 			errs = append(errs, validateDNS(t.Namespace, p.Child("namespace"), validation.IsDNS1123Label)...)
 		}
@@ -138,6 +142,31 @@ func validateMembers(members []Member, fldPath *field.Path) field.ErrorList {
 			if m.NodeName == "" {
 				errs = append(errs, field.Required(p.Child("nodeName"), "a hostPath volume needs the member's node"))
 			}
+		}
+	}
+	return errs
+}
+
+// validateEncryption checks a target's age recipients: public keys that
+// age parses and can use together. A secret key put there by mistake is
+// never repeated in the error.
+func validateEncryption(e Encryption, p *field.Path) field.ErrorList {
+	rp := p.Child("ageRecipients")
+	if len(e.AgeRecipients) == 0 {
+		return field.ErrorList{field.Required(rp, "the age public keys (age1...) backups are encrypted to; remove encryption to store backups unencrypted")}
+	}
+	if len(e.AgeRecipients) > ebv1.MaxAgeRecipients {
+		return field.ErrorList{field.TooMany(rp, len(e.AgeRecipients), ebv1.MaxAgeRecipients)}
+	}
+	var errs field.ErrorList
+	for i, r := range e.AgeRecipients {
+		if _, err := crypt.ParseRecipient(r); err != nil {
+			errs = append(errs, field.Invalid(rp.Index(i), field.OmitValueType{}, err.Error()))
+		}
+	}
+	if len(errs) == 0 {
+		if _, err := crypt.ParseRecipients(e.AgeRecipients); err != nil {
+			errs = append(errs, field.Invalid(rp, field.OmitValueType{}, err.Error()))
 		}
 	}
 	return errs

@@ -92,6 +92,9 @@ type BackupSpec struct {
 	Name, Location, Compression string
 	Labels                      map[string]string
 	Target                      config.Target
+	// AgeRecipients, when set, are the public keys the agent encrypts to
+	// (not secrets: they go in the Job's args).
+	AgeRecipients []string
 }
 
 // ErrRunning is returned when an agent for that backup is still running.
@@ -199,6 +202,9 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 	}
 	if spec.Compression != "" {
 		args = append(args, "--compression="+spec.Compression)
+	}
+	for _, r := range spec.AgeRecipients {
+		args = append(args, "--encrypt-to="+r)
 	}
 	for _, k := range sortedKeys(spec.Labels) {
 		args = append(args, "--labels="+k+"="+spec.Labels[k])

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -396,5 +397,79 @@ func TestRestoreJobs(t *testing.T) {
 	}
 	if a := strings.Join(created[0].Spec.Template.Spec.Containers[0].Args, " "); strings.Contains(a, "--move-aside") {
 		t.Errorf("args %q", a)
+	}
+}
+
+// The backup Job gets the target's public keys as args; the restore Job
+// of an encrypted backup mounts the identity Secret and names only its
+// mount path: no key material in args or env.
+func TestEncryptionInJobSpecs(t *testing.T) {
+	l, _ := newLauncher(t, config.Agents{})
+	ctx := context.Background()
+	const rcp = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"
+	j, err := l.StartBackup(ctx, jobs.BackupSpec{Name: "enc", Location: "default", Target: target, AgeRecipients: []string{rcp}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if args := strings.Join(j.Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--encrypt-to="+rcp) {
+		t.Fatalf("backup args %s", args)
+	}
+	app := config.Target{
+		Name: "app", Endpoints: []string{"http://app-etcd:2379"}, Namespace: "app",
+		Members: []config.Member{{Name: "m0", PeerURL: "http://m0:2380", DataDir: "data", Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-m0"}}}},
+	}
+	created, err := l.StartRestore(ctx, jobs.RestoreSpec{Name: "enc", Location: "default", Target: app, IdentitySecret: "etcd-age-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := created[0].Spec.Template.Spec
+	var vol *corev1.Volume
+	for i := range pod.Volumes {
+		if s := pod.Volumes[i].Secret; s != nil && s.SecretName == "etcd-age-key" {
+			vol = &pod.Volumes[i]
+		}
+	}
+	if vol == nil {
+		t.Fatalf("identity Secret not mounted: %+v", pod.Volumes)
+	}
+	if *vol.Secret.DefaultMode&0o007 != 0 {
+		t.Errorf("identity readable by others: %o", *vol.Secret.DefaultMode)
+	}
+	c := pod.Containers[0]
+	var mount string
+	for _, m := range c.VolumeMounts {
+		if m.Name == vol.Name {
+			mount = m.MountPath
+			if !m.ReadOnly {
+				t.Error("identity mount is writable")
+			}
+		}
+	}
+	if mount == "" || !slices.Contains(c.Args, "--identity-dir="+mount) {
+		t.Fatalf("mount %q, args %v", mount, c.Args)
+	}
+	if len(c.Env) != 0 || len(c.EnvFrom) != 0 {
+		t.Errorf("restore agent has env %v %v", c.Env, c.EnvFrom)
+	}
+	for _, a := range c.Args {
+		if strings.Contains(a, "AGE-SECRET-KEY") || strings.Contains(a, "etcd-age-key") {
+			t.Errorf("arg %q names the key or Secret", a)
+		}
+	}
+	// A restore without an identity Secret mounts none.
+	created, err = l.StartRestore(ctx, jobs.RestoreSpec{Name: "plain", Location: "default", Target: app})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range created[0].Spec.Template.Spec.Volumes {
+		if v.Secret != nil {
+			t.Errorf("unexpected Secret volume %s", v.Name)
+		}
+	}
+	// Backup Jobs never mount it.
+	for _, v := range j.Spec.Template.Spec.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == "etcd-age-key" {
+			t.Error("backup Job mounts the identity")
+		}
 	}
 }

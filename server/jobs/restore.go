@@ -24,6 +24,9 @@ const (
 	restoreMountPath = "/var/lib/etcd-restore"
 	// workMountPath is the agent's scratch space for the download.
 	workMountPath = "/var/lib/etcdbackup-work"
+	// identityMountPath is where the age identity Secret appears: the
+	// agent reads every file in it.
+	identityMountPath = "/etc/etcdbackup/age-identity"
 )
 
 // DescribeVolume says where m's data lives, for people.
@@ -65,6 +68,10 @@ type RestoreSpec struct {
 	Name, Location string
 	Target         config.Target
 	MoveAside      bool
+	// IdentitySecret names a Secret in the members' namespace holding age
+	// identity files, for an encrypted backup. Only its name and mount
+	// path appear in the Job: the keys reach the agent as files.
+	IdentitySecret string
 }
 
 // RestoreJobName is the Job that restores member of target from backup
@@ -143,9 +150,17 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) *batchv1.Job {
 	if t.RestoreRunAsGroup != nil {
 		sc.RunAsGroup, sc.FSGroup = t.RestoreRunAsGroup, t.RestoreRunAsGroup
 	}
-	job := l.agentJob(sc, args,
-		[]corev1.Volume{data, {Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
-		[]corev1.VolumeMount{{Name: "data", MountPath: restoreMountPath}, {Name: "work", MountPath: workMountPath}})
+	volumes := []corev1.Volume{data, {Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	mounts := []corev1.VolumeMount{{Name: "data", MountPath: restoreMountPath}, {Name: "work", MountPath: workMountPath}}
+	if spec.IdentitySecret != "" {
+		args = append(args, "--identity-dir="+identityMountPath)
+		volumes = append(volumes, corev1.Volume{Name: "age-identity", VolumeSource: corev1.VolumeSource{
+			// Readable by the agent's group (fsGroup) only.
+			Secret: &corev1.SecretVolumeSource{SecretName: spec.IdentitySecret, DefaultMode: ptr.To[int32](0o440)},
+		}})
+		mounts = append(mounts, corev1.VolumeMount{Name: "age-identity", MountPath: identityMountPath, ReadOnly: true})
+	}
+	job := l.agentJob(sc, args, volumes, mounts)
 	job.ObjectMeta = metav1.ObjectMeta{
 		Name:      RestoreJobName(spec.Location, spec.Name, t.Name, m.Name),
 		Namespace: l.RestoreNamespace(t),

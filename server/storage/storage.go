@@ -31,10 +31,16 @@ type Manifest struct {
 	CreateTime  time.Time         `json:"createTime"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	Compression string            `json:"compression,omitempty"`
-	RawSize     int64             `json:"rawSize,omitempty"`
-	RawSHA256   string            `json:"rawSHA256,omitempty"`
-	Source      Source            `json:"source"`
-	Etcd        *EtcdInfo         `json:"etcd,omitempty"`
+	// RawSize and RawSHA256 are the plain etcd snapshot's, before
+	// compression and encryption.
+	RawSize   int64  `json:"rawSize,omitempty"`
+	RawSHA256 string `json:"rawSHA256,omitempty"`
+	// Encryption is "" or "age"; AgeRecipients are the public keys it is
+	// encrypted to (never a secret).
+	Encryption    string    `json:"encryption,omitempty"`
+	AgeRecipients []string  `json:"ageRecipients,omitempty"`
+	Source        Source    `json:"source"`
+	Etcd          *EtcdInfo `json:"etcd,omitempty"`
 }
 
 // Source records where a backup's data came from.

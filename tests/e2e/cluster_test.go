@@ -130,7 +130,7 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("list after replacement: %s", r)
 		}
 		out := filepath.Join(t.TempDir(), "out.db")
-		mustSucceed(t, c.run(t, nil, "etcdbackup", "download", "before-replace", "-o", out), "download through the new pod")
+		mustSucceed(t, c.run(t, nil, "etcdbackup", "download", "before-replace", "-o", out, "--raw"), "download through the new pod")
 		mustEqualFile(t, out, data)
 	})
 

@@ -46,7 +46,7 @@ func TestPluginDirect(t *testing.T) {
 	mustSucceed(t, plugin(t, addr, "list", "-o", "wide"), "list -o wide")
 
 	out := filepath.Join(dir, "out.db")
-	mustSucceed(t, plugin(t, addr, "download", "snapshot.db", "-o", out), "download")
+	mustSucceed(t, plugin(t, addr, "download", "snapshot.db", "-o", out, "--raw"), "download")
 	mustEqualFile(t, out, data)
 	if _, err := os.Stat(out + ".part"); !os.IsNotExist(err) {
 		t.Fatalf(".part left behind: %v", err)
@@ -55,10 +55,10 @@ func TestPluginDirect(t *testing.T) {
 	if !strings.Contains(r.Stderr, "--overwrite") {
 		t.Fatalf("error does not say how to overwrite: %s", r)
 	}
-	mustSucceed(t, plugin(t, addr, "download", "snapshot.db", "-o", out, "--overwrite"), "download --overwrite")
+	mustSucceed(t, plugin(t, addr, "download", "snapshot.db", "-o", out, "--overwrite", "--raw"), "download --overwrite")
 	mustEqualFile(t, out, data)
 
-	r = mustSucceed(t, plugin(t, addr, "download", "snapshot.db", "-o", "-"), "download -o -")
+	r = mustSucceed(t, plugin(t, addr, "download", "snapshot.db", "-o", "-", "--raw"), "download -o -")
 	if r.Stdout != string(data) {
 		t.Fatalf("download -o - wrote %d bytes, want %d", len(r.Stdout), len(data))
 	}
@@ -94,7 +94,7 @@ func TestPluginDownloadResumesFromPart(t *testing.T) {
 	if err := os.WriteFile(out+".part", data[:half], 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := mustSucceed(t, plugin(t, addr, "download", "b1", "-o", out), "resumed download")
+	r := mustSucceed(t, plugin(t, addr, "download", "b1", "-o", out, "--raw"), "resumed download")
 	if !strings.Contains(r.Stderr, "resuming") {
 		t.Fatalf("did not resume: %s", r)
 	}
@@ -110,7 +110,7 @@ func TestPluginDownloadResumesFromPart(t *testing.T) {
 	if err := os.WriteFile(other+".part", bad, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r = mustFail(t, plugin(t, addr, "download", "b1", "-o", other), "download resuming from a corrupt .part")
+	r = mustFail(t, plugin(t, addr, "download", "b1", "-o", other, "--raw"), "download resuming from a corrupt .part")
 	if !strings.Contains(r.Stderr, "SHA-256") || !strings.Contains(r.Stderr, "run the download again") {
 		t.Fatalf("corrupt .part error does not explain: %s", r)
 	}
@@ -120,14 +120,14 @@ func TestPluginDownloadResumesFromPart(t *testing.T) {
 	if _, err := os.Stat(other + ".part"); !os.IsNotExist(err) {
 		t.Fatal("corrupt .part was kept")
 	}
-	mustSucceed(t, plugin(t, addr, "download", "b1", "-o", other), "download after removing the corrupt .part")
+	mustSucceed(t, plugin(t, addr, "download", "b1", "-o", other, "--raw"), "download after removing the corrupt .part")
 	mustEqualFile(t, other, data)
 
 	// A .part larger than the backup is not of this backup.
 	if err := os.WriteFile(other+"2.part", append(data, 1), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r = mustFail(t, plugin(t, addr, "download", "b1", "-o", other+"2"), "download with oversized .part")
+	r = mustFail(t, plugin(t, addr, "download", "b1", "-o", other+"2", "--raw"), "download with oversized .part")
 	if !strings.Contains(r.Stderr, "past the end") {
 		t.Fatalf("oversized .part error: %s", r)
 	}

@@ -128,7 +128,7 @@ func testVerbsThroughAPIServer(t *testing.T, c *cluster, env []string, name stri
 		t.Fatalf("get lacks the sha: %s", r)
 	}
 	out := filepath.Join(dir, "out.db")
-	mustSucceed(t, c.run(t, env, "etcdbackup", "download", name, "-o", out), "download")
+	mustSucceed(t, c.run(t, env, "etcdbackup", "download", name, "-o", out, "--raw"), "download")
 	mustEqualFile(t, out, data)
 	mustSucceed(t, c.run(t, env, "etcdbackup", "delete", name), "delete")
 	r = mustSucceed(t, c.run(t, env, "etcdbackup", "list", "-o", "json"), "list after delete")
@@ -233,7 +233,7 @@ func testTunnelLoss(t *testing.T, c *cluster) {
 			// The plugin's own command tree, in process, so the writer can
 			// break the tunnel at exact offsets.
 			cmd := ebplugin.NewCmdRoot(genericiooptions.IOStreams{In: strings.NewReader(""), Out: w, ErrOut: &stderr})
-			cmd.SetArgs([]string{"--kubeconfig", c.sb.Kubeconfig(), "download", "big", "-o", "-"})
+			cmd.SetArgs([]string{"--kubeconfig", c.sb.Kubeconfig(), "download", "big", "-o", "-", "--raw"})
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			if err := cmd.ExecuteContext(ctx); err != nil {

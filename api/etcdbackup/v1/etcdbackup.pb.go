@@ -459,14 +459,23 @@ type Backup struct {
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	Labels     map[string]string      `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Source     *BackupSource          `protobuf:"bytes,9,opt,name=source,proto3" json:"source,omitempty"`
-	// Compression of the stored data: "" (none) or "zstd".
+	// Compression of the stored data: "" (none) or "zstd". Applied before
+	// encryption.
 	Compression string `protobuf:"bytes,10,opt,name=compression,proto3" json:"compression,omitempty"`
-	// Size and SHA-256 of the etcd snapshot before compression; equal to
-	// size and sha256 when there is no compression, zero/empty when unknown.
+	// Size and SHA-256 of the plain etcd snapshot, before compression and
+	// encryption: what a decrypted, decompressed download must hash to.
+	// Equal to size and sha256 when the backup is neither compressed nor
+	// encrypted, zero/empty when unknown.
 	RawSize   int64  `protobuf:"varint,11,opt,name=raw_size,json=rawSize,proto3" json:"raw_size,omitempty"`
 	RawSha256 string `protobuf:"bytes,12,opt,name=raw_sha256,json=rawSha256,proto3" json:"raw_sha256,omitempty"`
 	// Facts about the etcd the snapshot came from, when known.
-	Etcd          *EtcdInfo `protobuf:"bytes,13,opt,name=etcd,proto3" json:"etcd,omitempty"`
+	Etcd *EtcdInfo `protobuf:"bytes,13,opt,name=etcd,proto3" json:"etcd,omitempty"`
+	// Encryption of the stored data: "" (none) or "age" (an age v1 file,
+	// https://age-encryption.org/v1, of the possibly compressed snapshot).
+	Encryption string `protobuf:"bytes,14,opt,name=encryption,proto3" json:"encryption,omitempty"`
+	// The age recipients (public keys, "age1...") the backup is encrypted
+	// to: any one of their identities decrypts it. Never a secret.
+	AgeRecipients []string `protobuf:"bytes,15,rep,name=age_recipients,json=ageRecipients,proto3" json:"age_recipients,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -588,6 +597,20 @@ func (x *Backup) GetRawSha256() string {
 func (x *Backup) GetEtcd() *EtcdInfo {
 	if x != nil {
 		return x.Etcd
+	}
+	return nil
+}
+
+func (x *Backup) GetEncryption() string {
+	if x != nil {
+		return x.Encryption
+	}
+	return ""
+}
+
+func (x *Backup) GetAgeRecipients() []string {
+	if x != nil {
+		return x.AgeRecipients
 	}
 	return nil
 }
@@ -1155,10 +1178,15 @@ type UploadHeader struct {
 	// Where the data came from. kind defaults to "upload".
 	Source *BackupSource `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
 	// Set by agents; see Backup.
-	Compression   string    `protobuf:"bytes,7,opt,name=compression,proto3" json:"compression,omitempty"`
-	RawSize       int64     `protobuf:"varint,8,opt,name=raw_size,json=rawSize,proto3" json:"raw_size,omitempty"`
-	RawSha256     string    `protobuf:"bytes,9,opt,name=raw_sha256,json=rawSha256,proto3" json:"raw_sha256,omitempty"`
-	Etcd          *EtcdInfo `protobuf:"bytes,10,opt,name=etcd,proto3" json:"etcd,omitempty"`
+	Compression string    `protobuf:"bytes,7,opt,name=compression,proto3" json:"compression,omitempty"`
+	RawSize     int64     `protobuf:"varint,8,opt,name=raw_size,json=rawSize,proto3" json:"raw_size,omitempty"`
+	RawSha256   string    `protobuf:"bytes,9,opt,name=raw_sha256,json=rawSha256,proto3" json:"raw_sha256,omitempty"`
+	Etcd        *EtcdInfo `protobuf:"bytes,10,opt,name=etcd,proto3" json:"etcd,omitempty"`
+	// Set when the sender encrypted the data; see Backup. The server checks
+	// that the data is an age file when encryption is "age", and never sees
+	// a key that decrypts it.
+	Encryption    string   `protobuf:"bytes,11,opt,name=encryption,proto3" json:"encryption,omitempty"`
+	AgeRecipients []string `protobuf:"bytes,12,rep,name=age_recipients,json=ageRecipients,proto3" json:"age_recipients,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1263,6 +1291,20 @@ func (x *UploadHeader) GetEtcd() *EtcdInfo {
 	return nil
 }
 
+func (x *UploadHeader) GetEncryption() string {
+	if x != nil {
+		return x.Encryption
+	}
+	return ""
+}
+
+func (x *UploadHeader) GetAgeRecipients() []string {
+	if x != nil {
+		return x.AgeRecipients
+	}
+	return nil
+}
+
 // UploadTrailer lets a client that hashes while it streams have the server
 // check what arrived, without reading its input twice.
 type UploadTrailer struct {
@@ -1271,8 +1313,8 @@ type UploadTrailer struct {
 	Size int64 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
 	// Lower-case hex SHA-256 of the bytes the client sent.
 	Sha256 string `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
-	// For compressed uploads: size and SHA-256 of the data before
-	// compression, known to the sender only at the end. They override the
+	// For compressed or encrypted uploads: size and SHA-256 of the plain
+	// snapshot, known to the sender only at the end. They override the
 	// header's raw_size and raw_sha256.
 	RawSize       int64  `protobuf:"varint,3,opt,name=raw_size,json=rawSize,proto3" json:"raw_size,omitempty"`
 	RawSha256     string `protobuf:"bytes,4,opt,name=raw_sha256,json=rawSha256,proto3" json:"raw_sha256,omitempty"`
@@ -1877,8 +1919,15 @@ type VerifyBackupResponse struct {
 	// etcd's hash of all keys and values (etcdutl snapshot status).
 	Hash           uint32 `protobuf:"varint,5,opt,name=hash,proto3" json:"hash,omitempty"`
 	StorageVersion string `protobuf:"bytes,6,opt,name=storage_version,json=storageVersion,proto3" json:"storage_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Only the stored bytes were checked (their SHA-256 and, for an
+	// encrypted backup, its age header): the backup is encrypted and the
+	// server holds no key, so etcd's trailer and database were not read and
+	// revision, total_keys, total_size, hash and storage_version are unset.
+	// message says how to check the rest on the client.
+	StoredOnly    bool   `protobuf:"varint,7,opt,name=stored_only,json=storedOnly,proto3" json:"stored_only,omitempty"`
+	Message       string `protobuf:"bytes,8,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *VerifyBackupResponse) Reset() {
@@ -1953,6 +2002,20 @@ func (x *VerifyBackupResponse) GetStorageVersion() string {
 	return ""
 }
 
+func (x *VerifyBackupResponse) GetStoredOnly() bool {
+	if x != nil {
+		return x.StoredOnly
+	}
+	return false
+}
+
+func (x *VerifyBackupResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type RestoreBackupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Backup to restore.
@@ -1965,9 +2028,14 @@ type RestoreBackupRequest struct {
 	DryRun bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	// Rename a member's non-empty data directory to
 	// DIR.before-restore-TIMESTAMP instead of failing.
-	MoveAside     bool `protobuf:"varint,5,opt,name=move_aside,json=moveAside,proto3" json:"move_aside,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MoveAside bool `protobuf:"varint,5,opt,name=move_aside,json=moveAside,proto3" json:"move_aside,omitempty"`
+	// For an encrypted backup: the name of a Secret in the members'
+	// namespace holding age identity files (any keys). It is mounted only
+	// into the restore Jobs, read there from files, and never copied into
+	// a Job's args or env, a log or a response.
+	IdentitySecret string `protobuf:"bytes,6,opt,name=identity_secret,json=identitySecret,proto3" json:"identity_secret,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RestoreBackupRequest) Reset() {
@@ -2033,6 +2101,13 @@ func (x *RestoreBackupRequest) GetMoveAside() bool {
 		return x.MoveAside
 	}
 	return false
+}
+
+func (x *RestoreBackupRequest) GetIdentitySecret() string {
+	if x != nil {
+		return x.IdentitySecret
+	}
+	return ""
 }
 
 type RestoreBackupResponse struct {
@@ -2526,7 +2601,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\vdescription\x18\x04 \x01(\tR\vdescription\"^\n" +
 	"\fServerLimits\x12&\n" +
 	"\x0fmax_chunk_bytes\x18\x01 \x01(\x03R\rmaxChunkBytes\x12&\n" +
-	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\xa1\x04\n" +
+	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\xe8\x04\n" +
 	"\x06Backup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x120\n" +
@@ -2543,7 +2618,11 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\braw_size\x18\v \x01(\x03R\arawSize\x12\x1d\n" +
 	"\n" +
 	"raw_sha256\x18\f \x01(\tR\trawSha256\x12+\n" +
-	"\x04etcd\x18\r \x01(\v2\x17.etcdbackup.v1.EtcdInfoR\x04etcd\x1a9\n" +
+	"\x04etcd\x18\r \x01(\v2\x17.etcdbackup.v1.EtcdInfoR\x04etcd\x12\x1e\n" +
+	"\n" +
+	"encryption\x18\x0e \x01(\tR\n" +
+	"encryption\x12%\n" +
+	"\x0eage_recipients\x18\x0f \x03(\tR\rageRecipients\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xce\x01\n" +
@@ -2581,7 +2660,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x06header\x18\x01 \x01(\v2\x1b.etcdbackup.v1.UploadHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunk\x128\n" +
 	"\atrailer\x18\x03 \x01(\v2\x1c.etcdbackup.v1.UploadTrailerH\x00R\atrailerB\x05\n" +
-	"\x03msg\"\xdd\x03\n" +
+	"\x03msg\"\xa4\x04\n" +
 	"\fUploadHeader\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12(\n" +
@@ -2594,7 +2673,11 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\n" +
 	"raw_sha256\x18\t \x01(\tR\trawSha256\x12+\n" +
 	"\x04etcd\x18\n" +
-	" \x01(\v2\x17.etcdbackup.v1.EtcdInfoR\x04etcd\x1a9\n" +
+	" \x01(\v2\x17.etcdbackup.v1.EtcdInfoR\x04etcd\x12\x1e\n" +
+	"\n" +
+	"encryption\x18\v \x01(\tR\n" +
+	"encryption\x12%\n" +
+	"\x0eage_recipients\x18\f \x03(\tR\rageRecipients\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
@@ -2637,7 +2720,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"E\n" +
 	"\x13VerifyBackupRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
-	"\blocation\x18\x02 \x01(\tR\blocation\"\xdc\x01\n" +
+	"\blocation\x18\x02 \x01(\tR\blocation\"\x97\x02\n" +
 	"\x14VerifyBackupResponse\x12-\n" +
 	"\x06backup\x18\x01 \x01(\v2\x15.etcdbackup.v1.BackupR\x06backup\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x1d\n" +
@@ -2646,14 +2729,18 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\n" +
 	"total_size\x18\x04 \x01(\x03R\ttotalSize\x12\x12\n" +
 	"\x04hash\x18\x05 \x01(\rR\x04hash\x12'\n" +
-	"\x0fstorage_version\x18\x06 \x01(\tR\x0estorageVersion\"\x96\x01\n" +
+	"\x0fstorage_version\x18\x06 \x01(\tR\x0estorageVersion\x12\x1f\n" +
+	"\vstored_only\x18\a \x01(\bR\n" +
+	"storedOnly\x12\x18\n" +
+	"\amessage\x18\b \x01(\tR\amessage\"\xbf\x01\n" +
 	"\x14RestoreBackupRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x16\n" +
 	"\x06target\x18\x03 \x01(\tR\x06target\x12\x17\n" +
 	"\adry_run\x18\x04 \x01(\bR\x06dryRun\x12\x1d\n" +
 	"\n" +
-	"move_aside\x18\x05 \x01(\bR\tmoveAside\"O\n" +
+	"move_aside\x18\x05 \x01(\bR\tmoveAside\x12'\n" +
+	"\x0fidentity_secret\x18\x06 \x01(\tR\x0eidentitySecret\"O\n" +
 	"\x15RestoreBackupResponse\x126\n" +
 	"\amembers\x18\x01 \x03(\v2\x1c.etcdbackup.v1.MemberRestoreR\amembers\"\xba\x02\n" +
 	"\rMemberRestore\x12\x16\n" +
