@@ -1,9 +1,12 @@
 package plugin
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -48,7 +51,7 @@ kubectl etcdbackup backup --target control-plane --location s3 --name before-upg
 				return err
 			}
 			if err := o.Validate(); err != nil {
-				return err
+				return usageError(err)
 			}
 			return o.Run(cmd.Context())
 		},
@@ -56,9 +59,10 @@ kubectl etcdbackup backup --target control-plane --location s3 --name before-upg
 	f := cmd.Flags()
 	f.StringVar(&o.Name, "name", "", "name of the backup (default: TARGET-YYYYMMDD-HHMMSS)")
 	f.StringVar(&o.Target, "target", "", "etcd target from the server's config (default: the server's first)")
+	_ = cmd.RegisterFlagCompletionFunc("target", completeServerInfo(g, targetNamesOf))
 	f.StringVar(&o.Compression, "compression", "", "zstd or none (default: the target's setting)")
 	f.StringToStringVar(&o.Labels, "labels", nil, "labels to store with the backup, as key=value pairs")
-	f.BoolVar(&o.Wait, "wait", false, "wait until the backup is Completed or Failed")
+	f.BoolVar(&o.Wait, "wait", false, "wait until the backup is Completed or Failed, printing each phase change on stderr")
 	f.DurationVar(&o.WaitTimeout, "timeout", o.WaitTimeout, "how long --wait waits")
 	o.PrintFlags.AddFlags(cmd, "output format")
 	return cmd
@@ -99,22 +103,30 @@ func (o *BackupOptions) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := printBackups(o.Out, o.PrintFlags.OutputFormat, &ebv1.ListBackupsResponse{Backups: []*ebv1.Backup{b}}, time.Now()); err != nil {
+	if err := printBackups(o.Out, o.PrintFlags, []*ebv1.Backup{b}, true); err != nil {
 		return err
 	}
 	if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_FAILED {
-		return fmt.Errorf("backup %q failed: %s; see `kubectl etcdbackup logs %s`", b.GetName(), b.GetMessage(), b.GetName())
+		printLastLogLines(ctx, o.ErrOut, conn, b)
+		return withCode(ExitFailed, fmt.Errorf("backup %q failed: %s; see `kubectl etcdbackup logs %s`", b.GetName(), b.GetMessage(), b.GetName()))
 	}
 	return nil
 }
 
 // wait polls the backup every PollInterval until it leaves Running or
-// WaitTimeout passes.
+// WaitTimeout passes, printing each phase it sees with the time since the
+// wait began on stderr, so a long backup is not silent.
 func (o *BackupOptions) wait(ctx context.Context, conn *Connection, b *ebv1.Backup) (*ebv1.Backup, error) {
-	if b.GetPhase() != ebv1.BackupPhase_BACKUP_PHASE_RUNNING {
+	start := time.Now()
+	name, location := b.GetName(), b.GetLocation()
+	phase := b.GetPhase()
+	report := func() {
+		fmt.Fprintf(o.ErrOut, "backup %q: %s after %s\n", name, phaseString(phase), time.Since(start).Round(time.Second))
+	}
+	report()
+	if phase != ebv1.BackupPhase_BACKUP_PHASE_RUNNING {
 		return b, nil
 	}
-	name, location := b.GetName(), b.GetLocation()
 	err := wait.PollUntilContextTimeout(ctx, o.PollInterval, o.WaitTimeout, false, func(ctx context.Context) (bool, error) {
 		resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name, Location: location})
 		if err != nil {
@@ -125,7 +137,11 @@ func (o *BackupOptions) wait(ctx context.Context, conn *Connection, b *ebv1.Back
 			return false, conn.explain("wait for backup "+quote(name), err)
 		}
 		b = resp.GetBackup()
-		return b.GetPhase() != ebv1.BackupPhase_BACKUP_PHASE_RUNNING, nil
+		if b.GetPhase() != phase {
+			phase = b.GetPhase()
+			report()
+		}
+		return phase != ebv1.BackupPhase_BACKUP_PHASE_RUNNING, nil
 	})
 	if wait.Interrupted(err) {
 		return nil, fmt.Errorf("backup %q still running after %s; follow it with `kubectl etcdbackup logs %s -f`", name, o.WaitTimeout, name)
@@ -134,4 +150,35 @@ func (o *BackupOptions) wait(ctx context.Context, conn *Connection, b *ebv1.Back
 		return nil, err
 	}
 	return b, nil
+}
+
+// logTail is how many of the agent's last log lines a failure shows.
+const logTail = 10
+
+// printLastLogLines writes the last lines of the agent's log of a failed
+// backup, best effort: the failure itself is the error to report.
+func printLastLogLines(ctx context.Context, w io.Writer, conn *Connection, b *ebv1.Backup) {
+	stream, err := conn.Backups.GetBackupLogs(ctx, &ebv1.GetBackupLogsRequest{Name: b.GetName(), Location: b.GetLocation()})
+	if err != nil {
+		return
+	}
+	var buf bytes.Buffer
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			break
+		}
+		buf.Write(msg.GetData())
+	}
+	lines := strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")
+	if len(lines) == 1 && lines[0] == "" {
+		return
+	}
+	if len(lines) > logTail {
+		lines = lines[len(lines)-logTail:]
+	}
+	fmt.Fprintf(w, "last lines of the agent's log:\n")
+	for _, l := range lines {
+		fmt.Fprintf(w, "  %s\n", l)
+	}
 }

@@ -89,14 +89,15 @@ func (c *Connection) explain(op string, err error) error {
 	if !ok {
 		return fmt.Errorf("%s: %w", op, err)
 	}
+	code := codeExit(s.Code())
 	switch s.Code() {
 	case codes.Unavailable:
-		return fmt.Errorf("%s: cannot reach the etcdbackup server at %s: %s", op, c.Target, s.Message())
+		return withCode(code, fmt.Errorf("%s: cannot reach the etcdbackup server at %s: %s", op, c.Target, s.Message()))
 	case codes.Unimplemented:
-		return fmt.Errorf("%s: the server at %s does not support this (%s); upgrade the server to the plugin's version", op, c.Target, s.Message())
+		return withCode(code, fmt.Errorf("%s: the server at %s does not support this (%s); upgrade the server to the plugin's version", op, c.Target, s.Message()))
 	}
 	// The server's messages are written for people; the code is context.
-	return fmt.Errorf("%s: %s (%s)", op, s.Message(), s.Code())
+	return withCode(code, fmt.Errorf("%s: %s (%s)", op, s.Message(), s.Code()))
 }
 
 func quote(s string) string { return strconv.Quote(s) }

@@ -63,13 +63,14 @@ kubectl etcdbackup download etcd-2026-01-31 -o etcd-2026-01-31.age --raw
 
 # Stream the plain snapshot to standard output, here into a checksum
 kubectl etcdbackup download etcd-2026-01-31 -o - | sha256sum`),
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeBackupNames(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
 				return err
 			}
 			if err := o.Validate(); err != nil {
-				return err
+				return usageError(err)
 			}
 			return o.Run(cmd.Context())
 		},
@@ -83,7 +84,7 @@ kubectl etcdbackup download etcd-2026-01-31 -o - | sha256sum`),
 
 // Complete defaults the output file to the backup's name.
 func (o *DownloadOptions) Complete(_ *cobra.Command, args []string) error {
-	o.Name = args[0]
+	o.Name = backupName(args[0])
 	if o.File == "" {
 		o.File = o.Name
 	}
@@ -124,6 +125,10 @@ func (o *DownloadOptions) Run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
+	// Everything below names the location that holds the backup.
+	if o.Location, err = o.resolveLocation(ctx, conn, "download "+quote(o.Name), o.Name); err != nil {
+		return err
+	}
 	if o.Raw {
 		if o.File == "-" {
 			_, err := conn.Download(ctx, o.Out, client.DownloadRequest{Name: o.Name, Location: o.Location})

@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"context"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -20,22 +19,25 @@ type GetOptions struct {
 func NewCmdGet(g *GlobalOptions) *cobra.Command {
 	o := &GetOptions{GlobalOptions: g, PrintFlags: newPrintFlags(tableFormats)}
 	cmd := &cobra.Command{
-		Use:     "get NAME",
-		Aliases: []string{"describe"},
-		Short:   "Show one backup",
+		Use:   "get NAME",
+		Short: "Show one backup, from whichever storage location holds it",
 		Example: examples(`
 # Show one backup as a table row
 kubectl etcdbackup get etcd-2026-01-31
 
-# Show every field of the backup as YAML
-kubectl etcdbackup get etcd-2026-01-31 -o yaml`),
-		Args: cobra.ExactArgs(1),
+# Show every field of the backup as a Kubernetes-style YAML document
+kubectl etcdbackup get etcd-2026-01-31 -o yaml
+
+# Print the backup's size in bytes
+kubectl etcdbackup get etcd-2026-01-31 -o jsonpath='{.status.sizeBytes}'`),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeBackupNames(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
 				return err
 			}
 			if err := o.Validate(); err != nil {
-				return err
+				return usageError(err)
 			}
 			return o.Run(cmd.Context())
 		},
@@ -46,7 +48,7 @@ kubectl etcdbackup get etcd-2026-01-31 -o yaml`),
 
 // Complete takes the backup's name from the arguments.
 func (o *GetOptions) Complete(_ *cobra.Command, args []string) error {
-	o.Name = args[0]
+	o.Name = backupName(args[0])
 	return nil
 }
 
@@ -60,12 +62,9 @@ func (o *GetOptions) Run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: o.Name, Location: o.Location})
+	b, err := o.findBackup(ctx, conn, "get backup "+quote(o.Name), o.Name)
 	if err != nil {
-		return conn.explain("get backup "+quote(o.Name), err)
+		return err
 	}
-	if o.PrintFlags.Structured() {
-		return printMessage(o.Out, o.PrintFlags.OutputFormat, resp.GetBackup())
-	}
-	return printBackups(o.Out, o.PrintFlags.OutputFormat, &ebv1.ListBackupsResponse{Backups: []*ebv1.Backup{resp.GetBackup()}}, time.Now())
+	return printBackups(o.Out, o.PrintFlags, []*ebv1.Backup{b}, true)
 }

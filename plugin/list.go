@@ -2,11 +2,8 @@ package plugin
 
 import (
 	"context"
-	"time"
 
 	"github.com/spf13/cobra"
-
-	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
 
 // ListOptions are the options of `kubectl etcdbackup list`.
@@ -22,23 +19,26 @@ func NewCmdList(g *GlobalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "list",
 		Aliases: []string{"ls"},
-		Short:   "List the backups in a storage location",
+		Short:   "List the backups in every storage location, or in one",
 		Example: examples(`
-# List the backups in the server's default storage location
+# List the backups in every storage location, newest first
 kubectl etcdbackup list
 
 # List the backups in location s3, with source, revision, compression, SHA-256 and labels
 kubectl etcdbackup list -o wide --location s3
 
-# List the backups labelled env=prod as JSON
-kubectl etcdbackup list -l env=prod -o json`),
+# List the backups labelled env=prod as a BackupList in JSON
+kubectl etcdbackup list -l env=prod -o json
+
+# Print only the names of the completed backups
+kubectl etcdbackup list -o jsonpath='{range .items[?(@.status.phase=="Completed")]}{.metadata.name}{"\n"}{end}'`),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
 				return err
 			}
 			if err := o.Validate(); err != nil {
-				return err
+				return usageError(err)
 			}
 			return o.Run(cmd.Context())
 		},
@@ -61,13 +61,20 @@ func (o *ListOptions) Run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	resp, err := conn.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{Location: o.Location, LabelSelector: o.Selector})
-	if err != nil {
-		return conn.explain("list backups", err)
+	bs, listErr := o.listBackups(ctx, conn, o.Selector)
+	if listErr != nil && len(bs) == 0 {
+		return listErr
 	}
-	if len(resp.GetBackups()) == 0 && !o.PrintFlags.Structured() {
+	if len(bs) == 0 && (o.PrintFlags.Human() || o.PrintFlags.columns != nil) {
+		// kubectl's notice, on stderr so that a script reading stdout
+		// sees an empty table.
 		_, err := o.ErrOut.Write([]byte("No backups found.\n"))
 		return err
 	}
-	return printBackups(o.Out, o.PrintFlags.OutputFormat, resp, time.Now())
+	// What could be listed is printed; a location that failed is still
+	// an error (and the exit status), as kubectl get does.
+	if err := printBackups(o.Out, o.PrintFlags, bs, false); err != nil {
+		return err
+	}
+	return listErr
 }

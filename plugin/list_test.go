@@ -1,16 +1,15 @@
 package plugin
 
 import (
+	"encoding/json"
 	"fmt"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/dustin/go-humanize"
-	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
 
-	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
 )
 
@@ -65,47 +64,57 @@ func TestListAndGetTable(t *testing.T) {
 	}
 }
 
+// -o json and yaml are Kubernetes-style documents: phase as the table
+// shows it, sizes as numbers, an empty list still a BackupList.
 func TestListAndGetJSONAndYAML(t *testing.T) {
 	addr := startServer(t)
 	file, data, sum := writeRandom(t, "b1", 4096)
 	mustRun(t, addr, "upload", file, "--labels", "env=test")
 
-	var list ebv1.ListBackupsResponse
-	if err := protojson.Unmarshal([]byte(mustRun(t, addr, "list", "-o", "json").out), &list); err != nil {
-		t.Fatalf("list -o json is not the API's JSON: %v", err)
+	var list BackupList
+	out := mustRun(t, addr, "list", "-o", "json").out
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		t.Fatalf("list -o json: %v\n%s", err, out)
 	}
-	if n := len(list.GetBackups()); n != 1 {
-		t.Fatalf("list -o json has %d backups, want 1", n)
+	if list.APIVersion != "etcdbackup.io/v1" || list.Kind != "BackupList" || len(list.Items) != 1 {
+		t.Fatalf("list -o json: apiVersion %q kind %q, %d items; want etcdbackup.io/v1 BackupList with 1\n%s", list.APIVersion, list.Kind, len(list.Items), out)
 	}
-	b := list.GetBackups()[0]
-	if b.GetName() != "b1" || b.GetSha256() != sum || b.GetSize() != int64(len(data)) || b.GetLabels()["env"] != "test" || b.GetPhase() != ebv1.BackupPhase_BACKUP_PHASE_COMPLETED {
-		t.Fatalf("list -o json: %v", b)
+	b := list.Items[0]
+	if b.Kind != "Backup" || b.Metadata.Name != "b1" || b.Status.SHA256 != sum || b.Status.SizeBytes != int64(len(data)) ||
+		b.Metadata.Labels["env"] != "test" || b.Status.Phase != "Completed" || b.Spec.Location != "default" ||
+		b.Spec.Source == nil || b.Spec.Source.Kind != "upload" || b.Metadata.CreationTimestamp == nil {
+		t.Fatalf("list -o json item: %+v", b)
+	}
+	// Sizes are JSON numbers, the phase is the table's word.
+	for _, want := range []string{`"sizeBytes": 4096`, `"phase": "Completed"`, `"kind": "BackupList"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list -o json lacks %s:\n%s", want, out)
+		}
 	}
 
 	// An empty list is still a document, not the table's notice.
 	r := mustRun(t, addr, "list", "-o", "json", "-l", "env=none")
-	if strings.TrimSpace(r.out) != "{}" || r.errOut != "" {
-		t.Fatalf("empty list -o json: stdout %q, stderr %q", r.out, r.errOut)
+	var empty map[string]any
+	if err := json.Unmarshal([]byte(r.out), &empty); err != nil || r.errOut != "" {
+		t.Fatalf("empty list -o json: %v; stdout %q, stderr %q", err, r.out, r.errOut)
+	}
+	if want := map[string]any{"apiVersion": "etcdbackup.io/v1", "kind": "BackupList", "items": []any{}}; !reflect.DeepEqual(empty, want) {
+		t.Fatalf("empty list -o json = %v, want %v", empty, want)
 	}
 
 	y := mustRun(t, addr, "get", "b1", "-o", "yaml").out
-	if !strings.Contains(y, "sha256: "+sum+"\n") {
-		t.Fatalf("get -o yaml lacks the sha256 line: %s", y)
+	if !strings.Contains(y, "sha256: "+sum+"\n") || !strings.HasPrefix(y, "apiVersion: etcdbackup.io/v1\nkind: Backup\n") {
+		t.Fatalf("get -o yaml is not a Backup document with the sha256 line: %s", y)
 	}
-	j, err := yaml.YAMLToJSON([]byte(y))
-	if err != nil {
+	var got Backup
+	if err := yaml.Unmarshal([]byte(y), &got); err != nil {
 		t.Fatalf("get -o yaml is not YAML: %v\n%s", err, y)
 	}
-	var got ebv1.Backup
-	if err := protojson.Unmarshal(j, &got); err != nil {
-		t.Fatalf("get -o yaml is not a Backup: %v\n%s", err, y)
+	if got.Metadata.Name != "b1" || got.Status.SHA256 != sum || got.Status.SizeBytes != int64(len(data)) || got.Spec.Compression != "none" || got.Spec.Encryption != "none" {
+		t.Fatalf("get -o yaml: %+v", got)
 	}
-	if got.GetName() != "b1" || got.GetSha256() != sum || got.GetSize() != int64(len(data)) {
-		t.Fatalf("get -o yaml: %v", &got)
-	}
-
-	if err := protojson.Unmarshal([]byte(mustRun(t, addr, "get", "b1", "-o", "json").out), &got); err != nil || got.GetSha256() != sum {
-		t.Fatalf("get -o json: %v %v", err, &got)
+	if err := json.Unmarshal([]byte(mustRun(t, addr, "get", "b1", "-o", "json").out), &got); err != nil || got.Status.SHA256 != sum || got.Kind != "Backup" {
+		t.Fatalf("get -o json: %v %+v", err, got)
 	}
 }
 
@@ -123,6 +132,12 @@ func TestGetMissingBackup(t *testing.T) {
 	mustFail(t, `storage location "elsewhere" does not exist`, addr, "list", "--location", "elsewhere")
 }
 
+const (
+	machineAllowed = "json, yaml, kyaml, name, go-template, go-template-file, template, templatefile, jsonpath, jsonpath-as-json, jsonpath-file"
+	tableAllowed   = "table, wide, " + machineAllowed + ", custom-columns"
+	plainAllowed   = "table, " + machineAllowed
+)
+
 // -o is refused before the server is contacted, with the flag and every
 // value the command accepts, and those values are the ones its help names.
 func TestOutputFormatFlag(t *testing.T) {
@@ -132,12 +147,13 @@ func TestOutputFormatFlag(t *testing.T) {
 		// next is the error a valid -o runs into: the step after Validate.
 		next string
 	}{
-		{[]string{"list"}, "table, wide, json, yaml", "cannot reach the etcdbackup server at " + nowhere},
-		{[]string{"get", "b"}, "table, wide, json, yaml", "cannot reach the etcdbackup server at " + nowhere},
-		{[]string{"backup"}, "table, wide, json, yaml", "cannot reach the etcdbackup server at " + nowhere},
-		{[]string{"upload", "/does/not/exist.db"}, "table, wide, json, yaml", "open /does/not/exist.db: no such file or directory"},
-		{[]string{"version"}, "table, json, yaml", "cannot reach the etcdbackup server at " + nowhere},
-		{[]string{"verify", "b"}, "table, json, yaml", "cannot reach the etcdbackup server at " + nowhere},
+		{[]string{"list"}, tableAllowed, "cannot reach the etcdbackup server at " + nowhere},
+		{[]string{"get", "b"}, tableAllowed, "cannot reach the etcdbackup server at " + nowhere},
+		{[]string{"backup"}, tableAllowed, "cannot reach the etcdbackup server at " + nowhere},
+		{[]string{"upload", "/does/not/exist.db"}, tableAllowed, "open /does/not/exist.db: no such file or directory"},
+		{[]string{"version"}, plainAllowed, "cannot reach the etcdbackup server at " + nowhere},
+		{[]string{"verify", "b"}, plainAllowed, "cannot reach the etcdbackup server at " + nowhere},
+		{[]string{"restore", "b", "--target", "t"}, plainAllowed, "cannot reach the etcdbackup server at " + nowhere},
 	} {
 		t.Run(tc.args[0], func(t *testing.T) {
 			args := append([]string{"--server-address", nowhere}, tc.args...)
@@ -157,6 +173,14 @@ func TestOutputFormatFlag(t *testing.T) {
 			}
 			// Each allowed format gets past Validate to the next step.
 			for _, f := range strings.Split(tc.allowed, ", ") {
+				switch f {
+				case "jsonpath", "jsonpath-as-json", "go-template", "template":
+					f += "={.metadata.name}"
+				case "custom-columns":
+					f += "=NAME:.metadata.name"
+				case "jsonpath-file", "go-template-file", "templatefile":
+					continue // need a file; the parsing is cli-runtime's
+				}
 				r := run(t, append(args, "-o", f)...)
 				if r.err == nil || !strings.Contains(r.err.Error(), tc.next) {
 					t.Errorf("-o %s: %v, want it accepted and then %q", f, r.err, tc.next)
@@ -216,7 +240,7 @@ func TestArgumentAndFlagErrors(t *testing.T) {
 		{[]string{"get", "b", "-z"}, "unknown shorthand flag: 'z' in -z"},
 		{[]string{"get"}, "accepts 1 arg(s), received 0"},
 		{[]string{"list", "extra"}, `unknown command "extra" for "kubectl etcdbackup list"`},
-		{[]string{"delete"}, "requires at least 1 arg(s), only received 0"},
+		{[]string{"delete"}, "say what to delete: backup names, -l SELECTOR or --all"},
 		{[]string{"download", "a", "b"}, "accepts 1 arg(s), received 2"},
 		{[]string{"backup", "--compression", "gzip"}, `--compression "gzip" is not supported; use zstd or none`},
 		{[]string{"backup", "--timeout", "soon"}, `invalid argument "soon" for "--timeout" flag`},

@@ -29,13 +29,14 @@ kubectl etcdbackup logs control-plane-20260131-020000
 
 # Follow the log while the agent is still running
 kubectl etcdbackup logs control-plane-20260131-020000 -f`),
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeBackupNames(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
 				return err
 			}
 			if err := o.Validate(); err != nil {
-				return err
+				return usageError(err)
 			}
 			return o.Run(cmd.Context())
 		},
@@ -46,7 +47,7 @@ kubectl etcdbackup logs control-plane-20260131-020000 -f`),
 
 // Complete takes the backup's name from the arguments.
 func (o *LogsOptions) Complete(_ *cobra.Command, args []string) error {
-	o.Name = args[0]
+	o.Name = backupName(args[0])
 	return nil
 }
 
@@ -62,7 +63,11 @@ func (o *LogsOptions) Run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	stream, err := conn.Backups.GetBackupLogs(ctx, &ebv1.GetBackupLogsRequest{Name: o.Name, Location: o.Location, Follow: o.Follow})
+	location, err := o.resolveLocation(ctx, conn, "logs of "+quote(o.Name), o.Name)
+	if err != nil {
+		return err
+	}
+	stream, err := conn.Backups.GetBackupLogs(ctx, &ebv1.GetBackupLogsRequest{Name: o.Name, Location: location, Follow: o.Follow})
 	if err != nil {
 		return conn.explain("logs of "+quote(o.Name), err)
 	}

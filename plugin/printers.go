@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -9,46 +8,13 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/cli-runtime/pkg/printers"
-	"sigs.k8s.io/yaml"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
-
-// printMessage writes m as JSON or YAML with the API's field names.
-func printMessage(out io.Writer, format string, m proto.Message) error {
-	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
-	if err != nil {
-		return err
-	}
-	return printJSON(out, format, b)
-}
-
-// printValue writes v as JSON or YAML.
-func printValue(out io.Writer, format string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return printJSON(out, format, b)
-}
-
-func printJSON(out io.Writer, format string, b []byte) error {
-	var err error
-	if format == "yaml" {
-		if b, err = yaml.JSONToYAML(b); err != nil {
-			return err
-		}
-		_, err = out.Write(b)
-		return err
-	}
-	_, err = fmt.Fprintf(out, "%s\n", b)
-	return err
-}
 
 var backupColumns = []metav1.TableColumnDefinition{
 	{Name: "Name", Type: "string"},
@@ -63,15 +29,23 @@ var backupColumns = []metav1.TableColumnDefinition{
 	{Name: "Labels", Type: "string", Priority: 1},
 }
 
-// printBackups writes backups as a kubectl-style table (cli-runtime's own
-// table printer), or the whole list as JSON or YAML.
-func printBackups(out io.Writer, format string, list *ebv1.ListBackupsResponse, now time.Time) error {
-	switch format {
-	case "json", "yaml":
-		return printMessage(out, format, list)
+// printBackups writes backups in the format -o asks for: the table
+// (cli-runtime's own table printer, wide columns at priority 1), or one
+// Backup (single) or a BackupList as a Kubernetes-style object.
+func printBackups(out io.Writer, pf *PrintFlags, bs []*ebv1.Backup, single bool) error {
+	var obj runtime.Object = backupList(bs)
+	if single && len(bs) == 1 {
+		b := backupObject(bs[0])
+		obj = &b
 	}
+	return pf.Print(out, obj, func(w io.Writer) error {
+		return printBackupTable(w, bs, pf.Wide(), pf.NoHeaders, time.Now())
+	})
+}
+
+func printBackupTable(out io.Writer, bs []*ebv1.Backup, wide, noHeaders bool, now time.Time) error {
 	table := &metav1.Table{ColumnDefinitions: backupColumns}
-	for _, b := range list.GetBackups() {
+	for _, b := range bs {
 		table.Rows = append(table.Rows, metav1.TableRow{Cells: []any{
 			b.GetName(),
 			b.GetLocation(),
@@ -85,7 +59,7 @@ func printBackups(out io.Writer, format string, list *ebv1.ListBackupsResponse, 
 			labelsString(b.GetLabels()),
 		}})
 	}
-	return printers.NewTablePrinter(printers.PrintOptions{Wide: format == "wide"}).PrintObj(table, out)
+	return printers.NewTablePrinter(printers.PrintOptions{Wide: wide, NoHeaders: noHeaders}).PrintObj(table, out)
 }
 
 func age(b *ebv1.Backup, now time.Time) string {

@@ -21,7 +21,8 @@ import (
 // RestoreOptions are the options of `kubectl etcdbackup restore`.
 type RestoreOptions struct {
 	*GlobalOptions
-	Name string
+	PrintFlags *PrintFlags
+	Name       string
 
 	Local    bool
 	FromFile string
@@ -41,7 +42,7 @@ type RestoreOptions struct {
 
 // NewCmdRestore returns the restore command.
 func NewCmdRestore(g *GlobalOptions) *cobra.Command {
-	o := &RestoreOptions{GlobalOptions: g, WaitTimeout: time.Hour, PollInterval: time.Second}
+	o := &RestoreOptions{GlobalOptions: g, PrintFlags: newPrintFlags(plainFormats), WaitTimeout: time.Hour, PollInterval: time.Second}
 	cmd := &cobra.Command{
 		Use:   "restore NAME (--target T | --local --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U)",
 		Short: "Rebuild etcd member data from a backup",
@@ -82,13 +83,14 @@ kubectl etcdbackup restore control-plane-20260131-020000 --local \
 
 # Rebuild target app-etcd from an encrypted backup, the key in Secret etcd-age-key
 kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity-secret etcd-age-key --wait`),
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeBackupNames(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
 				return err
 			}
 			if err := o.Validate(); err != nil {
-				return err
+				return usageError(err)
 			}
 			return o.Run(cmd.Context())
 		},
@@ -104,17 +106,19 @@ kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity
 	f.StringVar(&o.FromFile, "from-file", "", "with --local: restore from `FILE`, written earlier by download, instead of downloading (when the API server is down)")
 	f.StringVar(&o.WorkDir, "work-dir", "", "where the download is kept until restored (default: beside the data directory)")
 	f.StringVar(&o.Target, "target", "", "restore the members of this etcd target in the cluster")
-	f.BoolVar(&o.Wait, "wait", false, "with --target: wait until every member's data is rebuilt")
+	_ = cmd.RegisterFlagCompletionFunc("target", completeServerInfo(g, targetNamesOf))
+	f.BoolVar(&o.Wait, "wait", false, "with --target: wait until every member's data is rebuilt, printing each member's phase changes on stderr")
 	f.BoolVar(&o.DryRun, "dry-run", false, "print what would be done, change nothing")
 	f.DurationVar(&o.WaitTimeout, "timeout", o.WaitTimeout, "how long --wait waits")
 	addIdentityFlag(cmd, &o.IdentityFiles, "an encrypted backup (with --local)")
 	f.StringVar(&o.IdentitySecret, "identity-secret", "", "with --target: `SECRET` in the members' namespace holding the age identity of an encrypted backup, mounted only into the restore Jobs")
+	o.PrintFlags.AddFlags(cmd, "output format (with --target)")
 	return cmd
 }
 
 // Complete takes the backup's name from the arguments.
 func (o *RestoreOptions) Complete(_ *cobra.Command, args []string) error {
-	o.Name = args[0]
+	o.Name = backupName(args[0])
 	return nil
 }
 
@@ -136,10 +140,15 @@ func (o *RestoreOptions) Validate() error {
 		return errors.New("--identity-secret goes with --target; with --local pass --identity KEYFILE")
 	case len(o.IdentityFiles) > 0 && !o.Local:
 		return errors.New("--identity goes with --local: the key stays on this machine; with --target name a Secret in the members' namespace with --identity-secret")
+	case o.Local && !o.PrintFlags.Human():
+		return errors.New("-o goes with --target; --local prints what it did for a person")
 	case o.Local:
 		if err := o.Member.Validate(); err != nil {
 			return fmt.Errorf("%w (flags --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls)", err)
 		}
+	}
+	if o.PrintFlags != nil {
+		return o.PrintFlags.Validate()
 	}
 	return nil
 }
@@ -186,6 +195,9 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 		}
 		defer conn.Close()
 		c = conn.Client
+		if o.Location, err = o.resolveLocation(ctx, conn, "restore "+quote(o.Name), o.Name); err != nil {
+			return err
+		}
 	}
 	var bar *progress
 	ev := restore.Events{
@@ -233,6 +245,10 @@ func (o *RestoreOptions) runTarget(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
+	// Everything below names the location that holds the backup.
+	if o.Location, err = o.resolveLocation(ctx, conn, "restore "+quote(o.Name), o.Name); err != nil {
+		return err
+	}
 	resp, err := conn.Backups.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{
 		Name: o.Name, Location: o.Location, Target: o.Target, DryRun: o.DryRun, MoveAside: o.Member.MoveAside,
 		IdentitySecret: o.IdentitySecret,
@@ -241,6 +257,9 @@ func (o *RestoreOptions) runTarget(ctx context.Context) error {
 		return conn.explain("restore "+quote(o.Name)+" into target "+quote(o.Target), err)
 	}
 	members := resp.GetMembers()
+	if !o.PrintFlags.Human() && (o.DryRun || !o.Wait) {
+		return o.PrintFlags.Print(o.Out, o.restoreObject(members), nil)
+	}
 	if o.DryRun {
 		fmt.Fprintf(o.Out, "would restore backup %q into the %d members of target %q (nothing was changed):\n", o.Name, len(members), o.Target)
 		for _, m := range members {
@@ -263,10 +282,13 @@ func (o *RestoreOptions) runTarget(ctx context.Context) error {
 }
 
 // waitTarget polls the restore every PollInterval until every member
-// succeeded, one failed, or WaitTimeout passes.
+// succeeded, one failed, or WaitTimeout passes, printing each member's
+// phase changes with the time since the wait began on stderr.
 func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error {
+	start := time.Now()
 	var members []*ebv1.MemberRestore
-	err := wait.PollUntilContextTimeout(ctx, o.PollInterval, o.WaitTimeout, false, func(ctx context.Context) (bool, error) {
+	seen := map[string]ebv1.RestorePhase{}
+	err := wait.PollUntilContextTimeout(ctx, o.PollInterval, o.WaitTimeout, true, func(ctx context.Context) (bool, error) {
 		resp, err := conn.Backups.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: o.Name, Location: o.Location, Target: o.Target})
 		if err != nil {
 			if ctx.Err() != nil {
@@ -278,10 +300,24 @@ func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error
 		members = resp.GetMembers()
 		done := true
 		for _, m := range members {
+			if p, ok := seen[m.GetMember()]; !ok || p != m.GetPhase() {
+				seen[m.GetMember()] = m.GetPhase()
+				fmt.Fprintf(o.ErrOut, "member %s: %s after %s\n", m.GetMember(), restorePhaseString(m.GetPhase()), time.Since(start).Round(time.Second))
+			}
+		}
+		for _, m := range members {
 			switch m.GetPhase() {
 			case ebv1.RestorePhase_RESTORE_PHASE_FAILED:
 				ns, job, _ := strings.Cut(m.GetJobName(), "/")
-				return false, fmt.Errorf("restore of member %s failed: %s; see `kubectl -n %s logs job/%s`", m.GetMember(), m.GetMessage(), ns, job)
+				if msg := strings.TrimSpace(m.GetMessage()); msg != "" {
+					// The agent's last words (its termination message,
+					// or the end of its log).
+					fmt.Fprintf(o.ErrOut, "last lines of the agent's log:\n")
+					for _, l := range lastLines(msg, logTail) {
+						fmt.Fprintf(o.ErrOut, "  %s\n", l)
+					}
+				}
+				return false, withCode(ExitFailed, fmt.Errorf("restore of member %s failed: %s; see `kubectl -n %s logs job/%s`", m.GetMember(), m.GetMessage(), ns, job))
 			case ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED:
 			default:
 				done = false
@@ -295,11 +331,28 @@ func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error
 	if err != nil {
 		return err
 	}
+	if !o.PrintFlags.Human() {
+		return o.PrintFlags.Print(o.Out, o.restoreObject(members), nil)
+	}
 	for _, m := range members {
 		fmt.Fprintf(o.Out, "member %s restored into %s (data dir %q)\n", m.GetMember(), m.GetVolume(), dataDirLabel(m.GetDataDir()))
 	}
 	fmt.Fprintf(o.Out, "restore of %q into target %q done: start the members again\n", o.Name, o.Target)
 	return nil
+}
+
+// restoreObject is the Restore -o prints.
+func (o *RestoreOptions) restoreObject(members []*ebv1.MemberRestore) *Restore {
+	return restoreObject(RestoreSpec{Backup: o.Name, Location: o.Location, Target: o.Target, DryRun: o.DryRun, MoveAside: o.Member.MoveAside}, members)
+}
+
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) []string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return lines
 }
 
 func dataDirLabel(d string) string {

@@ -31,7 +31,9 @@ type GlobalOptions struct {
 	ServerAddress string
 	// ServerService is the name of the server's Service.
 	ServerService string
-	// Location is the storage location; empty means the server's default.
+	// Location is the storage location. Empty means every location for
+	// list and for finding a backup by name, and the server's default for
+	// what is created (backup, upload).
 	Location string
 	// Timeout bounds connecting to the server.
 	ConnectTimeout time.Duration
@@ -52,7 +54,12 @@ func NewCmdRoot(streams genericiooptions.IOStreams) *cobra.Command {
 		Short: "Take, list, download, upload and restore etcd backups through the Kubernetes API server",
 		Long: `kubectl etcdbackup talks to the etcdbackup data server running in the cluster.
 It reaches the server by port-forwarding through the API server, so it works
-wherever "kubectl get pods" works: no Ingress, no DNS, no storage credentials.`,
+wherever "kubectl get pods" works: no Ingress, no DNS, no storage credentials.
+
+Commands span every storage location unless --location names one: list shows
+them all, and a command given a backup's name finds the location holding it.
+
+` + exitCodesHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Annotations: map[string]string{
@@ -63,12 +70,13 @@ wherever "kubectl get pods" works: no Ingress, no DNS, no storage credentials.`,
 	g.ConfigFlags.AddFlags(flags)
 	flags.StringVar(&g.ServerAddress, "server-address", "", "HOST:PORT of the data server's gRPC port, dialled directly instead of through the API server")
 	flags.StringVar(&g.ServerService, "server-service", g.ServerService, "name of the data server's Service in the namespace")
-	flags.StringVar(&g.Location, "location", "", "storage location on the server (default: the server's default location)")
+	flags.StringVar(&g.Location, "location", "", "storage location on the server (default: every location for list and for finding a backup by name; the server's default for new backups)")
 	flags.DurationVar(&g.ConnectTimeout, "connect-timeout", g.ConnectTimeout, "how long to wait for the server to answer")
 
 	cmd.AddCommand(
 		NewCmdList(g),
 		NewCmdGet(g),
+		NewCmdDescribe(g),
 		NewCmdUpload(g),
 		NewCmdDownload(g),
 		NewCmdDelete(g),
@@ -78,6 +86,8 @@ wherever "kubectl get pods" works: no Ingress, no DNS, no storage credentials.`,
 		NewCmdVerify(g),
 		NewCmdRestore(g),
 	)
+	_ = cmd.RegisterFlagCompletionFunc("location", completeServerInfo(g, locationNamesOf))
+	setUsageErrors(cmd)
 	return cmd
 }
 

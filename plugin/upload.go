@@ -58,7 +58,7 @@ kubectl etcdbackup upload snapshot.db --encrypt-to age1ql3z7hjy54pw3hyww5ayyfg7z
 				return err
 			}
 			if err := o.Validate(); err != nil {
-				return err
+				return usageError(err)
 			}
 			return o.Run(cmd.Context())
 		},
@@ -148,8 +148,8 @@ func (o *UploadOptions) Run(ctx context.Context) error {
 		}
 		return conn.explain("upload "+quote(o.Name), err)
 	}
-	if o.PrintFlags.Structured() {
-		return printMessage(o.Out, o.PrintFlags.OutputFormat, b)
+	if !o.PrintFlags.Human() {
+		return printBackups(o.Out, o.PrintFlags, []*ebv1.Backup{b}, true)
 	}
 	if b.GetEncryption() != ebv1.EncryptionNone {
 		fmt.Fprintf(o.Out, "backup %q uploaded: %d bytes, sha256 %s, age-encrypted to %d recipient(s) (plain snapshot %d bytes, sha256 %s)\n",

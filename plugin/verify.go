@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -47,13 +48,14 @@ kubectl etcdbackup verify etcd-2026-01-31 -o json
 
 # Check an encrypted backup end to end, decrypting it on this machine
 kubectl etcdbackup verify etcd-2026-01-31 --identity ~/.config/etcdbackup/key.txt`),
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeBackupNames(g, 1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.Complete(cmd, args); err != nil {
 				return err
 			}
 			if err := o.Validate(); err != nil {
-				return err
+				return usageError(err)
 			}
 			return o.Run(cmd.Context())
 		},
@@ -65,7 +67,7 @@ kubectl etcdbackup verify etcd-2026-01-31 --identity ~/.config/etcdbackup/key.tx
 
 // Complete takes the backup's name from the arguments.
 func (o *VerifyOptions) Complete(_ *cobra.Command, args []string) error {
-	o.Name = args[0]
+	o.Name = backupName(args[0])
 	return nil
 }
 
@@ -83,7 +85,11 @@ func (o *VerifyOptions) Run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	r, err := conn.Backups.VerifyBackup(ctx, &ebv1.VerifyBackupRequest{Name: o.Name, Location: o.Location})
+	location, err := o.resolveLocation(ctx, conn, "verify "+quote(o.Name), o.Name)
+	if err != nil {
+		return err
+	}
+	r, err := conn.Backups.VerifyBackup(ctx, &ebv1.VerifyBackupRequest{Name: o.Name, Location: location})
 	if err != nil {
 		return conn.explain("verify "+quote(o.Name), err)
 	}
@@ -92,17 +98,26 @@ func (o *VerifyOptions) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	if o.PrintFlags.Structured() {
-		return printMessage(o.Out, o.PrintFlags.OutputFormat, r)
+	obj := &VerifyResult{
+		TypeMeta: typeMeta("BackupVerification"),
+		Metadata: ObjectMeta{Name: o.Name},
+		Status: VerifyResultStatus{
+			Intact: !r.GetStoredOnly(), StoredOnly: r.GetStoredOnly(), Message: r.GetMessage(),
+			Location: r.GetBackup().GetLocation(), SHA256: r.GetBackup().GetSha256(),
+			Revision: r.GetRevision(), TotalKeys: r.GetTotalKeys(), TotalSizeBytes: r.GetTotalSize(),
+			Hash: r.GetHash(), StorageVersion: r.GetStorageVersion(),
+		},
 	}
-	if r.GetStoredOnly() {
-		fmt.Fprintf(o.Out, "backup %q: stored bytes intact (sha256 %s), age-encrypted\n", o.Name, r.GetBackup().GetSha256())
-		fmt.Fprintf(o.Out, "%s\n", r.GetMessage())
-		return nil
-	}
-	fmt.Fprintf(o.Out, "backup %q is intact: sha256 %s, etcd trailer and database consistent\n", o.Name, r.GetBackup().GetSha256())
-	fmt.Fprintf(o.Out, "revision %d, %d keys, database %d bytes, etcd hash %d\n", r.GetRevision(), r.GetTotalKeys(), r.GetTotalSize(), r.GetHash())
-	return nil
+	return o.PrintFlags.Print(o.Out, obj, func(w io.Writer) error {
+		if r.GetStoredOnly() {
+			fmt.Fprintf(w, "backup %q: stored bytes intact (sha256 %s), age-encrypted\n", o.Name, r.GetBackup().GetSha256())
+			_, err := fmt.Fprintf(w, "%s\n", r.GetMessage())
+			return err
+		}
+		fmt.Fprintf(w, "backup %q is intact: sha256 %s, etcd trailer and database consistent\n", o.Name, r.GetBackup().GetSha256())
+		_, err := fmt.Fprintf(w, "revision %d, %d keys, database %d bytes, etcd hash %d\n", r.GetRevision(), r.GetTotalKeys(), r.GetTotalSize(), r.GetHash())
+		return err
+	})
 }
 
 // verifyHere checks an encrypted backup on this machine: bolt needs random
@@ -125,14 +140,14 @@ func (o *VerifyOptions) verifyHere(ctx context.Context, conn *Connection, b *ebv
 		err = cerr
 	}
 	if errors.Is(err, snapshot.ErrCorrupt) {
-		return nil, fmt.Errorf("verify %q: backup %q is corrupt: %w; do not restore it", o.Name, o.Name, err)
+		return nil, withCode(ExitFailed, fmt.Errorf("verify %q: backup %q is corrupt: %w; do not restore it", o.Name, o.Name, err))
 	}
 	if err != nil {
 		return nil, err
 	}
 	st, err := snapshot.Check(path)
 	if err != nil {
-		return nil, fmt.Errorf("verify %q: backup %q is corrupt: %w; do not restore it", o.Name, o.Name, err)
+		return nil, withCode(ExitFailed, fmt.Errorf("verify %q: backup %q is corrupt: %w; do not restore it", o.Name, o.Name, err))
 	}
 	return &ebv1.VerifyBackupResponse{
 		Backup: b, Revision: st.Revision, TotalKeys: int64(st.TotalKey), TotalSize: st.TotalSize, Hash: st.Hash, StorageVersion: st.Version,

@@ -2,12 +2,11 @@ package plugin
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
@@ -38,7 +37,7 @@ kubectl etcdbackup version --client`),
 				return err
 			}
 			if err := o.Validate(); err != nil {
-				return err
+				return usageError(err)
 			}
 			return o.Run(cmd.Context())
 		},
@@ -67,35 +66,33 @@ func (o *VersionOptions) Run(ctx context.Context) error {
 			return conn.explain("get server version", err)
 		}
 	}
-	if o.PrintFlags.Structured() {
-		v := map[string]any{"clientVersion": map[string]string{"version": version.Version, "gitCommit": version.Commit()}}
-		if !o.ClientOnly {
-			server, err := protojson.Marshal(info)
-			if err != nil {
-				return err
-			}
-			v["server"] = json.RawMessage(server)
-		}
-		return printValue(o.Out, o.PrintFlags.OutputFormat, v)
+	v := &Version{TypeMeta: typeMeta("Version"), ClientVersion: BuildInfo{Version: version.Version, GitCommit: version.Commit()}}
+	if !o.ClientOnly {
+		v.Server = serverInfo(info)
 	}
-	fmt.Fprintf(o.Out, "Client Version: %s\n", version.Version)
+	return o.PrintFlags.Print(o.Out, v, func(w io.Writer) error { return o.printText(w, info) })
+}
+
+// printText writes the versions, locations and targets for a person.
+func (o *VersionOptions) printText(w io.Writer, info *ebv1.GetServerInfoResponse) error {
+	fmt.Fprintf(w, "Client Version: %s\n", version.Version)
 	if o.ClientOnly {
 		return nil
 	}
-	fmt.Fprintf(o.Out, "Server Version: %s\n", info.GetVersion())
+	fmt.Fprintf(w, "Server Version: %s\n", info.GetVersion())
 	for _, l := range info.GetLocations() {
 		def := ""
 		if l.GetDefault() {
 			def = " (default)"
 		}
-		fmt.Fprintf(o.Out, "Storage Location: %s%s, %s: %s\n", l.GetName(), def, l.GetType(), l.GetDescription())
+		fmt.Fprintf(w, "Storage Location: %s%s, %s: %s\n", l.GetName(), def, l.GetType(), l.GetDescription())
 	}
 	for _, t := range info.GetTargets() {
 		def := ""
 		if t.GetDefault() {
 			def = " (default)"
 		}
-		fmt.Fprintf(o.Out, "etcd Target: %s%s, %s\n", t.GetName(), def, strings.Join(t.GetEndpoints(), ","))
+		fmt.Fprintf(w, "etcd Target: %s%s, %s\n", t.GetName(), def, strings.Join(t.GetEndpoints(), ","))
 	}
 	return nil
 }

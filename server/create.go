@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -172,4 +173,46 @@ func (w *logWriter) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
+}
+
+// GetBackupEvents implements ebv1.BackupServiceServer.
+func (s *Server) GetBackupEvents(ctx context.Context, req *ebv1.GetBackupEventsRequest) (*ebv1.GetBackupEventsResponse, error) {
+	if err := validateName("backup", req.GetName()); err != nil {
+		return nil, err
+	}
+	locName, _, err := s.location(req.GetLocation())
+	if err != nil {
+		return nil, err
+	}
+	if s.agents == nil {
+		return nil, status.Error(codes.FailedPrecondition, "this server launches no agents, so there are no agent events")
+	}
+	job, events, err := s.agents.Events(ctx, locName, req.GetName())
+	if errors.Is(err, jobs.ErrNoRun) {
+		return nil, status.Errorf(codes.NotFound,
+			"no agent Job for backup %q in location %q: it was uploaded, or its agent Job was cleaned up (finished Jobs are kept for a day)", req.GetName(), locName)
+	}
+	if err != nil {
+		// Most likely the server's Role lacks "list events" (an older
+		// manifest): say so rather than hide it.
+		return nil, status.Errorf(codes.Unavailable, "events of the agent of %q: %v", req.GetName(), err)
+	}
+	resp := &ebv1.GetBackupEventsResponse{JobName: job}
+	for _, e := range events {
+		ev := &ebv1.JobEvent{
+			Type: e.Type, Reason: e.Reason, Message: e.Message, Count: e.Count,
+			Object: strings.ToLower(e.InvolvedObject.Kind) + "/" + e.InvolvedObject.Name,
+		}
+		if !e.FirstTimestamp.IsZero() {
+			ev.FirstTime = timestamppb.New(e.FirstTimestamp.Time)
+		}
+		switch {
+		case !e.LastTimestamp.IsZero():
+			ev.LastTime = timestamppb.New(e.LastTimestamp.Time)
+		case !e.EventTime.IsZero():
+			ev.LastTime = timestamppb.New(e.EventTime.Time)
+		}
+		resp.Events = append(resp.Events, ev)
+	}
+	return resp, nil
 }

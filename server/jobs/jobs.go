@@ -22,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -438,4 +439,54 @@ func sortedKeys(m map[string]string) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// Events returns the Kubernetes events of the agent Job of backup
+// (location, name) and of its pods, oldest first, with the Job's
+// "NAMESPACE/NAME". ErrNoRun when no such Job exists.
+func (l *Launcher) Events(ctx context.Context, location, name string) (string, []corev1.Event, error) {
+	j, err := l.client.BatchV1().Jobs(l.namespace).Get(ctx, backupJobName(location, name), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", nil, ErrNoRun
+	}
+	if err != nil {
+		return "", nil, fmt.Errorf("get backup job: %w", err)
+	}
+	jobName := j.Namespace + "/" + j.Name
+	objects := []corev1.ObjectReference{{Kind: "Job", Name: j.Name}}
+	pods, err := l.pods(ctx, j)
+	if err != nil {
+		return jobName, nil, fmt.Errorf("find agent pods: %w", err)
+	}
+	for _, p := range pods {
+		objects = append(objects, corev1.ObjectReference{Kind: "Pod", Name: p.Name})
+	}
+	var out []corev1.Event
+	for _, o := range objects {
+		list, err := l.client.CoreV1().Events(l.namespace).List(ctx, metav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.kind": o.Kind, "involvedObject.name": o.Name}.String(),
+		})
+		if err != nil {
+			return jobName, nil, fmt.Errorf("list events of %s %s: %w", o.Kind, o.Name, err)
+		}
+		for _, e := range list.Items {
+			// Field selectors are the API server's; check again.
+			if e.InvolvedObject.Kind == o.Kind && e.InvolvedObject.Name == o.Name {
+				out = append(out, e)
+			}
+		}
+	}
+	sort.SliceStable(out, func(a, b int) bool { return eventTime(&out[a]).Before(eventTime(&out[b])) })
+	return jobName, out, nil
+}
+
+// eventTime is when an event (last) happened, whichever API wrote it.
+func eventTime(e *corev1.Event) time.Time {
+	switch {
+	case !e.LastTimestamp.IsZero():
+		return e.LastTimestamp.Time
+	case !e.EventTime.IsZero():
+		return e.EventTime.Time
+	}
+	return e.CreationTimestamp.Time
 }

@@ -1,5 +1,5 @@
-// Package servertest runs a real data server — the request layer over a
-// filesystem location in a temporary directory — on a loopback TCP port,
+// Package servertest runs a real data server — the request layer over
+// filesystem locations in temporary directories — on a loopback TCP port,
 // with a connected client, for tests of the server, the client and the
 // agents.
 package servertest
@@ -16,6 +16,8 @@ import (
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
 )
 
@@ -23,11 +25,25 @@ import (
 type Server struct {
 	// Addr is the loopback address it serves on.
 	Addr string
-	// Dir is the filesystem location's root.
-	Dir    string
+	// Dir is the (first) filesystem location's root.
+	Dir string
+	// Dirs are the roots of every location, by name.
+	Dirs   map[string]string
 	Conn   *grpc.ClientConn
 	Client *client.Client
 	stop   func()
+}
+
+// Options configure StartWith; the zero value is what Start serves.
+type Options struct {
+	// Locations names the filesystem locations, each in a temporary
+	// directory of its own; the first is the default. Empty means one
+	// location called "default".
+	Locations []string
+	// Targets and Agents let CreateBackup launch agents (with a fake
+	// clientset in tests); see server.Config.
+	Targets []config.Target
+	Agents  *jobs.Launcher
 }
 
 // Start serves a filesystem location rooted at dir (a new temporary
@@ -37,11 +53,39 @@ func Start(t testing.TB, dir string) *Server {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	loc, err := filesystem.New(dir)
-	if err != nil {
-		t.Fatal(err)
+	return start(t, Options{}, map[string]string{"default": dir})
+}
+
+// StartWith serves what opts describes until Stop or the end of the test.
+func StartWith(t testing.TB, opts Options) *Server {
+	t.Helper()
+	names := opts.Locations
+	if len(names) == 0 {
+		names = []string{"default"}
 	}
-	srv, err := server.New(server.Config{Locations: []server.NamedLocation{{Name: "default", Location: loc}}})
+	dirs := map[string]string{}
+	for _, n := range names {
+		dirs[n] = t.TempDir()
+	}
+	opts.Locations = names
+	return start(t, opts, dirs)
+}
+
+func start(t testing.TB, opts Options, dirs map[string]string) *Server {
+	t.Helper()
+	names := opts.Locations
+	if len(names) == 0 {
+		names = []string{"default"}
+	}
+	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents}
+	for _, n := range names {
+		loc, err := filesystem.New(dirs[n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Locations = append(cfg.Locations, server.NamedLocation{Name: n, Location: loc})
+	}
+	srv, err := server.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +101,7 @@ func Start(t testing.TB, dir string) *Server {
 		cancel()
 		t.Fatal(err)
 	}
-	s := &Server{Addr: lis.Addr().String(), Dir: dir, Conn: conn, Client: client.New(conn)}
+	s := &Server{Addr: lis.Addr().String(), Dir: dirs[names[0]], Dirs: dirs, Conn: conn, Client: client.New(conn)}
 	var once sync.Once
 	s.stop = func() {
 		once.Do(func() {

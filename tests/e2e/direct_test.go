@@ -27,16 +27,26 @@ func TestPluginDirect(t *testing.T) {
 		t.Fatalf("list table: %s", r)
 	}
 	r = mustSucceed(t, plugin(t, addr, "list", "-o", "json"), "list -o json")
+	// A Kubernetes-style BackupList (docs/scripting.md): sizes are numbers.
 	var list struct {
-		Backups []struct {
-			Name, Sha256, Size string
-			Labels             map[string]string
+		APIVersion, Kind string
+		Items            []struct {
+			Metadata struct {
+				Name   string
+				Labels map[string]string
+			}
+			Status struct {
+				Phase, Sha256 string
+				SizeBytes     int64
+			}
 		}
 	}
 	if err := json.Unmarshal([]byte(r.Stdout), &list); err != nil {
 		t.Fatalf("list -o json is not JSON: %v\n%s", err, r.Stdout)
 	}
-	if len(list.Backups) != 1 || list.Backups[0].Sha256 != sha(data) || list.Backups[0].Labels["env"] != "test" {
+	if list.APIVersion != "etcdbackup.io/v1" || list.Kind != "BackupList" || len(list.Items) != 1 ||
+		list.Items[0].Status.Sha256 != sha(data) || list.Items[0].Status.SizeBytes != int64(len(data)) ||
+		list.Items[0].Status.Phase != "Completed" || list.Items[0].Metadata.Labels["env"] != "test" {
 		t.Fatalf("list -o json: %+v", list)
 	}
 	r = mustSucceed(t, plugin(t, addr, "get", "snapshot.db", "-o", "yaml"), "get -o yaml")

@@ -2375,6 +2375,207 @@ func (x *GetRestoreResponse) GetMembers() []*MemberRestore {
 	return nil
 }
 
+type GetBackupEventsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Location      string                 `protobuf:"bytes,2,opt,name=location,proto3" json:"location,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBackupEventsRequest) Reset() {
+	*x = GetBackupEventsRequest{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBackupEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBackupEventsRequest) ProtoMessage() {}
+
+func (x *GetBackupEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBackupEventsRequest.ProtoReflect.Descriptor instead.
+func (*GetBackupEventsRequest) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *GetBackupEventsRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GetBackupEventsRequest) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
+type GetBackupEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent Job, "NAMESPACE/NAME".
+	JobName string `protobuf:"bytes,1,opt,name=job_name,json=jobName,proto3" json:"job_name,omitempty"`
+	// Oldest first.
+	Events        []*JobEvent `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBackupEventsResponse) Reset() {
+	*x = GetBackupEventsResponse{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBackupEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBackupEventsResponse) ProtoMessage() {}
+
+func (x *GetBackupEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBackupEventsResponse.ProtoReflect.Descriptor instead.
+func (*GetBackupEventsResponse) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *GetBackupEventsResponse) GetJobName() string {
+	if x != nil {
+		return x.JobName
+	}
+	return ""
+}
+
+func (x *GetBackupEventsResponse) GetEvents() []*JobEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// JobEvent is one Kubernetes event of an agent Job or of its pods.
+type JobEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "Normal" or "Warning".
+	Type   string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// What it is about: "job/NAME" or "pod/NAME".
+	Object        string                 `protobuf:"bytes,3,opt,name=object,proto3" json:"object,omitempty"`
+	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	Count         int32                  `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
+	FirstTime     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=first_time,json=firstTime,proto3" json:"first_time,omitempty"`
+	LastTime      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_time,json=lastTime,proto3" json:"last_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobEvent) Reset() {
+	*x = JobEvent{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobEvent) ProtoMessage() {}
+
+func (x *JobEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
+func (*JobEvent) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *JobEvent) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *JobEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *JobEvent) GetObject() string {
+	if x != nil {
+		return x.Object
+	}
+	return ""
+}
+
+func (x *JobEvent) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *JobEvent) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *JobEvent) GetFirstTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstTime
+	}
+	return nil
+}
+
+func (x *JobEvent) GetLastTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastTime
+	}
+	return nil
+}
+
 var File_etcdbackup_v1_etcdbackup_proto protoreflect.FileDescriptor
 
 const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
@@ -2557,7 +2758,22 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x16\n" +
 	"\x06target\x18\x03 \x01(\tR\x06target\"L\n" +
 	"\x12GetRestoreResponse\x126\n" +
-	"\amembers\x18\x01 \x03(\v2\x1c.etcdbackup.v1.MemberRestoreR\amembers*z\n" +
+	"\amembers\x18\x01 \x03(\v2\x1c.etcdbackup.v1.MemberRestoreR\amembers\"H\n" +
+	"\x16GetBackupEventsRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\blocation\x18\x02 \x01(\tR\blocation\"e\n" +
+	"\x17GetBackupEventsResponse\x12\x19\n" +
+	"\bjob_name\x18\x01 \x01(\tR\ajobName\x12/\n" +
+	"\x06events\x18\x02 \x03(\v2\x17.etcdbackup.v1.JobEventR\x06events\"\xf2\x01\n" +
+	"\bJobEvent\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06object\x18\x03 \x01(\tR\x06object\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\x05R\x05count\x129\n" +
+	"\n" +
+	"first_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tfirstTime\x127\n" +
+	"\tlast_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\blastTime*z\n" +
 	"\vBackupPhase\x12\x1c\n" +
 	"\x18BACKUP_PHASE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BACKUP_PHASE_RUNNING\x10\x01\x12\x1a\n" +
@@ -2570,7 +2786,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x17RESTORE_PHASE_SUCCEEDED\x10\x03\x12\x18\n" +
 	"\x14RESTORE_PHASE_FAILED\x10\x042i\n" +
 	"\vInfoService\x12Z\n" +
-	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\x89\a\n" +
+	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\xeb\a\n" +
 	"\rBackupService\x12T\n" +
 	"\vListBackups\x12!.etcdbackup.v1.ListBackupsRequest\x1a\".etcdbackup.v1.ListBackupsResponse\x12N\n" +
 	"\tGetBackup\x12\x1f.etcdbackup.v1.GetBackupRequest\x1a .etcdbackup.v1.GetBackupResponse\x12W\n" +
@@ -2582,7 +2798,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\fVerifyBackup\x12\".etcdbackup.v1.VerifyBackupRequest\x1a#.etcdbackup.v1.VerifyBackupResponse\x12Z\n" +
 	"\rRestoreBackup\x12#.etcdbackup.v1.RestoreBackupRequest\x1a$.etcdbackup.v1.RestoreBackupResponse\x12Q\n" +
 	"\n" +
-	"GetRestore\x12 .etcdbackup.v1.GetRestoreRequest\x1a!.etcdbackup.v1.GetRestoreResponseBQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
+	"GetRestore\x12 .etcdbackup.v1.GetRestoreRequest\x1a!.etcdbackup.v1.GetRestoreResponse\x12`\n" +
+	"\x0fGetBackupEvents\x12%.etcdbackup.v1.GetBackupEventsRequest\x1a&.etcdbackup.v1.GetBackupEventsResponseBQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
 
 var (
 	file_etcdbackup_v1_etcdbackup_proto_rawDescOnce sync.Once
@@ -2597,101 +2814,109 @@ func file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP() []byte {
 }
 
 var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
-	(BackupPhase)(0),               // 0: etcdbackup.v1.BackupPhase
-	(RestorePhase)(0),              // 1: etcdbackup.v1.RestorePhase
-	(*GetServerInfoRequest)(nil),   // 2: etcdbackup.v1.GetServerInfoRequest
-	(*GetServerInfoResponse)(nil),  // 3: etcdbackup.v1.GetServerInfoResponse
-	(*EtcdTarget)(nil),             // 4: etcdbackup.v1.EtcdTarget
-	(*StorageLocation)(nil),        // 5: etcdbackup.v1.StorageLocation
-	(*ServerLimits)(nil),           // 6: etcdbackup.v1.ServerLimits
-	(*Backup)(nil),                 // 7: etcdbackup.v1.Backup
-	(*BackupSource)(nil),           // 8: etcdbackup.v1.BackupSource
-	(*EtcdInfo)(nil),               // 9: etcdbackup.v1.EtcdInfo
-	(*ListBackupsRequest)(nil),     // 10: etcdbackup.v1.ListBackupsRequest
-	(*ListBackupsResponse)(nil),    // 11: etcdbackup.v1.ListBackupsResponse
-	(*GetBackupRequest)(nil),       // 12: etcdbackup.v1.GetBackupRequest
-	(*GetBackupResponse)(nil),      // 13: etcdbackup.v1.GetBackupResponse
-	(*DeleteBackupRequest)(nil),    // 14: etcdbackup.v1.DeleteBackupRequest
-	(*DeleteBackupResponse)(nil),   // 15: etcdbackup.v1.DeleteBackupResponse
-	(*UploadBackupRequest)(nil),    // 16: etcdbackup.v1.UploadBackupRequest
-	(*UploadHeader)(nil),           // 17: etcdbackup.v1.UploadHeader
-	(*UploadTrailer)(nil),          // 18: etcdbackup.v1.UploadTrailer
-	(*UploadBackupResponse)(nil),   // 19: etcdbackup.v1.UploadBackupResponse
-	(*DownloadBackupRequest)(nil),  // 20: etcdbackup.v1.DownloadBackupRequest
-	(*DownloadBackupResponse)(nil), // 21: etcdbackup.v1.DownloadBackupResponse
-	(*DownloadHeader)(nil),         // 22: etcdbackup.v1.DownloadHeader
-	(*CreateBackupRequest)(nil),    // 23: etcdbackup.v1.CreateBackupRequest
-	(*CreateBackupResponse)(nil),   // 24: etcdbackup.v1.CreateBackupResponse
-	(*GetBackupLogsRequest)(nil),   // 25: etcdbackup.v1.GetBackupLogsRequest
-	(*GetBackupLogsResponse)(nil),  // 26: etcdbackup.v1.GetBackupLogsResponse
-	(*VerifyBackupRequest)(nil),    // 27: etcdbackup.v1.VerifyBackupRequest
-	(*VerifyBackupResponse)(nil),   // 28: etcdbackup.v1.VerifyBackupResponse
-	(*RestoreBackupRequest)(nil),   // 29: etcdbackup.v1.RestoreBackupRequest
-	(*RestoreBackupResponse)(nil),  // 30: etcdbackup.v1.RestoreBackupResponse
-	(*MemberRestore)(nil),          // 31: etcdbackup.v1.MemberRestore
-	(*GetRestoreRequest)(nil),      // 32: etcdbackup.v1.GetRestoreRequest
-	(*GetRestoreResponse)(nil),     // 33: etcdbackup.v1.GetRestoreResponse
-	nil,                            // 34: etcdbackup.v1.Backup.LabelsEntry
-	nil,                            // 35: etcdbackup.v1.UploadHeader.LabelsEntry
-	nil,                            // 36: etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),  // 37: google.protobuf.Timestamp
+	(BackupPhase)(0),                // 0: etcdbackup.v1.BackupPhase
+	(RestorePhase)(0),               // 1: etcdbackup.v1.RestorePhase
+	(*GetServerInfoRequest)(nil),    // 2: etcdbackup.v1.GetServerInfoRequest
+	(*GetServerInfoResponse)(nil),   // 3: etcdbackup.v1.GetServerInfoResponse
+	(*EtcdTarget)(nil),              // 4: etcdbackup.v1.EtcdTarget
+	(*StorageLocation)(nil),         // 5: etcdbackup.v1.StorageLocation
+	(*ServerLimits)(nil),            // 6: etcdbackup.v1.ServerLimits
+	(*Backup)(nil),                  // 7: etcdbackup.v1.Backup
+	(*BackupSource)(nil),            // 8: etcdbackup.v1.BackupSource
+	(*EtcdInfo)(nil),                // 9: etcdbackup.v1.EtcdInfo
+	(*ListBackupsRequest)(nil),      // 10: etcdbackup.v1.ListBackupsRequest
+	(*ListBackupsResponse)(nil),     // 11: etcdbackup.v1.ListBackupsResponse
+	(*GetBackupRequest)(nil),        // 12: etcdbackup.v1.GetBackupRequest
+	(*GetBackupResponse)(nil),       // 13: etcdbackup.v1.GetBackupResponse
+	(*DeleteBackupRequest)(nil),     // 14: etcdbackup.v1.DeleteBackupRequest
+	(*DeleteBackupResponse)(nil),    // 15: etcdbackup.v1.DeleteBackupResponse
+	(*UploadBackupRequest)(nil),     // 16: etcdbackup.v1.UploadBackupRequest
+	(*UploadHeader)(nil),            // 17: etcdbackup.v1.UploadHeader
+	(*UploadTrailer)(nil),           // 18: etcdbackup.v1.UploadTrailer
+	(*UploadBackupResponse)(nil),    // 19: etcdbackup.v1.UploadBackupResponse
+	(*DownloadBackupRequest)(nil),   // 20: etcdbackup.v1.DownloadBackupRequest
+	(*DownloadBackupResponse)(nil),  // 21: etcdbackup.v1.DownloadBackupResponse
+	(*DownloadHeader)(nil),          // 22: etcdbackup.v1.DownloadHeader
+	(*CreateBackupRequest)(nil),     // 23: etcdbackup.v1.CreateBackupRequest
+	(*CreateBackupResponse)(nil),    // 24: etcdbackup.v1.CreateBackupResponse
+	(*GetBackupLogsRequest)(nil),    // 25: etcdbackup.v1.GetBackupLogsRequest
+	(*GetBackupLogsResponse)(nil),   // 26: etcdbackup.v1.GetBackupLogsResponse
+	(*VerifyBackupRequest)(nil),     // 27: etcdbackup.v1.VerifyBackupRequest
+	(*VerifyBackupResponse)(nil),    // 28: etcdbackup.v1.VerifyBackupResponse
+	(*RestoreBackupRequest)(nil),    // 29: etcdbackup.v1.RestoreBackupRequest
+	(*RestoreBackupResponse)(nil),   // 30: etcdbackup.v1.RestoreBackupResponse
+	(*MemberRestore)(nil),           // 31: etcdbackup.v1.MemberRestore
+	(*GetRestoreRequest)(nil),       // 32: etcdbackup.v1.GetRestoreRequest
+	(*GetRestoreResponse)(nil),      // 33: etcdbackup.v1.GetRestoreResponse
+	(*GetBackupEventsRequest)(nil),  // 34: etcdbackup.v1.GetBackupEventsRequest
+	(*GetBackupEventsResponse)(nil), // 35: etcdbackup.v1.GetBackupEventsResponse
+	(*JobEvent)(nil),                // 36: etcdbackup.v1.JobEvent
+	nil,                             // 37: etcdbackup.v1.Backup.LabelsEntry
+	nil,                             // 38: etcdbackup.v1.UploadHeader.LabelsEntry
+	nil,                             // 39: etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 40: google.protobuf.Timestamp
 }
 var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	5,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
 	6,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
 	4,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
 	0,  // 3: etcdbackup.v1.Backup.phase:type_name -> etcdbackup.v1.BackupPhase
-	37, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
-	34, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
+	40, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
+	37, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
 	8,  // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
 	9,  // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	37, // 8: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
-	37, // 9: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
+	40, // 8: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
+	40, // 9: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
 	7,  // 10: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
 	7,  // 11: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	17, // 12: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
 	18, // 13: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	35, // 14: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	38, // 14: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
 	8,  // 15: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
 	9,  // 16: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
 	7,  // 17: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	22, // 18: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
 	7,  // 19: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	36, // 20: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	39, // 20: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
 	7,  // 21: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	7,  // 22: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	31, // 23: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
 	1,  // 24: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
 	31, // 25: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	2,  // 26: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	10, // 27: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	12, // 28: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	14, // 29: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	16, // 30: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	20, // 31: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	23, // 32: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	25, // 33: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	27, // 34: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	29, // 35: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
-	32, // 36: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
-	3,  // 37: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	11, // 38: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	13, // 39: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	15, // 40: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	19, // 41: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	21, // 42: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	24, // 43: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	26, // 44: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	28, // 45: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	30, // 46: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
-	33, // 47: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
-	37, // [37:48] is the sub-list for method output_type
-	26, // [26:37] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	36, // 26: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
+	40, // 27: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
+	40, // 28: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
+	2,  // 29: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	10, // 30: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	12, // 31: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	14, // 32: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	16, // 33: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	20, // 34: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	23, // 35: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	25, // 36: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	27, // 37: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	29, // 38: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	32, // 39: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	34, // 40: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
+	3,  // 41: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	11, // 42: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	13, // 43: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	15, // 44: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	19, // 45: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	21, // 46: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	24, // 47: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	26, // 48: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	28, // 49: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	30, // 50: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	33, // 51: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	35, // 52: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
+	41, // [41:53] is the sub-list for method output_type
+	29, // [29:41] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -2715,7 +2940,7 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdbackup_v1_etcdbackup_proto_rawDesc), len(file_etcdbackup_v1_etcdbackup_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   35,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -134,16 +134,17 @@ var InfoService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	BackupService_ListBackups_FullMethodName    = "/etcdbackup.v1.BackupService/ListBackups"
-	BackupService_GetBackup_FullMethodName      = "/etcdbackup.v1.BackupService/GetBackup"
-	BackupService_DeleteBackup_FullMethodName   = "/etcdbackup.v1.BackupService/DeleteBackup"
-	BackupService_UploadBackup_FullMethodName   = "/etcdbackup.v1.BackupService/UploadBackup"
-	BackupService_DownloadBackup_FullMethodName = "/etcdbackup.v1.BackupService/DownloadBackup"
-	BackupService_CreateBackup_FullMethodName   = "/etcdbackup.v1.BackupService/CreateBackup"
-	BackupService_GetBackupLogs_FullMethodName  = "/etcdbackup.v1.BackupService/GetBackupLogs"
-	BackupService_VerifyBackup_FullMethodName   = "/etcdbackup.v1.BackupService/VerifyBackup"
-	BackupService_RestoreBackup_FullMethodName  = "/etcdbackup.v1.BackupService/RestoreBackup"
-	BackupService_GetRestore_FullMethodName     = "/etcdbackup.v1.BackupService/GetRestore"
+	BackupService_ListBackups_FullMethodName     = "/etcdbackup.v1.BackupService/ListBackups"
+	BackupService_GetBackup_FullMethodName       = "/etcdbackup.v1.BackupService/GetBackup"
+	BackupService_DeleteBackup_FullMethodName    = "/etcdbackup.v1.BackupService/DeleteBackup"
+	BackupService_UploadBackup_FullMethodName    = "/etcdbackup.v1.BackupService/UploadBackup"
+	BackupService_DownloadBackup_FullMethodName  = "/etcdbackup.v1.BackupService/DownloadBackup"
+	BackupService_CreateBackup_FullMethodName    = "/etcdbackup.v1.BackupService/CreateBackup"
+	BackupService_GetBackupLogs_FullMethodName   = "/etcdbackup.v1.BackupService/GetBackupLogs"
+	BackupService_VerifyBackup_FullMethodName    = "/etcdbackup.v1.BackupService/VerifyBackup"
+	BackupService_RestoreBackup_FullMethodName   = "/etcdbackup.v1.BackupService/RestoreBackup"
+	BackupService_GetRestore_FullMethodName      = "/etcdbackup.v1.BackupService/GetRestore"
+	BackupService_GetBackupEvents_FullMethodName = "/etcdbackup.v1.BackupService/GetBackupEvents"
 )
 
 // BackupServiceClient is the client API for BackupService service.
@@ -191,6 +192,12 @@ type BackupServiceClient interface {
 	RestoreBackup(ctx context.Context, in *RestoreBackupRequest, opts ...grpc.CallOption) (*RestoreBackupResponse, error)
 	// GetRestore returns the state of each member's restore agent.
 	GetRestore(ctx context.Context, in *GetRestoreRequest, opts ...grpc.CallOption) (*GetRestoreResponse, error)
+	// GetBackupEvents returns the Kubernetes events of the agent Job that
+	// took (or is taking) a backup and of its pods, oldest first: what
+	// `kubectl describe job` would show, without the caller needing access
+	// to the server's namespace. NOT_FOUND when no agent ran for it (an
+	// upload, or a Job already cleaned up).
+	GetBackupEvents(ctx context.Context, in *GetBackupEventsRequest, opts ...grpc.CallOption) (*GetBackupEventsResponse, error)
 }
 
 type backupServiceClient struct {
@@ -322,6 +329,16 @@ func (c *backupServiceClient) GetRestore(ctx context.Context, in *GetRestoreRequ
 	return out, nil
 }
 
+func (c *backupServiceClient) GetBackupEvents(ctx context.Context, in *GetBackupEventsRequest, opts ...grpc.CallOption) (*GetBackupEventsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetBackupEventsResponse)
+	err := c.cc.Invoke(ctx, BackupService_GetBackupEvents_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BackupServiceServer is the server API for BackupService service.
 // All implementations must embed UnimplementedBackupServiceServer
 // for forward compatibility.
@@ -367,6 +384,12 @@ type BackupServiceServer interface {
 	RestoreBackup(context.Context, *RestoreBackupRequest) (*RestoreBackupResponse, error)
 	// GetRestore returns the state of each member's restore agent.
 	GetRestore(context.Context, *GetRestoreRequest) (*GetRestoreResponse, error)
+	// GetBackupEvents returns the Kubernetes events of the agent Job that
+	// took (or is taking) a backup and of its pods, oldest first: what
+	// `kubectl describe job` would show, without the caller needing access
+	// to the server's namespace. NOT_FOUND when no agent ran for it (an
+	// upload, or a Job already cleaned up).
+	GetBackupEvents(context.Context, *GetBackupEventsRequest) (*GetBackupEventsResponse, error)
 	mustEmbedUnimplementedBackupServiceServer()
 }
 
@@ -406,6 +429,9 @@ func (UnimplementedBackupServiceServer) RestoreBackup(context.Context, *RestoreB
 }
 func (UnimplementedBackupServiceServer) GetRestore(context.Context, *GetRestoreRequest) (*GetRestoreResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetRestore not implemented")
+}
+func (UnimplementedBackupServiceServer) GetBackupEvents(context.Context, *GetBackupEventsRequest) (*GetBackupEventsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetBackupEvents not implemented")
 }
 func (UnimplementedBackupServiceServer) mustEmbedUnimplementedBackupServiceServer() {}
 func (UnimplementedBackupServiceServer) testEmbeddedByValue()                       {}
@@ -583,6 +609,24 @@ func _BackupService_GetRestore_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BackupService_GetBackupEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetBackupEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupServiceServer).GetBackupEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackupService_GetBackupEvents_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupServiceServer).GetBackupEvents(ctx, req.(*GetBackupEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BackupService_ServiceDesc is the grpc.ServiceDesc for BackupService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -617,6 +661,10 @@ var BackupService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRestore",
 			Handler:    _BackupService_GetRestore_Handler,
+		},
+		{
+			MethodName: "GetBackupEvents",
+			Handler:    _BackupService_GetBackupEvents_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

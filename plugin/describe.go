@@ -1,0 +1,222 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/cli-runtime/pkg/printers"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+)
+
+// DescribeOptions are the options of `kubectl etcdbackup describe`.
+type DescribeOptions struct {
+	*GlobalOptions
+	Name string
+}
+
+// NewCmdDescribe returns the describe command.
+func NewCmdDescribe(g *GlobalOptions) *cobra.Command {
+	o := &DescribeOptions{GlobalOptions: g}
+	cmd := &cobra.Command{
+		Use:   "describe NAME",
+		Short: "Show everything known of one backup, kubectl describe style",
+		Long: `describe prints a backup's details for a person: where it is, its phase, the
+etcd it came from (cluster and member IDs, revision, version), stored and raw
+size, compression, checksums, how it arrived (upload, or the agent Job that
+took it), when and how long it took, and its labels. For scripts use
+"get NAME -o json".`,
+		Example: examples(`
+# Show the details of a backup
+kubectl etcdbackup describe control-plane-20260131-020000
+
+# Show the details of a backup kept in location s3
+kubectl etcdbackup describe control-plane-20260131-020000 --location s3`),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeBackupNames(g, 1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := o.Complete(cmd, args); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return usageError(err)
+			}
+			return o.Run(cmd.Context())
+		},
+	}
+	return cmd
+}
+
+// Complete takes the backup's name from the arguments.
+func (o *DescribeOptions) Complete(_ *cobra.Command, args []string) error {
+	o.Name = backupName(args[0])
+	return nil
+}
+
+// Validate has nothing to check: the server owns the naming rules.
+func (o *DescribeOptions) Validate() error { return nil }
+
+// Run describes the backup.
+func (o *DescribeOptions) Run(ctx context.Context) error {
+	conn, err := o.Connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	b, err := o.findBackup(ctx, conn, "describe backup "+quote(o.Name), o.Name)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	w := printers.GetNewTabWriter(o.Out)
+	describeBackup(w, b, now)
+	if b.GetSource().GetKind() != "upload" { // an upload has no agent Job
+		describeEvents(ctx, w, conn, b, now)
+	}
+	return w.Flush()
+}
+
+// describeEvents writes the events of the backup's agent Job and pods as
+// kubectl describe does. Events are a help, not the answer: a server
+// that cannot give them says why in the section, and describe succeeds.
+func describeEvents(ctx context.Context, w io.Writer, conn *Connection, b *ebv1.Backup, now time.Time) {
+	resp, err := conn.Backups.GetBackupEvents(ctx, &ebv1.GetBackupEventsRequest{Name: b.GetName(), Location: b.GetLocation()})
+	switch status.Code(err) {
+	case codes.OK:
+	case codes.Unimplemented:
+		return // an older server
+	case codes.NotFound, codes.FailedPrecondition:
+		fmt.Fprintln(w, "Events:\t<none>")
+		return
+	default:
+		fmt.Fprintf(w, "Events:\t<unavailable: %s>\n", status.Convert(err).Message())
+		return
+	}
+	fmt.Fprintf(w, "Agent Job:\t%s\n", resp.GetJobName())
+	if len(resp.GetEvents()) == 0 {
+		fmt.Fprintln(w, "Events:\t<none>")
+		return
+	}
+	fmt.Fprintln(w, "Events:")
+	fmt.Fprintln(w, "  Type\tReason\tAge\tObject\tMessage")
+	fmt.Fprintln(w, "  ----\t------\t----\t------\t-------")
+	for _, e := range resp.GetEvents() {
+		age := "<unknown>"
+		if t := e.GetLastTime(); knownTime(t) {
+			age = duration.HumanDuration(now.Sub(t.AsTime()))
+			if n := e.GetCount(); n > 1 {
+				age = fmt.Sprintf("%s (x%d)", age, n)
+			}
+		}
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\n", e.GetType(), e.GetReason(), age, e.GetObject(), strings.TrimSpace(e.GetMessage()))
+	}
+}
+
+// describeBackup writes Key:\tvalue lines for a tabwriter, as kubectl
+// describe and velero describe do.
+func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
+	line := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
+	sub := func(k string, v any) { fmt.Fprintf(w, "  %s:\t%v\n", k, v) }
+	line("Name", b.GetName())
+	line("Location", b.GetLocation())
+	line("Phase", phaseString(b.GetPhase()))
+	if m := b.GetMessage(); m != "" {
+		line("Message", m)
+	}
+	line("Labels", labelsString(b.GetLabels()))
+	if t := b.GetCreateTime(); knownTime(t) {
+		line("Created", fmt.Sprintf("%s (%s ago)", t.AsTime().UTC().Format(time.RFC3339), duration.HumanDuration(now.Sub(t.AsTime()))))
+	} else {
+		line("Created", "<unknown>")
+	}
+
+	s := b.GetSource()
+	fmt.Fprintln(w, "Source:")
+	sub("Kind", orNone(s.GetKind()))
+	if s.GetTarget() != "" {
+		sub("Target", s.GetTarget())
+	}
+	if s.GetDescription() != "" {
+		sub("Description", s.GetDescription())
+	}
+	if s.GetKind() != "upload" {
+		// Logs reach the agent through the server, without the user's
+		// pods/log permission.
+		sub("Agent Logs", "kubectl etcdbackup logs "+b.GetName()+" --location "+b.GetLocation())
+	}
+	if knownTime(s.GetStartTime()) {
+		sub("Started", s.GetStartTime().AsTime().UTC().Format(time.RFC3339))
+	}
+	if knownTime(s.GetEndTime()) {
+		sub("Finished", s.GetEndTime().AsTime().UTC().Format(time.RFC3339))
+	}
+	if knownTime(s.GetStartTime()) && knownTime(s.GetEndTime()) {
+		sub("Duration", s.GetEndTime().AsTime().Sub(s.GetStartTime().AsTime()).Round(time.Millisecond))
+	}
+
+	if e := b.GetEtcd(); e != nil {
+		fmt.Fprintln(w, "etcd:")
+		sub("Cluster ID", orNone(hexID(e.GetClusterId())))
+		sub("Member ID", orNone(hexID(e.GetMemberId())))
+		sub("Member Name", orNone(e.GetMemberName()))
+		sub("Revision", revisionString(b))
+		sub("Version", orNone(e.GetVersion()))
+		if e.GetDbSize() > 0 {
+			sub("Database Size", sizeString(e.GetDbSize()))
+		}
+	}
+
+	fmt.Fprintln(w, "Data:")
+	sub("Stored Size", sizeString(b.GetSize()))
+	if b.GetRawSize() > 0 {
+		sub("Raw Size", sizeString(b.GetRawSize()))
+	}
+	sub("Compression", orNone(b.GetCompression()))
+	if b.GetEncryption() != "" {
+		sub("Encryption", b.GetEncryption())
+		for i, r := range b.GetAgeRecipients() {
+			k := ""
+			if i == 0 {
+				k = "Recipients"
+			}
+			fmt.Fprintf(w, "  %s\t%s\n", pad(k), r)
+		}
+	} else {
+		sub("Encryption", "<none>")
+	}
+	sub("SHA256", orNone(b.GetSha256()))
+	if b.GetRawSha256() != "" {
+		sub("Raw SHA256", b.GetRawSha256())
+	}
+	if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_FAILED {
+		fmt.Fprintf(w, "Next:\tkubectl etcdbackup logs %s --location %s\n", b.GetName(), b.GetLocation())
+	}
+}
+
+func sizeString(n int64) string {
+	return fmt.Sprintf("%s (%d bytes)", humanize.IBytes(uint64(n)), n)
+}
+
+// knownTime reports whether t is set to a real time: not absent, and not
+// the zero time a Job without a creation time converts to.
+func knownTime(t *timestamppb.Timestamp) bool {
+	return t != nil && t.AsTime().Unix() > 0
+}
+
+// pad writes a key of a multi-line value: "Key:" on the first line,
+// nothing on the next ones.
+func pad(k string) string {
+	if k == "" {
+		return ""
+	}
+	return k + ":"
+}

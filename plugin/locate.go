@@ -1,0 +1,127 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+)
+
+// Backups live in one of the server's storage locations. Commands span
+// every location unless --location names one: list merges them, and a
+// command given a backup's name finds the location that holds it, asking
+// for --location only when the name is in more than one.
+
+// locationNames returns --location, or every location of the server,
+// default first.
+func (g *GlobalOptions) locationNames(ctx context.Context, conn *Connection) ([]string, error) {
+	if g.Location != "" {
+		return []string{g.Location}, nil
+	}
+	info, err := conn.Info.GetServerInfo(ctx, &ebv1.GetServerInfoRequest{})
+	if err != nil {
+		return nil, conn.explain("list storage locations", err)
+	}
+	var names []string
+	for _, l := range info.GetLocations() {
+		names = append(names, l.GetName())
+	}
+	return names, nil
+}
+
+// listBackups lists the backups matching selector in --location, or in
+// every location, newest first. A location that fails (an S3 endpoint
+// down) does not hide the others: their backups come back with an error
+// naming the location that failed.
+func (g *GlobalOptions) listBackups(ctx context.Context, conn *Connection, selector string) ([]*ebv1.Backup, error) {
+	locs, err := g.locationNames(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	var all []*ebv1.Backup
+	var errs []error
+	for _, l := range locs {
+		resp, err := conn.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{Location: l, LabelSelector: selector})
+		if err != nil {
+			op := "list backups"
+			if g.Location == "" {
+				op += " in location " + quote(l)
+			}
+			errs = append(errs, conn.explain(op, err))
+			continue
+		}
+		all = append(all, resp.GetBackups()...)
+	}
+	sortBackups(all)
+	if len(errs) > 0 {
+		// The exit code is the first failure's.
+		return all, withCode(ExitCode(errs[0]), errors.Join(errs...))
+	}
+	return all, nil
+}
+
+// findBackup returns the backup called name from --location or from the
+// one location that holds it. op prefixes errors ("get backup \"x\"").
+func (g *GlobalOptions) findBackup(ctx context.Context, conn *Connection, op, name string) (*ebv1.Backup, error) {
+	locs, err := g.locationNames(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	if len(locs) <= 1 {
+		// One place to look: the server's own message says what to do.
+		resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name, Location: g.Location})
+		if err != nil {
+			return nil, conn.explain(op, err)
+		}
+		return resp.GetBackup(), nil
+	}
+	var found []*ebv1.Backup
+	for _, l := range locs {
+		resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name, Location: l})
+		if status.Code(err) == codes.NotFound {
+			continue
+		}
+		if err != nil {
+			return nil, conn.explain(op, err)
+		}
+		found = append(found, resp.GetBackup())
+	}
+	switch len(found) {
+	case 0:
+		return nil, withCode(ExitNotFound, fmt.Errorf("%s: backup %q not found in any storage location (%s); see `kubectl etcdbackup list`", op, name, strings.Join(locs, ", ")))
+	case 1:
+		return found[0], nil
+	}
+	var in []string
+	for _, b := range found {
+		in = append(in, b.GetLocation())
+	}
+	return nil, usageError(fmt.Errorf("%s: backup %q is in %d storage locations (%s); say which with --location", op, name, len(found), strings.Join(in, ", ")))
+}
+
+// resolveLocation returns the location to send a request about name to:
+// --location, "" (the server's default) when the server has one location
+// — so the server's own message answers for a name it lacks — or the one
+// location that holds name.
+func (g *GlobalOptions) resolveLocation(ctx context.Context, conn *Connection, op, name string) (string, error) {
+	if g.Location != "" {
+		return g.Location, nil
+	}
+	locs, err := g.locationNames(ctx, conn)
+	if err != nil {
+		return "", err
+	}
+	if len(locs) <= 1 {
+		return "", nil
+	}
+	b, err := g.findBackup(ctx, conn, op, name)
+	if err != nil {
+		return "", err
+	}
+	return b.GetLocation(), nil
+}

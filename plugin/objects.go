@@ -1,0 +1,359 @@
+package plugin
+
+import (
+	"fmt"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sort"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+)
+
+// The objects -o json|yaml|name|jsonpath|custom-columns print. They are
+// Kubernetes-style documents (apiVersion, kind, metadata, spec, status) so
+// that jq and jsonpath expressions written for kubectl carry over, and so
+// that the phase and sizes read as the table shows them, not as the wire
+// format spells them (BACKUP_PHASE_COMPLETED, sizes as strings). They are
+// the plugin's view only: nothing is stored in this form.
+
+// GroupVersion is the apiVersion of every printed object.
+var GroupVersion = schema.GroupVersion{Group: "etcdbackup.io", Version: "v1"}
+
+// Backup is one backup as the plugin prints it.
+type Backup struct {
+	metav1.TypeMeta `json:",inline"`
+	Metadata        ObjectMeta   `json:"metadata"`
+	Spec            BackupSpec   `json:"spec"`
+	Status          BackupStatus `json:"status"`
+}
+
+// ObjectMeta is the part of Kubernetes' ObjectMeta a backup has.
+type ObjectMeta struct {
+	Name              string            `json:"name"`
+	Labels            map[string]string `json:"labels,omitempty"`
+	CreationTimestamp *metav1.Time      `json:"creationTimestamp,omitempty"`
+}
+
+// BackupSpec is what the backup is of and where it is kept.
+type BackupSpec struct {
+	Location    string        `json:"location"`
+	Target      string        `json:"target,omitempty"`
+	Source      *BackupSource `json:"source,omitempty"`
+	Compression string        `json:"compression"`
+	// Encryption is "none" or "age"; AgeRecipients the public keys an
+	// age-encrypted backup is encrypted to.
+	Encryption    string   `json:"encryption"`
+	AgeRecipients []string `json:"ageRecipients,omitempty"`
+}
+
+// BackupSource says how the backup arrived.
+type BackupSource struct {
+	// Kind is "upload" or "agent".
+	Kind        string       `json:"kind"`
+	Description string       `json:"description,omitempty"`
+	StartTime   *metav1.Time `json:"startTime,omitempty"`
+	EndTime     *metav1.Time `json:"endTime,omitempty"`
+}
+
+// BackupStatus is what is known of the backup now.
+type BackupStatus struct {
+	// Phase is Running, Completed, Failed or Unknown, as the table shows it.
+	Phase        string    `json:"phase"`
+	Message      string    `json:"message,omitempty"`
+	SizeBytes    int64     `json:"sizeBytes"`
+	SHA256       string    `json:"sha256,omitempty"`
+	RawSizeBytes int64     `json:"rawSizeBytes,omitempty"`
+	RawSHA256    string    `json:"rawSha256,omitempty"`
+	Etcd         *EtcdInfo `json:"etcd,omitempty"`
+}
+
+// EtcdInfo are facts about the etcd a snapshot came from. IDs are in hex,
+// as etcdctl prints them.
+type EtcdInfo struct {
+	ClusterID   string `json:"clusterID,omitempty"`
+	MemberID    string `json:"memberID,omitempty"`
+	MemberName  string `json:"memberName,omitempty"`
+	Revision    int64  `json:"revision,omitempty"`
+	Version     string `json:"version,omitempty"`
+	DBSizeBytes int64  `json:"dbSizeBytes,omitempty"`
+}
+
+// BackupList is a list of backups, newest first.
+type BackupList struct {
+	metav1.TypeMeta `json:",inline"`
+	Items           []Backup `json:"items"`
+}
+
+// Restore is an in-cluster restore of a backup into a target.
+type Restore struct {
+	metav1.TypeMeta `json:",inline"`
+	Metadata        ObjectMeta    `json:"metadata"`
+	Spec            RestoreSpec   `json:"spec"`
+	Status          RestoreStatus `json:"status"`
+}
+
+// RestoreSpec names what is restored where.
+type RestoreSpec struct {
+	Backup    string `json:"backup"`
+	Location  string `json:"location,omitempty"`
+	Target    string `json:"target"`
+	DryRun    bool   `json:"dryRun,omitempty"`
+	MoveAside bool   `json:"moveAside,omitempty"`
+}
+
+// RestoreStatus is the state of each member's restore agent.
+type RestoreStatus struct {
+	// Phase sums up the members: Failed if one failed, Succeeded if all
+	// did, Pending for a dry run, else Running.
+	Phase   string          `json:"phase"`
+	Members []MemberRestore `json:"members"`
+}
+
+// MemberRestore is the restore of one member's data directory.
+type MemberRestore struct {
+	Member              string `json:"member"`
+	Job                 string `json:"job"`
+	Volume              string `json:"volume"`
+	DataDir             string `json:"dataDir"`
+	InitialCluster      string `json:"initialCluster"`
+	PeerURL             string `json:"peerURL"`
+	InitialClusterToken string `json:"initialClusterToken"`
+	Phase               string `json:"phase"`
+	Message             string `json:"message,omitempty"`
+}
+
+// Version is what `version` prints: the plugin's build and, unless
+// --client, the server it reached.
+type Version struct {
+	metav1.TypeMeta `json:",inline"`
+	ClientVersion   BuildInfo   `json:"clientVersion"`
+	Server          *ServerInfo `json:"server,omitempty"`
+}
+
+// BuildInfo is a binary's version.
+type BuildInfo struct {
+	Version   string `json:"version"`
+	GitCommit string `json:"gitCommit,omitempty"`
+}
+
+// ServerInfo describes the server: its build, locations and targets.
+type ServerInfo struct {
+	Version   string            `json:"version"`
+	GitCommit string            `json:"gitCommit,omitempty"`
+	Locations []StorageLocation `json:"locations"`
+	Targets   []EtcdTarget      `json:"targets"`
+}
+
+// StorageLocation is one of the server's storage locations.
+type StorageLocation struct {
+	Name        string `json:"name"`
+	Type        string `json:"type"`
+	Default     bool   `json:"default"`
+	Description string `json:"description,omitempty"`
+}
+
+// EtcdTarget is one of the etcd clusters the server backs up.
+type EtcdTarget struct {
+	Name      string   `json:"name"`
+	Endpoints []string `json:"endpoints"`
+	Default   bool     `json:"default"`
+}
+
+// VerifyResult is what `verify` prints: the backup and what etcd read
+// from it.
+type VerifyResult struct {
+	metav1.TypeMeta `json:",inline"`
+	Metadata        ObjectMeta         `json:"metadata"`
+	Status          VerifyResultStatus `json:"status"`
+}
+
+// VerifyResultStatus are the figures etcd reports of a verified snapshot.
+type VerifyResultStatus struct {
+	// Intact is true when everything was checked: stored bytes, etcd's
+	// trailer and the database. StoredOnly is an encrypted backup whose
+	// stored bytes alone were checked (no --identity); Message says so.
+	Intact         bool   `json:"intact"`
+	StoredOnly     bool   `json:"storedOnly,omitempty"`
+	Message        string `json:"message,omitempty"`
+	Location       string `json:"location"`
+	SHA256         string `json:"sha256"`
+	Revision       int64  `json:"revision"`
+	TotalKeys      int64  `json:"totalKeys"`
+	TotalSizeBytes int64  `json:"totalSizeBytes"`
+	Hash           uint32 `json:"hash"`
+	StorageVersion string `json:"storageVersion,omitempty"`
+}
+
+func (b *Backup) DeepCopyObject() runtime.Object       { c := *b; return &c }
+func (l *BackupList) DeepCopyObject() runtime.Object   { c := *l; return &c }
+func (r *Restore) DeepCopyObject() runtime.Object      { c := *r; return &c }
+func (v *Version) DeepCopyObject() runtime.Object      { c := *v; return &c }
+func (v *VerifyResult) DeepCopyObject() runtime.Object { c := *v; return &c }
+
+var (
+	_ runtime.Object = &Backup{}
+	_ runtime.Object = &BackupList{}
+	_ runtime.Object = &Restore{}
+	_ runtime.Object = &Version{}
+	_ runtime.Object = &VerifyResult{}
+)
+
+func typeMeta(kind string) metav1.TypeMeta {
+	return metav1.TypeMeta{APIVersion: GroupVersion.String(), Kind: kind}
+}
+
+func timeOf(t *timestamppb.Timestamp) *metav1.Time {
+	if !knownTime(t) {
+		return nil
+	}
+	m := metav1.NewTime(t.AsTime().UTC())
+	return &m
+}
+
+// backupObject turns the API's Backup into the printed object.
+func backupObject(b *ebv1.Backup) Backup {
+	o := Backup{
+		TypeMeta: typeMeta("Backup"),
+		Metadata: ObjectMeta{
+			Name:              b.GetName(),
+			Labels:            b.GetLabels(),
+			CreationTimestamp: timeOf(b.GetCreateTime()),
+		},
+		Spec: BackupSpec{
+			Location:      b.GetLocation(),
+			Target:        b.GetSource().GetTarget(),
+			Compression:   b.GetCompression(),
+			Encryption:    b.GetEncryption(),
+			AgeRecipients: b.GetAgeRecipients(),
+		},
+		Status: BackupStatus{
+			Phase:        phaseString(b.GetPhase()),
+			Message:      b.GetMessage(),
+			SizeBytes:    b.GetSize(),
+			SHA256:       b.GetSha256(),
+			RawSizeBytes: b.GetRawSize(),
+			RawSHA256:    b.GetRawSha256(),
+		},
+	}
+	if o.Spec.Compression == "" {
+		o.Spec.Compression = "none"
+	}
+	if o.Spec.Encryption == "" {
+		o.Spec.Encryption = "none"
+	}
+	if s := b.GetSource(); s != nil {
+		o.Spec.Source = &BackupSource{
+			Kind:        s.GetKind(),
+			Description: s.GetDescription(),
+			StartTime:   timeOf(s.GetStartTime()),
+			EndTime:     timeOf(s.GetEndTime()),
+		}
+	}
+	if e := b.GetEtcd(); e != nil {
+		o.Status.Etcd = &EtcdInfo{
+			ClusterID:   hexID(e.GetClusterId()),
+			MemberID:    hexID(e.GetMemberId()),
+			MemberName:  e.GetMemberName(),
+			Revision:    e.GetRevision(),
+			Version:     e.GetVersion(),
+			DBSizeBytes: e.GetDbSize(),
+		}
+	}
+	return o
+}
+
+// backupList turns backups into a BackupList; Items is never nil, so an
+// empty list prints "items": [].
+func backupList(bs []*ebv1.Backup) *BackupList {
+	l := &BackupList{TypeMeta: typeMeta("BackupList"), Items: []Backup{}}
+	for _, b := range bs {
+		l.Items = append(l.Items, backupObject(b))
+	}
+	return l
+}
+
+func hexID(id uint64) string {
+	if id == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%x", id)
+}
+
+func restorePhaseString(p ebv1.RestorePhase) string {
+	switch p {
+	case ebv1.RestorePhase_RESTORE_PHASE_PENDING:
+		return "Pending"
+	case ebv1.RestorePhase_RESTORE_PHASE_RUNNING:
+		return "Running"
+	case ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED:
+		return "Succeeded"
+	case ebv1.RestorePhase_RESTORE_PHASE_FAILED:
+		return "Failed"
+	}
+	return "Unknown"
+}
+
+// restoreObject turns a restore's members into the printed object.
+func restoreObject(spec RestoreSpec, members []*ebv1.MemberRestore) *Restore {
+	r := &Restore{
+		TypeMeta: typeMeta("Restore"),
+		Metadata: ObjectMeta{Name: spec.Backup + "-" + spec.Target},
+		Spec:     spec,
+		Status:   RestoreStatus{Members: []MemberRestore{}},
+	}
+	failed, done := false, true
+	for _, m := range members {
+		r.Status.Members = append(r.Status.Members, MemberRestore{
+			Member: m.GetMember(), Job: m.GetJobName(), Volume: m.GetVolume(), DataDir: m.GetDataDir(),
+			InitialCluster: m.GetInitialCluster(), PeerURL: m.GetPeerUrl(), InitialClusterToken: tokenLabel(m.GetInitialClusterToken()),
+			Phase: restorePhaseString(m.GetPhase()), Message: m.GetMessage(),
+		})
+		switch m.GetPhase() {
+		case ebv1.RestorePhase_RESTORE_PHASE_FAILED:
+			failed = true
+		case ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED:
+		default:
+			done = false
+		}
+	}
+	switch {
+	case spec.DryRun:
+		r.Status.Phase = "Pending"
+	case failed:
+		r.Status.Phase = "Failed"
+	case done && len(members) > 0:
+		r.Status.Phase = "Succeeded"
+	default:
+		r.Status.Phase = "Running"
+	}
+	return r
+}
+
+// serverInfo turns GetServerInfo's answer into the printed form.
+func serverInfo(info *ebv1.GetServerInfoResponse) *ServerInfo {
+	s := &ServerInfo{Version: info.GetVersion(), GitCommit: info.GetGitCommit(), Locations: []StorageLocation{}, Targets: []EtcdTarget{}}
+	for _, l := range info.GetLocations() {
+		s.Locations = append(s.Locations, StorageLocation{Name: l.GetName(), Type: l.GetType(), Default: l.GetDefault(), Description: l.GetDescription()})
+	}
+	for _, t := range info.GetTargets() {
+		s.Targets = append(s.Targets, EtcdTarget{Name: t.GetName(), Endpoints: t.GetEndpoints(), Default: t.GetDefault()})
+	}
+	return s
+}
+
+// sortBackups orders backups as the server does: newest first, then by
+// name, then by location.
+func sortBackups(bs []*ebv1.Backup) {
+	sort.SliceStable(bs, func(i, j int) bool {
+		ti, tj := bs[i].GetCreateTime().AsTime(), bs[j].GetCreateTime().AsTime()
+		if !ti.Equal(tj) {
+			return ti.After(tj)
+		}
+		if bs[i].GetName() != bs[j].GetName() {
+			return bs[i].GetName() < bs[j].GetName()
+		}
+		return bs[i].GetLocation() < bs[j].GetLocation()
+	})
+}
