@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dist.sh VERSION — build the plugin for every platform krew serves into
-# dist/, one .tar.gz each (binary + LICENSE) with its SHA-256, and write the
-# krew manifest dist/etcdbackup.yaml from krew/etcdbackup.yaml.tmpl.
+# dist/, one .tar.gz each (binary, the kubectl_complete-etcdbackup
+# completion shim, LICENSE) with its SHA-256, and write the krew manifest
+# dist/etcdbackup.yaml from krew/etcdbackup.yaml.tmpl.
 set -euo pipefail
 version=${1:?usage: dist.sh VERSION}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,10 +23,20 @@ for p in "${platforms[@]}"; do
 		-ldflags "-s -w -X github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version.Version=$version" \
 		-o "$stage/$bin" ./cmd/kubectl-etcdbackup)
 	cp "$root/LICENSE" "$stage/LICENSE"
+	# kubectl (1.26+) completes `kubectl etcdbackup <TAB>` through an
+	# executable named kubectl_complete-etcdbackup on PATH: a shell script
+	# on Unix; on Windows the binary itself answers under that name.
+	shim=kubectl_complete-etcdbackup
+	if [[ $os == windows ]]; then
+		shim=$shim.exe
+		cp "$stage/$bin" "$stage/$shim"
+	else
+		install -m 0755 "$root/krew/kubectl_complete-etcdbackup" "$stage/$shim"
+	fi
 	archive=kubectl-etcdbackup_${version}_${os}_${arch}.tar.gz
 	# Reproducible archives: fixed order, owner and time.
 	tar --sort=name --owner=0 --group=0 --numeric-owner --mtime='2000-01-01 00:00Z' \
-		-C "$stage" -cf - "$bin" LICENSE | gzip -n >"$dist/$archive"
+		-C "$stage" -cf - "$bin" "$shim" LICENSE | gzip -n >"$dist/$archive"
 	sum=$(sha256sum "$dist/$archive" | cut -d' ' -f1)
 	echo "$sum  $archive" >>"$dist/SHA256SUMS"
 	entries+="  - selector:
@@ -37,6 +48,8 @@ for p in "${platforms[@]}"; do
     bin: $bin
     files:
       - from: $bin
+        to: .
+      - from: $shim
         to: .
       - from: LICENSE
         to: .

@@ -20,3 +20,11 @@ out=$(kubectl etcdbackup version --client)
 echo "krew-check: installed with krew; kubectl etcdbackup says: $out" >&2
 [[ $out == *"Client Version: v"* ]] || { echo "krew-check: unexpected output" >&2; exit 1; }
 [[ -f $root/krew/store/etcdbackup/*/LICENSE || -n $(find "$root/krew/store" -name LICENSE) ]]
+# The completion shim is installed beside the binary and, once on PATH as the
+# caveats say, completes the plugin's commands for kubectl.
+shim=$(find "$root/krew/store/etcdbackup" -name kubectl_complete-etcdbackup -perm -u+x | head -1)
+[[ -n $shim ]] || { echo "krew-check: kubectl_complete-etcdbackup was not installed" >&2; exit 1; }
+ln -s "$shim" "$root/bin/kubectl_complete-etcdbackup"
+completions=$(kubectl_complete-etcdbackup "")
+[[ $completions == *download* && $completions == *restore* ]] || { echo "krew-check: the completion shim did not complete commands: $completions" >&2; exit 1; }
+echo "krew-check: kubectl_complete-etcdbackup completes the plugin's commands" >&2
