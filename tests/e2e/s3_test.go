@@ -67,7 +67,12 @@ func TestBackupIntoS3Location(t *testing.T) {
 	if !strings.Contains(r.Stdout, "to-s3") || !strings.Contains(r.Stdout, "Completed") {
 		t.Fatalf("list --location s3: %s", r)
 	}
-	r = mustSucceed(t, plugin(t, addr, "list"), "list default")
+	// list spans every location; --location filters.
+	r = mustSucceed(t, plugin(t, addr, "list"), "list")
+	if !strings.Contains(r.Stdout, "to-s3") || !strings.Contains(r.Stdout, "s3") {
+		t.Fatalf("list does not show the s3 backup: %s", r)
+	}
+	r = mustSucceed(t, plugin(t, addr, "list", "--location", "default"), "list default")
 	if strings.Contains(r.Stdout, "to-s3") {
 		t.Fatalf("the s3 backup shows in the default location: %s", r)
 	}
