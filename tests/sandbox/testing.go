@@ -15,8 +15,8 @@ import (
 const RequireEnv = "ETCDBACKUP_REQUIRE_SANDBOX"
 
 // ErrNotRoot is why StartForTest skips for a user other than root: the node
-// agent makes a network and a mount namespace per Pod.
-var ErrNotRoot = errors.New("the sandbox's node agent must run as root (it makes network and mount namespaces)")
+// runs in network and mount namespaces of its own, with containerd.
+var ErrNotRoot = errors.New("the sandbox's node must run as root (network and mount namespaces, containerd, cgroups)")
 
 // StartForTest starts a sandbox in a fresh t.TempDir() and stops it when the
 // test ends. If the kube binaries are missing, or the test does not run as
@@ -33,9 +33,9 @@ func StartForTest(t testing.TB) *Sandbox {
 // Log the test's log.
 func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 	t.Helper()
-	binDir, err := ResolveBinDir(cfg.BinDir)
+	binDir, nodeBinDir, err := ResolveBinDirs(cfg.BinDir, cfg.NodeBinDir)
 	if err == nil {
-		err = CheckBinaries(binDir)
+		err = CheckBinaries(binDir, nodeBinDir)
 	}
 	if err == nil && os.Geteuid() != 0 {
 		err = ErrNotRoot
@@ -46,10 +46,12 @@ func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 		}
 		t.Fatalf("sandbox: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// Long enough to wait for the sandbox of a test in another package
+	// (one runs per machine); each start step has a bound of its own.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	logw := &testLogWriter{t: t}
-	cfg.BinDir = binDir
+	cfg.BinDir, cfg.NodeBinDir = binDir, nodeBinDir
 	if cfg.Dir == "" {
 		cfg.Dir = t.TempDir()
 	}
@@ -63,7 +65,7 @@ func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("sandbox: last lines of %s:\n%s", s.apiserver.logPath, s.apiserver.logTail(30))
-			t.Logf("sandbox: logs of the controllers and the node agent are in %s", s.dir)
+			t.Logf("sandbox: logs of the controllers, containerd, the kubelet and kube-proxy are in %s", s.dir)
 		}
 		if err := s.Stop(); err != nil {
 			t.Errorf("stop sandbox: %v", err)

@@ -12,8 +12,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox/nodeagent"
 )
 
 // pollInterval is how often the Wait helpers look; the API server is local.
@@ -133,7 +131,7 @@ func (s *Sandbox) WaitForJob(ctx context.Context, ns, name string) (*batchv1.Job
 }
 
 // VolumePath is the host directory behind a bound PersistentVolumeClaim
-// (a hostPath PV under the node's root directory).
+// (a hostPath PV in the node's private /var/lib).
 func (s *Sandbox) VolumePath(ctx context.Context, ns, claim string) (string, error) {
 	pvc, err := s.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claim, metav1.GetOptions{})
 	if err != nil {
@@ -149,47 +147,27 @@ func (s *Sandbox) VolumePath(ctx context.Context, ns, claim string) (string, err
 	if pv.Spec.HostPath == nil {
 		return "", fmt.Errorf("sandbox: volume %s is not a hostPath volume", pv.Name)
 	}
-	return s.agent.NodePath(pv.Spec.HostPath.Path), nil
+	return s.node.hostPath(pv.Spec.HostPath.Path), nil
 }
 
-// NodePath maps a path of the node's filesystem (hostPath volumes) to the
-// host directory that stands for it.
-func (s *Sandbox) NodePath(path string) string { return s.agent.NodePath(path) }
+// NodePath maps a path of the node's filesystem (hostPath volumes, pod
+// logs) to where it is on the host.
+func (s *Sandbox) NodePath(path string) string { return s.node.hostPath(path) }
 
-// ExposeHostService creates a selector-less Service ns/name whose port
-// leads to target, a loopback address of the host (say, the sandbox's
-// etcd): Pods reach it by the Service's name, through the node agent's
-// proxy.
-func (s *Sandbox) ExposeHostService(ctx context.Context, ns, name string, port int32, target string) error {
-	if err := s.EnsureNamespace(ctx, ns); err != nil {
-		return err
+// ContainerPIDs are the processes running in the node's pod cgroups now:
+// every container's, the pause processes included.
+func (s *Sandbox) ContainerPIDs() []int { return cgroupPIDs() }
+
+// NodePIDs are the node's daemons: containerd, the kubelet and kube-proxy.
+func (s *Sandbox) NodePIDs() []int {
+	var pids []int
+	for _, p := range []*process{s.node.containerd, s.node.kubelet, s.node.kubeProxy} {
+		if p != nil {
+			pids = append(pids, p.cmd.Process.Pid)
+		}
 	}
-	_, err := s.client.CoreV1().Services(ns).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:        name,
-			Namespace:   ns,
-			Annotations: map[string]string{nodeagent.HostTargetAnnotation: fmt.Sprintf("%d=%s", port, target)},
-		},
-		Spec: corev1.ServiceSpec{
-			Type:  corev1.ServiceTypeClusterIP,
-			Ports: []corev1.ServicePort{{Name: "main", Port: port, Protocol: corev1.ProtocolTCP}},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("sandbox: create service %s/%s: %w", ns, name, err)
-	}
-	return nil
+	return pids
 }
-
-// SetImage maps an image (registry and tag ignored) to a host binary the
-// node agent runs for it; Pods waiting for the image start.
-func (s *Sandbox) SetImage(image, binary string) { s.agent.SetImage(image, binary) }
-
-// Images is the node agent's image table.
-func (s *Sandbox) Images() map[string]string { return s.agent.Images() }
-
-// ContainerPIDs are the process ids of the containers running now.
-func (s *Sandbox) ContainerPIDs() []int { return s.agent.ContainerPIDs() }
 
 // ControllerManagerPID and SchedulerPID are the child processes' ids.
 func (s *Sandbox) ControllerManagerPID() int { return s.controllerManager.cmd.Process.Pid }
