@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ociimage"
@@ -105,3 +106,30 @@ func BuildBinary(ctx context.Context, pkg, dir string) (string, error) {
 	}
 	return out, nil
 }
+
+// TagImage gives an imported image another name in the node's containerd,
+// as `ctr images tag` (or `docker tag`) does: say, the name the manifests
+// use by default.
+func (s *Sandbox) TagImage(ctx context.Context, ref, alias string) error {
+	if err := s.node.ctr(ctx, "images", "tag", "--force", normalizeRef(ref), normalizeRef(alias)); err != nil {
+		return fmt.Errorf("sandbox: tag image %s as %s: %w", ref, alias, err)
+	}
+	return nil
+}
+
+// normalizeRef spells a short image reference ("etcdbackup-server:dev") the
+// way the kubelet asks containerd for it (docker.io/library/…).
+func normalizeRef(ref string) string {
+	first, _, found := strings.Cut(ref, "/")
+	if !found {
+		return "docker.io/library/" + ref
+	}
+	if !strings.ContainsAny(first, ".:") && first != "localhost" {
+		return "docker.io/" + ref
+	}
+	return ref
+}
+
+// ArchiveRefs lists the images in an OCI image archive: reference →
+// digest.
+func ArchiveRefs(archive string) (map[string]string, error) { return archiveRefs(archive) }

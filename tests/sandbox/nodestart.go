@@ -1,12 +1,16 @@
 package sandbox
 
 import (
+	"archive/tar"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -14,6 +18,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ociimage"
 )
 
 // nodePATH is the PATH of the node's daemons: containerd finds runc and
@@ -150,7 +156,9 @@ func (n *node) ctr(ctx context.Context, args ...string) error {
 
 // importArchives imports OCI image archives into the node's containerd, as
 // an air-gapped node is loaded: `ctr images import`, only this machine's
-// platform (the archives carry all of them).
+// platform (the archives may carry more). Each image is also named by its
+// digest (NAME@sha256:…), as a pulled image is, so the kubelet reports the
+// digest in container statuses (imageID).
 func (s *Sandbox) importArchives(ctx context.Context, archives []string) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(archives))
@@ -158,13 +166,70 @@ func (s *Sandbox) importArchives(ctx context.Context, archives []string) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := s.node.ctr(ctx, "images", "import", a); err != nil {
-				errs[i] = fmt.Errorf("import image archive %s: %w", a, err)
-			}
+			errs[i] = s.importArchive(ctx, a)
 		}()
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+func (s *Sandbox) importArchive(ctx context.Context, archive string) error {
+	refs, err := archiveRefs(archive)
+	if err != nil {
+		return fmt.Errorf("image archive %s: %w", archive, err)
+	}
+	if err := s.node.ctr(ctx, "images", "import", archive); err != nil {
+		return fmt.Errorf("import image archive %s: %w", archive, err)
+	}
+	for ref, digest := range refs {
+		name := ref
+		if i := strings.LastIndex(ref, ":"); i > strings.LastIndex(ref, "/") {
+			name = ref[:i]
+		}
+		if err := s.node.ctr(ctx, "images", "tag", "--force", ref, name+"@"+digest); err != nil {
+			return fmt.Errorf("name image %s by its digest: %w", ref, err)
+		}
+	}
+	return nil
+}
+
+// archiveRefs reads an OCI image layout archive's index.json: each image's
+// reference (the containerd name annotation) → its digest.
+func archiveRefs(archive string) (map[string]string, error) {
+	f, err := os.Open(archive)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil, errors.New("no index.json: not an OCI image layout archive")
+		}
+		if err != nil {
+			return nil, err
+		}
+		if path.Clean(h.Name) != "index.json" {
+			continue
+		}
+		var index struct {
+			Manifests []struct {
+				Digest      string            `json:"digest"`
+				Annotations map[string]string `json:"annotations"`
+			} `json:"manifests"`
+		}
+		if err := json.NewDecoder(tr).Decode(&index); err != nil {
+			return nil, fmt.Errorf("index.json: %w", err)
+		}
+		refs := map[string]string{}
+		for _, m := range index.Manifests {
+			if ref := m.Annotations[ociimage.AnnotationContainerdName]; ref != "" {
+				refs[ref] = m.Digest
+			}
+		}
+		return refs, nil
+	}
 }
 
 // ImportImages imports OCI image archives into the node's containerd; Pods

@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -174,3 +179,80 @@ func (s *Sandbox) ControllerManagerPID() int { return s.controllerManager.cmd.Pr
 
 // SchedulerPID is kube-scheduler's process id.
 func (s *Sandbox) SchedulerPID() int { return s.scheduler.cmd.Process.Pid }
+
+// podPID is a process of the Pod with uid on the node (its pause process
+// or a container's), found in its cgroup: a way into its namespaces.
+func podPID(uid string) (int, error) {
+	want := "pod" + uid
+	var pid int
+	for _, d := range cgroupDirs() {
+		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if pid != 0 || err != nil || !e.IsDir() || e.Name() != want {
+				return nil
+			}
+			_ = filepath.WalkDir(p, func(q string, f os.DirEntry, err error) error {
+				if pid != 0 || err != nil || f.Name() != "cgroup.procs" {
+					return nil
+				}
+				b, _ := os.ReadFile(q)
+				if fields := strings.Fields(string(b)); len(fields) > 0 {
+					pid, _ = strconv.Atoi(fields[0])
+				}
+				return nil
+			})
+			return filepath.SkipDir
+		})
+		if pid != 0 {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no process of pod %s in the node's cgroups", uid)
+}
+
+// podSockets runs ss in the network namespace of pod ns/name for the TCP
+// connections to or from port (the ones a port-forward opens inside the
+// pod: containerd dials localhost:port there), with extra ss arguments,
+// and returns how many sockets it listed.
+func (s *Sandbox) podSockets(ctx context.Context, ns, name string, port int, extra ...string) (int, error) {
+	pod, err := s.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("sandbox: get pod %s/%s: %w", ns, name, err)
+	}
+	pid, err := podPID(string(pod.UID))
+	if err != nil {
+		return 0, fmt.Errorf("sandbox: pod %s/%s: %w", ns, name, err)
+	}
+	filter := fmt.Sprintf("( dport = :%d or sport = :%d )", port, port)
+	argv := append([]string{"nsenter", "-t", strconv.Itoa(pid), "-n", "--", "ss", "-tnH"}, extra...)
+	argv = append(argv, "state", "established", filter)
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).Output()
+	if err != nil {
+		return 0, fmt.Errorf("sandbox: ss in pod %s/%s: %w", ns, name, err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.TrimSpace(line) != "" {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// DropConnections breaks every TCP connection to port inside pod ns/name,
+// as if the pod side of each port-forward broke (the kernel aborts the
+// sockets: ss -K). Each affected port-forward sees an error on its error
+// stream; client-go's port forwarder then ends the session ("lost
+// connection to pod"), as it does when a pod's connection breaks. It
+// returns how many connections there were.
+func (s *Sandbox) DropConnections(ctx context.Context, ns, name string, port int) (int, error) {
+	n, err := s.podSockets(ctx, ns, name, port, "-K")
+	// Both ends of each connection are in the pod's namespace.
+	return n / 2, err
+}
+
+// Connections counts the TCP connections to port inside pod ns/name (a
+// port-forward makes one per forwarded connection).
+func (s *Sandbox) Connections(ctx context.Context, ns, name string, port int) (int, error) {
+	n, err := s.podSockets(ctx, ns, name, port)
+	return n / 2, err
+}
