@@ -28,6 +28,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
@@ -188,7 +189,7 @@ func buildIndex(s Spec, tmpDir string) (v1.ImageIndex, error) {
 			MediaType: types.OCILayer,
 			History: v1.History{
 				Created:   v1.Time{Time: created},
-				CreatedBy: "ociimage: COPY " + filepath.Base(s.Binaries[p]) + " " + s.Entrypoint[0],
+				CreatedBy: "ociimage: the " + p + " binary at " + s.Entrypoint[0],
 				Comment:   "built by github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ociimage",
 			},
 		})
@@ -229,6 +230,11 @@ func (s Spec) validate() error {
 	}
 	if len(s.Binaries) == 0 {
 		return errors.New("binaries: no platform given")
+	}
+	for p := range s.Binaries {
+		if plat, err := v1.ParsePlatform(p); err != nil || plat.OS == "" || plat.Architecture == "" {
+			return fmt.Errorf("binaries: platform %q: want OS/ARCH[/VARIANT], e.g. linux/amd64", p)
+		}
 	}
 	if len(s.Entrypoint) == 0 || !path.IsAbs(s.Entrypoint[0]) || path.Clean(s.Entrypoint[0]) != s.Entrypoint[0] || s.Entrypoint[0] == "/" {
 		return fmt.Errorf("entrypoint %q: the first element must be the binary's clean absolute path in the image", s.Entrypoint)
@@ -335,7 +341,7 @@ func writeLayer(layerPath, binary, dest string, created time.Time) (err error) {
 // index.json naming each image, then every blob once, sorted by digest.
 func writeLayout(w io.Writer, indexes []v1.ImageIndex, descs []v1.Descriptor) error {
 	type blob struct {
-		raw  []byte                          // manifests and configs
+		raw  []byte                        // manifests and configs
 		open func() (io.ReadCloser, error) // layers
 		size int64
 	}
@@ -465,4 +471,104 @@ func collectIndex(idx v1.ImageIndex, addRaw func(v1.Hash, []byte), addLayer func
 		}
 	}
 	return nil
+}
+
+// ReadDigests returns the images an archive written by WriteArchive names,
+// each reference mapped to its index digest, reading only its index.json.
+func ReadDigests(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open archive: %w", err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil, fmt.Errorf("archive %s: no index.json: not an OCI image layout", path)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("archive %s: %w", path, err)
+		}
+		if hdr.Name != "index.json" {
+			continue
+		}
+		var im v1.IndexManifest
+		if err := json.NewDecoder(tr).Decode(&im); err != nil {
+			return nil, fmt.Errorf("archive %s: index.json: %w", path, err)
+		}
+		digests := make(map[string]string, len(im.Manifests))
+		for _, d := range im.Manifests {
+			if ref := d.Annotations[AnnotationRefName]; ref != "" {
+				digests[ref] = d.Digest.String()
+			}
+		}
+		return digests, nil
+	}
+}
+
+// Extract unpacks an archive into the directory dir (created if needed) and
+// returns it as an OCI image layout, for go-containerregistry's layout
+// package: to read an image back or push it to a registry mirror.
+func Extract(archive, dir string) (layout.Path, error) {
+	f, err := os.Open(archive)
+	if err != nil {
+		return "", fmt.Errorf("open archive: %w", err)
+	}
+	defer f.Close()
+	root, err := os.OpenRoot(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		if err = os.MkdirAll(dir, 0o755); err == nil {
+			root, err = os.OpenRoot(dir)
+		}
+	}
+	if err != nil {
+		return "", fmt.Errorf("extract %s: %w", archive, err)
+	}
+	defer root.Close()
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return "", fmt.Errorf("extract %s: %w", archive, err)
+		}
+		// os.Root refuses names that escape dir.
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := root.MkdirAll(strings.TrimSuffix(hdr.Name, "/"), 0o755); err != nil {
+				return "", fmt.Errorf("extract %s: %w", archive, err)
+			}
+		case tar.TypeReg:
+			if err := extractFile(root, hdr.Name, tr); err != nil {
+				return "", fmt.Errorf("extract %s: %w", archive, err)
+			}
+		default:
+			return "", fmt.Errorf("extract %s: %s: unexpected entry type %q", archive, hdr.Name, hdr.Typeflag)
+		}
+	}
+	p, err := layout.FromPath(dir)
+	if err != nil {
+		return "", fmt.Errorf("extract %s: %w", archive, err)
+	}
+	return p, nil
+}
+
+func extractFile(root *os.Root, name string, r io.Reader) error {
+	if d := path.Dir(name); d != "." {
+		if err := root.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
