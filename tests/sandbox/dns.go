@@ -9,14 +9,14 @@ import (
 	"time"
 )
 
-// coreDNSManifest is the cluster DNS as kubeadm installs it, trimmed: the
+// coreDNSManifest (image, ClusterIP) is the cluster DNS as kubeadm installs it, trimmed: the
 // coredns ServiceAccount with read access to Services, EndpointSlices,
 // Pods and Namespaces, the Corefile, a Deployment of the CoreDNS image and
 // the kube-dns Service at DNSServiceIP. CoreDNS listens on 1053 (the
 // Service maps 53 to it) so it runs as non-root without
 // NET_BIND_SERVICE. The Corefile has no `forward`: there is no upstream
 // resolver, names outside cluster.local do not resolve.
-var coreDNSManifest = fmt.Sprintf(`apiVersion: v1
+const coreDNSManifest = `apiVersion: v1
 kind: ServiceAccount
 metadata:
   name: coredns
@@ -155,13 +155,13 @@ spec:
       port: 53
       targetPort: 1053
       protocol: TCP
-`, CoreDNSImage, DNSServiceIP)
+`
 
 // startDNS installs CoreDNS and waits until it is available (Ready: it
 // has synced Services and EndpointSlices from the API server, which it
 // reaches through the `kubernetes` Service, so kube-proxy works too).
 func (s *Sandbox) startDNS(ctx context.Context) error {
-	if err := s.applyManifest(ctx, coreDNSManifest); err != nil {
+	if err := s.applyManifest(ctx, fmt.Sprintf(coreDNSManifest, s.coreDNSImage, DNSServiceIP)); err != nil {
 		return fmt.Errorf("install CoreDNS: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)

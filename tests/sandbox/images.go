@@ -12,56 +12,65 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ociimage"
 )
 
-// CoreDNSImage is the cluster DNS image: CoreDNS built from its Go module
-// (tools/coredns), packed by the sandbox.
-const CoreDNSImage = "sandbox.local/coredns:v1.15.0"
-
 // imagesResult is what systemImages produced.
 type imagesResult struct {
 	archives []string
 	err      error
 }
 
-// systemImages packs the images the cluster itself runs — the pause image
-// (tests/cmd/pause, built here) and CoreDNS — into OCI archives under the
-// node bin dir, once: an archive newer than its binary is reused.
+// systemImages finds the images the cluster itself runs — the pause image
+// (tests/cmd/pause) and CoreDNS — as archives in the node dir's images/
+// (hack/node.mk's node-images), or packs them there from the binaries in
+// bin/ (an archive newer than its binary is reused). It sets s.pauseImage
+// and s.coreDNSImage to the references the archives name.
 func (s *Sandbox) systemImages(ctx context.Context) imagesResult {
-	dir := filepath.Join(s.nodeBinDir, "images")
+	dir := filepath.Join(s.nodeDir, "images")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return imagesResult{err: err}
 	}
-	pause := filepath.Join(s.nodeBinDir, "pause")
-	if _, err := os.Stat(pause); err != nil {
-		if pause, err = BuildBinary(ctx, "./tests/cmd/pause", filepath.Join(s.dir, "bin")); err != nil {
-			return imagesResult{err: err}
-		}
-	}
 	var archives []string
-	for _, img := range []struct{ ref, binary, archive string }{
-		{PauseImage, pause, "pause.tar"},
-		{CoreDNSImage, filepath.Join(s.nodeBinDir, "coredns"), "coredns.tar"},
+	for _, img := range []struct {
+		ref, binary, archive string
+		name                 *string
+	}{
+		{"etcdbackup.test/pause:v1", filepath.Join(s.nodeDir, "bin", "pause"), "pause.tar", &s.pauseImage},
+		{"etcdbackup.test/coredns:v1.15.0", filepath.Join(s.nodeDir, "bin", "coredns"), "coredns.tar", &s.coreDNSImage},
 	} {
 		archive := filepath.Join(dir, img.archive)
-		if fresh(archive, img.binary) {
-			archives = append(archives, archive)
-			continue
+		if _, err := os.Stat(archive); err != nil || !fresh(archive, img.binary) {
+			if _, err := os.Stat(img.binary); err != nil && img.archive == "pause.tar" {
+				if img.binary, err = BuildBinary(ctx, "./tests/cmd/pause", filepath.Join(s.dir, "bin")); err != nil {
+					return imagesResult{err: err}
+				}
+			}
+			if _, err := PackBinary(archive, img.ref, img.binary); err != nil {
+				return imagesResult{err: err}
+			}
 		}
-		if _, err := PackBinary(archive, img.ref, img.binary); err != nil {
+		refs, err := ociimage.ReadDigests(archive)
+		if err != nil {
 			return imagesResult{err: err}
+		}
+		if len(refs) != 1 {
+			return imagesResult{err: fmt.Errorf("image archive %s holds %d images, want 1", archive, len(refs))}
+		}
+		for ref := range refs {
+			*img.name = ref
 		}
 		archives = append(archives, archive)
 	}
 	return imagesResult{archives: archives}
 }
 
-// fresh tells whether archive exists and is newer than binary.
+// fresh tells whether archive exists and is not older than binary (or
+// binary is absent: the archive is all there is).
 func fresh(archive, binary string) bool {
 	a, err := os.Stat(archive)
 	if err != nil {
 		return false
 	}
 	b, err := os.Stat(binary)
-	return err == nil && a.ModTime().After(b.ModTime())
+	return err != nil || !a.ModTime().Before(b.ModTime())
 }
 
 // PackBinary writes a single-platform OCI image archive of a static binary
@@ -129,7 +138,3 @@ func normalizeRef(ref string) string {
 	}
 	return ref
 }
-
-// ArchiveRefs lists the images in an OCI image archive: reference →
-// digest.
-func ArchiveRefs(archive string) (map[string]string, error) { return archiveRefs(archive) }

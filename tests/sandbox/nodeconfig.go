@@ -8,20 +8,17 @@ const (
 	containerdSock = "/run/containerd/containerd.sock"
 	cniBinDir      = "/opt/cni/bin"
 	cniConfDir     = "/opt/cni/net.d"
-	// PauseImage is the pod sandbox image containerd runs for every pod:
-	// a pause program built from this repository, imported under the name
-	// a kubeadm cluster uses, so nothing is ever pulled.
-	PauseImage = "registry.k8s.io/pause:3.10"
 )
 
 // containerdConfig is containerd's configuration for the node: its own
 // root, state and socket (in the node's private dirs), the overlayfs
 // snapshotter, runc with cgroupfs (PID 1 here is not systemd), the local
-// pause image, and the CNI paths. restrict_oom_score_adj: root here lacks
+// pause image (the pod sandbox image, built from tests/cmd/pause and
+// imported: nothing is ever pulled), and the CNI paths. restrict_oom_score_adj: root here lacks
 // CAP_SYS_RESOURCE, so the pause container's oom_score_adj of -998 would
 // make every pod sandbox fail in runc ("can't get final child's PID from
 // pipe: EOF"); with it, containerd clamps the value to its own.
-func containerdConfig() string {
+func containerdConfig(pauseImage string) string {
 	return fmt.Sprintf(`version = 2
 root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -44,7 +41,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = %[3]q
     conf_dir = %[4]q
-`, containerdSock, PauseImage, cniBinDir, cniConfDir)
+`, containerdSock, pauseImage, cniBinDir, cniConfDir)
 }
 
 // cniConfig is the node's pod network: a bridge with the pods' gateway on

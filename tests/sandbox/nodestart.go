@@ -1,14 +1,11 @@
 package sandbox
 
 import (
-	"archive/tar"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -26,8 +23,9 @@ import (
 // its shim there, the kubelet mount.
 const nodePATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// cniPlugins are the CNI plugin binaries the node needs: the conflist's
-// and loopback, which containerd calls for every pod's lo.
+// cniPlugins are the CNI plugin binaries the node needs (in the node dir's
+// cni/bin): the conflist's and loopback, which containerd calls for every
+// pod's lo.
 var cniPlugins = []string{"bridge", "host-local", "loopback", "portmap"}
 
 // startNode brings up the node: its namespaces, containerd with the images
@@ -41,7 +39,7 @@ func (s *Sandbox) startNode(ctx context.Context, images []string) error {
 		}
 	}
 	for _, p := range cniPlugins {
-		if err := copyFile(filepath.Join(s.nodeBinDir, p), filepath.Join(n.root, "opt/cni/bin", p), 0o755); err != nil {
+		if err := copyFile(filepath.Join(s.nodeDir, "cni", "bin", p), filepath.Join(n.root, "opt/cni/bin", p), 0o755); err != nil {
 			return fmt.Errorf("CNI plugin: %w", err)
 		}
 	}
@@ -58,7 +56,7 @@ func (s *Sandbox) startNode(ctx context.Context, images []string) error {
 		return err
 	}
 	files := map[string]string{
-		"containerd.toml": containerdConfig(),
+		"containerd.toml": containerdConfig(s.pauseImage),
 		"kubelet.yaml":    kubeletConfig(s.pki.clientCA.certFile, s.pki.node.certFile, s.pki.node.keyFile, ""),
 		"kube-proxy.yaml": kubeProxyConfig(filepath.Join(s.dir, "kubeconfigs", "kube-proxy.kubeconfig")),
 	}
@@ -174,7 +172,7 @@ func (s *Sandbox) importArchives(ctx context.Context, archives []string) error {
 }
 
 func (s *Sandbox) importArchive(ctx context.Context, archive string) error {
-	refs, err := archiveRefs(archive)
+	refs, err := ociimage.ReadDigests(archive)
 	if err != nil {
 		return fmt.Errorf("image archive %s: %w", archive, err)
 	}
@@ -191,45 +189,6 @@ func (s *Sandbox) importArchive(ctx context.Context, archive string) error {
 		}
 	}
 	return nil
-}
-
-// archiveRefs reads an OCI image layout archive's index.json: each image's
-// reference (the containerd name annotation) → its digest.
-func archiveRefs(archive string) (map[string]string, error) {
-	f, err := os.Open(archive)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return nil, errors.New("no index.json: not an OCI image layout archive")
-		}
-		if err != nil {
-			return nil, err
-		}
-		if path.Clean(h.Name) != "index.json" {
-			continue
-		}
-		var index struct {
-			Manifests []struct {
-				Digest      string            `json:"digest"`
-				Annotations map[string]string `json:"annotations"`
-			} `json:"manifests"`
-		}
-		if err := json.NewDecoder(tr).Decode(&index); err != nil {
-			return nil, fmt.Errorf("index.json: %w", err)
-		}
-		refs := map[string]string{}
-		for _, m := range index.Manifests {
-			if ref := m.Annotations[ociimage.AnnotationContainerdName]; ref != "" {
-				refs[ref] = m.Digest
-			}
-		}
-		return refs, nil
-	}
 }
 
 // ImportImages imports OCI image archives into the node's containerd; Pods

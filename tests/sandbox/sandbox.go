@@ -24,16 +24,21 @@ import (
 // holding the Kubernetes binaries (hack/build-kube.sh's OUTDIR).
 const BinDirEnv = "ETCDBACKUP_KUBE_BIN_DIR"
 
-// NodeBinDirEnv names the environment variable that points at the
-// directory holding the node's other binaries: the CNI plugins and CoreDNS
-// (hack/node.mk's output).
-const NodeBinDirEnv = "ETCDBACKUP_NODE_BIN_DIR"
+// NodeDirEnv names the environment variable that points at the directory
+// holding what the node runs besides the Kubernetes binaries (hack/node.mk's
+// NODE_DIR): cni/bin/ (the CNI plugins), bin/ (coredns, pause) and images/
+// (their image archives).
+const NodeDirEnv = "ETCDBACKUP_NODE_DIR"
 
 // kubeBinaries are the binaries Start needs in the bin dir.
 var kubeBinaries = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet", "kube-proxy"}
 
-// nodeBinaries are the binaries Start needs in the node bin dir.
-var nodeBinaries = append([]string{"coredns"}, cniPlugins...)
+// nodeFiles are the files Start needs in the node dir; CoreDNS as a
+// binary or as its image archive.
+var nodeFiles = [][]string{
+	{"cni/bin/bridge"}, {"cni/bin/host-local"}, {"cni/bin/loopback"}, {"cni/bin/portmap"},
+	{"bin/coredns", "images/coredns.tar"},
+}
 
 // hostTools are the programs of the machine the node needs (Debian's
 // containerd, runc and nftables: hack/install-node-deps.sh).
@@ -41,7 +46,7 @@ var hostTools = []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc",
 
 // ErrBinariesMissing is returned (wrapped) by Start when a binary is not
 // in its bin dir. Tests use it to skip with a useful message.
-var ErrBinariesMissing = errors.New("sandbox binaries missing (build them with `make kube-bins node-bins`, install containerd/runc/nftables with hack/install-node-deps.sh)")
+var ErrBinariesMissing = errors.New("sandbox binaries missing (build them with `make node-bins`, install containerd, runc and nftables with hack/install-node-deps.sh)")
 
 // Config says where the sandbox keeps its files and finds its binaries.
 type Config struct {
@@ -54,10 +59,11 @@ type Config struct {
 	// else <repo root>/.cache/kube/bin (repo root: the nearest parent of
 	// the working directory with this project's go.mod).
 	BinDir string
-	// NodeBinDir holds the CNI plugins (bridge, host-local, loopback,
-	// portmap) and coredns. Default: $ETCDBACKUP_NODE_BIN_DIR, else <repo
-	// root>/.cache/node/bin.
-	NodeBinDir string
+	// NodeDir holds the CNI plugins (cni/bin/: bridge, host-local,
+	// loopback, portmap), coredns and pause (bin/) and their image archives
+	// (images/; made from bin/ when missing). Default: $ETCDBACKUP_NODE_DIR,
+	// else <repo root>/.cache/node.
+	NodeDir string
 	// Log receives progress lines for humans; nil discards them.
 	Log io.Writer
 	// Images are OCI image archives (ociimage.WriteArchive, `make images`)
@@ -71,10 +77,13 @@ type Config struct {
 
 // Sandbox is a running cluster. Its methods are safe for concurrent use.
 type Sandbox struct {
-	dir        string
-	binDir     string
-	nodeBinDir string
-	log        io.Writer
+	dir     string
+	binDir  string
+	nodeDir string
+	log     io.Writer
+
+	// The references of the pause and CoreDNS images (systemImages).
+	pauseImage, coreDNSImage string
 
 	lock              *machineLock
 	pki               *pki
@@ -109,18 +118,18 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: resolve dir: %w", err)
 	}
-	binDir, nodeBinDir, err := ResolveBinDirs(cfg.BinDir, cfg.NodeBinDir)
+	binDir, nodeDir, err := ResolveBinDirs(cfg.BinDir, cfg.NodeDir)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	if err := CheckBinaries(binDir, nodeBinDir); err != nil {
+	if err := CheckBinaries(binDir, nodeDir); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	logw := cfg.Log
 	if logw == nil {
 		logw = io.Discard
 	}
-	s := &Sandbox{dir: dir, binDir: binDir, nodeBinDir: nodeBinDir, log: logw}
+	s := &Sandbox{dir: dir, binDir: binDir, nodeDir: nodeDir, log: logw}
 	if s.lock, err = lockMachine(ctx, dir, !cfg.NoWait, s.logf); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
@@ -304,18 +313,18 @@ func resetDir(dir string) error {
 	return nil
 }
 
-// ResolveBinDirs applies Config.BinDir's and Config.NodeBinDir's
-// defaults: explicit dir, else the environment variable, else the dir
-// under <repo root>/.cache.
-func ResolveBinDirs(binDir, nodeBinDir string) (string, string, error) {
+// ResolveBinDirs applies Config.BinDir's and Config.NodeDir's defaults:
+// explicit dir, else the environment variable, else the dir under <repo
+// root>/.cache.
+func ResolveBinDirs(binDir, nodeDir string) (string, string, error) {
 	var err error
-	if binDir, err = resolveDir(binDir, BinDirEnv, "kube"); err != nil {
+	if binDir, err = resolveDir(binDir, BinDirEnv, "kube/bin"); err != nil {
 		return "", "", err
 	}
-	if nodeBinDir, err = resolveDir(nodeBinDir, NodeBinDirEnv, "node"); err != nil {
+	if nodeDir, err = resolveDir(nodeDir, NodeDirEnv, "node"); err != nil {
 		return "", "", err
 	}
-	return binDir, nodeBinDir, nil
+	return binDir, nodeDir, nil
 }
 
 func resolveDir(dir, env, cache string) (string, error) {
@@ -325,26 +334,29 @@ func resolveDir(dir, env, cache string) (string, error) {
 	if dir == "" {
 		root, err := repoRoot()
 		if err != nil {
-			return "", fmt.Errorf("find %s bin dir: %w (set %s)", cache, err, env)
+			return "", fmt.Errorf("find .cache/%s: %w (set %s)", cache, err, env)
 		}
-		dir = filepath.Join(root, ".cache", cache, "bin")
+		dir = filepath.Join(root, ".cache", cache)
 	}
 	return filepath.Abs(dir)
 }
 
 // CheckBinaries reports (wrapping ErrBinariesMissing) if a binary the
-// sandbox runs is not an executable file in its dir or on PATH.
-func CheckBinaries(binDir, nodeBinDir string) error {
+// sandbox runs is missing: from binDir, from nodeDir, or from PATH.
+func CheckBinaries(binDir, nodeDir string) error {
 	var missing []string
-	for _, set := range []struct {
-		dir   string
-		names []string
-	}{{binDir, kubeBinaries}, {nodeBinDir, nodeBinaries}} {
-		for _, name := range set.names {
-			fi, err := os.Stat(filepath.Join(set.dir, name))
-			if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-				missing = append(missing, filepath.Join(set.dir, name))
-			}
+	for _, name := range kubeBinaries {
+		if !isFile(filepath.Join(binDir, name)) {
+			missing = append(missing, filepath.Join(binDir, name))
+		}
+	}
+	for _, alternatives := range nodeFiles {
+		found := false
+		for _, name := range alternatives {
+			found = found || isFile(filepath.Join(nodeDir, name))
+		}
+		if !found {
+			missing = append(missing, filepath.Join(nodeDir, alternatives[0]))
 		}
 	}
 	for _, name := range hostTools {
@@ -353,9 +365,14 @@ func CheckBinaries(binDir, nodeBinDir string) error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("%w: no executable %s", ErrBinariesMissing, strings.Join(missing, ", "))
+		return fmt.Errorf("%w: no %s", ErrBinariesMissing, strings.Join(missing, ", "))
 	}
 	return nil
+}
+
+func isFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // lookPath finds a host tool on PATH or in the sbin directories a

@@ -33,9 +33,9 @@ func StartForTest(t testing.TB) *Sandbox {
 // Log the test's log.
 func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 	t.Helper()
-	binDir, nodeBinDir, err := ResolveBinDirs(cfg.BinDir, cfg.NodeBinDir)
+	binDir, nodeDir, err := ResolveBinDirs(cfg.BinDir, cfg.NodeDir)
 	if err == nil {
-		err = CheckBinaries(binDir, nodeBinDir)
+		err = CheckBinaries(binDir, nodeDir)
 	}
 	if err == nil && os.Geteuid() != 0 {
 		err = ErrNotRoot
@@ -51,7 +51,7 @@ func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	logw := &testLogWriter{t: t}
-	cfg.BinDir, cfg.NodeBinDir = binDir, nodeBinDir
+	cfg.BinDir, cfg.NodeDir = binDir, nodeDir
 	if cfg.Dir == "" {
 		cfg.Dir = t.TempDir()
 	}

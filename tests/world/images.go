@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ociimage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 )
 
@@ -50,7 +51,7 @@ func BuildImages(ctx context.Context, dir string) (*Images, error) {
 	im := &Images{Digests: map[string]string{}}
 	for _, name := range imageNames {
 		archive := filepath.Join(src, name+".tar")
-		refs, err := sandbox.ArchiveRefs(archive)
+		refs, err := ociimage.ReadDigests(archive)
 		if err != nil {
 			return nil, fmt.Errorf("image %s: %w", name, err)
 		}
