@@ -13,6 +13,7 @@ TEST_TIMEOUT ?= 30m
 
 include hack/kube.mk
 include hack/s3.mk
+include hack/node.mk
 
 .PHONY: all build test unit lint generate check-generate demo sandbox bench tools clean dist krew-check
 
@@ -21,6 +22,10 @@ all: build
 ## build: the plugin and the server into bin/
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
+
+## images: OCI image archives of the server, agent and CLI (linux/amd64 and linux/arm64, no container engine) into dist/images/
+images: $(IMAGES_TOOL)
+	$(IMAGES_TOOL) product -version $(VERSION) -repo $(IMAGE_REPO) -platforms $(IMAGE_PLATFORMS) -out dist/images
 
 ## tools: code generators and linters, pinned by the modules under tools/
 tools: $(TOOLS_BIN)/buf $(TOOLS_BIN)/protoc-gen-go $(TOOLS_BIN)/protoc-gen-go-grpc $(TOOLS_BIN)/staticcheck

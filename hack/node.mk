@@ -20,6 +20,11 @@
 # The image tool, $(IMAGES_TOOL), is hack/images; `make images` (root
 # Makefile) uses it for the product's images.
 
+# `make images`: where the product's image names point, and for which
+# platforms (IMAGE_PLATFORMS=linux/amd64 alone is quickest for a local node).
+IMAGE_REPO ?= ghcr.io/kubectl-etcdbackup
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
+
 NODE_DIR ?= $(CURDIR)/.cache/node
 NODE_BIN_DIR := $(NODE_DIR)/bin
 CNI_BIN_DIR := $(NODE_DIR)/cni/bin
@@ -56,7 +61,7 @@ define build-tool
 	fi
 endef
 
-.PHONY: node-bins cni-bins coredns-bin node-images
+.PHONY: images node-bins cni-bins coredns-bin node-images
 node-bins: kube-bins cni-bins coredns-bin node-images
 
 cni-bins:
