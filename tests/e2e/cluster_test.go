@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -174,8 +173,8 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, pid := range append(pids, sb.APIServerPID(), sb.ControllerManagerPID(), sb.SchedulerPID()) {
-			if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
-				t.Errorf("pid %d still exists after Stop (kill -0: %v)", pid, err)
+			if sandbox.Alive(pid) {
+				t.Errorf("pid %d still runs after Stop", pid)
 			}
 		}
 	})

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"regexp"
 	"strconv"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -71,7 +73,25 @@ func (s *Sandbox) ExposeHostService(ctx context.Context, ns, name string, port i
 	if err != nil {
 		return fmt.Errorf("sandbox: create endpoint slice of %s/%s: %w", ns, name, err)
 	}
-	return nil
+	return s.WaitForServiceRouted(ctx, ns, name)
+}
+
+// WaitForServiceRouted waits until kube-proxy has programmed the node's
+// nftables rules for Service ns/name with at least one endpoint, so a pod
+// started next reaches it (before that, its ClusterIP refuses
+// connections).
+func (s *Sandbox) WaitForServiceRouted(ctx context.Context, ns, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	// The Service's chain DNATs to its endpoints once it has some.
+	want := regexp.MustCompile(`chain service-[A-Z0-9]+-` + regexp.QuoteMeta(ns+"/"+name+"/") + `[^{]*\{[^}]*dnat`)
+	return poll(ctx, "kube-proxy to route Service "+ns+"/"+name, func() (bool, string, error) {
+		out, err := s.node.exec(ctx, "nft", "list", "table", "ip", "kube-proxy")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return want.MatchString(out), "no Service chain with a dnat rule in table ip kube-proxy", nil
+	})
 }
 
 // EnsureNamespace creates the namespace and its ServiceAccount "default" if

@@ -170,6 +170,7 @@ func startHolder(ctx context.Context, root string) (*exec.Cmd, chan struct{}, er
 		"unshare", "--mount", "--propagation", "private", "--",
 		"sh", "-c", script, "holder", root)
 	cmd.SysProcAttr = childSysProcAttr()
+	cmd.Env = []string{"PATH=" + nodePATH}
 	cmd.Stderr = &tailBuffer{}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -214,6 +215,7 @@ func (n *node) inNode(argv ...string) []string {
 func (n *node) exec(ctx context.Context, argv ...string) (string, error) {
 	full := n.inNode(argv...)
 	cmd := exec.CommandContext(ctx, full[0], full[1:]...)
+	cmd.Env = []string{"PATH=" + nodePATH}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
@@ -279,20 +281,55 @@ func cgroupPIDs() []int {
 // killCgroupProcs SIGKILLs every process in the node's cgroups (the
 // containers and the shims that joined them) until none is left.
 func killCgroupProcs() error {
+	return killAll(cgroupPIDs, "the node's cgroups")
+}
+
+// killAll SIGKILLs the processes list returns until it returns none, then
+// waits (5 s at most) until they are dead: gone, or zombies (a killed
+// container whose shim died too stays a zombie until init reaps it).
+func killAll(list func() []int, where string) error {
 	deadline := time.Now().Add(10 * time.Second)
+	var killed []int
+	defer func() { waitGone(killed, 5*time.Second) }()
 	for {
-		pids := cgroupPIDs()
+		pids := list()
 		if len(pids) == 0 {
 			return nil
 		}
+		killed = append(killed, pids...)
 		if time.Now().After(deadline) {
-			return fmt.Errorf("processes %v in the node's cgroups survive SIGKILL", pids)
+			return fmt.Errorf("processes %v in %s survive SIGKILL", pids, where)
 		}
 		for _, pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// waitGone waits until none of pids runs any more, or timeout.
+func waitGone(pids []int, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for _, pid := range pids {
+		for Alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// Alive tells whether process pid exists and is not a zombie (dead, not
+// yet reaped by its parent).
+func Alive(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 {
+		return true
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	return len(f) == 0 || (f[0] != "Z" && f[0] != "X")
 }
 
 // removeCgroups removes the node's cgroups, deepest first.
@@ -324,9 +361,14 @@ func removeCgroups() error {
 	return errors.Join(errs...)
 }
 
-// run runs a command on the host and reports its output on failure.
+// run runs a command on the host (found on PATH or in the sbin
+// directories) and reports its output on failure.
 func run(ctx context.Context, argv ...string) error {
-	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	bin, err := lookPath(argv[0])
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, bin, argv[1:]...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
 	}

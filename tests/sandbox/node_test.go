@@ -18,7 +18,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -122,8 +121,8 @@ func TestNode(t *testing.T) {
 		}
 		t.Logf("Stop took %s", time.Since(began).Round(time.Millisecond))
 		for _, pid := range pids {
-			if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
-				t.Errorf("pid %d still exists after Stop (kill -0: %v)", pid, err)
+			if sandbox.Alive(pid) {
+				t.Errorf("pid %d still runs after Stop", pid)
 			}
 		}
 		after := machineState(t)
@@ -241,6 +240,9 @@ func testServiceDNS(ctx context.Context, t *testing.T, s *sandbox.Sandbox) {
 		}
 		return ready == 2
 	})
+	if err := s.WaitForServiceRouted(ctx, clusterNS, "echo"); err != nil {
+		t.Fatal(err)
+	}
 	for name, url := range map[string]string{"short": "http://echo/", "fqdn": "http://echo." + clusterNS + ".svc.cluster.local/"} {
 		runJob(ctx, t, s, "dns-"+name, []string{"get", url})
 		if out := kubectl(t, s, "-n", clusterNS, "logs", "job/dns-"+name); !strings.Contains(out, "GET "+url+": 200 OK pod=echo-") {

@@ -128,11 +128,15 @@ maxPods: 110
 
 // kubeProxyConfig runs kube-proxy in nftables mode inside the node. The
 // conntrack settings are zero so it leaves the machine-wide
-// nf_conntrack_max and timeouts alone.
+// nf_conntrack_max and timeouts alone. minSyncPeriod 0: rules follow each
+// change at once (the default batches them for a second, which a test
+// creating a Service and then a client pod would race).
 func kubeProxyConfig(kubeconfig string) string {
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: nftables
+nftables:
+  minSyncPeriod: 0s
 hostnameOverride: %[2]s
 bindAddress: %[3]s
 clusterCIDR: %[4]s

@@ -231,10 +231,11 @@ func (s *Sandbox) waitNodeReady(ctx context.Context) error {
 
 // stopNode kills the node hard: its daemons, then every process left in
 // its network namespace (containerd's shims) and in its cgroups (the
-// containers), then removes the cgroups, the network namespace and the
-// link. The node's mounts go with its mount namespace, whose last process
-// this kills. A graceful pod shutdown is pointless here: the cluster's
-// state is thrown away with it.
+// containers). The node's mounts go with its mount namespace, whose last
+// process this kills. A graceful pod shutdown is pointless here: the
+// cluster's state is thrown away with it. The cgroups, the network
+// namespace and the link go last (cleanupNode), once the API server, which
+// listens on the link, has stopped.
 func (s *Sandbox) stopNode() error {
 	n := s.node
 	var errs []error
@@ -251,7 +252,7 @@ func (s *Sandbox) stopNode() error {
 		_ = n.holder.Process.Kill()
 		<-n.holderDone
 	}
-	if err := cleanupNode(); err != nil {
+	if err := killCgroupProcs(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -264,8 +265,7 @@ func killNetnsProcs() error {
 	if err := syscall.Stat("/run/netns/"+netnsName, &want); err != nil {
 		return nil // no namespace, no process in it
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	return killAll(func() []int {
 		var pids []int
 		entries, _ := os.ReadDir("/proc")
 		for _, e := range entries {
@@ -278,17 +278,8 @@ func killNetnsProcs() error {
 				pids = append(pids, pid)
 			}
 		}
-		if len(pids) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("processes %v in the node's network namespace survive SIGKILL", pids)
-		}
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return pids
+	}, "the node's network namespace")
 }
 
 func copyFile(src, dst string, mode os.FileMode) error {

@@ -243,17 +243,13 @@ func (s *Sandbox) Stop() error {
 			if err := s.stopNode(); err != nil {
 				errs = append(errs, err)
 			}
-		} else if s.lock != nil {
-			// The network may be up without a node.
-			if err := cleanupNode(); err != nil {
-				errs = append(errs, err)
-			}
 		}
 		if s.forwarders != nil {
 			s.forwarders.stop()
 		}
-		// The apiserver before etcd: with etcd gone first its graceful
-		// shutdown hangs.
+		// The apiserver before etcd (with etcd gone first its graceful
+		// shutdown hangs), and both before the node's network, whose host
+		// end they listen on.
 		if s.apiserver != nil {
 			if err := s.apiserver.stop(15 * time.Second); err != nil {
 				errs = append(errs, err)
@@ -261,6 +257,11 @@ func (s *Sandbox) Stop() error {
 		}
 		if s.etcd != nil {
 			s.etcd.stop()
+		}
+		if s.lock != nil {
+			if err := cleanupNode(); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		s.lock.release()
 		s.stopErr = errors.Join(errs...)

@@ -5,10 +5,17 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 )
+
+// DirEnv names a directory under which StartForTest keeps each test's
+// sandbox dir (logs, certificates, the node's files) instead of a
+// temporary one removed at the end.
+const DirEnv = "ETCDBACKUP_SANDBOX_DIR"
 
 // RequireEnv, when set to 1, turns "kube binaries missing" from a skip into
 // a failure (for CI, where the sandbox must run).
@@ -54,6 +61,10 @@ func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 	cfg.BinDir, cfg.NodeDir = binDir, nodeDir
 	if cfg.Dir == "" {
 		cfg.Dir = t.TempDir()
+		// To keep the logs of a run: ETCDBACKUP_SANDBOX_DIR=DIR.
+		if d := os.Getenv(DirEnv); d != "" {
+			cfg.Dir = filepath.Join(d, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()))
+		}
 	}
 	if cfg.Log == nil {
 		cfg.Log = logw

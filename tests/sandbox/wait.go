@@ -225,7 +225,9 @@ func (s *Sandbox) podSockets(ctx context.Context, ns, name string, port int, ext
 	filter := fmt.Sprintf("( dport = :%d or sport = :%d )", port, port)
 	argv := append([]string{"nsenter", "-t", strconv.Itoa(pid), "-n", "--", "ss", "-tnH"}, extra...)
 	argv = append(argv, "state", "established", filter)
-	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).Output()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = []string{"PATH=" + nodePATH}
+	out, err := cmd.Output()
 	if err != nil {
 		return 0, fmt.Errorf("sandbox: ss in pod %s/%s: %w", ns, name, err)
 	}
