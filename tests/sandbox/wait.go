@@ -209,10 +209,10 @@ func podPID(uid string) (int, error) {
 	return 0, fmt.Errorf("no process of pod %s in the node's cgroups", uid)
 }
 
-// podSockets runs ss in the network namespace of pod ns/name for the TCP
-// connections to or from port (the ones a port-forward opens inside the
-// pod: containerd dials localhost:port there), with extra ss arguments,
-// and returns how many sockets it listed.
+// podSockets runs ss in the network namespace of pod ns/name for the
+// client ends of the TCP connections to port (a port-forward opens them
+// inside the pod: containerd dials localhost:port there), with extra ss
+// arguments, and returns how many sockets it listed.
 func (s *Sandbox) podSockets(ctx context.Context, ns, name string, port int, extra ...string) (int, error) {
 	pod, err := s.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
@@ -222,7 +222,7 @@ func (s *Sandbox) podSockets(ctx context.Context, ns, name string, port int, ext
 	if err != nil {
 		return 0, fmt.Errorf("sandbox: pod %s/%s: %w", ns, name, err)
 	}
-	filter := fmt.Sprintf("( dport = :%d or sport = :%d )", port, port)
+	filter := fmt.Sprintf("( dport = :%d )", port)
 	argv := append([]string{"nsenter", "-t", strconv.Itoa(pid), "-n", "--", "ss", "-tnH"}, extra...)
 	argv = append(argv, "state", "established", filter)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
@@ -247,14 +247,11 @@ func (s *Sandbox) podSockets(ctx context.Context, ns, name string, port int, ext
 // connection to pod"), as it does when a pod's connection breaks. It
 // returns how many connections there were.
 func (s *Sandbox) DropConnections(ctx context.Context, ns, name string, port int) (int, error) {
-	n, err := s.podSockets(ctx, ns, name, port, "-K")
-	// Both ends of each connection are in the pod's namespace.
-	return n / 2, err
+	return s.podSockets(ctx, ns, name, port, "-K")
 }
 
 // Connections counts the TCP connections to port inside pod ns/name (a
 // port-forward makes one per forwarded connection).
 func (s *Sandbox) Connections(ctx context.Context, ns, name string, port int) (int, error) {
-	n, err := s.podSockets(ctx, ns, name, port)
-	return n / 2, err
+	return s.podSockets(ctx, ns, name, port)
 }
