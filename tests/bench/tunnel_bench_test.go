@@ -65,9 +65,9 @@ const (
 // product path — `kubectl etcdbackup download big -o -`: kubectl execs the
 // plugin, which port-forwards through the API server to the data server
 // and streams a 1 GiB backup over gRPC, verifying its SHA-256 — against
-// the bare tunnel: a raw 1 GiB byte stream through the same API server and
-// node endpoint, forwarded by client-go's PortForwarder to a local port
-// and read by a plain TCP reader. Both transports kubectl uses are
+// the bare tunnel: a raw 1 GiB byte stream from a pod (podtool's bytes
+// mode) through the same API server, kubelet and containerd, forwarded by
+// client-go's PortForwarder to a local port and read by a plain TCP reader. Both transports kubectl uses are
 // compared: WebSocket (the default, SPDY tunnelled over WebSocket to the
 // API server) and SPDY (KUBECTL_PORT_FORWARD_WEBSOCKETS=false).
 //
@@ -458,9 +458,9 @@ type cpuUse struct {
 	plugin    time.Duration // kubectl, then the plugin it execs (plugin path)
 	apiserver time.Duration // kube-apiserver
 	server    time.Duration // etcdbackup-server
-	// bench is this process: the sandbox's in-process parts (etcd, the
-	// node endpoint), plus the raw path's port forwarder, reader and byte
-	// source, or the plugin path's stdout reader.
+	// bench is this process: the sandbox's in-process etcd, plus the raw
+	// path's port forwarder and reader, or the plugin path's stdout reader.
+	// The node's kubelet and containerd count in the rest of the machine.
 	bench time.Duration
 	// machine is the busy time of all CPUs (/proc/stat), kernel work and
 	// every other process on the machine included; steal is what the
