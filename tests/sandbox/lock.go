@@ -15,7 +15,7 @@ import (
 // cgroups, the CNI bridge), so two sandboxes on one machine would collide.
 // It lives in /run, which is a tmpfs: a reboot frees it, and the kernel
 // releases the flock when the holder dies however it dies.
-const lockPath = "/run/etcdbackup-sandbox.lock"
+var lockPath = "/run/etcdbackup-sandbox.lock"
 
 // ErrBusy is returned (wrapped) by Start with Config.NoWait when another
 // sandbox holds the machine; the message names it.

@@ -111,6 +111,19 @@ func (s *Sandbox) startNode(ctx context.Context, images []string) error {
 	return nil
 }
 
+// nodeProcess is one of the node's daemons by name, nil if not started.
+func (s *Sandbox) nodeProcess(name string) *process {
+	if s.node == nil {
+		return nil
+	}
+	for _, p := range []*process{s.node.containerd, s.node.kubelet, s.node.kubeProxy} {
+		if p != nil && p.name == name {
+			return p
+		}
+	}
+	return nil
+}
+
 // launchInNode starts a daemon inside the node's namespaces, its output in
 // NAME.log in the sandbox dir.
 func (s *Sandbox) launchInNode(name, binary string, args ...string) (*process, error) {

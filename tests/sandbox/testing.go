@@ -75,7 +75,11 @@ func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("sandbox: last lines of %s:\n%s", s.apiserver.logPath, s.apiserver.logTail(30))
+			for _, p := range []*process{s.apiserver.process, s.nodeProcess("kubelet")} {
+				if p != nil {
+					t.Logf("sandbox: last lines of %s:\n%s", p.logPath, p.logTail(30))
+				}
+			}
 			t.Logf("sandbox: logs of the controllers, containerd, the kubelet and kube-proxy are in %s", s.dir)
 		}
 		if err := s.Stop(); err != nil {
