@@ -6,7 +6,7 @@
 //	podtool bytes [--listen :8080] --size N   TCP: write N bytes to every connection, then close it
 //	podtool exit [--code N] [--message M] [--stderr M]   print, then exit with N
 //	podtool sleep                       until SIGTERM, then exit 0
-//	podtool get URL                     HTTP GET URL (Service names resolve through /etc/hosts), print the body
+//	podtool get URL                     HTTP GET URL (Service names resolve through cluster DNS), print the body
 //	podtool incluster                   in-cluster client-go config: who am I to the API server
 //	podtool inspect [--env NAME]... [--file PATH]... [--write DIR]...   print identity, env, files; try writes
 package main
