@@ -229,6 +229,11 @@ func (n *node) exec(ctx context.Context, argv ...string) (string, error) {
 // which goes with its last process.
 func cleanupNode() error {
 	var errs []error
+	// After a crash (the daemons die with the process that started them,
+	// but containerd's shims and the containers do not).
+	if err := killNetnsProcs(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := killCgroupProcs(); err != nil {
 		errs = append(errs, err)
 	}
