@@ -159,7 +159,8 @@ spec:
 
 // startDNS installs CoreDNS and waits until it is available (Ready: it
 // has synced Services and EndpointSlices from the API server, which it
-// reaches through the `kubernetes` Service, so kube-proxy works too).
+// reaches through the `kubernetes` Service, so kube-proxy works too) and
+// kube-proxy routes the kube-dns Service to it.
 func (s *Sandbox) startDNS(ctx context.Context) error {
 	if err := s.applyManifest(ctx, fmt.Sprintf(coreDNSManifest, s.coreDNSImage, DNSServiceIP)); err != nil {
 		return fmt.Errorf("install CoreDNS: %w", err)
@@ -169,7 +170,9 @@ func (s *Sandbox) startDNS(ctx context.Context) error {
 	if err := s.WaitForDeploymentAvailable(ctx, "kube-system", "coredns"); err != nil {
 		return fmt.Errorf("CoreDNS: %w", err)
 	}
-	return nil
+	// Ready means synced with the API server; pods reach it once
+	// kube-proxy routes the kube-dns ClusterIP to it.
+	return s.WaitForServiceRouted(ctx, "kube-system", "kube-dns")
 }
 
 // applyManifest runs `kubectl apply -f -` with the admin kubeconfig.
