@@ -187,6 +187,10 @@ func waitServerAvailable(ctx context.Context, t *testing.T, sb *sandbox.Sandbox,
 	if err := sb.WaitForDeploymentAvailable(wctx, ns, "etcdbackup-server"); err != nil {
 		t.Fatal(err)
 	}
+	// Agent Jobs reach the server by its Service.
+	if err := sb.WaitForServiceRouted(wctx, ns, "etcdbackup"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func findServerPod(ctx context.Context, sb *sandbox.Sandbox, ns string) (*corev1.Pod, error) {

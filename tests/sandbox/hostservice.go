@@ -8,6 +8,7 @@ import (
 	"net"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -77,20 +78,43 @@ func (s *Sandbox) ExposeHostService(ctx context.Context, ns, name string, port i
 }
 
 // WaitForServiceRouted waits until kube-proxy has programmed the node's
-// nftables rules for Service ns/name with at least one endpoint, so a pod
-// started next reaches it (before that, its ClusterIP refuses
-// connections).
+// nftables rules for Service ns/name with every ready endpoint of its
+// EndpointSlices (at least one), so a pod started next reaches it: before
+// that, its ClusterIP refuses connections or leads to a pod that is gone.
 func (s *Sandbox) WaitForServiceRouted(ctx context.Context, ns, name string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	// The Service's chain DNATs to its endpoints once it has some.
-	want := regexp.MustCompile(`chain service-[A-Z0-9]+-` + regexp.QuoteMeta(ns+"/"+name+"/") + `[^{]*\{[^}]*dnat`)
+	chain := regexp.MustCompile(`chain service-[A-Z0-9]+-` + regexp.QuoteMeta(ns+"/"+name+"/") + `[^{]*\{([^}]*)\}`)
 	return poll(ctx, "kube-proxy to route Service "+ns+"/"+name, func() (bool, string, error) {
+		slices, err := s.client.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+		if err != nil {
+			return false, "", fmt.Errorf("sandbox: endpoint slices of %s/%s: %w", ns, name, err)
+		}
+		var ready []string
+		for _, sl := range slices.Items {
+			for _, ep := range sl.Endpoints {
+				if ptr.Deref(ep.Conditions.Ready, false) {
+					ready = append(ready, ep.Addresses...)
+				}
+			}
+		}
+		if len(ready) == 0 {
+			return false, "no ready endpoint", nil
+		}
 		out, err := s.node.exec(ctx, "nft", "list", "table", "ip", "kube-proxy")
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		return want.MatchString(out), "no Service chain with a dnat rule in table ip kube-proxy", nil
+		var rules string
+		for _, m := range chain.FindAllStringSubmatch(out, -1) {
+			rules += m[1]
+		}
+		for _, addr := range ready {
+			if !strings.Contains(rules, "dnat") || !regexp.MustCompile(`\b`+regexp.QuoteMeta(addr)+`\b`).MatchString(rules) {
+				return false, fmt.Sprintf("endpoint %s not in kube-proxy's rules yet", addr), nil
+			}
+		}
+		return true, "", nil
 	})
 }
 

@@ -136,6 +136,10 @@ func InstallProductWith(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, di
 	if err := sb.WaitForDeploymentAvailable(wctx, DefaultNamespace, "etcdbackup-server"); err != nil {
 		return nil, err
 	}
+	// Agents reach the server by its Service.
+	if err := sb.WaitForServiceRouted(wctx, DefaultNamespace, "etcdbackup"); err != nil {
+		return nil, err
+	}
 	ok = true
 	return p, nil
 }

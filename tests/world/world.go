@@ -199,7 +199,11 @@ images:
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	return sb.WaitForDeploymentAvailable(wctx, ns, "etcdbackup-server")
+	if err := sb.WaitForDeploymentAvailable(wctx, ns, "etcdbackup-server"); err != nil {
+		return err
+	}
+	// Agents reach the server by its Service.
+	return sb.WaitForServiceRouted(wctx, ns, "etcdbackup")
 }
 
 // Kubectl runs the sandbox's real kubectl with the plugin's directory first
