@@ -72,7 +72,7 @@ coredns-bin:
 
 node-images: $(NODE_IMAGE_DIR)/pause.tar $(NODE_IMAGE_DIR)/coredns.tar
 
-$(IMAGES_TOOL): go.mod go.sum $(wildcard hack/images/*.go internal/ociimage/*.go)
+$(IMAGES_TOOL): go.mod go.sum $(filter-out %_test.go,$(wildcard hack/images/*.go internal/ociimage/*.go))
 	$(GO) build -o $@ ./hack/images
 
 $(NODE_BIN_DIR)/pause: go.mod $(wildcard tests/cmd/pause/*.go)

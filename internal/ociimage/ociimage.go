@@ -4,7 +4,8 @@
 // Each image is one layer on an empty base: the binary at the path its
 // entrypoint names, plus a world-writable /tmp. Every timestamp comes from
 // Spec.Created, tar headers carry no owner names and every list is sorted, so
-// the same binaries and Spec give the same digests on any machine.
+// the same binaries and Spec give the same digests on any machine (built with
+// the same Go release: its compress/gzip writes the layers).
 // WriteArchive writes an OCI image layout as a tar file, the format
 // `ctr images import`, skopeo (oci-archive:) and go-containerregistry read.
 package ociimage
@@ -86,7 +87,7 @@ func HostPlatform() string {
 // containerd report for the image.
 func WriteArchive(path string, specs ...Spec) (digests map[string]string, err error) {
 	if len(specs) == 0 {
-		return nil, errors.New("ociimage: no image specs given")
+		return nil, errors.New("no image specs given")
 	}
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
