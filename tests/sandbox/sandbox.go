@@ -42,7 +42,7 @@ var nodeFiles = [][]string{
 
 // hostTools are the programs of the machine the node needs (Debian's
 // containerd, runc and nftables: hack/install-node-deps.sh).
-var hostTools = []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "nft", "ip", "nsenter", "unshare"}
+var hostTools = []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "nft", "ip", "ss", "nsenter", "unshare"}
 
 // ErrBinariesMissing is returned (wrapped) by Start when a binary is not
 // in its bin dir. Tests use it to skip with a useful message.
