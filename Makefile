@@ -14,14 +14,19 @@ TEST_TIMEOUT ?= 30m
 include hack/kube.mk
 include hack/s3.mk
 include hack/age.mk
+include hack/node.mk
 
-.PHONY: all build test unit e2e lint generate check-generate demo sandbox bench tools clean dist krew-check
+.PHONY: all build test unit e2e node-deps lint generate check-generate demo sandbox bench tools clean dist krew-check
 
 all: build
 
 ## build: the plugin and the server into bin/
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/ ./cmd/...
+
+## images: OCI image archives of the server, agent and CLI (linux/amd64 and linux/arm64, no container engine) into dist/images/
+images: $(IMAGES_TOOL)
+	$(IMAGES_TOOL) product -version $(VERSION) -repo $(IMAGE_REPO) -platforms $(IMAGE_PLATFORMS) -out dist/images
 
 ## tools: code generators and linters, pinned by the modules under tools/
 tools: $(TOOLS_BIN)/buf $(TOOLS_BIN)/protoc-gen-go $(TOOLS_BIN)/protoc-gen-go-grpc $(TOOLS_BIN)/staticcheck
@@ -70,9 +75,18 @@ unit: s3-bins age-bins $(TESTREPORT)
 	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) ETCDBACKUP_AGE_BIN_DIR=$(AGE_BIN_DIR) \
 		$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) $(UNIT_FLAGS) $(UNIT_PKGS) | $(TESTREPORT)
 
-## e2e: the end-to-end tests and the sandbox's own tests, on the real sandbox cluster (root)
-e2e: kube-bins s3-bins age-bins $(TESTREPORT)
-	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) ETCDBACKUP_AGE_BIN_DIR=$(AGE_BIN_DIR) \
+# What the sandbox's programs and tests are told about the binaries and
+# images the Makefile built.
+SANDBOX_ENV = ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_NODE_DIR=$(NODE_DIR) \
+	ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) ETCDBACKUP_AGE_BIN_DIR=$(AGE_BIN_DIR)
+
+## node-deps: Debian's containerd, runc and nftables for the sandbox's real node (apt-get, only what is missing)
+node-deps:
+	hack/install-node-deps.sh
+
+## e2e: the end-to-end tests and the sandbox's own tests, on the real sandbox cluster (root); the product runs from the images `make images` builds
+e2e: node-deps node-bins s3-bins age-bins images $(TESTREPORT)
+	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 $(SANDBOX_ENV) ETCDBACKUP_IMAGES_DIR=$(CURDIR)/dist/images \
 		$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) $(E2E_PKGS) | $(TESTREPORT)
 
 ## test: everything CI checks — generated code, lint, krew, the unit tests with -race, and the end-to-end tests on the sandbox
@@ -81,18 +95,18 @@ test: check-generate lint krew-check
 	$(MAKE) e2e
 
 ## demo: the main job on the local sandbox cluster, step by step, then stop
-demo: kube-bins s3-bins
+demo: node-deps node-bins s3-bins
 	$(GO) build -o $(TOOLS_BIN)/etcdbackup-sandbox ./tests/cmd/etcdbackup-sandbox
-	ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) $(TOOLS_BIN)/etcdbackup-sandbox -demo -dir .sandbox
+	$(SANDBOX_ENV) $(TOOLS_BIN)/etcdbackup-sandbox -demo -dir .sandbox
 
 ## sandbox: the same cluster, kept running for trying kubectl etcdbackup by hand (Ctrl-C stops)
-sandbox: kube-bins s3-bins
+sandbox: node-deps node-bins s3-bins
 	$(GO) build -o $(TOOLS_BIN)/etcdbackup-sandbox ./tests/cmd/etcdbackup-sandbox
-	ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) exec $(TOOLS_BIN)/etcdbackup-sandbox -dir .sandbox
+	$(SANDBOX_ENV) exec $(TOOLS_BIN)/etcdbackup-sandbox -dir .sandbox
 
 ## bench: throughput and memory benchmarks, printed side by side
-bench: kube-bins s3-bins
-	ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) ETCDBACKUP_AGE_BIN_DIR=$(AGE_BIN_DIR) \
+bench: node-deps node-bins s3-bins age-bins
+	ETCDBACKUP_REQUIRE_SANDBOX=1 $(SANDBOX_ENV) \
 		$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./client/ ./plugin/ ./tests/bench/
 
 ## dist: plugin archives for every krew platform, SHA256SUMS and the krew manifest, in dist/

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # build-kube.sh OUTDIR — build the real Kubernetes binaries the test sandbox
 # (tests/sandbox) runs — kube-apiserver, kube-controller-manager,
-# kube-scheduler and kubectl — from the tools module tools/kube.
+# kube-scheduler and kubectl, and the node's kubelet and kube-proxy — from the
+# tools module tools/kube.
 #
 # Idempotent: when OUTDIR already holds every binary and its stamp file
 # records the same inputs (tools/kube/go.mod, go.sum, this script, the Go
@@ -9,7 +10,8 @@
 # -trimpath, CGO off, same ldflags every time) so the Go build cache is reused:
 # a cold build costs about 10 minutes on 2 cores for kube-apiserver and
 # kubectl, a few more for the controller-manager and scheduler (they share
-# most packages with the apiserver), a warm one seconds.
+# most packages with the apiserver), about 8 more for kubelet and kube-proxy,
+# a warm one seconds.
 set -euo pipefail
 
 if (($# != 1)); then
@@ -22,7 +24,7 @@ script="$repo_root/hack/build-kube.sh"
 mkdir -p "$1"
 out_dir=$(cd "$1" && pwd)
 stamp="$out_dir/.build-kube.stamp"
-bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 
 # Serialize concurrent callers (make and a test may both ask) so two builds
 # never write the same binaries at once.
@@ -72,7 +74,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 	ldflags+=" -X $pkg.buildDate=$build_date"
 done
 
-echo "build-kube: building ${bins[*]} $kube_version into $out_dir (a cold build takes ~15 min on 2 cores)" >&2
+echo "build-kube: building ${bins[*]} $kube_version into $out_dir (a cold build takes ~25 min on 2 cores)" >&2
 start=$(date +%s)
 rm -f "$stamp"
 # Go into a temp dir then rename, so an interrupted build never leaves a
@@ -81,7 +83,8 @@ tmp=$(mktemp -d "$out_dir/.build-kube.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" go build -ldflags "$ldflags" -o "$tmp/" \
 	k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-	k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+	k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+	k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
 for b in "${bins[@]}"; do
 	mv -f "$tmp/$b" "$out_dir/$b"
 done

@@ -1,7 +1,7 @@
 # kube.mk — Makefile fragment (include it from the root Makefile) that builds
 # the real Kubernetes binaries the test sandbox runs (tests/sandbox).
 #
-#   make kube-bins                 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl v1.37.2 into $(KUBE_BIN_DIR)
+#   make kube-bins                 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy v1.37.2 into $(KUBE_BIN_DIR)
 #   make kube-replaces             # regenerate tools/kube/go.mod's replace block
 #
 # hack/build-kube.sh is idempotent and returns at once when up to date, so

@@ -40,14 +40,18 @@ func BenchmarkRestoreLocal(b *testing.B) {
 	if err := world.BuildBinaries(ctx, binDir); err != nil {
 		b.Fatal(err)
 	}
-	srv, err := world.StartServer(ctx, binDir, filepath.Join(dir, "storage"), nil)
+	images, err := world.BuildImages(ctx, filepath.Join(dir, "images"))
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { _ = srv.Stop() })
-	if err := world.Install(ctx, sb, namespace, serverPod, srv); err != nil {
+	if err := sb.ImportImages(ctx, images.Archives...); err != nil {
 		b.Fatal(err)
 	}
+	k := world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
+	if err := world.InstallServer(ctx, sb, &k, namespace, images, dir); err != nil {
+		b.Fatal(err)
+	}
+	_, serverAddr := serverPodAddr(ctx, b, sb)
 
 	// A real snapshot of a loaded etcd, uploaded directly to the server.
 	endpoint := startLoadedEtcd(b, filepath.Join(dir, "etcd"), mib)
@@ -55,12 +59,11 @@ func BenchmarkRestoreLocal(b *testing.B) {
 	if _, err := snapshot.SaveWithVersion(ctx, zap.NewNop(), clientv3.Config{Endpoints: []string{endpoint}, Logger: zap.NewNop()}, snap); err != nil {
 		b.Fatal(err)
 	}
-	uploadFile(ctx, b, srv.Addr, snap, "restore-me")
+	uploadFile(ctx, b, serverAddr, snap, "restore-me")
 	if err := os.Remove(snap); err != nil {
 		b.Fatal(err)
 	}
 
-	k := world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
 	member := []string{"--member-name", "m1", "--initial-cluster", "m1=http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380"}
 	var restoreWall, downloadWall, etcdRestoreWall time.Duration
 	var peakRSS int64

@@ -1,6 +1,6 @@
 // Package bench holds the end-to-end benchmarks that need the sandbox: the
-// real kubectl and plugin against a real kube-apiserver and a node endpoint
-// speaking the kubelet's port-forward protocol.
+// real kubectl and plugin against a real kube-apiserver, kubelet and
+// containerd running the product's images.
 package bench
 
 import (
@@ -17,7 +17,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"text/tabwriter"
@@ -26,9 +25,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 	streamhttp "k8s.io/streaming/pkg/httpstream"
+	"k8s.io/utils/ptr"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
@@ -38,13 +39,12 @@ import (
 
 const (
 	namespace  = world.DefaultNamespace
-	serverPod  = "etcdbackup-server-5d8f7c-x2x9q"
 	backupName = "big"
 	backupSize = 1 << 30
 
-	// sourcePod is the baseline's pod: its port leads to a local TCP
-	// server that writes backupSize bytes to every connection.
-	sourcePod  = "byte-source-7c9d6b-m4k8p"
+	// sourcePod is the baseline's pod: podtool from its image, writing
+	// backupSize bytes to every connection on sourcePort.
+	sourcePod  = "byte-source"
 	sourcePort = 8080
 
 	// bufBytes is the read and write buffer of the baseline's ends and of
@@ -65,9 +65,9 @@ const (
 // product path — `kubectl etcdbackup download big -o -`: kubectl execs the
 // plugin, which port-forwards through the API server to the data server
 // and streams a 1 GiB backup over gRPC, verifying its SHA-256 — against
-// the bare tunnel: a raw 1 GiB byte stream through the same API server and
-// node endpoint, forwarded by client-go's PortForwarder to a local port
-// and read by a plain TCP reader. Both transports kubectl uses are
+// the bare tunnel: a raw 1 GiB byte stream from a pod (podtool's bytes
+// mode) through the same API server, kubelet and containerd, forwarded by
+// client-go's PortForwarder to a local port and read by a plain TCP reader. Both transports kubectl uses are
 // compared: WebSocket (the default, SPDY tunnelled over WebSocket to the
 // API server) and SPDY (KUBECTL_PORT_FORWARD_WEBSOCKETS=false).
 //
@@ -92,39 +92,45 @@ func BenchmarkTunnelDownload(b *testing.B) {
 	if err := world.BuildBinaries(ctx, binDir); err != nil {
 		b.Fatal(err)
 	}
-	b.Logf("built plugin and server in %s", time.Since(began).Round(time.Millisecond))
-	srv, err := world.StartServer(ctx, binDir, b.TempDir(), nil)
+	images, err := world.BuildImages(ctx, filepath.Join(binDir, "images"))
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() {
-		if err := srv.Stop(); err != nil {
-			b.Errorf("stop server: %v", err)
-		}
-	})
-	if err := world.Install(ctx, sb, namespace, serverPod, srv); err != nil {
+	podtool, err := sandbox.BuildBinary(ctx, "./tests/sandbox/podtool", binDir)
+	if err != nil {
 		b.Fatal(err)
 	}
-	probe := cpuProbe{apiserverPID: sb.APIServerPID(), serverPID: childPID(b, world.ServerBinary)}
+	if err := sb.LoadBinaryImage(ctx, podtoolImage, podtool); err != nil {
+		b.Fatal(err)
+	}
+	if err := sb.ImportImages(ctx, images.Archives...); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("built and imported the plugin, the images and podtool in %s", time.Since(began).Round(time.Millisecond))
+	kubectl := world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
+	if err := world.InstallServer(ctx, sb, &kubectl, namespace, images, b.TempDir()); err != nil {
+		b.Fatal(err)
+	}
+	serverPod, serverAddr := serverPodAddr(ctx, b, sb)
+	probe := cpuProbe{apiserverPID: sb.APIServerPID(), serverPID: containerPID(b, sb, world.ServerBinary)}
 
 	pattern := newPattern()
 	began = time.Now()
-	uploadBackup(ctx, b, srv.Addr, pattern)
-	b.Logf("uploaded %d-byte backup %q directly to %s in %s", backupSize, backupName, srv.Addr, time.Since(began).Round(time.Millisecond))
+	uploadBackup(ctx, b, serverAddr, pattern)
+	b.Logf("uploaded %d-byte backup %q directly to the server pod at %s in %s", backupSize, backupName, serverAddr, time.Since(began).Round(time.Millisecond))
 
-	source := startByteSource(b, pattern, backupSize)
-	if err := sb.RunPod(ctx, sandbox.PodSpec{
-		Namespace: namespace,
-		Name:      sourcePod,
-		Labels:    map[string]string{"app.kubernetes.io/name": "byte-source"},
-		Ports:     []corev1.ContainerPort{{Name: "bytes", ContainerPort: sourcePort, Protocol: corev1.ProtocolTCP}},
-		Targets:   map[int32]string{sourcePort: source.addr()},
-		Ready:     true,
-	}); err != nil {
+	if err := startByteSource(ctx, sb); err != nil {
 		b.Fatal(err)
 	}
+	forwards := func() int {
+		n, err1 := sb.Connections(ctx, namespace, serverPod, world.ServerPort)
+		m, err2 := sb.Connections(ctx, namespace, sourcePod, sourcePort)
+		if err := errors.Join(err1, err2); err != nil {
+			b.Fatal(err)
+		}
+		return n + m
+	}
 
-	kubectl := world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
 	var rows []summary
 	for _, tr := range []struct {
 		name       string
@@ -143,15 +149,15 @@ func BenchmarkTunnelDownload(b *testing.B) {
 				// Alternate which path goes first, so neither always runs
 				// on a warmer or a busier machine.
 				if i%2 == 0 {
-					s.plugin.add(runPlugin(ctx, b, sb, probe, &k))
-					s.raw.add(runRaw(ctx, b, sb, probe, dialer))
+					s.plugin.add(runPlugin(ctx, b, forwards, probe, &k))
+					s.raw.add(runRaw(ctx, b, forwards, probe, dialer))
 				} else {
-					s.raw.add(runRaw(ctx, b, sb, probe, dialer))
-					s.plugin.add(runPlugin(ctx, b, sb, probe, &k))
+					s.raw.add(runRaw(ctx, b, forwards, probe, dialer))
+					s.plugin.add(runPlugin(ctx, b, forwards, probe, &k))
 				}
 				i++
 			}
-			waitForwardsGone(b, sb)
+			waitForwardsGone(b, forwards)
 			b.ReportMetric(s.plugin.mbps(), "tunnel-MB/s")
 			b.ReportMetric(s.raw.mbps(), "raw-MB/s")
 			b.ReportMetric(s.plugin.mbps()/s.raw.mbps(), "tunnel/raw")
@@ -238,9 +244,9 @@ func (m *measurement) avg(d time.Duration) string {
 
 // runPlugin runs `kubectl etcdbackup download big -o -` with stdout on a
 // pipe this process counts, and samples the plugin's peak RSS.
-func runPlugin(ctx context.Context, b *testing.B, sb *sandbox.Sandbox, probe cpuProbe, k *world.Kubectl) sample {
+func runPlugin(ctx context.Context, b *testing.B, forwards func() int, probe cpuProbe, k *world.Kubectl) sample {
 	b.Helper()
-	waitForwardsGone(b, sb)
+	waitForwardsGone(b, forwards)
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		b.Fatal(err)
@@ -357,9 +363,9 @@ func rawDialer(b *testing.B, sb *sandbox.Sandbox, websockets bool) streamhttp.Di
 // runRaw forwards a local port to the byte source's pod with client-go's
 // PortForwarder, as `kubectl port-forward` does, and reads backupSize
 // bytes from it with a plain TCP reader.
-func runRaw(ctx context.Context, b *testing.B, sb *sandbox.Sandbox, probe cpuProbe, dialer streamhttp.Dialer) sample {
+func runRaw(ctx context.Context, b *testing.B, forwards func() int, probe cpuProbe, dialer streamhttp.Dialer) sample {
 	b.Helper()
-	waitForwardsGone(b, sb)
+	waitForwardsGone(b, forwards)
 	cpu0 := probe.snapshot()
 	start := time.Now()
 	fctx, cancel := context.WithCancel(ctx)
@@ -397,9 +403,9 @@ func runRaw(ctx context.Context, b *testing.B, sb *sandbox.Sandbox, probe cpuPro
 		b.Fatal(err)
 	}
 	defer conn.Close()
-	// Timing stops at the last byte: after it, the node endpoint (like
-	// containerd) waits up to 1 s for the other direction before it
-	// closes, which is no part of the transfer.
+	// Timing stops at the last byte: after it, containerd waits up to 1 s
+	// for the other direction before it closes, which is no part of the
+	// transfer.
 	got, first, last, rerr := readCounting(conn, backupSize)
 	wall := time.Since(start)
 	cpu := probe.snapshot().since(cpu0)
@@ -436,12 +442,12 @@ func readCounting(r io.Reader, limit int64) (n int64, first, last time.Time, err
 
 // waitForwardsGone lets the forwarded connections of the previous
 // measurement wind down, so teardown never overlaps a timed transfer.
-func waitForwardsGone(b *testing.B, sb *sandbox.Sandbox) {
+func waitForwardsGone(b *testing.B, forwards func() int) {
 	b.Helper()
 	deadline := time.Now().Add(15 * time.Second)
-	for sb.ForwardedConnections() > 0 {
+	for n := forwards(); n > 0; n = forwards() {
 		if time.Now().After(deadline) {
-			b.Fatalf("%d forwarded connections still open after 15s", sb.ForwardedConnections())
+			b.Fatalf("%d forwarded connections still open in the pods after 15s", n)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -452,9 +458,9 @@ type cpuUse struct {
 	plugin    time.Duration // kubectl, then the plugin it execs (plugin path)
 	apiserver time.Duration // kube-apiserver
 	server    time.Duration // etcdbackup-server
-	// bench is this process: the sandbox's in-process parts (etcd, the
-	// node endpoint), plus the raw path's port forwarder, reader and byte
-	// source, or the plugin path's stdout reader.
+	// bench is this process: the sandbox's in-process etcd, plus the raw
+	// path's port forwarder and reader, or the plugin path's stdout reader.
+	// The node's kubelet and containerd count in the rest of the machine.
 	bench time.Duration
 	// machine is the busy time of all CPUs (/proc/stat), kernel work and
 	// every other process on the machine included; steal is what the
@@ -533,99 +539,67 @@ func ticks(s string) time.Duration {
 	return time.Duration(n) * time.Second / clockTicks
 }
 
-// childPID finds the pid of this process's child running binary name.
-func childPID(b *testing.B, name string) int {
+// containerPID finds the process of a container on the node running
+// binary name (its image's entrypoint).
+func containerPID(b *testing.B, sb *sandbox.Sandbox, name string) int {
 	b.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		exe, err := os.Readlink("/proc/" + e.Name() + "/exe")
-		if err != nil || filepath.Base(exe) != name {
-			continue
-		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		if i := bytes.LastIndexByte(stat, ')'); i >= 0 {
-			if f := strings.Fields(string(stat[i+1:])); len(f) > 1 && f[1] == strconv.Itoa(os.Getpid()) {
-				return pid
-			}
+	for _, pid := range sb.ContainerPIDs() {
+		if exe, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); err == nil && filepath.Base(exe) == name {
+			return pid
 		}
 	}
-	b.Fatalf("no child process %s found", name)
+	b.Fatalf("no container process %s found", name)
 	return 0
 }
 
-// byteSource is the baseline's pod-side server: it writes size bytes of
-// the pattern to every connection, then closes it.
-type byteSource struct {
-	ln    net.Listener
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-}
-
-func startByteSource(b *testing.B, pattern []byte, size int64) *byteSource {
+// serverPodAddr is the installed server's pod and its gRPC address on the
+// pod network, which the host reaches through the node.
+func serverPodAddr(ctx context.Context, b *testing.B, sb *sandbox.Sandbox) (string, string) {
 	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
+	pods, err := sb.Client().CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=etcdbackup-server"})
+	if err != nil || len(pods.Items) != 1 {
+		b.Fatalf("server pods: %v %v", pods, err)
 	}
-	s := &byteSource{ln: ln, conns: map[net.Conn]struct{}{}}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.mu.Lock()
-			s.conns[c] = struct{}{}
-			s.wg.Add(1)
-			s.mu.Unlock()
-			go func() {
-				defer s.wg.Done()
-				defer func() {
-					s.mu.Lock()
-					delete(s.conns, c)
-					s.mu.Unlock()
-					c.Close()
-				}()
-				r := &patternReader{pattern: pattern, remaining: size}
-				buf := make([]byte, bufBytes)
-				for {
-					n, err := r.Read(buf)
-					if err != nil {
-						return
-					}
-					if _, err := c.Write(buf[:n]); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	b.Cleanup(func() {
-		ln.Close()
-		s.mu.Lock()
-		for c := range s.conns {
-			c.Close()
-		}
-		s.mu.Unlock()
-		s.wg.Wait()
-	})
-	return s
+	p := pods.Items[0]
+	return p.Name, net.JoinHostPort(p.Status.PodIP, strconv.Itoa(world.ServerPort))
 }
 
-func (s *byteSource) addr() string { return s.ln.Addr().String() }
+// podtoolImage is the sandbox's test tool as an image; its bytes mode is
+// the baseline's byte source.
+const podtoolImage = "sandbox.local/podtool:bench"
+
+// startByteSource runs the baseline's pod: podtool writing backupSize
+// bytes to every connection on sourcePort, from its image, on the node.
+func startByteSource(ctx context.Context, sb *sandbox.Sandbox) error {
+	_, err := sb.Client().CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: sourcePod, Labels: map[string]string{"app.kubernetes.io/name": "byte-source"}},
+		Spec: corev1.PodSpec{
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot:   ptr.To(true),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name:            "bytes",
+				Image:           podtoolImage,
+				ImagePullPolicy: corev1.PullNever,
+				Args:            []string{"bytes", "--listen=:" + strconv.Itoa(sourcePort), "--size=" + strconv.Itoa(backupSize)},
+				Ports:           []corev1.ContainerPort{{Name: "bytes", ContainerPort: sourcePort}},
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false),
+					ReadOnlyRootFilesystem:   ptr.To(true),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+			}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("byte source pod: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	_, err = sb.WaitForPod(wctx, namespace, sourcePod, sandbox.PodReady)
+	return err
+}
 
 // patternPeriod is odd so the stream does not repeat in step with any
 // power-of-two chunk or buffer size.

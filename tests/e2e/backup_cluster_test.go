@@ -11,9 +11,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/snapshot"
 	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	ebsnapshot "github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
 
@@ -22,10 +22,7 @@ import (
 // backup is listed Completed, and a download through the tunnel is the
 // etcd the agent read.
 func TestBackupFromCluster(t *testing.T) {
-	sb := sandbox.StartForTestWith(t, sandbox.Config{Images: map[string]string{
-		"etcdbackup-server": filepath.Join(binDir, world.ServerBinary),
-		"etcdbackup-agent":  filepath.Join(binDir, world.AgentBinary),
-	}})
+	sb, im := startSandbox(t)
 	k := &world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
 	c := &cluster{sb: sb, kubectl: k}
 
@@ -39,7 +36,7 @@ func TestBackupFromCluster(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	product, err := world.InstallProduct(ctx, sb, k, t.TempDir(), &testLog{t: t, prefix: "install: "},
+	product, err := world.InstallProduct(ctx, sb, k, im, t.TempDir(), &testLog{t: t, prefix: "install: "},
 		world.PlainTarget{Name: "quiet", Addr: quiet[0].clientURL.Host})
 	if err != nil {
 		t.Fatal(err)
@@ -55,6 +52,12 @@ func TestBackupFromCluster(t *testing.T) {
 		if !strings.Contains(r.Stdout, "cp ") || !strings.Contains(r.Stdout, "agent:control-plane") {
 			t.Fatalf("list: %s", r)
 		}
+		// The agent ran from its image.
+		pods, err := sb.Client().CoreV1().Pods(world.DefaultNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=backup-agent"})
+		if err != nil || len(pods.Items) == 0 {
+			t.Fatalf("agent pods: %v %v", pods, err)
+		}
+		checkImage(t, &pods.Items[0], im.Digests[im.Agent])
 		// The Job ran under the agent's ServiceAccount, without a token,
 		// mounting only the TLS Secret, and its log is readable both ways.
 		jobs := mustSucceed(t, c.run(t, nil, "-n", world.DefaultNamespace, "get", "jobs", "-l", "app.kubernetes.io/component=backup-agent", "-o", "yaml"), "get jobs")

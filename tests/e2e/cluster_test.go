@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,18 +20,18 @@ import (
 )
 
 // TestCluster installs the product from manifests/ with `kubectl apply -k`,
-// exactly as a user would, on the sandbox's controllers, scheduler and node
-// agent, which run the project's own binaries as the images
-// etcdbackup-server and etcdbackup-agent.
+// exactly as a user would, on the sandbox's real node, whose containerd
+// runs the product's images built from this repository — imported and
+// named as the manifests name them by default, as on an air-gapped node.
 func TestCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	began := time.Now()
-	sb := sandbox.StartForTestWith(t, sandbox.Config{Images: map[string]string{
-		"etcdbackup-server": filepath.Join(binDir, world.ServerBinary),
-		"etcdbackup-agent":  filepath.Join(binDir, world.AgentBinary),
-	}})
-	t.Logf("sandbox up in %s", time.Since(began).Round(time.Millisecond))
+	sb, im := startSandbox(t)
+	if err := im.TagAsManifestDefaults(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sandbox up, images imported in %s", time.Since(began).Round(time.Millisecond))
 	c := &cluster{sb: sb, kubectl: &world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}}
 	root, err := world.RepoRoot()
 	if err != nil {
@@ -45,6 +44,8 @@ func TestCluster(t *testing.T) {
 	waitServerAvailable(ctx, t, sb, ns)
 	t.Logf("kubectl apply -k manifests → server Deployment Available in %s (%s since the sandbox started)",
 		time.Since(installed).Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+
+	t.Run("runs-built-images", func(t *testing.T) { testRunsBuiltImages(ctx, t, c, im, ns) })
 
 	t.Run("version-through-tunnel", func(t *testing.T) {
 		for _, env := range [][]string{nil, {"KUBECTL_PORT_FORWARD_WEBSOCKETS=false"}} {
@@ -164,15 +165,16 @@ func TestCluster(t *testing.T) {
 
 	t.Run("stop-leaves-no-process", func(t *testing.T) {
 		pids := sb.ContainerPIDs()
-		if len(pids) < 2 {
-			t.Fatalf("container pids %v: want both servers running", pids)
+		if len(pids) < 4 {
+			t.Fatalf("container pids %v: want both servers (and their pause processes) running", pids)
 		}
+		pids = append(pids, sb.NodePIDs()...)
 		if err := sb.Stop(); err != nil {
 			t.Fatal(err)
 		}
 		for _, pid := range append(pids, sb.APIServerPID(), sb.ControllerManagerPID(), sb.SchedulerPID()) {
-			if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
-				t.Errorf("pid %d still exists after Stop (kill -0: %v)", pid, err)
+			if sandbox.Alive(pid) {
+				t.Errorf("pid %d still runs after Stop", pid)
 			}
 		}
 	})
@@ -183,6 +185,10 @@ func waitServerAvailable(ctx context.Context, t *testing.T, sb *sandbox.Sandbox,
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if err := sb.WaitForDeploymentAvailable(wctx, ns, "etcdbackup-server"); err != nil {
+		t.Fatal(err)
+	}
+	// Agent Jobs reach the server by its Service.
+	if err := sb.WaitForServiceRouted(wctx, ns, "etcdbackup"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -255,6 +261,68 @@ func pollUntil(ctx context.Context, t *testing.T, what string, cond func() bool)
 		case <-ctx.Done():
 			t.Fatalf("timed out waiting for %s", what)
 		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// The server, the agent and the CLI run from the images built from this
+// repository: their containers' statuses carry the images' digests.
+func testRunsBuiltImages(ctx context.Context, t *testing.T, c *cluster, im *world.Images, ns string) {
+	server := installedServerPod(ctx, t, c.sb, ns)
+	checkImage(t, server, im.Digests[im.Server])
+
+	// The CLI image, as a CI job would run it: kubectl-etcdbackup talking
+	// to the server's Service from inside the cluster.
+	_, err := c.sb.Client().BatchV1().Jobs(ns).Create(ctx, &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "cli-version"},
+		Spec: batchv1.JobSpec{
+			BackoffLimit: ptr.To[int32](0),
+			Template: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				RestartPolicy: corev1.RestartPolicyNever,
+				SecurityContext: &corev1.PodSecurityContext{
+					RunAsNonRoot:   ptr.To(true),
+					SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				},
+				Containers: []corev1.Container{{
+					Name:            "cli",
+					Image:           im.CLI,
+					ImagePullPolicy: corev1.PullNever,
+					Args:            []string{"version", "--server-address=etcdbackup." + ns + ".svc:50051"},
+					SecurityContext: &corev1.SecurityContext{
+						AllowPrivilegeEscalation: ptr.To(false),
+						ReadOnlyRootFilesystem:   ptr.To(true),
+						Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+					},
+				}},
+			}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	_, err = c.sb.WaitForJob(wctx, ns, "cli-version")
+	logs := c.run(t, nil, "-n", ns, "logs", "job/cli-version")
+	if err != nil || !strings.Contains(logs.Stdout, "Server Version:") {
+		t.Fatalf("the CLI image's job: %v\nlogs: %s", err, logs)
+	}
+	pods, err := c.sb.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "job-name=cli-version"})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("pods of job cli-version: %v %v", pods, err)
+	}
+	checkImage(t, &pods.Items[0], im.Digests[im.CLI])
+}
+
+// checkImage fails unless every container of pod ran the image with digest.
+func checkImage(t *testing.T, pod *corev1.Pod, digest string) {
+	t.Helper()
+	if digest == "" || len(pod.Status.ContainerStatuses) == 0 {
+		t.Fatalf("pod %s: no digest (%q) or no container status", pod.Name, digest)
+	}
+	for _, st := range pod.Status.ContainerStatuses {
+		if !strings.HasSuffix(st.ImageID, "@"+digest) || !strings.HasPrefix(st.ContainerID, "containerd://") {
+			t.Errorf("pod %s: container %s (%s) ran image %s (%s), want digest %s", pod.Name, st.Name, st.ContainerID, st.Image, st.ImageID, digest)
 		}
 	}
 }

@@ -13,9 +13,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
 
@@ -40,6 +42,45 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+var (
+	imagesOnce sync.Once
+	images     *world.Images
+	imagesErr  error
+)
+
+// productImages builds the product's images once for the tests that need
+// a cluster (the others run the binaries on the host).
+func productImages(t *testing.T) *world.Images {
+	t.Helper()
+	imagesOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		began := time.Now()
+		images, imagesErr = world.BuildImages(ctx, filepath.Join(binDir, "images"))
+		if imagesErr == nil {
+			t.Logf("product images ready in %s: %s, %s, %s", time.Since(began).Round(time.Millisecond), images.Server, images.Agent, images.CLI)
+		}
+	})
+	if imagesErr != nil {
+		t.Fatal(imagesErr)
+	}
+	return images
+}
+
+// startSandbox starts the sandbox (or skips the test, see
+// sandbox.StartForTest) and imports the product's images into its node.
+func startSandbox(t *testing.T) (*sandbox.Sandbox, *world.Images) {
+	t.Helper()
+	sb := sandbox.StartForTest(t)
+	im := productImages(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := sb.ImportImages(ctx, im.Archives...); err != nil {
+		t.Fatal(err)
+	}
+	return sb, im
 }
 
 func startServer(t *testing.T) *world.ServerProcess {

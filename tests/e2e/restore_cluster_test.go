@@ -28,8 +28,11 @@ var (
 	etcdBinErr  error
 )
 
-// etcdBinary builds etcd's own server main (tests/cmd/etcd) once: the
-// sandbox node runs it for pods with image "etcd".
+// etcdImage is etcd's own server main (tests/cmd/etcd) as an image.
+const etcdImage = "sandbox.local/etcd:e2e"
+
+// etcdBinary builds etcd's own server main (tests/cmd/etcd) once, static,
+// for the etcd image.
 func etcdBinary(t *testing.T) string {
 	t.Helper()
 	etcdBinOnce.Do(func() {
@@ -41,6 +44,7 @@ func etcdBinary(t *testing.T) string {
 		out := filepath.Join(binDir, "etcd")
 		cmd := exec.Command("go", "build", "-o", out, "./tests/cmd/etcd")
 		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if b, err := cmd.CombinedOutput(); err != nil {
 			etcdBinErr = fmt.Errorf("go build ./tests/cmd/etcd: %v\n%s", err, b)
 			return
@@ -181,7 +185,8 @@ spec:
         fsGroup: 65532
       containers:
         - name: etcd
-          image: etcd
+          image: %[10]s
+          imagePullPolicy: Never
           args:
             - --name=%[1]s
             - --data-dir=%[4]s/%[5]s
@@ -204,7 +209,7 @@ spec:
         - name: data
           persistentVolumeClaim:
             claimName: %[2]s
-`, m.Name, m.ClaimName, appNS, appMountPath, m.DataDir, m.ClientURL, m.PeerURL, strings.Join(ic, ","), appToken)
+`, m.Name, m.ClaimName, appNS, appMountPath, m.DataDir, m.ClientURL, m.PeerURL, strings.Join(ic, ","), appToken, etcdImage)
 	}
 	return b.String()
 }
@@ -280,15 +285,14 @@ func scaleApp(t *testing.T, c *cluster, replicas int) {
 // with the configured names and peer URLs, and the backup's data.
 func TestRestoreIntoCluster(t *testing.T) {
 	etcd := etcdBinary(t)
-	sb := sandbox.StartForTestWith(t, sandbox.Config{Images: map[string]string{
-		"etcdbackup-server": filepath.Join(binDir, world.ServerBinary),
-		"etcdbackup-agent":  filepath.Join(binDir, world.AgentBinary),
-		"etcd":              etcd,
-	}})
+	sb, im := startSandbox(t)
 	k := &world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
 	c := &cluster{sb: sb, kubectl: k}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	if err := sb.LoadBinaryImage(ctx, etcdImage, etcd); err != nil {
+		t.Fatal(err)
+	}
 
 	var members []world.ClusterMember
 	for i := 0; i < appMembers; i++ {
@@ -296,15 +300,14 @@ func TestRestoreIntoCluster(t *testing.T) {
 	}
 	dir := t.TempDir()
 
-	// 1. The target: three etcd pods, data on the node agent's volumes.
-	// Applied first: the sandbox's pods resolve Services through an
-	// /etc/hosts written when they start (it stands in for cluster DNS).
+	// 1. The target: three etcd pods, data on the provisioner's volumes.
 	manifest := filepath.Join(dir, "app-etcd.yaml")
 	if err := os.WriteFile(manifest, []byte(appCluster(members)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	mustSucceed(t, c.run(t, nil, "apply", "-f", manifest), "kubectl apply app etcd")
 	product, err := world.InstallProductWith(ctx, sb, k, dir, &testLog{t: t, prefix: "install: "}, world.ProductOptions{
+		Images:         im,
 		ClusterTargets: []world.ClusterTarget{{Name: appTarget, Namespace: appNS, InitialClusterToken: appToken, Location: "s3", Members: members}},
 	})
 	if err != nil {

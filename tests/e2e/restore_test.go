@@ -167,7 +167,7 @@ func TestLocalRestoreDisasterRecovery(t *testing.T) {
 
 	for _, compression := range []string{"", "zstd"} {
 		name := "dr-" + map[string]string{"": "raw", "zstd": "zstd"}[compression]
-		r := runAgent(t, "backup", "--server", c.srv.Addr, "--name", name, "--target", "e2e",
+		r := runAgent(t, "backup", "--server", c.serverAddr(t), "--name", name, "--target", "e2e",
 			"--endpoints", strings.Join(endpoints(ms), ","), "--insecure-plaintext", "--compression", compression)
 		mustSucceed(t, r, "agent backup")
 		r = mustSucceed(t, c.run(t, nil, "etcdbackup", "verify", name), "verify")
@@ -260,17 +260,22 @@ func TestCorruptBackupIsRefused(t *testing.T) {
 	ms := newMembers(t, 1)
 	startMembers(t, ms)
 	put(t, etcdClient(t, ms), "foo", "1")
-	mustSucceed(t, runAgent(t, "backup", "--server", c.srv.Addr, "--name", "flip", "--endpoint", ms[0].clientURL.String(), "--insecure-plaintext"), "agent backup")
+	server := c.serverAddr(t)
+	mustSucceed(t, runAgent(t, "backup", "--server", server, "--name", "flip", "--endpoint", ms[0].clientURL.String(), "--insecure-plaintext"), "agent backup")
 	mustSucceed(t, c.run(t, nil, "etcdbackup", "verify", "flip"), "verify before the flip")
 	// The restore agent rebuilds a member's data dir from the intact backup.
 	agentDir := filepath.Join(t.TempDir(), "agent-restored")
-	mustSucceed(t, runAgent(t, "restore", "--server", c.srv.Addr, "--name", "flip", "--data-dir", agentDir, "--member-name", "m1",
+	mustSucceed(t, runAgent(t, "restore", "--server", server, "--name", "flip", "--data-dir", agentDir, "--member-name", "m1",
 		"--initial-cluster", "m1="+ms[0].peerURL.String(), "--initial-advertise-peer-urls", ms[0].peerURL.String()), "agent restore")
 	if _, err := os.Stat(filepath.Join(agentDir, "member", "snap", "db")); err != nil {
 		t.Fatalf("agent restore did not build a member data dir: %v", err)
 	}
 
-	data := filepath.Join(c.srv.StorageDir, "backups", "flip.db")
+	storage, err := c.sb.VolumePath(context.Background(), world.DefaultNamespace, "etcdbackup-data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(storage, "backups", "flip.db")
 	b, err := os.ReadFile(data)
 	if err != nil {
 		t.Fatal(err)

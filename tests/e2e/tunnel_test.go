@@ -6,16 +6,22 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/utils/ptr"
 
 	ebplugin "github.com/kubectl-etcdbackup/kubectl-etcdbackup/plugin"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
@@ -26,20 +32,29 @@ import (
 // namespace, shared by the tunnel tests (starting it takes seconds).
 type cluster struct {
 	sb      *sandbox.Sandbox
-	srv     *world.ServerProcess
+	images  *world.Images
 	kubectl *world.Kubectl
 }
 
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
-	sb := sandbox.StartForTest(t)
-	srv := startServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	sb, im := startSandbox(t)
+	c := &cluster{sb: sb, images: im, kubectl: &world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := world.Install(ctx, sb, world.DefaultNamespace, "etcdbackup-server-6b7f9c5d4-x2x9q", srv); err != nil {
+	if err := world.InstallServer(ctx, sb, c.kubectl, world.DefaultNamespace, im, t.TempDir()); err != nil {
 		t.Fatal(err)
 	}
-	return &cluster{sb: sb, srv: srv, kubectl: &world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}}
+	return c
+}
+
+// serverAddr is the installed server pod's gRPC address on the pod
+// network, which the host reaches through the node (an agent on the host
+// backs up straight to it).
+func (c *cluster) serverAddr(t *testing.T) string {
+	t.Helper()
+	pod := installedServerPod(context.Background(), t, c.sb, world.DefaultNamespace)
+	return net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(world.ServerPort))
 }
 
 func (c *cluster) run(t *testing.T, env []string, args ...string) world.Result {
@@ -191,14 +206,17 @@ func testRBAC(t *testing.T, c *cluster) {
 	}
 }
 
-// pacedWriter consumes a download and, at given offsets, makes the
-// sandbox's node endpoint drop every forwarded connection: the tunnel
-// breaks mid-stream, deterministically.
+// pacedWriter consumes a download and, at given offsets, breaks every
+// connection to the server's port inside its pod (where the node's
+// containerd connects each port-forward stream): the tunnel breaks
+// mid-stream, deterministically.
 type pacedWriter struct {
 	sb      *sandbox.Sandbox
+	pod     string
 	dropAt  []int64
 	written int64
 	drops   []int
+	errs    []error
 	sum     io.Writer
 }
 
@@ -206,19 +224,23 @@ func (w *pacedWriter) Write(p []byte) (int, error) {
 	w.written += int64(len(p))
 	if len(w.dropAt) > 0 && w.written >= w.dropAt[0] {
 		w.dropAt = w.dropAt[1:]
-		w.drops = append(w.drops, w.sb.DropForwardedConnections())
+		n, err := w.sb.DropConnections(context.Background(), world.DefaultNamespace, w.pod, world.ServerPort)
+		w.drops = append(w.drops, n)
+		if err != nil {
+			w.errs = append(w.errs, err)
+		}
 	}
 	return w.sum.Write(p)
 }
 
 func testTunnelLoss(t *testing.T, c *cluster) {
 	const size = 256 << 20
-	// Upload directly to the server: the point here is the download.
 	srcPath := filepath.Join(t.TempDir(), "big")
 	data := writeRandomFile(t, srcPath, size)
-	mustSucceed(t, plugin(t, "--server-address="+c.srv.Addr, "upload", srcPath, "--name", "big"), "upload")
+	mustSucceed(t, c.run(t, nil, "etcdbackup", "upload", srcPath, "--name", "big"), "upload")
 	want := sha(data)
 	data = nil
+	pod := installedServerPod(context.Background(), t, c.sb, world.DefaultNamespace)
 
 	for _, transport := range []string{"websocket", "spdy"} {
 		t.Run(transport, func(t *testing.T) {
@@ -228,7 +250,7 @@ func testTunnelLoss(t *testing.T, c *cluster) {
 				t.Setenv("KUBECTL_PORT_FORWARD_WEBSOCKETS", "true")
 			}
 			h := sha256.New()
-			w := &pacedWriter{sb: c.sb, dropAt: []int64{48 << 20, 160 << 20}, sum: h}
+			w := &pacedWriter{sb: c.sb, pod: pod.Name, dropAt: []int64{48 << 20, 160 << 20}, sum: h}
 			var stderr bytes.Buffer
 			// The plugin's own command tree, in process, so the writer can
 			// break the tunnel at exact offsets.
@@ -238,6 +260,9 @@ func testTunnelLoss(t *testing.T, c *cluster) {
 			defer cancel()
 			if err := cmd.ExecuteContext(ctx); err != nil {
 				t.Fatalf("download across tunnel loss: %v\n%s", err, stderr.String())
+			}
+			if len(w.errs) > 0 {
+				t.Fatalf("breaking the tunnel: %v", w.errs)
 			}
 			if len(w.drops) != 2 || w.drops[0] == 0 || w.drops[1] == 0 {
 				t.Fatalf("dropped %v connections at the two points; want some each time: the tunnel was not broken", w.drops)
@@ -252,23 +277,66 @@ func testTunnelLoss(t *testing.T, c *cluster) {
 	}
 }
 
+// A server pod that runs but is not Ready, then one that is Pending: the
+// plugin says which and what to look at.
 func testNotReady(t *testing.T, c *cluster) {
 	ctx := context.Background()
 	ns := "unready"
-	srv := startServer(t)
-	if err := world.Install(ctx, c.sb, ns, "etcdbackup-server-5c9d8-abcde", srv); err != nil {
+	labels := map[string]string{"app.kubernetes.io/name": "etcdbackup-server", "app.kubernetes.io/instance": ns}
+	if err := c.sb.CreateService(ctx, ns, "etcdbackup", labels, []corev1.ServicePort{{
+		Name: "grpc", Port: world.ServerPort, TargetPort: intstr.FromString("grpc"),
+	}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.sb.SetPodStatus(ctx, ns, "etcdbackup-server-5c9d8-abcde", "Running", false); err != nil {
+	// The server image, serving, behind a readiness probe that never
+	// passes; then a pod no node may run.
+	pod := func(name string, nodeSelector map[string]string) *corev1.Pod {
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+			Spec: corev1.PodSpec{
+				NodeSelector:                  nodeSelector,
+				TerminationGracePeriodSeconds: ptr.To[int64](0),
+				Containers: []corev1.Container{{
+					Name:            "server",
+					Image:           c.images.Server,
+					ImagePullPolicy: corev1.PullNever,
+					Args:            []string{"--listen=:50051", "--storage-dir=/tmp/backups"},
+					Ports:           []corev1.ContainerPort{{Name: "grpc", ContainerPort: world.ServerPort}},
+					ReadinessProbe: &corev1.Probe{
+						ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(1)}},
+						PeriodSeconds: 1,
+					},
+					VolumeMounts: []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}},
+				}},
+				Volumes: []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+			},
+		}
+	}
+	pods := c.sb.Client().CoreV1().Pods(ns)
+	if _, err := pods.Create(ctx, pod("etcdbackup-server-5c9d8-abcde", nil), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := c.sb.WaitForPod(wctx, ns, "etcdbackup-server-5c9d8-abcde", func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodRunning
+	}); err != nil {
 		t.Fatal(err)
 	}
 	r := mustFail(t, c.run(t, nil, "etcdbackup", "-n", ns, "list"), "list with an unready server")
 	if !strings.Contains(r.Stderr, "is not ready") || !strings.Contains(r.Stderr, "Running but not Ready") || !strings.Contains(r.Stderr, "describe pod") {
 		t.Fatalf("not-ready error does not explain: %s", r)
 	}
-	if err := c.sb.SetPodStatus(ctx, ns, "etcdbackup-server-5c9d8-abcde", "Pending", false); err != nil {
+	if err := pods.Delete(ctx, "etcdbackup-server-5c9d8-abcde", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := pods.Create(ctx, pod("etcdbackup-server-5c9d8-fghij", map[string]string{"etcdbackup.test/no-such-node": "true"}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(ctx, t, "the running pod to be gone", func() bool {
+		_, err := pods.Get(ctx, "etcdbackup-server-5c9d8-abcde", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
 	r = mustFail(t, c.run(t, nil, "etcdbackup", "-n", ns, "list"), "list with a pending server")
 	if !strings.Contains(r.Stderr, "Pending") {
 		t.Fatalf("pending error does not name the phase: %s", r)
@@ -278,8 +346,7 @@ func testNotReady(t *testing.T, c *cluster) {
 // Two installs in two namespaces: -n picks one, each has its own backups.
 func testTwoNamespaces(t *testing.T, c *cluster) {
 	ctx := context.Background()
-	srvB := startServer(t)
-	if err := world.Install(ctx, c.sb, "team-b", "etcdbackup-server-7f6d5-qwert", srvB); err != nil {
+	if err := world.InstallServer(ctx, c.sb, c.kubectl, "team-b", c.images, t.TempDir()); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
@@ -306,7 +373,11 @@ func testTwoNamespaces(t *testing.T, c *cluster) {
 			}
 		}
 	}
-	if _, err := os.Stat(filepath.Join(srvB.StorageDir, "backups", "only-in-team-b.json")); err != nil {
+	storage, err := c.sb.VolumePath(ctx, "team-b", "etcdbackup-data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(storage, "backups", "only-in-team-b.json")); err != nil {
 		t.Fatalf("team-b's backup is not in team-b's storage: %v", err)
 	}
 }

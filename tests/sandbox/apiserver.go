@@ -10,27 +10,19 @@ import (
 	"strconv"
 )
 
-// ServiceCIDR is the sandbox's Service ClusterIP range. It is a loopback
-// range on purpose: ClusterIPs exist only inside Pod network namespaces
-// (where all of 127.0.0.0/8 is local and the node agent's proxy listens on
-// them), so no Service address is ever one of the host network's.
-const ServiceCIDR = "127.96.0.0/16"
-
-// kubernetesServiceIP is the first address of ServiceCIDR, the ClusterIP of
-// the `kubernetes` Service, which in-cluster clients dial.
-const kubernetesServiceIP = "127.96.0.1"
-
 // apiserverProcess is a running kube-apiserver child process.
 type apiserverProcess struct {
 	*process
 	url string
 }
 
-// apiserverArgs are the flags that make a real kube-apiserver serve on
-// loopback only, trust the sandbox's CAs and reach the node endpoint.
+// apiserverArgs are the flags that make a real kube-apiserver serve on the
+// host end of the node's veth only (the node and its pods reach it there;
+// the host too), trust the sandbox's CAs and reach the kubelet.
 func apiserverArgs(dir string, p *pki, etcdURL string, port int) []string {
 	return []string{
-		"--bind-address=127.0.0.1",
+		"--bind-address=" + HostIP,
+		"--advertise-address=" + HostIP,
 		"--secure-port=" + strconv.Itoa(port),
 		"--cert-dir=" + filepath.Join(dir, "apiserver-certs"), // unused with explicit certs; keeps it out of /var/run
 		"--tls-cert-file=" + p.apiserver.certFile,
@@ -47,9 +39,10 @@ func apiserverArgs(dir string, p *pki, etcdURL string, port int) []string {
 		"--authorization-mode=Node,RBAC",
 		// As kubeadm: a node may only touch its own Node, Lease and Pods.
 		"--enable-admission-plugins=NodeRestriction",
-		// The kubelet connection: by the node's InternalIP (127.0.0.1), with
-		// a client certificate the node endpoint checks, verifying the node
-		// endpoint's serving certificate against the cluster CA.
+		// The kubelet connection: by the node's InternalIP, with a client
+		// certificate the kubelet checks against the client CA (then
+		// authorizes with a SubjectAccessReview), verifying the kubelet's
+		// serving certificate against the cluster CA.
 		"--kubelet-preferred-address-types=InternalIP",
 		"--kubelet-client-certificate=" + p.kubeletClient.certFile,
 		"--kubelet-client-key=" + p.kubeletClient.keyFile,
@@ -63,11 +56,6 @@ func apiserverArgs(dir string, p *pki, etcdURL string, port int) []string {
 		"--proxy-client-cert-file=" + p.frontProxyClient.certFile,
 		"--proxy-client-key-file=" + p.frontProxyClient.keyFile,
 		"--profiling=false",
-		// --advertise-address=127.0.0.1 is refused unless the endpoint
-		// reconciler is off; leaving it unset lets the apiserver pick the
-		// host's address for the "kubernetes" Service's endpoints, which
-		// nothing dials (the node agent's proxy sends that Service's traffic
-		// to the loopback port instead).
 		"--v=1",
 	}
 }
@@ -92,6 +80,7 @@ func startAPIServer(ctx context.Context, binary, dir string, p *pki, etcdURL str
 	}
 	proc, url, err := startComponent(ctx, component{
 		name:   "kube-apiserver",
+		host:   HostIP,
 		binary: binary,
 		dir:    dir,
 		args:   func(port int) []string { return apiserverArgs(dir, p, etcdURL, port) },

@@ -31,7 +31,7 @@ type keyPair struct {
 
 // pki holds every certificate and key the sandbox needs. Two CAs are kept
 // apart on purpose, as in kubeadm: the cluster CA signs serving certificates
-// (apiserver, node endpoint) and the client CA signs client certificates
+// (apiserver, kubelet) and the client CA signs client certificates
 // (admin, users, the apiserver's kubelet client), so a test can tell a trust
 // mistake from a working setup.
 type pki struct {
@@ -42,13 +42,13 @@ type pki struct {
 
 	apiserver     *keyPair // kube-apiserver serving cert
 	admin         *keyPair // CN=sandbox-admin, O=system:masters
-	kubeletClient *keyPair // apiserver → node endpoint client cert
-	node          *keyPair // node endpoint serving cert
+	kubeletClient *keyPair // apiserver → kubelet client cert
+	node          *keyPair // kubelet serving cert
 
 	controllerManager *keyPair // CN=system:kube-controller-manager
 	scheduler         *keyPair // CN=system:kube-scheduler
-	nodeClient        *keyPair // the node agent as kubelet: CN=system:node:NODE, O=system:nodes
-	kubeProxy         *keyPair // the node agent's proxy: CN=system:kube-proxy
+	nodeClient        *keyPair // the kubelet: CN=system:node:NODE, O=system:nodes
+	kubeProxy         *keyPair // kube-proxy: CN=system:kube-proxy
 	controlPlane      *keyPair // serving cert of the controller-manager and scheduler
 
 	// The aggregation layer's front proxy, as kubeadm sets it up: the
@@ -82,12 +82,14 @@ func newPKI(dir string) (*pki, error) {
 		return nil, err
 	}
 	loopback := []net.IP{net.IPv4(127, 0, 0, 1)}
-	// In-cluster clients reach the API server at the `kubernetes`
-	// Service's ClusterIP and names, through the node agent's proxy.
+	hostIP, nodeIP := net.ParseIP(HostIP), net.ParseIP(NodeIP)
+	// The host and the node reach the API server at the host end of the
+	// veth; in-cluster clients at the `kubernetes` Service's ClusterIP and
+	// names.
 	if p.apiserver, err = p.issue("apiserver", p.ca, certRequest{
 		commonName: "kube-apiserver",
 		dnsNames:   []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-		ips:        append(loopback, net.ParseIP(kubernetesServiceIP)),
+		ips:        append(loopback, hostIP, net.ParseIP(kubernetesServiceIP)),
 		usage:      x509.ExtKeyUsageServerAuth,
 	}); err != nil {
 		return nil, err
@@ -115,7 +117,7 @@ func newPKI(dir string) (*pki, error) {
 		commonName: "etcd",
 		// Pods reach it through the kube-system/etcd Service.
 		dnsNames: []string{"localhost", "etcd.kube-system.svc", "etcd.kube-system.svc.cluster.local"},
-		ips:      loopback,
+		ips:      append(loopback, hostIP),
 		usage:    x509.ExtKeyUsageServerAuth,
 	}); err != nil {
 		return nil, err
@@ -155,8 +157,8 @@ func newPKI(dir string) (*pki, error) {
 		return nil, err
 	}
 	// The apiserver authenticates to kubelets with this one; system:masters
-	// mirrors what kubeadm historically used, though the node endpoint only
-	// checks that the chain leads to the client CA.
+	// mirrors what kubeadm uses: the kubelet authorizes it with a
+	// SubjectAccessReview.
 	if p.kubeletClient, err = p.issue("apiserver-kubelet-client", p.clientCA, certRequest{
 		commonName:    "kube-apiserver-kubelet-client",
 		organizations: []string{"system:masters"},
@@ -164,12 +166,12 @@ func newPKI(dir string) (*pki, error) {
 	}); err != nil {
 		return nil, err
 	}
-	// The apiserver reaches the node by its InternalIP, 127.0.0.1, and checks
+	// The apiserver reaches the kubelet by the node's InternalIP and checks
 	// this certificate against --kubelet-certificate-authority.
 	if p.node, err = p.issue("node", p.ca, certRequest{
 		commonName: "system:node:" + NodeName,
 		dnsNames:   []string{NodeName, "localhost"},
-		ips:        loopback,
+		ips:        []net.IP{nodeIP},
 		usage:      x509.ExtKeyUsageServerAuth,
 	}); err != nil {
 		return nil, err

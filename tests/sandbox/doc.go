@@ -1,34 +1,46 @@
-// Package sandbox starts a small real Kubernetes cluster on loopback for
-// tests, `make sandbox` and `make demo`.
+// Package sandbox starts a small real Kubernetes cluster on this machine
+// for tests, `make sandbox` and `make demo`.
 //
-// Everything is real and runs without Docker, on free loopback ports:
+// Everything is real and runs without Docker:
 //
-//   - etcd, in-process (go.etcd.io/etcd/server/v3/embed);
+//   - etcd, in-process (go.etcd.io/etcd/server/v3/embed), with TLS client
+//     authentication as kubeadm sets it up;
 //   - kube-apiserver, kube-controller-manager and kube-scheduler, the real
-//     binaries built from k8s.io/kubernetes by hack/build-kube.sh (make
-//     kube-bins), each with its own identity, as kubeadm sets them up;
-//   - one Node, whose kubelet is the node agent (package nodeagent): it runs
-//     the Pods bound to the node whose images are the project's own (a table
-//     maps image name → binary built from this repository), each Pod in a
-//     network namespace of its own, and reports their status like a
-//     kubelet;
-//   - a "node endpoint": the kubelet's HTTPS server, whose port-forward is
-//     the kubelet's streaming library (k8s.io/cri-streaming) and whose
-//     /containerLogs reads logs with the kubelet's CRI log reader;
-//   - a default StorageClass with a hostPath provisioner, so
-//     PersistentVolumeClaims bind and their data outlives the Pods.
+//     binaries built from k8s.io/kubernetes by hack/build-kube.sh, each
+//     with its own identity;
+//   - one node, like a kind node without a container engine: containerd
+//     and runc (Debian's packages), the kubelet and kube-proxy (nftables
+//     mode) v1.37.2, CNI plugins (bridge, host-local, loopback, portmap),
+//     all in a network namespace and a private mount namespace of its own,
+//     joined to the host by a veth pair (HostIP on the host, NodeIP on the
+//     node). Pods get addresses from PodCIDR on the node's bridge,
+//     Services ClusterIPs from ServiceCIDR;
+//   - CoreDNS as a Deployment behind the kube-dns Service, so Service names
+//     resolve in pods;
+//   - a default StorageClass whose provisioner makes hostPath volumes in the
+//     node's /var/lib, so PersistentVolumeClaims bind and their data
+//     outlives the Pods.
 //
-// A user installs the product with `kubectl apply -k manifests/` and talks
-// to it with `kubectl etcdbackup` exactly as on a real cluster: the request
-// travels client → kube-apiserver (authn, RBAC, WebSocket→SPDY translation,
-// upgrade-aware proxy) → kubelet streaming library → the Pod's network
-// namespace. Tests can still run a process themselves and register it as a
-// Pod (RunPod): such "hand-run" Pods are left alone by the node agent.
+// Nothing is pulled: containerd gets its images from OCI image archives
+// (Config.Images, ImportImages, LoadBinaryImage), the pause and CoreDNS
+// images included. A user installs the product with `kubectl apply -k` and
+// talks to it with `kubectl etcdbackup` exactly as on any cluster: the
+// request travels client → kube-apiserver → kubelet → containerd → the
+// pod's network namespace.
 //
-// Addresses: the API server and every component listen on 127.0.0.1 only.
-// Service ClusterIPs come from 127.96.0.0/16 and Pod IPs from
-// 10.244.0.0/16, but both exist only inside the Pods' own network
-// namespaces: the node reaches a Pod at 127.0.0.1 inside its namespace, and
-// Pods reach Services through the node agent's proxy. Nothing is ever sent
-// to an address of the host's network.
+// Addresses: the API server and etcd listen on HostIP, the host end of the
+// node's veth; the controllers on 127.0.0.1. Host services reach pods as a
+// cluster's outside services do, through a Service with an EndpointSlice
+// naming HostIP (ExposeHostService). No traffic uses the machine's own
+// network.
+//
+// Isolation: the paths the kubelet, containerd and the CNI plugins
+// hard-code (/run, /var/lib, /var/log, /opt) are the node's own inside its
+// mount namespace; so are the machine-wide sysctls the kubelet writes
+// (kernel.panic, kernel.panic_on_oops, vm.overcommit_memory, …), covered
+// by plain files there. Stop kills every process of the node, removes its
+// cgroups (kubepods, k8s.io), its network namespace and link; the mounts go
+// with the namespace. One sandbox runs per machine (the node's names are
+// fixed): a second Start waits for the first to stop, or with
+// Config.NoWait fails naming it.
 package sandbox

@@ -17,7 +17,8 @@ type etcdServer struct {
 	clientURL string
 }
 
-// startEtcd starts a single-member etcd on loopback with its data in dir. It
+// startEtcd starts a single-member etcd on loopback and HostIP with its
+// data in dir. It
 // is a real etcd server; only fsync is off, because test data is throwaway and
 // fsync dominates the apiserver's write latency on small VMs.
 func startEtcd(ctx context.Context, dir string, p *pki) (*etcdServer, error) {
@@ -41,7 +42,9 @@ func startEtcd(ctx context.Context, dir string, p *pki) (*etcdServer, error) {
 		CertFile: p.etcdServer.certFile, KeyFile: p.etcdServer.keyFile,
 		TrustedCAFile: p.etcdCA.certFile, ClientCertAuth: true,
 	}
-	cfg.ListenClientUrls = []url.URL{clientURL}
+	// Also on the host end of the node's veth: pods reach it there, through
+	// the kube-system/etcd Service.
+	cfg.ListenClientUrls = []url.URL{clientURL, {Scheme: "https", Host: fmt.Sprintf("%s:%d", HostIP, clientPort)}}
 	cfg.AdvertiseClientUrls = []url.URL{clientURL}
 	cfg.ListenPeerUrls = []url.URL{peerURL}
 	cfg.AdvertisePeerUrls = []url.URL{peerURL}

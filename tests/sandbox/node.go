@@ -1,496 +1,394 @@
 package sandbox
 
 import (
+	"bufio"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
-	"net/netip"
-	"sync"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
-
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/cri-streaming/pkg/streaming/portforward"
 )
 
-// NodeName is the name of the single Node object the sandbox registers; every
-// pod from RunPod is bound to it.
+// NodeName is the name of the sandbox's single Node.
 const NodeName = "sandbox-node"
 
-// Timeouts the kubelet's streaming server uses by default
-// (streaming.DefaultConfig): a forwarded connection idle for 4 hours is
-// closed, and both streams of a pair must arrive within 30 s.
+// The node's network: a network namespace joined to the host by a veth pair,
+// as a kind node is joined to its Docker network. The host side carries the
+// address the API server and the host services (etcd, S3) listen on; the
+// node side is the Node's InternalIP. Pods get addresses from PodCIDR on
+// the node's bridge; Services get ClusterIPs from ServiceCIDR, which only
+// kube-proxy's rules inside the node know. None of these is an address of
+// the machine's own network.
 const (
-	streamIdleTimeout     = 4 * time.Hour
-	streamCreationTimeout = 30 * time.Second
+	netnsName    = "etcdbackup-node"
+	hostLink     = "etcdbackup0"
+	nodeLink     = "eth0"
+	HostIP       = "172.30.0.1" // host end of the veth
+	NodeIP       = "172.30.0.2" // node end: the Node's InternalIP
+	nodeNetPrefx = "/24"
+	PodCIDR      = "10.244.0.0/24"
+	// ClusterCIDR is the cluster's pod range (kube-proxy tells pod traffic
+	// from other traffic by it); the one node's PodCIDR is part of it.
+	ClusterCIDR = "10.244.0.0/16"
+	ServiceCIDR = "10.96.0.0/16"
+	// kubernetesServiceIP is the first address of ServiceCIDR: the
+	// `kubernetes` Service, which in-cluster clients dial.
+	kubernetesServiceIP = "10.96.0.1"
+	// DNSServiceIP is the kube-dns Service's ClusterIP, the pods' resolver.
+	DNSServiceIP = "10.96.0.10"
+	// cniBridge is the bridge the CNI plugin makes inside the node.
+	cniBridge = "cni0"
 )
 
-// errDropped is what a forwarded connection reports when a test drops it;
-// the client sees it on the port-forward error stream, like any error a real
-// kubelet reports when the pod side of a forward breaks.
-var errDropped = errors.New("forwarded connection dropped by the sandbox (DropForwardedConnections)")
-
-// podKey names a pod on the node.
-type podKey struct{ namespace, name string }
-
-// podEntry is what the node endpoint knows about a hand-run pod (RunPod):
-// enough to answer the kubelet's port-forward lookups.
-type podEntry struct {
-	uid     types.UID
-	ip      netip.Addr       // its Pod IP (EndpointSlices refuse loopback ones)
-	targets map[int32]string // container port → local TCP address
+// nodeSysctls are the machine-wide (not per network namespace) kernel
+// settings the kubelet sets at start. Inside the node's mount namespace a
+// plain file is bind-mounted over each, so the kubelet's writes land there
+// and the host keeps its values.
+var nodeSysctls = []string{
+	"kernel/panic",
+	"kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys",
+	"kernel/keys/root_maxbytes",
+	"vm/overcommit_memory",
+	"vm/panic_on_oom",
 }
 
-// podRuntime is the node agent as the node endpoint sees it: the pods it
-// runs, reachable for port-forward, and their logs.
-type podRuntime interface {
-	HasPod(ns, name string) (types.UID, bool)
-	DialPod(ctx context.Context, ns, name string, uid types.UID, port int32) (net.Conn, error)
-	ServeContainerLogs(w http.ResponseWriter, r *http.Request, ns, pod, container string)
+// nodeDirs are the directories the kubelet, containerd and the CNI plugins
+// hard-code; the node's mount namespace has its own copy of each (a
+// directory under the node root bind-mounted over it).
+var nodeDirs = []string{"/run", "/var/lib", "/var/log", "/opt"}
+
+// cgroupNames are the cgroups the node creates at the root of each
+// hierarchy: the kubelet's pod tree and containerd's namespace.
+var cgroupNames = []string{"kubepods", "k8s.io"}
+
+// node is the running node: the process holding its mount namespace and the
+// daemons started inside it.
+type node struct {
+	root       string // host directory under which the node's private dirs live
+	holder     *exec.Cmd
+	holderDone chan struct{}
+
+	containerd *process
+	kubelet    *process
+	kubeProxy  *process
 }
 
-// nodeEndpoint plays the kubelet's HTTPS server: port-forward and container
-// logs. The streaming protocol handling (SPDY and WebSocket, stream pairing,
-// error streams) is the kubelet's own code from k8s.io/cri-streaming; only
-// the container runtime's part — connecting to the port inside the pod — is
-// replaced: by dialing into the pod's network namespace for pods the node
-// agent runs, by dialing a local address for hand-run pods (RunPod).
-type nodeEndpoint struct {
-	ctx    context.Context // cancelled by stop; bounds dials to targets
-	cancel context.CancelFunc
-
-	srv      *http.Server
-	listener net.Listener
-	port     int
-
-	mu       sync.Mutex
-	runtime  podRuntime // the node agent; nil until it started
-	pods     map[podKey]*podEntry
-	forwards map[*forwardedConn]struct{} // live forwarded connections
-	rawConns map[net.Conn]struct{}       // every accepted TCP conn, hijacked or not
-	stopped  bool
-
-	serveDone chan struct{}  // closed when srv.Serve returns
-	handlers  sync.WaitGroup // running servePortForward calls
-	copiers   sync.WaitGroup // running copy goroutines of forwarded connections
-}
-
-// forwardedConn is one port-forward stream pair bridged to one TCP
-// connection to the target.
-type forwardedConn struct {
-	target  net.Conn
-	mu      sync.Mutex
-	dropped bool
-}
-
-// startNodeEndpoint serves the kubelet's port-forward paths over HTTPS on a
-// free loopback port. Only HTTP/1.1 is offered: the API server's upgrade
-// proxy needs a connection it can hijack, which HTTP/2 does not give.
-func startNodeEndpoint(serving *keyPair, clientCA *x509.Certificate) (*nodeEndpoint, error) {
-	cert, err := tls.X509KeyPair(serving.certPEM, serving.keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("node endpoint serving cert: %w", err)
-	}
-	clientCAs := x509.NewCertPool()
-	clientCAs.AddCert(clientCA)
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("node endpoint listen: %w", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	n := &nodeEndpoint{
-		ctx:       ctx,
-		cancel:    cancel,
-		port:      ln.Addr().(*net.TCPAddr).Port,
-		pods:      make(map[podKey]*podEntry),
-		forwards:  make(map[*forwardedConn]struct{}),
-		rawConns:  make(map[net.Conn]struct{}),
-		serveDone: make(chan struct{}),
-	}
-	n.listener = &trackingListener{Listener: ln, n: n}
-
-	mux := http.NewServeMux()
-	mux.HandleFunc("/portForward/{namespace}/{pod}", n.servePortForward)
-	mux.HandleFunc("/portForward/{namespace}/{pod}/{uid}", n.servePortForward)
-	mux.HandleFunc("GET /containerLogs/{namespace}/{pod}/{container}", n.serveContainerLogs)
-	n.srv = &http.Server{
-		Handler: mux,
-		TLSConfig: &tls.Config{
-			Certificates: []tls.Certificate{cert},
-			// The kubelet only trusts the apiserver's client certificate.
-			ClientAuth: tls.RequireAndVerifyClientCert,
-			ClientCAs:  clientCAs,
-			NextProtos: []string{"http/1.1"},
-			MinVersion: tls.VersionTLS12,
-		},
-		// A non-nil empty map turns HTTP/2 off.
-		TLSNextProto:      map[string]func(*http.Server, *tls.Conn, http.Handler){},
-		ReadHeaderTimeout: 30 * time.Second,
-		ErrorLog:          nil,
-	}
-	go func() {
-		defer close(n.serveDone)
-		// ServeTLS returns http.ErrServerClosed after Close; any other error
-		// means the listener broke, which stop() handles the same way.
-		_ = n.srv.ServeTLS(n.listener, "", "")
-	}()
-	return n, nil
-}
-
-// servePortForward is the kubelet's getPortForward: check the pod exists
-// (and has the UID asked for, if any), then hand the request to the
-// upstream streaming code.
-func (n *nodeEndpoint) servePortForward(w http.ResponseWriter, r *http.Request) {
-	// Counted under the lock that stop() takes, so no Add races its Wait.
-	n.mu.Lock()
-	if n.stopped {
-		n.mu.Unlock()
-		http.Error(w, "node endpoint is stopping", http.StatusServiceUnavailable)
-		return
-	}
-	n.handlers.Add(1)
-	n.mu.Unlock()
-	defer n.handlers.Done()
-
-	ns, name, uid := r.PathValue("namespace"), r.PathValue("pod"), r.PathValue("uid")
-	podUID, ok := n.lookupPod(ns, name)
-	if !ok {
-		http.Error(w, "pod does not exist", http.StatusNotFound)
-		return
-	}
-	if uid != "" && types.UID(uid) != podUID {
-		http.Error(w, "pod not found", http.StatusNotFound)
-		return
-	}
-	// The WebSocket protocol names the ports in the query; SPDY names them
-	// per stream. NewV4Options returns empty options for SPDY.
-	opts, err := portforward.NewV4Options(r)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	fwd := &podForwarder{n: n, namespace: ns}
-	portforward.ServePortForward(w, r, fwd, name, string(podUID), opts,
-		streamIdleTimeout, streamCreationTimeout, portforward.SupportedProtocols)
-}
-
-// lookupPod finds a pod on the node: hand-run first, then the agent's.
-func (n *nodeEndpoint) lookupPod(ns, name string) (types.UID, bool) {
-	n.mu.Lock()
-	entry, ok := n.pods[podKey{ns, name}]
-	rt := n.runtime
-	n.mu.Unlock()
-	if ok {
-		return entry.uid, true
-	}
-	if rt != nil {
-		return rt.HasPod(ns, name)
-	}
-	return "", false
-}
-
-// serveContainerLogs is the kubelet's /containerLogs, which `kubectl logs`
-// reaches through the API server.
-func (n *nodeEndpoint) serveContainerLogs(w http.ResponseWriter, r *http.Request) {
-	ns, name, container := r.PathValue("namespace"), r.PathValue("pod"), r.PathValue("container")
-	n.mu.Lock()
-	_, handRun := n.pods[podKey{ns, name}]
-	rt := n.runtime
-	n.mu.Unlock()
-	switch {
-	case handRun:
-		http.Error(w, fmt.Sprintf("pod %q is run by the test itself (sandbox RunPod); its logs are not collected", name), http.StatusBadRequest)
-	case rt != nil:
-		rt.ServeContainerLogs(w, r, ns, name, container)
-	default:
-		http.Error(w, fmt.Sprintf("pod %q does not exist", name), http.StatusNotFound)
-	}
-}
-
-func (n *nodeEndpoint) setRuntime(rt podRuntime) {
-	n.mu.Lock()
-	n.runtime = rt
-	n.mu.Unlock()
-}
-
-// handRunTarget maps a hand-run pod's IP and port to its process's
-// address, for Service traffic the node agent proxies.
-func (n *nodeEndpoint) handRunTarget(ip netip.Addr, port int32) (string, bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for _, e := range n.pods {
-		if e.ip == ip {
-			addr, ok := e.targets[port]
-			return addr, ok
+// hostPath maps a path inside the node's mount namespace (a hostPath
+// volume, a log file) to where it is on the host.
+func (n *node) hostPath(p string) string {
+	p = filepath.Clean(p)
+	for _, d := range nodeDirs {
+		if p == d || strings.HasPrefix(p, d+"/") {
+			return filepath.Join(n.root, strings.TrimPrefix(d, "/"), strings.TrimPrefix(p, d))
 		}
 	}
-	return "", false
+	return p
 }
 
-// podForwarder is the runtime side of one port-forward request.
-type podForwarder struct {
-	n         *nodeEndpoint
-	namespace string
-}
+// sockPath is containerd's socket as the host sees it.
+func (n *node) sockPath() string { return n.hostPath("/run/containerd/containerd.sock") }
 
-// PortForward connects one forwarded stream to the pod's target for port.
-// It is called once per forwarded connection and returns when either side is
-// done; returning an error makes the streaming code report it on the error
-// stream and reset the pair.
-func (f *podForwarder) PortForward(_ context.Context, name, uid string, port int32, stream io.ReadWriteCloser) error {
-	n := f.n
-	dialCtx, cancel := context.WithTimeout(n.ctx, 10*time.Second)
-	target, addr, err := n.dialPod(dialCtx, f.namespace, name, types.UID(uid), port)
-	cancel()
-	if err != nil {
-		return err
+// setupNetwork creates the node's network namespace and the veth pair, and
+// configures both ends.
+func setupNetwork(ctx context.Context) error {
+	cmds := [][]string{
+		{"ip", "netns", "add", netnsName},
+		{"ip", "link", "add", hostLink, "type", "veth", "peer", "name", nodeLink, "netns", netnsName},
+		{"ip", "addr", "add", HostIP + nodeNetPrefx, "dev", hostLink},
+		{"ip", "link", "set", hostLink, "up"},
+		{"ip", "-n", netnsName, "link", "set", "lo", "up"},
+		{"ip", "-n", netnsName, "addr", "add", NodeIP + nodeNetPrefx, "dev", nodeLink},
+		{"ip", "-n", netnsName, "link", "set", nodeLink, "up"},
+		{"ip", "-n", netnsName, "route", "add", "default", "via", HostIP},
+		// The host reaches pod IPs through the node, as a kind host does.
+		{"ip", "route", "add", PodCIDR, "via", NodeIP, "dev", hostLink},
 	}
-	fc := &forwardedConn{target: target}
-	if !n.addForward(fc) {
-		target.Close()
-		return errors.New("node endpoint is stopping")
-	}
-	defer n.removeForward(fc)
-	defer target.Close()
-
-	// Copy both ways the way containerd's CRI PortForward does (the
-	// runtime a real kubelet hands port-forwards to): when one direction
-	// ends, give the other one second to finish, then tear the whole
-	// forwarded connection down. So a client that half-closes its side must
-	// not expect a long reply — as on a real node.
-	errCh := make(chan error, 2)
-	go func() {
-		defer n.copiers.Done()
-		_, err := io.Copy(stream, target)
-		errCh <- err
-	}()
-	// This one can outlive PortForward: a SPDY stream's Read only ends when
-	// the client resets the stream (client-go does, once the target side
-	// is done) or the connection closes. stop() closes every connection and
-	// then waits for n.copiers, so it never outlives the sandbox.
-	go func() {
-		defer n.copiers.Done()
-		_, err := io.Copy(target, stream)
-		errCh <- err
-	}()
-
-	var errFwd error
-	select {
-	case errFwd = <-errCh:
-	case <-n.ctx.Done():
-		return errors.New("node endpoint stopped")
-	}
-	if fc.wasDropped() {
-		return errDropped
-	}
-	select {
-	case err := <-errCh:
-		if errFwd == nil {
-			errFwd = err
+	for _, c := range cmds {
+		if err := run(ctx, c...); err != nil {
+			return fmt.Errorf("node network: %w", err)
 		}
-	case <-time.After(time.Second):
-	case <-n.ctx.Done():
-	}
-	if fc.wasDropped() {
-		return errDropped
-	}
-	if errFwd != nil && !errors.Is(errFwd, net.ErrClosed) {
-		return fmt.Errorf("forwarding to %s: %w", addr, errFwd)
 	}
 	return nil
 }
 
-// dialPod connects to a pod's port: a hand-run pod's target address, or
-// 127.0.0.1:port inside the network namespace of a pod the agent runs.
-// addr names the target for error messages.
-func (n *nodeEndpoint) dialPod(ctx context.Context, ns, name string, uid types.UID, port int32) (net.Conn, string, error) {
-	n.mu.Lock()
-	entry, handRun := n.pods[podKey{ns, name}]
-	rt := n.runtime
-	n.mu.Unlock()
-	if !handRun {
-		if rt == nil {
-			return nil, "", fmt.Errorf("pod %s/%s (uid %s) is gone", ns, name, uid)
+// teardownNetwork deletes the network namespace (the veth pair and the
+// route go with it) and, if a crashed sandbox left it, the host link.
+func teardownNetwork() error {
+	var errs []error
+	if _, err := os.Stat("/run/netns/" + netnsName); err == nil {
+		if err := run(context.Background(), "ip", "netns", "delete", netnsName); err != nil {
+			errs = append(errs, err)
 		}
-		c, err := rt.DialPod(ctx, ns, name, uid, port)
-		return c, fmt.Sprintf("port %d of pod %s/%s", port, ns, name), err
 	}
-	if entry.uid != uid {
-		return nil, "", fmt.Errorf("pod %s/%s (uid %s) is gone", ns, name, uid)
+	if _, err := os.Stat("/sys/class/net/" + hostLink); err == nil {
+		if err := run(context.Background(), "ip", "link", "delete", hostLink); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	addr, ok := entry.targets[port]
-	if !ok {
-		// What a container runtime says when nothing listens on the port.
-		return nil, "", fmt.Errorf("failed to connect to localhost:%d inside namespace of pod %s/%s: connection refused", port, ns, name)
-	}
-	var d net.Dialer
-	target, err := d.DialContext(ctx, "tcp", addr)
+	return errors.Join(errs...)
+}
+
+// holderScript runs in the node's network namespace and a new private
+// mount namespace. It keeps the cgroup mounts while giving the namespace a
+// sysfs of its own network (what `ip netns exec` does, minus dropping
+// /sys/fs/cgroup), gives the node private copies of the directories the
+// kubelet and containerd hard-code, covers the machine-wide sysctls the
+// kubelet writes with plain files, then prints "ready" and waits: the
+// daemons join its namespaces with nsenter.
+const holderScript = `set -eu
+R=$1
+mkdir -p "$R/.cgroup" "$R/.sysctl"
+mount --rbind /sys/fs/cgroup "$R/.cgroup"
+mount -t sysfs sysfs /sys
+mount --rbind "$R/.cgroup" /sys/fs/cgroup
+umount -l "$R/.cgroup"
+for d in %s; do
+	mkdir -p "$R/${d#/}"
+	mount --bind "$R/${d#/}" "$d"
+done
+for s in %s; do
+	f="$R/.sysctl/$(echo "$s" | tr / _)"
+	cat "/proc/sys/$s" > "$f"
+	mount --bind "$f" "/proc/sys/$s"
+done
+echo ready
+exec sleep infinity
+`
+
+// startHolder starts the process that holds the node's mount namespace and
+// returns once its mounts are in place.
+func startHolder(ctx context.Context, root string) (*exec.Cmd, chan struct{}, error) {
+	script := fmt.Sprintf(holderScript, strings.Join(nodeDirs, " "), strings.Join(nodeSysctls, " "))
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+netnsName, "--",
+		"unshare", "--mount", "--propagation", "private", "--",
+		"sh", "-c", script, "holder", root)
+	cmd.SysProcAttr = childSysProcAttr()
+	cmd.Env = []string{"PATH=" + nodePATH}
+	cmd.Stderr = &tailBuffer{}
+	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, "", fmt.Errorf("failed to connect to localhost:%d inside namespace of pod %s/%s: %w", port, ns, name, err)
+		return nil, nil, err
 	}
-	return target, addr, nil
-}
-
-func (fc *forwardedConn) wasDropped() bool {
-	fc.mu.Lock()
-	defer fc.mu.Unlock()
-	return fc.dropped
-}
-
-func (n *nodeEndpoint) addForward(fc *forwardedConn) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.stopped {
-		return false
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("start node namespace holder: %w", err)
 	}
-	n.forwards[fc] = struct{}{}
-	// The two copy goroutines are counted here, under the lock stop()
-	// takes, so no Add races its Wait.
-	n.copiers.Add(2)
-	return true
-}
-
-func (n *nodeEndpoint) removeForward(fc *forwardedConn) {
-	n.mu.Lock()
-	delete(n.forwards, fc)
-	n.mu.Unlock()
-}
-
-// dropAll closes the target side of every live forwarded connection and
-// returns how many there were. Each one then ends with an error on its
-// port-forward error stream, which client-go treats as a lost connection.
-func (n *nodeEndpoint) dropAll() int {
-	n.mu.Lock()
-	live := make([]*forwardedConn, 0, len(n.forwards))
-	for fc := range n.forwards {
-		live = append(live, fc)
-		delete(n.forwards, fc)
-	}
-	n.mu.Unlock()
-	for _, fc := range live {
-		fc.mu.Lock()
-		fc.dropped = true
-		fc.mu.Unlock()
-		fc.target.Close()
-	}
-	return len(live)
-}
-
-func (n *nodeEndpoint) setPod(ns, name string, uid types.UID, ip netip.Addr, targets map[int32]string) {
-	copied := make(map[int32]string, len(targets))
-	for p, a := range targets {
-		copied[p] = a
-	}
-	n.mu.Lock()
-	n.pods[podKey{ns, name}] = &podEntry{uid: uid, ip: ip, targets: copied}
-	n.mu.Unlock()
-}
-
-// deletePod forgets a hand-run pod and returns its IP (invalid if unknown).
-func (n *nodeEndpoint) deletePod(ns, name string) netip.Addr {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	e, ok := n.pods[podKey{ns, name}]
-	if !ok {
-		return netip.Addr{}
-	}
-	delete(n.pods, podKey{ns, name})
-	return e.ip
-}
-
-// podIP is a hand-run pod's IP.
-func (n *nodeEndpoint) podIP(ns, name string) (netip.Addr, bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	e, ok := n.pods[podKey{ns, name}]
-	if !ok {
-		return netip.Addr{}, false
-	}
-	return e.ip, true
-}
-
-// stop closes the listener and every connection, hijacked ones included
-// (http.Server.Close does not touch those), then waits for the handlers.
-func (n *nodeEndpoint) stop() {
-	n.mu.Lock()
-	n.stopped = true
-	n.mu.Unlock()
-	n.cancel()
-	_ = n.srv.Close()
-	n.dropAll()
-	n.mu.Lock()
-	conns := make([]net.Conn, 0, len(n.rawConns))
-	for c := range n.rawConns {
-		conns = append(conns, c)
-	}
-	n.mu.Unlock()
-	for _, c := range conns {
-		_ = c.Close()
-	}
-	<-n.serveDone
-	// Every handler's connection is closed now, so each returns promptly;
-	// the bound only guards against a bug turning Stop into a hang.
 	done := make(chan struct{})
+	ready := make(chan error, 1)
 	go func() {
-		n.handlers.Wait()
-		n.copiers.Wait()
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err == nil && strings.TrimSpace(line) != "ready" {
+			err = fmt.Errorf("unexpected %q", line)
+		}
+		ready <- err
+		_, _ = io.Copy(io.Discard, out)
+		_ = cmd.Wait()
 		close(done)
 	}()
 	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
+	case err := <-ready:
+		if err != nil {
+			_ = cmd.Process.Kill()
+			<-done
+			return nil, nil, fmt.Errorf("node mount namespace: %v: %s", err, cmd.Stderr)
+		}
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		<-done
+		return nil, nil, fmt.Errorf("node mount namespace: %w", ctx.Err())
 	}
+	return cmd, done, nil
 }
 
-// trackingListener records every accepted connection until it is closed, so
-// stop() can close hijacked (upgraded) connections too.
-type trackingListener struct {
-	net.Listener
-	n *nodeEndpoint
+// inNode is the command line that runs argv inside the node's namespaces.
+func (n *node) inNode(argv ...string) []string {
+	return append([]string{"nsenter", "-t", strconv.Itoa(n.holder.Process.Pid), "-m", "-n", "--"}, argv...)
 }
 
-func (l *trackingListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
+// exec runs argv inside the node and returns its combined output.
+func (n *node) exec(ctx context.Context, argv ...string) (string, error) {
+	full := n.inNode(argv...)
+	cmd := exec.CommandContext(ctx, full[0], full[1:]...)
+	cmd.Env = []string{"PATH=" + nodePATH}
+	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return nil, err
+		return string(out), fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
 	}
-	tc := &trackedConn{Conn: c, n: l.n}
-	l.n.mu.Lock()
-	stopped := l.n.stopped
-	if !stopped {
-		l.n.rawConns[tc] = struct{}{}
-	}
-	l.n.mu.Unlock()
-	if stopped {
-		c.Close()
-		return nil, net.ErrClosed
-	}
-	return tc, nil
+	return string(out), nil
 }
 
-type trackedConn struct {
-	net.Conn
-	n    *nodeEndpoint
-	once sync.Once
+// cleanupNode undoes everything a node leaves on the machine, whether it
+// stopped or crashed: processes in its cgroups, its cgroups, its network
+// namespace and link. The node's mounts live only in its mount namespace,
+// which goes with its last process.
+func cleanupNode() error {
+	var errs []error
+	// After a crash (the daemons die with the process that started them,
+	// but containerd's shims and the containers do not).
+	if err := killNetnsProcs(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := killCgroupProcs(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeCgroups(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := teardownNetwork(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
-func (c *trackedConn) Close() error {
-	c.once.Do(func() {
-		c.n.mu.Lock()
-		delete(c.n.rawConns, c)
-		c.n.mu.Unlock()
-	})
-	return c.Conn.Close()
+// cgroupDirs are the node's cgroup directories in every hierarchy.
+func cgroupDirs() []string {
+	var dirs []string
+	hierarchies, _ := os.ReadDir("/sys/fs/cgroup")
+	for _, h := range hierarchies {
+		for _, name := range cgroupNames {
+			d := filepath.Join("/sys/fs/cgroup", h.Name(), name)
+			if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	return dirs
 }
 
-// liveForwards counts live forwarded connections.
-func (n *nodeEndpoint) liveForwards() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return len(n.forwards)
+// cgroupPIDs lists every process in the node's cgroups.
+func cgroupPIDs() []int {
+	seen := map[int]bool{}
+	var pids []int
+	for _, d := range cgroupDirs() {
+		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if err != nil || e.IsDir() || e.Name() != "cgroup.procs" {
+				return nil
+			}
+			b, _ := os.ReadFile(p)
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && !seen[pid] {
+					seen[pid] = true
+					pids = append(pids, pid)
+				}
+			}
+			return nil
+		})
+	}
+	return pids
 }
+
+// killCgroupProcs SIGKILLs every process in the node's cgroups (the
+// containers and the shims that joined them) until none is left.
+func killCgroupProcs() error {
+	return killAll(cgroupPIDs, "the node's cgroups")
+}
+
+// killAll SIGKILLs the processes list returns until it returns none, then
+// waits (5 s at most) until they are dead: gone, or zombies (a killed
+// container whose shim died too stays a zombie until init reaps it).
+func killAll(list func() []int, where string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	var killed []int
+	defer func() { waitGone(killed, 5*time.Second) }()
+	for {
+		pids := list()
+		if len(pids) == 0 {
+			return nil
+		}
+		killed = append(killed, pids...)
+		if time.Now().After(deadline) {
+			return fmt.Errorf("processes %v in %s survive SIGKILL", pids, where)
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitGone waits until none of pids runs any more, or timeout.
+func waitGone(pids []int, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for _, pid := range pids {
+		for Alive(pid) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// Alive tells whether process pid exists and is not a zombie (dead, not
+// yet reaped by its parent).
+func Alive(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(stat), ')')
+	if i < 0 {
+		return true
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	return len(f) == 0 || (f[0] != "Z" && f[0] != "X")
+}
+
+// removeCgroups removes the node's cgroups, deepest first.
+func removeCgroups() error {
+	var errs []error
+	for _, d := range cgroupDirs() {
+		var all []string
+		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				all = append(all, p)
+			}
+			return nil
+		})
+		for i := len(all) - 1; i >= 0; i-- {
+			var err error
+			// A cgroup whose last process just died can be busy for a moment.
+			for try := 0; try < 50; try++ {
+				if err = syscall.Rmdir(all[i]); err == nil || errors.Is(err, syscall.ENOENT) {
+					err = nil
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", all[i], err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// run runs a command on the host (found on PATH or in the sbin
+// directories) and reports its output on failure.
+func run(ctx context.Context, argv ...string) error {
+	bin, err := lookPath(argv[0])
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, bin, argv[1:]...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// tailBuffer keeps the last 4 KiB written to it, for error messages.
+type tailBuffer struct{ b []byte }
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if len(t.b) > 4096 {
+		t.b = t.b[len(t.b)-4096:]
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string { return strings.TrimSpace(string(t.b)) }

@@ -17,8 +17,9 @@ import (
 	"time"
 )
 
-// process is a running control-plane binary (kube-apiserver,
-// kube-controller-manager, kube-scheduler) with its output in a log file.
+// process is a running binary of the cluster (kube-apiserver,
+// kube-controller-manager, kube-scheduler, and the node's containerd,
+// kubelet and kube-proxy) with its output in a log file.
 type process struct {
 	name    string
 	cmd     *exec.Cmd
@@ -30,6 +31,7 @@ type process struct {
 // component says how to run one control-plane binary.
 type component struct {
 	name   string // binary name, also the log file's
+	host   string // address it serves on; default 127.0.0.1
 	binary string
 	dir    string // working directory and where NAME.log goes
 	// args builds the flags for a secure port picked by startComponent.
@@ -55,7 +57,11 @@ func startComponent(ctx context.Context, c component, logw io.Writer) (*process,
 		if err != nil {
 			return nil, "", err
 		}
-		url := fmt.Sprintf("https://127.0.0.1:%d", port)
+		host := c.host
+		if host == "" {
+			host = "127.0.0.1"
+		}
+		url := fmt.Sprintf("https://%s:%d", host, port)
 		err = proc.waitHealthy(ctx, url+c.health, c.tls)
 		if err == nil {
 			return proc, url, nil
@@ -83,7 +89,7 @@ func launch(name, binary, dir string, args []string) (*process, error) {
 	cmd.Stderr = logFile
 	// Only what the component needs; a developer's KUBECONFIG or proxy
 	// settings must not leak into it.
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir}
+	cmd.Env = []string{"PATH=" + nodePATH, "HOME=" + dir}
 	cmd.SysProcAttr = childSysProcAttr()
 	if err := cmd.Start(); err != nil {
 		logFile.Close()

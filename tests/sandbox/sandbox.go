@@ -5,11 +5,10 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,9 +16,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox/nodeagent"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 )
 
@@ -27,68 +24,93 @@ import (
 // holding the Kubernetes binaries (hack/build-kube.sh's OUTDIR).
 const BinDirEnv = "ETCDBACKUP_KUBE_BIN_DIR"
 
-// kubeBinaries are the binaries Start needs in the bin dir.
-var kubeBinaries = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"}
+// NodeDirEnv names the environment variable that points at the directory
+// holding what the node runs besides the Kubernetes binaries (hack/node.mk's
+// NODE_DIR): cni/bin/ (the CNI plugins), bin/ (coredns, pause) and images/
+// (their image archives).
+const NodeDirEnv = "ETCDBACKUP_NODE_DIR"
 
-// ErrBinariesMissing is returned (wrapped) by Start when a Kubernetes binary
-// is not in the bin dir. Tests use it to skip with a useful message.
-var ErrBinariesMissing = errors.New("kube binaries missing (build them with `make kube-bins` or hack/build-kube.sh DIR)")
+// kubeBinaries are the binaries Start needs in the bin dir.
+var kubeBinaries = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kubelet", "kube-proxy"}
+
+// nodeFiles are the files Start needs in the node dir; CoreDNS as a
+// binary or as its image archive.
+var nodeFiles = [][]string{
+	{"cni/bin/bridge"}, {"cni/bin/host-local"}, {"cni/bin/loopback"}, {"cni/bin/portmap"},
+	{"bin/coredns", "images/coredns.tar"},
+}
+
+// hostTools are the programs of the machine the node needs (Debian's
+// containerd, runc and nftables: hack/install-node-deps.sh).
+var hostTools = []string{"containerd", "containerd-shim-runc-v2", "ctr", "runc", "nft", "ip", "ss", "nsenter", "unshare"}
+
+// ErrBinariesMissing is returned (wrapped) by Start when a binary is not
+// in its bin dir. Tests use it to skip with a useful message.
+var ErrBinariesMissing = errors.New("sandbox binaries missing (build them with `make node-bins`, install containerd, runc and nftables with hack/install-node-deps.sh)")
 
 // Config says where the sandbox keeps its files and finds its binaries.
 type Config struct {
 	// Dir is the work dir (certs, etcd data, logs, kubeconfigs, the node's
-	// Pods and volumes); required. Start owns it: state from an earlier
-	// sandbox in it is replaced.
+	// private directories and volumes); required. Start owns it: state
+	// from an earlier sandbox in it is replaced.
 	Dir string
-	// BinDir holds kube-apiserver, kube-controller-manager, kube-scheduler
-	// and kubectl. Default: $ETCDBACKUP_KUBE_BIN_DIR, else <repo
-	// root>/.cache/kube/bin (repo root: the nearest parent of the working
-	// directory with this project's go.mod).
+	// BinDir holds kube-apiserver, kube-controller-manager, kube-scheduler,
+	// kubectl, kubelet and kube-proxy. Default: $ETCDBACKUP_KUBE_BIN_DIR,
+	// else <repo root>/.cache/kube/bin (repo root: the nearest parent of
+	// the working directory with this project's go.mod).
 	BinDir string
+	// NodeDir holds the CNI plugins (cni/bin/: bridge, host-local,
+	// loopback, portmap), coredns and pause (bin/) and their image archives
+	// (images/; made from bin/ when missing). Default: $ETCDBACKUP_NODE_DIR,
+	// else <repo root>/.cache/node.
+	NodeDir string
 	// Log receives progress lines for humans; nil discards them.
 	Log io.Writer
-	// Images is the node agent's image table: image name (registry, tag
-	// and digest are ignored: "ghcr.io/x/etcdbackup-server:v1" is
-	// "etcdbackup-server") → path of the host binary that is the image. The
-	// binary appears in the container at /<image name>, the image's
-	// entrypoint. Pods with other images stay Pending. SetImage adds more
-	// later.
-	Images map[string]string
+	// Images are OCI image archives (ociimage.WriteArchive, `make images`)
+	// imported into the node's containerd before Start returns.
+	// ImportImages adds more later.
+	Images []string
+	// NoWait makes Start fail at once (ErrBusy, naming the other one) when
+	// another sandbox runs on this machine, instead of waiting for it.
+	NoWait bool
 }
 
 // Sandbox is a running cluster. Its methods are safe for concurrent use.
 type Sandbox struct {
-	dir    string
-	binDir string
-	log    io.Writer
+	dir     string
+	binDir  string
+	nodeDir string
+	log     io.Writer
 
+	// The references of the pause and CoreDNS images (systemImages).
+	pauseImage, coreDNSImage string
+
+	lock              *machineLock
 	pki               *pki
 	etcd              *etcdServer
 	apiserver         *apiserverProcess
 	controllerManager *process
 	scheduler         *process
-	node              *nodeEndpoint
-	agent             *nodeagent.Agent
+	node              *node
 	provisioner       *provisioner
-	agentLog          *lockedFile
+	forwarders        *forwarders
 
 	kubeconfig string
 	restConfig *rest.Config
 	client     kubernetes.Interface
 
-	klogFile *os.File
-
 	stopOnce sync.Once
 	stopErr  error
 }
 
-// Start brings up etcd, kube-apiserver, the node endpoint, the node agent,
-// the volume provisioner, kube-controller-manager and kube-scheduler,
-// registers the Node and returns once all of it is ready. On error it stops
-// whatever it had started. ctx bounds the start only, not the sandbox's
-// life: call Stop.
+// Start brings up etcd, kube-apiserver, the node (containerd, kubelet,
+// kube-proxy in their own namespaces), kube-controller-manager,
+// kube-scheduler, the volume provisioner and CoreDNS, and returns once the
+// node is Ready and cluster DNS answers. It first takes the machine-wide
+// sandbox lock (waiting for another sandbox to stop, or failing with
+// ErrBusy if Config.NoWait). On error it stops whatever it had started.
+// ctx bounds the start only, not the sandbox's life: call Stop.
 func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
-	began := time.Now()
 	if cfg.Dir == "" {
 		return nil, errors.New("sandbox: Config.Dir is required")
 	}
@@ -96,43 +118,51 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: resolve dir: %w", err)
 	}
-	binDir, err := ResolveBinDir(cfg.BinDir)
+	binDir, nodeDir, err := ResolveBinDirs(cfg.BinDir, cfg.NodeDir)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	if err := CheckBinaries(binDir); err != nil {
+	if err := CheckBinaries(binDir, nodeDir); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	logw := cfg.Log
 	if logw == nil {
 		logw = io.Discard
 	}
-	s := &Sandbox{dir: dir, binDir: binDir, log: logw}
+	s := &Sandbox{dir: dir, binDir: binDir, nodeDir: nodeDir, log: logw}
+	if s.lock, err = lockMachine(ctx, dir, !cfg.NoWait, s.logf); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
 	defer func() {
 		if err != nil {
 			_ = s.Stop()
 		}
 	}()
+	began := time.Now()
 
 	if err := resetDir(dir); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
-	if err := s.redirectKlog(); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	step := time.Now()
 	if s.pki, err = newPKI(filepath.Join(dir, "pki")); err != nil {
 		return nil, fmt.Errorf("sandbox: certificates: %w", err)
 	}
+	// The node's network first: the API server and etcd listen on the
+	// host end of its veth.
+	if err := cleanupNode(); err != nil {
+		return nil, fmt.Errorf("sandbox: clean up after an earlier sandbox: %w", err)
+	}
+	if err := setupNetwork(ctx); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	systemImages := make(chan imagesResult, 1)
+	go func() { systemImages <- s.systemImages(ctx) }()
 	if s.etcd, err = startEtcd(ctx, dir, s.pki); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	s.logf("etcd ready at %s (%s)", s.etcd.clientURL, since(step))
 
 	step = time.Now()
-	if s.node, err = startNodeEndpoint(s.pki.node, s.pki.clientCA.cert); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
 	if s.apiserver, err = startAPIServer(ctx, filepath.Join(binDir, "kube-apiserver"), dir, s.pki, s.etcd.clientURL, logw); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
@@ -146,77 +176,44 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	if err := s.writeKubeconfig(s.kubeconfig, "sandbox-admin", s.pki.admin.certPEM, s.pki.admin.keyPEM); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	if err := s.registerNode(ctx); err != nil {
-		return nil, fmt.Errorf("sandbox: %w", err)
-	}
+	s.forwarders = newForwarders()
 
-	// The controllers take the longest to be up; the node agent and the
-	// provisioner start meanwhile.
+	// The controllers and the node start side by side.
 	step = time.Now()
 	controllersDone := make(chan error, 1)
 	go func() { controllersDone <- s.startControllers(ctx, logw) }()
-	agentErr := s.startNodeAgent(ctx, cfg.Images)
+	sys := <-systemImages
+	nodeErr := sys.err
+	if nodeErr == nil {
+		nodeErr = s.startNode(ctx, append(sys.archives, cfg.Images...))
+	}
 	if err := <-controllersDone; err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	if agentErr != nil {
-		return nil, fmt.Errorf("sandbox: %w", agentErr)
+	if nodeErr != nil {
+		return nil, fmt.Errorf("sandbox: %w", nodeErr)
 	}
-	s.logf("kube-controller-manager, kube-scheduler and node agent ready (%s, logs in %s)", since(step), dir)
-	s.logf("node %s registered, node endpoint https://127.0.0.1:%d; ready in %s; kubeconfig %s",
-		NodeName, s.node.port, since(began), s.kubeconfig)
+	s.logf("kube-controller-manager, kube-scheduler and node ready (%s, logs in %s)", since(step), dir)
+	if err := ensureStorageClass(ctx, s.client); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if s.provisioner, err = startProvisioner(ctx, s.client, s.node.hostPath, s.logf); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	step = time.Now()
+	if err := s.startDNS(ctx); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	s.logf("CoreDNS answering at %s (%s)", DNSServiceIP, since(step))
+	s.logf("sandbox ready in %s; kubeconfig %s", since(began), s.kubeconfig)
 	return s, nil
 }
 
-// startNodeAgent starts the default StorageClass' provisioner and the node
-// agent (the kubelet for the project's images) with their own identities.
-func (s *Sandbox) startNodeAgent(ctx context.Context, images map[string]string) error {
-	if err := ensureStorageClass(ctx, s.client); err != nil {
-		return err
-	}
-	f, err := os.Create(filepath.Join(s.dir, "node-agent.log"))
-	if err != nil {
-		return fmt.Errorf("node agent log: %w", err)
-	}
-	s.agentLog = &lockedFile{f: f}
-	nodeClient, err := kubernetes.NewForConfig(s.configFor(s.pki.nodeClient.certPEM, s.pki.nodeClient.keyPEM))
-	if err != nil {
-		return fmt.Errorf("node agent client: %w", err)
-	}
-	proxyClient, err := kubernetes.NewForConfig(s.configFor(s.pki.kubeProxy.certPEM, s.pki.kubeProxy.keyPEM))
-	if err != nil {
-		return fmt.Errorf("node agent proxy client: %w", err)
-	}
-	s.agent, err = nodeagent.New(nodeagent.Config{
-		NodeName:      NodeName,
-		Client:        nodeClient,
-		ProxyClient:   proxyClient,
-		StateDir:      filepath.Join(s.dir, "kubelet"),
-		NodeRoot:      filepath.Join(s.dir, "node-root"),
-		Images:        images,
-		APIServerAddr: strings.TrimPrefix(s.apiserver.url, "https://"),
-		ServiceCIDR:   netip.MustParsePrefix(ServiceCIDR),
-		HostIP:        "127.0.0.1",
-		Allocatable:   nodeCapacity,
-		HandRunTarget: s.node.handRunTarget,
-		Logf:          s.agentLog.logf,
-	})
-	if err != nil {
-		return err
-	}
-	if err := s.agent.Start(ctx); err != nil {
-		return err
-	}
-	s.node.setRuntime(s.agent)
-	s.provisioner, err = startProvisioner(ctx, s.client, s.agent.NodePath, s.agentLog.logf)
-	return err
-}
-
-// Stop stops the controllers, the node agent (every container it runs is
-// killed, every Pod network namespace released), the apiserver (SIGTERM,
-// then SIGKILL after 15 s), the node endpoint and etcd, in that order. It is
-// idempotent and returns the first call's result. Files in Dir are left for
-// inspection.
+// Stop stops the controllers, the node (every process, mount, cgroup and
+// link of it; see stopNode), the apiserver (SIGTERM, then SIGKILL after
+// 15 s) and etcd, in that order, then releases the machine-wide lock. It
+// is idempotent and returns the first call's result. Files in Dir are left
+// for inspection, the node's private directories too (its mounts are gone).
 func (s *Sandbox) Stop() error {
 	s.stopOnce.Do(func() {
 		var errs []error
@@ -242,27 +239,31 @@ func (s *Sandbox) Stop() error {
 		if s.provisioner != nil {
 			s.provisioner.stop()
 		}
-		if s.agent != nil {
-			s.agent.Stop()
+		if s.node != nil {
+			if err := s.stopNode(); err != nil {
+				errs = append(errs, err)
+			}
 		}
+		if s.forwarders != nil {
+			s.forwarders.stop()
+		}
+		// The apiserver before etcd (with etcd gone first its graceful
+		// shutdown hangs), and both before the node's network, whose host
+		// end they listen on.
 		if s.apiserver != nil {
 			if err := s.apiserver.stop(15 * time.Second); err != nil {
 				errs = append(errs, err)
 			}
 		}
-		if s.node != nil {
-			s.node.stop()
-		}
 		if s.etcd != nil {
 			s.etcd.stop()
 		}
-		if s.klogFile != nil {
-			klog.SetOutput(io.Discard)
-			s.klogFile.Close()
+		if s.lock != nil {
+			if err := cleanupNode(); err != nil {
+				errs = append(errs, err)
+			}
 		}
-		if s.agentLog != nil {
-			s.agentLog.close()
-		}
+		s.lock.release()
 		s.stopErr = errors.Join(errs...)
 		s.logf("stopped")
 	})
@@ -289,22 +290,8 @@ func (s *Sandbox) APIServerURL() string { return s.apiserver.url }
 // APIServerPID is the kube-apiserver child's process id.
 func (s *Sandbox) APIServerPID() int { return s.apiserver.cmd.Process.Pid }
 
-// NodeEndpointPort is the node endpoint's (the "kubelet's") HTTPS port.
-func (s *Sandbox) NodeEndpointPort() int { return s.node.port }
-
 // Dir is the sandbox work dir (absolute).
 func (s *Sandbox) Dir() string { return s.dir }
-
-// DropForwardedConnections closes every live forwarded connection at the node
-// endpoint, as if each pod-side connection broke, and returns how many it
-// closed. Each affected port-forward sees an error on its error stream;
-// client-go's port forwarder then ends the whole port-forward session ("lost
-// connection to pod"), just as it does against a real kubelet.
-func (s *Sandbox) DropForwardedConnections() int { return s.node.dropAll() }
-
-// ForwardedConnections is the number of live forwarded connections at the
-// node endpoint (one per connection a port-forward client opened).
-func (s *Sandbox) ForwardedConnections() int { return s.node.liveForwards() }
 
 func (s *Sandbox) logf(format string, args ...any) {
 	fmt.Fprintf(s.log, "sandbox: "+format+"\n", args...)
@@ -319,7 +306,7 @@ func resetDir(dir string) error {
 		return fmt.Errorf("create dir: %w", err)
 	}
 	for _, name := range []string{"pki", "etcd", "apiserver-certs", "etcd.log", "kube-apiserver.log", "kubeconfig", "kubeconfigs",
-		"kube-controller-manager.log", "kube-scheduler.log", "node-agent.log", "kubelet", "node-root"} {
+		"kube-controller-manager.log", "kube-scheduler.log", "containerd.log", "kubelet.log", "kube-proxy.log", "node", "node-config"} {
 		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("clean dir: %w", err)
 		}
@@ -327,32 +314,81 @@ func resetDir(dir string) error {
 	return nil
 }
 
-// ResolveBinDir applies Config.BinDir's defaults: explicit dir, else
-// $ETCDBACKUP_KUBE_BIN_DIR, else <repo root>/.cache/kube/bin.
-func ResolveBinDir(dir string) (string, error) {
+// ResolveBinDirs applies Config.BinDir's and Config.NodeDir's defaults:
+// explicit dir, else the environment variable, else the dir under <repo
+// root>/.cache.
+func ResolveBinDirs(binDir, nodeDir string) (string, string, error) {
+	var err error
+	if binDir, err = resolveDir(binDir, BinDirEnv, "kube/bin"); err != nil {
+		return "", "", err
+	}
+	if nodeDir, err = resolveDir(nodeDir, NodeDirEnv, "node"); err != nil {
+		return "", "", err
+	}
+	return binDir, nodeDir, nil
+}
+
+func resolveDir(dir, env, cache string) (string, error) {
 	if dir == "" {
-		dir = os.Getenv(BinDirEnv)
+		dir = os.Getenv(env)
 	}
 	if dir == "" {
 		root, err := repoRoot()
 		if err != nil {
-			return "", fmt.Errorf("find kube bin dir: %w (set %s)", err, BinDirEnv)
+			return "", fmt.Errorf("find .cache/%s: %w (set %s)", cache, err, env)
 		}
-		dir = filepath.Join(root, ".cache", "kube", "bin")
+		dir = filepath.Join(root, ".cache", cache)
 	}
 	return filepath.Abs(dir)
 }
 
-// CheckBinaries reports (wrapping ErrBinariesMissing) if a Kubernetes
-// binary the sandbox runs is not an executable file in binDir.
-func CheckBinaries(binDir string) error {
+// CheckBinaries reports (wrapping ErrBinariesMissing) if a binary the
+// sandbox runs is missing: from binDir, from nodeDir, or from PATH.
+func CheckBinaries(binDir, nodeDir string) error {
+	var missing []string
 	for _, name := range kubeBinaries {
-		fi, err := os.Stat(filepath.Join(binDir, name))
-		if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-			return fmt.Errorf("%w: no executable %s in %s", ErrBinariesMissing, name, binDir)
+		if !isFile(filepath.Join(binDir, name)) {
+			missing = append(missing, filepath.Join(binDir, name))
 		}
 	}
+	for _, alternatives := range nodeFiles {
+		found := false
+		for _, name := range alternatives {
+			found = found || isFile(filepath.Join(nodeDir, name))
+		}
+		if !found {
+			missing = append(missing, filepath.Join(nodeDir, alternatives[0]))
+		}
+	}
+	for _, name := range hostTools {
+		if _, err := lookPath(name); err != nil {
+			missing = append(missing, name+" (on PATH)")
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: no %s", ErrBinariesMissing, strings.Join(missing, ", "))
+	}
 	return nil
+}
+
+func isFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
+}
+
+// lookPath finds a host tool on PATH or in the sbin directories a
+// non-login PATH may lack.
+func lookPath(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, d := range strings.Split(nodePATH, ":") {
+		p := filepath.Join(d, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found", name)
 }
 
 // rootModule is the module path of the project's own go.mod; the tools
@@ -407,48 +443,4 @@ func (s *Sandbox) EtcdClientTLS() (caFile, certFile, keyFile string) {
 func (s *Sandbox) EtcdClientConfig() (*tls.Config, error) {
 	ca, cert, key := s.EtcdClientTLS()
 	return transport.TLSInfo{TrustedCAFile: ca, CertFile: cert, KeyFile: key}.ClientConfig()
-}
-
-// redirectKlog sends klog (where the kubelet streaming code reports every
-// closed forward as an "Unhandled Error") to node.log in the sandbox dir
-// instead of the terminal, where it would drown what a person reads.
-func (s *Sandbox) redirectKlog() error {
-	f, err := os.Create(filepath.Join(s.dir, "node.log"))
-	if err != nil {
-		return err
-	}
-	s.klogFile = f
-	// Errors would still be copied to stderr (klog's stderrthreshold is
-	// ERROR by default); only fatal ones may reach the terminal.
-	fs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(fs)
-	for name, value := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL"} {
-		if err := fs.Set(name, value); err != nil {
-			return fmt.Errorf("klog flag %s: %w", name, err)
-		}
-	}
-	klog.SetOutput(f)
-	return nil
-}
-
-// lockedFile is a log file written from several goroutines.
-type lockedFile struct {
-	mu     sync.Mutex
-	f      *os.File
-	closed bool
-}
-
-func (l *lockedFile) logf(format string, args ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.closed {
-		fmt.Fprintf(l.f, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
-	}
-}
-
-func (l *lockedFile) close() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.closed = true
-	l.f.Close()
 }

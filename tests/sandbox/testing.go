@@ -5,18 +5,25 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 )
+
+// DirEnv names a directory under which StartForTest keeps each test's
+// sandbox dir (logs, certificates, the node's files) instead of a
+// temporary one removed at the end.
+const DirEnv = "ETCDBACKUP_SANDBOX_DIR"
 
 // RequireEnv, when set to 1, turns "kube binaries missing" from a skip into
 // a failure (for CI, where the sandbox must run).
 const RequireEnv = "ETCDBACKUP_REQUIRE_SANDBOX"
 
 // ErrNotRoot is why StartForTest skips for a user other than root: the node
-// agent makes a network and a mount namespace per Pod.
-var ErrNotRoot = errors.New("the sandbox's node agent must run as root (it makes network and mount namespaces)")
+// runs in network and mount namespaces of its own, with containerd.
+var ErrNotRoot = errors.New("the sandbox's node must run as root (network and mount namespaces, containerd, cgroups)")
 
 // StartForTest starts a sandbox in a fresh t.TempDir() and stops it when the
 // test ends. If the kube binaries are missing, or the test does not run as
@@ -33,9 +40,9 @@ func StartForTest(t testing.TB) *Sandbox {
 // Log the test's log.
 func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 	t.Helper()
-	binDir, err := ResolveBinDir(cfg.BinDir)
+	binDir, nodeDir, err := ResolveBinDirs(cfg.BinDir, cfg.NodeDir)
 	if err == nil {
-		err = CheckBinaries(binDir)
+		err = CheckBinaries(binDir, nodeDir)
 	}
 	if err == nil && os.Geteuid() != 0 {
 		err = ErrNotRoot
@@ -46,12 +53,18 @@ func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 		}
 		t.Fatalf("sandbox: %v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// Long enough to wait for the sandbox of a test in another package
+	// (one runs per machine); each start step has a bound of its own.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	logw := &testLogWriter{t: t}
-	cfg.BinDir = binDir
+	cfg.BinDir, cfg.NodeDir = binDir, nodeDir
 	if cfg.Dir == "" {
 		cfg.Dir = t.TempDir()
+		// To keep the logs of a run: ETCDBACKUP_SANDBOX_DIR=DIR.
+		if d := os.Getenv(DirEnv); d != "" {
+			cfg.Dir = filepath.Join(d, strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()))
+		}
 	}
 	if cfg.Log == nil {
 		cfg.Log = logw
@@ -62,8 +75,12 @@ func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("sandbox: last lines of %s:\n%s", s.apiserver.logPath, s.apiserver.logTail(30))
-			t.Logf("sandbox: logs of the controllers and the node agent are in %s", s.dir)
+			for _, p := range []*process{s.apiserver.process, s.nodeProcess("kubelet")} {
+				if p != nil {
+					t.Logf("sandbox: last lines of %s:\n%s", p.logPath, p.logTail(30))
+				}
+			}
+			t.Logf("sandbox: logs of the controllers, containerd, the kubelet and kube-proxy are in %s", s.dir)
 		}
 		if err := s.Stop(); err != nil {
 			t.Errorf("stop sandbox: %v", err)

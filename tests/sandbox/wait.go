@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -12,8 +17,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox/nodeagent"
 )
 
 // pollInterval is how often the Wait helpers look; the API server is local.
@@ -133,7 +136,7 @@ func (s *Sandbox) WaitForJob(ctx context.Context, ns, name string) (*batchv1.Job
 }
 
 // VolumePath is the host directory behind a bound PersistentVolumeClaim
-// (a hostPath PV under the node's root directory).
+// (a hostPath PV in the node's private /var/lib).
 func (s *Sandbox) VolumePath(ctx context.Context, ns, claim string) (string, error) {
 	pvc, err := s.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, claim, metav1.GetOptions{})
 	if err != nil {
@@ -149,50 +152,106 @@ func (s *Sandbox) VolumePath(ctx context.Context, ns, claim string) (string, err
 	if pv.Spec.HostPath == nil {
 		return "", fmt.Errorf("sandbox: volume %s is not a hostPath volume", pv.Name)
 	}
-	return s.agent.NodePath(pv.Spec.HostPath.Path), nil
+	return s.node.hostPath(pv.Spec.HostPath.Path), nil
 }
 
-// NodePath maps a path of the node's filesystem (hostPath volumes) to the
-// host directory that stands for it.
-func (s *Sandbox) NodePath(path string) string { return s.agent.NodePath(path) }
+// NodePath maps a path of the node's filesystem (hostPath volumes, pod
+// logs) to where it is on the host.
+func (s *Sandbox) NodePath(path string) string { return s.node.hostPath(path) }
 
-// ExposeHostService creates a selector-less Service ns/name whose port
-// leads to target, a loopback address of the host (say, the sandbox's
-// etcd): Pods reach it by the Service's name, through the node agent's
-// proxy.
-func (s *Sandbox) ExposeHostService(ctx context.Context, ns, name string, port int32, target string) error {
-	if err := s.EnsureNamespace(ctx, ns); err != nil {
-		return err
+// ContainerPIDs are the processes running in the node's pod cgroups now:
+// every container's, the pause processes included.
+func (s *Sandbox) ContainerPIDs() []int { return cgroupPIDs() }
+
+// NodePIDs are the node's daemons: containerd, the kubelet and kube-proxy.
+func (s *Sandbox) NodePIDs() []int {
+	var pids []int
+	for _, p := range []*process{s.node.containerd, s.node.kubelet, s.node.kubeProxy} {
+		if p != nil {
+			pids = append(pids, p.cmd.Process.Pid)
+		}
 	}
-	_, err := s.client.CoreV1().Services(ns).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:        name,
-			Namespace:   ns,
-			Annotations: map[string]string{nodeagent.HostTargetAnnotation: fmt.Sprintf("%d=%s", port, target)},
-		},
-		Spec: corev1.ServiceSpec{
-			Type:  corev1.ServiceTypeClusterIP,
-			Ports: []corev1.ServicePort{{Name: "main", Port: port, Protocol: corev1.ProtocolTCP}},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return fmt.Errorf("sandbox: create service %s/%s: %w", ns, name, err)
-	}
-	return nil
+	return pids
 }
-
-// SetImage maps an image (registry and tag ignored) to a host binary the
-// node agent runs for it; Pods waiting for the image start.
-func (s *Sandbox) SetImage(image, binary string) { s.agent.SetImage(image, binary) }
-
-// Images is the node agent's image table.
-func (s *Sandbox) Images() map[string]string { return s.agent.Images() }
-
-// ContainerPIDs are the process ids of the containers running now.
-func (s *Sandbox) ContainerPIDs() []int { return s.agent.ContainerPIDs() }
 
 // ControllerManagerPID and SchedulerPID are the child processes' ids.
 func (s *Sandbox) ControllerManagerPID() int { return s.controllerManager.cmd.Process.Pid }
 
 // SchedulerPID is kube-scheduler's process id.
 func (s *Sandbox) SchedulerPID() int { return s.scheduler.cmd.Process.Pid }
+
+// podPID is a process of the Pod with uid on the node (its pause process
+// or a container's), found in its cgroup: a way into its namespaces.
+func podPID(uid string) (int, error) {
+	want := "pod" + uid
+	var pid int
+	for _, d := range cgroupDirs() {
+		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if pid != 0 || err != nil || !e.IsDir() || e.Name() != want {
+				return nil
+			}
+			_ = filepath.WalkDir(p, func(q string, f os.DirEntry, err error) error {
+				if pid != 0 || err != nil || f.Name() != "cgroup.procs" {
+					return nil
+				}
+				b, _ := os.ReadFile(q)
+				if fields := strings.Fields(string(b)); len(fields) > 0 {
+					pid, _ = strconv.Atoi(fields[0])
+				}
+				return nil
+			})
+			return filepath.SkipDir
+		})
+		if pid != 0 {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no process of pod %s in the node's cgroups", uid)
+}
+
+// podSockets runs ss in the network namespace of pod ns/name for the
+// client ends of the TCP connections to port (a port-forward opens them
+// inside the pod: containerd dials localhost:port there), with extra ss
+// arguments, and returns how many sockets it listed.
+func (s *Sandbox) podSockets(ctx context.Context, ns, name string, port int, extra ...string) (int, error) {
+	pod, err := s.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return 0, fmt.Errorf("sandbox: get pod %s/%s: %w", ns, name, err)
+	}
+	pid, err := podPID(string(pod.UID))
+	if err != nil {
+		return 0, fmt.Errorf("sandbox: pod %s/%s: %w", ns, name, err)
+	}
+	filter := fmt.Sprintf("( dport = :%d )", port)
+	argv := append([]string{"nsenter", "-t", strconv.Itoa(pid), "-n", "--", "ss", "-tnH"}, extra...)
+	argv = append(argv, "state", "established", filter)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = []string{"PATH=" + nodePATH}
+	out, err := cmd.Output()
+	if err != nil {
+		return 0, fmt.Errorf("sandbox: ss in pod %s/%s: %w", ns, name, err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.TrimSpace(line) != "" {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// DropConnections breaks every TCP connection to port inside pod ns/name,
+// as if the pod side of each port-forward broke (the kernel aborts the
+// sockets: ss -K). Each affected port-forward sees an error on its error
+// stream; client-go's port forwarder then ends the session ("lost
+// connection to pod"), as it does when a pod's connection breaks. It
+// returns how many connections there were.
+func (s *Sandbox) DropConnections(ctx context.Context, ns, name string, port int) (int, error) {
+	return s.podSockets(ctx, ns, name, port, "-K")
+}
+
+// Connections counts the TCP connections to port inside pod ns/name (a
+// port-forward makes one per forwarded connection).
+func (s *Sandbox) Connections(ctx context.Context, ns, name string, port int) (int, error) {
+	return s.podSockets(ctx, ns, name, port)
+}

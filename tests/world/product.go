@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,12 +39,15 @@ const S3ServiceName = "s3.kube-system.svc"
 // cluster's etcd as Services, writes a kustomize overlay over manifests/
 // into dir/overlay and applies it with the real kubectl, then waits for the
 // server Deployment to be Available.
-func InstallProduct(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, dir string, out io.Writer, extra ...PlainTarget) (*Product, error) {
-	return InstallProductWith(ctx, sb, k, dir, out, ProductOptions{PlainTargets: extra})
+func InstallProduct(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, images *Images, dir string, out io.Writer, extra ...PlainTarget) (*Product, error) {
+	return InstallProductWith(ctx, sb, k, dir, out, ProductOptions{Images: images, PlainTargets: extra})
 }
 
 // ProductOptions adds targets to the installed configuration.
 type ProductOptions struct {
+	// Images are the product's images, imported into the node; the overlay
+	// names them. Required.
+	Images *Images
 	// PlainTargets are test etcds on host addresses, exposed as Services.
 	PlainTargets []PlainTarget
 	// ClusterTargets are etcd clusters running as pods in the sandbox,
@@ -69,6 +73,9 @@ type ClusterMember struct {
 // InstallProductWith is InstallProduct with options.
 func InstallProductWith(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, dir string, out io.Writer, opts ProductOptions) (*Product, error) {
 	extra := opts.PlainTargets
+	if opts.Images == nil {
+		return nil, fmt.Errorf("install product: no images")
+	}
 	root, err := RepoRoot()
 	if err != nil {
 		return nil, err
@@ -101,8 +108,12 @@ func InstallProductWith(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, di
 	if err := sb.ExposeHostService(ctx, "kube-system", "s3", 443, s3.Addr()); err != nil {
 		return nil, err
 	}
-	etcdHost := strings.TrimPrefix(sb.EtcdEndpoint(), "https://")
-	if err := sb.ExposeHostService(ctx, "kube-system", "etcd", 2379, etcdHost); err != nil {
+	// The cluster's etcd listens on the host end of the node's veth too.
+	_, etcdPort, err := net.SplitHostPort(strings.TrimPrefix(sb.EtcdEndpoint(), "https://"))
+	if err != nil {
+		return nil, fmt.Errorf("etcd endpoint %s: %w", sb.EtcdEndpoint(), err)
+	}
+	if err := sb.ExposeHostService(ctx, "kube-system", "etcd", 2379, net.JoinHostPort(sandbox.HostIP, etcdPort)); err != nil {
 		return nil, err
 	}
 
@@ -112,7 +123,7 @@ func InstallProductWith(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, di
 		}
 	}
 	p.Overlay = filepath.Join(dir, "overlay")
-	if err := writeOverlay(p.Overlay, root, sb, s3, extra, opts.ClusterTargets); err != nil {
+	if err := writeOverlay(p.Overlay, root, sb, s3, opts.Images, extra, opts.ClusterTargets); err != nil {
 		return nil, err
 	}
 	cmd := k.Command(ctx, "apply", "-k", p.Overlay)
@@ -123,6 +134,10 @@ func InstallProductWith(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, di
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if err := sb.WaitForDeploymentAvailable(wctx, DefaultNamespace, "etcdbackup-server"); err != nil {
+		return nil, err
+	}
+	// Agents reach the server by its Service.
+	if err := sb.WaitForServiceRouted(wctx, DefaultNamespace, "etcdbackup"); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -136,7 +151,7 @@ type PlainTarget struct {
 	Addr string
 }
 
-func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, extra []PlainTarget, cluster []ClusterTarget) error {
+func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, images *Images, extra []PlainTarget, cluster []ClusterTarget) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
@@ -161,6 +176,7 @@ func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, extr
 			return err
 		}
 	}
+	serverName, serverTag := nameAndTag(images.Server)
 	files := map[string]string{
 		"kustomization.yaml": fmt.Sprintf(`# The sandbox's install: the project's manifests as a user applies them,
 # with the cluster's etcd as a backup target and an S3 location.
@@ -180,10 +196,15 @@ secretGenerator:
 configMapGenerator:
   - name: s3-ca
     files: [ca.crt=s3-ca.crt]
+images:
+  # The images built from this repository, imported into the node.
+  - name: etcdbackup-server
+    newName: %[3]s
+    newTag: %[4]s
 patches:
   - path: config.yaml
   - path: deployment.yaml
-`, DefaultNamespace, base),
+`, DefaultNamespace, base, serverName, serverTag),
 		"config.yaml": fmt.Sprintf(`apiVersion: v1
 kind: ConfigMap
 metadata:
@@ -209,9 +230,9 @@ data:
         endpoints: [https://etcd.kube-system.svc:2379]
         tlsSecret: etcd-client
 %[4]s    agents:
-      image: etcdbackup-agent:dev
+      image: %[5]s
       serviceAccount: etcdbackup-agent
-`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster)),
+`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), images.Agent),
 		"deployment.yaml": `apiVersion: apps/v1
 kind: Deployment
 metadata:

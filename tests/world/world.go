@@ -1,7 +1,8 @@
 // Package world assembles the product on the test sandbox: it builds the
-// project's binaries, runs the data server as a process, installs it into
-// the sandbox cluster as a Deployment-shaped Pod behind the etcdbackup
-// Service, and runs the real kubectl with the real plugin on its PATH.
+// project's binaries and images, runs the data server as a process for
+// tests without a cluster, installs the product into the sandbox cluster
+// from manifests/ with the real kubectl (the node runs the images), and
+// runs the real kubectl with the real plugin on its PATH.
 // The end-to-end tests, benchmarks, `make demo` and `make sandbox` share it.
 package world
 
@@ -21,9 +22,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 )
@@ -165,30 +163,47 @@ func (p *ServerProcess) Stop() error {
 	return nil
 }
 
-// Install registers srv in the sandbox as the server of namespace ns: the
-// Service "etcdbackup" with port "grpc", and a Running, Ready pod named
-// like a Deployment's whose port-forwards the node endpoint sends to srv.
-func Install(ctx context.Context, sb *sandbox.Sandbox, ns, podName string, srv *ServerProcess) error {
-	labels := map[string]string{"app.kubernetes.io/name": "etcdbackup-server", "app.kubernetes.io/instance": ns}
-	err := sb.RunPod(ctx, sandbox.PodSpec{
-		Namespace: ns,
-		Name:      podName,
-		Labels:    labels,
-		Image:     "etcdbackup-server:dev",
-		Ports:     []corev1.ContainerPort{{Name: "grpc", ContainerPort: ServerPort, Protocol: corev1.ProtocolTCP}},
-		Targets:   map[int32]string{ServerPort: srv.Addr},
-		Ready:     true,
-	})
+// InstallServer installs the product from manifests/ into namespace ns
+// with `kubectl apply -k` of an overlay (written under dir) that changes
+// nothing but the namespace and the server's image name, then waits for
+// the server Deployment to be Available.
+func InstallServer(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, ns string, images *Images, dir string) error {
+	root, err := RepoRoot()
 	if err != nil {
-		return fmt.Errorf("install server pod in %s: %w", ns, err)
+		return err
 	}
-	err = sb.CreateService(ctx, ns, "etcdbackup", labels, []corev1.ServicePort{{
-		Name: "grpc", Port: ServerPort, TargetPort: intstr.FromString("grpc"), Protocol: corev1.ProtocolTCP,
-	}})
+	overlay := filepath.Join(dir, "overlay-"+ns)
+	if err := os.MkdirAll(overlay, 0o700); err != nil {
+		return err
+	}
+	base, err := filepath.Rel(overlay, filepath.Join(root, "manifests"))
 	if err != nil {
-		return fmt.Errorf("install server service in %s: %w", ns, err)
+		return err
 	}
-	return nil
+	name, tag := nameAndTag(images.Server)
+	kust := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: %s
+resources:
+  - %s
+images:
+  - name: etcdbackup-server
+    newName: %s
+    newTag: %s
+`, ns, base, name, tag)
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o600); err != nil {
+		return err
+	}
+	if r := k.Run(ctx, "apply", "-k", overlay); r.ExitCode != 0 {
+		return fmt.Errorf("kubectl apply -k %s: %s", overlay, r)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := sb.WaitForDeploymentAvailable(wctx, ns, "etcdbackup-server"); err != nil {
+		return err
+	}
+	// Agents reach the server by its Service.
+	return sb.WaitForServiceRouted(wctx, ns, "etcdbackup")
 }
 
 // Kubectl runs the sandbox's real kubectl with the plugin's directory first

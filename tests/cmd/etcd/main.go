@@ -1,6 +1,6 @@
 // Command etcd is etcd v3.7.3's own server main, built from the module the
-// product pins, so the sandbox's node agent can run etcd members as pods
-// (image "etcd") for the in-cluster restore tests.
+// product pins and packed as an image, so the sandbox's node runs etcd
+// members as pods for the in-cluster restore tests.
 package main
 
 import (

@@ -1,7 +1,8 @@
 // Command etcdbackup-sandbox runs the product on the local sandbox cluster:
-// a real etcd, a real kube-apiserver v1.37.2, a node endpoint speaking the
-// kubelet's port-forward protocol, and the etcdbackup data server installed
-// behind its Service.
+// a real etcd, kube-apiserver, controller-manager and scheduler v1.37.2 and
+// a real node (kubelet v1.37.2, containerd, kube-proxy, CoreDNS) in its own
+// network and mount namespaces, with the product installed from manifests/
+// and its images built from this repository.
 //
 //	etcdbackup-sandbox -demo   # `make demo`: the main job, step by step, then stop
 //	etcdbackup-sandbox         # `make sandbox`: keep it up for trying by hand
@@ -69,12 +70,16 @@ func run(ctx context.Context, stateDir string, demo bool) error {
 	}
 	_ = os.Remove(filepath.Join(dir, "ready"))
 
-	step("Building kubectl-etcdbackup and etcdbackup-server from this repository")
+	step("Building kubectl-etcdbackup and the images etcdbackup-server, -agent and -cli from this repository")
 	if err := world.BuildBinaries(ctx, e.binDir); err != nil {
 		return err
 	}
+	images, err := world.BuildImages(ctx, filepath.Join(dir, "images"))
+	if err != nil {
+		return err
+	}
 
-	step("Starting the sandbox cluster: etcd (TLS), kube-apiserver, controller-manager, scheduler v1.37.2 and a node on 127.0.0.1")
+	step("Starting the sandbox cluster: etcd (TLS), kube-apiserver, controller-manager, scheduler v1.37.2, and a node (kubelet v1.37.2, containerd, kube-proxy, CoreDNS) in its own namespaces at %s", sandbox.NodeIP)
 	logf, err := os.Create(filepath.Join(dir, "sandbox.log"))
 	if err != nil {
 		return err
@@ -83,11 +88,10 @@ func run(ctx context.Context, stateDir string, demo bool) error {
 	e.sb, err = sandbox.Start(ctx, sandbox.Config{
 		Dir: filepath.Join(dir, "cluster"),
 		Log: io.MultiWriter(logf, prefixed("    ")),
-		// The node runs the project's images from the binaries just built.
-		Images: map[string]string{
-			"etcdbackup-server": filepath.Join(e.binDir, world.ServerBinary),
-			"etcdbackup-agent":  filepath.Join(e.binDir, world.AgentBinary),
-		},
+		// The node's containerd imports the images just built.
+		Images: images.Archives,
+		// One sandbox per machine: say which one runs rather than wait.
+		NoWait: true,
 	})
 	if err != nil {
 		return err
@@ -112,7 +116,7 @@ func run(ctx context.Context, stateDir string, demo bool) error {
 	step("Installing etcdbackup from manifests/ with kubectl apply -k, as a user would")
 	fmt.Printf("    overlay %s: target control-plane = the cluster's etcd (client cert in Secret etcd-client),\n", filepath.Join(dir, "overlay"))
 	fmt.Printf("    locations default (filesystem on the PVC) and s3 (versitygw over HTTPS at %s)\n", world.S3ServiceName)
-	e.product, err = world.InstallProduct(ctx, e.sb, e.kubectl, dir, prefixed("  "))
+	e.product, err = world.InstallProduct(ctx, e.sb, e.kubectl, images, dir, prefixed("  "))
 	if err != nil {
 		return err
 	}

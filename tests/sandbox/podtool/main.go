@@ -1,11 +1,12 @@
-// Command podtool is a small stand-in image for the sandbox's tests: the
-// node agent runs it for test images as it runs the project's binaries for
-// the project's images. Each mode exercises something a Pod does.
+// Command podtool is the sandbox's test image: a static binary the tests
+// pack as an image and run in pods on the sandbox's node. Each mode
+// exercises something a Pod does.
 //
 //	podtool serve [--listen :8080]      HTTP: "/" answers "pod=NAME host=HOSTNAME", /healthz "ok"
+//	podtool bytes [--listen :8080] --size N   TCP: write N bytes to every connection, then close it
 //	podtool exit [--code N] [--message M] [--stderr M]   print, then exit with N
 //	podtool sleep                       until SIGTERM, then exit 0
-//	podtool get URL                     HTTP GET URL (Service names resolve through /etc/hosts), print the body
+//	podtool get URL                     HTTP GET URL (Service names resolve through cluster DNS), print the body
 //	podtool incluster                   in-cluster client-go config: who am I to the API server
 //	podtool inspect [--env NAME]... [--file PATH]... [--write DIR]...   print identity, env, files; try writes
 package main
@@ -42,6 +43,8 @@ func main() {
 	switch mode {
 	case "serve":
 		err = serve(ctx, args)
+	case "bytes":
+		err = bytesSource(ctx, args)
 	case "exit":
 		err = exit(args)
 	case "sleep":
@@ -89,6 +92,50 @@ func serve(ctx context.Context, args []string) error {
 		return err
 	}
 	return nil
+}
+
+// bytesSource is a raw byte source: the tunnel benchmark's baseline reads
+// it through a port-forward, with nothing of the product in the path.
+func bytesSource(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bytes", flag.ContinueOnError)
+	listen := fs.String("listen", ":8080", "address")
+	size := fs.Int64("size", 1<<30, "bytes per connection")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("writing %d bytes to each connection on %s\n", *size, ln.Addr())
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	// An odd period, so the stream never repeats in step with a buffer.
+	chunk := make([]byte, 256<<10+4093)
+	for i := range chunk {
+		chunk[i] = byte(i*7 + i>>8)
+	}
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		go func() {
+			defer c.Close()
+			for left := *size; left > 0; {
+				n, err := c.Write(chunk[:min(int64(len(chunk)), left)])
+				if err != nil {
+					return
+				}
+				left -= int64(n)
+			}
+		}()
+	}
 }
 
 func exit(args []string) error {
