@@ -11,6 +11,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X $(MODULE)/internal/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 30m
 
+include hack/tools.mk
 include hack/kube.mk
 include hack/s3.mk
 include hack/age.mk

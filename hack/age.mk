@@ -12,20 +12,6 @@
 # internal/agetest).
 
 AGE_BIN_DIR ?= $(CURDIR)/.cache/age/bin
-AGE_STAMP_INPUTS = $(shell cd $(CURDIR)/tools/age && { sha256sum go.mod go.sum; $(GO) env GOVERSION GOOS GOARCH; } | sha256sum | cut -d' ' -f1)
-
 .PHONY: age-bins
 age-bins:
-	@mkdir -p "$(AGE_BIN_DIR)"
-	@if [ -x "$(AGE_BIN_DIR)/age" ] && [ -x "$(AGE_BIN_DIR)/age-keygen" ] && [ "$$(cat "$(AGE_BIN_DIR)/.age.stamp" 2>/dev/null)" = "$(AGE_STAMP_INPUTS)" ]; then \
-		echo "age-bins: age up to date in $(AGE_BIN_DIR)" >&2; \
-	else \
-		echo "age-bins: building age and age-keygen into $(AGE_BIN_DIR)" >&2; \
-		rm -f "$(AGE_BIN_DIR)/.age.stamp"; \
-		tmp=$$(mktemp -d "$(AGE_BIN_DIR)/.build.XXXXXX") && trap 'rm -rf "$$tmp"' EXIT && \
-		(cd $(CURDIR)/tools/age && CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" \
-			$(GO) build -ldflags "-s -w" -o "$$tmp/" filippo.io/age/cmd/age filippo.io/age/cmd/age-keygen) && \
-		mv -f "$$tmp/age" "$$tmp/age-keygen" "$(AGE_BIN_DIR)/" && \
-		echo "$(AGE_STAMP_INPUTS)" >"$(AGE_BIN_DIR)/.age.stamp" && \
-		echo "age-bins: done" >&2; \
-	fi
+	$(call build-tool,age,$(CURDIR)/tools/age,$(AGE_BIN_DIR),filippo.io/age/cmd/age filippo.io/age/cmd/age-keygen,-s -w)

@@ -11,20 +11,6 @@
 # <repo>/.cache/s3/bin by default (see server/storage/s3/s3test).
 
 S3_BIN_DIR ?= $(CURDIR)/.cache/s3/bin
-S3_STAMP_INPUTS = $(shell cd $(CURDIR)/tools/s3 && { sha256sum go.mod go.sum; $(GO) env GOVERSION GOOS GOARCH; } | sha256sum | cut -d' ' -f1)
-
 .PHONY: s3-bins
 s3-bins:
-	@mkdir -p "$(S3_BIN_DIR)"
-	@if [ -x "$(S3_BIN_DIR)/versitygw" ] && [ "$$(cat "$(S3_BIN_DIR)/.versitygw.stamp" 2>/dev/null)" = "$(S3_STAMP_INPUTS)" ]; then \
-		echo "s3-bins: versitygw up to date in $(S3_BIN_DIR)" >&2; \
-	else \
-		echo "s3-bins: building versitygw into $(S3_BIN_DIR) (a cold build takes ~6 min on 2 cores)" >&2; \
-		rm -f "$(S3_BIN_DIR)/.versitygw.stamp"; \
-		tmp=$$(mktemp -d "$(S3_BIN_DIR)/.build.XXXXXX") && trap 'rm -rf "$$tmp"' EXIT && \
-		(cd $(CURDIR)/tools/s3 && CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" \
-			$(GO) build -ldflags "-s -w" -o "$$tmp/" github.com/versity/versitygw/cmd/versitygw) && \
-		mv -f "$$tmp/versitygw" "$(S3_BIN_DIR)/versitygw" && \
-		echo "$(S3_STAMP_INPUTS)" >"$(S3_BIN_DIR)/.versitygw.stamp" && \
-		echo "s3-bins: done" >&2; \
-	fi
+	$(call build-tool,versitygw,$(CURDIR)/tools/s3,$(S3_BIN_DIR),github.com/versity/versitygw/cmd/versitygw,-s -w)
