@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -127,6 +128,83 @@ func TestBackupFromCluster(t *testing.T) {
 			t.Fatalf("download of a failed backup: %s", r)
 		}
 	})
+
+	// Every sh block of docs/scripting.md, in the page's order, as a user's
+	// shell runs it against this cluster: real kubectl, the real plugin,
+	// jq. The page's backups exist: control-plane ones (cp, q is another
+	// target), a Failed one (down), before-upgrade and two env=test ones.
+	t.Run("scripting-doc", func(t *testing.T) {
+		dir := t.TempDir()
+		for _, up := range []struct{ name, location, labels string }{
+			{"before-upgrade", "default", "env=prod"}, {"t1", "default", "env=test"}, {"t2", "s3", "env=test"},
+		} {
+			f := filepath.Join(dir, up.name+".db")
+			writeRandomFile(t, f, 4096)
+			mustSucceed(t, c.run(t, nil, "etcdbackup", "upload", f, "--name", up.name, "--location", up.location, "--labels", up.labels), "upload "+up.name)
+		}
+		root, err := world.RepoRoot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks := shBlocks(t, filepath.Join(root, "docs", "scripting.md"))
+		if len(blocks) < 10 {
+			t.Fatalf("docs/scripting.md has %d sh blocks; the page and this test disagree", len(blocks))
+		}
+		for _, b := range blocks {
+			sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			cmd := k.Shell(sctx, b)
+			cmd.Dir = dir
+			r := world.RunCommand(cmd)
+			cancel()
+			if r.ExitCode != 0 {
+				t.Errorf("docs/scripting.md block failed:\n%s\n%s", b, r)
+				continue
+			}
+			switch {
+			case strings.HasPrefix(b, "kubectl etcdbackup list -o name"):
+				if !strings.Contains(r.Stdout, "backup/before-upgrade") || !strings.Contains(r.Stdout, "backup/cp") {
+					t.Errorf("%s: %s", b, r)
+				}
+			case strings.Contains(b, "select(.status.phase == \"Failed\")"):
+				if !strings.Contains(r.Stdout, "down: ") {
+					t.Errorf("%s: %s", b, r)
+				}
+			case strings.HasPrefix(b, "kubectl etcdbackup get before-upgrade -o jsonpath='{.status.sizeBytes}'"):
+				if strings.TrimSpace(r.Stdout) != "4096" {
+					t.Errorf("%s: %s", b, r)
+				}
+			}
+		}
+		// The page's download of the newest Completed control-plane backup
+		// is a plain etcd snapshot.
+		if _, err := ebsnapshot.Check(filepath.Join(dir, "newest.db")); err != nil {
+			t.Errorf("newest.db from docs/scripting.md: %v", err)
+		}
+	})
+}
+
+// shBlocks returns the bodies of a Markdown page's ```sh blocks.
+func shBlocks(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []string
+	var cur []string
+	in := false
+	for _, l := range strings.Split(string(b), "\n") {
+		switch {
+		case !in && strings.HasPrefix(l, "```sh"):
+			in, cur = true, nil
+		case in && strings.HasPrefix(l, "```"):
+			in = false
+			blocks = append(blocks, strings.Join(cur, "\n"))
+		case in:
+			cur = append(cur, l)
+		}
+	}
+	return blocks
 }
 
 func etcdClientConfig(m *etcdMember) clientv3.Config {

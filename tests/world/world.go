@@ -298,3 +298,13 @@ func (p *ServerProcess) PeakRSSKiB() int64 {
 	v, _ := ReadStatusValue(p.cmd.Process.Pid, "VmHWM")
 	return v
 }
+
+// Shell runs script with bash (pipefail), in the environment Command gives
+// kubectl: the plugin and kubectl on PATH, KUBECONFIG set — a user's
+// shell, for documented command lines.
+func (k *Kubectl) Shell(ctx context.Context, script string) *exec.Cmd {
+	cmd := k.Command(ctx)
+	cmd.Path, cmd.Err = "/bin/bash", nil
+	cmd.Args = []string{"bash", "-o", "pipefail", "-c", script}
+	return cmd
+}
