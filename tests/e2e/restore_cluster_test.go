@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"filippo.io/age"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
@@ -300,6 +302,14 @@ func TestRestoreIntoCluster(t *testing.T) {
 	}
 	dir := t.TempDir()
 
+	// Its backups are encrypted to an age key that never reaches the
+	// server: only the restore Jobs get the identity, from a Secret the
+	// operator creates in the members' namespace.
+	identity, err := age.GenerateX25519Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	// 1. The target: three etcd pods, data on the provisioner's volumes.
 	manifest := filepath.Join(dir, "app-etcd.yaml")
 	if err := os.WriteFile(manifest, []byte(appCluster(members)), 0o600); err != nil {
@@ -307,8 +317,9 @@ func TestRestoreIntoCluster(t *testing.T) {
 	}
 	mustSucceed(t, c.run(t, nil, "apply", "-f", manifest), "kubectl apply app etcd")
 	product, err := world.InstallProductWith(ctx, sb, k, dir, &testLog{t: t, prefix: "install: "}, world.ProductOptions{
-		Images:         im,
-		ClusterTargets: []world.ClusterTarget{{Name: appTarget, Namespace: appNS, InitialClusterToken: appToken, Location: "s3", Members: members}},
+		Images: im,
+		ClusterTargets: []world.ClusterTarget{{Name: appTarget, Namespace: appNS, InitialClusterToken: appToken, Location: "s3", Members: members,
+			AgeRecipients: []string{identity.Recipient().String()}}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -331,10 +342,25 @@ func TestRestoreIntoCluster(t *testing.T) {
 	if !strings.Contains(r.Stdout, "Completed") {
 		t.Fatalf("backup --wait: %s", r)
 	}
-	mustSucceed(t, c.run(t, nil, "etcdbackup", "get", "app-1", "--location", "s3"), "backup is in s3")
+	r = mustSucceed(t, c.run(t, nil, "etcdbackup", "get", "app-1", "--location", "s3", "-o", "jsonpath={.spec.encryption}"), "backup is in s3")
+	if strings.TrimSpace(r.Stdout) != "age" {
+		t.Fatalf("the target's backup is not encrypted: %s", r)
+	}
 	put(t, ec, "foo", "2")
 
-	restoreArgs := []string{"etcdbackup", "restore", "app-1", "--location", "s3", "--target", appTarget}
+	t.Run("refused-without-identity", func(t *testing.T) {
+		r := mustFail(t, c.run(t, nil, "etcdbackup", "restore", "app-1", "--location", "s3", "--target", appTarget, "--dry-run"), "restore of an encrypted backup without its identity")
+		if !strings.Contains(r.Stderr, "--identity-secret") {
+			t.Errorf("refusal does not name --identity-secret: %s", r)
+		}
+	})
+	if _, err := sb.Client().CoreV1().Secrets(appNS).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "etcd-age-key"},
+		Data:       map[string][]byte{"key.txt": []byte(identity.String() + "\n")},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	restoreArgs := []string{"etcdbackup", "restore", "app-1", "--location", "s3", "--target", appTarget, "--identity-secret", "etcd-age-key"}
 	restoreJobs := func() string {
 		return mustSucceed(t, c.run(t, nil, "-n", appNS, "get", "jobs", "-l", "app.kubernetes.io/component=restore-agent", "-o", "name"), "get restore jobs").Stdout
 	}
@@ -438,10 +464,13 @@ func TestRestoreIntoCluster(t *testing.T) {
 			t.Errorf("restore Jobs lack %q", want)
 		}
 	}
-	for _, secret := range []string{product.S3.SecretAccessKey, product.S3.AccessKeyID} {
+	for _, secret := range []string{product.S3.SecretAccessKey, product.S3.AccessKeyID, identity.String()} {
 		if strings.Contains(jobs.Stdout, secret) {
-			t.Errorf("a storage credential appears in a restore Job's spec")
+			t.Errorf("a storage credential or the age identity appears in a restore Job's spec")
 		}
+	}
+	if !strings.Contains(jobs.Stdout, "secretName: etcd-age-key") {
+		t.Errorf("restore Jobs do not mount the identity Secret")
 	}
 
 	// 7-8. Start the members on the restored data.

@@ -62,6 +62,8 @@ type ClusterTarget struct {
 	// Location for its backups ("" = the server's default).
 	Location string
 	Members  []ClusterMember
+	// AgeRecipients, when set, encrypt its backups (public keys only).
+	AgeRecipients []string
 }
 
 // ClusterMember is one member of a ClusterTarget: its data is DataDir in
@@ -285,6 +287,9 @@ func clusterTargets(ts []ClusterTarget) string {
 		fmt.Fprintf(&b, "      - name: %s\n        endpoints: [%s]\n        insecurePlaintext: true\n", t.Name, strings.Join(eps, ", "))
 		if t.Location != "" {
 			fmt.Fprintf(&b, "        location: %s\n", t.Location)
+		}
+		if len(t.AgeRecipients) > 0 {
+			fmt.Fprintf(&b, "        encryption: {ageRecipients: [%s]}\n", strings.Join(t.AgeRecipients, ", "))
 		}
 		fmt.Fprintf(&b, "        namespace: %s\n        initialClusterToken: %s\n        members:\n", t.Namespace, t.InitialClusterToken)
 		for _, m := range t.Members {
