@@ -22,6 +22,7 @@ import (
 	"filippo.io/age"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ctxio"
 )
 
 // Errors callers act on.
@@ -179,7 +180,7 @@ func Encrypt(ctx context.Context, r io.Reader, recipients []age.Recipient) (io.R
 	if len(recipients) == 0 {
 		return nil, errors.New("encrypt: no age recipients")
 	}
-	return age.EncryptReader(contextReader{ctx, r}, recipients...)
+	return age.EncryptReader(ctxio.NewReader(ctx, r), recipients...)
 }
 
 // Decrypt returns a reader of the plaintext of the age file r. It fails
@@ -192,7 +193,7 @@ func Decrypt(r io.Reader, ids []age.Identity) (io.Reader, error) {
 	if len(ids) == 0 {
 		return nil, ErrIdentityRequired
 	}
-	src := &sourceReader{r: r}
+	src := &ctxio.Recorder{R: r}
 	pr, err := age.Decrypt(src, ids...)
 	if err != nil {
 		return nil, classify(src, err, true)
@@ -201,9 +202,9 @@ func Decrypt(r io.Reader, ids []age.Identity) (io.Reader, error) {
 }
 
 // classify tells r's own failures from age's verdicts on the data.
-func classify(src *sourceReader, err error, header bool) error {
-	if src.err != nil && !errors.Is(src.err, io.EOF) {
-		return src.err
+func classify(src *ctxio.Recorder, err error, header bool) error {
+	if src.Err != nil && !errors.Is(src.Err, io.EOF) {
+		return src.Err
 	}
 	var nm *age.NoIdentityMatchError
 	switch {
@@ -215,22 +216,8 @@ func classify(src *sourceReader, err error, header bool) error {
 	return fmt.Errorf("%w: %v", ErrTampered, err)
 }
 
-// sourceReader remembers the error of the reader under age.
-type sourceReader struct {
-	r   io.Reader
-	err error
-}
-
-func (s *sourceReader) Read(p []byte) (int, error) {
-	n, err := s.r.Read(p)
-	if err != nil {
-		s.err = err
-	}
-	return n, err
-}
-
 type plainReader struct {
-	src *sourceReader
+	src *ctxio.Recorder
 	r   io.Reader
 }
 
@@ -253,11 +240,11 @@ type Header struct {
 // r (its MAC can only be checked with a key). It reads no further than the
 // header, but through a buffer: the caller should not use r afterwards.
 func ReadHeader(r io.Reader) (Header, error) {
-	src := &sourceReader{r: r}
+	src := &ctxio.Recorder{R: r}
 	hdr, err := age.ExtractHeader(src)
 	if err != nil {
-		if src.err != nil && !errors.Is(src.err, io.EOF) {
-			return Header{}, src.err
+		if src.Err != nil && !errors.Is(src.Err, io.EOF) {
+			return Header{}, src.Err
 		}
 		return Header{}, fmt.Errorf("%w: %v", ErrNotAge, err)
 	}
@@ -269,19 +256,6 @@ func ReadHeader(r io.Reader) (Header, error) {
 		}
 	}
 	return h, nil
-}
-
-// contextReader stops a copy when its context is done.
-type contextReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (r contextReader) Read(p []byte) (int, error) {
-	if err := r.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return r.r.Read(p)
 }
 
 func truncate(s string, n int) string {

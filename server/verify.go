@@ -15,6 +15,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ctxio"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
@@ -97,7 +98,7 @@ func (s *Server) verifyStored(ctx context.Context, locName string, m *storage.Ma
 		return status.Errorf(codes.DataLoss, "backup %q in location %q is corrupt: %s; do not restore it", m.Name, locName, msg)
 	}
 	stored := sha256.New()
-	tee := io.TeeReader(contextReader{ctx, r}, stored)
+	tee := io.TeeReader(ctxio.NewReader(ctx, r), stored)
 	h, err := crypt.ReadHeader(tee)
 	if errors.Is(err, crypt.ErrNotAge) {
 		return nil, corrupt("it is recorded as age-encrypted, but %v", err)
@@ -105,7 +106,7 @@ func (s *Server) verifyStored(ctx context.Context, locName string, m *storage.Ma
 	if err != nil {
 		return nil, storageError("verify", locName, m.Name, err)
 	}
-	if _, err := io.Copy(stored, contextReader{ctx, r}); err != nil {
+	if _, err := io.Copy(stored, ctxio.NewReader(ctx, r)); err != nil {
 		return nil, storageError("verify", locName, m.Name, err)
 	}
 	if got := hex.EncodeToString(stored.Sum(nil)); got != m.SHA256 {
@@ -117,17 +118,4 @@ func (s *Server) verifyStored(ctx context.Context, locName string, m *storage.Ma
 		Message: fmt.Sprintf("the stored bytes match their SHA-256 and start with an age header for %d recipient(s); the content is encrypted and the server holds no key: "+
 			"run `kubectl etcdbackup verify %s --identity KEYFILE` to check etcd's trailer and database on your machine", len(h.StanzaTypes), m.Name),
 	}, nil
-}
-
-// contextReader stops a copy when its context is done.
-type contextReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c contextReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }

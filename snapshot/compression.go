@@ -8,6 +8,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ctxio"
 )
 
 // Decompress copies r to w, undoing the backup's compression (one of
@@ -17,7 +18,7 @@ func Decompress(ctx context.Context, w io.Writer, r io.Reader, compression strin
 	if err := ebv1.ValidateCompression(compression); err != nil {
 		return 0, err
 	}
-	r = contextReader{ctx, r}
+	r = ctxio.NewReader(ctx, r)
 	if compression == ebv1.CompressionNone {
 		return io.Copy(w, r)
 	}
@@ -42,7 +43,7 @@ func Compress(ctx context.Context, r io.Reader, compression string) (io.ReadClos
 		return nil, err
 	}
 	if compression == ebv1.CompressionNone {
-		return io.NopCloser(contextReader{ctx, r}), nil
+		return io.NopCloser(ctxio.NewReader(ctx, r)), nil
 	}
 	pr, pw := io.Pipe()
 	go func() {
@@ -51,7 +52,7 @@ func Compress(ctx context.Context, r io.Reader, compression string) (io.ReadClos
 			pw.CloseWithError(err)
 			return
 		}
-		_, err = io.Copy(enc, contextReader{ctx, r})
+		_, err = io.Copy(enc, ctxio.NewReader(ctx, r))
 		if cerr := enc.Close(); err == nil {
 			err = cerr
 		}
@@ -62,17 +63,3 @@ func Compress(ctx context.Context, r io.Reader, compression string) (io.ReadClos
 
 // zstdMagic starts every zstd frame.
 var zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
-
-// contextReader stops a copy when its context is done: io.Copy itself does
-// not look at contexts.
-type contextReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (r contextReader) Read(p []byte) (int, error) {
-	if err := r.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return r.r.Read(p)
-}

@@ -15,6 +15,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ctxio"
 )
 
 // Form is how a backup's stored bytes were made from its etcd snapshot —
@@ -55,7 +56,7 @@ func WritePlain(ctx context.Context, w io.Writer, stored io.Reader, f Form, ids 
 	if err := ebv1.ValidateEncryption(f.Encryption); err != nil {
 		return Plain{}, err
 	}
-	src := &recordingReader{r: contextReader{ctx, stored}}
+	src := &ctxio.Recorder{R: ctxio.NewReader(ctx, stored)}
 	var r io.Reader = src
 	if f.Encryption == ebv1.EncryptionAge {
 		dr, err := crypt.Decrypt(r, ids)
@@ -93,14 +94,14 @@ func WritePlain(ctx context.Context, w io.Writer, stored io.Reader, f Form, ids 
 
 // plainError tells the source's failures (a broken download, a cancelled
 // context) from verdicts on the data.
-func plainError(ctx context.Context, src *recordingReader, err error) error {
+func plainError(ctx context.Context, src *ctxio.Recorder, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
 		return cerr
 	}
 	// Unpack hands WritePlain an already decrypted stream: age's verdicts
 	// come through the source there.
-	if src.err != nil && !errors.Is(src.err, io.EOF) && !errors.Is(src.err, crypt.ErrTampered) {
-		return src.err
+	if src.Err != nil && !errors.Is(src.Err, io.EOF) && !errors.Is(src.Err, crypt.ErrTampered) {
+		return src.Err
 	}
 	switch {
 	case errors.Is(err, ErrCorrupt), errors.Is(err, crypt.ErrIdentityRequired), errors.Is(err, crypt.ErrNoMatchingIdentity):
@@ -110,19 +111,6 @@ func plainError(ctx context.Context, src *recordingReader, err error) error {
 	}
 	// zstd's verdicts.
 	return fmt.Errorf("%w: %v", ErrCorrupt, err)
-}
-
-type recordingReader struct {
-	r   io.Reader
-	err error
-}
-
-func (s *recordingReader) Read(p []byte) (int, error) {
-	n, err := s.r.Read(p)
-	if err != nil && s.err == nil {
-		s.err = err
-	}
-	return n, err
 }
 
 // WritePlainFile writes the snapshot in stored to dst (created or
@@ -196,7 +184,7 @@ func UnpackWith(ctx context.Context, file, dir string, ids []age.Identity) (stri
 		// What is under the encryption decides the compression.
 		pr, err := crypt.Decrypt(in, ids)
 		if err != nil {
-			return "", plainError(ctx, &recordingReader{}, err)
+			return "", plainError(ctx, &ctxio.Recorder{}, err)
 		}
 		br := bufio.NewReader(pr)
 		if head, _ := br.Peek(len(zstdMagic)); bytes.Equal(head, zstdMagic) {
