@@ -62,7 +62,7 @@ lint: $(TOOLS_BIN)/staticcheck
 # Packages whose tests need neither root nor the Kubernetes binaries: all
 # but the end-to-end world under tests/.
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v '/tests/')
-E2E_PKGS = ./tests/...
+E2E_PKGS = ./tests/... ./hack/images
 TESTREPORT := $(TOOLS_BIN)/testreport
 # make test runs the unit tests under the race detector; UNIT_FLAGS= turns it off.
 UNIT_FLAGS ?=
@@ -72,7 +72,7 @@ $(TESTREPORT): hack/testreport/main.go
 
 ## unit: every test that needs neither root nor the Kubernetes binaries (agents, server, S3 against a real versitygw, plugin, tunnel, …); lists what it skipped and why
 unit: s3-bins age-bins $(TESTREPORT)
-	@echo "unit: $(E2E_PKGS) is not run here: it needs root and the Kubernetes binaries (make test runs it)" >&2
+	@echo "unit: ./tests/... is not run here: it needs root and the Kubernetes binaries (make test runs it)" >&2
 	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_S3_BIN_DIR=$(S3_BIN_DIR) ETCDBACKUP_AGE_BIN_DIR=$(AGE_BIN_DIR) \
 		$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) $(UNIT_FLAGS) $(UNIT_PKGS) | $(TESTREPORT)
 

@@ -30,6 +30,9 @@ func TestProductImages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cross-builds the server, agent and CLI for two platforms")
 	}
+	if raceEnabled {
+		t.Skip("too slow under -race; make e2e runs it without the race detector")
+	}
 	// The test runs in hack/images; the builds need the module root.
 	t.Chdir("../..")
 	t.Setenv("SOURCE_DATE_EPOCH", "1764547200") // 2025-12-01T00:00:00Z
