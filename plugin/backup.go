@@ -46,15 +46,7 @@ kubectl etcdbackup backup --wait
 # Back up target control-plane into location s3 under a chosen name
 kubectl etcdbackup backup --target control-plane --location s3 --name before-upgrade --wait`),
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return usageError(err)
-			}
-			return o.Run(cmd.Context())
-		},
+		RunE: runE(o),
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.Name, "name", "", "name of the backup (default: TARGET-YYYYMMDD-HHMMSS)")

@@ -57,15 +57,7 @@ kubectl etcdbackup delete -l env=test --yes
 # Delete every backup in location s3, after confirming on the terminal
 kubectl etcdbackup delete --all --location s3`),
 		ValidArgsFunction: completeBackupNames(g, 0),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return usageError(err)
-			}
-			return o.Run(cmd.Context())
-		},
+		RunE:              runE(o),
 	}
 	cmd.Flags().StringVarP(&o.Selector, "selector", "l", "", "delete the backups matching this label selector (e.g. env=test)")
 	cmd.Flags().BoolVar(&o.All, "all", false, "delete every backup (of --location, or of every location)")

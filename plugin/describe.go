@@ -43,15 +43,7 @@ kubectl etcdbackup describe control-plane-20260131-020000
 kubectl etcdbackup describe control-plane-20260131-020000 --location s3`),
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeBackupNames(g, 1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return usageError(err)
-			}
-			return o.Run(cmd.Context())
-		},
+		RunE:              runE(o),
 	}
 	return cmd
 }

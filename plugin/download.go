@@ -65,15 +65,7 @@ kubectl etcdbackup download etcd-2026-01-31 -o etcd-2026-01-31.age --raw
 kubectl etcdbackup download etcd-2026-01-31 -o - | sha256sum`),
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeBackupNames(g, 1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return usageError(err)
-			}
-			return o.Run(cmd.Context())
-		},
+		RunE:              runE(o),
 	}
 	cmd.Flags().StringVarP(&o.File, "output", "o", "", "file to write, or - for standard output (default: NAME in the current directory)")
 	cmd.Flags().BoolVar(&o.Overwrite, "overwrite", false, "replace FILE if it already exists")

@@ -32,15 +32,7 @@ kubectl etcdbackup get etcd-2026-01-31 -o yaml
 kubectl etcdbackup get etcd-2026-01-31 -o jsonpath='{.status.sizeBytes}'`),
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeBackupNames(g, 1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return usageError(err)
-			}
-			return o.Run(cmd.Context())
-		},
+		RunE:              runE(o),
 	}
 	o.PrintFlags.AddFlags(cmd, "output format")
 	return cmd

@@ -33,15 +33,7 @@ kubectl etcdbackup list -l env=prod -o json
 # Print only the names of the completed backups
 kubectl etcdbackup list -o jsonpath='{range .items[?(@.status.phase=="Completed")]}{.metadata.name}{"\n"}{end}'`),
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return usageError(err)
-			}
-			return o.Run(cmd.Context())
-		},
+		RunE: runE(o),
 	}
 	o.PrintFlags.AddFlags(cmd, "output format")
 	cmd.Flags().StringVarP(&o.Selector, "selector", "l", "", "label selector to filter backups (e.g. env=prod)")

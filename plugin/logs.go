@@ -31,15 +31,7 @@ kubectl etcdbackup logs control-plane-20260131-020000
 kubectl etcdbackup logs control-plane-20260131-020000 -f`),
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeBackupNames(g, 1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return usageError(err)
-			}
-			return o.Run(cmd.Context())
-		},
+		RunE:              runE(o),
 	}
 	cmd.Flags().BoolVarP(&o.Follow, "follow", "f", false, "keep streaming while the agent runs")
 	return cmd

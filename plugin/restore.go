@@ -85,15 +85,7 @@ kubectl etcdbackup restore control-plane-20260131-020000 --local \
 kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity-secret etcd-age-key --wait`),
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeBackupNames(g, 1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return usageError(err)
-			}
-			return o.Run(cmd.Context())
-		},
+		RunE:              runE(o),
 	}
 	f := cmd.Flags()
 	f.BoolVar(&o.Local, "local", false, "restore into a data directory on this machine")

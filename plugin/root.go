@@ -114,3 +114,24 @@ func (g *GlobalOptions) Connect(ctx context.Context) (*Connection, error) {
 	}
 	return g.connectTunnel(ctx)
 }
+
+// command is what every verb's Options implements, kubectl's way.
+type command interface {
+	Complete(cmd *cobra.Command, args []string) error
+	Validate() error
+	Run(ctx context.Context) error
+}
+
+// runE runs a command's Complete, Validate and Run in that order; a
+// Validate failure is a usage error (exit code 2).
+func runE(o command) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := o.Complete(cmd, args); err != nil {
+			return err
+		}
+		if err := o.Validate(); err != nil {
+			return usageError(err)
+		}
+		return o.Run(cmd.Context())
+	}
+}

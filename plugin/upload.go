@@ -53,15 +53,7 @@ kubectl etcdbackup upload /var/backups/etcd.db --name before-upgrade --labels re
 # Encrypt a snapshot to the team's key and an offline break-glass key
 kubectl etcdbackup upload snapshot.db --encrypt-to age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p --encrypt-to-file break-glass.pub`),
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return usageError(err)
-			}
-			return o.Run(cmd.Context())
-		},
+		RunE: runE(o),
 	}
 	cmd.Flags().StringVar(&o.Name, "name", "", "name of the backup (default: the file's name, lower-cased)")
 	cmd.Flags().StringToStringVar(&o.Labels, "labels", nil, "labels to store with the backup, as key=value pairs")

@@ -50,15 +50,7 @@ kubectl etcdbackup verify etcd-2026-01-31 -o json
 kubectl etcdbackup verify etcd-2026-01-31 --identity ~/.config/etcdbackup/key.txt`),
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeBackupNames(g, 1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return usageError(err)
-			}
-			return o.Run(cmd.Context())
-		},
+		RunE:              runE(o),
 	}
 	o.PrintFlags.AddFlags(cmd, "output format")
 	addIdentityFlag(cmd, &o.IdentityFiles, "an encrypted backup and check it here")

@@ -32,15 +32,7 @@ kubectl etcdbackup version
 # Print the plugin's version only, without contacting the server
 kubectl etcdbackup version --client`),
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.Complete(cmd, args); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
-				return usageError(err)
-			}
-			return o.Run(cmd.Context())
-		},
+		RunE: runE(o),
 	}
 	cmd.Flags().BoolVar(&o.ClientOnly, "client", false, "print the plugin's version only, without contacting the server")
 	o.PrintFlags.AddFlags(cmd, "output format")
