@@ -194,15 +194,25 @@ func Decrypt(r io.Reader, ids []age.Identity) (io.Reader, error) {
 		return nil, ErrIdentityRequired
 	}
 	src := &ctxio.Recorder{R: r}
-	pr, err := age.Decrypt(src, ids...)
+	// A damaged header after age's first line is tampering; without that
+	// line the data was never age-encrypted.
+	br := bufio.NewReader(src)
+	intro, _ := br.Peek(len(ageIntro))
+	notAge := string(intro) != ageIntro // before Decrypt reads on: Peek's bytes are only valid until then
+	pr, err := age.Decrypt(br, ids...)
 	if err != nil {
-		return nil, classify(src, err, true)
+		return nil, classify(src, err, notAge)
 	}
 	return &plainReader{src: src, r: pr}, nil
 }
 
-// classify tells r's own failures from age's verdicts on the data.
-func classify(src *ctxio.Recorder, err error, header bool) error {
+// ageIntro is the first line of every age file (the age format's version
+// line).
+const ageIntro = "age-encryption.org/v1\n"
+
+// classify tells r's own failures from age's verdicts on the data;
+// notAge says the data does not start as an age file.
+func classify(src *ctxio.Recorder, err error, notAge bool) error {
 	if src.Err != nil && !errors.Is(src.Err, io.EOF) {
 		return src.Err
 	}
@@ -210,7 +220,7 @@ func classify(src *ctxio.Recorder, err error, header bool) error {
 	switch {
 	case errors.As(err, &nm):
 		return fmt.Errorf("%w (it is encrypted to other keys: see the backup's recipients)", ErrNoMatchingIdentity)
-	case header && strings.Contains(err.Error(), "failed to read header"):
+	case notAge && strings.Contains(err.Error(), "failed to read header"):
 		return fmt.Errorf("%w: %v", ErrNotAge, err)
 	}
 	return fmt.Errorf("%w: %v", ErrTampered, err)

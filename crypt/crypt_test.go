@@ -85,6 +85,30 @@ func TestDecryptRefusals(t *testing.T) {
 	}
 }
 
+// Every byte of the header after age's first line, flipped, is tampering
+// (never "not age", never accepted): which byte a damaged backup has is
+// chance.
+func TestDamagedHeaderIsTampered(t *testing.T) {
+	id, rcp := newKey(t)
+	sealed := seal(t, []byte("marker"), rcp)
+	end := bytes.Index(sealed, []byte("\n---"))
+	if end < 0 {
+		t.Fatal("no header end in the sealed file")
+	}
+	end = end + 1 + bytes.IndexByte(sealed[end+1:], '\n')
+	for i := len(ageIntro); i <= end; i++ {
+		flipped := bytes.Clone(sealed)
+		flipped[i] ^= 1
+		r, err := Decrypt(bytes.NewReader(flipped), []age.Identity{id})
+		if err == nil {
+			_, err = io.ReadAll(r)
+		}
+		if !errors.Is(err, ErrTampered) && !errors.Is(err, ErrNoMatchingIdentity) {
+			t.Fatalf("byte %d of the header flipped: %v, want ErrTampered", i, err)
+		}
+	}
+}
+
 func TestTamperedOrTruncatedCiphertextIsRefused(t *testing.T) {
 	id, rcp := newKey(t)
 	plain := bytes.Repeat([]byte{7}, 200<<10)
