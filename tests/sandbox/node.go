@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // NodeName is the name of the sandbox's single Node.
@@ -119,7 +121,9 @@ func setupNetwork(ctx context.Context) error {
 }
 
 // teardownNetwork deletes the network namespace (the veth pair and the
-// route go with it) and, if a crashed sandbox left it, the host link.
+// route go with it) and, if a crashed sandbox left it, the host link. The
+// kernel destroys a namespace's devices asynchronously, after `ip netns
+// delete` returns, so it waits until the host side of the veth is gone.
 func teardownNetwork() error {
 	var errs []error
 	if _, err := os.Stat("/run/netns/" + netnsName); err == nil {
@@ -127,10 +131,21 @@ func teardownNetwork() error {
 			errs = append(errs, err)
 		}
 	}
-	if _, err := os.Stat("/sys/class/net/" + hostLink); err == nil {
-		if err := run(context.Background(), "ip", "link", "delete", hostLink); err != nil {
-			errs = append(errs, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if _, err := os.Stat("/sys/class/net/" + hostLink); errors.Is(err, os.ErrNotExist) {
+			return true, nil
 		}
+		// Still there: a crashed sandbox's link, or one the kernel has not
+		// reaped yet; deleting it from this side takes both ends. It may
+		// vanish between the check and the delete, so its error is not
+		// final.
+		_ = run(ctx, "ip", "link", "delete", hostLink)
+		return false, nil
+	})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("host link %s still present: %w", hostLink, err))
 	}
 	return errors.Join(errs...)
 }
