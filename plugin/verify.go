@@ -137,7 +137,8 @@ func (o *VerifyOptions) verifyHere(ctx context.Context, conn *Connection, b *ebv
 	if err != nil {
 		return nil, err
 	}
-	st, err := snapshot.Check(path)
+	// downloadPlain verified etcd's trailer as the file was written.
+	st, err := snapshot.CheckDatabase(path)
 	if err != nil {
 		return nil, withCode(ExitFailed, fmt.Errorf("verify %q: backup %q is corrupt: %w; do not restore it", o.Name, o.Name, err))
 	}

@@ -207,7 +207,11 @@ func Fetch(ctx context.Context, c *client.Client, req FetchRequest) (string, Ver
 		return "", Verified{}, &DownloadError{Err: err}
 	}
 	path := stored
+	// A plain stored backup was checked against its SHA-256 only; a packed
+	// one had etcd's trailer verified while WritePlainFile wrote it.
+	check := snapshot.Check
 	if form := snapshot.FormOf(b); form.Compression != ebv1.CompressionNone || form.Encryption != ebv1.EncryptionNone {
+		check = snapshot.CheckDatabase
 		path = filepath.Join(dir, name+".db")
 		in, err := os.Open(stored)
 		if err != nil {
@@ -223,7 +227,7 @@ func Fetch(ctx context.Context, c *client.Client, req FetchRequest) (string, Ver
 		}
 		os.Remove(stored)
 	}
-	st, err := snapshot.Check(path)
+	st, err := check(path)
 	if err != nil {
 		return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w", name, err)
 	}
