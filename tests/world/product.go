@@ -202,7 +202,7 @@ images:
   # The images built from this repository, imported into the node.
   - name: etcdbackup-server
     newName: %[3]s
-    newTag: %[4]s
+    newTag: %[4]q # quoted: a tag such as a commit hash can be all digits
 patches:
   - path: config.yaml
   - path: deployment.yaml

@@ -189,7 +189,7 @@ resources:
 images:
   - name: etcdbackup-server
     newName: %s
-    newTag: %s
+    newTag: %q # quoted: a tag such as a commit hash can be all digits
 `, ns, base, name, tag)
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o600); err != nil {
 		return err
