@@ -149,7 +149,7 @@ func startBenchServer(b *testing.B) (*client.Client, func()) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, lis, 10*time.Second) }()
+	go func() { served <- srv.Serve(ctx, server.Listeners{Users: lis}, 10*time.Second) }()
 	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), benchDialOptions...)
 	if err != nil {
 		cancel()

@@ -25,6 +25,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
@@ -65,6 +66,22 @@ type Config struct {
 	Agents *jobs.Launcher
 	// ScratchDir holds temporary files of VerifyBackup; "" is os.TempDir().
 	ScratchDir string
+	// UserGuard admits calls on the user listener; nil admits every call
+	// (PortForward mode: the listener is the pod's loopback).
+	UserGuard auth.Guard
+	// AgentGuard admits calls on the agent listener; nil refuses every
+	// call there, since agents could not be told apart from anyone else.
+	AgentGuard auth.Guard
+}
+
+// Listeners are where a Server serves.
+type Listeners struct {
+	// Users is the plugin's API: bind it to the pod's loopback, where the
+	// kubelet delivers port-forward connections, never to the pod IP.
+	Users net.Listener
+	// Agents is the agents' API, the only port of the Service; nil
+	// serves none.
+	Agents net.Listener
 }
 
 // Server implements the etcdbackup.v1 services.
@@ -82,6 +99,8 @@ type Server struct {
 	targets    []config.Target
 	agents     *jobs.Launcher
 	scratchDir string
+	userGuard  auth.Guard
+	agentGuard auth.Guard
 
 	mu       sync.Mutex
 	inflight map[string]bool // "location/name" of uploads in progress
@@ -115,6 +134,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, errs.ToAggregate()
 	}
 	s.targets, s.agents, s.scratchDir = cfg.Targets, cfg.Agents, cfg.ScratchDir
+	s.userGuard, s.agentGuard = cfg.UserGuard, cfg.AgentGuard
+	if s.userGuard == nil {
+		s.userGuard = auth.AllowAll{}
+	}
+	if s.agentGuard == nil {
+		s.agentGuard = refuseAll{}
+	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -143,24 +169,54 @@ func GRPCServerOptions() []grpc.ServerOption {
 	}
 }
 
-// Serve serves on lis until ctx is done, then stops accepting, reports
+// refuseAll is the agent listener's guard when the server cannot
+// authenticate agents (it runs without a Kubernetes client).
+type refuseAll struct{}
+
+func (refuseAll) Admit(context.Context, string) (context.Context, error) {
+	return nil, status.Error(codes.Unauthenticated, "this server cannot authenticate agents: it runs without access to the Kubernetes API")
+}
+
+// NewGRPCServer returns a gRPC server with the etcdbackup and health
+// services whose calls g admits.
+func (s *Server) NewGRPCServer(g auth.Guard) *grpc.Server {
+	opts := append(GRPCServerOptions(),
+		grpc.ChainUnaryInterceptor(auth.UnaryInterceptor(g)),
+		grpc.ChainStreamInterceptor(auth.StreamInterceptor(g)))
+	srv := grpc.NewServer(opts...)
+	s.Register(srv)
+	return srv
+}
+
+// Serve serves ls until ctx is done, then stops accepting, reports
 // NOT_SERVING to health checks, lets in-flight streams finish for up to
-// drain, and stops.
-func (s *Server) Serve(ctx context.Context, lis net.Listener, drain time.Duration) error {
-	g := grpc.NewServer(GRPCServerOptions()...)
-	s.Register(g)
-	errc := make(chan error, 1)
-	go func() { errc <- g.Serve(lis) }()
+// drain, and stops. It returns when every listener has stopped.
+func (s *Server) Serve(ctx context.Context, ls Listeners, drain time.Duration) error {
+	servers := []*grpc.Server{s.NewGRPCServer(s.userGuard)}
+	listeners := []net.Listener{ls.Users}
+	if ls.Agents != nil {
+		servers = append(servers, s.NewGRPCServer(s.agentGuard))
+		listeners = append(listeners, ls.Agents)
+	}
+	errc := make(chan error, len(servers))
+	for i, g := range servers {
+		go func() { errc <- g.Serve(listeners[i]) }()
+	}
+	var err error
 	select {
-	case err := <-errc:
-		return err
+	case err = <-errc:
+		// One listener failed: stop the others too.
 	case <-ctx.Done():
 	}
 	s.log.Info("shutting down: draining in-flight requests", "timeout", drain)
 	s.health.Shutdown()
 	stopped := make(chan struct{})
 	go func() {
-		g.GracefulStop()
+		var wg sync.WaitGroup
+		for _, g := range servers {
+			wg.Go(g.GracefulStop)
+		}
+		wg.Wait()
 		close(stopped)
 	}()
 	select {
@@ -168,10 +224,21 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener, drain time.Duratio
 		s.log.Info("drained")
 	case <-time.After(drain):
 		s.log.Warn("drain timeout passed: cancelling remaining requests")
-		g.Stop()
+		for _, g := range servers {
+			g.Stop()
+		}
 		<-stopped
 	}
-	return <-errc
+	remaining := len(servers)
+	if err != nil {
+		remaining--
+	}
+	for range remaining {
+		if e := <-errc; err == nil {
+			err = e
+		}
+	}
+	return err
 }
 
 // GetServerInfo implements ebv1.InfoServiceServer.

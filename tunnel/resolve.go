@@ -11,15 +11,18 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// DefaultPortName is the name of the server's gRPC port on its Service
-// and container.
+// DefaultPortName is the name of the server container's user API port.
+// That port listens on the pod's loopback only, where port-forward
+// connections arrive, so it is not in the Service: the Service only leads
+// to the pods.
 const DefaultPortName = "grpc"
 
 // Target names the server to reach.
 type Target struct {
 	Namespace string
 	Service   string
-	// PortName is the Service port (and container port) to forward to.
+	// PortName is the container port to forward to (or, for servers
+	// installed before the user API left the Service, the Service port).
 	PortName string
 }
 
@@ -33,8 +36,8 @@ func (e *Endpoint) String() string {
 	return fmt.Sprintf("pod %s/%s port %d", e.Pod.Namespace, e.Pod.Name, e.Port)
 }
 
-// Resolve finds a Running and Ready pod behind the Service and the
-// container port the Service's port leads to.
+// Resolve finds a Running and Ready pod behind the Service and its
+// container port named PortName.
 func (d *Dialer) Resolve(ctx context.Context) (*Endpoint, error) {
 	t := d.target
 	svc, err := d.client.CoreV1().Services(t.Namespace).Get(ctx, t.Service, metav1.GetOptions{})
@@ -43,10 +46,6 @@ func (d *Dialer) Resolve(ctx context.Context) (*Endpoint, error) {
 	}
 	if err != nil {
 		return nil, apiError(d.config.Host, fmt.Sprintf("get service %s/%s", t.Namespace, t.Service), err)
-	}
-	svcPort, err := servicePort(svc, t.PortName)
-	if err != nil {
-		return nil, err
 	}
 	if len(svc.Spec.Selector) == 0 {
 		return nil, fmt.Errorf("service %s/%s has no selector, so no server pod can be found behind it", t.Namespace, t.Service)
@@ -64,7 +63,7 @@ func (d *Dialer) Resolve(ctx context.Context) (*Endpoint, error) {
 			continue
 		}
 		if p.Status.Phase == corev1.PodRunning && podReady(p) {
-			port, err := containerPort(p, svcPort.TargetPort, svcPort.Port)
+			port, err := userPort(p, svc, t.PortName)
 			if err != nil {
 				return nil, err
 			}
@@ -73,6 +72,30 @@ func (d *Dialer) Resolve(ctx context.Context) (*Endpoint, error) {
 		notReady = append(notReady, *p)
 	}
 	return nil, &NotReadyError{Namespace: t.Namespace, Service: t.Service, Pods: notReady}
+}
+
+// userPort is p's container port named name or, failing that, what the
+// Service's port of that name leads to.
+func userPort(p *corev1.Pod, svc *corev1.Service, name string) (int32, error) {
+	if port, ok := namedContainerPort(p, name); ok {
+		return port, nil
+	}
+	svcPort, err := servicePort(svc, name)
+	if err != nil {
+		return 0, fmt.Errorf("pod %s/%s has no container port named %q and %w", p.Namespace, p.Name, name, err)
+	}
+	return containerPort(p, svcPort.TargetPort, svcPort.Port)
+}
+
+func namedContainerPort(p *corev1.Pod, name string) (int32, bool) {
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			if cp.Name == name {
+				return cp.ContainerPort, true
+			}
+		}
+	}
+	return 0, false
 }
 
 // servicePort picks the Service port named name, or the Service's only
@@ -86,7 +109,7 @@ func servicePort(svc *corev1.Service, name string) (*corev1.ServicePort, error) 
 	if len(svc.Spec.Ports) == 1 && svc.Spec.Ports[0].Name == "" {
 		return &svc.Spec.Ports[0], nil
 	}
-	return nil, fmt.Errorf("service %s/%s has no port named %q; is it the etcdbackup server's Service?", svc.Namespace, svc.Name, name)
+	return nil, fmt.Errorf("service %s/%s has no port named %q either; is it the etcdbackup server's Service?", svc.Namespace, svc.Name, name)
 }
 
 // containerPort resolves a Service targetPort against the pod, as the
@@ -94,12 +117,8 @@ func servicePort(svc *corev1.Service, name string) (*corev1.ServicePort, error) 
 func containerPort(p *corev1.Pod, target intstr.IntOrString, servicePort int32) (int32, error) {
 	switch {
 	case target.Type == intstr.String && target.StrVal != "":
-		for _, c := range p.Spec.Containers {
-			for _, cp := range c.Ports {
-				if cp.Name == target.StrVal {
-					return cp.ContainerPort, nil
-				}
-			}
+		if port, ok := namedContainerPort(p, target.StrVal); ok {
+			return port, nil
 		}
 		return 0, fmt.Errorf("pod %s/%s has no container port named %q", p.Namespace, p.Name, target.StrVal)
 	case target.Type == intstr.Int && target.IntVal != 0:

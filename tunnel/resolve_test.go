@@ -147,15 +147,27 @@ func TestResolveServiceWithoutPods(t *testing.T) {
 	}
 }
 
+// olderServer's container names its user port "api": servers installed
+// before the user API left the Service are reached through the Service's
+// port "grpc".
+func olderServer(p *corev1.Pod) {
+	p.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "api", ContainerPort: 9443}, {Name: "metrics", ContainerPort: 9090}}
+}
+
 func TestResolvePorts(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		portName string
 		ports    []corev1.ServicePort
-		pod      *corev1.Pod
+		older    bool
 		want     int32
 		wantErr  string
 	}{
+		{
+			name:  "container port grpc, not in the Service (the user API is loopback-only)",
+			ports: []corev1.ServicePort{{Name: "agent", Port: 50052, TargetPort: intstr.FromString("agent")}},
+			want:  9443,
+		},
 		{
 			name:  "named grpc port among others, targetPort by name",
 			ports: []corev1.ServicePort{{Name: "metrics", Port: 9090, TargetPort: intstr.FromInt32(9090)}, grpcPort(intstr.FromString("grpc"))},
@@ -163,11 +175,13 @@ func TestResolvePorts(t *testing.T) {
 		},
 		{
 			name:  "targetPort by number",
+			older: true,
 			ports: []corev1.ServicePort{grpcPort(intstr.FromInt32(8443))},
 			want:  8443,
 		},
 		{
 			name:  "no targetPort means the Service port",
+			older: true,
 			ports: []corev1.ServicePort{{Name: "grpc", Port: 7000}},
 			want:  7000,
 		},
@@ -184,22 +198,29 @@ func TestResolvePorts(t *testing.T) {
 		},
 		{
 			name:    "several ports, none named grpc",
+			older:   true,
 			ports:   []corev1.ServicePort{{Name: "http", Port: 80}, {Name: "metrics", Port: 9090}},
-			wantErr: `service eb-system/etcdbackup has no port named "grpc"; is it the etcdbackup server's Service?`,
+			wantErr: `pod eb-system/server-1 has no container port named "grpc" and service eb-system/etcdbackup has no port named "grpc" either; is it the etcdbackup server's Service?`,
 		},
 		{
 			name:    "single named port that is not grpc",
+			older:   true,
 			ports:   []corev1.ServicePort{{Name: "http", Port: 80}},
 			wantErr: `service eb-system/etcdbackup has no port named "grpc"`,
 		},
 		{
 			name:    "targetPort name the pod lacks",
-			ports:   []corev1.ServicePort{grpcPort(intstr.FromString("api"))},
-			wantErr: `pod eb-system/server-1 has no container port named "api"`,
+			older:   true,
+			ports:   []corev1.ServicePort{grpcPort(intstr.FromString("api-v2"))},
+			wantErr: `pod eb-system/server-1 has no container port named "api-v2"`,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d, _ := testDialer(t, Target{PortName: tc.portName}, service("etcdbackup", tc.ports...), pod("server-1"))
+			p := pod("server-1")
+			if tc.older {
+				olderServer(p)
+			}
+			d, _ := testDialer(t, Target{PortName: tc.portName}, service("etcdbackup", tc.ports...), p)
 			ep, err := d.Resolve(context.Background())
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {

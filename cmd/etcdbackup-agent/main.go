@@ -97,7 +97,7 @@ func newBackupCmd() *cobra.Command {
 	fl.BoolVar(&etcd.InsecurePlaintext, "insecure-plaintext", false, "allow an http:// endpoint (no TLS); only when explicitly asked for")
 	fl.BoolVar(&etcd.InsecureSkipVerify, "insecure-skip-tls-verify", false, "do not verify etcd's serving certificate")
 	fl.DurationVar(&etcd.DialTimeout, "dial-timeout", 10*time.Second, "how long to wait for etcd")
-	fl.StringVar(&serverAddr, "server", "", "data server gRPC address, e.g. etcdbackup.etcdbackup-system.svc:50051")
+	fl.StringVar(&serverAddr, "server", "", "data server gRPC address, e.g. etcdbackup.etcdbackup-system.svc:50052")
 	fl.StringVar(&opts.Name, "name", "", "name of the backup")
 	fl.StringVar(&opts.Location, "location", "", "storage location (default: the server's default)")
 	fl.StringVar(&opts.Target, "target", "", "name of the etcd target, recorded with the backup")

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -13,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,8 +22,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 )
@@ -35,7 +42,9 @@ func main() {
 
 func run(args []string) error {
 	fs := flag.NewFlagSet("etcdbackup-server", flag.ContinueOnError)
-	listen := fs.String("listen", ":50051", "address the gRPC API listens on")
+	listen := fs.String("listen", "127.0.0.1:50051", "address of the user API (the plugin's): keep it on loopback, where port-forward connections arrive; never the pod IP")
+	agentListen := fs.String("agent-listen", "", "address of the agent API, the Service's only port (empty: off; agents then cannot reach the server)")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for the Kubernetes API (default: in-cluster service account)")
 	storageDir := fs.String("storage-dir", "/var/lib/etcdbackup", "directory of the \"default\" filesystem storage location (mount a PersistentVolumeClaim here); ignored with --config")
 	configFile := fs.String("config", "", "configuration file: storage locations, etcd targets, agents (see docs/design.md)")
 	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "the server's namespace, where agent Jobs run (default $POD_NAMESPACE)")
@@ -67,12 +76,29 @@ func run(args []string) error {
 		return err
 	}
 	cfg.Targets = f.Targets
+	if f.Agents.Image != "" && *agentListen == "" {
+		return errors.New("agents.image is configured but --agent-listen is empty: agents could not reach the server")
+	}
+	var kc kubernetes.Interface
+	if f.Agents.Image != "" || *agentListen != "" || f.Authorization.Mode == config.AuthorizationSubjectAccessReview {
+		if kc, err = kubeClient(*kubeconfig); err != nil {
+			return err
+		}
+		if *namespace == "" {
+			if *namespace, err = inClusterNamespace(); err != nil {
+				return err
+			}
+		}
+	}
 	if f.Agents.Image != "" {
-		if cfg.Agents, err = jobs.NewInCluster(*namespace, f.Agents); err != nil {
+		if cfg.Agents, err = jobs.New(kc, *namespace, f.Agents); err != nil {
 			return err
 		}
 	} else if len(cfg.Targets) > 0 {
 		log.Warn("targets are configured but agents.image is not: on-demand backups are off")
+	}
+	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, *namespace, f); err != nil {
+		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -82,9 +108,14 @@ func run(args []string) error {
 		return err
 	}
 
-	lis, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", *listen, err)
+	var ls server.Listeners
+	if ls.Users, err = net.Listen("tcp", *listen); err != nil {
+		return fmt.Errorf("listen on %s (--listen): %w", *listen, err)
+	}
+	if *agentListen != "" {
+		if ls.Agents, err = net.Listen("tcp", *agentListen); err != nil {
+			return fmt.Errorf("listen on %s (--agent-listen): %w", *agentListen, err)
+		}
 	}
 	if *metricsListen != "" {
 		m := &http.Server{Addr: *metricsListen, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
@@ -99,6 +130,41 @@ func run(args []string) error {
 	for _, l := range cfg.Locations {
 		where = append(where, l.Name+"="+l.Location.Describe())
 	}
-	log.Info("serving", "version", version.Version, "listen", lis.Addr().String(), "locations", where)
-	return srv.Serve(ctx, lis, *drain)
+	attrs := []any{"version", version.Version, "listen", ls.Users.Addr().String(), "locations", where,
+		"authorization", cmp.Or(f.Authorization.Mode, config.AuthorizationPortForward)}
+	if ls.Agents != nil {
+		attrs = append(attrs, "agentListen", ls.Agents.Addr().String())
+	}
+	log.Info("serving", attrs...)
+	return srv.Serve(ctx, ls, *drain)
+}
+
+// kubeClient talks to the API server as the pod's service account, or as
+// kubeconfig says.
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the server needs the Kubernetes API (agents, or authorization of calls): %w", err)
+	}
+	return kubernetes.NewForConfig(rc)
+}
+
+func inClusterNamespace() (string, error) {
+	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+	if err != nil {
+		return "", errors.New("the server's namespace is unknown: set --namespace or POD_NAMESPACE")
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// guards returns who may call the user and the agent listener.
+func guards(kc kubernetes.Interface, namespace string, f *config.File) (users, agents auth.Guard, err error) {
+	// Wired once server/auth has them (issue 11).
+	return nil, nil, nil
 }

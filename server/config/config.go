@@ -62,6 +62,9 @@ const (
 	DefaultServiceAccount   = "etcdbackup-agent"
 	DefaultTTLAfterFinished = 24 * time.Hour
 	DefaultDeadline         = 2 * time.Hour
+	// DefaultAgentPort is the server's agent listener, the only port of
+	// its Service.
+	DefaultAgentPort = "50052"
 )
 
 // File is the configuration file.
@@ -71,6 +74,28 @@ type File struct {
 	// Targets in order; the first is the default.
 	Targets []Target `json:"targets,omitempty"`
 	Agents  Agents   `json:"agents,omitempty"`
+	// Authorization says how calls on the user listener are authorized.
+	Authorization Authorization `json:"authorization,omitempty"`
+}
+
+// Authorization modes of the user listener.
+const (
+	// AuthorizationPortForward admits every call that reached the
+	// server's loopback listener: RBAC `create pods/portforward` on the
+	// server pod is the only check, and it is all-or-nothing.
+	AuthorizationPortForward = "PortForward"
+	// AuthorizationSubjectAccessReview authenticates each call's bearer
+	// token with TokenReview and authorizes its verb with a
+	// SubjectAccessReview on the virtual resources backups.etcdbackup.io
+	// and restores.etcdbackup.io in the server's namespace.
+	AuthorizationSubjectAccessReview = "SubjectAccessReview"
+)
+
+// Authorization of user calls (the plugin's, through port-forward).
+type Authorization struct {
+	// Mode is AuthorizationPortForward (default) or
+	// AuthorizationSubjectAccessReview.
+	Mode string `json:"mode,omitempty"`
 }
 
 // Location is one storage location: exactly one of the backends.
@@ -226,8 +251,8 @@ type Agents struct {
 	// ServiceAccount the agents run as; it needs no permissions.
 	// Default DefaultServiceAccount.
 	ServiceAccount string `json:"serviceAccount,omitempty"`
-	// ServerAddress is how agents reach the server; default
-	// etcdbackup.NAMESPACE.svc:50051.
+	// ServerAddress is how agents reach the server's agent listener;
+	// default etcdbackup.NAMESPACE.svc:50052.
 	ServerAddress string `json:"serverAddress,omitempty"`
 	// TTLAfterFinished keeps finished Jobs (and their logs) this long;
 	// default DefaultTTLAfterFinished.
@@ -243,7 +268,7 @@ func (a Agents) WithDefaults(namespace string) Agents {
 		a.ServiceAccount = DefaultServiceAccount
 	}
 	if a.ServerAddress == "" {
-		a.ServerAddress = "etcdbackup." + namespace + ".svc:50051"
+		a.ServerAddress = "etcdbackup." + namespace + ".svc:" + DefaultAgentPort
 	}
 	if a.TTLAfterFinished.Duration == 0 {
 		a.TTLAfterFinished.Duration = DefaultTTLAfterFinished

@@ -179,7 +179,7 @@ func TestDurations(t *testing.T) {
 	}
 	d := Agents{}.WithDefaults("ns")
 	if d.TTLAfterFinished.Duration != DefaultTTLAfterFinished || d.Deadline.Duration != DefaultDeadline ||
-		d.ServiceAccount != DefaultServiceAccount || d.ServerAddress != "etcdbackup.ns.svc:50051" {
+		d.ServiceAccount != DefaultServiceAccount || d.ServerAddress != "etcdbackup.ns.svc:50052" {
 		t.Errorf("defaults: %+v", d)
 	}
 }

@@ -32,6 +32,9 @@ func Validate(f *File) field.ErrorList {
 	errs = append(errs, ValidateLocationNames(names, locs)...)
 	errs = append(errs, ValidateTargets(f.Targets, names, field.NewPath("targets"))...)
 	errs = append(errs, validateAgents(f.Agents, field.NewPath("agents"))...)
+	if m := f.Authorization.Mode; m != "" && m != AuthorizationPortForward && m != AuthorizationSubjectAccessReview {
+		errs = append(errs, field.NotSupported(field.NewPath("authorization", "mode"), m, []string{AuthorizationPortForward, AuthorizationSubjectAccessReview}))
+	}
 	return errs
 }
 

@@ -95,7 +95,7 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, lis, 10*time.Second) }()
+	go func() { done <- srv.Serve(ctx, server.Listeners{Users: lis}, 10*time.Second) }()
 	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		cancel()

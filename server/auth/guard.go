@@ -1,0 +1,89 @@
+package auth
+
+import (
+	"context"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// A Guard admits a call to fullMethod ("/package.Service/Method") or
+// refuses it with a gRPC status (Unauthenticated, PermissionDenied) whose
+// message says what was missing. The returned context is what the handler
+// runs with: a Guard may attach what it learned about the caller.
+type Guard interface {
+	Admit(ctx context.Context, fullMethod string) (context.Context, error)
+}
+
+// AllowAll admits every call: the user listener in PortForward mode, where
+// reaching the pod's loopback already took RBAC `create pods/portforward`.
+type AllowAll struct{}
+
+// Admit implements Guard.
+func (AllowAll) Admit(ctx context.Context, _ string) (context.Context, error) { return ctx, nil }
+
+// HealthService is grpc.health.v1's service: admitted by every Guard,
+// because the kubelet's probes carry no credentials and health says
+// nothing about backups.
+const HealthService = "/grpc.health.v1.Health/"
+
+// UnaryInterceptor runs g before every unary handler.
+func UnaryInterceptor(g Guard) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if strings.HasPrefix(info.FullMethod, HealthService) {
+			return handler(ctx, req)
+		}
+		ctx, err := g.Admit(ctx, info.FullMethod)
+		if err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamInterceptor runs g before every streaming handler.
+func StreamInterceptor(g Guard) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if strings.HasPrefix(info.FullMethod, HealthService) {
+			return handler(srv, ss)
+		}
+		ctx, err := g.Admit(ss.Context(), info.FullMethod)
+		if err != nil {
+			return err
+		}
+		return handler(srv, &guardedStream{ServerStream: ss, ctx: ctx})
+	}
+}
+
+type guardedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *guardedStream) Context() context.Context { return s.ctx }
+
+// AuthorizationHeader is the gRPC metadata key that carries a bearer
+// token, as HTTP's Authorization header does.
+const AuthorizationHeader = "authorization"
+
+// BearerToken returns the bearer token in ctx's incoming metadata, or
+// Unauthenticated saying what is missing. The token never appears in an
+// error.
+func BearerToken(ctx context.Context) (string, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get(AuthorizationHeader)
+	if len(vals) == 0 {
+		return "", status.Error(codes.Unauthenticated, "the call carries no bearer token")
+	}
+	if len(vals) > 1 {
+		return "", status.Error(codes.Unauthenticated, "the call carries more than one authorization header")
+	}
+	scheme, token, ok := strings.Cut(vals[0], " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") || strings.TrimSpace(token) == "" {
+		return "", status.Error(codes.Unauthenticated, `the authorization header is not "Bearer TOKEN"`)
+	}
+	return strings.TrimSpace(token), nil
+}
