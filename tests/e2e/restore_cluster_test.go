@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +21,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tunnel"
@@ -285,6 +289,49 @@ func scaleApp(t *testing.T, c *cluster, replicas int) {
 // `kubectl etcdbackup restore --target --wait` rebuilds every member's
 // volume with agent Jobs; started again, the cluster has its 3 members
 // with the configured names and peer URLs, and the backup's data.
+// replaceBackup puts backup from's content and manifest under name in the
+// product's S3 location, as a writer of the bucket could, and returns a
+// func that puts name's own content back.
+func replaceBackup(ctx context.Context, t *testing.T, product *world.Product, name, from string) (putBack func()) {
+	t.Helper()
+	loc, err := s3.New(ctx, product.S3.Config("sandbox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(n string) ([]byte, *storage.Manifest) {
+		rc, m, err := loc.Open(ctx, n, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		b, err := io.ReadAll(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b, m
+	}
+	write := func(b []byte, m *storage.Manifest) {
+		if err := loc.Delete(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		u, err := loc.Create(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := u.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		m.Name = name
+		if err := u.Commit(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own, ownManifest := read(name)
+	other, otherManifest := read(from)
+	write(other, otherManifest)
+	return func() { write(own, ownManifest) }
+}
+
 func TestRestoreIntoCluster(t *testing.T) {
 	etcd := etcdBinary(t)
 	sb, im := startSandbox(t)
@@ -347,6 +394,9 @@ func TestRestoreIntoCluster(t *testing.T) {
 		t.Fatalf("the target's backup is not encrypted: %s", r)
 	}
 	put(t, ec, "foo", "2")
+	// app-2 is what a writer of the bucket will try to slip in under
+	// app-1's name (pinned-to-content).
+	mustSucceed(t, c.run(t, nil, "etcdbackup", "backup", "--target", appTarget, "--name", "app-2", "--wait"), "backup app-2 --wait")
 
 	t.Run("refused-without-identity", func(t *testing.T) {
 		r := mustFail(t, c.run(t, nil, "etcdbackup", "restore", "app-1", "--location", "s3", "--target", appTarget, "--dry-run"), "restore of an encrypted backup without its identity")
@@ -446,6 +496,40 @@ func TestRestoreIntoCluster(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(vol, appDataDir, "member")); err != nil {
 			t.Fatalf("etcd-2's data was touched: %v", err)
 		}
+	})
+	wipe(members)
+
+	t.Run("pinned-to-content", func(t *testing.T) {
+		// The node is cordoned, so the restore Jobs exist but their pods
+		// wait: meanwhile a writer of the bucket replaces app-1.
+		mustSucceed(t, c.run(t, nil, "cordon", sandbox.NodeName), "kubectl cordon")
+		uncordon := func() { c.run(t, nil, "uncordon", sandbox.NodeName) }
+		defer uncordon()
+		mustSucceed(t, c.run(t, nil, restoreArgs...), "restore (Jobs wait for the node)")
+		r := mustFail(t, c.run(t, nil, "etcdbackup", "delete", "app-1", "--location", "s3"), "delete while a restore reads it")
+		if !strings.Contains(r.Stderr, "restore") {
+			t.Errorf("refused delete does not name the restore: %s", r.Stderr)
+		}
+		putBack := replaceBackup(ctx, t, product, "app-1", "app-2")
+		uncordon()
+		jobs, err := sb.Client().BatchV1().Jobs(appNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=restore-agent"})
+		if err != nil || len(jobs.Items) != appMembers {
+			t.Fatalf("restore jobs: %v (%d)", err, len(jobs.Items))
+		}
+		for _, j := range jobs.Items {
+			wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
+			_, err := sb.WaitForJob(wctx, appNS, j.Name)
+			wcancel()
+			logs := c.run(t, nil, "-n", appNS, "logs", "job/"+j.Name)
+			if !errors.Is(err, sandbox.ErrJobFailed) {
+				t.Fatalf("restore job %s of a replaced backup: %v, want it failed\n%s", j.Name, err, logs)
+			}
+			if !strings.Contains(logs.Stdout+logs.Stderr, "sha256") && !strings.Contains(logs.Stdout+logs.Stderr, "SHA-256") {
+				t.Errorf("job %s does not say the content changed: %s", j.Name, logs)
+			}
+		}
+		t.Logf("restore of a replaced backup: %s", lastLines(c.run(t, nil, "-n", appNS, "logs", "job/"+jobs.Items[0].Name).Stdout, 2))
+		putBack()
 	})
 	wipe(members)
 

@@ -138,3 +138,7 @@ func normalizeRef(ref string) string {
 	}
 	return ref
 }
+
+// PauseImage is the node's pause image, which any pod may run to just
+// exist.
+func (s *Sandbox) PauseImage() string { return s.pauseImage }

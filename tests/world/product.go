@@ -53,6 +53,9 @@ type ProductOptions struct {
 	// ClusterTargets are etcd clusters running as pods in the sandbox,
 	// with their members' layout for in-cluster restores.
 	ClusterTargets []ClusterTarget
+	// Authorization is the server's authorization.mode ("" = default,
+	// PortForward).
+	Authorization string
 }
 
 // ClusterTarget is an etcd cluster running in the sandbox without TLS,
@@ -125,7 +128,7 @@ func InstallProductWith(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, di
 		}
 	}
 	p.Overlay = filepath.Join(dir, "overlay")
-	if err := writeOverlay(p.Overlay, root, sb, s3, opts.Images, extra, opts.ClusterTargets); err != nil {
+	if err := writeOverlay(p.Overlay, root, sb, s3, opts); err != nil {
 		return nil, err
 	}
 	cmd := k.Command(ctx, "apply", "-k", p.Overlay)
@@ -153,7 +156,8 @@ type PlainTarget struct {
 	Addr string
 }
 
-func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, images *Images, extra []PlainTarget, cluster []ClusterTarget) error {
+func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, opts ProductOptions) error {
+	images, extra, cluster := opts.Images, opts.PlainTargets, opts.ClusterTargets
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
@@ -206,7 +210,7 @@ images:
 patches:
   - path: config.yaml
   - path: deployment.yaml
-`, DefaultNamespace, base, serverName, serverTag),
+%[5]s`, DefaultNamespace, base, serverName, serverTag, restoreNamespacesPatch(cluster)),
 		"config.yaml": fmt.Sprintf(`apiVersion: v1
 kind: ConfigMap
 metadata:
@@ -234,7 +238,7 @@ data:
 %[4]s    agents:
       image: %[5]s
       serviceAccount: etcdbackup-agent
-`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), images.Agent),
+%[6]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), images.Agent, authorization(opts.Authorization)),
 		"deployment.yaml": `apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -267,6 +271,37 @@ spec:
 		}
 	}
 	return nil
+}
+
+func authorization(mode string) string {
+	if mode == "" {
+		return ""
+	}
+	return "    authorization:\n      mode: " + mode + "\n"
+}
+
+// restoreNamespacesPatch lets the restore agents of cluster targets reach
+// the agent port, as docs/security.md tells users to do: one more
+// NetworkPolicy peer per target namespace.
+func restoreNamespacesPatch(ts []ClusterTarget) string {
+	var b strings.Builder
+	seen := map[string]bool{}
+	for _, t := range ts {
+		if seen[t.Namespace] || t.Namespace == "" || t.Namespace == DefaultNamespace {
+			continue
+		}
+		seen[t.Namespace] = true
+		fmt.Fprintf(&b, `      - op: add
+        path: /spec/ingress/0/from/-
+        value:
+          namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}
+          podSelector: {matchLabels: {app.kubernetes.io/managed-by: etcdbackup-server, app.kubernetes.io/component: restore-agent}}
+`, t.Namespace)
+	}
+	if b.Len() == 0 {
+		return ""
+	}
+	return "  - target: {kind: NetworkPolicy, name: etcdbackup-server}\n    patch: |-\n" + b.String()
 }
 
 func plainTargets(ts []PlainTarget) string {

@@ -1,0 +1,387 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
+)
+
+// TestSecurity installs the product in strict mode (authorization.mode
+// SubjectAccessReview) and attacks it as docs/security.md's threat model
+// says: a pod in another namespace, a copy of an agent pod, users whose
+// role does not allow a verb, and tokens that must not count.
+func TestSecurity(t *testing.T) {
+	sb, im := startSandbox(t)
+	admin := &world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
+	c := &cluster{sb: sb, kubectl: admin}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	ns := world.DefaultNamespace
+
+	ms := newMembers(t, 1)
+	startMembers(t, ms)
+	product, err := world.InstallProductWith(ctx, sb, admin, t.TempDir(), &testLog{t: t, prefix: "install: "}, world.ProductOptions{
+		Images:        im,
+		PlainTargets:  []world.PlainTarget{{Name: "plain", Addr: ms[0].clientURL.Host}},
+		Authorization: config.AuthorizationSubjectAccessReview,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(product.Stop)
+
+	// Users: ServiceAccounts of a team namespace, bound in the server's
+	// namespace to the shipped ClusterRoles, as docs/security.md says.
+	const team = "team"
+	if err := sb.EnsureNamespace(ctx, team); err != nil {
+		t.Fatal(err)
+	}
+	as := map[string]*world.Kubectl{}
+	tokens := map[string]string{}
+	for _, role := range []string{"viewer", "operator", "admin"} {
+		tokens[role] = userToken(ctx, t, sb, team, role, tokenOptions{})
+		as[role] = tokenKubectl(t, sb, tokens[role])
+	}
+	run := func(k *world.Kubectl, args ...string) world.Result {
+		t.Helper()
+		return k.Run(ctx, append([]string{"etcdbackup"}, args...)...)
+	}
+
+	t.Run("operator-backs-up", func(t *testing.T) {
+		r := mustSucceed(t, run(as["operator"], "backup", "--target", "plain", "--name", "real-1", "--wait"), "operator: backup --wait")
+		if !strings.Contains(r.Stdout, "Completed") {
+			t.Fatalf("backup --wait: %s", r)
+		}
+	})
+	if t.Failed() {
+		return
+	}
+
+	t.Run("viewer", func(t *testing.T) {
+		v := as["viewer"]
+		if r := mustSucceed(t, run(v, "list"), "viewer: list"); !strings.Contains(r.Stdout, "real-1") {
+			t.Fatalf("viewer's list lacks real-1: %s", r)
+		}
+		mustSucceed(t, run(v, "get", "real-1"), "viewer: get")
+		out := filepath.Join(t.TempDir(), "real-1.db")
+		mustSucceed(t, run(v, "download", "real-1", "-o", out), "viewer: download")
+		if fi, err := os.Stat(out); err != nil || fi.Size() == 0 {
+			t.Fatalf("viewer's download: %v", err)
+		}
+		for _, tc := range []struct {
+			args           []string
+			verb, resource string
+		}{
+			{[]string{"delete", "real-1"}, "delete", "backups.etcdbackup.io"},
+			{[]string{"backup", "--target", "plain", "--name", "by-viewer"}, "create", "backups.etcdbackup.io"},
+			{[]string{"upload", out, "--name", "by-viewer"}, "upload", "backups.etcdbackup.io"},
+			{[]string{"restore", "real-1", "--target", "plain"}, "create", "restores.etcdbackup.io"},
+		} {
+			r := mustFail(t, run(v, tc.args...), "viewer: "+strings.Join(tc.args, " "))
+			for _, want := range []string{"system:serviceaccount:team:viewer", tc.verb, tc.resource, "kubectl auth can-i " + tc.verb} {
+				if !strings.Contains(r.Stderr, want) {
+					t.Errorf("viewer's %s: refusal does not say %q: %s", tc.args[0], want, r.Stderr)
+				}
+			}
+		}
+		if r := mustSucceed(t, run(as["admin"], "list"), "admin: list"); !strings.Contains(r.Stdout, "real-1") || strings.Contains(r.Stdout, "by-viewer") {
+			t.Fatalf("after the viewer's refused calls: %s", r)
+		}
+	})
+
+	t.Run("tokens-that-do-not-count", func(t *testing.T) {
+		// The admin's kubeconfig authenticates with a client certificate:
+		// nothing the server could review.
+		r := mustFail(t, run(admin, "list"), "client-certificate user in strict mode")
+		if !strings.Contains(r.Stderr, "token") || !strings.Contains(r.Stderr, "kubectl create token") {
+			t.Errorf("a client-certificate user is not told how to use a token: %s", r.Stderr)
+		}
+		// The others reach the server through the admin's port-forward, with
+		// the token in the call: the API server would refuse them before,
+		// the server must refuse them too.
+		refused := func(token, what string) {
+			t.Helper()
+			r := mustFail(t, run(admin, "list", "--token", token), what)
+			if !strings.Contains(r.Stderr, "did not accept the bearer token") {
+				t.Errorf("%s: refusal does not say the token was not accepted: %s", what, r.Stderr)
+			}
+		}
+		refused(userToken(ctx, t, sb, team, "admin", tokenOptions{Audiences: []string{"some-other-audience"}}), "token for another audience")
+
+		expired, err := sb.ResignServiceAccountToken(tokens["admin"], func(c map[string]any) {
+			past := time.Now().Add(-2 * time.Hour).Unix()
+			c["iat"], c["nbf"], c["exp"] = past-600, past-600, past
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused(expired, "expired token")
+
+		// A token bound to a pod dies with the pod.
+		pod := sleeperPod(ctx, t, sb, team, "admin")
+		bound := userToken(ctx, t, sb, team, "admin", tokenOptions{BoundPod: pod.Name})
+		mustSucceed(t, run(tokenKubectl(t, sb, bound), "list"), "token bound to a live pod")
+		if err := sb.Client().CoreV1().Pods(team).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+			t.Fatal(err)
+		}
+		pollUntil(ctx, t, "the bound pod gone", func() bool {
+			_, err := sb.Client().CoreV1().Pods(team).Get(ctx, pod.Name, metav1.GetOptions{})
+			return apierrors.IsNotFound(err)
+		})
+		refused(bound, "token bound to a deleted pod")
+	})
+
+	t.Run("pod-in-another-namespace", func(t *testing.T) {
+		const intruder = "intruder"
+		if err := sb.EnsureNamespace(ctx, intruder); err != nil {
+			t.Fatal(err)
+		}
+		server := installedServerPod(ctx, t, sb, ns)
+		svc := "etcdbackup." + ns + ".svc:50052"
+		attempts := [][]string{
+			{"list", "--server-address", svc},
+			{"download", "real-1", "-o", "-", "--server-address", svc},
+			{"delete", "real-1", "--server-address", svc},
+			{"backup", "--target", "plain", "--name", "stolen", "--server-address", svc},
+			// The user API is not on the pod IP at all.
+			{"list", "--server-address", server.Status.PodIP + ":50051"},
+		}
+		check := func(t *testing.T, phase string, want func(name, logs string) error) {
+			for i, args := range attempts {
+				name := fmt.Sprintf("cli-%s-%d", phase, i)
+				logs, succeeded := runCLIPod(ctx, t, sb, im.CLI, intruder, name, args...)
+				if succeeded {
+					t.Errorf("%s succeeded from another namespace: %s", strings.Join(args, " "), logs)
+					continue
+				}
+				if err := want(strings.Join(args, " "), logs); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		// With the shipped NetworkPolicy removed, the server itself refuses
+		// every call: no token, no entry.
+		mustSucceed(t, c.run(t, nil, "-n", ns, "delete", "networkpolicy", "etcdbackup-server"), "delete the NetworkPolicy")
+		check(t, "nopolicy", func(args, logs string) error {
+			if strings.Contains(args, ":50051") {
+				if !strings.Contains(logs, "connection refused") {
+					return fmt.Errorf("%s: want connection refused: %s", args, logs)
+				}
+				return nil
+			}
+			if !strings.Contains(logs, "bearer token") {
+				return fmt.Errorf("%s: the server's refusal does not say a token is missing: %s", args, logs)
+			}
+			return nil
+		})
+		mustSucceed(t, c.run(t, nil, "apply", "-k", product.Overlay), "re-apply the install")
+		if sb.EnforcesNetworkPolicy() {
+			// And with it, nothing from here reaches the pod at all.
+			check(t, "policy", func(args, logs string) error {
+				if strings.Contains(logs, "bearer token") {
+					return fmt.Errorf("%s reached the server through the NetworkPolicy: %s", args, logs)
+				}
+				return nil
+			})
+		}
+		if r := mustSucceed(t, run(as["admin"], "list"), "admin: list"); !strings.Contains(r.Stdout, "real-1") || strings.Contains(r.Stdout, "stolen") {
+			t.Fatalf("after the intruder's calls: %s", r)
+		}
+	})
+
+	t.Run("copy-of-an-agent-pod", func(t *testing.T) {
+		jobs, err := sb.Client().BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=backup-agent"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var real *batchv1.Job
+		for i := range jobs.Items {
+			if jobs.Items[i].Annotations["etcdbackup.io/backup"] == "real-1" {
+				real = &jobs.Items[i]
+			}
+		}
+		if real == nil || real.Status.Succeeded != 1 {
+			t.Fatalf("the real agent Job of real-1: %+v", real)
+		}
+		// Same ServiceAccount, same Secrets, same labels (so the
+		// NetworkPolicy lets it in), same projected token: only the name
+		// it stores under differs, and it is not the Job's pod.
+		spec := real.Spec.Template.Spec.DeepCopy()
+		for i, a := range spec.Containers[0].Args {
+			if strings.HasPrefix(a, "--name=") {
+				spec.Containers[0].Args[i] = "--name=forged"
+			}
+		}
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "forged-agent", Namespace: ns, Labels: real.Spec.Template.Labels},
+			Spec:       *spec,
+		}
+		if _, err := sb.Client().CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		phase, logs := waitPodDone(ctx, t, sb, ns, pod.Name)
+		if phase != corev1.PodFailed {
+			t.Fatalf("the forged agent pod ended %s: %s", phase, logs)
+		}
+		if !strings.Contains(logs, "PermissionDenied") && !strings.Contains(logs, "permission") {
+			t.Errorf("the forged agent's refusal does not say it was denied: %s", logs)
+		}
+		t.Logf("forged agent: %s", lastLines(logs, 3))
+		if r := mustSucceed(t, run(as["admin"], "list"), "admin: list"); strings.Contains(r.Stdout, "forged") {
+			t.Fatalf("the forged agent stored a backup: %s", r)
+		}
+	})
+}
+
+type tokenOptions struct {
+	// BoundPod binds the token to that pod of the ServiceAccount.
+	BoundPod string
+	// Audiences the token is for; none means the API server's.
+	Audiences []string
+}
+
+// userToken returns a token of ServiceAccount sa in ns, created if missing
+// and bound with a RoleBinding in the server's namespace to the shipped
+// ClusterRole etcdbackup-SA.
+func userToken(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, ns, sa string, opts tokenOptions) string {
+	t.Helper()
+	cs := sb.Client()
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	role := "etcdbackup-" + sa
+	_, err := cs.RbacV1().RoleBindings(world.DefaultNamespace).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: ns + "-" + sa},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa, Namespace: ns}},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	req := &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{Audiences: opts.Audiences, ExpirationSeconds: ptr.To[int64](3600)}}
+	if opts.BoundPod != "" {
+		pod, err := cs.CoreV1().Pods(ns).Get(ctx, opts.BoundPod, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Spec.BoundObjectRef = &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}
+	}
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, req, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr.Status.Token
+}
+
+// tokenKubectl is kubectl with a kubeconfig whose user is only token.
+func tokenKubectl(t *testing.T, sb *sandbox.Sandbox, token string) *world.Kubectl {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(sb.Kubeconfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range cfg.AuthInfos {
+		cfg.AuthInfos[name].ClientCertificateData = nil
+		cfg.AuthInfos[name].ClientKeyData = nil
+		cfg.AuthInfos[name].ClientCertificate = ""
+		cfg.AuthInfos[name].ClientKey = ""
+		cfg.AuthInfos[name].Token = token
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return &world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: path, PluginDir: binDir}
+}
+
+// sleeperPod runs the pause image as ServiceAccount sa.
+func sleeperPod(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, ns, sa string) *corev1.Pod {
+	t.Helper()
+	pod, err := sb.Client().CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "sleeper-" + sa},
+		Spec: corev1.PodSpec{
+			ServiceAccountName:           sa,
+			AutomountServiceAccountToken: ptr.To(false),
+			Containers:                   []corev1.Container{{Name: "pause", Image: sb.PauseImage(), ImagePullPolicy: corev1.PullNever}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
+// runCLIPod runs the CLI image with args as a pod in ns and returns its
+// logs and whether it succeeded.
+func runCLIPod(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, image, ns, name string, args ...string) (string, bool) {
+	t.Helper()
+	_, err := sb.Client().CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                corev1.RestartPolicyNever,
+			AutomountServiceAccountToken: ptr.To(false),
+			// A refused connection fails at once; a dropped one would wait.
+			ActiveDeadlineSeconds: ptr.To[int64](60),
+			Containers: []corev1.Container{{
+				Name: "cli", Image: image, ImagePullPolicy: corev1.PullNever,
+				Args: append(args, "--connect-timeout=10s"),
+			}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	phase, logs := waitPodDone(ctx, t, sb, ns, name)
+	return logs, phase == corev1.PodSucceeded
+}
+
+// waitPodDone waits until pod ns/name has ended and returns its phase and
+// logs.
+func waitPodDone(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, ns, name string) (corev1.PodPhase, string) {
+	t.Helper()
+	var pod *corev1.Pod
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for {
+		p, err := sb.Client().CoreV1().Pods(ns).Get(wctx, name, metav1.GetOptions{})
+		if err == nil && (p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed) {
+			pod = p
+			break
+		}
+		select {
+		case <-wctx.Done():
+			t.Fatalf("pod %s/%s did not end: %v", ns, name, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	b, err := sb.Client().CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil {
+		t.Logf("logs of %s/%s: %v", ns, name, err)
+	}
+	return pod.Status.Phase, string(b)
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
