@@ -106,7 +106,11 @@ func (c *Connection) Close() error { return c.conn.Close() }
 // set, otherwise through a port-forward tunnel.
 func (g *GlobalOptions) Connect(ctx context.Context) (*Connection, error) {
 	if g.ServerAddress != "" {
-		conn, err := grpc.NewClient("passthrough:///"+g.ServerAddress, dialOptions...)
+		opts := dialOptions
+		if t := g.explicitToken(); t != "" {
+			opts = append(opts[:len(opts):len(opts)], grpc.WithPerRPCCredentials(staticToken(t)))
+		}
+		conn, err := grpc.NewClient("passthrough:///"+g.ServerAddress, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("--server-address %q: %w", g.ServerAddress, err)
 		}
