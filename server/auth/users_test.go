@@ -3,6 +3,7 @@ package auth
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 
@@ -12,9 +13,11 @@ import (
 	"google.golang.org/grpc/status"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"sigs.k8s.io/yaml"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
@@ -253,5 +256,63 @@ func TestSubjectAccessReviewFailureIsUnavailable(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), testToken) {
 		t.Errorf("error %q contains the token", err)
+	}
+}
+
+// The shipped ClusterRoles grant what refusals say they grant: each
+// permission by the role roleGranting names and every role above it, and
+// not by the roles below it.
+func TestShippedRolesGrantTheDocumentedVerbs(t *testing.T) {
+	data, err := os.ReadFile("../../manifests/roles.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	grants := map[string]map[Permission]bool{}
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		var role rbacv1.ClusterRole
+		if err := yaml.UnmarshalStrict([]byte(doc), &role); err != nil {
+			var binding rbacv1.ClusterRoleBinding
+			if yaml.UnmarshalStrict([]byte(doc), &binding) == nil && binding.Kind == "ClusterRoleBinding" {
+				continue
+			}
+			t.Fatalf("manifests/roles.yaml: %v", err)
+		}
+		if role.Kind != "ClusterRole" {
+			continue
+		}
+		grants[role.Name] = map[Permission]bool{}
+		for _, r := range role.Rules {
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					for _, v := range r.Verbs {
+						// Core and etcdbackup.io resources have distinct names.
+						if g == APIGroup || g == "" {
+							grants[role.Name][Permission{res, v}] = true
+						}
+					}
+				}
+			}
+		}
+	}
+	order := []string{"etcdbackup-viewer", "etcdbackup-operator", "etcdbackup-admin"}
+	for _, name := range order {
+		if grants[name] == nil {
+			t.Fatalf("manifests/roles.yaml has no ClusterRole %s", name)
+		}
+		for _, p := range []Permission{{"services", "get"}, {"pods", "list"}, {"pods/portforward", "create"}} {
+			if !grants[name][p] {
+				t.Errorf("%s cannot %s, which the plugin needs to reach the server", name, p)
+			}
+		}
+	}
+	for method, p := range UserPermissions {
+		want := roleGranting(p)
+		granted := false
+		for _, name := range order {
+			granted = granted || name == want
+			if grants[name][p] != granted {
+				t.Errorf("%s (%s): %s grants it: %v, want %v (refusals name %s)", method, p, name, grants[name][p], granted, want)
+			}
+		}
 	}
 }
