@@ -59,6 +59,12 @@ wherever "kubectl get pods" works: no Ingress, no DNS, no storage credentials.
 Commands span every storage location unless --location names one: list shows
 them all, and a command given a backup's name finds the location holding it.
 
+Each call carries your kubeconfig user's bearer token (a token, token file,
+exec plugin or OIDC; a client certificate has none), so that a server in
+authorization mode SubjectAccessReview can check it against your RBAC on
+backups.etcdbackup.io and restores.etcdbackup.io. With --server-address only
+--token is sent.
+
 ` + exitCodesHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
