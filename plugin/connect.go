@@ -39,6 +39,15 @@ func (g *GlobalOptions) namespace() string {
 	return DefaultNamespace
 }
 
+// explicitToken is --token, when given: the only token a direct
+// connection (--server-address) sends.
+func (g *GlobalOptions) explicitToken() string {
+	if g.ConfigFlags.BearerToken == nil {
+		return ""
+	}
+	return *g.ConfigFlags.BearerToken
+}
+
 // connectTunnel resolves and dials the server once up front, so that a
 // missing install, an unready pod or missing RBAC is reported as such
 // rather than as a gRPC "connection error"; later (re-)dials by gRPC go
@@ -47,6 +56,10 @@ func (g *GlobalOptions) connectTunnel(ctx context.Context) (*Connection, error) 
 	cfg, err := g.ConfigFlags.ToRESTConfig()
 	if err != nil {
 		return nil, fmt.Errorf("load kubeconfig: %w", err)
+	}
+	token, err := newKubeconfigToken(cfg)
+	if err != nil {
+		return nil, err
 	}
 	d, err := tunnel.New(cfg, tunnel.Target{Namespace: g.namespace(), Service: g.ServerService})
 	if err != nil {
@@ -72,7 +85,7 @@ func (g *GlobalOptions) connectTunnel(ctx context.Context) (*Connection, error) 
 	}
 	target := first.(*tunnel.Conn).Endpoint().String()
 	conn, err := grpc.NewClient("passthrough:///"+g.ServerService+"."+g.namespace(),
-		append(dialOptions, grpc.WithContextDialer(dial))...)
+		append(dialOptions, grpc.WithContextDialer(dial), grpc.WithPerRPCCredentials(token))...)
 	if err != nil {
 		first.Close()
 		return nil, err

@@ -59,6 +59,12 @@ wherever "kubectl get pods" works: no Ingress, no DNS, no storage credentials.
 Commands span every storage location unless --location names one: list shows
 them all, and a command given a backup's name finds the location holding it.
 
+Each call carries your kubeconfig user's bearer token (a token, token file,
+exec plugin or OIDC; a client certificate has none), so that a server in
+authorization mode SubjectAccessReview can check it against your RBAC on
+backups.etcdbackup.io and restores.etcdbackup.io. With --server-address only
+--token is sent.
+
 ` + exitCodesHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -106,7 +112,11 @@ func (c *Connection) Close() error { return c.conn.Close() }
 // set, otherwise through a port-forward tunnel.
 func (g *GlobalOptions) Connect(ctx context.Context) (*Connection, error) {
 	if g.ServerAddress != "" {
-		conn, err := grpc.NewClient("passthrough:///"+g.ServerAddress, dialOptions...)
+		opts := dialOptions
+		if t := g.explicitToken(); t != "" {
+			opts = append(opts[:len(opts):len(opts)], grpc.WithPerRPCCredentials(staticToken(t)))
+		}
+		conn, err := grpc.NewClient("passthrough:///"+g.ServerAddress, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("--server-address %q: %w", g.ServerAddress, err)
 		}

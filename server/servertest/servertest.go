@@ -16,6 +16,7 @@ import (
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
@@ -44,6 +45,8 @@ type Options struct {
 	// clientset in tests); see server.Config.
 	Targets []config.Target
 	Agents  *jobs.Launcher
+	// UserGuard admits calls (server.Config.UserGuard); nil admits all.
+	UserGuard auth.Guard
 }
 
 // Start serves a filesystem location rooted at dir (a new temporary
@@ -77,7 +80,7 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 	if len(names) == 0 {
 		names = []string{"default"}
 	}
-	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents}
+	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents, UserGuard: opts.UserGuard}
 	for _, n := range names {
 		loc, err := filesystem.New(dirs[n])
 		if err != nil {
