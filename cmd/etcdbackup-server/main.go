@@ -165,6 +165,8 @@ func inClusterNamespace() (string, error) {
 
 // guards returns who may call the user and the agent listener.
 func guards(kc kubernetes.Interface, namespace string, f *config.File) (users, agents auth.Guard, err error) {
-	// Wired once server/auth has them (issue 11).
-	return nil, nil, nil
+	if f.Authorization.Mode == config.AuthorizationSubjectAccessReview {
+		users = auth.NewSubjectAccessReviewGuard(kc, namespace)
+	}
+	return users, nil, nil
 }
