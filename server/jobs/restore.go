@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -51,6 +52,18 @@ func (l *Launcher) RestoreNamespace(t config.Target) string {
 		return t.Namespace
 	}
 	return l.namespace
+}
+
+// RestoreNamespaces are the namespaces the restore Jobs of targets run
+// in, each once: where agent tokens of restore agents come from.
+func (l *Launcher) RestoreNamespaces(targets []config.Target) []string {
+	var out []string
+	for _, t := range targets {
+		if ns := l.RestoreNamespace(t); !slices.Contains(out, ns) {
+			out = append(out, ns)
+		}
+	}
+	return out
 }
 
 // InitialCluster is NAME=PEER-URL,... of every member of t.
@@ -221,14 +234,8 @@ func (l *Launcher) ListRestores(ctx context.Context, location, name string, targ
 // restore namespace of any of targets, that reads backup (location, name)
 // and has not finished: while one runs, the backup must stay.
 func (l *Launcher) RunningRestores(ctx context.Context, location, name string, targets []config.Target) ([]string, error) {
-	seen := map[string]bool{}
 	var out []string
-	for _, t := range targets {
-		ns := l.RestoreNamespace(t)
-		if seen[ns] {
-			continue
-		}
-		seen[ns] = true
+	for _, ns := range l.RestoreNamespaces(targets) {
 		list, err := l.client.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{
 			LabelSelector: LabelComponent + "=" + componentRestore + "," + LabelManagedBy + "=" + managedBy,
 		})
