@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
 )
 
@@ -92,6 +94,9 @@ func (s *Server) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupRequest
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkNoRestoreReads(ctx, locName, req.GetName()); err != nil {
+		return nil, err
+	}
 	if err := loc.Delete(ctx, req.GetName()); err != nil {
 		return nil, storageError("delete", locName, req.GetName(), err)
 	}
@@ -118,6 +123,16 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 	locName, loc, err := s.location(h.GetLocation())
 	if err != nil {
 		return err
+	}
+	agent, isAgent := auth.AgentFrom(ctx)
+	if isAgent {
+		if err := agentMay(agent, auth.AgentBackup, "upload", h.GetName(), locName); err != nil {
+			return err
+		}
+	} else if kind == sourceAgent {
+		// Only an authenticated agent's backup is an agent's: a user
+		// cannot make an upload look like one.
+		kind = sourceUpload
 	}
 	release, err := s.claim(locName, h.GetName())
 	if err != nil {
@@ -210,6 +225,10 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 			"upload of %q: declared age-encrypted, but the data does not start with an age header; nothing was stored", h.GetName())
 	}
 	m := manifestFromHeader(h, kind, size, digest, s.now().UTC())
+	if isAgent {
+		// The source is what the server knows, not what the agent says.
+		m.Source.Kind, m.Source.Description, m.Source.Target = sourceAgent, "job "+agent.JobNamespace+"/"+agent.JobName, agent.Target
+	}
 	if trailer.GetRawSha256() != "" && (m.Compression != "" || m.Encryption != "") {
 		m.RawSize, m.RawSHA256 = trailer.GetRawSize(), trailer.GetRawSha256()
 	}
@@ -220,6 +239,44 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 	s.log.Info("backup stored", "location", locName, "backup", m.Name, "bytes", size, "sha256", digest,
 		"seconds", s.now().Sub(start).Seconds())
 	return stream.SendAndClose(&ebv1.UploadBackupResponse{Backup: backupFromManifest(locName, m)})
+}
+
+// Source kinds of a stored backup.
+const (
+	sourceUpload = "upload"
+	sourceAgent  = "agent"
+)
+
+// agentMay holds an agent to the one backup its Job was created for.
+func agentMay(a *auth.Agent, kind, verb, name, location string) error {
+	if a.Kind != kind {
+		return status.Errorf(codes.PermissionDenied, "%s may not %s: only %s agents may", a, verb, kind)
+	}
+	if a.Backup != name || a.Location != location {
+		return status.Errorf(codes.PermissionDenied,
+			"%s may %s only backup %q in location %q, not %q in location %q", a, verb, a.Backup, a.Location, name, location)
+	}
+	return nil
+}
+
+// checkNoRestoreReads refuses to delete a backup a running restore Job
+// reads: its agent would find it gone, or, if it were uploaded again,
+// not the content the restore was started for.
+func (s *Server) checkNoRestoreReads(ctx context.Context, locName, name string) error {
+	if s.agents == nil {
+		return nil
+	}
+	running, err := s.agents.RunningRestores(ctx, locName, name, s.targets)
+	if err != nil {
+		return status.Errorf(codes.Unavailable, "cannot check for restores of backup %q before deleting it: %v", name, err)
+	}
+	if len(running) > 0 {
+		ns, job, _ := strings.Cut(running[0], "/")
+		return status.Errorf(codes.FailedPrecondition,
+			"backup %q in location %q is being restored by Job %s; wait for the restore to finish, or abandon it with `kubectl -n %s delete job %s`, then delete the backup",
+			name, locName, strings.Join(running, ", "), ns, job)
+	}
+	return nil
 }
 
 // run returns the agent run of a backup that is not stored, or nil.
@@ -272,6 +329,12 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 	if err != nil {
 		return err
 	}
+	agent, isAgent := auth.AgentFrom(ctx)
+	if isAgent {
+		if err := agentMay(agent, auth.AgentRestore, "download", req.GetName(), locName); err != nil {
+			return err
+		}
+	}
 	m, err := loc.Stat(ctx, req.GetName())
 	if errors.Is(err, storage.ErrNotFound) {
 		if b := s.run(ctx, locName, req.GetName()); b != nil {
@@ -293,6 +356,12 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 		return storageError("download", locName, req.GetName(), err)
 	}
 	defer r.Close()
+	// Checked on what Open returned: that is what is sent.
+	if isAgent && m.SHA256 != agent.SHA256 {
+		return status.Errorf(codes.PermissionDenied,
+			"%s was started for backup %q with SHA-256 %s, but the stored backup has SHA-256 %s (replaced under the same name?); start the restore again",
+			agent, req.GetName(), agent.SHA256, m.SHA256)
+	}
 
 	if err := stream.Send(&ebv1.DownloadBackupResponse{Msg: &ebv1.DownloadBackupResponse_Header{Header: &ebv1.DownloadHeader{
 		Backup: backupFromManifest(locName, m),

@@ -118,7 +118,11 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 			"etcd of target %q is still running: %s answers; a restore must not write under a running member. Stop every member first — scale its StatefulSet or Deployment to 0 (`kubectl -n %s scale statefulset NAME --replicas=0`), or for control-plane etcd move /etc/kubernetes/manifests/etcd.yaml out of /etc/kubernetes/manifests on each node — then run the restore again",
 			t.Name, strings.Join(names, ", "), s.agents.RestoreNamespace(*t))
 	}
-	created, err := s.agents.StartRestore(ctx, jobs.RestoreSpec{Name: name, Location: locName, Target: *t, MoveAside: req.GetMoveAside(), IdentitySecret: secret})
+	created, err := s.agents.StartRestore(ctx, jobs.RestoreSpec{
+		Name: name, Location: locName, Target: *t, MoveAside: req.GetMoveAside(), IdentitySecret: secret,
+		// What the agents may restore: exactly the backup stored now.
+		SHA256: m.SHA256,
+	})
 	if errors.Is(err, jobs.ErrRunning) {
 		return nil, status.Errorf(codes.AlreadyExists,
 			"a restore of backup %q into target %q is still running; wait for it with `kubectl etcdbackup restore %s --target %s --wait` after it ends, or follow `kubectl -n %s get jobs -l app.kubernetes.io/component=restore-agent`",

@@ -63,6 +63,8 @@ type restoreWorld struct {
 	srv    *server.Server
 	client *fake.Clientset
 	loc    storage.Location
+	// sha256 is backup b1's.
+	sha256 string
 }
 
 func newRestoreWorld(t *testing.T, clientURLs ...string) *restoreWorld {
@@ -105,7 +107,7 @@ func newRestoreWorld(t *testing.T, clientURLs ...string) *restoreWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &restoreWorld{srv: srv, client: cs, loc: loc}
+	return &restoreWorld{srv: srv, client: cs, loc: loc, sha256: hex.EncodeToString(sum[:])}
 }
 
 func (w *restoreWorld) jobs(t *testing.T) []batchv1.Job {
@@ -173,11 +175,17 @@ func TestRestoreStartsOneJobPerMember(t *testing.T) {
 		args := strings.Join(spec.Containers[0].Args, " ")
 		for _, want := range []string{
 			"--initial-cluster=m0=http://m0.app.svc:2380,m1=http://m1.app.svc:2380", "--initial-cluster-token=tok",
-			"--data-dir=/var/lib/etcd-restore/data", "--move-aside", "--server=etcdbackup.etcdbackup-system.svc:50051",
+			"--data-dir=/var/lib/etcd-restore/data", "--move-aside", "--server=etcdbackup.etcdbackup-system.svc:" + config.DefaultAgentPort,
+			// Pinned to the stored backup's content, authenticated by its own token.
+			"--sha256=" + w.sha256, "--token-file=" + jobs.TokenPath,
 		} {
 			if !strings.Contains(args, want) {
 				t.Errorf("job %s args %q lack %q", j.Name, args, want)
 			}
+		}
+		if j.Annotations[jobs.AnnotationSHA256] != w.sha256 || j.Spec.Template.Annotations[jobs.AnnotationSHA256] != w.sha256 {
+			t.Errorf("job %s: SHA-256 annotations %q (job) and %q (pod), want %s", j.Name,
+				j.Annotations[jobs.AnnotationSHA256], j.Spec.Template.Annotations[jobs.AnnotationSHA256], w.sha256)
 		}
 		if spec.Volumes[0].PersistentVolumeClaim == nil || !strings.HasPrefix(spec.Volumes[0].PersistentVolumeClaim.ClaimName, "data-m") {
 			t.Errorf("job %s does not mount the member's claim: %+v", j.Name, spec.Volumes[0])

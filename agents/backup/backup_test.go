@@ -24,6 +24,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
@@ -80,9 +81,13 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 			if _, err := c.Put(context.Background(), "foo", "1"); err != nil {
 				t.Fatal(err)
 			}
-			srv := startServer(t)
+			// Through the agent listener, as the Job's agent the guard admitted.
+			srv := servertest.StartWith(t, servertest.Options{AgentGuard: servertest.AsAgent{
+				Kind: auth.AgentBackup, JobNamespace: "etcdbackup-system", JobName: "backup-b1-0123456789",
+				Backup: "b1", Location: "default", Target: "test-etcd",
+			}})
 
-			b, err := backup.Run(context.Background(), c, srv.client, backup.Options{
+			b, err := backup.Run(context.Background(), c, srv.AgentClient, backup.Options{
 				Endpoint: te.Endpoint, Name: "b1", Target: "test-etcd", Compression: tc.compression,
 				Labels: map[string]string{"by": "test"},
 			})
@@ -98,7 +103,7 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := srv.download(t, "b1")
+			got := (&dataServer{client: srv.Client, dir: srv.Dir}).download(t, "b1")
 			if tc.compression == "zstd" {
 				if len(got) >= len(want) {
 					t.Errorf("zstd backup is %d bytes, raw snapshot %d: not compressed", len(got), len(want))
@@ -137,7 +142,8 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 			if b.GetRawSize() != int64(len(got)) || b.GetRawSha256() != sha(got) || b.GetCompression() != tc.compression {
 				t.Errorf("raw size/sha/compression = %d %s %q; want %d %s %q", b.GetRawSize(), b.GetRawSha256(), b.GetCompression(), len(got), sha(got), tc.compression)
 			}
-			if b.GetSource().GetKind() != "agent" || b.GetSource().GetTarget() != "test-etcd" || b.GetSource().GetStartTime() == nil {
+			if b.GetSource().GetKind() != "agent" || b.GetSource().GetTarget() != "test-etcd" || b.GetSource().GetStartTime() == nil ||
+				b.GetSource().GetDescription() != "job etcdbackup-system/backup-b1-0123456789" {
 				t.Errorf("source %+v", b.GetSource())
 			}
 		})

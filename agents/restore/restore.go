@@ -11,10 +11,13 @@ package restore
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"filippo.io/age"
 
@@ -42,6 +45,10 @@ type Options struct {
 	// successful restore and kept after a failed one, so a rerun resumes
 	// the download.
 	WorkDir string
+	// SHA256, when set, is the only stored SHA-256 (hex) accepted: a
+	// backup replaced under the same name is refused before any byte of
+	// it is downloaded, and again after download.
+	SHA256 string
 }
 
 // Events report the flow's progress; any may be nil.
@@ -90,6 +97,11 @@ func (o Options) Validate() error {
 	if o.Name == "" && o.FromFile == "" {
 		return errors.New("restore needs the name of a backup")
 	}
+	if o.SHA256 != "" {
+		if b, err := hex.DecodeString(o.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(o.SHA256) != o.SHA256 {
+			return fmt.Errorf("--sha256 %q is not a SHA-256 in lowercase hex (64 characters)", o.SHA256)
+		}
+	}
 	return o.Member.Validate()
 }
 
@@ -125,7 +137,7 @@ func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, 
 		if c == nil {
 			return nil, errors.New("restore: no server connection and no file to restore from")
 		}
-		path, v, err = Fetch(ctx, c, FetchRequest{Name: o.Name, Location: o.Location, Dir: work, Identities: o.Identities, Progress: ev.Downloading})
+		path, v, err = Fetch(ctx, c, FetchRequest{Name: o.Name, Location: o.Location, Dir: work, Identities: o.Identities, Progress: ev.Downloading, SHA256: o.SHA256})
 	}
 	if err != nil {
 		return nil, err
@@ -165,7 +177,14 @@ type FetchRequest struct {
 	Dir        string
 	Identities []age.Identity
 	Progress   func(done, total int64)
+	// SHA256, when set, is the stored SHA-256 the backup must have
+	// (ErrWrongBackup otherwise).
+	SHA256 string
 }
+
+// ErrWrongBackup is returned when the backup stored under the name is not
+// the one the restore was pinned to (Options.SHA256).
+var ErrWrongBackup = errors.New("the backup stored under this name is not the one this restore was started for")
 
 // Fetch downloads backup (name, location) through c into dir, verifying the
 // stored SHA-256, then decrypts it, undoes compression, checks the plain
@@ -184,6 +203,10 @@ func Fetch(ctx context.Context, c *client.Client, req FetchRequest) (string, Ver
 		DownloadRequest: client.DownloadRequest{
 			Name: name, Location: req.Location,
 			OnHeader: func(b *ebv1.Backup) error {
+				if req.SHA256 != "" && b.GetSha256() != req.SHA256 {
+					return fmt.Errorf("backup %q: %w: it has SHA-256 %s, the restore was started for SHA-256 %s (it was replaced under the same name?); nothing was restored, start the restore again if the new content is what you want",
+						name, ErrWrongBackup, b.GetSha256(), req.SHA256)
+				}
 				if b.GetEncryption() != ebv1.EncryptionNone && len(req.Identities) == 0 {
 					return fmt.Errorf("backup %q: %w", name, crypt.ErrIdentityRequired)
 				}
@@ -197,8 +220,13 @@ func Fetch(ctx context.Context, c *client.Client, req FetchRequest) (string, Ver
 			},
 		},
 	})
-	if errors.Is(err, crypt.ErrIdentityRequired) {
+	if errors.Is(err, crypt.ErrIdentityRequired) || errors.Is(err, ErrWrongBackup) {
 		return "", Verified{}, err
+	}
+	// The header was checked; the bytes are what the header says (the
+	// download verified them against it), so they are the pinned backup.
+	if req.SHA256 != "" && b.GetSha256() != req.SHA256 {
+		return "", Verified{}, fmt.Errorf("backup %q: %w: downloaded SHA-256 %s, want %s", name, ErrWrongBackup, b.GetSha256(), req.SHA256)
 	}
 	if errors.Is(err, client.ErrCorrupt) {
 		return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w: %v", name, snapshot.ErrCorrupt, err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
@@ -149,4 +150,56 @@ func TestOptionsValidateDoesNoIO(t *testing.T) {
 
 func readMarker(t *testing.T, m snapshot.Member, peer url.URL) string {
 	return etcdtest.ReadKey(t, m.DataDir, m.Name, m.InitialCluster, peer, "marker")
+}
+
+func TestRestorePinnedToASHA256RefusesABackupReplacedUnderTheSameName(t *testing.T) {
+	ctx := context.Background()
+	srv := backUp(t, "b1", "", "original")
+	got, err := srv.Client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: "b1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := got.GetBackup().GetSha256()
+	// Someone replaces b1 with a snapshot of another cluster.
+	if _, err := srv.Client.Backups.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "b1"}); err != nil {
+		t.Fatal(err)
+	}
+	other := etcdtest.Start(t, false)
+	oc := other.Client(t)
+	if _, err := oc.Put(ctx, "marker", "replaced"); err != nil {
+		t.Fatal(err)
+	}
+	replaced, err := backup.Run(ctx, oc, srv.Client, backup.Options{Endpoint: other.Endpoint, Name: "b1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if replaced.GetSha256() == pinned {
+		t.Fatal("the replacement has the same SHA-256; the test proves nothing")
+	}
+
+	dataDir := filepath.Join(t.TempDir(), "data")
+	m, peer := member(t, dataDir)
+	_, err = restore.Run(ctx, srv.Client, restore.Options{Name: "b1", Member: m, SHA256: pinned}, restore.Events{})
+	if !errors.Is(err, restore.ErrWrongBackup) || !strings.Contains(err.Error(), pinned) || !strings.Contains(err.Error(), replaced.GetSha256()) {
+		t.Fatalf("restore pinned to %s of a backup now %s: %v; want ErrWrongBackup naming both hashes", pinned, replaced.GetSha256(), err)
+	}
+	if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
+		t.Fatalf("the refused restore touched the data dir: %v", err)
+	}
+
+	// Pinned to what is stored now, the same restore goes through.
+	if _, err := restore.Run(ctx, srv.Client, restore.Options{Name: "b1", Member: m, SHA256: replaced.GetSha256()}, restore.Events{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readMarker(t, m, peer); got != "replaced" {
+		t.Fatalf("marker = %q, want %q", got, "replaced")
+	}
+}
+
+func TestRestoreRefusesAMalformedSHA256(t *testing.T) {
+	m, _ := member(t, filepath.Join(t.TempDir(), "data"))
+	err := restore.Options{Name: "b1", Member: m, SHA256: "abc"}.Validate()
+	if err == nil || !strings.Contains(err.Error(), "--sha256") {
+		t.Fatalf("Validate with --sha256 abc: %v; want an error naming --sha256", err)
+	}
 }

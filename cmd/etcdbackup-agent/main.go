@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
@@ -50,9 +51,28 @@ func newRoot() *cobra.Command {
 
 func newLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(os.Stderr, nil)) }
 
+// dial connects to the server, sending the token in tokenFile (if any)
+// with every call.
+func dial(serverAddr, tokenFile string) (*grpc.ClientConn, *client.Client, error) {
+	var opts []grpc.DialOption
+	if tokenFile != "" {
+		opts = append(opts, client.WithTokenFile(tokenFile))
+	}
+	conn, c, err := client.Dial(serverAddr, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--server: %w", err)
+	}
+	return conn, c, nil
+}
+
+func addTokenFileFlag(cmd *cobra.Command, p *string) {
+	cmd.Flags().StringVar(p, "token-file", "",
+		"file holding the projected ServiceAccount token (audience etcdbackup) sent to the server; read again for every call, as the kubelet rotates it")
+}
+
 func newBackupCmd() *cobra.Command {
 	var etcd backup.Etcd
-	var serverAddr string
+	var serverAddr, tokenFile string
 	opts := backup.Options{}
 	cmd := &cobra.Command{
 		Use:   "backup --endpoint URL --server HOST:PORT --name NAME",
@@ -69,9 +89,9 @@ func newBackupCmd() *cobra.Command {
 				return err
 			}
 			defer etcdClient.Close()
-			conn, up, err := client.Dial(serverAddr)
+			conn, up, err := dial(serverAddr, tokenFile)
 			if err != nil {
-				return fmt.Errorf("--server: %w", err)
+				return err
 			}
 			defer conn.Close()
 			opts.Endpoint = endpoint
@@ -104,12 +124,13 @@ func newBackupCmd() *cobra.Command {
 	fl.StringVar(&opts.Compression, "compression", "", "\"zstd\" to compress, empty for none")
 	fl.StringToStringVar(&opts.Labels, "labels", nil, "labels of the backup")
 	fl.StringArrayVar(&opts.AgeRecipients, "encrypt-to", nil, "age public key (age1...) to encrypt the backup to, after compression; repeatable")
+	addTokenFileFlag(cmd, &tokenFile)
 	_ = cmd.MarkFlagRequired("server")
 	return cmd
 }
 
 func newRestoreCmd() *cobra.Command {
-	var serverAddr, identityDir string
+	var serverAddr, identityDir, tokenFile string
 	var o restore.Options
 	cmd := &cobra.Command{
 		Use:   "restore --server HOST:PORT --name NAME --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U",
@@ -130,9 +151,9 @@ func newRestoreCmd() *cobra.Command {
 				}
 				o.Identities = ids
 			}
-			conn, c, err := client.Dial(serverAddr)
+			conn, c, err := dial(serverAddr, tokenFile)
 			if err != nil {
-				return fmt.Errorf("--server: %w", err)
+				return err
 			}
 			defer conn.Close()
 			log.Info("downloading backup", "backup", o.Name, "location", o.Location)
@@ -161,6 +182,8 @@ func newRestoreCmd() *cobra.Command {
 	fl.StringVar(&o.Member.InitialClusterToken, "initial-cluster-token", "", "the restored cluster's token")
 	fl.BoolVar(&o.Member.MoveAside, "move-aside", false, "rename a non-empty data directory instead of refusing")
 	fl.StringVar(&identityDir, "identity-dir", "", "directory of age identity files (a mounted Secret) to decrypt an encrypted backup")
+	fl.StringVar(&o.SHA256, "sha256", "", "SHA-256 (hex) the stored backup must have; any other content under the name is refused before it is restored")
+	addTokenFileFlag(cmd, &tokenFile)
 	_ = cmd.MarkFlagRequired("server")
 	return cmd
 }

@@ -97,7 +97,7 @@ func run(args []string) error {
 	} else if len(cfg.Targets) > 0 {
 		log.Warn("targets are configured but agents.image is not: on-demand backups are off")
 	}
-	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, *namespace, f); err != nil {
+	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, *namespace, f, cfg.Agents); err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
@@ -164,9 +164,23 @@ func inClusterNamespace() (string, error) {
 }
 
 // guards returns who may call the user and the agent listener.
-func guards(kc kubernetes.Interface, namespace string, f *config.File) (users, agents auth.Guard, err error) {
+func guards(kc kubernetes.Interface, namespace string, f *config.File, launcher *jobs.Launcher) (users, agents auth.Guard, err error) {
 	if f.Authorization.Mode == config.AuthorizationSubjectAccessReview {
 		users = auth.NewSubjectAccessReviewGuard(kc, namespace)
 	}
-	return users, nil, nil
+	if launcher == nil {
+		// No agents are launched, so none may call: the agent listener
+		// refuses everything (server.Config.AgentGuard nil).
+		return users, nil, nil
+	}
+	ag, err := auth.NewAgentGuard(auth.AgentGuardConfig{
+		Client:            kc,
+		Namespace:         namespace,
+		RestoreNamespaces: launcher.RestoreNamespaces(f.Targets),
+		ServiceAccount:    f.Agents.WithDefaults(namespace).ServiceAccount,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return users, ag, nil
 }

@@ -39,11 +39,39 @@ const (
 	AnnotationBackup   = "etcdbackup.io/backup"
 	AnnotationLocation = "etcdbackup.io/location"
 	AnnotationTarget   = "etcdbackup.io/target"
+	// AnnotationSHA256 pins a restore Job to the content it restores.
+	AnnotationSHA256 = "etcdbackup.io/sha256"
 
-	componentBackup = "backup-agent"
-	managedBy       = "etcdbackup-server"
+	// ComponentBackup and ComponentRestore are LabelComponent's values.
+	ComponentBackup  = "backup-agent"
+	ComponentRestore = "restore-agent"
+	// ManagedBy is LabelManagedBy's value on every agent Job the server
+	// creates: the agent guard admits only pods of such Jobs.
+	ManagedBy = "etcdbackup-server"
+
+	componentBackup  = ComponentBackup
+	componentRestore = ComponentRestore
+	managedBy        = ManagedBy
 	// tlsMountPath is where the target's TLS Secret appears in the agent.
 	tlsMountPath = "/etc/etcdbackup/etcd-tls"
+)
+
+// The agent's credential towards the server: a projected ServiceAccount
+// token for the server alone (its audience), bound to the agent's pod,
+// short-lived and rotated by the kubelet. It is the pod's only token
+// (AutomountServiceAccountToken is off).
+const (
+	// TokenAudience is the audience of agent tokens; the server's
+	// TokenReview asks for exactly it, so a token for the API server or
+	// anyone else is refused.
+	TokenAudience = "etcdbackup"
+	// TokenExpirationSeconds is the token's lifetime; the kubelet renews
+	// it at 80%.
+	TokenExpirationSeconds = 600
+	// TokenDir is where the token volume is mounted in the agent.
+	TokenDir = "/var/run/secrets/etcdbackup.io/agent"
+	// TokenPath is the token file the agent reads before every call.
+	TokenPath = TokenDir + "/token"
 )
 
 // Launcher creates and reads agent Jobs.
@@ -236,7 +264,9 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 			AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
 		},
 	}
-	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationBackup: spec.Name}}
+	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{
+		AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
+	}}
 	return job
 }
 
@@ -254,6 +284,17 @@ func agentSecurityContext() *corev1.PodSecurityContext {
 // agentJob is what backup and restore Jobs share; the caller names it and
 // sets its labels.
 func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volumes []corev1.Volume, mounts []corev1.VolumeMount) *batchv1.Job {
+	args = append(args, "--token-file="+TokenPath)
+	volumes = append(volumes, corev1.Volume{Name: "etcdbackup-token", VolumeSource: corev1.VolumeSource{
+		Projected: &corev1.ProjectedVolumeSource{
+			// Readable by the agent's group (fsGroup) only.
+			DefaultMode: ptr.To[int32](0o440),
+			Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
+				Audience: TokenAudience, ExpirationSeconds: ptr.To[int64](TokenExpirationSeconds), Path: "token",
+			}}},
+		},
+	}})
+	mounts = append(mounts, corev1.VolumeMount{Name: "etcdbackup-token", MountPath: TokenDir, ReadOnly: true})
 	return &batchv1.Job{
 		Spec: batchv1.JobSpec{
 			// One attempt: a retry would upload the same backup name again,
@@ -333,6 +374,12 @@ func (l *Launcher) List(ctx context.Context) ([]Run, error) {
 		})
 	}
 	return runs, nil
+}
+
+// JobPhase is where j stands: Running until a terminal condition.
+func JobPhase(j *batchv1.Job) Phase {
+	p, _ := jobPhase(j)
+	return p
 }
 
 func jobPhase(j *batchv1.Job) (Phase, string) {

@@ -111,15 +111,16 @@ func TestBackupJobSpec(t *testing.T) {
 	if len(c.Env) != 0 || len(c.EnvFrom) != 0 {
 		t.Errorf("environment given to the agent: %v %v", c.Env, c.EnvFrom)
 	}
-	if len(pod.Volumes) != 1 || pod.Volumes[0].Secret == nil || pod.Volumes[0].Secret.SecretName != "etcd-client" {
-		t.Fatalf("volumes %+v: want only the target's TLS Secret", pod.Volumes)
+	if len(pod.Volumes) != 2 || pod.Volumes[0].Secret == nil || pod.Volumes[0].Secret.SecretName != "etcd-client" {
+		t.Fatalf("volumes %+v: want only the target's TLS Secret and the agent's token", pod.Volumes)
 	}
-	if len(c.VolumeMounts) != 1 || !c.VolumeMounts[0].ReadOnly {
+	if len(c.VolumeMounts) != 2 || !c.VolumeMounts[0].ReadOnly {
 		t.Errorf("mounts %+v", c.VolumeMounts)
 	}
+	checkAgentToken(t, pod)
 	args := strings.Join(c.Args, " ")
 	for _, want := range []string{
-		"backup", "--server=etcdbackup." + ns + ".svc:50051", "--name=etcd-2026-01-31", "--location=s3", "--target=control-plane",
+		"backup", "--server=etcdbackup." + ns + ".svc:" + config.DefaultAgentPort, "--name=etcd-2026-01-31", "--location=s3", "--target=control-plane",
 		"--endpoints=https://10.0.0.10:2379,https://10.0.0.11:2379", "--compression=zstd", "--labels=team=a",
 		"--cacert=/etc/etcdbackup/etcd-tls/ca.crt", "--key=/etc/etcdbackup/etcd-tls/tls.key",
 	} {
@@ -156,8 +157,45 @@ func TestBackupJobAgentsConfig(t *testing.T) {
 	if !strings.Contains(args, "--server=server:1234") || !strings.Contains(args, "--insecure-plaintext") || strings.Contains(args, "--cacert") {
 		t.Errorf("args %q", args)
 	}
-	if len(job.Spec.Template.Spec.Volumes) != 0 || len(c.VolumeMounts) != 0 {
-		t.Errorf("a target without TLS Secret mounts %+v", job.Spec.Template.Spec.Volumes)
+	if len(job.Spec.Template.Spec.Volumes) != 1 || len(c.VolumeMounts) != 1 {
+		t.Errorf("a target without TLS Secret mounts %+v, want only the agent's token", job.Spec.Template.Spec.Volumes)
+	}
+	checkAgentToken(t, job.Spec.Template.Spec)
+}
+
+// checkAgentToken checks that pod's only credential towards the server
+// is a projected token for the server's audience, short-lived, mounted
+// read-only where --token-file points.
+func checkAgentToken(t *testing.T, pod corev1.PodSpec) {
+	t.Helper()
+	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Errorf("the API server's token is mounted too (automountServiceAccountToken %v)", pod.AutomountServiceAccountToken)
+	}
+	var tokens []corev1.Volume
+	for _, v := range pod.Volumes {
+		if v.Projected != nil {
+			tokens = append(tokens, v)
+		}
+	}
+	if len(tokens) != 1 || len(tokens[0].Projected.Sources) != 1 || tokens[0].Projected.Sources[0].ServiceAccountToken == nil {
+		t.Fatalf("projected volumes %+v: want one with only a ServiceAccount token", tokens)
+	}
+	tok := tokens[0].Projected.Sources[0].ServiceAccountToken
+	if tok.Audience != "etcdbackup" || tok.ExpirationSeconds == nil || *tok.ExpirationSeconds != 600 || tok.Path != "token" {
+		t.Errorf("token projection: audience %q, expiration %v, path %q; want etcdbackup, 600, token", tok.Audience, tok.ExpirationSeconds, tok.Path)
+	}
+	c := pod.Containers[0]
+	var mounted bool
+	for _, m := range c.VolumeMounts {
+		if m.Name == tokens[0].Name {
+			mounted = m.ReadOnly && m.MountPath+"/"+tok.Path == jobs.TokenPath
+		}
+	}
+	if !mounted {
+		t.Errorf("token volume not mounted read-only at %s: %+v", jobs.TokenPath, c.VolumeMounts)
+	}
+	if !slices.Contains(c.Args, "--token-file=/var/run/secrets/etcdbackup.io/agent/token") {
+		t.Errorf("args %q lack --token-file", c.Args)
 	}
 }
 
@@ -330,7 +368,8 @@ func TestRestoreJobs(t *testing.T) {
 			{Name: "cp-1", PeerURL: "https://10.0.0.10:2380", DataDir: "etcd", NodeName: "cp-1", Volume: config.MemberVolume{HostPath: &config.HostPathRef{Path: "/var/lib"}}},
 		},
 	}
-	spec := jobs.RestoreSpec{Name: "b1", Location: "s3", Target: app, MoveAside: true}
+	const sum = "6794a8ff9654e821ba067dda207cf98ec8f022ce1c001fd07cd542530cd173f5"
+	spec := jobs.RestoreSpec{Name: "b1", Location: "s3", Target: app, MoveAside: true, SHA256: sum}
 	created, err := l.StartRestore(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -352,12 +391,18 @@ func TestRestoreJobs(t *testing.T) {
 		for _, want := range []string{
 			"restore", "--name=b1", "--location=s3", "--member-name=" + m.Name, "--data-dir=/var/lib/etcd-restore/" + m.DataDir,
 			"--initial-cluster=m0=http://m0:2380,cp-1=https://10.0.0.10:2380", "--initial-advertise-peer-urls=" + m.PeerURL,
-			"--initial-cluster-token=tok", "--move-aside",
+			"--initial-cluster-token=tok", "--move-aside", "--sha256=" + sum,
 		} {
 			if !strings.Contains(args, want) {
 				t.Errorf("member %s: args %q lack %q", m.Name, args, want)
 			}
 		}
+		for _, a := range []map[string]string{j.Annotations, j.Spec.Template.Annotations} {
+			if a[jobs.AnnotationSHA256] != sum || a[jobs.AnnotationBackup] != "b1" || a[jobs.AnnotationLocation] != "s3" {
+				t.Errorf("member %s: annotations %v lack backup, location and SHA-256", m.Name, a)
+			}
+		}
+		checkAgentToken(t, pod)
 	}
 	pvc, host := created[0].Spec.Template.Spec, created[1].Spec.Template.Spec
 	if pvc.Volumes[0].PersistentVolumeClaim == nil || pvc.Volumes[0].PersistentVolumeClaim.ClaimName != "data-m0" || pvc.NodeName != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -19,7 +20,6 @@ import (
 const (
 	AnnotationMember = "etcdbackup.io/member"
 
-	componentRestore = "restore-agent"
 	// restoreMountPath is where the member's volume appears in the agent.
 	restoreMountPath = "/var/lib/etcd-restore"
 	// workMountPath is the agent's scratch space for the download.
@@ -54,6 +54,18 @@ func (l *Launcher) RestoreNamespace(t config.Target) string {
 	return l.namespace
 }
 
+// RestoreNamespaces are the namespaces the restore Jobs of targets run
+// in, each once: where agent tokens of restore agents come from.
+func (l *Launcher) RestoreNamespaces(targets []config.Target) []string {
+	var out []string
+	for _, t := range targets {
+		if ns := l.RestoreNamespace(t); !slices.Contains(out, ns) {
+			out = append(out, ns)
+		}
+	}
+	return out
+}
+
 // InitialCluster is NAME=PEER-URL,... of every member of t.
 func InitialCluster(t config.Target) string {
 	parts := make([]string, 0, len(t.Members))
@@ -72,6 +84,10 @@ type RestoreSpec struct {
 	// identity files, for an encrypted backup. Only its name and mount
 	// path appear in the Job: the keys reach the agent as files.
 	IdentitySecret string
+	// SHA256 is the stored backup's SHA-256 when the restore starts: the
+	// agent restores only a download with exactly this hash, so a backup
+	// replaced under the same name meanwhile is refused.
+	SHA256 string
 }
 
 // RestoreJobName is the Job that restores member of target from backup
@@ -127,6 +143,7 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) *batchv1.Job {
 		"--member-name=" + m.Name,
 		"--initial-cluster=" + InitialCluster(t),
 		"--initial-advertise-peer-urls=" + m.PeerURL,
+		"--sha256=" + spec.SHA256,
 	}
 	if t.InitialClusterToken != "" {
 		args = append(args, "--initial-cluster-token="+t.InitialClusterToken)
@@ -167,9 +184,13 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) *batchv1.Job {
 		Labels:    labels,
 		Annotations: map[string]string{
 			AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
+			AnnotationSHA256: spec.SHA256,
 		},
 	}
-	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationBackup: spec.Name, AnnotationMember: m.Name}}
+	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{
+		AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
+		AnnotationSHA256: spec.SHA256,
+	}}
 	job.Spec.Template.Spec.NodeName = m.NodeName
 	return job
 }
@@ -205,6 +226,28 @@ func (l *Launcher) ListRestores(ctx context.Context, location, name string, targ
 			}
 		}
 		out[a[AnnotationMember]] = MemberRun{Member: a[AnnotationMember], JobName: j.Name, Phase: phase, Message: msg}
+	}
+	return out, nil
+}
+
+// RunningRestores returns "NAMESPACE/NAME" of every restore Job, in the
+// restore namespace of any of targets, that reads backup (location, name)
+// and has not finished: while one runs, the backup must stay.
+func (l *Launcher) RunningRestores(ctx context.Context, location, name string, targets []config.Target) ([]string, error) {
+	var out []string
+	for _, ns := range l.RestoreNamespaces(targets) {
+		list, err := l.client.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{
+			LabelSelector: LabelComponent + "=" + componentRestore + "," + LabelManagedBy + "=" + managedBy,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list restore jobs in namespace %s: %w", ns, err)
+		}
+		for i := range list.Items {
+			j := &list.Items[i]
+			if j.Annotations[AnnotationBackup] == name && j.Annotations[AnnotationLocation] == location && JobPhase(j) == PhaseRunning {
+				out = append(out, j.Namespace+"/"+j.Name)
+			}
+		}
 	}
 	return out, nil
 }

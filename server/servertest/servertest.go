@@ -32,7 +32,12 @@ type Server struct {
 	Dirs   map[string]string
 	Conn   *grpc.ClientConn
 	Client *client.Client
-	stop   func()
+	// AgentAddr, AgentConn and AgentClient are the agent listener's, when
+	// Options.AgentGuard is set.
+	AgentAddr   string
+	AgentConn   *grpc.ClientConn
+	AgentClient *client.Client
+	stop        func()
 }
 
 // Options configure StartWith; the zero value is what Start serves.
@@ -47,6 +52,23 @@ type Options struct {
 	Agents  *jobs.Launcher
 	// UserGuard admits calls (server.Config.UserGuard); nil admits all.
 	UserGuard auth.Guard
+	// AgentGuard, when set, serves an agent listener too, whose calls it
+	// admits (see server.Config.AgentGuard); AsAgent makes one that
+	// admits every call as a given agent.
+	AgentGuard auth.Guard
+	// AgentDialOptions are added to the agent connection's, e.g. the
+	// token an agent sends.
+	AgentDialOptions []grpc.DialOption
+}
+
+// AsAgent is a Guard that admits every call as the agent it is: for tests
+// of what handlers allow an agent the real guard (auth.AgentGuard) admitted.
+type AsAgent auth.Agent
+
+// Admit implements auth.Guard.
+func (a AsAgent) Admit(ctx context.Context, _ string) (context.Context, error) {
+	agent := auth.Agent(a)
+	return auth.WithAgent(ctx, &agent), nil
 }
 
 // Start serves a filesystem location rooted at dir (a new temporary
@@ -80,7 +102,7 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 	if len(names) == 0 {
 		names = []string{"default"}
 	}
-	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents, UserGuard: opts.UserGuard}
+	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents, UserGuard: opts.UserGuard, AgentGuard: opts.AgentGuard}
 	for _, n := range names {
 		loc, err := filesystem.New(dirs[n])
 		if err != nil {
@@ -96,15 +118,28 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ls := server.Listeners{Users: lis}
+	if opts.AgentGuard != nil {
+		if ls.Agents, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, server.Listeners{Users: lis}, 10*time.Second) }()
+	go func() { done <- srv.Serve(ctx, ls, 10*time.Second) }()
 	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		cancel()
 		t.Fatal(err)
 	}
 	s := &Server{Addr: lis.Addr().String(), Dir: dirs[names[0]], Dirs: dirs, Conn: conn, Client: client.New(conn)}
+	if ls.Agents != nil {
+		s.AgentAddr = ls.Agents.Addr().String()
+		if s.AgentConn, s.AgentClient, err = client.Dial(s.AgentAddr, opts.AgentDialOptions...); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+	}
 	var once sync.Once
 	s.stop = func() {
 		once.Do(func() {
@@ -113,6 +148,9 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 				t.Errorf("Serve: %v", err)
 			}
 			conn.Close()
+			if s.AgentConn != nil {
+				s.AgentConn.Close()
+			}
 		})
 	}
 	t.Cleanup(s.stop)

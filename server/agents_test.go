@@ -1,0 +1,114 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
+)
+
+func hexSum(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+func TestUserUploadCannotClaimToBeAnAgent(t *testing.T) {
+	srv := servertest.Start(t, "")
+	b, err := srv.Client.Upload(context.Background(), bytes.NewReader([]byte("snapshot")), &ebv1.UploadHeader{
+		Name: "b1", Source: &ebv1.BackupSource{Kind: "agent", Target: "control-plane"},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.GetSource().GetKind() != "upload" {
+		t.Fatalf("a user's upload claiming kind agent is stored as %q, want upload", b.GetSource().GetKind())
+	}
+}
+
+func TestRestoreAgentDownloadsOnlyItsPinnedBackup(t *testing.T) {
+	data := []byte("snapshot as stored now")
+	ctx := context.Background()
+	download := func(t *testing.T, a servertest.AsAgent, name string) error {
+		t.Helper()
+		srv := servertest.StartWith(t, servertest.Options{AgentGuard: a})
+		if _, err := srv.Client.Upload(ctx, bytes.NewReader(data), &ebv1.UploadHeader{Name: "b1"}, nil); err != nil {
+			t.Fatal(err)
+		}
+		stream, err := srv.AgentClient.Backups.DownloadBackup(ctx, &ebv1.DownloadBackupRequest{Name: name})
+		if err != nil {
+			return err
+		}
+		for {
+			if _, err := stream.Recv(); err != nil {
+				if err == io.EOF {
+					return nil
+				}
+				return err
+			}
+		}
+	}
+	agent := servertest.AsAgent{Kind: auth.AgentRestore, JobNamespace: "app", JobName: "restore-m0-x", Backup: "b1", Location: "default", SHA256: hexSum(data)}
+	if err := download(t, agent, "b1"); err != nil {
+		t.Fatalf("the restore agent of b1 downloading b1 as pinned: %v", err)
+	}
+
+	old := hexSum([]byte("what b1 was when the restore started"))
+	pinnedElsewhere := agent
+	pinnedElsewhere.SHA256 = old
+	err := download(t, pinnedElsewhere, "b1")
+	if msg := status.Convert(err).Message(); status.Code(err) != codes.PermissionDenied || !strings.Contains(msg, old) || !strings.Contains(msg, hexSum(data)) {
+		t.Fatalf("restore agent pinned to another SHA-256: %v; want PermissionDenied naming both hashes", err)
+	}
+
+	if err := download(t, agent, "b2"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `not "b2"`) {
+		t.Fatalf("restore agent of b1 downloading b2: %v", err)
+	}
+	backupAgent := agent
+	backupAgent.Kind, backupAgent.SHA256 = auth.AgentBackup, ""
+	if err := download(t, backupAgent, "b1"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "only restore agents") {
+		t.Fatalf("backup agent downloading: %v", err)
+	}
+}
+
+func TestDeleteRefusedWhileARestoreReadsTheBackup(t *testing.T) {
+	w := newRestoreWorld(t, closedURL(t))
+	ctx := context.Background()
+	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); err != nil {
+		t.Fatal(err)
+	}
+	running := w.jobs(t)
+	if len(running) != 1 {
+		t.Fatalf("%d restore jobs", len(running))
+	}
+	_, err := w.srv.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "b1"})
+	msg := status.Convert(err).Message()
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(msg, "app/"+running[0].Name) || !strings.Contains(msg, "kubectl -n app delete job "+running[0].Name) {
+		t.Fatalf("delete while restore Job %s runs: %v; want FailedPrecondition naming the Job", running[0].Name, err)
+	}
+	if _, err := w.loc.Stat(ctx, "b1"); err != nil {
+		t.Fatalf("the refused delete removed the backup: %v", err)
+	}
+
+	// Once the restore is over, the backup may go.
+	j := running[0]
+	j.Status.Conditions = []batchv1.JobCondition{{Type: batchv1.JobComplete, Status: corev1.ConditionTrue}}
+	if _, err := w.client.BatchV1().Jobs(j.Namespace).UpdateStatus(ctx, &j, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.srv.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "b1"}); err != nil {
+		t.Fatalf("delete after the restore finished: %v", err)
+	}
+}

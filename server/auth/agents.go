@@ -1,0 +1,227 @@
+package auth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	batchv1 "k8s.io/api/batch/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+)
+
+// AgentAudience is the audience the agent listener accepts tokens for:
+// the one the agent pods' projected token is minted with.
+const AgentAudience = jobs.TokenAudience
+
+// The methods the agent listener serves, and for whom.
+const (
+	MethodUploadBackup   = ebv1.BackupService_UploadBackup_FullMethodName
+	MethodDownloadBackup = ebv1.BackupService_DownloadBackup_FullMethodName
+	MethodGetServerInfo  = ebv1.InfoService_GetServerInfo_FullMethodName
+)
+
+// Kinds of agent.
+const (
+	AgentBackup  = "backup"
+	AgentRestore = "restore"
+)
+
+// Agent is the caller on the agent listener, as the guard established it
+// from the API server: the Job its pod belongs to and what that Job was
+// created for. Handlers hold the call to exactly this.
+type Agent struct {
+	// Kind is AgentBackup or AgentRestore.
+	Kind string
+	// JobNamespace and JobName name the agent's Job.
+	JobNamespace, JobName string
+	// Backup and Location are the backup the Job works on (the location
+	// by its resolved name), Target the etcd target's name.
+	Backup, Location, Target string
+	// SHA256 is the stored backup a restore Job was started for; empty
+	// for backup Jobs.
+	SHA256 string
+}
+
+type agentKey struct{}
+
+// WithAgent returns ctx carrying a.
+func WithAgent(ctx context.Context, a *Agent) context.Context {
+	return context.WithValue(ctx, agentKey{}, a)
+}
+
+// AgentFrom returns the agent the guard admitted, if the call came
+// through the agent listener.
+func AgentFrom(ctx context.Context) (*Agent, bool) {
+	a, ok := ctx.Value(agentKey{}).(*Agent)
+	return a, ok && a != nil
+}
+
+// AgentGuardConfig is what NewAgentGuard needs.
+type AgentGuardConfig struct {
+	// Client reads TokenReviews, Pods and Jobs.
+	Client kubernetes.Interface
+	// Namespace is the server's own, where backup Jobs run.
+	Namespace string
+	// RestoreNamespaces are where restore Jobs run (the targets' restore
+	// namespaces); the server's namespace is always one.
+	RestoreNamespaces []string
+	// ServiceAccount is the agents' (config.Agents.ServiceAccount).
+	ServiceAccount string
+}
+
+// AgentGuard admits a call on the agent listener only from a pod of an
+// agent Job the server created and that has not finished, and only for
+// the method that Job's kind needs. See NewAgentGuard.
+type AgentGuard struct {
+	cfg      AgentGuardConfig
+	reviewer Reviewer
+}
+
+var _ Guard = (*AgentGuard)(nil)
+
+// NewAgentGuard returns the agent listener's Guard. Every call must carry
+// a pod-bound ServiceAccount token for AgentAudience, of cfg's
+// ServiceAccount in the server's namespace or a restore namespace, whose
+// pod still exists and is controlled by a Job labelled as managed by the
+// server, not finished. Backup Jobs may UploadBackup, restore Jobs
+// DownloadBackup, both GetServerInfo; the handlers then hold each call to
+// the Job's own backup (AgentFrom).
+func NewAgentGuard(cfg AgentGuardConfig) (*AgentGuard, error) {
+	switch {
+	case cfg.Client == nil:
+		return nil, errors.New("agent guard: no Kubernetes client")
+	case cfg.Namespace == "":
+		return nil, errors.New("agent guard: the server's namespace is unknown")
+	case cfg.ServiceAccount == "":
+		return nil, errors.New("agent guard: the agents' ServiceAccount is not set")
+	}
+	if !slices.Contains(cfg.RestoreNamespaces, cfg.Namespace) {
+		cfg.RestoreNamespaces = append(slices.Clone(cfg.RestoreNamespaces), cfg.Namespace)
+	}
+	return &AgentGuard{cfg: cfg, reviewer: Reviewer{Client: cfg.Client}}, nil
+}
+
+// Admit implements Guard.
+func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Context, error) {
+	switch fullMethod {
+	case MethodUploadBackup, MethodDownloadBackup, MethodGetServerInfo:
+	default:
+		return nil, status.Errorf(codes.PermissionDenied,
+			"%s: the agent port serves only UploadBackup (backup agents), DownloadBackup (restore agents) and GetServerInfo; users reach the server through `kubectl etcdbackup` (port-forward)", fullMethod)
+	}
+	token, err := BearerToken(ctx)
+	if err != nil {
+		return nil, err
+	}
+	user, err := g.reviewer.Authenticate(ctx, token, AgentAudience)
+	if err != nil {
+		return nil, err
+	}
+	a, err := g.agent(ctx, user.Username, user.Extra[ExtraPodName], user.Extra[ExtraPodUID])
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case fullMethod == MethodUploadBackup && a.Kind != AgentBackup:
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only backup agents may upload", a.JobNamespace, a.JobName, a.Kind)
+	case fullMethod == MethodDownloadBackup && a.Kind != AgentRestore:
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only restore agents may download", a.JobNamespace, a.JobName, a.Kind)
+	}
+	return WithAgent(ctx, a), nil
+}
+
+// agent finds the agent Job behind an authenticated token's user.
+func (g *AgentGuard) agent(ctx context.Context, username string, podName, podUID []string) (*Agent, error) {
+	ns, sa, ok := strings.Cut(strings.TrimPrefix(username, "system:serviceaccount:"), ":")
+	if !ok || !strings.HasPrefix(username, "system:serviceaccount:") {
+		return nil, status.Errorf(codes.PermissionDenied, "%q is not a ServiceAccount; only agent pods (ServiceAccount %s) may call the agent port", username, g.cfg.ServiceAccount)
+	}
+	if sa != g.cfg.ServiceAccount || !slices.Contains(g.cfg.RestoreNamespaces, ns) {
+		return nil, status.Errorf(codes.PermissionDenied,
+			"ServiceAccount %s/%s is not the agents' (ServiceAccount %q in namespace %s, or a restore namespace %v)",
+			ns, sa, g.cfg.ServiceAccount, g.cfg.Namespace, g.cfg.RestoreNamespaces)
+	}
+	if len(podName) != 1 || len(podUID) != 1 || podName[0] == "" || podUID[0] == "" {
+		return nil, status.Errorf(codes.PermissionDenied,
+			"the token of %s is not a pod-bound token (no pod name and uid in it): agents must send their projected ServiceAccount token", username)
+	}
+	pod, err := g.cfg.Client.CoreV1().Pods(ns).Get(ctx, podName[0], metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, status.Errorf(codes.PermissionDenied, "the token's pod %s/%s does not exist", ns, podName[0])
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "cannot check the caller's pod %s/%s: %v", ns, podName[0], err)
+	}
+	switch {
+	case string(pod.UID) != podUID[0]:
+		return nil, status.Errorf(codes.PermissionDenied, "the token is bound to pod %s/%s uid %s, which is gone (that name now has uid %s)", ns, pod.Name, podUID[0], pod.UID)
+	case pod.DeletionTimestamp != nil:
+		return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s is being deleted", ns, pod.Name)
+	case pod.Spec.ServiceAccountName != sa:
+		return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s runs as ServiceAccount %q, not the token's %q", ns, pod.Name, pod.Spec.ServiceAccountName, sa)
+	}
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil || ref.Kind != "Job" || !strings.HasPrefix(ref.APIVersion, batchv1.GroupName+"/") {
+		return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s is not controlled by a Job, so it is not an agent the server started", ns, pod.Name)
+	}
+	job, err := g.cfg.Client.BatchV1().Jobs(ns).Get(ctx, ref.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s belongs to Job %s, which does not exist", ns, pod.Name, ref.Name)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "cannot check the caller's Job %s/%s: %v", ns, ref.Name, err)
+	}
+	return g.agentOfJob(pod.Name, ref.UID, job)
+}
+
+func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*Agent, error) {
+	name := job.Namespace + "/" + job.Name
+	if job.UID != uid {
+		return nil, status.Errorf(codes.PermissionDenied, "pod %s belongs to an earlier Job %s (uid %s), not the one that exists now", pod, name, uid)
+	}
+	if job.Labels[jobs.LabelManagedBy] != jobs.ManagedBy {
+		return nil, status.Errorf(codes.PermissionDenied, "Job %s is not managed by the server (label %s=%s missing)", name, jobs.LabelManagedBy, jobs.ManagedBy)
+	}
+	if job.DeletionTimestamp != nil || jobs.JobPhase(job) != jobs.PhaseRunning {
+		return nil, status.Errorf(codes.PermissionDenied, "Job %s has finished; its pods may call the server no more", name)
+	}
+	a := &Agent{
+		JobNamespace: job.Namespace, JobName: job.Name,
+		Backup: job.Annotations[jobs.AnnotationBackup], Location: job.Annotations[jobs.AnnotationLocation],
+		Target: job.Annotations[jobs.AnnotationTarget], SHA256: job.Annotations[jobs.AnnotationSHA256],
+	}
+	switch job.Labels[jobs.LabelComponent] {
+	case jobs.ComponentBackup:
+		a.Kind = AgentBackup
+		// Backup Jobs run in the server's namespace only.
+		if job.Namespace != g.cfg.Namespace {
+			return nil, status.Errorf(codes.PermissionDenied, "backup Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
+		}
+	case jobs.ComponentRestore:
+		a.Kind = AgentRestore
+		if a.SHA256 == "" {
+			return nil, status.Errorf(codes.PermissionDenied, "restore Job %s carries no %s annotation; start the restore again", name, jobs.AnnotationSHA256)
+		}
+	default:
+		return nil, status.Errorf(codes.PermissionDenied, "Job %s is neither a backup nor a restore agent (label %s=%q)", name, jobs.LabelComponent, job.Labels[jobs.LabelComponent])
+	}
+	if a.Backup == "" || a.Location == "" {
+		return nil, status.Errorf(codes.PermissionDenied, "Job %s does not say which backup it is for (annotations %s, %s)", name, jobs.AnnotationBackup, jobs.AnnotationLocation)
+	}
+	return a, nil
+}
+
+// String names the agent for logs and errors.
+func (a *Agent) String() string {
+	return fmt.Sprintf("%s agent of job %s/%s", a.Kind, a.JobNamespace, a.JobName)
+}
