@@ -100,7 +100,7 @@ func (s *Server) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupRequest
 	if err := loc.Delete(ctx, req.GetName()); err != nil {
 		return nil, storageError("delete", locName, req.GetName(), err)
 	}
-	s.log.Info("backup deleted", "location", locName, "backup", req.GetName())
+	s.log.Info("backup deleted", "location", locName, "backup", req.GetName(), "caller", caller(ctx))
 	return &ebv1.DeleteBackupResponse{}, nil
 }
 
@@ -236,7 +236,7 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 		return storageError("upload", locName, h.GetName(), err)
 	}
 	committed = true
-	s.log.Info("backup stored", "location", locName, "backup", m.Name, "bytes", size, "sha256", digest,
+	s.log.Info("backup stored", "location", locName, "backup", m.Name, "bytes", size, "sha256", digest, "caller", caller(ctx),
 		"seconds", s.now().Sub(start).Seconds())
 	return stream.SendAndClose(&ebv1.UploadBackupResponse{Backup: backupFromManifest(locName, m)})
 }
@@ -362,6 +362,8 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 			"%s was started for backup %q with SHA-256 %s, but the stored backup has SHA-256 %s (replaced under the same name?); start the restore again",
 			agent, req.GetName(), agent.SHA256, m.SHA256)
 	}
+	// Every backup holds every Secret of its cluster: say who read it.
+	s.log.Info("backup download", "location", locName, "backup", req.GetName(), "offset", req.GetOffset(), "caller", caller(ctx))
 
 	if err := stream.Send(&ebv1.DownloadBackupResponse{Msg: &ebv1.DownloadBackupResponse_Header{Header: &ebv1.DownloadHeader{
 		Backup: backupFromManifest(locName, m),

@@ -90,7 +90,7 @@ func (s *Server) CreateBackup(ctx context.Context, req *ebv1.CreateBackupRequest
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "start backup agent for %q: %v", name, err)
 	}
-	s.log.Info("backup agent started", "backup", name, "location", locName, "target", t.Name, "job", job.Name)
+	s.log.Info("backup agent started", "backup", name, "location", locName, "target", t.Name, "job", job.Name, "caller", caller(ctx))
 	return &ebv1.CreateBackupResponse{Backup: &ebv1.Backup{
 		Name: name, Location: locName, Phase: ebv1.BackupPhase_BACKUP_PHASE_RUNNING,
 		Labels: req.GetLabels(), Compression: compression, CreateTime: timestamppb.New(job.CreationTimestamp.Time),

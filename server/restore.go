@@ -134,7 +134,7 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 	for _, p := range plan {
 		p.Phase = ebv1.RestorePhase_RESTORE_PHASE_RUNNING
 	}
-	s.log.Info("restore agents started", "backup", name, "location", locName, "target", t.Name, "jobs", len(created))
+	s.log.Info("restore agents started", "backup", name, "location", locName, "target", t.Name, "jobs", len(created), "caller", caller(ctx))
 	return &ebv1.RestoreBackupResponse{Members: plan}, nil
 }
 

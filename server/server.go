@@ -297,6 +297,19 @@ func (s *Server) claim(loc, name string) (release func(), err error) {
 	}, nil
 }
 
+// caller names who made a call, for the log: the user strict mode
+// authenticated, the agent's Job, or "port-forward" (PortForward mode
+// knows only that the caller could port-forward).
+func caller(ctx context.Context) string {
+	if u, ok := auth.UserFrom(ctx); ok {
+		return "user " + u.Username
+	}
+	if a, ok := auth.AgentFrom(ctx); ok {
+		return a.String()
+	}
+	return "port-forward"
+}
+
 // storageError turns a storage error into a status a client can act on.
 func storageError(op, loc, name string, err error) error {
 	switch {
