@@ -38,6 +38,7 @@ var kubeBinaries = []string{"kube-apiserver", "kube-controller-manager", "kube-s
 var nodeFiles = [][]string{
 	{"cni/bin/bridge"}, {"cni/bin/host-local"}, {"cni/bin/loopback"}, {"cni/bin/portmap"},
 	{"bin/coredns", "images/coredns.tar"},
+	{"bin/kube-network-policies"},
 }
 
 // hostTools are the programs of the machine the node needs (Debian's
@@ -60,8 +61,8 @@ type Config struct {
 	// the working directory with this project's go.mod).
 	BinDir string
 	// NodeDir holds the CNI plugins (cni/bin/: bridge, host-local,
-	// loopback, portmap), coredns and pause (bin/) and their image archives
-	// (images/; made from bin/ when missing). Default: $ETCDBACKUP_NODE_DIR,
+	// loopback, portmap), coredns, pause and kube-network-policies (bin/)
+	// and the image archives (images/; made from bin/ when missing). Default: $ETCDBACKUP_NODE_DIR,
 	// else <repo root>/.cache/node.
 	NodeDir string
 	// Log receives progress lines for humans; nil discards them.
@@ -73,6 +74,11 @@ type Config struct {
 	// NoWait makes Start fail at once (ErrBusy, naming the other one) when
 	// another sandbox runs on this machine, instead of waiting for it.
 	NoWait bool
+	// NoNetworkPolicy leaves NetworkPolicy unenforced, as on a cluster
+	// whose network plugin ignores it. By default the node runs
+	// kube-network-policies and every NetworkPolicy is enforced from the
+	// moment Start returns.
+	NoNetworkPolicy bool
 }
 
 // Sandbox is a running cluster. Its methods are safe for concurrent use.
@@ -104,7 +110,8 @@ type Sandbox struct {
 }
 
 // Start brings up etcd, kube-apiserver, the node (containerd, kubelet,
-// kube-proxy in their own namespaces), kube-controller-manager,
+// kube-proxy and, unless Config.NoNetworkPolicy, kube-network-policies in
+// their own namespaces), kube-controller-manager,
 // kube-scheduler, the volume provisioner and CoreDNS, and returns once the
 // node is Ready and cluster DNS answers. It first takes the machine-wide
 // sandbox lock (waiting for another sandbox to stop, or failing with
@@ -185,7 +192,7 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	sys := <-systemImages
 	nodeErr := sys.err
 	if nodeErr == nil {
-		nodeErr = s.startNode(ctx, append(sys.archives, cfg.Images...))
+		nodeErr = s.startNode(ctx, append(sys.archives, cfg.Images...), !cfg.NoNetworkPolicy)
 	}
 	if err := <-controllersDone; err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
@@ -306,7 +313,7 @@ func resetDir(dir string) error {
 		return fmt.Errorf("create dir: %w", err)
 	}
 	for _, name := range []string{"pki", "etcd", "apiserver-certs", "etcd.log", "kube-apiserver.log", "kubeconfig", "kubeconfigs",
-		"kube-controller-manager.log", "kube-scheduler.log", "containerd.log", "kubelet.log", "kube-proxy.log", "node", "node-config"} {
+		"kube-controller-manager.log", "kube-scheduler.log", "containerd.log", "kubelet.log", "kube-proxy.log", "kube-network-policies.log", "node", "node-config"} {
 		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("clean dir: %w", err)
 		}
