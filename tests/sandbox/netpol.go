@@ -2,9 +2,11 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -22,6 +24,56 @@ const netpolQueueID = 98
 // netpolTable is the nftables table (family inet) the enforcer programs in
 // the node's network namespace.
 const netpolTable = "kube-network-policies"
+
+// ErrNetworkPolicyUnsupported is returned (wrapped) by CheckNetworkPolicy,
+// and by Start with Config.NetworkPolicy, when this machine's kernel cannot
+// run kube-network-policies.
+var ErrNetworkPolicyUnsupported = errors.New("this kernel cannot run kube-network-policies: it has no nftables queue expression (CONFIG_NFT_QUEUE, module nft_queue), which sends a connection's first packet to the enforcer through NFQUEUE")
+
+// netpolProbe is the rule kube-network-policies depends on, in a table of
+// its own: a postrouting chain that queues packets to NFQUEUE.
+var netpolProbe = fmt.Sprintf(`table inet etcdbackup-probe {
+	chain postrouting {
+		type filter hook postrouting priority srcnat - 5;
+		queue num %d
+	}
+}
+`, netpolQueueID)
+
+// CheckNetworkPolicy tells whether the kernel can run kube-network-policies
+// (nil), or why not (ErrNetworkPolicyUnsupported, with nft's message). It
+// loads the one rule the enforcer needs that a kernel may lack into a
+// network namespace of its own (unshare --net), gone when nft exits: the
+// host's ruleset is never touched. It needs root, as the sandbox does.
+func CheckNetworkPolicy(ctx context.Context) error {
+	nft, err := lookPath("nft")
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "unshare", "--net", "--", nft, "-f", "-")
+	cmd.Env = []string{"PATH=" + nodePATH}
+	cmd.Stdin = strings.NewReader(netpolProbe)
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		return nil
+	}
+	msg := strings.TrimSpace(string(out))
+	if strings.Contains(msg, "queue") && strings.Contains(msg, "No such file or directory") {
+		// nft's first line is the error; the rest points at the rule.
+		first, _, _ := strings.Cut(msg, "\n")
+		return fmt.Errorf("%w; nft, loading `queue num %d`: %s", ErrNetworkPolicyUnsupported, netpolQueueID, first)
+	}
+	return fmt.Errorf("probe the kernel for NetworkPolicy support (unshare --net nft): %w: %s", err, msg)
+}
+
+// checkNetworkPolicyBinary reports (wrapping ErrBinariesMissing) a missing
+// kube-network-policies.
+func checkNetworkPolicyBinary(nodeDir string) error {
+	if p := filepath.Join(nodeDir, "bin", "kube-network-policies"); !isFile(p) {
+		return fmt.Errorf("%w: no %s (`make netpol-bin`)", ErrBinariesMissing, p)
+	}
+	return nil
+}
 
 // netpolRBAC is upstream's install.yaml (v0.8.0) without the DaemonSet:
 // the identity the enforcer runs as, allowed to list and watch what it

@@ -80,7 +80,7 @@ type node struct {
 	containerd *process
 	kubelet    *process
 	kubeProxy  *process
-	netpol     *process // kube-network-policies; nil with Config.NoNetworkPolicy
+	netpol     *process // kube-network-policies; nil unless Config.NetworkPolicy
 }
 
 // daemons are the node's daemons that run (the holder aside), containerd

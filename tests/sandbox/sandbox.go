@@ -38,7 +38,6 @@ var kubeBinaries = []string{"kube-apiserver", "kube-controller-manager", "kube-s
 var nodeFiles = [][]string{
 	{"cni/bin/bridge"}, {"cni/bin/host-local"}, {"cni/bin/loopback"}, {"cni/bin/portmap"},
 	{"bin/coredns", "images/coredns.tar"},
-	{"bin/kube-network-policies"},
 }
 
 // hostTools are the programs of the machine the node needs (Debian's
@@ -61,8 +60,9 @@ type Config struct {
 	// the working directory with this project's go.mod).
 	BinDir string
 	// NodeDir holds the CNI plugins (cni/bin/: bridge, host-local,
-	// loopback, portmap), coredns, pause and kube-network-policies (bin/)
-	// and the image archives (images/; made from bin/ when missing). Default: $ETCDBACKUP_NODE_DIR,
+	// loopback, portmap), coredns, pause and, for NetworkPolicy,
+	// kube-network-policies (bin/) and the image archives (images/; made
+	// from bin/ when missing). Default: $ETCDBACKUP_NODE_DIR,
 	// else <repo root>/.cache/node.
 	NodeDir string
 	// Log receives progress lines for humans; nil discards them.
@@ -74,11 +74,13 @@ type Config struct {
 	// NoWait makes Start fail at once (ErrBusy, naming the other one) when
 	// another sandbox runs on this machine, instead of waiting for it.
 	NoWait bool
-	// NoNetworkPolicy leaves NetworkPolicy unenforced, as on a cluster
-	// whose network plugin ignores it. By default the node runs
-	// kube-network-policies and every NetworkPolicy is enforced from the
-	// moment Start returns.
-	NoNetworkPolicy bool
+	// NetworkPolicy makes the node enforce NetworkPolicy, from the moment
+	// Start returns, with kube-network-policies (`make netpol-bin`). It
+	// needs the kernel's nftables queue expression: where that is missing
+	// Start fails with ErrNetworkPolicyUnsupported (CheckNetworkPolicy tells
+	// beforehand). Without it NetworkPolicy objects are accepted and
+	// ignored, as on a cluster whose network plugin ignores them.
+	NetworkPolicy bool
 }
 
 // Sandbox is a running cluster. Its methods are safe for concurrent use.
@@ -110,7 +112,7 @@ type Sandbox struct {
 }
 
 // Start brings up etcd, kube-apiserver, the node (containerd, kubelet,
-// kube-proxy and, unless Config.NoNetworkPolicy, kube-network-policies in
+// kube-proxy and, with Config.NetworkPolicy, kube-network-policies in
 // their own namespaces), kube-controller-manager,
 // kube-scheduler, the volume provisioner and CoreDNS, and returns once the
 // node is Ready and cluster DNS answers. It first takes the machine-wide
@@ -131,6 +133,14 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	}
 	if err := CheckBinaries(binDir, nodeDir); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if cfg.NetworkPolicy {
+		if err := checkNetworkPolicyBinary(nodeDir); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		if err := CheckNetworkPolicy(ctx); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
 	}
 	logw := cfg.Log
 	if logw == nil {
@@ -192,7 +202,7 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	sys := <-systemImages
 	nodeErr := sys.err
 	if nodeErr == nil {
-		nodeErr = s.startNode(ctx, append(sys.archives, cfg.Images...), !cfg.NoNetworkPolicy)
+		nodeErr = s.startNode(ctx, append(sys.archives, cfg.Images...), cfg.NetworkPolicy)
 	}
 	if err := <-controllersDone; err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
