@@ -1,14 +1,14 @@
 # node.mk — Makefile fragment (include it from the root Makefile after
 # kube.mk) that builds what the test sandbox's real node runs besides
 # containerd and runc: kubelet and kube-proxy (with the other Kubernetes
-# binaries, hack/build-kube.sh), the CNI plugins, CoreDNS, the OCI image
-# archives of the pause and CoreDNS images, and on request
-# kube-network-policies, all for this machine's platform.
+# binaries, hack/build-kube.sh), the CNI plugins, CoreDNS,
+# kube-network-policies, and the OCI image archives of the pause and CoreDNS
+# images, all for this machine's platform.
 #
-#   make node-bins       # everything below but netpol-bin, plus kube-bins
+#   make node-bins       # everything below, plus kube-bins
 #   make cni-bins        # bridge, host-local, loopback, portmap v1.10.0 into $(CNI_BIN_DIR)
 #   make coredns-bin     # coredns v1.15.0 into $(NODE_BIN_DIR)
-#   make netpol-bin      # kube-network-policies v0.8.0 into $(NODE_BIN_DIR) (sandbox.Config.NetworkPolicy)
+#   make netpol-bin      # kube-network-policies v0.8.0 (patched) into $(NODE_BIN_DIR)
 #   make node-images     # $(NODE_IMAGE_DIR)/pause.tar and coredns.tar
 #
 # Binaries are pinned by the tools modules tools/cni, tools/coredns and
@@ -43,7 +43,7 @@ CNI_PLUGINS := github.com/containernetworking/plugins/plugins/main/bridge \
 
 
 .PHONY: images node-bins cni-bins coredns-bin netpol-bin node-images
-node-bins: kube-bins cni-bins coredns-bin node-images
+node-bins: kube-bins cni-bins coredns-bin netpol-bin node-images
 
 cni-bins:
 	$(call build-tool,cni-plugins,$(CURDIR)/tools/cni,$(CNI_BIN_DIR),$(CNI_PLUGINS),-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=v1.10.0)
@@ -51,13 +51,12 @@ cni-bins:
 coredns-bin:
 	$(call build-tool,coredns,$(CURDIR)/tools/coredns,$(NODE_BIN_DIR),github.com/coredns/coredns,-s -w)
 
-# The NetworkPolicy enforcer; the sandbox runs it on the node as a host
-# process, as kube-proxy runs (its upstream main names its package cmd).
-# Not part of node-bins: it needs the kernel's nftables queue expression
-# (CONFIG_NFT_QUEUE), which the machines this project is developed on lack,
-# and a cold build takes about 3 minutes.
+# The NetworkPolicy enforcer (sandbox.Config.NetworkPolicy); the sandbox
+# runs it on the node as a host process, as kube-proxy runs. Built by its own
+# script, with the same kind of stamp, because it carries a patch: see
+# hack/build-netpol.sh. A cold build takes about 3 minutes.
 netpol-bin:
-	$(call build-tool,kube-network-policies,$(CURDIR)/tools/netpol,$(NODE_BIN_DIR),sigs.k8s.io/kube-network-policies/cmd,-s -w,kube-network-policies)
+	GO=$(GO) hack/build-netpol.sh $(NODE_BIN_DIR)
 
 node-images: $(NODE_IMAGE_DIR)/pause.tar $(NODE_IMAGE_DIR)/coredns.tar
 

@@ -75,11 +75,11 @@ type Config struct {
 	// another sandbox runs on this machine, instead of waiting for it.
 	NoWait bool
 	// NetworkPolicy makes the node enforce NetworkPolicy, from the moment
-	// Start returns, with kube-network-policies (`make netpol-bin`). It
-	// needs the kernel's nftables queue expression: where that is missing
-	// Start fails with ErrNetworkPolicyUnsupported (CheckNetworkPolicy tells
-	// beforehand). Without it NetworkPolicy objects are accepted and
-	// ignored, as on a cluster whose network plugin ignores them.
+	// Start returns, with kube-network-policies (`make netpol-bin`). On a
+	// kernel that cannot run it Start fails with ErrNetworkPolicyUnsupported
+	// (CheckNetworkPolicy tells beforehand). Without it NetworkPolicy
+	// objects are accepted and ignored, as on a cluster whose network
+	// plugin ignores them.
 	NetworkPolicy bool
 }
 
@@ -138,7 +138,7 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 		if err := checkNetworkPolicyBinary(nodeDir); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
-		if err := CheckNetworkPolicy(ctx); err != nil {
+		if err := CheckNetworkPolicy(); err != nil {
 			return nil, fmt.Errorf("sandbox: %w", err)
 		}
 	}

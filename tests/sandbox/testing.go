@@ -51,7 +51,7 @@ func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 	}
 	if err == nil && cfg.NetworkPolicy {
 		if err = checkNetworkPolicyBinary(nodeDir); err == nil {
-			err = CheckNetworkPolicy(context.Background())
+			err = CheckNetworkPolicy()
 		}
 	}
 	if errors.Is(err, ErrNetworkPolicyUnsupported) {

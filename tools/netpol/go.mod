@@ -1,6 +1,7 @@
-// Tools module: builds kube-network-policies (the NetworkPolicy enforcer of
-// sigs.k8s.io, nftables + NFQUEUE) for the test sandbox's node, pinned here
-// so the product's own go.mod never depends on it. Built by hack/node.mk.
+// Tools module: pins kube-network-policies (the NetworkPolicy enforcer of
+// sigs.k8s.io, nftables + NFQUEUE) for the test sandbox's node, so the
+// product's own go.mod never depends on it. hack/build-netpol.sh builds it
+// with xt-nfqueue.patch applied.
 module github.com/kubectl-etcdbackup/kubectl-etcdbackup/tools/netpol
 
 go 1.26.8
