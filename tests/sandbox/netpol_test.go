@@ -44,6 +44,7 @@ func TestNetworkPolicy(t *testing.T) {
 	if _, err := sandbox.PackBinary(archive, podtoolImage, podtool); err != nil {
 		t.Fatal(err)
 	}
+	before := machineState(t)
 	s := sandbox.StartForTestWith(t, sandbox.Config{Images: []string{archive}, NetworkPolicy: true})
 	c := s.Client()
 
@@ -227,6 +228,19 @@ func TestNetworkPolicy(t *testing.T) {
 		}
 		if _, err := os.Stat("/run/netns/etcdbackup-node"); err == nil {
 			t.Errorf("the node's network namespace (and the enforcer's nftables table in it) is still there after Stop")
+		}
+		// Processes, mounts, cgroups, links, routes, the host's nftables
+		// ruleset, sysctls: as TestNode checks.
+		after := machineState(t)
+		for _, k := range sortedKeys(before) {
+			if before[k] != after[k] {
+				t.Errorf("%s changed:\nbefore: %s\nafter:  %s", k, before[k], after[k])
+			}
+		}
+		for _, k := range sortedKeys(after) {
+			if _, ok := before[k]; !ok {
+				t.Errorf("%s is new after Stop: %s", k, after[k])
+			}
 		}
 	})
 }
