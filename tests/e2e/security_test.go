@@ -28,7 +28,7 @@ import (
 // says: a pod in another namespace, a copy of an agent pod, users whose
 // role does not allow a verb, and tokens that must not count.
 func TestSecurity(t *testing.T) {
-	sb, im := startSandbox(t)
+	sb, im := startSandboxEnforcing(t)
 	admin := &world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
 	c := &cluster{sb: sb, kubectl: admin}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -173,3 +173,7 @@ func (s *Sandbox) startNetworkPolicy(ctx context.Context) error {
 		return false, "queue not bound", nil
 	})
 }
+
+// EnforcesNetworkPolicy reports whether the node enforces NetworkPolicy
+// (Config.NetworkPolicy).
+func (s *Sandbox) EnforcesNetworkPolicy() bool { return s.networkPolicy }

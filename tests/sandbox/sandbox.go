@@ -92,6 +92,8 @@ type Sandbox struct {
 
 	// The references of the pause and CoreDNS images (systemImages).
 	pauseImage, coreDNSImage string
+	// networkPolicy is whether the node enforces NetworkPolicy.
+	networkPolicy bool
 
 	lock              *machineLock
 	pki               *pki
@@ -210,6 +212,7 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	if nodeErr != nil {
 		return nil, fmt.Errorf("sandbox: %w", nodeErr)
 	}
+	s.networkPolicy = cfg.NetworkPolicy
 	s.logf("kube-controller-manager, kube-scheduler and node ready (%s, logs in %s)", since(step), dir)
 	if err := ensureStorageClass(ctx, s.client); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
