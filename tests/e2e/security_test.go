@@ -186,8 +186,8 @@ func TestSecurity(t *testing.T) {
 				}
 				return nil
 			}
-			if !strings.Contains(logs, "bearer token") {
-				return fmt.Errorf("%s: the server's refusal does not say a token is missing: %s", args, logs)
+			if !strings.Contains(logs, "bearer token") && !strings.Contains(logs, "the agent port serves only") {
+				return fmt.Errorf("%s: the server's refusal does not say a token is missing or the call is not an agent's: %s", args, logs)
 			}
 			return nil
 		})
@@ -195,7 +195,7 @@ func TestSecurity(t *testing.T) {
 		if sb.EnforcesNetworkPolicy() {
 			// And with it, nothing from here reaches the pod at all.
 			check(t, "policy", func(args, logs string) error {
-				if strings.Contains(logs, "bearer token") {
+				if strings.Contains(logs, "bearer token") || strings.Contains(logs, "the agent port serves only") {
 					return fmt.Errorf("%s reached the server through the NetworkPolicy: %s", args, logs)
 				}
 				return nil
