@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -206,9 +207,16 @@ func (s *Server) NewGRPCServer(g auth.Guard) *grpc.Server {
 // bug met by one request (a crafted file, say) does not stop the server
 // and every transfer in it. The panic value and stack go to the log
 // only: they may hold data the caller may not see.
+//
+// ctx is the call's before the guard admitted it, so it names the peer,
+// not the authenticated caller.
 func (s *Server) recovered(ctx context.Context, p any) error {
 	method, _ := grpc.Method(ctx)
-	s.log.Error("panic in a request handler", "method", method, "caller", caller(ctx), "panic", p, "stack", string(debug.Stack()))
+	var from string
+	if pr, ok := peer.FromContext(ctx); ok {
+		from = pr.Addr.String()
+	}
+	s.log.Error("panic in a request handler", "method", method, "peer", from, "panic", p, "stack", string(debug.Stack()))
 	return status.Error(codes.Internal, "internal error; see the server log")
 }
 
