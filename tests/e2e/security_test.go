@@ -176,8 +176,8 @@ func TestSecurity(t *testing.T) {
 				startCLIPod(ctx, t, sb, im.CLI, intruder, fmt.Sprintf("cli-%s-%d", phase, i), args...)
 			}
 			for i, args := range attempts {
-				phase, logs := waitPodDone(ctx, t, sb, intruder, fmt.Sprintf("cli-%s-%d", phase, i))
-				if succeeded := phase == corev1.PodSucceeded; succeeded {
+				ended, logs := waitPodDone(ctx, t, sb, intruder, fmt.Sprintf("cli-%s-%d", phase, i))
+				if ended == corev1.PodSucceeded {
 					t.Errorf("%s succeeded from another namespace: %s", strings.Join(args, " "), logs)
 					continue
 				}
