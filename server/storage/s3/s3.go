@@ -94,7 +94,10 @@ type Location struct {
 	pendingAborts map[string]string
 }
 
-var _ storage.Location = (*Location)(nil)
+var (
+	_ storage.Location = (*Location)(nil)
+	_ storage.Checker  = (*Location)(nil)
+)
 
 // New validates cfg, builds a client isolated from ~/.aws and AWS_*
 // (unless cfg.DefaultCredentialChain), checks that the bucket is reachable
@@ -111,6 +114,7 @@ func New(ctx context.Context, cfg Config) (*Location, error) {
 	}
 	httpClient := awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
 		tr.TLSClientConfig = tc
+		tr.ResponseHeaderTimeout = cfg.ResponseTimeout
 	})
 	common := func(so *s3sdk.Options) {
 		so.HTTPClient = httpClient
@@ -244,6 +248,12 @@ func (l *Location) checkBucket(ctx context.Context) error {
 		return fmt.Errorf("s3 storage location: %s is in another region than %q: set region: %w", where, l.cfg.Region, err)
 	}
 	return fmt.Errorf("s3 storage location: %s is not reachable: %w", where, err)
+}
+
+// Check implements storage.Checker: the bucket answers an authenticated
+// request.
+func (l *Location) Check(ctx context.Context) error {
+	return l.checkBucket(ctx)
 }
 
 func (l *Location) endpointName() string {
