@@ -268,8 +268,10 @@ func (s *Server) GetServerInfo(context.Context, *ebv1.GetServerInfoRequest) (*eb
 			Default:     i == 0,
 			Description: l.Describe(),
 		}
-		if err := unavailable(name, l); err != nil {
-			sl.Unavailable, sl.Error = true, err.Error()
+		var ue *UnavailableError
+		if errors.As(unavailable(name, l), &ue) {
+			sl.Unavailable = true
+			sl.Error = fmt.Sprintf("%v (since %s)", ue.Err, ue.Since.UTC().Format(time.RFC3339))
 		}
 		resp.Locations = append(resp.Locations, sl)
 	}
