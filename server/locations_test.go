@@ -129,6 +129,10 @@ func TestLocationUnavailable(t *testing.T) {
 		!strings.Contains(err.Error(), "connection refused") {
 		t.Fatalf("list of the unavailable location: %v", err)
 	}
+	// Clients tell it from a lost connection to the server by its detail.
+	if loc, ok := ebv1.UnavailableLocation(status.Convert(err)); !ok || loc != "s3" {
+		t.Fatalf("list of the unavailable location: detail names %q (%v)", loc, ok)
+	}
 	if e := locationInfo(t, srv, "s3"); !strings.Contains(e, "connection refused") || !strings.Contains(e, "(since ") {
 		t.Fatalf("GetServerInfo of the unavailable location: %q", e)
 	}

@@ -289,7 +289,7 @@ func (s *Server) location(name string) (string, storage.Location, error) {
 			"storage location %q does not exist on this server; it has %v (see `kubectl etcdbackup version`)", name, s.order)
 	}
 	if err := unavailable(name, l); err != nil {
-		return "", nil, status.Error(codes.Unavailable, err.Error())
+		return "", nil, ebv1.LocationUnavailableError(name, err.Error())
 	}
 	return name, l, nil
 }
@@ -348,7 +348,7 @@ func storageError(op, loc, name string, err error) error {
 	var ue *UnavailableError
 	switch {
 	case errors.As(err, &ue):
-		return status.Errorf(codes.Unavailable, "%s: %v", what, ue)
+		return ebv1.LocationUnavailableError(ue.Location, fmt.Sprintf("%s: %v", what, ue))
 	case errors.Is(err, storage.ErrNoSpace):
 		return status.Errorf(codes.ResourceExhausted,
 			"%s: storage location %q is full (%v); nothing was stored: delete old backups or give the location more space", what, loc, err)
