@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"sync"
 	"time"
 
@@ -262,10 +263,16 @@ func (l *managedLocation) failed(ctx context.Context, err error) error {
 }
 
 // unreachable reports an error of the network (refused, reset, timed
-// out, DNS) below a store: the store, not the request, is at fault.
+// out, DNS, an HTTP exchange that failed) below a store: the store, not
+// the request, is at fault. Not any net.Error: a file system's
+// syscall.Errno (ENOSPC) is one too.
 func unreachable(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne)
+	var (
+		op  *net.OpError
+		dns *net.DNSError
+		ue  *url.Error
+	)
+	return errors.As(err, &op) || errors.As(err, &dns) || errors.As(err, &ue)
 }
 
 func (l *managedLocation) Type() string     { return l.typ }
