@@ -156,6 +156,16 @@ func TestLocations(t *testing.T) {
 		}
 		t.Logf("%v with S3 stopped: %s", args, strings.TrimSpace(r.Stderr))
 	}
+	// Without --location, a name is looked up in the locations that
+	// answer, but the unreachable one might hold it too: the user says.
+	r = mustFail(t, plugin(t, addr, "download", "in-fs", "-o", filepath.Join(dir, "nothing"), "--raw"), "download without --location with S3 stopped")
+	if !strings.Contains(r.Stderr, `storage location "s3" is unavailable`) || !strings.Contains(r.Stderr, `is in location "default": pass --location default`) {
+		t.Fatalf("download without --location with S3 stopped: %s", r)
+	}
+	r = mustFail(t, plugin(t, addr, "get", "in-s3"), "get of a backup in S3 with S3 stopped")
+	if !strings.Contains(r.Stderr, `storage location "s3" is unavailable`) {
+		t.Fatalf("get of a backup in S3 with S3 stopped: %s", r)
+	}
 	// list of every location shows what it can and names the one it cannot.
 	r = mustFail(t, plugin(t, addr, "list", "-o", "name"), "list of every location with S3 stopped")
 	if !strings.Contains(r.Stdout, "in-fs") || !strings.Contains(r.Stderr, `storage location "s3" is unavailable`) {
