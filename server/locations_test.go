@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +19,8 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3/s3test"
 )
 
 func TestOpenLocations(t *testing.T) {
@@ -215,4 +218,52 @@ func waitFor(t *testing.T, ok func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestS3StopsAnswering: a real S3 server stopped mid-run (SIGSTOP: it
+// accepts connections and never answers). The call that finds out fails
+// within the response timeout, naming the location, which is then
+// unavailable; after SIGCONT it serves again without being reopened.
+func TestS3StopsAnswering(t *testing.T) {
+	store := s3test.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := store.Config("mid-run")
+	cfg.ResponseTimeout = 300 * time.Millisecond
+	locs := server.OpenWith(ctx, []server.Opener{{Name: "s3", Type: "s3", Where: "s3://" + store.Bucket,
+		Open: func(ctx context.Context) (storage.Location, error) { return s3.New(ctx, cfg) }}}, 50*time.Millisecond, 5*time.Second)
+	srv, err := server.New(server.Config{Locations: locs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list := func() error {
+		_, err := srv.ListBackups(ctx, &ebv1.ListBackupsRequest{Location: "s3"})
+		return err
+	}
+	if err := list(); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			_ = store.Signal(syscall.SIGCONT)
+		}
+	}()
+	began := time.Now()
+	err = list()
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), `storage location "s3" is unavailable`) {
+		t.Fatalf("list with the store stopped: %v", err)
+	}
+	t.Logf("list with the store stopped failed after %s: %v", time.Since(began).Round(time.Millisecond), err)
+	if e := locationInfo(t, srv, "s3"); e == "" {
+		t.Fatal("GetServerInfo shows the stopped store available")
+	}
+	if err := store.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	waitFor(t, func() bool { return list() == nil })
 }

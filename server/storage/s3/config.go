@@ -82,9 +82,10 @@ type Config struct {
 	StaleUploadAge time.Duration
 	// SkipCleanup stops New from running CleanOrphans.
 	SkipCleanup bool
-	// ResponseTimeout bounds the wait for the response headers of each
-	// request, after it was sent (DefaultResponseTimeout when zero). It
-	// does not bound a transfer that makes progress.
+	// ResponseTimeout bounds each wait of a request on the store:
+	// connecting, the TLS handshake (at most the SDK's 10 s) and the
+	// response headers once the request is sent (DefaultResponseTimeout
+	// when zero). It does not bound a transfer that makes progress.
 	ResponseTimeout time.Duration
 
 	// Logger receives cleanup results and warnings; nil discards them.

@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -114,7 +115,10 @@ func New(ctx context.Context, cfg Config) (*Location, error) {
 	}
 	httpClient := awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
 		tr.TLSClientConfig = tc
+		tr.TLSHandshakeTimeout = min(tr.TLSHandshakeTimeout, cfg.ResponseTimeout)
 		tr.ResponseHeaderTimeout = cfg.ResponseTimeout
+	}).WithDialerOptions(func(d *net.Dialer) {
+		d.Timeout = min(d.Timeout, cfg.ResponseTimeout)
 	})
 	common := func(so *s3sdk.Options) {
 		so.HTTPClient = httpClient
