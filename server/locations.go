@@ -120,7 +120,7 @@ func openAll(ctx context.Context, openers []locationOpener, backoff wait.Backoff
 		}
 		out[i] = NamedLocation{Name: o.name, Location: l}
 		wg.Go(func() {
-			if l.try() {
+			if l.try(false) {
 				return
 			}
 			_, err := l.unavailable()
@@ -179,8 +179,10 @@ func (l *managedLocation) get() (storage.Location, error) {
 }
 
 // try makes one attempt to open the location, or to check it once open,
-// and records the outcome. It reports whether the location is available.
-func (l *managedLocation) try() bool {
+// and records the outcome. It reports whether the location is available;
+// then, from the retry loop (retrying), it also ends the loop under the
+// same lock, so a failure noticed right after starts a new one.
+func (l *managedLocation) try(retrying bool) bool {
 	ctx, cancel := context.WithTimeout(l.ctx, l.attempt)
 	defer cancel()
 	l.mu.Lock()
@@ -192,8 +194,8 @@ func (l *managedLocation) try() bool {
 	} else if c, ok := loc.(storage.Checker); ok {
 		err = c.Check(ctx)
 	}
-	// A location that cannot check itself is taken to be back after one
-	// wait: the next call finds out.
+	// (A location that cannot check itself is taken to be back after one
+	// wait: the next call finds out.)
 	if err != nil && errors.Is(err, context.DeadlineExceeded) && l.ctx.Err() == nil {
 		err = fmt.Errorf("no answer within %s: %w", l.attempt, err)
 	}
@@ -207,6 +209,9 @@ func (l *managedLocation) try() bool {
 		return false
 	}
 	l.loc, l.err = loc, nil
+	if retrying {
+		l.retrying = false
+	}
 	return true
 }
 
@@ -222,21 +227,19 @@ func (l *managedLocation) startRetry() {
 // retry attempts to reach the location, with backoff, until it answers or
 // l.ctx is done.
 func (l *managedLocation) retry() {
-	defer func() {
-		l.mu.Lock()
-		l.retrying = false
-		l.mu.Unlock()
-	}()
 	b := l.backoff
 	for {
 		t := time.NewTimer(b.Step())
 		select {
 		case <-l.ctx.Done():
 			t.Stop()
+			l.mu.Lock()
+			l.retrying = false
+			l.mu.Unlock()
 			return
 		case <-t.C:
 		}
-		if l.try() {
+		if l.try(true) {
 			l.log.Info("storage location available again", "type", l.typ, "where", l.where)
 			return
 		}
