@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tunnel"
 )
@@ -105,6 +106,10 @@ func (c *Connection) explain(op string, err error) error {
 	code := codeExit(s.Code())
 	switch s.Code() {
 	case codes.Unavailable:
+		if _, ok := ebv1.UnavailableLocation(s); ok {
+			// The server answered: one of its storage locations did not.
+			return withCode(code, fmt.Errorf("%s: %s", op, s.Message()))
+		}
 		return withCode(code, fmt.Errorf("%s: cannot reach the etcdbackup server at %s: %s", op, c.Target, s.Message()))
 	case codes.Unimplemented:
 		return withCode(code, fmt.Errorf("%s: the server at %s does not support this (%s); upgrade the server to the plugin's version", op, c.Target, s.Message()))

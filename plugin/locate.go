@@ -105,15 +105,29 @@ func (g *GlobalOptions) findBackup(ctx context.Context, conn *Connection, op, na
 		return resp.GetBackup(), nil
 	}
 	var found []*ebv1.Backup
+	var unavailable error
 	for _, l := range locs {
 		resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name, Location: l})
 		if status.Code(err) == codes.NotFound {
+			continue
+		}
+		// A location the server cannot reach now (its S3 down) does not
+		// stop finding the backup in the others.
+		if status.Code(err) == codes.Unavailable && unavailable == nil {
+			unavailable = conn.explain(op, err)
 			continue
 		}
 		if err != nil {
 			return nil, conn.explain(op, err)
 		}
 		found = append(found, resp.GetBackup())
+	}
+	switch {
+	case len(found) == 0 && unavailable != nil:
+		return nil, unavailable
+	case len(found) == 1 && unavailable != nil:
+		// It might be in the unreachable location too: say which one it is.
+		return nil, fmt.Errorf("%w; backup %q is in location %q: pass --location %s to use it", unavailable, name, found[0].GetLocation(), found[0].GetLocation())
 	}
 	switch len(found) {
 	case 0:

@@ -153,6 +153,10 @@ type StorageLocation struct {
 	Type        string `json:"type"`
 	Default     bool   `json:"default"`
 	Description string `json:"description,omitempty"`
+	// Available is false while the server cannot use the location; Error
+	// says why and since when. The server keeps retrying it.
+	Available bool   `json:"available"`
+	Error     string `json:"error,omitempty"`
 }
 
 // EtcdTarget is one of the etcd clusters the server backs up.
@@ -336,7 +340,8 @@ func restoreObject(spec RestoreSpec, members []*ebv1.MemberRestore) *Restore {
 func serverInfo(info *ebv1.GetServerInfoResponse) *ServerInfo {
 	s := &ServerInfo{Version: info.GetVersion(), GitCommit: info.GetGitCommit(), Locations: []StorageLocation{}, Targets: []EtcdTarget{}}
 	for _, l := range info.GetLocations() {
-		s.Locations = append(s.Locations, StorageLocation{Name: l.GetName(), Type: l.GetType(), Default: l.GetDefault(), Description: l.GetDescription()})
+		s.Locations = append(s.Locations, StorageLocation{Name: l.GetName(), Type: l.GetType(), Default: l.GetDefault(), Description: l.GetDescription(),
+			Available: !l.GetUnavailable(), Error: l.GetError()})
 	}
 	for _, t := range info.GetTargets() {
 		s.Targets = append(s.Targets, EtcdTarget{Name: t.GetName(), Endpoints: t.GetEndpoints(), Default: t.GetDefault()})

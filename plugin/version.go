@@ -77,7 +77,11 @@ func (o *VersionOptions) printText(w io.Writer, info *ebv1.GetServerInfoResponse
 		if l.GetDefault() {
 			def = " (default)"
 		}
-		fmt.Fprintf(w, "Storage Location: %s%s, %s: %s\n", l.GetName(), def, l.GetType(), l.GetDescription())
+		state := "available"
+		if l.GetUnavailable() {
+			state = "unavailable: " + l.GetError()
+		}
+		fmt.Fprintf(w, "Storage Location: %s%s, %s: %s, %s\n", l.GetName(), def, l.GetType(), l.GetDescription(), state)
 	}
 	for _, t := range info.GetTargets() {
 		def := ""

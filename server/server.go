@@ -9,6 +9,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"runtime/debug"
@@ -166,6 +167,11 @@ func (s *Server) Register(g *grpc.Server) {
 	ebv1.RegisterInfoServiceServer(g, s)
 	ebv1.RegisterBackupServiceServer(g, s)
 	healthpb.RegisterHealthServer(g, s.health)
+	// SERVING even while a storage location is unavailable: a failing
+	// readiness probe would take the server out of its Service, cutting
+	// agents off from the locations that work, and a restart cannot bring
+	// back a remote store; the location reports itself in
+	// GetServerInfo and in the errors of calls to it instead.
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(ebv1.BackupService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 }
@@ -288,12 +294,18 @@ func (s *Server) GetServerInfo(context.Context, *ebv1.GetServerInfoRequest) (*eb
 	}
 	for i, name := range s.order {
 		l := s.locations[name]
-		resp.Locations = append(resp.Locations, &ebv1.StorageLocation{
+		sl := &ebv1.StorageLocation{
 			Name:        name,
 			Type:        l.Type(),
 			Default:     i == 0,
 			Description: l.Describe(),
-		})
+		}
+		var ue *UnavailableError
+		if errors.As(unavailable(name, l), &ue) {
+			sl.Unavailable = true
+			sl.Error = fmt.Sprintf("%v (since %s)", ue.Err, ue.Since.UTC().Format(time.RFC3339))
+		}
+		resp.Locations = append(resp.Locations, sl)
 	}
 	return resp, nil
 }
@@ -308,7 +320,24 @@ func (s *Server) location(name string) (string, storage.Location, error) {
 		return "", nil, status.Errorf(codes.NotFound,
 			"storage location %q does not exist on this server; it has %v (see `kubectl etcdbackup version`)", name, s.order)
 	}
+	if err := unavailable(name, l); err != nil {
+		return "", nil, ebv1.LocationUnavailableError(name, err.Error())
+	}
 	return name, l, nil
+}
+
+// unavailable is the UnavailableError of a location that cannot be used
+// now, or nil.
+func unavailable(name string, l storage.Location) error {
+	ls, ok := l.(locationStatus)
+	if !ok {
+		return nil
+	}
+	since, err := ls.unavailable()
+	if err == nil {
+		return nil
+	}
+	return &UnavailableError{Location: name, Since: since, Err: err}
 }
 
 // claim marks an upload of name in loc as in progress, so a second upload
@@ -353,7 +382,17 @@ func caller(ctx context.Context) string {
 
 // storageError turns a storage error into a status a client can act on.
 func storageError(op, loc, name string, err error) error {
+	what := op
+	if name != "" {
+		what = fmt.Sprintf("%s %q", op, name)
+	}
+	var ue *UnavailableError
 	switch {
+	case errors.As(err, &ue):
+		return ebv1.LocationUnavailableError(ue.Location, fmt.Sprintf("%s: %v", what, ue))
+	case errors.Is(err, storage.ErrNoSpace):
+		return status.Errorf(codes.ResourceExhausted,
+			"%s: storage location %q is full (%v); nothing was stored: delete old backups or give the location more space", what, loc, err)
 	case errors.Is(err, storage.ErrNotFound):
 		return status.Errorf(codes.NotFound,
 			"backup %q not found in location %q; run `kubectl etcdbackup list --location %s` to see the backups", name, loc, loc)

@@ -20,7 +20,17 @@ import (
 var (
 	ErrNotFound      = errors.New("backup not found")
 	ErrAlreadyExists = errors.New("backup already exists")
+	// ErrNoSpace is a write refused because the location is full (or over
+	// its quota). The upload is aborted like any other failed one.
+	ErrNoSpace = errors.New("no space left in the storage location")
 )
+
+// Checker is a Location that can tell cheaply whether it answers, without
+// listing its backups. The server calls it to find out when a location it
+// reported unavailable works again.
+type Checker interface {
+	Check(ctx context.Context) error
+}
 
 // Manifest is what a location stores about a backup beside its data. It is
 // written after the data and its presence is what makes the backup exist.

@@ -326,7 +326,14 @@ type StorageLocation struct {
 	Default bool `protobuf:"varint,3,opt,name=default,proto3" json:"default,omitempty"`
 	// Where it stores, for humans, without any secret (a directory, or
 	// "s3://bucket/prefix").
-	Description   string `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	Description string `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	// Unavailable is set while the location cannot be used (it failed to
+	// open, or stopped answering); the server keeps retrying in the
+	// background and serves its other locations meanwhile. Unset, not
+	// "available = false", so that an older server reads as available.
+	Unavailable bool `protobuf:"varint,5,opt,name=unavailable,proto3" json:"unavailable,omitempty"`
+	// Error says why it is unavailable and since when.
+	Error         string `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -385,6 +392,20 @@ func (x *StorageLocation) GetDefault() bool {
 func (x *StorageLocation) GetDescription() string {
 	if x != nil {
 		return x.Description
+	}
+	return ""
+}
+
+func (x *StorageLocation) GetUnavailable() bool {
+	if x != nil {
+		return x.Unavailable
+	}
+	return false
+}
+
+func (x *StorageLocation) GetError() string {
+	if x != nil {
+		return x.Error
 	}
 	return ""
 }
@@ -2622,12 +2643,14 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"EtcdTarget\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1c\n" +
 	"\tendpoints\x18\x02 \x03(\tR\tendpoints\x12\x18\n" +
-	"\adefault\x18\x03 \x01(\bR\adefault\"u\n" +
+	"\adefault\x18\x03 \x01(\bR\adefault\"\xad\x01\n" +
 	"\x0fStorageLocation\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x18\n" +
 	"\adefault\x18\x03 \x01(\bR\adefault\x12 \n" +
-	"\vdescription\x18\x04 \x01(\tR\vdescription\"^\n" +
+	"\vdescription\x18\x04 \x01(\tR\vdescription\x12 \n" +
+	"\vunavailable\x18\x05 \x01(\bR\vunavailable\x12\x14\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"^\n" +
 	"\fServerLimits\x12&\n" +
 	"\x0fmax_chunk_bytes\x18\x01 \x01(\x03R\rmaxChunkBytes\x12&\n" +
 	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\xe8\x04\n" +

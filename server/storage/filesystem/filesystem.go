@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
 )
@@ -45,7 +46,10 @@ type Location struct {
 	publish sync.Mutex
 }
 
-var _ storage.Location = (*Location)(nil)
+var (
+	_ storage.Location = (*Location)(nil)
+	_ storage.Checker  = (*Location)(nil)
+)
 
 // New opens (creating if needed) the location rooted at dir and removes
 // what interrupted uploads and deletes left behind.
@@ -126,7 +130,7 @@ func (l *Location) Create(ctx context.Context, name string) (storage.Upload, err
 	// a random suffix could pass the file system's 255-byte limit.
 	f, err := os.CreateTemp(l.tmpDir, "upload-*"+dataSuffix)
 	if err != nil {
-		return nil, fmt.Errorf("create temporary file for %q: %w", name, err)
+		return nil, fmt.Errorf("create temporary file for %q: %w", name, noSpace(err))
 	}
 	return &upload{loc: l, name: name, f: f}, nil
 }
@@ -139,7 +143,28 @@ type upload struct {
 }
 
 func (u *upload) Write(p []byte) (int, error) {
-	return u.f.Write(p)
+	n, err := u.f.Write(p)
+	return n, noSpace(err)
+}
+
+// noSpace marks a full file system (or an exhausted quota) with
+// storage.ErrNoSpace, so the client is told the location is full rather
+// than that the server failed.
+func noSpace(err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return fmt.Errorf("%w: %w", storage.ErrNoSpace, err)
+	}
+	return err
+}
+
+// Check implements storage.Checker: the directories are there.
+func (l *Location) Check(context.Context) error {
+	for _, d := range []string{l.backupsDir, l.tmpDir} {
+		if _, err := os.Stat(d); err != nil {
+			return fmt.Errorf("storage directory: %w", err)
+		}
+	}
+	return nil
 }
 
 func (u *upload) Commit(ctx context.Context, m *storage.Manifest) error {
@@ -153,10 +178,10 @@ func (u *upload) Commit(ctx context.Context, m *storage.Manifest) error {
 		return err
 	}
 	if err := u.f.Sync(); err != nil {
-		return fmt.Errorf("sync data of %q: %w", u.name, err)
+		return fmt.Errorf("sync data of %q: %w", u.name, noSpace(err))
 	}
 	if err := u.f.Close(); err != nil {
-		return fmt.Errorf("close data of %q: %w", u.name, err)
+		return fmt.Errorf("close data of %q: %w", u.name, noSpace(err))
 	}
 	manifest, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
@@ -164,7 +189,7 @@ func (u *upload) Commit(ctx context.Context, m *storage.Manifest) error {
 	}
 	manifestTmp := u.f.Name() + manifestSuffix
 	if err := writeFileSync(manifestTmp, manifest); err != nil {
-		return fmt.Errorf("write manifest of %q: %w", u.name, err)
+		return fmt.Errorf("write manifest of %q: %w", u.name, noSpace(err))
 	}
 	defer os.Remove(manifestTmp)
 

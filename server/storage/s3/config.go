@@ -35,6 +35,10 @@ const (
 	// upload under the prefix must be before CleanOrphans aborts it. It must
 	// exceed the longest upload any server writing this prefix performs.
 	DefaultStaleUploadAge = 24 * time.Hour
+	// DefaultResponseTimeout is how long a request waits for the store's
+	// answer once it is sent: a store that accepts connections but does
+	// not answer (stopped, overloaded) fails calls instead of hanging them.
+	DefaultResponseTimeout = 30 * time.Second
 
 	// MinPartSize is S3's minimum size of every part but the last.
 	MinPartSize int64 = config.MinPartSizeMiB << 20
@@ -78,6 +82,11 @@ type Config struct {
 	StaleUploadAge time.Duration
 	// SkipCleanup stops New from running CleanOrphans.
 	SkipCleanup bool
+	// ResponseTimeout bounds each wait of a request on the store:
+	// connecting, the TLS handshake (at most the SDK's 10 s) and the
+	// response headers once the request is sent (DefaultResponseTimeout
+	// when zero). It does not bound a transfer that makes progress.
+	ResponseTimeout time.Duration
 
 	// Logger receives cleanup results and warnings; nil discards them.
 	// Nothing logged contains a credential.
@@ -118,7 +127,30 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Region == "" && !c.DefaultCredentialChain {
 		c.Region = DefaultRegion
 	}
+	if c.ResponseTimeout <= 0 {
+		c.ResponseTimeout = DefaultResponseTimeout
+	}
 	return c, nil
+}
+
+// Validate checks c as New does, without contacting the store: an error
+// is one of configuration, which retrying cannot fix.
+func (c Config) Validate() error {
+	c, err := c.withDefaults()
+	if err != nil {
+		return err
+	}
+	_, err = c.tlsConfig()
+	return err
+}
+
+// Describe is what Location.Describe will say, known before the store
+// answers: where the location stores, never a credential.
+func (c Config) Describe() string {
+	if d, err := c.withDefaults(); err == nil {
+		c = d
+	}
+	return c.describe()
 }
 
 func (c Config) requestChecksum() aws.RequestChecksumCalculation {

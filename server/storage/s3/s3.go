@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -94,7 +95,10 @@ type Location struct {
 	pendingAborts map[string]string
 }
 
-var _ storage.Location = (*Location)(nil)
+var (
+	_ storage.Location = (*Location)(nil)
+	_ storage.Checker  = (*Location)(nil)
+)
 
 // New validates cfg, builds a client isolated from ~/.aws and AWS_*
 // (unless cfg.DefaultCredentialChain), checks that the bucket is reachable
@@ -111,6 +115,10 @@ func New(ctx context.Context, cfg Config) (*Location, error) {
 	}
 	httpClient := awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
 		tr.TLSClientConfig = tc
+		tr.TLSHandshakeTimeout = min(tr.TLSHandshakeTimeout, cfg.ResponseTimeout)
+		tr.ResponseHeaderTimeout = cfg.ResponseTimeout
+	}).WithDialerOptions(func(d *net.Dialer) {
+		d.Timeout = min(d.Timeout, cfg.ResponseTimeout)
 	})
 	common := func(so *s3sdk.Options) {
 		so.HTTPClient = httpClient
@@ -244,6 +252,12 @@ func (l *Location) checkBucket(ctx context.Context) error {
 		return fmt.Errorf("s3 storage location: %s is in another region than %q: set region: %w", where, l.cfg.Region, err)
 	}
 	return fmt.Errorf("s3 storage location: %s is not reachable: %w", where, err)
+}
+
+// Check implements storage.Checker: the bucket answers an authenticated
+// request.
+func (l *Location) Check(ctx context.Context) error {
+	return l.checkBucket(ctx)
 }
 
 func (l *Location) endpointName() string {

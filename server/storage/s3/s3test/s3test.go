@@ -371,6 +371,17 @@ func (s *Server) killLocked() {
 	s.cmd, s.exit = nil, nil
 }
 
+// Signal sends sig to versitygw: SIGSTOP makes a store that accepts
+// connections but never answers, SIGCONT brings it back.
+func (s *Server) Signal(sig os.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return errors.New("versitygw is not running")
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
 // Running reports whether versitygw runs (it was not killed).
 func (s *Server) Running() bool {
 	s.mu.Lock()
