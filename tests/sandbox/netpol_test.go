@@ -44,8 +44,9 @@ func TestNetworkPolicy(t *testing.T) {
 	if _, err := sandbox.PackBinary(archive, podtoolImage, podtool); err != nil {
 		t.Fatal(err)
 	}
-	before := machineState(t)
-	s := sandbox.StartForTestWith(t, sandbox.Config{Images: []string{archive}, NetworkPolicy: true})
+	var before map[string]string
+	s := sandbox.StartForTestWith(t, sandbox.Config{Images: []string{archive}, NetworkPolicy: true,
+		Locked: func() { before = machineState(t) }})
 	c := s.Client()
 
 	const (

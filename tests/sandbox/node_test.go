@@ -56,9 +56,10 @@ func TestNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := machineState(t)
+	var before map[string]string
 	began := time.Now()
-	s := sandbox.StartForTestWith(t, sandbox.Config{Images: []string{archive}})
+	s := sandbox.StartForTestWith(t, sandbox.Config{Images: []string{archive},
+		Locked: func() { before = machineState(t) }})
 	t.Logf("sandbox with a Ready node and DNS started in %s", time.Since(began).Round(time.Millisecond))
 	if err := s.EnsureNamespace(ctx, clusterNS); err != nil {
 		t.Fatal(err)

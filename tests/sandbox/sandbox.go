@@ -74,6 +74,10 @@ type Config struct {
 	// NoWait makes Start fail at once (ErrBusy, naming the other one) when
 	// another sandbox runs on this machine, instead of waiting for it.
 	NoWait bool
+	// Locked, when set, runs once Start holds the machine lock and before
+	// it changes anything: the moment to record the machine's state (a
+	// sandbox of another test process may have run until then).
+	Locked func()
 	// NetworkPolicy makes the node enforce NetworkPolicy, from the moment
 	// Start returns, with kube-network-policies (`make netpol-bin`). On a
 	// kernel that cannot run it Start fails with ErrNetworkPolicyUnsupported
@@ -151,6 +155,9 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	s := &Sandbox{dir: dir, binDir: binDir, nodeDir: nodeDir, log: logw}
 	if s.lock, err = lockMachine(ctx, dir, !cfg.NoWait, s.logf); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if cfg.Locked != nil {
+		cfg.Locked()
 	}
 	defer func() {
 		if err != nil {
