@@ -11,6 +11,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"time"
 )
@@ -30,6 +31,20 @@ var (
 // reported unavailable works again.
 type Checker interface {
 	Check(ctx context.Context) error
+}
+
+// CheckManifest rejects a manifest read back under name that cannot be
+// that backup's: another name, or sizes no upload produces. A
+// backend decodes whatever is in the store; this keeps a damaged or
+// planted manifest from reaching the request layer as a backup.
+func CheckManifest(m *Manifest, name string) error {
+	switch {
+	case m.Name != name:
+		return fmt.Errorf("manifest of %q names backup %q", name, m.Name)
+	case m.Size < 0 || m.RawSize < 0:
+		return fmt.Errorf("manifest of %q records a negative size", name)
+	}
+	return nil
 }
 
 // Manifest is what a location stores about a backup beside its data. It is

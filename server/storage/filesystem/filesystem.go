@@ -274,6 +274,9 @@ func (l *Location) Stat(_ context.Context, name string) (*storage.Manifest, erro
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, fmt.Errorf("decode manifest of %q: %w", name, err)
 	}
+	if err := storage.CheckManifest(&m, name); err != nil {
+		return nil, err
+	}
 	return &m, nil
 }
 

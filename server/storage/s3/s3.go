@@ -357,8 +357,8 @@ func (l *Location) stat(ctx context.Context, name string) (*storage.Manifest, st
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, "", fmt.Errorf("%w: decode manifest of %q in %s: %w", errBadManifest, name, l.where, err)
 	}
-	if m.Name != name {
-		return nil, "", fmt.Errorf("%w: manifest %s in %s names backup %q", errBadManifest, l.manifestKey(name), l.where, m.Name)
+	if err := storage.CheckManifest(&m, name); err != nil {
+		return nil, "", fmt.Errorf("%w: %s in %s: %w", errBadManifest, l.manifestKey(name), l.where, err)
 	}
 	return &m, out.Metadata[dataETagMeta], nil
 }
