@@ -45,6 +45,7 @@
 //	  serviceAccount: etcdbackup-agent
 //	  ttlAfterFinished: 24h
 //	  deadline: 2h
+//	  restoreNamespace: etcdbackup-restore  # hostPath restores run here
 package config
 
 import (
@@ -62,6 +63,9 @@ const (
 	DefaultServiceAccount   = "etcdbackup-agent"
 	DefaultTTLAfterFinished = 24 * time.Hour
 	DefaultDeadline         = 2 * time.Hour
+	// DefaultRestoreNamespace is where restore Jobs of hostPath members
+	// run (manifests/restore-namespace/).
+	DefaultRestoreNamespace = "etcdbackup-restore"
 	// DefaultAgentPort is the server's agent listener, the only port of
 	// its Service.
 	DefaultAgentPort = "50052"
@@ -172,7 +176,11 @@ type Target struct {
 	// can only be backed up.
 	InitialClusterToken string `json:"initialClusterToken,omitempty"`
 	// Namespace holds the members' PersistentVolumeClaims: restore Jobs
-	// run there ("" = the server's namespace).
+	// run there ("" = the server's namespace), and a pod there that mounts
+	// a member's claim means the member runs. For hostPath members it is
+	// where their pods are looked for ("" = kube-system, where kubeadm's
+	// static etcd pods appear); their restore Jobs run in
+	// agents.restoreNamespace.
 	Namespace string   `json:"namespace,omitempty"`
 	Members   []Member `json:"members,omitempty"`
 	// RestoreRunAsUser and RestoreRunAsGroup are the uid and gid restore
@@ -259,6 +267,11 @@ type Agents struct {
 	TTLAfterFinished metav1.Duration `json:"ttlAfterFinished,omitempty"`
 	// Deadline bounds one agent run; default DefaultDeadline.
 	Deadline metav1.Duration `json:"deadline,omitempty"`
+	// RestoreNamespace is where restore Jobs of targets with hostPath
+	// members (control-plane etcd) run: a namespace whose Pod Security
+	// level admits hostPath volumes, which the server's own (restricted)
+	// does not. Default DefaultRestoreNamespace.
+	RestoreNamespace string `json:"restoreNamespace,omitempty"`
 }
 
 // WithDefaults returns a with the defaults of its zero fields filled in;
@@ -275,6 +288,9 @@ func (a Agents) WithDefaults(namespace string) Agents {
 	}
 	if a.Deadline.Duration == 0 {
 		a.Deadline.Duration = DefaultDeadline
+	}
+	if a.RestoreNamespace == "" {
+		a.RestoreNamespace = DefaultRestoreNamespace
 	}
 	return a
 }
