@@ -239,7 +239,7 @@ func (s *Server) memberLiveness(ctx context.Context, t *config.Target) []finding
 	pods, err := s.agents.MemberPods(ctx, *t)
 	if err != nil {
 		out = append(out, finding{state: unknown, what: fmt.Sprintf(
-			"the server cannot see which pods use the members' volumes (%v): it needs pods get/list in namespace %s",
+			"the server cannot see which pods use the members' volumes (%v): it needs pods list in namespace %s",
 			err, s.agents.MemberNamespace(*t))})
 	}
 	for _, m := range t.Members {

@@ -152,7 +152,7 @@ func TestRestoreRefusedWhenPodsCannotBeListed(t *testing.T) {
 	w.client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", nil)
 	})
-	mustSay(t, refusal(t, w), "cannot tell", "forbidden", "pods get/list in namespace app")
+	mustSay(t, refusal(t, w), "cannot tell", "forbidden", "pods list in namespace app")
 }
 
 // hostPathWorld is a server with a two-member control-plane target.

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/grpc/codes"
 	"go.etcd.io/etcd/client/pkg/v3/fileutil"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
