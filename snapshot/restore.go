@@ -3,6 +3,7 @@ package snapshot
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -106,11 +107,19 @@ func checkNotHeld(dataDir string) error {
 		f.Close()
 	}
 	db := filepath.Join(member, "snap", "db")
+	if fi, err := os.Stat(db); err != nil || !fi.Mode().IsRegular() {
+		// Not etcd's layout (no database, or "member" is a file): nothing
+		// to hold, unless it cannot be looked at.
+		if errors.Is(err, fs.ErrPermission) {
+			return fmt.Errorf("check whether a running etcd holds %s: %w", db, err)
+		}
+		return nil
+	}
 	held, err := flockHeld(db)
 	switch {
 	case held:
 		return fmt.Errorf("%w: its database %s is locked by a running etcd; stop the member and wait for its process to exit before restoring", ErrMemberRunning, db)
-	case err != nil && !errors.Is(err, os.ErrNotExist):
+	case err != nil:
 		return fmt.Errorf("check whether a running etcd holds %s: %w", db, err)
 	}
 	return nil
