@@ -103,7 +103,9 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 		for _, p := range plan {
 			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_PENDING
 			for _, f := range seen {
-				if f.member == p.GetMember() && p.Message == "" {
+				// A finding about the whole target (pods that cannot be
+				// listed, an endpoint in doubt) concerns every member.
+				if p.Message == "" && (f.member == p.GetMember() || (f.member == "" && f.url == "")) {
 					p.Message = f.dryRunMessage()
 				}
 			}
@@ -205,18 +207,15 @@ type finding struct {
 }
 
 func (f finding) String() string {
-	var s string
 	switch {
 	case f.url != "" && f.member != "":
-		s = fmt.Sprintf("%s (%s) answers", f.member, f.url)
+		return fmt.Sprintf("%s (%s) answers", f.member, f.url)
 	case f.url != "":
-		s = f.url + " answers"
+		return f.url + " answers"
 	case f.member != "":
-		s = fmt.Sprintf("%s (%s)", f.member, f.what)
-	default:
-		s = f.what
+		return fmt.Sprintf("%s (%s)", f.member, f.what)
 	}
-	return s
+	return f.what
 }
 
 func (f finding) dryRunMessage() string {
@@ -236,17 +235,6 @@ func (f finding) dryRunMessage() string {
 // stopped members have no finding.
 func (s *Server) memberLiveness(ctx context.Context, t *config.Target) []finding {
 	var out []finding
-	pods, err := s.agents.MemberPods(ctx, *t)
-	if err != nil {
-		out = append(out, finding{state: unknown, what: fmt.Sprintf(
-			"the server cannot see which pods use the members' volumes (%v): it needs pods list in namespace %s",
-			err, s.agents.MemberNamespace(*t))})
-	}
-	for _, m := range t.Members {
-		for _, p := range pods[m.Name] {
-			out = append(out, finding{member: m.Name, state: running, what: "pod " + p + " uses " + jobs.DescribeVolume(m)})
-		}
-	}
 	type probe struct{ member, url string }
 	var probes []probe
 	seen := map[string]bool{}
@@ -280,6 +268,18 @@ func (s *Server) memberLiveness(ctx context.Context, t *config.Target) []finding
 			out = append(out, f)
 		}
 	}
+	// After the URLs: a member that answers is shown by its URL first.
+	pods, err := s.agents.MemberPods(ctx, *t)
+	if err != nil {
+		out = append(out, finding{state: unknown, what: fmt.Sprintf(
+			"the server cannot see which pods use the members' volumes (%v): it needs pods list in namespace %s",
+			err, s.agents.MemberNamespace(*t))})
+	}
+	for _, m := range t.Members {
+		for _, p := range pods[m.Name] {
+			out = append(out, finding{member: m.Name, state: running, what: "pod " + p + " uses " + jobs.DescribeVolume(m)})
+		}
+	}
 	return out
 }
 
@@ -302,7 +302,7 @@ func (s *Server) refuseUnlessStopped(t *config.Target, findings []finding) error
 	}
 	if len(unsure) > 0 {
 		return status.Errorf(codes.FailedPrecondition,
-			"cannot tell whether etcd of target %q is stopped: %s. A restore must not write under a running member, so it counts a member as stopped only when no pod uses its volume and its client URL refuses connections. Check that every member's clientURL and the target's endpoints resolve and are reachable from the server's pod (a ClusterIP Service per member keeps its name while the member is stopped; a headless Service's pod names vanish with the pods, so do not use them there), then run the restore again",
+			"cannot tell whether etcd of target %q is stopped: %s. A restore must not write under a running member, so it counts a member as stopped only when no pod uses its volume and its client URL refuses connections. Every member's clientURL and the target's endpoints must resolve and be reachable from the server's pod (a ClusterIP Service per member keeps its name while the member is stopped; a headless Service's pod names vanish with the pods, so do not use them there), and the server needs pods list where the members' pods run: fix what is named above, then run the restore again",
 			t.Name, strings.Join(unsure, "; "))
 	}
 	return nil

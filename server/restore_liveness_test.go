@@ -130,7 +130,7 @@ func TestRestoreRefusedWhenAMemberStateIsUnknown(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newRestoreWorld(t, closedURL(t), tc.url)
 			msg := refusal(t, w)
-			mustSay(t, msg, append(tc.want, `cannot tell whether etcd of target "app" is stopped`, "m1 (", "resolve and are reachable from the server's pod", "ClusterIP Service")...)
+			mustSay(t, msg, append(tc.want, `cannot tell whether etcd of target "app" is stopped`, "m1 (", "must resolve and be reachable from the server's pod", "ClusterIP Service")...)
 			if strings.Contains(msg, "m0") || strings.Contains(msg, "still running") {
 				t.Errorf("refusal %q names m0 or calls m1 running", msg)
 			}
@@ -153,6 +153,13 @@ func TestRestoreRefusedWhenPodsCannotBeListed(t *testing.T) {
 		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", nil)
 	})
 	mustSay(t, refusal(t, w), "cannot tell", "forbidden", "pods list in namespace app")
+	resp, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := resp.GetMembers(); !strings.Contains(m[0].GetMessage(), "cannot tell whether it runs") {
+		t.Fatalf("dry run: %v", resp)
+	}
 }
 
 // hostPathWorld is a server with a two-member control-plane target.
