@@ -9,18 +9,22 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 )
 
-// probeTimeout bounds the check that a member is stopped.
-const probeTimeout = 2 * time.Second
+// probeTimeout bounds the check that a member is stopped; a member that
+// neither answers nor refuses within it is "unknown" and the restore is
+// refused. A variable for tests.
+var probeTimeout = 5 * time.Second
 
 // restoreTarget resolves and checks the target of a restore request.
 func (s *Server) restoreTarget(name string) (*config.Target, error) {
@@ -94,29 +98,22 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 		}
 	}
 	plan := s.plan(t, locName, name)
-	live := answering(ctx, t)
+	seen := s.memberLiveness(ctx, t)
 	if req.GetDryRun() {
 		for _, p := range plan {
 			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_PENDING
-			if u := live[p.GetMember()]; u != "" {
-				p.Message = "still answers on " + u + ": stop it before restoring"
+			for _, f := range seen {
+				// A finding about the whole target (pods that cannot be
+				// listed, an endpoint in doubt) concerns every member.
+				if p.Message == "" && (f.member == p.GetMember() || (f.member == "" && f.url == "")) {
+					p.Message = f.dryRunMessage()
+				}
 			}
 		}
 		return &ebv1.RestoreBackupResponse{Members: plan}, nil
 	}
-	if len(live) > 0 {
-		var names []string
-		for _, m := range t.Members {
-			if u := live[m.Name]; u != "" {
-				names = append(names, fmt.Sprintf("%s (%s)", m.Name, u))
-			}
-		}
-		if u := live[""]; u != "" {
-			names = append(names, u)
-		}
-		return nil, status.Errorf(codes.FailedPrecondition,
-			"etcd of target %q is still running: %s answers; a restore must not write under a running member. Stop every member first — scale its StatefulSet or Deployment to 0 (`kubectl -n %s scale statefulset NAME --replicas=0`), or for control-plane etcd move /etc/kubernetes/manifests/etcd.yaml out of /etc/kubernetes/manifests on each node — then run the restore again",
-			t.Name, strings.Join(names, ", "), s.agents.RestoreNamespace(*t))
+	if err := s.refuseUnlessStopped(t, seen); err != nil {
+		return nil, err
 	}
 	created, err := s.agents.StartRestore(ctx, jobs.RestoreSpec{
 		Name: name, Location: locName, Target: *t, MoveAside: req.GetMoveAside(), IdentitySecret: secret,
@@ -127,6 +124,11 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 		return nil, status.Errorf(codes.AlreadyExists,
 			"a restore of backup %q into target %q is still running; wait for it with `kubectl etcdbackup restore %s --target %s --wait` after it ends, or follow `kubectl -n %s get jobs -l app.kubernetes.io/component=restore-agent`",
 			name, t.Name, name, t.Name, s.agents.RestoreNamespace(*t))
+	}
+	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"start restore agents for %q in namespace %s: %v; that namespace must exist with a ServiceAccount %s and a Role letting the server manage Jobs there (manifests/restore-namespace/ for hostPath members, the Role documented in manifests/server.yaml for claims)",
+			name, s.agents.RestoreNamespace(*t), err, config.DefaultServiceAccount)
 	}
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "start restore agents for %q: %v", name, err)
@@ -180,10 +182,59 @@ func (s *Server) GetRestore(ctx context.Context, req *ebv1.GetRestoreRequest) (*
 	return &ebv1.GetRestoreResponse{Members: plan}, nil
 }
 
-// answering returns the members of t that still answer on their client
-// URL (and, under "", any target endpoint that answers), mapped to that
-// URL.
-func answering(ctx context.Context, t *config.Target) map[string]string {
+// liveness is what the server could learn about whether an etcd member
+// runs.
+type liveness int
+
+const (
+	stopped liveness = iota
+	running
+	// unknown: neither evidence of running nor of being stopped (a name
+	// that does not resolve, a timeout, a pod list refused).
+	unknown
+)
+
+// finding is one piece of evidence about a member ("" for a target
+// endpoint or the whole target).
+type finding struct {
+	member string
+	state  liveness
+	// what was seen, for people: "pod NS/NAME uses pvc/X", a URL that
+	// answers, or why the state is unknown.
+	what string
+	// url is the client URL that answers, when that is the evidence.
+	url string
+}
+
+func (f finding) String() string {
+	switch {
+	case f.url != "" && f.member != "":
+		return fmt.Sprintf("%s (%s) answers", f.member, f.url)
+	case f.url != "":
+		return f.url + " answers"
+	case f.member != "":
+		return fmt.Sprintf("%s (%s)", f.member, f.what)
+	}
+	return f.what
+}
+
+func (f finding) dryRunMessage() string {
+	switch {
+	case f.state == unknown:
+		return "cannot tell whether it runs: " + f.what + "; the restore would be refused"
+	case f.url != "":
+		return "still answers on " + f.url + ": stop it before restoring"
+	}
+	return "still running: " + f.what + "; stop it before restoring"
+}
+
+// memberLiveness gathers what says a member of t runs, or may: the API
+// showing a pod that uses its volume (jobs.Launcher.MemberPods), and its
+// client URL (and any target endpoint) answering. A member is stopped
+// only when the API shows no such pod and its URL refuses connections;
+// stopped members have no finding.
+func (s *Server) memberLiveness(ctx context.Context, t *config.Target) []finding {
+	var out []finding
 	type probe struct{ member, url string }
 	var probes []probe
 	seen := map[string]bool{}
@@ -198,34 +249,76 @@ func answering(ctx context.Context, t *config.Target) map[string]string {
 			probes = append(probes, probe{"", e})
 		}
 	}
-	out := map[string]string{}
-	var mu sync.Mutex
+	found := make([]finding, len(probes))
 	var wg sync.WaitGroup
-	for _, p := range probes {
+	for i, p := range probes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if answers(ctx, p.url) {
-				mu.Lock()
-				if out[p.member] == "" {
-					out[p.member] = p.url
-				}
-				mu.Unlock()
+			state, what := probeURL(ctx, p.url)
+			found[i] = finding{member: p.member, state: state, what: what}
+			if state == running {
+				found[i].url = p.url
 			}
 		}()
 	}
 	wg.Wait()
+	for _, f := range found {
+		if f.state != stopped {
+			out = append(out, f)
+		}
+	}
+	// After the URLs: a member that answers is shown by its URL first.
+	pods, err := s.agents.MemberPods(ctx, *t)
+	if err != nil {
+		out = append(out, finding{state: unknown, what: fmt.Sprintf(
+			"the server cannot see which pods use the members' volumes (%v): it needs pods list in namespace %s",
+			err, s.agents.MemberNamespace(*t))})
+	}
+	for _, m := range t.Members {
+		for _, p := range pods[m.Name] {
+			out = append(out, finding{member: m.Name, state: running, what: "pod " + p + " uses " + jobs.DescribeVolume(m)})
+		}
+	}
 	return out
 }
 
-// answers says whether something serves at an etcd client URL. Accepting a
-// TCP connection is not enough (a Service without endpoints may accept and
+// refuseUnlessStopped is the refusal of a restore while findings say a
+// member of t runs, or cannot tell.
+func (s *Server) refuseUnlessStopped(t *config.Target, findings []finding) error {
+	var live, unsure []string
+	for _, f := range findings {
+		switch f.state {
+		case running:
+			live = append(live, f.String())
+		case unknown:
+			unsure = append(unsure, f.String())
+		}
+	}
+	if len(live) > 0 {
+		return status.Errorf(codes.FailedPrecondition,
+			"etcd of target %q is still running: %s; a restore must not write under a running member. Stop every member first — scale its StatefulSet or Deployment to 0 (`kubectl -n %s scale statefulset NAME --replicas=0`), or for control-plane etcd move /etc/kubernetes/manifests/etcd.yaml out of /etc/kubernetes/manifests on each node — then run the restore again",
+			t.Name, strings.Join(live, ", "), s.agents.MemberNamespace(*t))
+	}
+	if len(unsure) > 0 {
+		return status.Errorf(codes.FailedPrecondition,
+			"cannot tell whether etcd of target %q is stopped: %s. A restore must not write under a running member, so it counts a member as stopped only when no pod uses its volume and its client URL refuses connections. Every member's clientURL and the target's endpoints must resolve and be reachable from the server's pod (a ClusterIP Service per member keeps its name while the member is stopped; a headless Service's pod names vanish with the pods, so do not use them there), and the server needs pods list where the members' pods run: fix what is named above, then run the restore again",
+			t.Name, strings.Join(unsure, "; "))
+	}
+	return nil
+}
+
+// probeURL says whether etcd serves at a client URL. Accepting a TCP
+// connection is not enough (a Service without endpoints may accept and
 // close): the peer must send bytes back — an HTTP response, or its side of
-// a TLS handshake. No credential is used and nothing is read from etcd.
-func answers(ctx context.Context, raw string) bool {
+// a TLS handshake. A refused connection (or no route to a resolved
+// address) means stopped; a name that does not resolve, a timeout or any
+// other error means unknown, with what was seen. No credential is used
+// and nothing is read from etcd.
+func probeURL(ctx context.Context, raw string) (liveness, string) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return false
+		return unknown, fmt.Sprintf("%s is not a URL: %v", raw, err)
 	}
 	host := u.Host
 	if u.Port() == "" {
@@ -235,8 +328,17 @@ func answers(ctx context.Context, raw string) bool {
 	defer cancel()
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", host)
-	if err != nil {
-		return false
+	var dnsErr *net.DNSError
+	switch {
+	case err == nil:
+	case errors.As(err, &dnsErr):
+		return unknown, fmt.Sprintf("%s does not resolve from the server (%v)", raw, err)
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH):
+		return stopped, ""
+	case isTimeout(err):
+		return unknown, fmt.Sprintf("%s: no answer to a connection within %s", raw, probeTimeout)
+	default:
+		return unknown, fmt.Sprintf("%s: %v", raw, err)
 	}
 	defer conn.Close()
 	deadline, _ := ctx.Deadline()
@@ -245,15 +347,23 @@ func answers(ctx context.Context, raw string) bool {
 	if u.Scheme == "https" {
 		// Only whether the server speaks matters, not who it is.
 		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, ServerName: u.Hostname()}) //nolint:gosec // a liveness probe, no data is exchanged
-		_ = tc.HandshakeContext(ctx)
-		return c.read > 0
+		err = tc.HandshakeContext(ctx)
+	} else if _, err = fmt.Fprintf(c, "GET /version HTTP/1.0\r\nHost: %s\r\n\r\n", u.Host); err == nil {
+		var b [1]byte
+		_, err = c.Read(b[:])
 	}
-	if _, err := fmt.Fprintf(c, "GET /version HTTP/1.0\r\nHost: %s\r\n\r\n", u.Host); err != nil {
-		return false
+	switch {
+	case c.read > 0:
+		return running, ""
+	case isTimeout(err):
+		return unknown, fmt.Sprintf("%s accepts connections but sent nothing within %s", raw, probeTimeout)
 	}
-	var b [1]byte
-	n, _ := c.Read(b[:])
-	return n > 0
+	return stopped, ""
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 type countingConn struct {

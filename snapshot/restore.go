@@ -3,10 +3,13 @@ package snapshot
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	etcdutl "go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
 )
@@ -54,10 +57,24 @@ func (m Member) Validate() error {
 // MoveAside was not asked for.
 var ErrDataDirNotEmpty = errors.New("the data directory is not empty")
 
+// ErrMemberRunning is returned when a running etcd holds the data
+// directory: the lock etcd keeps on its WAL files, or bbolt's on its
+// database, is taken.
+var ErrMemberRunning = errors.New("an etcd process holds the data directory")
+
+// ErrRestoreInProgress is returned when another restore holds the lock on
+// the data directory.
+var ErrRestoreInProgress = errors.New("another restore is writing the data directory")
+
 // CheckDataDir fails early, before any download, when Restore would
-// refuse m.DataDir.
+// refuse m.DataDir: a running etcd holds it, or it is not empty and
+// MoveAside was not asked for. Restore checks again under its lock, just
+// before writing.
 func CheckDataDir(m Member) error {
 	if err := m.Validate(); err != nil {
+		return err
+	}
+	if err := checkNotHeld(m.DataDir); err != nil {
 		return err
 	}
 	entries, err := os.ReadDir(m.DataDir)
@@ -71,17 +88,71 @@ func CheckDataDir(m Member) error {
 	return nil
 }
 
+// checkNotHeld refuses a data directory a running etcd holds: etcd locks
+// its WAL files (with etcd's own locking code, used here to test them:
+// OFD locks on Linux) and bbolt flocks member/snap/db. Taking each lock
+// for a moment is the test; it is let go at once. A WAL kept elsewhere
+// (--wal-dir) is not seen, the database still is.
+func checkNotHeld(dataDir string) error {
+	member := filepath.Join(dataDir, "member")
+	wals, _ := filepath.Glob(filepath.Join(member, "wal", "*.wal"))
+	for _, w := range wals {
+		f, err := fileutil.TryLockFile(w, os.O_WRONLY, fileutil.PrivateFileMode)
+		if errors.Is(err, fileutil.ErrLocked) {
+			return fmt.Errorf("%w: its WAL file %s is locked by a running etcd; stop the member and wait for its process to exit before restoring", ErrMemberRunning, w)
+		}
+		if err != nil {
+			return fmt.Errorf("check whether a running etcd holds %s: %w", w, err)
+		}
+		f.Close()
+	}
+	db := filepath.Join(member, "snap", "db")
+	if fi, err := os.Stat(db); err != nil || !fi.Mode().IsRegular() {
+		// Not etcd's layout (no database, or "member" is a file): nothing
+		// to hold, unless it cannot be looked at.
+		if errors.Is(err, fs.ErrPermission) {
+			return fmt.Errorf("check whether a running etcd holds %s: %w", db, err)
+		}
+		return nil
+	}
+	held, err := flockHeld(db)
+	switch {
+	case held:
+		return fmt.Errorf("%w: its database %s is locked by a running etcd; stop the member and wait for its process to exit before restoring", ErrMemberRunning, db)
+	case err != nil:
+		return fmt.Errorf("check whether a running etcd holds %s: %w", db, err)
+	}
+	return nil
+}
+
 // Restore rebuilds m's data directory from the snapshot at path with etcd's
 // own restore code (which checks the SHA-256 trailer again). A non-empty
 // data directory is refused, or with MoveAside renamed — never deleted. It
 // returns where the old data went, if anywhere.
+//
+// Just before writing it takes an exclusive lock on the data directory
+// (created empty if absent) and checks again that no etcd holds it and
+// that it is empty: between the server's check and this moment a member
+// may have been started, or another restore begun. With MoveAside the
+// fresh directory is created and locked before etcd's restore fills it,
+// so a concurrent restore finds it taken.
 func Restore(path string, m Member) (movedTo string, err error) {
+	if err := m.Validate(); err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(m.DataDir, 0o700); err != nil {
+		return "", fmt.Errorf("create data directory: %w", err)
+	}
+	unlock, err := lockDir(m.DataDir)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
 	if err := CheckDataDir(m); err != nil {
 		return "", err
 	}
 	entries, err := os.ReadDir(m.DataDir)
 	switch {
-	case errors.Is(err, os.ErrNotExist):
 	case err != nil:
 		return "", err
 	case len(entries) > 0:
@@ -89,6 +160,15 @@ func Restore(path string, m Member) (movedTo string, err error) {
 		if err := os.Rename(m.DataDir, movedTo); err != nil {
 			return "", fmt.Errorf("move %s aside: %w", m.DataDir, err)
 		}
+		// Exclusive: someone who made the directory meanwhile wins.
+		if err := os.Mkdir(m.DataDir, 0o700); err != nil {
+			return movedTo, fmt.Errorf("create data directory after moving the old one aside: %w", err)
+		}
+		unlockNew, err := lockDir(m.DataDir)
+		if err != nil {
+			return movedTo, err
+		}
+		defer unlockNew()
 	default:
 		// An empty directory (a fresh volume's mount point, which cannot
 		// be removed) is used as is: etcdutl refuses only non-empty ones.

@@ -107,7 +107,10 @@ func (o Options) Validate() error {
 
 // Run restores. c may be nil with FromFile. A corrupt backup wraps
 // snapshot.ErrCorrupt and changes nothing; so does a data directory that
-// is not empty without Member.MoveAside (snapshot.ErrDataDirNotEmpty).
+// is not empty without Member.MoveAside (snapshot.ErrDataDirNotEmpty), one
+// a running etcd holds (snapshot.ErrMemberRunning) and one another restore
+// holds (snapshot.ErrRestoreInProgress). The data directory is checked
+// before the download and again, under its lock, just before writing.
 func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -201,5 +202,44 @@ func TestRestoreRefusesAMalformedSHA256(t *testing.T) {
 	err := restore.Options{Name: "b1", Member: m, SHA256: "abc"}.Validate()
 	if err == nil || !strings.Contains(err.Error(), "--sha256") {
 		t.Fatalf("Validate with --sha256 abc: %v; want an error naming --sha256", err)
+	}
+}
+
+// The agent checks again just before writing: an etcd that took its data
+// directory after the early check (here, between download and restore)
+// is seen by its WAL lock, and the directory is neither moved nor written.
+func TestRestoreRechecksJustBeforeWriting(t *testing.T) {
+	srv := backUp(t, "b1", "", "x")
+	dataDir := filepath.Join(t.TempDir(), "data")
+	wal := filepath.Join(dataDir, "member", "wal", "0000000000000000-0000000000000000.wal")
+	m, _ := member(t, dataDir)
+	m.MoveAside = true
+	var held *fileutil.LockedFile
+	defer func() {
+		if held != nil {
+			held.Close()
+		}
+	}()
+	_, err := restore.Run(context.Background(), srv.Client, restore.Options{Name: "b1", Member: m}, restore.Events{
+		Verified: func(restore.Verified) {
+			// A member starts on the directory: it writes its WAL and locks it.
+			if err := os.MkdirAll(filepath.Dir(wal), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(wal, []byte("wal"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			if held, err = fileutil.TryLockFile(wal, os.O_WRONLY, fileutil.PrivateFileMode); err != nil {
+				t.Fatal(err)
+			}
+		},
+		MovedAside: func(to string) { t.Errorf("moved the running member's data to %s", to) },
+	})
+	if !errors.Is(err, snapshot.ErrMemberRunning) {
+		t.Fatalf("restore while a member holds the data dir: %v, want ErrMemberRunning", err)
+	}
+	if b, err := os.ReadFile(wal); err != nil || string(b) != "wal" {
+		t.Fatalf("the running member's WAL: %q, %v", b, err)
 	}
 }

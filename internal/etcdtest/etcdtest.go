@@ -34,6 +34,8 @@ type Etcd struct {
 	Endpoint string
 	// Name is the member's name.
 	Name string
+	// DataDir is its --data-dir, held by it while it runs.
+	DataDir string
 	// TLS holds the client certificate files (nil: plain HTTP).
 	TLS *transport.TLSInfo
 	// Stop stops it; calling it again does nothing.
@@ -51,7 +53,7 @@ func Start(t testing.TB, withTLS bool) *Etcd {
 	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
 	cfg.UnsafeNoFsync = true
 	scheme := "http"
-	te := &Etcd{Name: cfg.Name}
+	te := &Etcd{Name: cfg.Name, DataDir: cfg.Dir}
 	if withTLS {
 		scheme = "https"
 		files := makeTLS(t, dir)

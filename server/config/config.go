@@ -49,6 +49,7 @@
 //	    requests: {cpu: 100m, memory: 128Mi}
 //	    limits: {memory: 512Mi}
 //	  scratchSizeLimit: 20Gi      # sizeLimit of an agent's emptyDir scratch volumes
+//	  restoreNamespace: etcdbackup-restore  # hostPath restores run here
 //	limits:                       # every key is optional; these are the defaults
 //	  uploadsPerLocation: 4       # uploads in flight to one location
 //	  uploadIdleTimeout: 2m       # an upload that sends nothing this long is aborted
@@ -74,6 +75,9 @@ const (
 	DefaultServiceAccount   = "etcdbackup-agent"
 	DefaultTTLAfterFinished = 24 * time.Hour
 	DefaultDeadline         = 2 * time.Hour
+	// DefaultRestoreNamespace is where restore Jobs of hostPath members
+	// run (manifests/restore-namespace/).
+	DefaultRestoreNamespace = "etcdbackup-restore"
 	// DefaultAgentPort is the server's agent listener, the only port of
 	// its Service.
 	DefaultAgentPort = "50052"
@@ -248,7 +252,11 @@ type Target struct {
 	// can only be backed up.
 	InitialClusterToken string `json:"initialClusterToken,omitempty"`
 	// Namespace holds the members' PersistentVolumeClaims: restore Jobs
-	// run there ("" = the server's namespace).
+	// run there ("" = the server's namespace), and a pod there that mounts
+	// a member's claim means the member runs. For hostPath members it is
+	// where their pods are looked for ("" = kube-system, where kubeadm's
+	// static etcd pods appear); their restore Jobs run in
+	// agents.restoreNamespace.
 	Namespace string   `json:"namespace,omitempty"`
 	Members   []Member `json:"members,omitempty"`
 	// RestoreRunAsUser and RestoreRunAsGroup are the uid and gid restore
@@ -343,6 +351,11 @@ type Agents struct {
 	// runaway agent is evicted instead of filling the node's disk;
 	// default DefaultScratchSizeLimit.
 	ScratchSizeLimit *resource.Quantity `json:"scratchSizeLimit,omitempty"`
+	// RestoreNamespace is where restore Jobs of targets with hostPath
+	// members (control-plane etcd) run: a namespace whose Pod Security
+	// level admits hostPath volumes, which the server's own (restricted)
+	// does not. Default DefaultRestoreNamespace.
+	RestoreNamespace string `json:"restoreNamespace,omitempty"`
 }
 
 // DefaultScratchSizeLimit holds a compressed and an unpacked copy of the
@@ -385,6 +398,9 @@ func (a Agents) WithDefaults(namespace string) Agents {
 	if a.ScratchSizeLimit == nil {
 		q := DefaultScratchSizeLimit.DeepCopy()
 		a.ScratchSizeLimit = &q
+	}
+	if a.RestoreNamespace == "" {
+		a.RestoreNamespace = DefaultRestoreNamespace
 	}
 	return a
 }

@@ -34,6 +34,10 @@ func TestTargetMembers(t *testing.T) {
         clientURL: http://etcd-0.app.svc:2379
         dataDir: data
         volume: {persistentVolumeClaim: {claimName: data-etcd-0}}
+  # A target's members are all claims or all hostPaths.
+  - name: control-plane
+    endpoints: [https://10.0.0.10:2379]
+    members:
       - name: cp-1
         peerURL: https://10.0.0.10:2380
         volume: {hostPath: {path: /var/lib}}
@@ -44,7 +48,7 @@ func TestTargetMembers(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts := f.Targets
-	m := ts[0].Members
+	m := append(ts[0].Members, ts[1].Members...)
 	if ts[0].Namespace != "app" || ts[0].InitialClusterToken != "tok" || len(m) != 2 ||
 		m[0].Volume.PersistentVolumeClaim.ClaimName != "data-etcd-0" || m[0].DataDir != "data" ||
 		m[1].Volume.HostPath.Path != "/var/lib" || m[1].NodeName != "cp-1" {
@@ -115,6 +119,9 @@ func TestErrorsNameTheField(t *testing.T) {
 			"targets[0].members[0].nodeName: Required value"},
 		{"relative hostPath", head + "      - name: m0\n        peerURL: http://m0:2380\n        volume: {hostPath: {path: var/lib}}\n        nodeName: n\n",
 			`targets[0].members[0].volume.hostPath.path: Invalid value: "var/lib": must be an absolute path`},
+		{"claims and hostPaths", head + member + "      - name: m1\n        peerURL: http://m1:2380\n        volume: {hostPath: {path: /var/lib}}\n        nodeName: n\n",
+			"targets[0].members[1].volume: Invalid value: every member of a target uses persistentVolumeClaim, or every member hostPath"},
+		{"restore namespace", head + member + "agents: {restoreNamespace: Etcd_Restore}\n", `agents.restoreNamespace: Invalid value: "Etcd_Restore"`},
 		{"negative deadline", head + member + "agents: {deadline: -1m}\n", `agents.deadline: Invalid value: "-1m0s": must not be negative`},
 		{"pull policy", head + member + "agents: {imagePullPolicy: Sometimes}\n", `agents.imagePullPolicy: Unsupported value: "Sometimes"`},
 		{"bad duration", head + member + "agents: {ttlAfterFinished: 1 day}\n", `duration "1 day"`},

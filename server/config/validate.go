@@ -148,6 +148,11 @@ func validateMembers(members []Member, fldPath *field.Path) field.ErrorList {
 				errs = append(errs, field.Required(p.Child("nodeName"), "a hostPath volume needs the member's node"))
 			}
 		}
+		// One target's restore Jobs share a namespace: a claim's, or
+		// agents.restoreNamespace for hostPath volumes.
+		if i > 0 && (v.HostPath != nil) != (members[0].Volume.HostPath != nil) && (v.PersistentVolumeClaim == nil) != (v.HostPath == nil) {
+			errs = append(errs, field.Invalid(vp, field.OmitValueType{}, "every member of a target uses persistentVolumeClaim, or every member hostPath: their restore Jobs run in one namespace"))
+		}
 	}
 	return errs
 }
@@ -190,6 +195,9 @@ func validateAgents(a Agents, p *field.Path) field.ErrorList {
 	}
 	if a.Deadline.Duration < 0 {
 		errs = append(errs, field.Invalid(p.Child("deadline"), a.Deadline.Duration.String(), "must not be negative"))
+	}
+	if a.RestoreNamespace != "" {
+		errs = append(errs, validateDNS(a.RestoreNamespace, p.Child("restoreNamespace"), validation.IsDNS1123Label)...)
 	}
 	if r := a.Resources; r != nil {
 		errs = append(errs, validateResources(*r, p.Child("resources"))...)

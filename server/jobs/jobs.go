@@ -185,7 +185,7 @@ func (l *Launcher) StartBackup(ctx context.Context, spec BackupSpec) (*batchv1.J
 		if gerr != nil {
 			return nil, fmt.Errorf("get existing job %s: %w", job.Name, gerr)
 		}
-		if phase, _ := jobPhase(old); phase == PhaseRunning {
+		if phase, _ := l.phase(ctx, old); phase == PhaseRunning {
 			return nil, ErrRunning
 		}
 		// An earlier attempt that ended without a stored backup: replace it.
@@ -375,12 +375,7 @@ func (l *Launcher) List(ctx context.Context) ([]Run, error) {
 		if j.DeletionTimestamp != nil {
 			continue
 		}
-		phase, msg := jobPhase(j)
-		if phase == PhaseFailed {
-			if m := l.failureMessage(ctx, j); m != "" {
-				msg = m
-			}
-		}
+		phase, msg := l.phase(ctx, j)
 		runs = append(runs, Run{
 			Name: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation], Target: j.Annotations[AnnotationTarget],
 			Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, JobName: j.Name,
@@ -408,6 +403,64 @@ func jobPhase(j *batchv1.Job) (Phase, string) {
 		}
 	}
 	return PhaseRunning, ""
+}
+
+// phase is where j stands: jobPhase, except that a Job whose pod the API
+// refuses to create is Failed with the API's reason (the Job controller
+// would retry until the deadline, showing it Running), and a failed Job
+// carries the agent's last words when it has them.
+func (l *Launcher) phase(ctx context.Context, j *batchv1.Job) (Phase, string) {
+	p, msg := jobPhase(j)
+	switch p {
+	case PhaseRunning:
+		if r := l.refusal(ctx, j); r != "" {
+			return PhaseFailed, r
+		}
+	case PhaseFailed:
+		if m := l.failureMessage(ctx, j); m != "" {
+			msg = m
+		}
+	}
+	return p, msg
+}
+
+// refusal is why the API refuses to create j's pod, or "". The evidence is
+// the Job controller's FailedCreate event for this Job (its UID: a Job
+// replaced under the same name keeps its events for an hour) with a
+// "forbidden" reason — Pod Security admission, a quota, a missing
+// ServiceAccount — while the Job has no pod at all. The controller retries
+// such creates, but none of those causes goes away by itself, so the Job
+// is reported failed at once; should a retry succeed, the Job has a pod
+// and is Running again. An error listing events is no evidence.
+func (l *Launcher) refusal(ctx context.Context, j *batchv1.Job) string {
+	if j.Status.Active > 0 || j.Status.Succeeded > 0 || j.Status.Failed > 0 {
+		return ""
+	}
+	list, err := l.client.CoreV1().Events(j.Namespace).List(ctx, metav1.ListOptions{
+		FieldSelector: fields.Set{"involvedObject.kind": "Job", "involvedObject.name": j.Name}.String(),
+	})
+	if err != nil {
+		return ""
+	}
+	var last *corev1.Event
+	for i := range list.Items {
+		e := &list.Items[i]
+		if e.InvolvedObject.Kind != "Job" || e.InvolvedObject.Name != j.Name || e.InvolvedObject.UID != j.UID ||
+			e.Reason != "FailedCreate" || !strings.Contains(e.Message, "forbidden") {
+			continue
+		}
+		if last == nil || eventTime(last).Before(eventTime(e)) {
+			last = e
+		}
+	}
+	if last == nil {
+		return ""
+	}
+	msg := "the API refuses to create the agent's pod: " + strings.TrimPrefix(last.Message, "Error creating: ")
+	if strings.Contains(last.Message, "PodSecurity") {
+		msg += fmt.Sprintf("; namespace %s must admit it (label pod-security.kubernetes.io/enforce=privileged for hostPath volumes: see manifests/restore-namespace/)", j.Namespace)
+	}
+	return msg
 }
 
 // failureMessage is the agent's own last words: its container's

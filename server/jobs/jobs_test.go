@@ -13,6 +13,7 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
@@ -516,5 +517,84 @@ func TestEncryptionInJobSpecs(t *testing.T) {
 		if v.Secret != nil && v.Secret.SecretName == "etcd-age-key" {
 			t.Error("backup Job mounts the identity")
 		}
+	}
+}
+
+// Restore Jobs of hostPath members run in agents.restoreNamespace (one
+// whose Pod Security admits hostPath), those of claims beside the claims;
+// the agent guard admits restore agents from each.
+func TestRestoreNamespaces(t *testing.T) {
+	claim := config.Target{Name: "app", Namespace: "app", Members: []config.Member{
+		{Name: "m0", Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-m0"}}}}}
+	host := config.Target{Name: "cp", Namespace: "ignored-for-jobs", Members: []config.Member{
+		{Name: "cp-1", NodeName: "cp-1", Volume: config.MemberVolume{HostPath: &config.HostPathRef{Path: "/var/lib"}}}}}
+	backupOnly := config.Target{Name: "b"}
+	for _, tc := range []struct {
+		agents config.Agents
+		want   []string
+	}{
+		{config.Agents{}, []string{"app", config.DefaultRestoreNamespace, ns}},
+		{config.Agents{RestoreNamespace: "cp-restore"}, []string{"app", "cp-restore", ns}},
+	} {
+		l, _ := newLauncher(t, tc.agents)
+		if got := l.RestoreNamespaces([]config.Target{claim, host, backupOnly, host}); !slices.Equal(got, tc.want) {
+			t.Errorf("agents %+v: restore namespaces %v, want %v", tc.agents, got, tc.want)
+		}
+		if got := l.MemberNamespace(host); got != "ignored-for-jobs" {
+			t.Errorf("hostPath members' pods are looked for in %q", got)
+		}
+		host.Namespace = ""
+		if got := l.MemberNamespace(host); got != "kube-system" {
+			t.Errorf("hostPath members' pods are looked for in %q, want kube-system", got)
+		}
+		host.Namespace = "ignored-for-jobs"
+	}
+}
+
+// A backup Job whose pod the API refuses to create is Failed with the
+// API's reason, and StartBackup replaces it rather than calling it
+// running. An event of an earlier Job of the same name is no evidence.
+func TestRefusedJobIsFailed(t *testing.T) {
+	l, cs := newLauncher(t, config.Agents{})
+	ctx := context.Background()
+	spec := jobs.BackupSpec{Name: "b1", Location: "default", Target: target}
+	job, err := l.StartBackup(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job.UID = "uid-now"
+	if job, err = cs.BatchV1().Jobs(ns).Update(ctx, job, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	event := func(name, uid, msg string) {
+		t.Helper()
+		e := &corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			InvolvedObject: corev1.ObjectReference{Kind: "Job", Name: job.Name, UID: types.UID(uid)},
+			Reason:         "FailedCreate", Message: msg, Type: corev1.EventTypeWarning, LastTimestamp: metav1.Now()}
+		if _, err := cs.CoreV1().Events(ns).Create(ctx, e, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	phase := func() jobs.Run {
+		t.Helper()
+		runs, err := l.List(ctx)
+		if err != nil || len(runs) != 1 {
+			t.Fatalf("runs %v, %v", runs, err)
+		}
+		return runs[0]
+	}
+	event("old", "uid-before", `Error creating: pods "x" is forbidden: error looking up service account etcdbackup-system/etcdbackup-agent: serviceaccount "etcdbackup-agent" not found`)
+	event("transient", "uid-now", `Error creating: Timeout: request did not complete within requested timeout`)
+	if r := phase(); r.Phase != jobs.PhaseRunning {
+		t.Fatalf("with no refusal of this Job: %+v", r)
+	}
+	event("now", "uid-now", `Error creating: pods "backup-b1-x" is forbidden: violates PodSecurity "restricted:latest": hostPath volumes (volume "data")`)
+	r := phase()
+	if r.Phase != jobs.PhaseFailed || !strings.Contains(r.Message, `the API refuses to create the agent's pod: pods "backup-b1-x" is forbidden: violates PodSecurity`) ||
+		!strings.Contains(r.Message, "namespace "+ns+" must admit it") {
+		t.Fatalf("refused job: %+v", r)
+	}
+	if _, err := l.StartBackup(ctx, spec); err != nil {
+		t.Fatalf("start after a refused run: %v", err)
 	}
 }

@@ -45,13 +45,91 @@ func dataDirIn(m config.Member) string {
 	return path.Join(restoreMountPath, m.DataDir)
 }
 
+// hostPathTarget says whether t's members keep their data on their nodes
+// (config validation keeps a target's members all one kind).
+func hostPathTarget(t config.Target) bool {
+	return len(t.Members) > 0 && t.Members[0].Volume.HostPath != nil
+}
+
 // RestoreNamespace is where the restore Jobs of t run: beside its
-// members' volumes.
+// members' claims, or for hostPath members in agents.restoreNamespace,
+// whose Pod Security level admits hostPath volumes (the server's
+// namespace enforces "restricted", which forbids them).
 func (l *Launcher) RestoreNamespace(t config.Target) string {
-	if t.Namespace != "" {
+	switch {
+	case hostPathTarget(t):
+		return l.agents.RestoreNamespace
+	case t.Namespace != "":
 		return t.Namespace
 	}
 	return l.namespace
+}
+
+// MemberNamespace is where pods that use t's member volumes are
+// looked for: the claims' namespace, or for hostPath members the
+// target's namespace, by default kube-system (kubeadm's static etcd pods).
+func (l *Launcher) MemberNamespace(t config.Target) string {
+	switch {
+	case !hostPathTarget(t):
+		return l.RestoreNamespace(t)
+	case t.Namespace != "":
+		return t.Namespace
+	}
+	return metav1.NamespaceSystem
+}
+
+// MemberPods returns, for each member of t, the pods ("NAMESPACE/NAME")
+// that the API shows using its volume and that have not terminated: a pod
+// that mounts the member's claim, or for a hostPath member a pod on its
+// node with a hostPath volume at, above or below the member's data
+// directory. The server's own restore agents do not count. A pod being
+// deleted still counts: its etcd may still be writing.
+func (l *Launcher) MemberPods(ctx context.Context, t config.Target) (map[string][]string, error) {
+	ns := l.MemberNamespace(t)
+	list, err := l.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list pods in namespace %s: %w", ns, err)
+	}
+	out := map[string][]string{}
+	for i := range list.Items {
+		p := &list.Items[i]
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
+			(p.Labels[LabelManagedBy] == managedBy && p.Labels[LabelComponent] == componentRestore) {
+			continue
+		}
+		for _, m := range t.Members {
+			if usesVolume(p, m) {
+				out[m.Name] = append(out[m.Name], p.Namespace+"/"+p.Name)
+			}
+		}
+	}
+	return out, nil
+}
+
+// usesVolume says whether pod p mounts m's data.
+func usesVolume(p *corev1.Pod, m config.Member) bool {
+	for _, v := range p.Spec.Volumes {
+		switch {
+		case m.Volume.PersistentVolumeClaim != nil:
+			if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == m.Volume.PersistentVolumeClaim.ClaimName {
+				return true
+			}
+		case m.Volume.HostPath != nil:
+			if v.HostPath != nil && p.Spec.NodeName == m.NodeName &&
+				pathsOverlap(v.HostPath.Path, path.Join(m.Volume.HostPath.Path, m.DataDir)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// pathsOverlap says whether one of two absolute paths is the other or
+// lies below it.
+func pathsOverlap(a, b string) bool {
+	a, b = path.Clean(a), path.Clean(b)
+	within := func(x, dir string) bool { return x == dir || dir == "/" || strings.HasPrefix(x, dir+"/") }
+	return within(a, b) || within(b, a)
 }
 
 // RestoreNamespaces are the namespaces the restore Jobs of targets run
@@ -113,7 +191,7 @@ func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batch
 		if err != nil {
 			return nil, fmt.Errorf("get existing job %s: %w", j.Name, err)
 		}
-		if phase, _ := jobPhase(old); phase == PhaseRunning && old.DeletionTimestamp == nil {
+		if phase, _ := l.phase(ctx, old); phase == PhaseRunning && old.DeletionTimestamp == nil {
 			return nil, ErrRunning
 		}
 	}
@@ -219,12 +297,7 @@ func (l *Launcher) ListRestores(ctx context.Context, location, name string, targ
 		if j.DeletionTimestamp != nil || a[AnnotationBackup] != name || a[AnnotationLocation] != location || a[AnnotationTarget] != target.Name {
 			continue
 		}
-		phase, msg := jobPhase(j)
-		if phase == PhaseFailed {
-			if m := l.failureMessage(ctx, j); m != "" {
-				msg = m
-			}
-		}
+		phase, msg := l.phase(ctx, j)
 		out[a[AnnotationMember]] = MemberRun{Member: a[AnnotationMember], JobName: j.Name, Phase: phase, Message: msg}
 	}
 	return out, nil
@@ -244,7 +317,8 @@ func (l *Launcher) RunningRestores(ctx context.Context, location, name string, t
 		}
 		for i := range list.Items {
 			j := &list.Items[i]
-			if j.Annotations[AnnotationBackup] == name && j.Annotations[AnnotationLocation] == location && JobPhase(j) == PhaseRunning {
+			if j.Annotations[AnnotationBackup] == name && j.Annotations[AnnotationLocation] == location &&
+				JobPhase(j) == PhaseRunning && l.refusal(ctx, j) == "" {
 				out = append(out, j.Namespace+"/"+j.Name)
 			}
 		}
