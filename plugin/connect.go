@@ -26,9 +26,12 @@ var errAlreadyReported = errors.New("")
 func IsAlreadyReported(err error) bool { return errors.Is(err, errAlreadyReported) }
 
 // dialOptions are shared by direct and tunnelled connections. Keepalive
-// pings notice a dead tunnel in seconds instead of at the next write.
+// pings notice a dead tunnel in seconds instead of at the next write;
+// client.Reconnect finds a replaced server pod within seconds of it being
+// Ready.
 var dialOptions = []grpc.DialOption{
 	grpc.WithTransportCredentials(insecure.NewCredentials()),
+	client.Reconnect,
 	grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 }
 
