@@ -17,7 +17,7 @@ include hack/s3.mk
 include hack/age.mk
 include hack/node.mk
 
-.PHONY: all build test unit e2e node-deps lint generate check-generate demo sandbox bench tools clean dist krew-check
+.PHONY: all build test unit e2e node-deps lint generate check-generate demo sandbox bench fuzz tools clean dist krew-check
 
 all: build
 
@@ -109,6 +109,11 @@ sandbox: node-deps node-bins s3-bins
 bench: node-deps node-bins s3-bins age-bins
 	ETCDBACKUP_REQUIRE_SANDBOX=1 $(SANDBOX_ENV) \
 		$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./client/ ./plugin/ ./tests/bench/
+
+## fuzz: every fuzz target (upload stream, manifest, trailer verifier, decompression, config) for FUZZTIME each
+FUZZTIME ?= 30s
+fuzz:
+	FUZZTIME=$(FUZZTIME) GO=$(GO) hack/fuzz.sh
 
 ## dist: plugin archives for every krew platform, SHA256SUMS and the krew manifest, in dist/
 DIST_VERSION ?= v0.1.0

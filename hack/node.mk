@@ -1,19 +1,21 @@
 # node.mk — Makefile fragment (include it from the root Makefile after
 # kube.mk) that builds what the test sandbox's real node runs besides
 # containerd and runc: kubelet and kube-proxy (with the other Kubernetes
-# binaries, hack/build-kube.sh), the CNI plugins, CoreDNS, and the OCI image
-# archives of the pause and CoreDNS images, all for this machine's platform.
+# binaries, hack/build-kube.sh), the CNI plugins, CoreDNS,
+# kube-network-policies, and the OCI image archives of the pause and CoreDNS
+# images, all for this machine's platform.
 #
 #   make node-bins       # everything below, plus kube-bins
 #   make cni-bins        # bridge, host-local, loopback, portmap v1.10.0 into $(CNI_BIN_DIR)
 #   make coredns-bin     # coredns v1.15.0 into $(NODE_BIN_DIR)
+#   make netpol-bin      # kube-network-policies v0.8.0 (patched) into $(NODE_BIN_DIR)
 #   make node-images     # $(NODE_IMAGE_DIR)/pause.tar and coredns.tar
 #
-# Binaries are pinned by the tools modules tools/cni and tools/coredns and
-# rebuilt only when a stamp file, which records the module's go.mod, go.sum,
-# the Go version and the build flags, is out of date: a cold CoreDNS build
-# takes about 2.5 minutes on 2 cores, the CNI plugins seconds, a warm check is
-# instant. Flags never vary, so the Go build cache is reused. The image
+# Binaries are pinned by the tools modules tools/cni, tools/coredns and
+# tools/netpol and rebuilt only when a stamp file, which records the module's
+# go.mod, go.sum, the Go version and the build flags, is out of date: a cold
+# CoreDNS build takes about 2.5 minutes on 2 cores, the CNI plugins seconds, a
+# warm check is instant. Flags never vary, so the Go build cache is reused. The image
 # archives are plain file targets: rebuilt when their binary or the image tool
 # changes, with the same digest for the same binary.
 #
@@ -40,14 +42,21 @@ CNI_PLUGINS := github.com/containernetworking/plugins/plugins/main/bridge \
 	github.com/containernetworking/plugins/plugins/meta/portmap
 
 
-.PHONY: images node-bins cni-bins coredns-bin node-images
-node-bins: kube-bins cni-bins coredns-bin node-images
+.PHONY: images node-bins cni-bins coredns-bin netpol-bin node-images
+node-bins: kube-bins cni-bins coredns-bin netpol-bin node-images
 
 cni-bins:
 	$(call build-tool,cni-plugins,$(CURDIR)/tools/cni,$(CNI_BIN_DIR),$(CNI_PLUGINS),-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=v1.10.0)
 
 coredns-bin:
 	$(call build-tool,coredns,$(CURDIR)/tools/coredns,$(NODE_BIN_DIR),github.com/coredns/coredns,-s -w)
+
+# The NetworkPolicy enforcer (sandbox.Config.NetworkPolicy); the sandbox
+# runs it on the node as a host process, as kube-proxy runs. Built by its own
+# script, with the same kind of stamp, because it carries a patch: see
+# hack/build-netpol.sh. A cold build takes about 3 minutes.
+netpol-bin:
+	GO=$(GO) hack/build-netpol.sh $(NODE_BIN_DIR)
 
 node-images: $(NODE_IMAGE_DIR)/pause.tar $(NODE_IMAGE_DIR)/coredns.tar
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -46,7 +47,7 @@ func (g *GlobalOptions) listBackups(ctx context.Context, conn *Connection, selec
 	var all []*ebv1.Backup
 	var errs []error
 	for _, l := range locs {
-		resp, err := conn.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{Location: l, LabelSelector: selector})
+		bs, err := listLocation(ctx, conn, l, selector)
 		if err != nil {
 			op := "list backups"
 			if g.Location == "" {
@@ -55,7 +56,7 @@ func (g *GlobalOptions) listBackups(ctx context.Context, conn *Connection, selec
 			errs = append(errs, conn.explain(op, err))
 			continue
 		}
-		all = append(all, resp.GetBackups()...)
+		all = append(all, bs...)
 	}
 	sortBackups(all)
 	if len(errs) > 0 {
@@ -63,6 +64,29 @@ func (g *GlobalOptions) listBackups(ctx context.Context, conn *Connection, selec
 		return all, withCode(ExitCode(errs[0]), errors.Join(errs...))
 	}
 	return all, nil
+}
+
+// listMaxRecvBytes is what one page of ListBackups may be: the server
+// bounds a page to 2 MiB, but a newer one may send more.
+const listMaxRecvBytes = 16 << 20
+
+// listLocation lists the backups of one location, every page of them.
+// A location whose listing changes between pages still lists each
+// backup at most once: a page starts after the last one listed.
+func listLocation(ctx context.Context, conn *Connection, location, selector string) ([]*ebv1.Backup, error) {
+	var all []*ebv1.Backup
+	req := &ebv1.ListBackupsRequest{Location: location, LabelSelector: selector}
+	for {
+		resp, err := conn.Backups.ListBackups(ctx, req, grpc.MaxCallRecvMsgSize(listMaxRecvBytes))
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, resp.GetBackups()...)
+		if resp.GetNextPageToken() == "" {
+			return all, nil
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
 }
 
 // findBackup returns the backup called name from --location or from the

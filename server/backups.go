@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"sort"
@@ -14,13 +16,24 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/labels"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+)
+
+// Pages of ListBackups.
+const (
+	DefaultPageSize = 500
+	MaxPageSize     = 1000
+	// maxPageBytes keeps a page well under the 4 MiB a gRPC client
+	// receives by default, whatever the backups' labels.
+	maxPageBytes = 2 << 20
 )
 
 // ListBackups implements ebv1.BackupServiceServer.
@@ -32,6 +45,15 @@ func (s *Server) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest) 
 	sel, err := labels.Parse(req.GetLabelSelector())
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "label selector %q: %v", req.GetLabelSelector(), err)
+	}
+	if req.GetPageSize() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "page size %d is negative", req.GetPageSize())
+	}
+	var after *pageToken
+	if t := req.GetPageToken(); t != "" {
+		if after, err = parsePageToken(t, locName, req.GetLabelSelector()); err != nil {
+			return nil, err
+		}
 	}
 	manifests, err := loc.List(ctx)
 	if err != nil {
@@ -53,14 +75,77 @@ func (s *Server) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest) 
 			resp.Backups = append(resp.Backups, b)
 		}
 	}
-	sort.Slice(resp.Backups, func(i, j int) bool {
-		a, b := resp.Backups[i], resp.Backups[j]
-		ta, tb := a.GetCreateTime().AsTime(), b.GetCreateTime().AsTime()
-		if !ta.Equal(tb) {
-			return ta.After(tb)
+	sort.Slice(resp.Backups, func(i, j int) bool { return listedBefore(resp.Backups[i], resp.Backups[j]) })
+	return page(resp.Backups, after, locName, req)
+}
+
+// listedBefore is the order of a listing: newest first, then by name.
+// Names are unique in a location, so it is total, and a page token (the
+// last backup's create time and name) says where the next page starts
+// even when backups were added or deleted in between.
+func listedBefore(a, b *ebv1.Backup) bool {
+	ta, tb := a.GetCreateTime().AsTime(), b.GetCreateTime().AsTime()
+	if !ta.Equal(tb) {
+		return ta.After(tb)
+	}
+	return a.GetName() < b.GetName()
+}
+
+// pageToken is where a page ended, and what it listed: a token is only
+// good for the same listing.
+type pageToken struct {
+	Location string    `json:"l"`
+	Selector string    `json:"s,omitempty"`
+	Time     time.Time `json:"t"`
+	Name     string    `json:"n"`
+}
+
+func parsePageToken(s, location, selector string) (*pageToken, error) {
+	var t pageToken
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err == nil {
+		err = json.Unmarshal(b, &t)
+	}
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, "page token is not one this server returned; list again without it")
+	}
+	if t.Location != location || t.Selector != selector {
+		return nil, status.Errorf(codes.InvalidArgument,
+			"page token is of a listing of location %q with selector %q, not of %q with %q; list again without it", t.Location, t.Selector, location, selector)
+	}
+	return &t, nil
+}
+
+// page returns the sorted backups after the token's, up to the request's
+// page size and maxPageBytes, and a token for the rest.
+func page(sorted []*ebv1.Backup, after *pageToken, location string, req *ebv1.ListBackupsRequest) (*ebv1.ListBackupsResponse, error) {
+	if after != nil {
+		last := &ebv1.Backup{Name: after.Name, CreateTime: timestamppb.New(after.Time)}
+		sorted = sorted[sort.Search(len(sorted), func(i int) bool { return listedBefore(last, sorted[i]) }):]
+	}
+	size := int(req.GetPageSize())
+	if size == 0 {
+		size = DefaultPageSize
+	}
+	size = min(size, MaxPageSize)
+	resp := &ebv1.ListBackupsResponse{}
+	total := 0
+	for _, b := range sorted {
+		n := proto.Size(b)
+		if len(resp.Backups) == size || (len(resp.Backups) > 0 && total+n > maxPageBytes) {
+			break
 		}
-		return a.GetName() < b.GetName()
-	})
+		resp.Backups = append(resp.Backups, b)
+		total += n
+	}
+	if len(resp.Backups) < len(sorted) {
+		last := resp.Backups[len(resp.Backups)-1]
+		b, err := json.Marshal(pageToken{Location: location, Selector: req.GetLabelSelector(), Time: last.GetCreateTime().AsTime(), Name: last.GetName()})
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "page token: %v", err)
+		}
+		resp.NextPageToken = base64.RawURLEncoding.EncodeToString(b)
+	}
 	return resp, nil
 }
 
@@ -108,7 +193,11 @@ func (s *Server) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupRequest
 func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err error) {
 	ctx := stream.Context()
 	start := s.now()
-	first, err := stream.Recv()
+	recv := s.receiver(stream)
+	first, err := recv()
+	if errors.Is(err, errIdle) {
+		return status.Errorf(codes.DeadlineExceeded, "upload: no header arrived within %s (limits.uploadIdleTimeout)", s.limits.UploadIdleTimeout.Duration)
+	}
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "upload: no header received: %v", err)
 	}
@@ -116,7 +205,7 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 	if h == nil {
 		return status.Error(codes.InvalidArgument, "upload: the first message must be the header naming the backup")
 	}
-	kind, err := validateUploadHeader(h)
+	kind, err := validateUploadHeader(h, s.limits)
 	if err != nil {
 		return err
 	}
@@ -161,9 +250,16 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 	head := make([]byte, 0, len(crypt.Magic))
 	var trailer *ebv1.UploadTrailer
 	for {
-		msg, err := stream.Recv()
+		msg, err := recv()
 		if errors.Is(err, io.EOF) {
 			break
+		}
+		if errors.Is(err, errIdle) {
+			s.log.Warn("upload aborted: the client sent nothing", "location", locName, "backup", h.GetName(), "received", size,
+				"idle", s.limits.UploadIdleTimeout.Duration, "caller", caller(ctx))
+			return status.Errorf(codes.DeadlineExceeded,
+				"upload of %q: nothing arrived for %s (limits.uploadIdleTimeout) after %d bytes; the upload was aborted and nothing was stored",
+				h.GetName(), s.limits.UploadIdleTimeout.Duration, size)
 		}
 		if err != nil {
 			s.log.Warn("upload interrupted", "location", locName, "backup", h.GetName(), "received", size, "error", err)
@@ -241,6 +337,39 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 	return stream.SendAndClose(&ebv1.UploadBackupResponse{Backup: backupFromManifest(locName, m)})
 }
 
+// errIdle is what a receiver returns when the client sent nothing for
+// limits.uploadIdleTimeout.
+var errIdle = errors.New("upload idle")
+
+// receiver returns stream.Recv bounded by limits.uploadIdleTimeout, so an
+// upload that stops sending does not keep its name claimed, its slot of
+// limits.uploadsPerLocation and its buffers forever. Each Recv runs on a
+// goroutine owned by the handler that called it; when that gives up
+// waiting and returns, gRPC cancels the stream, which ends the Recv, and
+// the goroutine with it. The timer runs only while the handler waits, so
+// a slow storage write never counts as the client's idleness.
+func (s *Server) receiver(stream ebv1.BackupService_UploadBackupServer) func() (*ebv1.UploadBackupRequest, error) {
+	type result struct {
+		msg *ebv1.UploadBackupRequest
+		err error
+	}
+	return func() (*ebv1.UploadBackupRequest, error) {
+		c := make(chan result, 1)
+		go func() {
+			m, err := stream.Recv()
+			c <- result{m, err}
+		}()
+		t := time.NewTimer(s.limits.UploadIdleTimeout.Duration)
+		defer t.Stop()
+		select {
+		case r := <-c:
+			return r.msg, r.err
+		case <-t.C:
+			return nil, errIdle
+		}
+	}
+}
+
 // Source kinds of a stored backup.
 const (
 	sourceUpload = "upload"
@@ -288,7 +417,7 @@ func (s *Server) run(ctx context.Context, locName, name string) *ebv1.Backup {
 	return runs[name]
 }
 
-func validateUploadHeader(h *ebv1.UploadHeader) (kind string, err error) {
+func validateUploadHeader(h *ebv1.UploadHeader, lim config.Limits) (kind string, err error) {
 	if err := validateName("backup", h.GetName()); err != nil {
 		return "", err
 	}
@@ -298,10 +427,13 @@ func validateUploadHeader(h *ebv1.UploadHeader) (kind string, err error) {
 	for _, err := range []error{
 		validateSHA256("expected SHA-256", h.GetExpectedSha256()),
 		validateSHA256("raw SHA-256", h.GetRawSha256()),
-		validateLabels(h.GetLabels()),
+		validateLabels(h.GetLabels(), lim),
 		validateCompression(h.GetCompression()),
 		validateEncryption(h.GetEncryption(), h.GetAgeRecipients()),
-		validateDescription(h.GetSource().GetDescription()),
+		validateField("source description", h.GetSource().GetDescription(), lim),
+		validateField("source target", h.GetSource().GetTarget(), lim),
+		validateField("etcd member name", h.GetEtcd().GetMemberName(), lim),
+		validateField("etcd version", h.GetEtcd().GetVersion(), lim),
 		checkf(h.GetRawSize() >= 0, "raw size %d is negative", h.GetRawSize()),
 	} {
 		if err != nil {

@@ -69,7 +69,7 @@ func (s *Server) CreateBackup(ctx context.Context, req *ebv1.CreateBackupRequest
 	if err := validateName("backup", name); err != nil {
 		return nil, err
 	}
-	if err := validateLabels(req.GetLabels()); err != nil {
+	if err := validateLabels(req.GetLabels(), s.limits); err != nil {
 		return nil, err
 	}
 	if _, err := loc.Stat(ctx, name); err == nil {

@@ -11,15 +11,18 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"sync"
 	"time"
 
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -72,6 +75,9 @@ type Config struct {
 	// AgentGuard admits calls on the agent listener; nil refuses every
 	// call there, since agents could not be told apart from anyone else.
 	AgentGuard auth.Guard
+	// Limits bound what clients can make the server hold; zero fields
+	// take their defaults (config.Limits.WithDefaults).
+	Limits config.Limits
 }
 
 // Listeners are where a Server serves.
@@ -102,8 +108,11 @@ type Server struct {
 	userGuard  auth.Guard
 	agentGuard auth.Guard
 
+	limits config.Limits
+
 	mu       sync.Mutex
 	inflight map[string]bool // "location/name" of uploads in progress
+	uploads  map[string]int  // uploads in progress, by location
 }
 
 // New checks the configuration and returns a Server.
@@ -117,6 +126,7 @@ func New(cfg Config) (*Server, error) {
 		now:       cfg.Now,
 		health:    health.NewServer(),
 		inflight:  map[string]bool{},
+		uploads:   map[string]int{},
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -130,10 +140,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	errs := config.ValidateLocationNames(s.order, field.NewPath("locations"))
 	errs = append(errs, config.ValidateTargets(cfg.Targets, s.order, field.NewPath("targets"))...)
+	errs = append(errs, config.ValidateLimits(cfg.Limits, field.NewPath("limits"))...)
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
 	s.targets, s.agents, s.scratchDir = cfg.Targets, cfg.Agents, cfg.ScratchDir
+	s.limits = cfg.Limits.WithDefaults()
 	s.userGuard, s.agentGuard = cfg.UserGuard, cfg.AgentGuard
 	if s.userGuard == nil {
 		s.userGuard = auth.AllowAll{}
@@ -180,12 +192,32 @@ func (refuseAll) Admit(context.Context, string) (context.Context, error) {
 // NewGRPCServer returns a gRPC server with the etcdbackup and health
 // services whose calls g admits.
 func (s *Server) NewGRPCServer(g auth.Guard) *grpc.Server {
+	onPanic := recovery.WithRecoveryHandlerContext(s.recovered)
 	opts := append(GRPCServerOptions(),
-		grpc.ChainUnaryInterceptor(auth.UnaryInterceptor(g)),
-		grpc.ChainStreamInterceptor(auth.StreamInterceptor(g)))
+		grpc.MaxConcurrentStreams(s.limits.MaxConcurrentStreams),
+		// Recovery is outermost: a panic in the guard is caught too.
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(onPanic), auth.UnaryInterceptor(g)),
+		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic), auth.StreamInterceptor(g)))
 	srv := grpc.NewServer(opts...)
 	s.Register(srv)
 	return srv
+}
+
+// recovered turns a handler's panic into INTERNAL for its caller, so a
+// bug met by one request (a crafted file, say) does not stop the server
+// and every transfer in it. The panic value and stack go to the log
+// only: they may hold data the caller may not see.
+//
+// ctx is the call's before the guard admitted it, so it names the peer,
+// not the authenticated caller.
+func (s *Server) recovered(ctx context.Context, p any) error {
+	method, _ := grpc.Method(ctx)
+	var from string
+	if pr, ok := peer.FromContext(ctx); ok {
+		from = pr.Addr.String()
+	}
+	s.log.Error("panic in a request handler", "method", method, "peer", from, "panic", p, "stack", string(debug.Stack()))
+	return status.Error(codes.Internal, "internal error; see the server log")
 }
 
 // Serve serves ls until ctx is done, then stops accepting, reports
@@ -280,7 +312,8 @@ func (s *Server) location(name string) (string, storage.Location, error) {
 }
 
 // claim marks an upload of name in loc as in progress, so a second upload
-// of the same name is refused at once instead of after its data arrived.
+// of the same name is refused at once instead of after its data arrived,
+// and counts it against limits.uploadsPerLocation.
 func (s *Server) claim(loc, name string) (release func(), err error) {
 	key := loc + "/" + name
 	s.mu.Lock()
@@ -289,10 +322,18 @@ func (s *Server) claim(loc, name string) (release func(), err error) {
 		return nil, status.Errorf(codes.AlreadyExists,
 			"an upload of backup %q to location %q is already in progress; backups are immutable, choose another name", name, loc)
 	}
+	if n := s.uploads[loc]; n >= s.limits.UploadsPerLocation {
+		return nil, status.Errorf(codes.ResourceExhausted,
+			"%d uploads to location %q are in progress, the most this server allows (limits.uploadsPerLocation); try again when one has finished", n, loc)
+	}
 	s.inflight[key] = true
+	s.uploads[loc]++
 	return func() {
 		s.mu.Lock()
 		delete(s.inflight, key)
+		if s.uploads[loc]--; s.uploads[loc] == 0 {
+			delete(s.uploads, loc)
+		}
 		s.mu.Unlock()
 	}, nil
 }

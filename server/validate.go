@@ -11,9 +11,8 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
-
-const maxDescriptionBytes = 256
 
 // validateName checks a backup or location name: a DNS-1123 subdomain
 // (lower case alphanumerics, '-' and '.', starting and ending
@@ -32,7 +31,21 @@ func validateName(what, name string) error {
 	return nil
 }
 
-func validateLabels(labels map[string]string) error {
+// validateLabels checks each label as Kubernetes would, and their number
+// and bytes against lim: labels are stored in every manifest and sent in
+// every listing.
+func validateLabels(labels map[string]string, lim config.Limits) error {
+	if len(labels) > lim.MaxLabels {
+		return status.Errorf(codes.InvalidArgument, "%d labels were given; the limit is %d (limits.maxLabels)", len(labels), lim.MaxLabels)
+	}
+	size := 0
+	for k, v := range labels {
+		size += len(k) + len(v)
+	}
+	if size > lim.MaxLabelBytes {
+		return status.Errorf(codes.InvalidArgument,
+			"the labels' keys and values are %d bytes together; the limit is %d (limits.maxLabelBytes)", size, lim.MaxLabelBytes)
+	}
 	for k, v := range labels {
 		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
 			return status.Errorf(codes.InvalidArgument, "label key %q is invalid: %s", k, strings.Join(errs, "; "))
@@ -89,9 +102,11 @@ func validateSourceKind(kind string) (string, error) {
 	return "", status.Errorf(codes.InvalidArgument, "source kind %q is not one of \"upload\", \"agent\"", kind)
 }
 
-func validateDescription(d string) error {
-	if len(d) > maxDescriptionBytes {
-		return status.Errorf(codes.InvalidArgument, "source description is %d bytes; the limit is %d", len(d), maxDescriptionBytes)
+// validateField bounds a free-form metadata field: it is stored in the
+// manifest and sent in every listing.
+func validateField(name, v string, lim config.Limits) error {
+	if len(v) > lim.MaxFieldBytes {
+		return status.Errorf(codes.InvalidArgument, "%s is %d bytes; the limit is %d (limits.maxFieldBytes)", name, len(v), lim.MaxFieldBytes)
 	}
 	return nil
 }

@@ -52,7 +52,9 @@ func (s *Server) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest
 	defer f.Close()
 
 	stored := sha256.New()
-	n, err := snapshot.Decompress(ctx, f, io.TeeReader(r, stored), m.Compression)
+	// Bounded by the recorded raw size: a crafted backup must not fill
+	// the scratch volume.
+	n, err := snapshot.DecompressLimit(ctx, f, io.TeeReader(r, stored), m.Compression, m.RawSize)
 	corrupt := func(format string, args ...any) error {
 		msg := fmt.Sprintf(format, args...)
 		s.log.Warn("backup failed verification", "location", locName, "backup", req.GetName(), "reason", msg)

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 
@@ -15,21 +16,49 @@ import (
 // ebv1.Compressions). A damaged compressed stream wraps ErrCorrupt. It
 // stops when ctx is done.
 func Decompress(ctx context.Context, w io.Writer, r io.Reader, compression string) (int64, error) {
+	return DecompressLimit(ctx, w, r, compression, 0)
+}
+
+// DecompressLimit is Decompress that writes at most max bytes: a stream
+// that would expand past them fails with a *TooLargeError (matching
+// ErrTooLarge and ErrCorrupt) as soon as the first excess byte is decoded,
+// with exactly max bytes written. Pass a backup's recorded raw size; max
+// <= 0 means no limit. An error of w or of r is returned as is.
+func DecompressLimit(ctx context.Context, w io.Writer, r io.Reader, compression string, max int64) (int64, error) {
 	if err := ebv1.ValidateCompression(compression); err != nil {
 		return 0, err
 	}
-	r = ctxio.NewReader(ctx, r)
-	if compression == ebv1.CompressionNone {
-		return io.Copy(w, r)
+	src := &ctxio.Recorder{R: ctxio.NewReader(ctx, r)}
+	var plain io.Reader = src
+	if compression != ebv1.CompressionNone {
+		dec, err := zstd.NewReader(src, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+		if err != nil {
+			return 0, err
+		}
+		defer dec.Close()
+		plain = dec
 	}
-	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
-	if err != nil {
-		return 0, err
+	out := &writeRecorder{w: w}
+	n, err := io.Copy(out, limit(plain, max))
+	switch {
+	case err == nil, out.err != nil, ctx.Err() != nil, errors.Is(err, ErrTooLarge), compression == ebv1.CompressionNone:
+		return n, err
+	case src.Err != nil && !errors.Is(src.Err, io.EOF):
+		return n, src.Err // the source failed, not the data
 	}
-	defer dec.Close()
-	n, err := io.Copy(w, dec)
-	if err != nil && ctx.Err() == nil {
-		return n, fmt.Errorf("%w: zstd: %v", ErrCorrupt, err)
+	return n, fmt.Errorf("%w: zstd: %v", ErrCorrupt, err)
+}
+
+// writeRecorder remembers w's first error, to tell it from the reader's.
+type writeRecorder struct {
+	w   io.Writer
+	err error
+}
+
+func (r *writeRecorder) Write(p []byte) (int, error) {
+	n, err := r.w.Write(p)
+	if err != nil && r.err == nil {
+		r.err = err
 	}
 	return n, err
 }

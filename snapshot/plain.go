@@ -43,7 +43,8 @@ type Plain struct {
 // WritePlain writes the etcd snapshot held in stored (a backup's bytes as
 // stored, in form f) to w: it decrypts with ids, decompresses, and checks
 // etcd's SHA-256 trailer and f's raw size and SHA-256, streaming, in
-// bounded memory. Bytes reach w before the end is verified: on error the
+// bounded memory; a snapshot that would pass f's raw size fails with a
+// *TooLargeError as soon as it does, without writing the excess. Bytes reach w before the end is verified: on error the
 // caller must discard what it wrote. A snapshot that fails a check — or
 // ciphertext that fails age's authentication — wraps ErrCorrupt; a missing
 // or wrong identity is crypt.ErrIdentityRequired or
@@ -73,6 +74,9 @@ func WritePlain(ctx context.Context, w io.Writer, stored io.Reader, f Form, ids 
 		defer dec.Close()
 		r = dec
 	}
+	// A stream that expands past its recorded size is refused before the
+	// excess reaches w (a crafted zstd stream could fill the disk).
+	r = limit(r, f.RawSize)
 	v := NewVerifier(r, VerifierOptions{HashWhole: true, Progress: progress})
 	if _, err := io.Copy(w, v); err != nil {
 		if v.Err() != nil {

@@ -93,6 +93,10 @@ func (v *Verifier) Read(p []byte) (int, error) {
 		}
 		return n, io.EOF
 	}
+	if errors.Is(err, ErrTooLarge) {
+		v.err = err // a verdict on the data, not a failed read
+		return n, v.err
+	}
 	if err != nil {
 		v.err = fmt.Errorf("reading the snapshot after %d bytes: %w", v.size, err)
 		return n, v.err

@@ -75,7 +75,7 @@ func run(args []string) error {
 	if cfg.Locations, err = server.OpenLocations(ctx, f.Locations, log); err != nil {
 		return err
 	}
-	cfg.Targets = f.Targets
+	cfg.Targets, cfg.Limits = f.Targets, f.Limits
 	if f.Agents.Image != "" && *agentListen == "" {
 		return errors.New("agents.image is configured but --agent-listen is empty: agents could not reach the server")
 	}

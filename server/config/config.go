@@ -45,6 +45,17 @@
 //	  serviceAccount: etcdbackup-agent
 //	  ttlAfterFinished: 24h
 //	  deadline: 2h
+//	  resources:                  # the agent container's; these are the defaults
+//	    requests: {cpu: 100m, memory: 128Mi}
+//	    limits: {memory: 512Mi}
+//	  scratchSizeLimit: 20Gi      # sizeLimit of an agent's emptyDir scratch volumes
+//	limits:                       # every key is optional; these are the defaults
+//	  uploadsPerLocation: 4       # uploads in flight to one location
+//	  uploadIdleTimeout: 2m       # an upload that sends nothing this long is aborted
+//	  maxLabels: 64               # labels of one backup
+//	  maxLabelBytes: 16384        # their keys and values together
+//	  maxFieldBytes: 256          # one metadata field (source description, target, ...)
+//	  maxConcurrentStreams: 64    # gRPC streams of one client connection
 package config
 
 import (
@@ -53,6 +64,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -76,6 +88,70 @@ type File struct {
 	Agents  Agents   `json:"agents,omitempty"`
 	// Authorization says how calls on the user listener are authorized.
 	Authorization Authorization `json:"authorization,omitempty"`
+	// Limits bound what one client can make the server hold.
+	Limits Limits `json:"limits,omitempty"`
+}
+
+// Defaults of the limits section.
+const (
+	DefaultUploadsPerLocation   = 4
+	DefaultUploadIdleTimeout    = 2 * time.Minute
+	DefaultMaxLabels            = 64
+	DefaultMaxLabelBytes        = 16 << 10
+	DefaultMaxFieldBytes        = 256
+	DefaultMaxConcurrentStreams = 64
+)
+
+// Limits bound what requests can make the server hold: memory, storage
+// temp space, streams. Zero fields take their defaults (WithDefaults);
+// each refusal names its key (limits.uploadsPerLocation).
+type Limits struct {
+	// UploadsPerLocation is how many uploads to one location may be in
+	// flight; the next is refused with RESOURCE_EXHAUSTED. Each holds a
+	// temporary file or an S3 multipart upload and its buffers.
+	// Default DefaultUploadsPerLocation.
+	UploadsPerLocation int `json:"uploadsPerLocation,omitempty"`
+	// UploadIdleTimeout is how long an upload may send nothing before it
+	// is aborted, its name released and its buffers freed.
+	// Default DefaultUploadIdleTimeout.
+	UploadIdleTimeout metav1.Duration `json:"uploadIdleTimeout,omitempty"`
+	// MaxLabels is the number of labels one backup may have.
+	// Default DefaultMaxLabels.
+	MaxLabels int `json:"maxLabels,omitempty"`
+	// MaxLabelBytes bounds the bytes of one backup's label keys and
+	// values together. Default DefaultMaxLabelBytes.
+	MaxLabelBytes int `json:"maxLabelBytes,omitempty"`
+	// MaxFieldBytes bounds each free-form metadata field of an upload:
+	// the source's description and target, the etcd member name and
+	// version. Default DefaultMaxFieldBytes.
+	MaxFieldBytes int `json:"maxFieldBytes,omitempty"`
+	// MaxConcurrentStreams is how many calls one client connection may
+	// have open at once (gRPC's MaxConcurrentStreams).
+	// Default DefaultMaxConcurrentStreams.
+	MaxConcurrentStreams uint32 `json:"maxConcurrentStreams,omitempty"`
+}
+
+// WithDefaults returns l with the defaults of its zero fields filled in.
+func (l Limits) WithDefaults() Limits {
+	if l.UploadsPerLocation == 0 {
+		l.UploadsPerLocation = DefaultUploadsPerLocation
+	}
+	if l.UploadIdleTimeout.Duration == 0 {
+		l.UploadIdleTimeout.Duration = DefaultUploadIdleTimeout
+	}
+	if l.MaxLabels == 0 {
+		l.MaxLabels = DefaultMaxLabels
+	}
+	if l.MaxLabelBytes == 0 {
+		l.MaxLabelBytes = DefaultMaxLabelBytes
+	}
+	if l.MaxFieldBytes == 0 {
+		l.MaxFieldBytes = DefaultMaxFieldBytes
+	}
+	if l.MaxConcurrentStreams == 0 {
+		l.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	return l
 }
 
 // Authorization modes of the user listener.
@@ -259,6 +335,32 @@ type Agents struct {
 	TTLAfterFinished metav1.Duration `json:"ttlAfterFinished,omitempty"`
 	// Deadline bounds one agent run; default DefaultDeadline.
 	Deadline metav1.Duration `json:"deadline,omitempty"`
+	// Resources are the agent container's requests and limits; nil means
+	// DefaultAgentResources, {} means none.
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+	// ScratchSizeLimit is the sizeLimit of an agent's emptyDir scratch
+	// volumes (a restore's downloaded and unpacked snapshot), so a
+	// runaway agent is evicted instead of filling the node's disk;
+	// default DefaultScratchSizeLimit.
+	ScratchSizeLimit *resource.Quantity `json:"scratchSizeLimit,omitempty"`
+}
+
+// DefaultScratchSizeLimit holds a compressed and an unpacked copy of the
+// largest database etcd allows (8 GiB).
+var DefaultScratchSizeLimit = resource.MustParse("20Gi")
+
+// DefaultAgentResources are an agent's requests and limits: it streams, so
+// its memory stays small whatever the snapshot's size.
+func DefaultAgentResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("100m"),
+			corev1.ResourceMemory: resource.MustParse("128Mi"),
+		},
+		Limits: corev1.ResourceList{
+			corev1.ResourceMemory: resource.MustParse("512Mi"),
+		},
+	}
 }
 
 // WithDefaults returns a with the defaults of its zero fields filled in;
@@ -275,6 +377,14 @@ func (a Agents) WithDefaults(namespace string) Agents {
 	}
 	if a.Deadline.Duration == 0 {
 		a.Deadline.Duration = DefaultDeadline
+	}
+	if a.Resources == nil {
+		r := DefaultAgentResources()
+		a.Resources = &r
+	}
+	if a.ScratchSizeLimit == nil {
+		q := DefaultScratchSizeLimit.DeepCopy()
+		a.ScratchSizeLimit = &q
 	}
 	return a
 }

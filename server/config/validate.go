@@ -3,6 +3,7 @@ package config
 import (
 	"net/url"
 	"path"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -32,6 +33,7 @@ func Validate(f *File) field.ErrorList {
 	errs = append(errs, ValidateLocationNames(names, locs)...)
 	errs = append(errs, ValidateTargets(f.Targets, names, field.NewPath("targets"))...)
 	errs = append(errs, validateAgents(f.Agents, field.NewPath("agents"))...)
+	errs = append(errs, ValidateLimits(f.Limits, field.NewPath("limits"))...)
 	if m := f.Authorization.Mode; m != "" && m != AuthorizationPortForward && m != AuthorizationSubjectAccessReview {
 		errs = append(errs, field.NotSupported(field.NewPath("authorization", "mode"), m, []string{AuthorizationPortForward, AuthorizationSubjectAccessReview}))
 	}
@@ -188,6 +190,69 @@ func validateAgents(a Agents, p *field.Path) field.ErrorList {
 	}
 	if a.Deadline.Duration < 0 {
 		errs = append(errs, field.Invalid(p.Child("deadline"), a.Deadline.Duration.String(), "must not be negative"))
+	}
+	if r := a.Resources; r != nil {
+		errs = append(errs, validateResources(*r, p.Child("resources"))...)
+	}
+	if q := a.ScratchSizeLimit; q != nil && q.Sign() <= 0 {
+		errs = append(errs, field.Invalid(p.Child("scratchSizeLimit"), q.String(), "must be positive"))
+	}
+	return errs
+}
+
+// validateResources checks what the API server would refuse at Job
+// creation, so the mistake shows at start instead of at the first backup.
+func validateResources(r corev1.ResourceRequirements, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for _, list := range []struct {
+		name string
+		l    corev1.ResourceList
+	}{{"requests", r.Requests}, {"limits", r.Limits}} {
+		for _, name := range sortedResourceNames(list.l) {
+			if q := list.l[name]; q.Sign() < 0 {
+				errs = append(errs, field.Invalid(p.Child(list.name).Key(string(name)), q.String(), "must not be negative"))
+			}
+		}
+	}
+	for _, name := range sortedResourceNames(r.Requests) {
+		req := r.Requests[name]
+		if lim, ok := r.Limits[name]; ok && req.Cmp(lim) > 0 {
+			errs = append(errs, field.Invalid(p.Child("requests").Key(string(name)), req.String(), "must not exceed limits."+string(name)+" ("+lim.String()+")"))
+		}
+	}
+	return errs
+}
+
+func sortedResourceNames(l corev1.ResourceList) []corev1.ResourceName {
+	names := make([]corev1.ResourceName, 0, len(l))
+	for n := range l {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// ValidateLimits checks the limits section: no negative limits (zero
+// takes the default).
+func ValidateLimits(l Limits, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for _, f := range []struct {
+		key string
+		v   int64
+	}{
+		{"uploadsPerLocation", int64(l.UploadsPerLocation)},
+		{"uploadIdleTimeout", int64(l.UploadIdleTimeout.Duration)},
+		{"maxLabels", int64(l.MaxLabels)},
+		{"maxLabelBytes", int64(l.MaxLabelBytes)},
+		{"maxFieldBytes", int64(l.MaxFieldBytes)},
+	} {
+		if f.v < 0 {
+			v := any(f.v)
+			if f.key == "uploadIdleTimeout" {
+				v = l.UploadIdleTimeout.Duration.String()
+			}
+			errs = append(errs, field.Invalid(p.Child(f.key), v, "must not be negative (0 or unset takes the default)"))
+		}
 	}
 	return errs
 }

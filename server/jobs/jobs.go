@@ -295,6 +295,18 @@ func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volume
 		},
 	}})
 	mounts = append(mounts, corev1.VolumeMount{Name: "etcdbackup-token", MountPath: TokenDir, ReadOnly: true})
+	for i := range volumes {
+		// A scratch volume without a bound could fill the node's disk
+		// (a crafted backup that unpacks without end); with one, the
+		// kubelet evicts the agent instead.
+		if e := volumes[i].EmptyDir; e != nil && e.SizeLimit == nil && l.agents.ScratchSizeLimit != nil {
+			e.SizeLimit = ptr.To(l.agents.ScratchSizeLimit.DeepCopy())
+		}
+	}
+	var resources corev1.ResourceRequirements
+	if l.agents.Resources != nil {
+		resources = *l.agents.Resources.DeepCopy()
+	}
 	return &batchv1.Job{
 		Spec: batchv1.JobSpec{
 			// One attempt: a retry would upload the same backup name again,
@@ -315,6 +327,7 @@ func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volume
 						ImagePullPolicy:          l.agents.ImagePullPolicy,
 						Args:                     args,
 						VolumeMounts:             mounts,
+						Resources:                resources,
 						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 						SecurityContext: &corev1.SecurityContext{
 							AllowPrivilegeEscalation: ptr.To(false),

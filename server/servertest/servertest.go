@@ -59,6 +59,9 @@ type Options struct {
 	// AgentDialOptions are added to the agent connection's, e.g. the
 	// token an agent sends.
 	AgentDialOptions []grpc.DialOption
+	// Limits are the server's (server.Config.Limits); zero fields take
+	// their defaults.
+	Limits config.Limits
 }
 
 // AsAgent is a Guard that admits every call as the agent it is: for tests
@@ -102,7 +105,7 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 	if len(names) == 0 {
 		names = []string{"default"}
 	}
-	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents, UserGuard: opts.UserGuard, AgentGuard: opts.AgentGuard}
+	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents, UserGuard: opts.UserGuard, AgentGuard: opts.AgentGuard, Limits: opts.Limits}
 	for _, n := range names {
 		loc, err := filesystem.New(dirs[n])
 		if err != nil {

@@ -73,7 +73,25 @@ func productImages(t *testing.T) *world.Images {
 // sandbox.StartForTest) and imports the product's images into its node.
 func startSandbox(t *testing.T) (*sandbox.Sandbox, *world.Images) {
 	t.Helper()
-	sb := sandbox.StartForTest(t)
+	return startSandboxWith(t, sandbox.Config{})
+}
+
+// startSandboxEnforcing starts a sandbox whose node enforces NetworkPolicy
+// (the shipped one included) when this kernel can, and one that does not,
+// saying so, when it cannot: the server's own refusals are tested either
+// way.
+func startSandboxEnforcing(t *testing.T) (*sandbox.Sandbox, *world.Images) {
+	t.Helper()
+	err := sandbox.CheckNetworkPolicy()
+	if err != nil {
+		t.Logf("NetworkPolicy is not enforced in this sandbox: %v", err)
+	}
+	return startSandboxWith(t, sandbox.Config{NetworkPolicy: err == nil})
+}
+
+func startSandboxWith(t *testing.T, cfg sandbox.Config) (*sandbox.Sandbox, *world.Images) {
+	t.Helper()
+	sb := sandbox.StartForTestWith(t, cfg)
 	im := productImages(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -334,7 +334,9 @@ func replaceBackup(ctx context.Context, t *testing.T, product *world.Product, na
 
 func TestRestoreIntoCluster(t *testing.T) {
 	etcd := etcdBinary(t)
-	sb, im := startSandbox(t)
+	// Its restore agents run in the members' namespace: the shipped
+	// NetworkPolicy, patched as docs/security.md says, must let them in.
+	sb, im := startSandboxEnforcing(t)
 	k := &world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
 	c := &cluster{sb: sb, kubectl: k}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

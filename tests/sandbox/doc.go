@@ -19,7 +19,18 @@
 //     resolve in pods;
 //   - a default StorageClass whose provisioner makes hostPath volumes in the
 //     node's /var/lib, so PersistentVolumeClaims bind and their data
-//     outlives the Pods.
+//     outlives the Pods;
+//   - with Config.NetworkPolicy, NetworkPolicy enforced by
+//     kube-network-policies v0.8.0 (sigs.k8s.io), run on the node as
+//     kube-proxy is, as the kube-system ServiceAccount upstream's manifest
+//     makes (its token in the node's own /run, where the in-cluster client
+//     looks). It queues each new connection of a pod under a policy to
+//     NFQUEUE 98 and answers accept or drop. This machine's kernel lacks
+//     the nftables queue expression (CONFIG_NFT_QUEUE), so
+//     hack/build-netpol.sh patches that one verdict into x_tables' NFQUEUE
+//     target through nft_compat. Traffic from root on the node, the
+//     kubelet's probes included, is never judged, as upstream does.
+//     CheckNetworkPolicy tells whether the kernel can run it.
 //
 // Nothing is pulled: containerd gets its images from OCI image archives
 // (Config.Images, ImportImages, LoadBinaryImage), the pause and CoreDNS
@@ -39,8 +50,9 @@
 // mount namespace; so are the machine-wide sysctls the kubelet writes
 // (kernel.panic, kernel.panic_on_oops, vm.overcommit_memory, …), covered
 // by plain files there. Stop kills every process of the node, removes its
-// cgroups (kubepods, k8s.io), its network namespace and link; the mounts go
-// with the namespace. One sandbox runs per machine (the node's names are
+// cgroups (kubepods, k8s.io), its network namespace and link; the mounts
+// and the nftables tables (kube-proxy's, kube-network-policies') go with
+// the namespaces. One sandbox runs per machine (the node's names are
 // fixed): a second Start waits for the first to stop, or with
 // Config.NoWait fails naming it.
 package sandbox

@@ -80,6 +80,19 @@ type node struct {
 	containerd *process
 	kubelet    *process
 	kubeProxy  *process
+	netpol     *process // kube-network-policies; nil unless Config.NetworkPolicy
+}
+
+// daemons are the node's daemons that run (the holder aside), containerd
+// last: the order Stop kills them in.
+func (n *node) daemons() []*process {
+	var ps []*process
+	for _, p := range []*process{n.kubelet, n.kubeProxy, n.netpol, n.containerd} {
+		if p != nil {
+			ps = append(ps, p)
+		}
+	}
+	return ps
 }
 
 // hostPath maps a path inside the node's mount namespace (a hostPath

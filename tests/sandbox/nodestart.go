@@ -29,8 +29,9 @@ const nodePATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 var cniPlugins = []string{"bridge", "host-local", "loopback", "portmap"}
 
 // startNode brings up the node: its namespaces, containerd with the images
-// imported, the kubelet and kube-proxy; it returns once the Node is Ready.
-func (s *Sandbox) startNode(ctx context.Context, images []string) error {
+// imported, the kubelet, kube-proxy and, if netpol, kube-network-policies;
+// it returns once the Node is Ready and NetworkPolicy is enforced.
+func (s *Sandbox) startNode(ctx context.Context, images []string, netpol bool) error {
 	n := &node{root: filepath.Join(s.dir, "node")}
 	s.node = n
 	for _, d := range []string{"opt/cni/bin", "opt/cni/net.d"} {
@@ -108,6 +109,13 @@ func (s *Sandbox) startNode(ctx context.Context, images []string) error {
 		return err
 	}
 	s.logf("node %s Ready: kubelet, kube-proxy (nftables), %d image archives imported (%s)", NodeName, len(images), since(step))
+	if netpol {
+		step = time.Now()
+		if err := s.startNetworkPolicy(ctx); err != nil {
+			return err
+		}
+		s.logf("kube-network-policies enforcing NetworkPolicy on the node (%s)", since(step))
+	}
 	return nil
 }
 
@@ -116,8 +124,8 @@ func (s *Sandbox) nodeProcess(name string) *process {
 	if s.node == nil {
 		return nil
 	}
-	for _, p := range []*process{s.node.containerd, s.node.kubelet, s.node.kubeProxy} {
-		if p != nil && p.name == name {
+	for _, p := range s.node.daemons() {
+		if p.name == name {
 			return p
 		}
 	}
@@ -219,7 +227,7 @@ func (s *Sandbox) waitNodeReady(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	return poll(ctx, "node "+NodeName+" to be Ready", func() (bool, string, error) {
-		for _, p := range []*process{s.node.kubelet, s.node.kubeProxy, s.node.containerd} {
+		for _, p := range s.node.daemons() {
 			select {
 			case <-p.exited:
 				return false, "", fmt.Errorf("%s exited (%v); last lines of %s:\n%s", p.name, p.waitErr, p.logPath, p.logTail(20))
@@ -252,11 +260,11 @@ func (s *Sandbox) waitNodeReady(ctx context.Context) error {
 func (s *Sandbox) stopNode() error {
 	n := s.node
 	var errs []error
-	for _, p := range []*process{n.kubelet, n.kubeProxy, n.containerd} {
-		if p != nil {
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
+	// kube-network-policies (fail-closed) too: its nftables table goes
+	// with the network namespace, in cleanupNode.
+	for _, p := range n.daemons() {
+		_ = p.cmd.Process.Kill()
+		<-p.exited
 	}
 	if err := killNetnsProcs(); err != nil {
 		errs = append(errs, err)

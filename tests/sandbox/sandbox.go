@@ -60,8 +60,9 @@ type Config struct {
 	// the working directory with this project's go.mod).
 	BinDir string
 	// NodeDir holds the CNI plugins (cni/bin/: bridge, host-local,
-	// loopback, portmap), coredns and pause (bin/) and their image archives
-	// (images/; made from bin/ when missing). Default: $ETCDBACKUP_NODE_DIR,
+	// loopback, portmap), coredns, pause and, for NetworkPolicy,
+	// kube-network-policies (bin/) and the image archives (images/; made
+	// from bin/ when missing). Default: $ETCDBACKUP_NODE_DIR,
 	// else <repo root>/.cache/node.
 	NodeDir string
 	// Log receives progress lines for humans; nil discards them.
@@ -73,6 +74,13 @@ type Config struct {
 	// NoWait makes Start fail at once (ErrBusy, naming the other one) when
 	// another sandbox runs on this machine, instead of waiting for it.
 	NoWait bool
+	// NetworkPolicy makes the node enforce NetworkPolicy, from the moment
+	// Start returns, with kube-network-policies (`make netpol-bin`). On a
+	// kernel that cannot run it Start fails with ErrNetworkPolicyUnsupported
+	// (CheckNetworkPolicy tells beforehand). Without it NetworkPolicy
+	// objects are accepted and ignored, as on a cluster whose network
+	// plugin ignores them.
+	NetworkPolicy bool
 }
 
 // Sandbox is a running cluster. Its methods are safe for concurrent use.
@@ -84,6 +92,8 @@ type Sandbox struct {
 
 	// The references of the pause and CoreDNS images (systemImages).
 	pauseImage, coreDNSImage string
+	// networkPolicy is whether the node enforces NetworkPolicy.
+	networkPolicy bool
 
 	lock              *machineLock
 	pki               *pki
@@ -104,7 +114,8 @@ type Sandbox struct {
 }
 
 // Start brings up etcd, kube-apiserver, the node (containerd, kubelet,
-// kube-proxy in their own namespaces), kube-controller-manager,
+// kube-proxy and, with Config.NetworkPolicy, kube-network-policies in
+// their own namespaces), kube-controller-manager,
 // kube-scheduler, the volume provisioner and CoreDNS, and returns once the
 // node is Ready and cluster DNS answers. It first takes the machine-wide
 // sandbox lock (waiting for another sandbox to stop, or failing with
@@ -124,6 +135,14 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	}
 	if err := CheckBinaries(binDir, nodeDir); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
+	}
+	if cfg.NetworkPolicy {
+		if err := checkNetworkPolicyBinary(nodeDir); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
+		if err := CheckNetworkPolicy(); err != nil {
+			return nil, fmt.Errorf("sandbox: %w", err)
+		}
 	}
 	logw := cfg.Log
 	if logw == nil {
@@ -185,7 +204,7 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	sys := <-systemImages
 	nodeErr := sys.err
 	if nodeErr == nil {
-		nodeErr = s.startNode(ctx, append(sys.archives, cfg.Images...))
+		nodeErr = s.startNode(ctx, append(sys.archives, cfg.Images...), cfg.NetworkPolicy)
 	}
 	if err := <-controllersDone; err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
@@ -193,6 +212,7 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	if nodeErr != nil {
 		return nil, fmt.Errorf("sandbox: %w", nodeErr)
 	}
+	s.networkPolicy = cfg.NetworkPolicy
 	s.logf("kube-controller-manager, kube-scheduler and node ready (%s, logs in %s)", since(step), dir)
 	if err := ensureStorageClass(ctx, s.client); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
@@ -306,7 +326,7 @@ func resetDir(dir string) error {
 		return fmt.Errorf("create dir: %w", err)
 	}
 	for _, name := range []string{"pki", "etcd", "apiserver-certs", "etcd.log", "kube-apiserver.log", "kubeconfig", "kubeconfigs",
-		"kube-controller-manager.log", "kube-scheduler.log", "containerd.log", "kubelet.log", "kube-proxy.log", "node", "node-config"} {
+		"kube-controller-manager.log", "kube-scheduler.log", "containerd.log", "kubelet.log", "kube-proxy.log", "kube-network-policies.log", "node", "node-config"} {
 		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("clean dir: %w", err)
 		}

@@ -28,7 +28,9 @@ var ErrNotRoot = errors.New("the sandbox's node must run as root (network and mo
 // StartForTest starts a sandbox in a fresh t.TempDir() and stops it when the
 // test ends. If the kube binaries are missing, or the test does not run as
 // root, it skips the test with how to fix that — or fails it when
-// ETCDBACKUP_REQUIRE_SANDBOX=1. Progress lines
+// ETCDBACKUP_REQUIRE_SANDBOX=1. With Config.NetworkPolicy on a kernel that
+// cannot enforce it (ErrNetworkPolicyUnsupported) it skips, saying so,
+// whatever ETCDBACKUP_REQUIRE_SANDBOX says: no build fixes that. Progress lines
 // go to t.Log; when the test failed, the tail of the apiserver log does too.
 func StartForTest(t testing.TB) *Sandbox {
 	t.Helper()
@@ -46,6 +48,14 @@ func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 	}
 	if err == nil && os.Geteuid() != 0 {
 		err = ErrNotRoot
+	}
+	if err == nil && cfg.NetworkPolicy {
+		if err = checkNetworkPolicyBinary(nodeDir); err == nil {
+			err = CheckNetworkPolicy()
+		}
+	}
+	if errors.Is(err, ErrNetworkPolicyUnsupported) {
+		t.Skipf("sandbox: NetworkPolicy: %v", err)
 	}
 	if err != nil {
 		if (errors.Is(err, ErrBinariesMissing) || errors.Is(err, ErrNotRoot)) && os.Getenv(RequireEnv) != "1" {

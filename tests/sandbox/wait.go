@@ -163,13 +163,12 @@ func (s *Sandbox) NodePath(path string) string { return s.node.hostPath(path) }
 // every container's, the pause processes included.
 func (s *Sandbox) ContainerPIDs() []int { return cgroupPIDs() }
 
-// NodePIDs are the node's daemons: containerd, the kubelet and kube-proxy.
+// NodePIDs are the node's daemons: containerd, the kubelet, kube-proxy and
+// kube-network-policies.
 func (s *Sandbox) NodePIDs() []int {
 	var pids []int
-	for _, p := range []*process{s.node.containerd, s.node.kubelet, s.node.kubeProxy} {
-		if p != nil {
-			pids = append(pids, p.cmd.Process.Pid)
-		}
+	for _, p := range s.node.daemons() {
+		pids = append(pids, p.cmd.Process.Pid)
 	}
 	return pids
 }

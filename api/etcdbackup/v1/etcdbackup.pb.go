@@ -786,6 +786,12 @@ type ListBackupsRequest struct {
 	Location string `protobuf:"bytes,1,opt,name=location,proto3" json:"location,omitempty"`
 	// Kubernetes label selector ("env=prod,tier!=x"); empty selects all.
 	LabelSelector string `protobuf:"bytes,2,opt,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty"`
+	// Most backups to return; 0 means 500, more than 1000 means 1000. A
+	// page may hold fewer (the server also bounds a page's bytes).
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous response, with the same location and
+	// label_selector; empty asks for the first page.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -834,10 +840,26 @@ func (x *ListBackupsRequest) GetLabelSelector() string {
 	return ""
 }
 
+func (x *ListBackupsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListBackupsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListBackupsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Backups sorted by create_time, newest first, then by name.
-	Backups       []*Backup `protobuf:"bytes,1,rep,name=backups,proto3" json:"backups,omitempty"`
+	Backups []*Backup `protobuf:"bytes,1,rep,name=backups,proto3" json:"backups,omitempty"`
+	// Set when there are more backups: send it as page_token. Opaque.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -877,6 +899,13 @@ func (x *ListBackupsResponse) GetBackups() []*Backup {
 		return x.Backups
 	}
 	return nil
+}
+
+func (x *ListBackupsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetBackupRequest struct {
@@ -2641,12 +2670,16 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"memberName\x12\x1a\n" +
 	"\brevision\x18\x04 \x01(\x03R\brevision\x12\x18\n" +
 	"\aversion\x18\x05 \x01(\tR\aversion\x12\x17\n" +
-	"\adb_size\x18\x06 \x01(\x03R\x06dbSize\"W\n" +
+	"\adb_size\x18\x06 \x01(\x03R\x06dbSize\"\x93\x01\n" +
 	"\x12ListBackupsRequest\x12\x1a\n" +
 	"\blocation\x18\x01 \x01(\tR\blocation\x12%\n" +
-	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\"F\n" +
+	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"n\n" +
 	"\x13ListBackupsResponse\x12/\n" +
-	"\abackups\x18\x01 \x03(\v2\x15.etcdbackup.v1.BackupR\abackups\"B\n" +
+	"\abackups\x18\x01 \x03(\v2\x15.etcdbackup.v1.BackupR\abackups\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"B\n" +
 	"\x10GetBackupRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\"B\n" +

@@ -154,7 +154,8 @@ const (
 // BackupService stores and serves etcd backups. Backups are immutable: a
 // name, once stored in a location, can only be deleted, never overwritten.
 type BackupServiceClient interface {
-	// ListBackups lists the complete backups of one location.
+	// ListBackups lists the backups of one location, a page at a time: a
+	// response with a next_page_token has more, asked for with that token.
 	ListBackups(ctx context.Context, in *ListBackupsRequest, opts ...grpc.CallOption) (*ListBackupsResponse, error)
 	// GetBackup returns one backup's metadata (NOT_FOUND if absent).
 	GetBackup(ctx context.Context, in *GetBackupRequest, opts ...grpc.CallOption) (*GetBackupResponse, error)
@@ -346,7 +347,8 @@ func (c *backupServiceClient) GetBackupEvents(ctx context.Context, in *GetBackup
 // BackupService stores and serves etcd backups. Backups are immutable: a
 // name, once stored in a location, can only be deleted, never overwritten.
 type BackupServiceServer interface {
-	// ListBackups lists the complete backups of one location.
+	// ListBackups lists the backups of one location, a page at a time: a
+	// response with a next_page_token has more, asked for with that token.
 	ListBackups(context.Context, *ListBackupsRequest) (*ListBackupsResponse, error)
 	// GetBackup returns one backup's metadata (NOT_FOUND if absent).
 	GetBackup(context.Context, *GetBackupRequest) (*GetBackupResponse, error)

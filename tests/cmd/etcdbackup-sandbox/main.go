@@ -92,6 +92,9 @@ func run(ctx context.Context, stateDir string, demo bool) error {
 		Images: images.Archives,
 		// One sandbox per machine: say which one runs rather than wait.
 		NoWait: true,
+		// The shipped NetworkPolicy is enforced, as in a cluster whose
+		// CNI does, when this kernel can.
+		NetworkPolicy: sandbox.CheckNetworkPolicy() == nil,
 	})
 	if err != nil {
 		return err

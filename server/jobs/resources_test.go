@@ -1,0 +1,97 @@
+package jobs_test
+
+import (
+	"context"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+)
+
+// restoreTarget has one member on a claim: its restore Job unpacks the
+// snapshot into an emptyDir.
+var restoreTarget = config.Target{
+	Name: "app", Endpoints: []string{"http://app-etcd:2379"}, Namespace: "app", InitialClusterToken: "tok",
+	Members: []config.Member{{Name: "m0", PeerURL: "http://m0:2380", Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-m0"}}}},
+}
+
+// agentPods starts a backup and a restore and returns their pod specs.
+func agentPods(t *testing.T, agents config.Agents) map[string]corev1.PodSpec {
+	t.Helper()
+	l, _ := newLauncher(t, agents)
+	ctx := context.Background()
+	b, err := l.StartBackup(ctx, jobs.BackupSpec{Name: "b", Location: "default", Target: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := l.StartRestore(ctx, jobs.RestoreSpec{Name: "b", Location: "default", Target: restoreTarget,
+		SHA256: "6794a8ff9654e821ba067dda207cf98ec8f022ce1c001fd07cd542530cd173f5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]corev1.PodSpec{"backup": b.Spec.Template.Spec, "restore": r[0].Spec.Template.Spec}
+}
+
+func quantity(l corev1.ResourceList, n corev1.ResourceName) string {
+	q, ok := l[n]
+	if !ok {
+		return "<none>"
+	}
+	return q.String()
+}
+
+func TestAgentResourcesDefault(t *testing.T) {
+	for kind, pod := range agentPods(t, config.Agents{}) {
+		r := pod.Containers[0].Resources
+		if got := [3]string{quantity(r.Requests, corev1.ResourceCPU), quantity(r.Requests, corev1.ResourceMemory), quantity(r.Limits, corev1.ResourceMemory)}; got != [3]string{"100m", "128Mi", "512Mi"} {
+			t.Errorf("%s agent: requests cpu, memory and limits memory %v; want 100m, 128Mi, 512Mi", kind, got)
+		}
+		scratch := 0
+		for _, v := range pod.Volumes {
+			if v.EmptyDir == nil {
+				continue
+			}
+			scratch++
+			if v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.String() != "20Gi" {
+				t.Errorf("%s agent: emptyDir %q has sizeLimit %v; want 20Gi", kind, v.Name, v.EmptyDir.SizeLimit)
+			}
+		}
+		if kind == "restore" && scratch == 0 {
+			t.Errorf("restore agent has no emptyDir scratch volume to check: %+v", pod.Volumes)
+		}
+	}
+}
+
+func TestAgentResourcesConfigured(t *testing.T) {
+	size := resource.MustParse("3Gi")
+	pods := agentPods(t, config.Agents{
+		Resources: &corev1.ResourceRequirements{
+			Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
+			Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi"), corev1.ResourceCPU: resource.MustParse("2")},
+		},
+		ScratchSizeLimit: &size,
+	})
+	for kind, pod := range pods {
+		r := pod.Containers[0].Resources
+		if got := [3]string{quantity(r.Requests, corev1.ResourceMemory), quantity(r.Limits, corev1.ResourceMemory), quantity(r.Limits, corev1.ResourceCPU)}; got != [3]string{"1Gi", "2Gi", "2"} {
+			t.Errorf("%s agent: requests memory, limits memory and cpu %v; want 1Gi, 2Gi, 2", kind, got)
+		}
+		if _, ok := r.Requests[corev1.ResourceCPU]; ok {
+			t.Errorf("%s agent: the configured resources got the default cpu request too: %v", kind, r.Requests)
+		}
+		for _, v := range pod.Volumes {
+			if v.EmptyDir != nil && (v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.String() != "3Gi") {
+				t.Errorf("%s agent: emptyDir %q sizeLimit %v; want 3Gi", kind, v.Name, v.EmptyDir.SizeLimit)
+			}
+		}
+	}
+	// `resources: {}` asks for none.
+	for kind, pod := range agentPods(t, config.Agents{Resources: &corev1.ResourceRequirements{}}) {
+		if r := pod.Containers[0].Resources; len(r.Requests)+len(r.Limits) != 0 {
+			t.Errorf("%s agent with resources {}: %+v; want none", kind, r)
+		}
+	}
+}
