@@ -16,11 +16,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
 )
 
@@ -306,5 +309,82 @@ func TestUploadOfAStreamIsNotRetried(t *testing.T) {
 	_, err := c.Upload(context.Background(), struct{ io.Reader }{r}, &ebv1.UploadHeader{Name: "up"}, nil)
 	if err == nil || notices.Load() != 0 {
 		t.Fatalf("upload of a stream: err %v after %d retry notices, want the break itself and none", err, notices.Load())
+	}
+}
+
+// loseFirstAnswer is a client stream interceptor that lets the first
+// UploadBackup run to its end on the server and then reports the
+// connection lost instead of the server's answer: the upload was
+// committed, its caller does not know.
+func loseFirstAnswer(lost *atomic.Bool) grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		s, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil || !strings.HasSuffix(method, "/UploadBackup") || lost.Swap(true) {
+			return s, err
+		}
+		return &answerLost{ClientStream: s}, nil
+	}
+}
+
+type answerLost struct{ grpc.ClientStream }
+
+func (s *answerLost) RecvMsg(m any) error {
+	if err := s.ClientStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return status.Error(codes.Unavailable, "connection lost (injected after the server answered)")
+}
+
+// The answer to a committed upload is lost: the retry is refused as
+// AlreadyExists, and the backup under the name is this upload's (same size
+// and SHA-256), so the upload succeeds.
+func TestUploadWhoseAnswerWasLostSucceeds(t *testing.T) {
+	srv := servertest.Start(t, "")
+	var lost atomic.Bool
+	conn, err := grpc.NewClient("passthrough:///"+srv.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithStreamInterceptor(loseFirstAnswer(&lost)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c := client.New(conn)
+	var notices atomic.Int32
+	c.Retry.OnRetry = func(error, time.Duration) { notices.Add(1) }
+	data := make([]byte, 3<<20)
+	rand.Read(data)
+	b, err := c.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "once"}, nil)
+	if err != nil {
+		t.Fatalf("upload whose first answer was lost: %v", err)
+	}
+	if !lost.Load() || notices.Load() != 1 {
+		t.Fatalf("answer lost %v, %d retry notices: the test did not exercise the retry", lost.Load(), notices.Load())
+	}
+	if sum := sha256.Sum256(data); b.GetSha256() != hex.EncodeToString(sum[:]) || b.GetSize() != int64(len(data)) {
+		t.Fatalf("got backup of %d bytes sha256 %s, want the uploaded data's", b.GetSize(), b.GetSha256())
+	}
+}
+
+// A retry refused as AlreadyExists by a backup that is not this upload's
+// reports the conflict.
+func TestUploadRetryIntoAnotherBackupIsAConflict(t *testing.T) {
+	srv := servertest.Start(t, "")
+	if _, err := srv.Client.Upload(context.Background(), strings.NewReader("someone else's"), &ebv1.UploadHeader{Name: "taken"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var failed atomic.Bool
+	// The first attempt breaks before it reaches the server.
+	breakFirst := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if strings.HasSuffix(method, "/UploadBackup") && !failed.Swap(true) {
+			return nil, status.Error(codes.Unavailable, "connection lost (injected)")
+		}
+		return streamer(ctx, desc, cc, method, opts...)
+	}
+	conn, err := grpc.NewClient("passthrough:///"+srv.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithStreamInterceptor(breakFirst))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_, err = client.New(conn).Upload(context.Background(), strings.NewReader("mine"), &ebv1.UploadHeader{Name: "taken"}, nil)
+	if status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("got %v, want AlreadyExists", err)
 	}
 }
