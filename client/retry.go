@@ -55,7 +55,11 @@ type GiveUpError struct {
 	Err     error
 }
 
-func (e *GiveUpError) Error() string {
+func (e *GiveUpError) Error() string { return e.Op + ": " + e.Detail() }
+
+// Detail is the error without Op: what was lost, for how long it was
+// retried, what sets that, and the last failure.
+func (e *GiveUpError) Detail() string {
 	flag := ""
 	if e.Flag != "" {
 		flag = " (" + e.Flag + ")"
@@ -64,7 +68,7 @@ func (e *GiveUpError) Error() string {
 	if s, ok := status.FromError(e.Err); ok {
 		msg = s.Message()
 	}
-	return fmt.Sprintf("%s: connection to the server lost and not back after retrying for %s%s: %s", e.Op, e.Timeout, flag, msg)
+	return fmt.Sprintf("connection to the server lost and not back after retrying for %s%s: %s", e.Timeout, flag, msg)
 }
 
 func (e *GiveUpError) Unwrap() error { return e.Err }

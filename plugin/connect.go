@@ -101,6 +101,10 @@ func (c *Connection) explain(op string, err error) error {
 	if err == nil {
 		return nil
 	}
+	var gaveUp *client.GiveUpError
+	if errors.As(err, &gaveUp) {
+		return withCode(codeExit(status.Code(gaveUp.Err)), fmt.Errorf("%s: cannot reach the etcdbackup server at %s: %s", op, c.Target, gaveUp.Detail()))
+	}
 	s, ok := status.FromError(err)
 	if !ok {
 		return fmt.Errorf("%s: %w", op, err)

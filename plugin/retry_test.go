@@ -29,6 +29,7 @@ func TestBackupWaitRetriesThenGivesUp(t *testing.T) {
 	}()
 	r := run(t, w.addr, "--retry-timeout=2s", "backup", "--target", "cp", "--name", "gone", "--wait")
 	stopped := <-stoppedAt
+	t.Logf("error: %v\nstderr:\n%s", r.err, r.errOut)
 	if r.err == nil {
 		t.Fatalf("backup --wait succeeded with its server gone:\n%s", r.errOut)
 	}
