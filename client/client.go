@@ -11,13 +11,10 @@ import (
 	"fmt"
 	"hash"
 	"io"
-	"math"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
@@ -35,11 +32,19 @@ var ErrCorrupt = errors.New("downloaded data does not match the backup's SHA-256
 type Client struct {
 	Backups ebv1.BackupServiceClient
 	Info    ebv1.InfoServiceClient
+	// Retry says how long Download and Upload retry when the connection
+	// breaks; New sets DefaultRetryTimeout.
+	Retry Retry
 }
 
-// New returns a Client on conn.
+// New returns a Client on conn. conn should be dialled with Reconnect, so
+// that it finds a server that comes back within seconds.
 func New(conn grpc.ClientConnInterface) *Client {
-	return &Client{Backups: ebv1.NewBackupServiceClient(conn), Info: ebv1.NewInfoServiceClient(conn)}
+	return &Client{
+		Backups: ebv1.NewBackupServiceClient(conn),
+		Info:    ebv1.NewInfoServiceClient(conn),
+		Retry:   Retry{Timeout: DefaultRetryTimeout},
+	}
 }
 
 // Upload streams r to the server as a new backup described by h. It hashes
@@ -58,21 +63,108 @@ type UploadRequest struct {
 	// SHA-256 of the data before compression, for the trailer: a
 	// compressing sender knows them only at the end.
 	Raw func() (size int64, sha256 string)
+	// Rewind, if set, returns the data again from its start, to retry
+	// after the connection broke. Without it, an r that can seek is
+	// seeked back, and any other r is not retried.
+	Rewind func() (io.Reader, error)
 }
 
 // UploadWith is Upload with every option. r must return io.EOF only when
 // all data was read correctly: any other error aborts the upload and the
 // server stores nothing.
+//
+// When the connection breaks before the server committed the backup (the
+// server discards what it got), the upload starts again from the
+// beginning, for as long as c.Retry allows without an attempt getting
+// further than the ones before; this needs req.Rewind or an r that can
+// seek. If an attempt was committed but its answer lost, the next one is
+// refused as AlreadyExists: the backup found under the name counts as
+// this upload's when its size and SHA-256 are those an attempt sent.
 func (c *Client) UploadWith(ctx context.Context, r io.Reader, req UploadRequest) (*ebv1.Backup, error) {
+	rewind := req.Rewind
+	if s, ok := r.(io.Seeker); ok && rewind == nil {
+		if start, err := s.Seek(0, io.SeekCurrent); err == nil {
+			rewind = func() (io.Reader, error) {
+				_, err := s.Seek(start, io.SeekStart)
+				return r, err
+			}
+		}
+	}
+	var trailers []*ebv1.UploadTrailer // sent by earlier attempts
+	var furthest int64
+	retry := c.NewRetrier(func() string { return fmt.Sprintf("upload %q", req.Header.GetName()) })
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			var rerr error
+			if r, rerr = rewind(); rerr != nil {
+				return nil, fmt.Errorf("upload %q: read the input again to retry: %w", req.Header.GetName(), rerr)
+			}
+		}
+		b, trailer, sent, err := c.uploadOnce(ctx, r, req)
+		if err == nil {
+			return b, nil
+		}
+		if status.Code(err) == codes.AlreadyExists && attempt > 0 {
+			b, held := c.earlierAttempt(ctx, req.Header, trailers)
+			if b != nil {
+				return b, nil
+			}
+			if !held {
+				return nil, err
+			}
+			// The server has not yet noticed that the earlier attempt
+			// broke: it still holds the name. Retry as for a break.
+			err = status.Error(codes.Unavailable, status.Convert(err).Message())
+		}
+		if trailer != nil {
+			trailers = append(trailers, trailer)
+		}
+		if rewind == nil {
+			return nil, err
+		}
+		if sent > furthest {
+			furthest = sent
+			retry.Progress()
+		}
+		if err := retry.Wait(ctx, err); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// earlierAttempt explains an AlreadyExists refusal of a retry: it returns
+// the backup named in h if one of the trailers describes it (an earlier
+// attempt was stored though its answer was lost), or held true if no
+// backup has the name yet (an earlier attempt still holds it on the
+// server).
+func (c *Client) earlierAttempt(ctx context.Context, h *ebv1.UploadHeader, trailers []*ebv1.UploadTrailer) (b *ebv1.Backup, held bool) {
+	resp, err := c.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: h.GetName(), Location: h.GetLocation()})
+	if status.Code(err) == codes.NotFound {
+		return nil, true
+	}
+	if err != nil {
+		return nil, false
+	}
+	for _, t := range trailers {
+		if resp.GetBackup().GetSize() == t.GetSize() && resp.GetBackup().GetSha256() == t.GetSha256() {
+			return resp.GetBackup(), false
+		}
+	}
+	return nil, false
+}
+
+// uploadOnce makes one UploadBackup call from r's current position. It
+// returns the trailer if it got as far as sending it, and the bytes sent.
+func (c *Client) uploadOnce(ctx context.Context, r io.Reader, req UploadRequest) (*ebv1.Backup, *ebv1.UploadTrailer, int64, error) {
 	h, progress := req.Header, req.Progress
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // on any error, cancelling tells the server to discard
 	stream, err := c.Backups.UploadBackup(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, 0, err
 	}
 	if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Header{Header: h}}); err != nil {
-		return nil, sendError(stream, err)
+		return nil, nil, 0, sendError(stream, err)
 	}
 	sum := sha256.New()
 	buf := make([]byte, ChunkBytes)
@@ -82,7 +174,7 @@ func (c *Client) UploadWith(ctx context.Context, r io.Reader, req UploadRequest)
 		if n > 0 {
 			sum.Write(buf[:n])
 			if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: buf[:n]}}); err != nil {
-				return nil, sendError(stream, err)
+				return nil, nil, sent, sendError(stream, err)
 			}
 			sent += int64(n)
 			if progress != nil {
@@ -93,7 +185,7 @@ func (c *Client) UploadWith(ctx context.Context, r io.Reader, req UploadRequest)
 			break
 		}
 		if rerr != nil {
-			return nil, fmt.Errorf("read input after %d bytes: %w", sent, rerr)
+			return nil, nil, sent, fmt.Errorf("read input after %d bytes: %w", sent, rerr)
 		}
 	}
 	trailer := &ebv1.UploadTrailer{Size: sent, Sha256: hex.EncodeToString(sum.Sum(nil))}
@@ -101,13 +193,13 @@ func (c *Client) UploadWith(ctx context.Context, r io.Reader, req UploadRequest)
 		trailer.RawSize, trailer.RawSha256 = req.Raw()
 	}
 	if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Trailer{Trailer: trailer}}); err != nil {
-		return nil, sendError(stream, err)
+		return nil, trailer, sent, sendError(stream, err)
 	}
 	resp, err := stream.CloseAndRecv()
 	if err != nil {
-		return nil, err
+		return nil, trailer, sent, err
 	}
-	return resp.GetBackup(), nil
+	return resp.GetBackup(), trailer, sent, nil
 }
 
 // sendError returns the server's status when a Send fails because the
@@ -136,14 +228,13 @@ type DownloadRequest struct {
 	OnHeader func(b *ebv1.Backup) error
 	// Progress, if set, is called with the offset reached so far.
 	Progress func(offset int64)
-	// MaxRetries is how many times in a row a broken stream is re-opened
-	// without progress before giving up; 0 means 5.
-	MaxRetries int
 }
 
 // Download writes the backup's bytes from req.Offset to w, re-opening the
-// stream from the offset it reached whenever the connection breaks, and
-// fails with ErrCorrupt unless the whole backup hashes to its SHA-256.
+// stream from the offset it reached whenever the connection breaks, for
+// as long as c.Retry allows without a byte arriving, and fails with
+// ErrCorrupt unless the whole backup hashes to its SHA-256. Nothing is
+// written twice, so w may be a stream (standard output).
 func (c *Client) Download(ctx context.Context, w io.Writer, req DownloadRequest) (*ebv1.Backup, error) {
 	sum := req.Prefix
 	if sum == nil {
@@ -152,14 +243,9 @@ func (c *Client) Download(ctx context.Context, w io.Writer, req DownloadRequest)
 		}
 		sum = sha256.New()
 	}
-	maxRetries := req.MaxRetries
-	if maxRetries == 0 {
-		maxRetries = 5
-	}
 	offset := req.Offset
 	var backup *ebv1.Backup
-	failures := 0
-	backoff := retryBackoff()
+	retry := c.NewRetrier(func() string { return fmt.Sprintf("download %q at byte %d", req.Name, offset) })
 	for {
 		before := offset
 		b, err := c.downloadOnce(ctx, io.MultiWriter(w, sum), req, &offset, backup)
@@ -169,22 +255,11 @@ func (c *Client) Download(ctx context.Context, w io.Writer, req DownloadRequest)
 		if err == nil {
 			break
 		}
-		if !retryable(ctx, err) {
-			return backup, err
-		}
 		if offset > before {
-			failures, backoff = 0, retryBackoff()
+			retry.Progress()
 		}
-		failures++
-		if failures > maxRetries {
-			return backup, fmt.Errorf("download %q: gave up after %d attempts without progress at byte %d: %w", req.Name, failures, offset, err)
-		}
-		t := time.NewTimer(backoff.Step())
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return backup, ctx.Err()
-		case <-t.C:
+		if err := retry.Wait(ctx, err); err != nil {
+			return backup, err
 		}
 	}
 	if got := hex.EncodeToString(sum.Sum(nil)); got != backup.GetSha256() {
@@ -246,31 +321,4 @@ func (c *Client) downloadOnce(ctx context.Context, w io.Writer, req DownloadRequ
 		return b, status.Errorf(codes.Unavailable, "download: stream ended at byte %d of %d", *offset, b.GetSize())
 	}
 	return b, nil
-}
-
-// retryable reports whether a failed stream may succeed when re-opened:
-// the transport broke (a tunnel dropped, a pod restarted), not the request.
-func retryable(ctx context.Context, err error) bool {
-	if ctx.Err() != nil {
-		return false
-	}
-	s, ok := status.FromError(err)
-	if !ok {
-		return false
-	}
-	switch s.Code() {
-	case codes.Unavailable, codes.Aborted:
-		return true
-	case codes.Internal:
-		// A connection torn mid-frame surfaces as Internal from the
-		// transport ("stream terminated by RST_STREAM", "unexpected EOF").
-		return true
-	}
-	return false
-}
-
-// retryBackoff is the pause between attempts to re-open a broken download:
-// 100 ms doubling up to 5 s, reset whenever an attempt made progress.
-func retryBackoff() *wait.Backoff {
-	return &wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Cap: 5 * time.Second, Steps: math.MaxInt32}
 }

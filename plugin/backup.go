@@ -105,9 +105,14 @@ func (o *BackupOptions) Run(ctx context.Context) error {
 	return nil
 }
 
+// pollTimeout bounds one poll of --wait: a poll that hangs on a dead
+// connection fails and is retried like a broken one.
+const pollTimeout = 30 * time.Second
+
 // wait polls the backup every PollInterval until it leaves Running or
 // WaitTimeout passes, printing each phase it sees with the time since the
-// wait began on stderr, so a long backup is not silent.
+// wait began on stderr, so a long backup is not silent. A poll that fails
+// transiently (the server pod replaced) is retried for --retry-timeout.
 func (o *BackupOptions) wait(ctx context.Context, conn *Connection, b *ebv1.Backup) (*ebv1.Backup, error) {
 	start := time.Now()
 	name, location := b.GetName(), b.GetLocation()
@@ -119,15 +124,22 @@ func (o *BackupOptions) wait(ctx context.Context, conn *Connection, b *ebv1.Back
 	if phase != ebv1.BackupPhase_BACKUP_PHASE_RUNNING {
 		return b, nil
 	}
+	retry := conn.NewRetrier(func() string { return "wait for backup " + quote(name) })
 	err := wait.PollUntilContextTimeout(ctx, o.PollInterval, o.WaitTimeout, false, func(ctx context.Context) (bool, error) {
-		resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name, Location: location})
+		pctx, cancel := context.WithTimeout(ctx, pollTimeout)
+		resp, err := conn.Backups.GetBackup(pctx, &ebv1.GetBackupRequest{Name: name, Location: location})
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				// The deadline, not the server: report it as the timeout.
 				return false, ctx.Err()
 			}
-			return false, conn.explain("wait for backup "+quote(name), err)
+			if err := retry.Check(ctx, err); err != nil {
+				return false, conn.explain("wait for backup "+quote(name), err)
+			}
+			return false, nil // a transient failure: ask again at the next poll
 		}
+		retry.Progress()
 		b = resp.GetBackup()
 		if b.GetPhase() != phase {
 			phase = b.GetPhase()

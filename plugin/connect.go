@@ -27,9 +27,12 @@ var errAlreadyReported = errors.New("")
 func IsAlreadyReported(err error) bool { return errors.Is(err, errAlreadyReported) }
 
 // dialOptions are shared by direct and tunnelled connections. Keepalive
-// pings notice a dead tunnel in seconds instead of at the next write.
+// pings notice a dead tunnel in seconds instead of at the next write;
+// client.Reconnect finds a replaced server pod within seconds of it being
+// Ready.
 var dialOptions = []grpc.DialOption{
 	grpc.WithTransportCredentials(insecure.NewCredentials()),
+	client.Reconnect,
 	grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 }
 
@@ -98,6 +101,10 @@ func (g *GlobalOptions) connectTunnel(ctx context.Context) (*Connection, error) 
 func (c *Connection) explain(op string, err error) error {
 	if err == nil {
 		return nil
+	}
+	var gaveUp *client.GiveUpError
+	if errors.As(err, &gaveUp) {
+		return withCode(codeExit(status.Code(gaveUp.Err)), fmt.Errorf("%s: cannot reach the etcdbackup server at %s: %s", op, c.Target, gaveUp.Detail()))
 	}
 	s, ok := status.FromError(err)
 	if !ok {

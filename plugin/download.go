@@ -37,16 +37,18 @@ etcd's restore read: it decrypts an age-encrypted backup with --identity,
 undoes compression, and checks etcd's own SHA-256 trailer and the snapshot's
 recorded SHA-256, streaming, into FILE.part; only a snapshot that passed every
 check is renamed to FILE. A failed or refused download leaves no file. A
-dropped connection is re-opened from the byte it reached; a plain download
-that is interrupted starts over when run again.
+dropped connection (a tunnel broken, the server pod replaced) is re-opened
+from the byte it reached, for up to --retry-timeout without a byte arriving;
+a plain download that is interrupted starts over when run again.
 
 With --raw the backup is written as stored (compressed and encrypted as it
 is), resuming from an existing FILE.part, and checked against the stored
 SHA-256 only: for copying backups elsewhere, or for the age CLI
 (docs/encryption.md).
 
-With -o - the snapshot is written to standard output as it is checked: a
-failed check exits non-zero after part of it was written.`,
+With -o - the snapshot is written to standard output as it is checked (a
+re-opened connection continues at the byte it reached, so nothing is written
+twice): a failed check exits non-zero after part of it was written.`,
 		Example: examples(`
 # Download a backup to the file etcd-2026-01-31 in the current directory
 kubectl etcdbackup download etcd-2026-01-31

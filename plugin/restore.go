@@ -275,20 +275,29 @@ func (o *RestoreOptions) runTarget(ctx context.Context) error {
 
 // waitTarget polls the restore every PollInterval until every member
 // succeeded, one failed, or WaitTimeout passes, printing each member's
-// phase changes with the time since the wait began on stderr.
+// phase changes with the time since the wait began on stderr. A poll that
+// fails transiently (the server pod replaced) is retried for
+// --retry-timeout.
 func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error {
 	start := time.Now()
 	var members []*ebv1.MemberRestore
 	seen := map[string]ebv1.RestorePhase{}
+	retry := conn.NewRetrier(func() string { return "wait for the restore of " + quote(o.Name) })
 	err := wait.PollUntilContextTimeout(ctx, o.PollInterval, o.WaitTimeout, true, func(ctx context.Context) (bool, error) {
-		resp, err := conn.Backups.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: o.Name, Location: o.Location, Target: o.Target})
+		pctx, cancel := context.WithTimeout(ctx, pollTimeout)
+		resp, err := conn.Backups.GetRestore(pctx, &ebv1.GetRestoreRequest{Name: o.Name, Location: o.Location, Target: o.Target})
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				// The deadline, not the server: report it as the timeout.
 				return false, ctx.Err()
 			}
-			return false, conn.explain("wait for the restore of "+quote(o.Name), err)
+			if err := retry.Check(ctx, err); err != nil {
+				return false, conn.explain("wait for the restore of "+quote(o.Name), err)
+			}
+			return false, nil // a transient failure: ask again at the next poll
 		}
+		retry.Progress()
 		members = resp.GetMembers()
 		done := true
 		for _, m := range members {

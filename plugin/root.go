@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
@@ -37,6 +38,9 @@ type GlobalOptions struct {
 	Location string
 	// Timeout bounds connecting to the server.
 	ConnectTimeout time.Duration
+	// RetryTimeout is how long download, upload and --wait keep retrying
+	// after the connection to the server broke, without progress.
+	RetryTimeout time.Duration
 
 	genericiooptions.IOStreams
 }
@@ -47,6 +51,7 @@ func NewCmdRoot(streams genericiooptions.IOStreams) *cobra.Command {
 		ConfigFlags:    genericclioptions.NewConfigFlags(true),
 		ServerService:  "etcdbackup",
 		ConnectTimeout: 30 * time.Second,
+		RetryTimeout:   client.DefaultRetryTimeout,
 		IOStreams:      streams,
 	}
 	cmd := &cobra.Command{
@@ -68,6 +73,12 @@ backups.etcdbackup.io and restores.etcdbackup.io. With --server-address only
 ` + exitCodesHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			if g.RetryTimeout < 0 {
+				return usageError(fmt.Errorf("--retry-timeout must be 0 (do not retry) or more, not %s", g.RetryTimeout))
+			}
+			return nil
+		},
 		Annotations: map[string]string{
 			cobra.CommandDisplayNameAnnotation: "kubectl etcdbackup",
 		},
@@ -78,6 +89,7 @@ backups.etcdbackup.io and restores.etcdbackup.io. With --server-address only
 	flags.StringVar(&g.ServerService, "server-service", g.ServerService, "name of the data server's Service in the namespace")
 	flags.StringVar(&g.Location, "location", "", "storage location on the server (default: every location for list and for finding a backup by name; the server's default for new backups)")
 	flags.DurationVar(&g.ConnectTimeout, "connect-timeout", g.ConnectTimeout, "how long to wait for the server to answer")
+	flags.DurationVar(&g.RetryTimeout, "retry-timeout", g.RetryTimeout, "how long download, upload and --wait keep retrying without progress when the connection to the server breaks (a server pod replaced); 0 does not retry")
 
 	cmd.AddCommand(
 		NewCmdList(g),
@@ -109,8 +121,21 @@ type Connection struct {
 func (c *Connection) Close() error { return c.conn.Close() }
 
 // Connect opens a connection to the server: directly to ServerAddress when
-// set, otherwise through a port-forward tunnel.
+// set, otherwise through a port-forward tunnel. Its calls retry for
+// RetryTimeout when the connection breaks, saying so on ErrOut once per
+// outage.
 func (g *GlobalOptions) Connect(ctx context.Context) (*Connection, error) {
+	c, err := g.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.Retry = client.Retry{Timeout: g.RetryTimeout, Flag: "--retry-timeout", OnRetry: func(err error, left time.Duration) {
+		fmt.Fprintf(g.ErrOut, "connection to the server lost (%s); retrying for up to %s\n", status.Convert(err).Message(), left.Round(time.Second))
+	}}
+	return c, nil
+}
+
+func (g *GlobalOptions) connect(ctx context.Context) (*Connection, error) {
 	if g.ServerAddress != "" {
 		opts := dialOptions
 		if t := g.explicitToken(); t != "" {

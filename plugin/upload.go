@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,7 +38,9 @@ func NewCmdUpload(g *GlobalOptions) *cobra.Command {
 		Short: "Upload an etcd snapshot file as a new backup",
 		Long: `Upload streams FILE to the server, hashing it on the way; the server stores it
 only if every byte arrived with the same SHA-256. Backups are immutable: a
-name that exists is refused.
+name that exists is refused. When the connection breaks before the server
+stored the backup (it keeps nothing then), the upload starts again from the
+beginning, for up to --retry-timeout without getting further.
 
 With --encrypt-to (or --encrypt-to-file) FILE must be a plain etcd snapshot:
 it is checked (etcd's trailer) and encrypted with age on this machine, so the
@@ -168,8 +171,17 @@ func (o *UploadOptions) uploadEncrypted(ctx context.Context, conn *Connection, f
 	if err != nil {
 		return nil, err
 	}
-	plain := snapshot.NewVerifier(f, snapshot.VerifierOptions{HashWhole: true, Progress: progress})
-	body, err := crypt.Encrypt(ctx, plain, recipients)
+	// open reads the file from its start, again for each retry after
+	// the connection broke; each attempt is a new encryption.
+	var plain *snapshot.Verifier
+	open := func() (io.Reader, error) {
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return nil, fmt.Errorf("read %s again: %w", o.File, err)
+		}
+		plain = snapshot.NewVerifier(f, snapshot.VerifierOptions{HashWhole: true, Progress: progress})
+		return crypt.Encrypt(ctx, plain, recipients)
+	}
+	body, err := open()
 	if err != nil {
 		return nil, err
 	}
@@ -179,6 +191,7 @@ func (o *UploadOptions) uploadEncrypted(ctx context.Context, conn *Connection, f
 	b, err := conn.UploadWith(ctx, body, client.UploadRequest{
 		Header: h,
 		Raw:    func() (int64, string) { return plain.Size(), plain.SHA256() },
+		Rewind: open,
 	})
 	if verr := plain.Err(); verr != nil && ctx.Err() == nil {
 		return nil, &encryptInputError{fmt.Errorf("upload: %s is not a whole etcd snapshot, nothing was stored: %w", o.File, verr)}
