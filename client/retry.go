@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -150,12 +153,20 @@ func Transient(ctx context.Context, err error) bool {
 		return false
 	}
 	switch s.Code() {
-	case codes.Unavailable, codes.Aborted, codes.DeadlineExceeded:
+	case codes.Unavailable:
+		// The server answered that one of its storage locations is down:
+		// it retries that itself; the user is better told at once.
+		_, location := ebv1.UnavailableLocation(s)
+		return !location
+	case codes.Aborted, codes.DeadlineExceeded:
 		return true
 	case codes.Internal:
 		// A connection torn mid-frame surfaces as Internal from the
-		// transport ("stream terminated by RST_STREAM", "unexpected EOF").
-		return true
+		// transport ("stream terminated by RST_STREAM", "unexpected EOF");
+		// a handler's own Internal (a bug, a recovered panic) does not
+		// get better by asking again.
+		msg := s.Message()
+		return strings.Contains(msg, "RST_STREAM") || strings.Contains(msg, "EOF") || strings.Contains(msg, "transport")
 	}
 	return false
 }
