@@ -183,6 +183,7 @@ func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, opts
 		}
 	}
 	serverName, serverTag := nameAndTag(images.Server)
+	agentName, agentTag := nameAndTag(images.Agent)
 	files := map[string]string{
 		"kustomization.yaml": fmt.Sprintf(`# The sandbox's install: the project's manifests as a user applies them,
 # with the cluster's etcd as a backup target and an S3 location.
@@ -207,10 +208,14 @@ images:
   - name: etcdbackup-server
     newName: %[3]s
     newTag: %[4]q # quoted: a tag such as a commit hash can be all digits
+  # The agent image: the server's init container, which the server reads.
+  - name: etcdbackup-agent
+    newName: %[5]s
+    newTag: %[6]q
 patches:
   - path: config.yaml
   - path: deployment.yaml
-%[5]s`, DefaultNamespace, base, serverName, serverTag, restoreNamespacesPatch(cluster)),
+%[7]s`, DefaultNamespace, base, serverName, serverTag, agentName, agentTag, restoreNamespacesPatch(cluster)),
 		"config.yaml": fmt.Sprintf(`apiVersion: v1
 kind: ConfigMap
 metadata:
@@ -236,9 +241,8 @@ data:
         endpoints: [https://etcd.kube-system.svc:2379]
         tlsSecret: etcd-client
 %[4]s    agents:
-      image: %[5]s
       serviceAccount: etcdbackup-agent
-%[6]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), images.Agent, authorization(opts.Authorization)),
+%[5]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), authorization(opts.Authorization)),
 		"deployment.yaml": `apiVersion: apps/v1
 kind: Deployment
 metadata:
