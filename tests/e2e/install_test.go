@@ -172,7 +172,7 @@ func TestInstallDoc(t *testing.T) {
 	// 8. Users: the shipped ClusterRoles bound in the server's namespace.
 	mustSucceed(t, c.run(t, nil, "create", "rolebinding", "alice-etcdbackup-viewer", "-n", ns,
 		"--clusterrole=etcdbackup-viewer", "--user=alice@example.com"), "kubectl create rolebinding")
-	r = mustSucceed(t, c.run(t, nil, "auth", "can-i", "create", "pods/portforward", "-n", ns, "--as", "alice@example.com"), "kubectl auth can-i")
+	r = mustSucceed(t, c.run(t, nil, "auth", "can-i", "create", "pods", "--subresource=portforward", "-n", ns, "--as", "alice@example.com"), "kubectl auth can-i")
 	if strings.TrimSpace(r.Stdout) != "yes" {
 		t.Errorf("alice may not port-forward to the server: %s", r)
 	}
