@@ -115,8 +115,8 @@ FUZZTIME ?= 30s
 fuzz:
 	FUZZTIME=$(FUZZTIME) GO=$(GO) hack/fuzz.sh
 
-## dist: plugin archives for every krew platform, SHA256SUMS and the krew manifest, in dist/
-DIST_VERSION ?= v0.1.0
+## dist: plugin archives for every krew platform, SHA256SUMS and the krew manifest, in dist/; the version is the tag on HEAD (else v0.0.0-dev+COMMIT, see hack/dist-version.sh), or DIST_VERSION
+DIST_VERSION ?=
 dist:
 	hack/dist.sh $(DIST_VERSION)
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# dist.sh VERSION — build the plugin for every platform krew serves into
+# dist.sh [VERSION] — build the plugin for every platform krew serves into
 # dist/, one .tar.gz each (binary, the kubectl_complete-etcdbackup
 # completion shim, LICENSE) with its SHA-256, and write the krew manifest
-# dist/etcdbackup.yaml from krew/etcdbackup.yaml.tmpl.
+# dist/etcdbackup.yaml from krew/etcdbackup.yaml.tmpl. VERSION defaults to
+# the tag on HEAD (hack/dist-version.sh).
 set -euo pipefail
-version=${1:?usage: dist.sh VERSION}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+version=${1:-$("$root/hack/dist-version.sh")}
 dist=$root/dist
 url=${RELEASE_URL:-https://github.com/kubectl-etcdbackup/kubectl-etcdbackup/releases/download/$version}
 # DIST_PLATFORMS narrows the list (CI checks the manifest with this

@@ -14,11 +14,22 @@ mkdir -p "$root/bin"
 ln -s "$tools/krew" "$root/bin/kubectl-krew"
 os=$(go env GOOS) arch=$(go env GOARCH)
 archive=$(ls "$dist"/kubectl-etcdbackup_*_"${os}_${arch}".tar.gz)
+# Every archive holds exactly the binary, the completion shim and LICENSE,
+# and the manifest copies all three into the install.
+for a in "$dist"/kubectl-etcdbackup_*.tar.gz; do
+	want="LICENSE kubectl-etcdbackup kubectl_complete-etcdbackup"
+	[[ $a == *_windows_* ]] && want="LICENSE kubectl-etcdbackup.exe kubectl_complete-etcdbackup.exe"
+	got=$(tar -tzf "$a" | sort | tr '\n' ' ')
+	[[ $got == "$want " ]] || { echo "krew-check: $(basename "$a") holds: $got; want: $want" >&2; exit 1; }
+done
+grep -q -- '- from: kubectl_complete-etcdbackup' "$manifest" || { echo "krew-check: $manifest does not list the completion shim in files:" >&2; exit 1; }
+version=$(sed -n 's/^  version: //p' "$manifest")
 export KREW_ROOT=$root/krew PATH=$root/bin:$root/krew/bin:$PATH
 kubectl krew install --manifest="$manifest" --archive="$archive" >/dev/null
 out=$(kubectl etcdbackup version --client)
 echo "krew-check: installed with krew; kubectl etcdbackup says: $out" >&2
-[[ $out == *"Client Version: v"* ]] || { echo "krew-check: unexpected output" >&2; exit 1; }
+# The binary carries the manifest's version (the tag on HEAD, or DIST_VERSION).
+[[ $out == *"Client Version: $version"* ]] || { echo "krew-check: unexpected output, want Client Version: $version" >&2; exit 1; }
 [[ -f $root/krew/store/etcdbackup/*/LICENSE || -n $(find "$root/krew/store" -name LICENSE) ]]
 # The completion shim is installed beside the binary and, once on PATH as the
 # caveats say, completes the plugin's commands for kubectl.

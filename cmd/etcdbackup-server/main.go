@@ -48,6 +48,7 @@ func run(args []string) error {
 	storageDir := fs.String("storage-dir", "/var/lib/etcdbackup", "directory of the \"default\" filesystem storage location (mount a PersistentVolumeClaim here); ignored with --config")
 	configFile := fs.String("config", "", "configuration file: storage locations, etcd targets, agents (see docs/design.md)")
 	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "the server's namespace, where agent Jobs run (default $POD_NAMESPACE)")
+	podName := fs.String("pod-name", os.Getenv("POD_NAME"), "the server's own pod, whose init container \""+jobs.AgentImageContainer+"\" names the agent image when the config's agents.image does not (default $POD_NAME)")
 	metricsListen := fs.String("metrics-listen", "", "address serving Prometheus /metrics (empty: off)")
 	drain := fs.Duration("shutdown-timeout", 60*time.Second, "how long in-flight transfers may finish after SIGTERM")
 	showVersion := fs.Bool("version", false, "print the version and exit")
@@ -76,11 +77,8 @@ func run(args []string) error {
 		return err
 	}
 	cfg.Targets, cfg.Limits = f.Targets, f.Limits
-	if f.Agents.Image != "" && *agentListen == "" {
-		return errors.New("agents.image is configured but --agent-listen is empty: agents could not reach the server")
-	}
 	var kc kubernetes.Interface
-	if f.Agents.Image != "" || *agentListen != "" || f.Authorization.Mode == config.AuthorizationSubjectAccessReview {
+	if f.Agents.Image != "" || *podName != "" || *agentListen != "" || f.Authorization.Mode == config.AuthorizationSubjectAccessReview {
 		if kc, err = kubeClient(*kubeconfig); err != nil {
 			return err
 		}
@@ -90,12 +88,22 @@ func run(args []string) error {
 			}
 		}
 	}
+	// The agent image: the config's override, else the image kustomize
+	// wrote into this pod's init container.
+	if f.Agents.Image == "" && *podName != "" {
+		if f.Agents.Image, err = jobs.AgentImage(ctx, kc, *namespace, *podName); err != nil {
+			return err
+		}
+	}
+	if f.Agents.Image != "" && *agentListen == "" {
+		return errors.New("an agent image is configured but --agent-listen is empty: agents could not reach the server")
+	}
 	if f.Agents.Image != "" {
 		if cfg.Agents, err = jobs.New(kc, *namespace, f.Agents); err != nil {
 			return err
 		}
 	} else if len(cfg.Targets) > 0 {
-		log.Warn("targets are configured but agents.image is not: on-demand backups are off")
+		log.Warn("targets are configured but no agent image is (agents.image, or the init container " + jobs.AgentImageContainer + " of the server's pod): on-demand backups are off")
 	}
 	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, *namespace, f, cfg.Agents); err != nil {
 		return err

@@ -33,12 +33,43 @@ func TestShippedManifestLoads(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v\n%s", err, c)
 		}
-		if f.Locations[0].Name != "default" || f.Agents.Image == "" {
+		// The agent image is the Deployment's init container, which
+		// kustomize's images: rewrites (server/jobs checks it); an image
+		// here would override it and escape the overlay's renaming.
+		if f.Locations[0].Name != "default" || f.Agents.Image != "" || f.Agents.ServiceAccount != "etcdbackup-agent" {
 			t.Errorf("loaded %+v", f)
 		}
 	}
 	if !found {
 		t.Fatal("no ConfigMap with config.yaml in manifests/server.yaml")
+	}
+}
+
+// TestKubeadmExampleLoads loads the configuration of the example overlay
+// manifests/examples/kubeadm (docs/install.md) as shipped, placeholders and
+// all: a user who only fills in addresses must get a server that starts.
+func TestKubeadmExampleLoads(t *testing.T) {
+	b, err := os.ReadFile("../../manifests/examples/kubeadm/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm struct {
+		Data map[string]string `json:"data"`
+	}
+	if err := yaml.Unmarshal(b, &cm); err != nil {
+		t.Fatal(err)
+	}
+	f, err := load(t, cm.Data["config.yaml"])
+	if err != nil {
+		t.Fatalf("%v\n%s", err, cm.Data["config.yaml"])
+	}
+	if len(f.Targets) != 1 || f.Targets[0].Name != "control-plane" || len(f.Targets[0].Members) != 3 || f.Locations[0].S3 == nil {
+		t.Errorf("loaded %+v", f)
+	}
+	for _, m := range f.Targets[0].Members {
+		if m.Volume.HostPath == nil || m.Volume.HostPath.Path+"/"+m.DataDir != "/var/lib/etcd" || m.NodeName == "" {
+			t.Errorf("member %s: want kubeadm's /var/lib/etcd on a named node, got %+v", m.Name, m)
+		}
 	}
 }
 

@@ -41,6 +41,8 @@
 //	      # control-plane etcd: volume: {hostPath: {path: /var/lib}}, dataDir: etcd,
 //	      # nodeName: cp-1, and restoreRunAsUser: 0 on the target
 //	agents:
+//	  # optional: without it, the image of the server pod's init container
+//	  # agent-image, which kustomize's images: rewrites (docs/install.md)
 //	  image: ghcr.io/kubectl-etcdbackup/etcdbackup-agent:v0.1.0
 //	  serviceAccount: etcdbackup-agent
 //	  ttlAfterFinished: 24h
@@ -329,7 +331,10 @@ type HostPathRef struct {
 
 // Agents says how agent Jobs are launched.
 type Agents struct {
-	// Image of the agent; without it the server launches no agents.
+	// Image of the agent. Empty, the server takes the image of its own
+	// pod's init container "agent-image" (the shipped Deployment has one,
+	// so an overlay's kustomize images: renames it); with neither, the
+	// server launches no agents.
 	Image           string            `json:"image,omitempty"`
 	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
 	// ServiceAccount the agents run as; it needs no permissions.

@@ -85,23 +85,9 @@ func InstallProductWith(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, di
 	if err != nil {
 		return nil, err
 	}
-	bin, err := s3test.FindBinary()
+	s3, err := StartS3(ctx, sb, filepath.Join(dir, "s3"))
 	if err != nil {
 		return nil, err
-	}
-	s3dir := filepath.Join(dir, "s3")
-	if err := os.RemoveAll(s3dir); err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(s3dir, 0o700); err != nil {
-		return nil, err
-	}
-	s3, err := s3test.New(s3dir, bin, S3ServiceName)
-	if err != nil {
-		return nil, fmt.Errorf("s3 server: %w", err)
-	}
-	if err := s3.Restart(); err != nil {
-		return nil, fmt.Errorf("s3 server: %w", err)
 	}
 	p := &Product{S3: s3}
 	ok := false
@@ -110,15 +96,7 @@ func InstallProductWith(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, di
 			p.Stop()
 		}
 	}()
-	if err := sb.ExposeHostService(ctx, "kube-system", "s3", 443, s3.Addr()); err != nil {
-		return nil, err
-	}
-	// The cluster's etcd listens on the host end of the node's veth too.
-	_, etcdPort, err := net.SplitHostPort(strings.TrimPrefix(sb.EtcdEndpoint(), "https://"))
-	if err != nil {
-		return nil, fmt.Errorf("etcd endpoint %s: %w", sb.EtcdEndpoint(), err)
-	}
-	if err := sb.ExposeHostService(ctx, "kube-system", "etcd", 2379, net.JoinHostPort(sandbox.HostIP, etcdPort)); err != nil {
+	if err := ExposeEtcd(ctx, sb); err != nil {
 		return nil, err
 	}
 
@@ -147,6 +125,48 @@ func InstallProductWith(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, di
 	}
 	ok = true
 	return p, nil
+}
+
+// StartS3 starts the sandbox's S3 server (versitygw over HTTPS with its
+// own CA) with its data in dir, and exposes it to pods as S3ServiceName
+// (port 443). The caller kills it.
+func StartS3(ctx context.Context, sb *sandbox.Sandbox, dir string) (*s3test.Server, error) {
+	bin, err := s3test.FindBinary()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	s3, err := s3test.New(dir, bin, S3ServiceName)
+	if err != nil {
+		return nil, fmt.Errorf("s3 server: %w", err)
+	}
+	if err := s3.Restart(); err != nil {
+		return nil, fmt.Errorf("s3 server: %w", err)
+	}
+	if err := sb.ExposeHostService(ctx, "kube-system", "s3", 443, s3.Addr()); err != nil {
+		s3.Kill()
+		return nil, err
+	}
+	return s3, nil
+}
+
+// EtcdServiceURL is the client URL pods reach the sandbox's own etcd by
+// (ExposeEtcd): the stand-in for a kubeadm control-plane node's IP.
+const EtcdServiceURL = "https://etcd.kube-system.svc:2379"
+
+// ExposeEtcd exposes the sandbox cluster's etcd to pods as EtcdServiceURL.
+func ExposeEtcd(ctx context.Context, sb *sandbox.Sandbox) error {
+	// The cluster's etcd listens on the host end of the node's veth too.
+	_, etcdPort, err := net.SplitHostPort(strings.TrimPrefix(sb.EtcdEndpoint(), "https://"))
+	if err != nil {
+		return fmt.Errorf("etcd endpoint %s: %w", sb.EtcdEndpoint(), err)
+	}
+	return sb.ExposeHostService(ctx, "kube-system", "etcd", 2379, net.JoinHostPort(sandbox.HostIP, etcdPort))
 }
 
 // PlainTarget is an extra etcd target without TLS (a test's own etcd on a
@@ -183,6 +203,7 @@ func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, opts
 		}
 	}
 	serverName, serverTag := nameAndTag(images.Server)
+	agentName, agentTag := nameAndTag(images.Agent)
 	files := map[string]string{
 		"kustomization.yaml": fmt.Sprintf(`# The sandbox's install: the project's manifests as a user applies them,
 # with the cluster's etcd as a backup target and an S3 location.
@@ -207,10 +228,14 @@ images:
   - name: etcdbackup-server
     newName: %[3]s
     newTag: %[4]q # quoted: a tag such as a commit hash can be all digits
+  # The agent image: the server's init container, which the server reads.
+  - name: etcdbackup-agent
+    newName: %[5]s
+    newTag: %[6]q
 patches:
   - path: config.yaml
   - path: deployment.yaml
-%[5]s`, DefaultNamespace, base, serverName, serverTag, restoreNamespacesPatch(cluster)),
+%[7]s`, DefaultNamespace, base, serverName, serverTag, agentName, agentTag, restoreNamespacesPatch(cluster)),
 		"config.yaml": fmt.Sprintf(`apiVersion: v1
 kind: ConfigMap
 metadata:
@@ -233,12 +258,11 @@ data:
           secretAccessKeyFile: /etc/etcdbackup/s3-credentials/secret-access-key
     targets:
       - name: control-plane
-        endpoints: [https://etcd.kube-system.svc:2379]
+        endpoints: [%[6]s]
         tlsSecret: etcd-client
 %[4]s    agents:
-      image: %[5]s
       serviceAccount: etcdbackup-agent
-%[6]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), images.Agent, authorization(opts.Authorization)),
+%[5]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), authorization(opts.Authorization), EtcdServiceURL),
 		"deployment.yaml": `apiVersion: apps/v1
 kind: Deployment
 metadata:
