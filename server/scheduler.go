@@ -46,41 +46,9 @@ type watcher struct {
 // a scheduled one) and starts the scheduled backups that are due, until
 // ctx ends.
 func (s *Server) watch(ctx context.Context) {
-	w := &watcher{counted: map[string]bool{}}
-	for _, t := range s.targets {
-		if t.Schedule == "" {
-			continue
-		}
-		sched, err := schedule.Parse(t.Schedule, t.TimeZone)
-		if err != nil { // config.Validate checked it
-			s.log.Error("target schedule", "target", t.Name, "error", err)
-			continue
-		}
-		period := sched.Period(s.now())
-		deadline := period
-		if t.StartingDeadline != nil {
-			deadline = t.StartingDeadline.Duration
-		}
-		s.metrics.period.WithLabelValues(t.Name).Set(period.Seconds())
-		w.targets = append(w.targets, &scheduledTarget{target: t, sched: sched, deadline: deadline})
-	}
-	if s.agents == nil {
-		if len(w.targets) > 0 {
-			s.log.Warn("targets have schedules but this server launches no agents (agents.image is not set): no scheduled backups")
-		}
+	w := s.newWatcher()
+	if w == nil {
 		return
-	}
-	for _, t := range s.targets {
-		loc := cmp.Or(t.Location, s.order[0])
-		for _, r := range []string{resultSucceeded, resultFailed} {
-			s.metrics.runs.WithLabelValues(t.Name, loc, r)
-		}
-		for _, st := range w.targets {
-			if st.target.Name == t.Name {
-				s.metrics.skipped.WithLabelValues(t.Name, skipRunning)
-				s.metrics.skipped.WithLabelValues(t.Name, skipMissed)
-			}
-		}
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -93,6 +61,45 @@ func (s *Server) watch(ctx context.Context) {
 		s.round(ctx, w)
 		timer.Reset(s.untilNext(w))
 	}
+}
+
+// newWatcher parses the schedules and sets up their metrics; nil when
+// this server launches no agents, so has nothing to watch.
+func (s *Server) newWatcher() *watcher {
+	w := &watcher{counted: map[string]bool{}}
+	for _, t := range s.targets {
+		if t.Schedule == "" {
+			continue
+		}
+		sched, err := schedule.Parse(t.Schedule, t.TimeZone)
+		if err != nil { // config.ValidateTargets checked it
+			s.log.Error("target schedule", "target", t.Name, "error", err)
+			continue
+		}
+		period := sched.Period(s.now())
+		deadline := period
+		if t.StartingDeadline != nil {
+			deadline = t.StartingDeadline.Duration
+		}
+		s.metrics.period.WithLabelValues(t.Name).Set(period.Seconds())
+		s.metrics.skipped.WithLabelValues(t.Name, skipRunning)
+		s.metrics.skipped.WithLabelValues(t.Name, skipMissed)
+		w.targets = append(w.targets, &scheduledTarget{target: t, sched: sched, deadline: deadline})
+	}
+	if s.agents == nil {
+		if len(w.targets) > 0 {
+			s.log.Warn("targets have schedules but this server launches no agents (agents.image is not set): no scheduled backups")
+		}
+		return nil
+	}
+	// Series an alert reads exist from the start, at zero.
+	for _, t := range s.targets {
+		loc := cmp.Or(t.Location, s.order[0])
+		for _, r := range []string{resultSucceeded, resultFailed} {
+			s.metrics.runs.WithLabelValues(t.Name, loc, r)
+		}
+	}
+	return w
 }
 
 // untilNext is how long the loop sleeps: until the next scheduled time,
