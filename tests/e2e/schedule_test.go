@@ -65,9 +65,11 @@ func TestSchedule(t *testing.T) {
 	metrics := portForwardMetrics(ctx, t, k)
 
 	succeeded := `etcdbackup_backup_runs_total{location="default",result="succeeded",target="sched"}`
-	deadline := time.Now().Add(5 * time.Minute)
+	installed := time.Now()
+	deadline := installed.Add(5 * time.Minute)
 	for {
 		if v, ok := metricValue(t, metrics, succeeded); ok && v >= 3 {
+			t.Logf("%v scheduled runs of sched succeeded %s after the install", v, time.Since(installed).Round(time.Second))
 			break
 		}
 		if time.Now().After(deadline) {
@@ -127,6 +129,7 @@ func TestSchedule(t *testing.T) {
 			t.Errorf("%d Jobs of the slow target ran at once", most)
 		}
 		v, ok := metricValue(t, metrics, `etcdbackup_scheduled_runs_skipped_total{reason="running",target="slow"}`)
+		t.Logf("slow target: %d Job(s), at most %d at once, %v run(s) skipped while one ran", seen, most, v)
 		if !ok || v < 1 {
 			t.Errorf("skipped runs of slow: %v (present %v), want at least 1:\n%s", v, ok, grepMetrics(t, metrics, "etcdbackup_scheduled_runs_skipped_total"))
 		}
