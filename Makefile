@@ -17,7 +17,7 @@ include hack/s3.mk
 include hack/age.mk
 include hack/node.mk
 
-.PHONY: all build test unit e2e node-deps lint generate check-generate demo sandbox bench fuzz tools clean dist krew-check
+.PHONY: all build test unit e2e node-deps lint generate check-generate demo sandbox bench fuzz tools clean dist krew-check promrules
 
 all: build
 
@@ -91,7 +91,7 @@ e2e: node-deps node-bins s3-bins age-bins images $(TESTREPORT)
 		$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) $(E2E_PKGS) | $(TESTREPORT)
 
 ## test: everything CI checks — generated code, lint, krew, the unit tests with -race, and the end-to-end tests on the sandbox
-test: check-generate lint krew-check
+test: check-generate lint krew-check promrules
 	$(MAKE) unit UNIT_FLAGS=-race
 	$(MAKE) e2e
 
@@ -124,6 +124,10 @@ dist:
 krew-check: $(TOOLS_BIN)/krew $(TOOLS_BIN)/validate-krew-manifest
 	DIST_PLATFORMS=$$($(GO) env GOOS)/$$($(GO) env GOARCH) hack/dist.sh $(DIST_VERSION)
 	hack/krew-check.sh $(TOOLS_BIN) dist
+
+## promrules: the monitoring component's alerts through Prometheus's own rule parser (its own module, tools/promrules)
+promrules:
+	cd tools/promrules && $(GO) test -count=1 ./...
 
 $(TOOLS_BIN)/krew $(TOOLS_BIN)/validate-krew-manifest &: tools/krew/go.mod tools/krew/go.sum
 	cd tools/krew && $(GO) build -o $(TOOLS_BIN)/ sigs.k8s.io/krew/cmd/krew sigs.k8s.io/krew/cmd/validate-krew-manifest

@@ -103,6 +103,7 @@ backups.etcdbackup.io and restores.etcdbackup.io. With --server-address only
 		NewCmdLogs(g),
 		NewCmdVerify(g),
 		NewCmdRestore(g),
+		NewCmdPrune(g),
 	)
 	_ = cmd.RegisterFlagCompletionFunc("location", completeServerInfo(g, locationNamesOf))
 	setUsageErrors(cmd)

@@ -57,7 +57,7 @@ func (s *Server) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest) 
 	}
 	manifests, err := loc.List(ctx)
 	if err != nil {
-		return nil, storageError("list", locName, "", err)
+		return nil, s.storageError("list", locName, "", err)
 	}
 	runs, err := s.runs(ctx, locName)
 	if err != nil {
@@ -165,7 +165,7 @@ func (s *Server) GetBackup(ctx context.Context, req *ebv1.GetBackupRequest) (*eb
 		}
 	}
 	if err != nil {
-		return nil, storageError("get", locName, req.GetName(), err)
+		return nil, s.storageError("get", locName, req.GetName(), err)
 	}
 	return &ebv1.GetBackupResponse{Backup: backupFromManifest(locName, m)}, nil
 }
@@ -183,7 +183,7 @@ func (s *Server) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupRequest
 		return nil, err
 	}
 	if err := loc.Delete(ctx, req.GetName()); err != nil {
-		return nil, storageError("delete", locName, req.GetName(), err)
+		return nil, s.storageError("delete", locName, req.GetName(), err)
 	}
 	s.log.Info("backup deleted", "location", locName, "backup", req.GetName(), "caller", caller(ctx))
 	return &ebv1.DeleteBackupResponse{}, nil
@@ -229,10 +229,12 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 	}
 	defer release()
 	defer func() { s.metrics.observeTransfer("upload", start, err) }()
+	s.metrics.inFlight.WithLabelValues("upload").Inc()
+	defer s.metrics.inFlight.WithLabelValues("upload").Dec()
 
 	up, err := loc.Create(ctx, h.GetName())
 	if err != nil {
-		return storageError("upload", locName, h.GetName(), err)
+		return s.storageError("upload", locName, h.GetName(), err)
 	}
 	committed := false
 	defer func() {
@@ -297,7 +299,7 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 				"upload of %q: more than the declared %d bytes arrived; nothing was stored", h.GetName(), h.GetExpectedSize())
 		}
 		if _, err := w.Write(chunk); err != nil {
-			return storageError("upload", locName, h.GetName(), err)
+			return s.storageError("upload", locName, h.GetName(), err)
 		}
 		s.metrics.bytesIn.Add(float64(len(chunk)))
 	}
@@ -329,7 +331,7 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 		m.RawSize, m.RawSHA256 = trailer.GetRawSize(), trailer.GetRawSha256()
 	}
 	if err := up.Commit(ctx, m); err != nil {
-		return storageError("upload", locName, h.GetName(), err)
+		return s.storageError("upload", locName, h.GetName(), err)
 	}
 	committed = true
 	s.log.Info("backup stored", "location", locName, "backup", m.Name, "bytes", size, "sha256", digest, "caller", caller(ctx),
@@ -475,17 +477,24 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 		}
 	}
 	if err != nil {
-		return storageError("download", locName, req.GetName(), err)
+		return s.storageError("download", locName, req.GetName(), err)
 	}
 	if req.GetOffset() > m.Size {
 		return status.Errorf(codes.OutOfRange,
 			"offset %d is past the end of backup %q (%d bytes); a partial download larger than the backup is not of this backup: delete it and download again",
 			req.GetOffset(), req.GetName(), m.Size)
 	}
+	done, err := s.inUse.download(locName, req.GetName())
+	if err != nil {
+		return err
+	}
+	defer done()
+	s.metrics.inFlight.WithLabelValues("download").Inc()
+	defer s.metrics.inFlight.WithLabelValues("download").Dec()
 	defer func() { s.metrics.observeTransfer("download", start, err) }()
 	r, m, err := loc.Open(ctx, req.GetName(), req.GetOffset())
 	if err != nil {
-		return storageError("download", locName, req.GetName(), err)
+		return s.storageError("download", locName, req.GetName(), err)
 	}
 	defer r.Close()
 	// Checked on what Open returned: that is what is sent.
@@ -522,7 +531,7 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 				return status.Errorf(codes.DataLoss,
 					"backup %q in location %q is truncated: its manifest says %d bytes but the data ends at %d", req.GetName(), locName, m.Size, sent)
 			}
-			return storageError("download", locName, req.GetName(), rerr)
+			return s.storageError("download", locName, req.GetName(), rerr)
 		}
 	}
 	return nil

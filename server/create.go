@@ -36,6 +36,18 @@ func (s *Server) target(name string) (*config.Target, error) {
 
 // CreateBackup implements ebv1.BackupServiceServer.
 func (s *Server) CreateBackup(ctx context.Context, req *ebv1.CreateBackupRequest) (*ebv1.CreateBackupResponse, error) {
+	b, err := s.startBackup(ctx, req, false, caller(ctx))
+	if err != nil {
+		return nil, err
+	}
+	return &ebv1.CreateBackupResponse{Backup: b}, nil
+}
+
+// startBackup launches the agent Job of a backup: what CreateBackup does,
+// and what the schedule does (scheduled, by "scheduler"), so both go
+// through the same checks and make the same Jobs, which the agent guard
+// admits.
+func (s *Server) startBackup(ctx context.Context, req *ebv1.CreateBackupRequest, scheduled bool, by string) (*ebv1.Backup, error) {
 	if s.agents == nil {
 		return nil, status.Error(codes.FailedPrecondition,
 			"this server cannot launch backup agents (it runs outside a cluster or without an agent image); upload snapshots with `kubectl etcdbackup upload` instead")
@@ -75,14 +87,14 @@ func (s *Server) CreateBackup(ctx context.Context, req *ebv1.CreateBackupRequest
 	if _, err := loc.Stat(ctx, name); err == nil {
 		return nil, storageError("create backup", locName, name, storage.ErrAlreadyExists)
 	} else if !errors.Is(err, storage.ErrNotFound) {
-		return nil, storageError("create backup", locName, name, err)
+		return nil, s.storageError("create backup", locName, name, err)
 	}
 	if err := s.agents.CheckTarget(ctx, *t); err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
 	job, err := s.agents.StartBackup(ctx, jobs.BackupSpec{
 		Name: name, Location: locName, Compression: compression, Labels: req.GetLabels(), Target: *t,
-		AgeRecipients: t.AgeRecipients(),
+		AgeRecipients: t.AgeRecipients(), Scheduled: scheduled,
 	})
 	if errors.Is(err, jobs.ErrRunning) {
 		return nil, status.Errorf(codes.AlreadyExists, "backup %q is already being taken; follow it with `kubectl etcdbackup logs %s -f`", name, name)
@@ -90,13 +102,13 @@ func (s *Server) CreateBackup(ctx context.Context, req *ebv1.CreateBackupRequest
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "start backup agent for %q: %v", name, err)
 	}
-	s.log.Info("backup agent started", "backup", name, "location", locName, "target", t.Name, "job", job.Name, "caller", caller(ctx))
-	return &ebv1.CreateBackupResponse{Backup: &ebv1.Backup{
+	s.log.Info("backup agent started", "backup", name, "location", locName, "target", t.Name, "job", job.Name, "caller", by)
+	return &ebv1.Backup{
 		Name: name, Location: locName, Phase: ebv1.BackupPhase_BACKUP_PHASE_RUNNING,
 		Labels: req.GetLabels(), Compression: compression, CreateTime: timestamppb.New(job.CreationTimestamp.Time),
 		Encryption: t.EncryptionName(), AgeRecipients: t.AgeRecipients(),
 		Source: &ebv1.BackupSource{Kind: "agent", Target: t.Name},
-	}}, nil
+	}, nil
 }
 
 // runs returns the agent runs of location whose backup is not stored, as

@@ -7,6 +7,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -79,6 +80,10 @@ type Config struct {
 	// Limits bound what clients can make the server hold; zero fields
 	// take their defaults (config.Limits.WithDefaults).
 	Limits config.Limits
+	// PollInterval is how often Serve looks at agent Jobs (to count
+	// finished runs and apply retention) and at the schedules; 0 means
+	// DefaultPollInterval.
+	PollInterval time.Duration
 }
 
 // Listeners are where a Server serves.
@@ -114,6 +119,9 @@ type Server struct {
 	mu       sync.Mutex
 	inflight map[string]bool // "location/name" of uploads in progress
 	uploads  map[string]int  // uploads in progress, by location
+
+	pollInterval time.Duration
+	inUse        inUse // downloads in progress and backups being pruned
 }
 
 // New checks the configuration and returns a Server.
@@ -148,6 +156,7 @@ func New(cfg Config) (*Server, error) {
 	s.targets, s.agents, s.scratchDir = cfg.Targets, cfg.Agents, cfg.ScratchDir
 	s.limits = cfg.Limits.WithDefaults()
 	s.userGuard, s.agentGuard = cfg.UserGuard, cfg.AgentGuard
+	s.pollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
 	if s.userGuard == nil {
 		s.userGuard = auth.AllowAll{}
 	}
@@ -240,6 +249,13 @@ func (s *Server) Serve(ctx context.Context, ls Listeners, drain time.Duration) e
 	for i, g := range servers {
 		go func() { errc <- g.Serve(listeners[i]) }()
 	}
+	// The scheduler and run observer stop with Serve: with ctx, or when a
+	// listener fails.
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	var watch sync.WaitGroup
+	watch.Go(func() { s.watch(watchCtx) })
+	defer watch.Wait()
+	defer stopWatch()
 	var err error
 	select {
 	case err = <-errc:

@@ -70,9 +70,15 @@ type ForbiddenError struct {
 
 func (e *ForbiddenError) Error() string {
 	if e.Verb != "" {
+		// `kubectl auth can-i create pods/portforward` asks about a pod
+		// named portforward; a subresource needs --subresource.
+		check := e.Resource
+		if res, sub, ok := strings.Cut(e.Resource, "/"); ok {
+			check = res + " --subresource=" + sub
+		}
 		return fmt.Sprintf("%s: forbidden: you may not %q %q in namespace %q; ask an administrator for a Role granting verb %q on resource %q in namespace %q "+
 			"(check with `kubectl auth can-i %s %s -n %s`)",
-			e.Action, e.Verb, e.Resource, e.Namespace, e.Verb, e.Resource, e.Namespace, e.Verb, e.Resource, e.Namespace)
+			e.Action, e.Verb, e.Resource, e.Namespace, e.Verb, e.Resource, e.Namespace, e.Verb, check, e.Namespace)
 	}
 	return fmt.Sprintf("%s: %v", e.Action, e.Err)
 }

@@ -126,7 +126,7 @@ func TestPortForwardForbidden(t *testing.T) {
 			for _, want := range []string{
 				"port-forward to pod eb-system/server-1 port 9443: forbidden",
 				`verb "create"`, `resource "pods/portforward"`, `namespace "eb-system"`,
-				"kubectl auth can-i create pods/portforward -n eb-system",
+				"kubectl auth can-i create pods --subresource=portforward -n eb-system",
 			} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("message %q does not contain %q", err, want)
@@ -142,7 +142,7 @@ func TestForbiddenErrorFormatting(t *testing.T) {
 	err := newPortForwardForbidden(&Endpoint{Pod: p, Port: 1}, cause)
 	want := `port-forward to pod ns1/p port 1: forbidden: you may not "create" "pods/portforward" in namespace "ns1"; ` +
 		`ask an administrator for a Role granting verb "create" on resource "pods/portforward" in namespace "ns1" ` +
-		"(check with `kubectl auth can-i create pods/portforward -n ns1`)"
+		"(check with `kubectl auth can-i create pods --subresource=portforward -n ns1`)"
 	if err.Error() != want {
 		t.Fatalf("\n got %q\nwant %q", err, want)
 	}

@@ -53,8 +53,10 @@ var UserPermissions = map[string]Permission{
 	ebv1.BackupService_DownloadBackup_FullMethodName: {ResourceBackups, "download"},
 	ebv1.BackupService_UploadBackup_FullMethodName:   {ResourceBackups, "upload"},
 	// Create starts a backup agent Job on one of the server's targets.
-	ebv1.BackupService_CreateBackup_FullMethodName:  {ResourceBackups, "create"},
-	ebv1.BackupService_DeleteBackup_FullMethodName:  {ResourceBackups, "delete"},
+	ebv1.BackupService_CreateBackup_FullMethodName: {ResourceBackups, "create"},
+	ebv1.BackupService_DeleteBackup_FullMethodName: {ResourceBackups, "delete"},
+	// Prune deletes backups (those retention selects).
+	ebv1.BackupService_PruneBackups_FullMethodName:  {ResourceBackups, "delete"},
 	ebv1.BackupService_GetBackupLogs_FullMethodName: {ResourceBackups, "logs"},
 	// Verify reads the backup on the server and returns only a verdict
 	// (sizes, hashes, what is corrupt), never its contents: what get shows.

@@ -92,6 +92,7 @@ func TestEveryRPCHasItsDocumentedVerb(t *testing.T) {
 		"/etcdbackup.v1.BackupService/RestoreBackup":   "create restores",
 		"/etcdbackup.v1.BackupService/GetRestore":      "get restores",
 		"/etcdbackup.v1.BackupService/GetBackupEvents": "logs backups",
+		"/etcdbackup.v1.BackupService/PruneBackups":    "delete backups",
 	}
 	for _, sd := range []grpc.ServiceDesc{ebv1.InfoService_ServiceDesc, ebv1.BackupService_ServiceDesc} {
 		var names []string

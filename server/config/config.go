@@ -25,6 +25,10 @@
 //	    compression: zstd
 //	    encryption:                 # public keys only; see docs/encryption.md
 //	      ageRecipients: [age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p]
+//	    schedule: "0 */6 * * *"     # cron; backups named control-plane-YYYYMMDD-HHMMSS
+//	    timeZone: Europe/Berlin     # IANA zone of the schedule (default UTC)
+//	    startingDeadline: 1h        # how late a missed run may start (default: one period)
+//	    retention: {keepLast: 28, maxAge: 720h}
 //	  - name: app-etcd              # etcd in the cluster, restorable in place
 //	    endpoints: [https://app-etcd-0.app-etcd.app.svc:2379]
 //	    tlsSecret: app-etcd-client
@@ -266,6 +270,31 @@ type Target struct {
 	// as (nil: 65532, the agent's own).
 	RestoreRunAsUser  *int64 `json:"restoreRunAsUser,omitempty"`
 	RestoreRunAsGroup *int64 `json:"restoreRunAsGroup,omitempty"`
+	// Schedule is a cron expression (minute hour day-of-month month
+	// day-of-week, or @hourly, @daily, @every 6h, ...): the server takes a
+	// backup of the target at those times, named TARGET-YYYYMMDD-HHMMSS
+	// (the scheduled time in UTC) and labelled etcdbackup.io/scheduled=true
+	// and etcdbackup.io/target=TARGET. "" takes none.
+	Schedule string `json:"schedule,omitempty"`
+	// TimeZone is the IANA zone Schedule is read in ("" = UTC).
+	TimeZone string `json:"timeZone,omitempty"`
+	// StartingDeadline is how late a scheduled run may still start (the
+	// server was down, or busy, at its time); a run later than that is
+	// skipped and counted as missed. Default: the schedule's period.
+	StartingDeadline *metav1.Duration `json:"startingDeadline,omitempty"`
+	// Retention, applied after each successful scheduled backup and by
+	// `kubectl etcdbackup prune`.
+	Retention *Retention `json:"retention,omitempty"`
+}
+
+// Retention is how many scheduled backups of a target are kept. A backup
+// is removed when it is beyond the newest KeepLast or older than MaxAge;
+// the newest backup of the target is never removed.
+type Retention struct {
+	// KeepLast keeps the newest N backups (0: no count limit).
+	KeepLast int `json:"keepLast,omitempty"`
+	// MaxAge removes backups older than this (0: no age limit).
+	MaxAge metav1.Duration `json:"maxAge,omitempty"`
 }
 
 // Encryption is how a target's backups are encrypted: age, to public keys

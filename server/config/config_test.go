@@ -126,6 +126,12 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"pull policy", head + member + "agents: {imagePullPolicy: Sometimes}\n", `agents.imagePullPolicy: Unsupported value: "Sometimes"`},
 		{"bad duration", head + member + "agents: {ttlAfterFinished: 1 day}\n", `duration "1 day"`},
 		{"unknown key", head + member + "    endpoint: [http://e:2379]\n", `unknown field "endpoint"`},
+		{"schedule", head + member + "    schedule: \"0 25 * * *\"\n", `targets[0].schedule: Invalid value: "0 25 * * *": cron expression`},
+		{"time zone", head + member + "    schedule: \"@daily\"\n    timeZone: Mars/Olympus\n", `targets[0].timeZone: Invalid value: "Mars/Olympus": unknown time zone`},
+		{"time zone without schedule", head + member + "    timeZone: UTC\n", `targets[0].timeZone: Invalid value: "UTC": needs a schedule`},
+		{"starting deadline", head + member + "    schedule: \"@daily\"\n    startingDeadline: -1m\n", `targets[0].startingDeadline: Invalid value: "-1m0s": must be positive`},
+		{"empty retention", head + member + "    retention: {}\n", "targets[0].retention: Required value: keepLast or maxAge"},
+		{"negative keepLast", head + member + "    retention: {keepLast: -2}\n", "targets[0].retention.keepLast: Invalid value: -2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := load(t, tc.config)

@@ -5,6 +5,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -13,6 +14,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 )
 
 var pullPolicies = []corev1.PullPolicy{"", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever}
@@ -105,6 +107,49 @@ func ValidateTargets(targets []Target, locations []string, fldPath *field.Path) 
 		errs = append(errs, validateID(t.RestoreRunAsUser, p.Child("restoreRunAsUser"))...)
 		errs = append(errs, validateID(t.RestoreRunAsGroup, p.Child("restoreRunAsGroup"))...)
 		errs = append(errs, validateMembers(t.Members, p.Child("members"))...)
+		errs = append(errs, validateSchedule(t, p)...)
+	}
+	return errs
+}
+
+// validateSchedule checks a target's schedule, time zone and retention.
+func validateSchedule(t Target, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if t.Schedule != "" {
+		if _, err := schedule.Parse(t.Schedule, ""); err != nil {
+			errs = append(errs, field.Invalid(p.Child("schedule"), t.Schedule, err.Error()))
+		}
+		// Backup names are at most 200 characters (server.MaxNameLength).
+		if n := len(schedule.Name(t.Name, time.Time{})); n > 200 {
+			errs = append(errs, field.TooLong(p.Child("name"), t.Name, 200-(n-len(t.Name))))
+		}
+	} else {
+		if t.TimeZone != "" {
+			errs = append(errs, field.Invalid(p.Child("timeZone"), t.TimeZone, "needs a schedule"))
+		}
+		if t.StartingDeadline != nil {
+			errs = append(errs, field.Invalid(p.Child("startingDeadline"), t.StartingDeadline.Duration.String(), "needs a schedule"))
+		}
+	}
+	if t.TimeZone != "" {
+		if _, err := schedule.Parse("@daily", t.TimeZone); err != nil {
+			errs = append(errs, field.Invalid(p.Child("timeZone"), t.TimeZone, err.Error()))
+		}
+	}
+	if d := t.StartingDeadline; d != nil && d.Duration <= 0 {
+		errs = append(errs, field.Invalid(p.Child("startingDeadline"), d.Duration.String(), "must be positive"))
+	}
+	if r := t.Retention; r != nil {
+		rp := p.Child("retention")
+		if r.KeepLast < 0 {
+			errs = append(errs, field.Invalid(rp.Child("keepLast"), r.KeepLast, "must not be negative"))
+		}
+		if r.MaxAge.Duration < 0 {
+			errs = append(errs, field.Invalid(rp.Child("maxAge"), r.MaxAge.Duration.String(), "must not be negative"))
+		}
+		if r.KeepLast == 0 && r.MaxAge.Duration == 0 {
+			errs = append(errs, field.Required(rp, "keepLast or maxAge (or both)"))
+		}
 	}
 	return errs
 }

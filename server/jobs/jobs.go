@@ -23,6 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -41,6 +42,12 @@ const (
 	AnnotationTarget   = "etcdbackup.io/target"
 	// AnnotationSHA256 pins a restore Job to the content it restores.
 	AnnotationSHA256 = "etcdbackup.io/sha256"
+	// LabelScheduled marks the Job of a scheduled backup ("true").
+	LabelScheduled = "etcdbackup.io/scheduled"
+	// AnnotationCounted marks a finished Job whose outcome the server has
+	// counted in its metrics, so a restarted server does not count it
+	// again.
+	AnnotationCounted = "etcdbackup.io/counted"
 
 	// ComponentBackup and ComponentRestore are LabelComponent's values.
 	ComponentBackup  = "backup-agent"
@@ -123,6 +130,9 @@ type BackupSpec struct {
 	// AgeRecipients, when set, are the public keys the agent encrypts to
 	// (not secrets: they go in the Job's args).
 	AgeRecipients []string
+	// Scheduled marks a run the server's schedule started: its Job is
+	// labelled LabelScheduled, so a restarted server finds it.
+	Scheduled bool
 }
 
 // ErrRunning is returned when an agent for that backup is still running.
@@ -255,6 +265,9 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 	}
 	id := runID(spec.Location, spec.Name)
 	labels := map[string]string{LabelComponent: componentBackup, LabelManagedBy: managedBy, LabelRun: id}
+	if spec.Scheduled {
+		labels[LabelScheduled] = "true"
+	}
 	job := l.agentJob(agentSecurityContext(), args, volumes, mounts)
 	job.ObjectMeta = metav1.ObjectMeta{
 		Name:      backupJobName(spec.Location, spec.Name),
@@ -359,6 +372,12 @@ type Run struct {
 	Message   string
 	StartTime time.Time
 	JobName   string
+	// Scheduled is a run the server's schedule started.
+	Scheduled bool
+	// FinishTime is when a finished run ended (zero while it runs).
+	FinishTime time.Time
+	// Counted is a finished run the server has counted (MarkCounted).
+	Counted bool
 }
 
 // List returns the runs of every backup agent Job in the namespace.
@@ -379,9 +398,35 @@ func (l *Launcher) List(ctx context.Context) ([]Run, error) {
 		runs = append(runs, Run{
 			Name: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation], Target: j.Annotations[AnnotationTarget],
 			Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, JobName: j.Name,
+			Scheduled: j.Labels[LabelScheduled] == "true", FinishTime: finishTime(j),
+			Counted: j.Annotations[AnnotationCounted] == "true",
 		})
 	}
 	return runs, nil
+}
+
+// finishTime is when j ended: its completion time, or its terminal
+// condition's transition; zero while it runs.
+func finishTime(j *batchv1.Job) time.Time {
+	if j.Status.CompletionTime != nil {
+		return j.Status.CompletionTime.Time
+	}
+	for _, c := range j.Status.Conditions {
+		if c.Status == corev1.ConditionTrue && (c.Type == batchv1.JobFailed || c.Type == batchv1.JobComplete) {
+			return c.LastTransitionTime.Time
+		}
+	}
+	return time.Time{}
+}
+
+// MarkCounted annotates a finished Job as counted (AnnotationCounted).
+func (l *Launcher) MarkCounted(ctx context.Context, jobName string) error {
+	patch := []byte(`{"metadata":{"annotations":{"` + AnnotationCounted + `":"true"}}}`)
+	_, err := l.client.BatchV1().Jobs(l.namespace).Patch(ctx, jobName, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("mark job %s counted: %w", jobName, err)
+	}
+	return nil
 }
 
 // JobPhase is where j stands: Running until a terminal condition.

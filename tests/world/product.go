@@ -174,6 +174,10 @@ func ExposeEtcd(ctx context.Context, sb *sandbox.Sandbox) error {
 type PlainTarget struct {
 	Name string
 	Addr string
+	// Schedule, when set, is the target's cron schedule.
+	Schedule string
+	// KeepLast, when set, is its retention.keepLast.
+	KeepLast int
 }
 
 func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, opts ProductOptions) error {
@@ -332,6 +336,12 @@ func plainTargets(ts []PlainTarget) string {
 	var b strings.Builder
 	for _, t := range ts {
 		fmt.Fprintf(&b, "      - name: %s\n        endpoints: [http://%s.kube-system.svc:2379]\n        insecurePlaintext: true\n", t.Name, t.Name)
+		if t.Schedule != "" {
+			fmt.Fprintf(&b, "        schedule: %q\n", t.Schedule)
+		}
+		if t.KeepLast > 0 {
+			fmt.Fprintf(&b, "        retention: {keepLast: %d}\n", t.KeepLast)
+		}
 	}
 	return b.String()
 }

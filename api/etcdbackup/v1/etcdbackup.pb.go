@@ -2626,6 +2626,135 @@ func (x *JobEvent) GetLastTime() *timestamppb.Timestamp {
 	return nil
 }
 
+type PruneBackupsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Storage location; empty means every location.
+	Location string `protobuf:"bytes,1,opt,name=location,proto3" json:"location,omitempty"`
+	// etcd target; empty means every target with a retention. A target
+	// without one is FAILED_PRECONDITION.
+	Target string `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	// Report what would be removed, remove nothing.
+	DryRun bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Also consider the target's backups that no schedule took (on-demand
+	// agent backups labelled or sourced from the target).
+	IncludeUnscheduled bool `protobuf:"varint,4,opt,name=include_unscheduled,json=includeUnscheduled,proto3" json:"include_unscheduled,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *PruneBackupsRequest) Reset() {
+	*x = PruneBackupsRequest{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PruneBackupsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PruneBackupsRequest) ProtoMessage() {}
+
+func (x *PruneBackupsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PruneBackupsRequest.ProtoReflect.Descriptor instead.
+func (*PruneBackupsRequest) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *PruneBackupsRequest) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
+func (x *PruneBackupsRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *PruneBackupsRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *PruneBackupsRequest) GetIncludeUnscheduled() bool {
+	if x != nil {
+		return x.IncludeUnscheduled
+	}
+	return false
+}
+
+type PruneBackupsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What was removed (with dry_run: what would be), newest first.
+	Pruned []*Backup `protobuf:"bytes,1,rep,name=pruned,proto3" json:"pruned,omitempty"`
+	// What retention selected but kept because it is being downloaded or
+	// restored; the next prune removes it.
+	InUse         []*Backup `protobuf:"bytes,2,rep,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PruneBackupsResponse) Reset() {
+	*x = PruneBackupsResponse{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PruneBackupsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PruneBackupsResponse) ProtoMessage() {}
+
+func (x *PruneBackupsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PruneBackupsResponse.ProtoReflect.Descriptor instead.
+func (*PruneBackupsResponse) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *PruneBackupsResponse) GetPruned() []*Backup {
+	if x != nil {
+		return x.Pruned
+	}
+	return nil
+}
+
+func (x *PruneBackupsResponse) GetInUse() []*Backup {
+	if x != nil {
+		return x.InUse
+	}
+	return nil
+}
+
 var File_etcdbackup_v1_etcdbackup_proto protoreflect.FileDescriptor
 
 const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
@@ -2829,7 +2958,15 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x05count\x18\x05 \x01(\x05R\x05count\x129\n" +
 	"\n" +
 	"first_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tfirstTime\x127\n" +
-	"\tlast_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\blastTime*z\n" +
+	"\tlast_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\blastTime\"\x93\x01\n" +
+	"\x13PruneBackupsRequest\x12\x1a\n" +
+	"\blocation\x18\x01 \x01(\tR\blocation\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12/\n" +
+	"\x13include_unscheduled\x18\x04 \x01(\bR\x12includeUnscheduled\"s\n" +
+	"\x14PruneBackupsResponse\x12-\n" +
+	"\x06pruned\x18\x01 \x03(\v2\x15.etcdbackup.v1.BackupR\x06pruned\x12,\n" +
+	"\x06in_use\x18\x02 \x03(\v2\x15.etcdbackup.v1.BackupR\x05inUse*z\n" +
 	"\vBackupPhase\x12\x1c\n" +
 	"\x18BACKUP_PHASE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BACKUP_PHASE_RUNNING\x10\x01\x12\x1a\n" +
@@ -2842,7 +2979,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x17RESTORE_PHASE_SUCCEEDED\x10\x03\x12\x18\n" +
 	"\x14RESTORE_PHASE_FAILED\x10\x042i\n" +
 	"\vInfoService\x12Z\n" +
-	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\xeb\a\n" +
+	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\xc4\b\n" +
 	"\rBackupService\x12T\n" +
 	"\vListBackups\x12!.etcdbackup.v1.ListBackupsRequest\x1a\".etcdbackup.v1.ListBackupsResponse\x12N\n" +
 	"\tGetBackup\x12\x1f.etcdbackup.v1.GetBackupRequest\x1a .etcdbackup.v1.GetBackupResponse\x12W\n" +
@@ -2855,7 +2992,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\rRestoreBackup\x12#.etcdbackup.v1.RestoreBackupRequest\x1a$.etcdbackup.v1.RestoreBackupResponse\x12Q\n" +
 	"\n" +
 	"GetRestore\x12 .etcdbackup.v1.GetRestoreRequest\x1a!.etcdbackup.v1.GetRestoreResponse\x12`\n" +
-	"\x0fGetBackupEvents\x12%.etcdbackup.v1.GetBackupEventsRequest\x1a&.etcdbackup.v1.GetBackupEventsResponseBQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
+	"\x0fGetBackupEvents\x12%.etcdbackup.v1.GetBackupEventsRequest\x1a&.etcdbackup.v1.GetBackupEventsResponse\x12W\n" +
+	"\fPruneBackups\x12\".etcdbackup.v1.PruneBackupsRequest\x1a#.etcdbackup.v1.PruneBackupsResponseBQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
 
 var (
 	file_etcdbackup_v1_etcdbackup_proto_rawDescOnce sync.Once
@@ -2870,7 +3008,7 @@ func file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP() []byte {
 }
 
 var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(BackupPhase)(0),                // 0: etcdbackup.v1.BackupPhase
 	(RestorePhase)(0),               // 1: etcdbackup.v1.RestorePhase
@@ -2909,70 +3047,76 @@ var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(*GetBackupEventsRequest)(nil),  // 34: etcdbackup.v1.GetBackupEventsRequest
 	(*GetBackupEventsResponse)(nil), // 35: etcdbackup.v1.GetBackupEventsResponse
 	(*JobEvent)(nil),                // 36: etcdbackup.v1.JobEvent
-	nil,                             // 37: etcdbackup.v1.Backup.LabelsEntry
-	nil,                             // 38: etcdbackup.v1.UploadHeader.LabelsEntry
-	nil,                             // 39: etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),   // 40: google.protobuf.Timestamp
+	(*PruneBackupsRequest)(nil),     // 37: etcdbackup.v1.PruneBackupsRequest
+	(*PruneBackupsResponse)(nil),    // 38: etcdbackup.v1.PruneBackupsResponse
+	nil,                             // 39: etcdbackup.v1.Backup.LabelsEntry
+	nil,                             // 40: etcdbackup.v1.UploadHeader.LabelsEntry
+	nil,                             // 41: etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 42: google.protobuf.Timestamp
 }
 var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	5,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
 	6,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
 	4,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
 	0,  // 3: etcdbackup.v1.Backup.phase:type_name -> etcdbackup.v1.BackupPhase
-	40, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
-	37, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
+	42, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
+	39, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
 	8,  // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
 	9,  // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	40, // 8: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
-	40, // 9: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
+	42, // 8: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
+	42, // 9: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
 	7,  // 10: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
 	7,  // 11: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	17, // 12: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
 	18, // 13: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	38, // 14: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	40, // 14: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
 	8,  // 15: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
 	9,  // 16: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
 	7,  // 17: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	22, // 18: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
 	7,  // 19: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	39, // 20: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	41, // 20: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
 	7,  // 21: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	7,  // 22: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	31, // 23: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
 	1,  // 24: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
 	31, // 25: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
 	36, // 26: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
-	40, // 27: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
-	40, // 28: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
-	2,  // 29: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	10, // 30: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	12, // 31: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	14, // 32: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	16, // 33: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	20, // 34: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	23, // 35: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	25, // 36: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	27, // 37: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	29, // 38: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
-	32, // 39: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
-	34, // 40: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
-	3,  // 41: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	11, // 42: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	13, // 43: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	15, // 44: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	19, // 45: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	21, // 46: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	24, // 47: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	26, // 48: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	28, // 49: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	30, // 50: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
-	33, // 51: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
-	35, // 52: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
-	41, // [41:53] is the sub-list for method output_type
-	29, // [29:41] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	42, // 27: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
+	42, // 28: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
+	7,  // 29: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
+	7,  // 30: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
+	2,  // 31: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	10, // 32: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	12, // 33: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	14, // 34: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	16, // 35: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	20, // 36: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	23, // 37: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	25, // 38: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	27, // 39: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	29, // 40: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	32, // 41: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	34, // 42: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
+	37, // 43: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
+	3,  // 44: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	11, // 45: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	13, // 46: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	15, // 47: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	19, // 48: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	21, // 49: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	24, // 50: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	26, // 51: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	28, // 52: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	30, // 53: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	33, // 54: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	35, // 55: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
+	38, // 56: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
+	44, // [44:57] is the sub-list for method output_type
+	31, // [31:44] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -2996,7 +3140,7 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdbackup_v1_etcdbackup_proto_rawDesc), len(file_etcdbackup_v1_etcdbackup_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

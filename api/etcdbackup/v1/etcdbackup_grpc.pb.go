@@ -145,6 +145,7 @@ const (
 	BackupService_RestoreBackup_FullMethodName   = "/etcdbackup.v1.BackupService/RestoreBackup"
 	BackupService_GetRestore_FullMethodName      = "/etcdbackup.v1.BackupService/GetRestore"
 	BackupService_GetBackupEvents_FullMethodName = "/etcdbackup.v1.BackupService/GetBackupEvents"
+	BackupService_PruneBackups_FullMethodName    = "/etcdbackup.v1.BackupService/PruneBackups"
 )
 
 // BackupServiceClient is the client API for BackupService service.
@@ -199,6 +200,12 @@ type BackupServiceClient interface {
 	// to the server's namespace. NOT_FOUND when no agent ran for it (an
 	// upload, or a Job already cleaned up).
 	GetBackupEvents(ctx context.Context, in *GetBackupEventsRequest, opts ...grpc.CallOption) (*GetBackupEventsResponse, error)
+	// PruneBackups applies the configured retention of the etcd targets
+	// (`retention: {keepLast, maxAge}`) and returns the backups it removed,
+	// or with dry_run would remove. It never removes the newest backup of a
+	// target, nor one being downloaded or restored (those are returned in
+	// in_use), and only scheduled backups unless include_unscheduled.
+	PruneBackups(ctx context.Context, in *PruneBackupsRequest, opts ...grpc.CallOption) (*PruneBackupsResponse, error)
 }
 
 type backupServiceClient struct {
@@ -340,6 +347,16 @@ func (c *backupServiceClient) GetBackupEvents(ctx context.Context, in *GetBackup
 	return out, nil
 }
 
+func (c *backupServiceClient) PruneBackups(ctx context.Context, in *PruneBackupsRequest, opts ...grpc.CallOption) (*PruneBackupsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PruneBackupsResponse)
+	err := c.cc.Invoke(ctx, BackupService_PruneBackups_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BackupServiceServer is the server API for BackupService service.
 // All implementations must embed UnimplementedBackupServiceServer
 // for forward compatibility.
@@ -392,6 +409,12 @@ type BackupServiceServer interface {
 	// to the server's namespace. NOT_FOUND when no agent ran for it (an
 	// upload, or a Job already cleaned up).
 	GetBackupEvents(context.Context, *GetBackupEventsRequest) (*GetBackupEventsResponse, error)
+	// PruneBackups applies the configured retention of the etcd targets
+	// (`retention: {keepLast, maxAge}`) and returns the backups it removed,
+	// or with dry_run would remove. It never removes the newest backup of a
+	// target, nor one being downloaded or restored (those are returned in
+	// in_use), and only scheduled backups unless include_unscheduled.
+	PruneBackups(context.Context, *PruneBackupsRequest) (*PruneBackupsResponse, error)
 	mustEmbedUnimplementedBackupServiceServer()
 }
 
@@ -434,6 +457,9 @@ func (UnimplementedBackupServiceServer) GetRestore(context.Context, *GetRestoreR
 }
 func (UnimplementedBackupServiceServer) GetBackupEvents(context.Context, *GetBackupEventsRequest) (*GetBackupEventsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetBackupEvents not implemented")
+}
+func (UnimplementedBackupServiceServer) PruneBackups(context.Context, *PruneBackupsRequest) (*PruneBackupsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PruneBackups not implemented")
 }
 func (UnimplementedBackupServiceServer) mustEmbedUnimplementedBackupServiceServer() {}
 func (UnimplementedBackupServiceServer) testEmbeddedByValue()                       {}
@@ -629,6 +655,24 @@ func _BackupService_GetBackupEvents_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BackupService_PruneBackups_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PruneBackupsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupServiceServer).PruneBackups(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackupService_PruneBackups_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupServiceServer).PruneBackups(ctx, req.(*PruneBackupsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BackupService_ServiceDesc is the grpc.ServiceDesc for BackupService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -667,6 +711,10 @@ var BackupService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetBackupEvents",
 			Handler:    _BackupService_GetBackupEvents_Handler,
+		},
+		{
+			MethodName: "PruneBackups",
+			Handler:    _BackupService_PruneBackups_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,61 @@
+package plugin
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
+)
+
+func TestPrune(t *testing.T) {
+	srv := servertest.StartWith(t, servertest.Options{Targets: []config.Target{{
+		Name: "cp", Endpoints: []string{"http://127.0.0.1:1"}, InsecurePlaintext: true, Retention: &config.Retention{KeepLast: 2},
+	}}})
+	addr := "--server-address=" + srv.Addr
+	for _, name := range []string{"cp-1", "cp-2", "cp-3", "cp-4"} {
+		f, _, _ := writeRandom(t, name, 1000)
+		mustRun(t, "upload", f, "--name", name, "--labels", "etcdbackup.io/scheduled=true,etcdbackup.io/target=cp", addr)
+	}
+	f, _, _ := writeRandom(t, "by-hand", 1000)
+	mustRun(t, "upload", f, "--name", "by-hand", "--labels", "etcdbackup.io/target=cp", addr)
+	names := func() []string {
+		out := strings.Fields(mustRun(t, "list", "-o", "name", addr).out)
+		slices.Sort(out)
+		return out
+	}
+	all := []string{"backup/by-hand", "backup/cp-1", "backup/cp-2", "backup/cp-3", "backup/cp-4"}
+
+	r := mustRun(t, "prune", "--dry-run", addr)
+	_, rows := parseTable(t, r.out)
+	var listed []string
+	for _, row := range rows {
+		listed = append(listed, row["NAME"])
+	}
+	if !slices.Equal(listed, []string{"cp-2", "cp-1"}) || !strings.Contains(r.errOut, "Dry run") {
+		t.Fatalf("prune --dry-run listed %q\nstderr: %s", listed, r.errOut)
+	}
+	if got := names(); !slices.Equal(got, all) {
+		t.Fatalf("after --dry-run: %q, want all of %q", got, all)
+	}
+
+	r = mustRun(t, "prune", "-o", "name", addr)
+	if r.out != "backup/cp-2\nbackup/cp-1\n" {
+		t.Fatalf("prune -o name: %q", r.out)
+	}
+	if got := names(); !slices.Equal(got, []string{"backup/by-hand", "backup/cp-3", "backup/cp-4"}) {
+		t.Fatalf("after prune: %q", got)
+	}
+	r = mustRun(t, "prune", addr)
+	if r.out != "" || !strings.Contains(r.errOut, "No backups to prune.") {
+		t.Fatalf("second prune: %q %q", r.out, r.errOut)
+	}
+	// With --all the on-demand one counts too: it is the newest, so
+	// keepLast 2 now leaves it and cp-4.
+	mustRun(t, "prune", "--all", "--target", "cp", addr)
+	if got := names(); !slices.Equal(got, []string{"backup/by-hand", "backup/cp-4"}) {
+		t.Fatalf("after prune --all: %q", got)
+	}
+	mustFail(t, `etcd target "nope" is not configured`, "prune", "--target", "nope", addr)
+}
