@@ -10,6 +10,10 @@ MODULE := github.com/kubectl-etcdbackup/kubectl-etcdbackup
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X $(MODULE)/internal/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 30m
+# One sandbox runs per machine, so the e2e packages run one after another
+# (-p 1): a test waiting for the machine lock must not spend its own
+# deadline on another package's sandbox.
+E2E_TIMEOUT ?= 60m
 
 include hack/tools.mk
 include hack/kube.mk
@@ -88,7 +92,7 @@ node-deps:
 ## e2e: the end-to-end tests and the sandbox's own tests, on the real sandbox cluster (root); the product runs from the images `make images` builds
 e2e: node-deps node-bins s3-bins age-bins images $(TESTREPORT)
 	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 $(SANDBOX_ENV) ETCDBACKUP_IMAGES_DIR=$(CURDIR)/dist/images \
-		$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) $(E2E_PKGS) | $(TESTREPORT)
+		$(GO) test -json -count=1 -p 1 -timeout $(E2E_TIMEOUT) $(E2E_PKGS) | $(TESTREPORT)
 
 ## test: everything CI checks — generated code, lint, krew, the unit tests with -race, and the end-to-end tests on the sandbox
 test: check-generate lint krew-check promrules
