@@ -165,7 +165,7 @@ func (p *ServerProcess) Stop() error {
 
 // InstallServer installs the product from manifests/ into namespace ns
 // with `kubectl apply -k` of an overlay (written under dir) that changes
-// nothing but the namespace and the server's image name, then waits for
+// nothing but the namespace and the images' names, then waits for
 // the server Deployment to be Available.
 func InstallServer(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, ns string, images *Images, dir string) error {
 	root, err := RepoRoot()
@@ -181,6 +181,7 @@ func InstallServer(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, ns stri
 		return err
 	}
 	name, tag := nameAndTag(images.Server)
+	agentName, agentTag := nameAndTag(images.Agent)
 	kust := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 namespace: %s
@@ -190,7 +191,21 @@ images:
   - name: etcdbackup-server
     newName: %s
     newTag: %q # quoted: a tag such as a commit hash can be all digits
-`, ns, base, name, tag)
+  - name: etcdbackup-agent
+    newName: %s
+    newTag: %q
+`, ns, base, name, tag, agentName, agentTag)
+	if ns != DefaultNamespace {
+		// The one cluster-scoped object bound to the namespace gets a name
+		// of its own, as docs/security.md tells a second install to do.
+		kust += fmt.Sprintf(`patches:
+  - target: {kind: ClusterRoleBinding, name: etcdbackup-server-auth-delegator}
+    patch: |-
+      - op: replace
+        path: /metadata/name
+        value: etcdbackup-server-auth-delegator-%s
+`, ns)
+	}
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o600); err != nil {
 		return err
 	}
