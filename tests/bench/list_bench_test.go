@@ -1,0 +1,144 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
+)
+
+// listBackups and listPairs: `list` of 20 backups, timed against
+// `kubectl get pods` in 9 interleaved pairs.
+const (
+	listBackups = 20
+	listPairs   = 9
+)
+
+// BenchmarkList compares the latency a user feels of `kubectl etcdbackup
+// list` (20 backups) with `kubectl get pods` in the same namespace: each
+// a whole kubectl process, from exec to exit, 9 pairs interleaved in one
+// run (the order alternating), after one warm-up of each (kubectl's
+// discovery cache filled, as it is on a user's machine). It reports the
+// medians and their ratio; the aim is list/get-pods ≤ 1.5.
+//
+//	go test -run '^$' -bench List -benchtime 1x ./tests/bench/
+func BenchmarkList(b *testing.B) {
+	sb := sandbox.StartForTest(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+
+	binDir := b.TempDir()
+	if err := world.BuildBinaries(ctx, binDir); err != nil {
+		b.Fatal(err)
+	}
+	images, err := world.BuildImages(ctx, filepath.Join(binDir, "images"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := sb.ImportImages(ctx, images.Archives...); err != nil {
+		b.Fatal(err)
+	}
+	kubectl := world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
+	if err := world.InstallServer(ctx, sb, &kubectl, namespace, images, b.TempDir()); err != nil {
+		b.Fatal(err)
+	}
+	_, serverAddr := serverPodAddr(ctx, b, sb)
+	uploadSmallBackups(ctx, b, serverAddr, listBackups)
+
+	run := func(args ...string) time.Duration {
+		start := time.Now()
+		r := kubectl.Run(ctx, args...)
+		d := time.Since(start)
+		if r.ExitCode != 0 {
+			b.Fatalf("kubectl %s: %s", strings.Join(args, " "), r)
+		}
+		if args[0] == "etcdbackup" && strings.Count(r.Stdout, "\n") != listBackups+1 {
+			b.Fatalf("kubectl etcdbackup list printed %d lines, want a header and %d backups:\n%s", strings.Count(r.Stdout, "\n"), listBackups, r.Stdout)
+		}
+		return d
+	}
+	list := []string{"etcdbackup", "list", "-n", namespace}
+	pods := []string{"get", "pods", "-n", namespace}
+	run(list...)
+	run(pods...)
+	var listTimes, podTimes []time.Duration
+	for b.Loop() {
+		listTimes, podTimes = listTimes[:0], podTimes[:0]
+		for i := range listPairs {
+			if i%2 == 0 {
+				listTimes = append(listTimes, run(list...))
+				podTimes = append(podTimes, run(pods...))
+			} else {
+				podTimes = append(podTimes, run(pods...))
+				listTimes = append(listTimes, run(list...))
+			}
+		}
+	}
+	l, p := median(listTimes), median(podTimes)
+	ratio := l.Seconds() / p.Seconds()
+	b.ReportMetric(float64(l.Microseconds())/1000, "list-ms")
+	b.ReportMetric(float64(p.Microseconds())/1000, "get-pods-ms")
+	b.ReportMetric(ratio, "list/get-pods")
+	fmt.Printf("\nkubectl etcdbackup list (%d backups): median %s; kubectl get pods: median %s; ratio %.2f (aim ≤ 1.5)\n",
+		listBackups, l.Round(time.Millisecond), p.Round(time.Millisecond), ratio)
+	emitJSON(map[string]any{
+		"bench": "list", "backups": listBackups, "pairs": listPairs,
+		"listMs": ms(listTimes), "getPodsMs": ms(podTimes),
+		"listMedianMs": l.Seconds() * 1000, "getPodsMedianMs": p.Seconds() * 1000, "ratio": ratio,
+	})
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func ms(ds []time.Duration) []float64 {
+	out := make([]float64, len(ds))
+	for i, d := range ds {
+		out[i] = d.Seconds() * 1000
+	}
+	return out
+}
+
+// uploadSmallBackups stores n small backups straight to the server's
+// address (no tunnel).
+func uploadSmallBackups(ctx context.Context, b *testing.B, addr string, n int) {
+	b.Helper()
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	c := client.New(conn)
+	for i := range n {
+		name := fmt.Sprintf("list-%02d", i)
+		if _, err := c.Upload(ctx, bytes.NewReader(bytes.Repeat([]byte{byte(i)}, 4096)), &ebv1.UploadHeader{Name: name}, nil); err != nil {
+			b.Fatalf("upload %s: %v", name, err)
+		}
+	}
+}
+
+// emitJSON prints v as one line that hack/benchreport reads from the
+// benchmarks' output to write docs/benchmarks.md.
+func emitJSON(v any) {
+	line, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // maps of numbers and strings always encode
+	}
+	fmt.Printf("benchjson %s\n", line)
+}
