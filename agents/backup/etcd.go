@@ -10,7 +10,12 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/experimental"
 )
+
+// snapshotBuffers are the receive buffers of every etcd connection.
+var snapshotBuffers = &dirtyPool{}
 
 // Etcd says how the agent reaches etcd: one member (Endpoint), or the
 // cluster's members (Endpoints) of which it picks one.
@@ -90,7 +95,8 @@ func (e Etcd) choose(ctx context.Context) (*clientv3.Client, string, error) {
 }
 
 func (e Etcd) connect(endpoint string) (*clientv3.Client, error) {
-	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: e.timeout(), Logger: zap.NewNop()}
+	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: e.timeout(), Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{experimental.WithBufferPool(snapshotBuffers)}}
 	switch {
 	case strings.HasPrefix(endpoint, "http://"):
 		if !e.InsecurePlaintext {

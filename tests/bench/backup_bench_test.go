@@ -91,7 +91,7 @@ func BenchmarkBackup(b *testing.B) {
 					label += " (zstd)"
 				}
 				name := fmt.Sprintf("b%d-%d-%s-%s", i, mib, c.location, map[string]string{"": "raw", "zstd": "zstd"}[c.compression])
-				r := runAgent(ctx, b, binDir, config, e.endpoint, name, c.location, c.compression, perfDir)
+				r := runAgent(ctx, b, binDir, config, e.endpoint, name, c.location, c.compression, perfDir, "")
 				r.Name, r.SizeMiB, r.RatioToSave = label, mib, r.Wall/saveWall.Seconds()
 				rows = append(rows, r)
 				metric := strings.NewReplacer(" → ", "-", " ", "-", "(", "", ")", "").Replace(label)
@@ -129,7 +129,10 @@ func BenchmarkS3PartSize(b *testing.B) {
 	config := filepath.Join(dir, "config.yaml")
 	var rows []backupRow
 	for i := 0; i < b.N; i++ {
-		for _, c := range []struct{ part, concurrency int }{{5, 2}, {5, 4}, {8, 2}, {8, 4}, {16, 4}, {16, 8}} {
+		for _, c := range []struct {
+			part, concurrency int
+			memLimit          string // the server's GOMEMLIMIT
+		}{{5, 2, ""}, {5, 4, ""}, {8, 2, ""}, {8, 4, ""}, {16, 4, ""}, {5, 4, "48MiB"}, {8, 4, "48MiB"}, {16, 2, "48MiB"}} {
 			if err := os.WriteFile(config, fmt.Appendf(nil, `locations:
   - name: s3
     s3: {bucket: %s, region: %s, endpoint: %s, pathStyle: true, caBundleFile: %s, accessKeyIDFile: %s, secretAccessKeyFile: %s, partSizeMiB: %d, concurrency: %d}
@@ -137,11 +140,11 @@ func BenchmarkS3PartSize(b *testing.B) {
 				b.Fatal(err)
 			}
 			name := fmt.Sprintf("p%d-%d-%d", i, c.part, c.concurrency)
-			r := runAgent(ctx, b, binDir, config, e.endpoint, name, "s3", "", "")
+			r := runAgent(ctx, b, binDir, config, e.endpoint, name, "s3", "", "", c.memLimit)
 			r.Name, r.SizeMiB = fmt.Sprintf("S3 part %d MiB × %d", c.part, c.concurrency), mib
-			r.PartMiB, r.Concurrency = c.part, c.concurrency
+			r.PartMiB, r.Concurrency, r.MemLimit = c.part, c.concurrency, c.memLimit
 			rows = append(rows, r)
-			b.ReportMetric(float64(r.ServerRSS)/1024, fmt.Sprintf("server-MiB-%dx%d", c.part, c.concurrency))
+			b.ReportMetric(float64(r.ServerRSS)/1024, fmt.Sprintf("server-MiB-%dx%d%s", c.part, c.concurrency, map[bool]string{true: "-memlimit"}[c.memLimit != ""]))
 		}
 	}
 	fmt.Print("\n" + backupTable(rows))
@@ -166,14 +169,20 @@ type backupRow struct {
 	EtcdCPU     float64  `json:"etcdCPUSeconds,omitempty"`
 	PartMiB     int      `json:"partSizeMiB,omitempty"`
 	Concurrency int      `json:"concurrency,omitempty"`
+	MemLimit    string   `json:"memLimit,omitempty"`
 	AgentHot    []string `json:"agentHot,omitempty"`
 	ServerHot   []string `json:"serverHot,omitempty"`
 }
 
 // runAgent runs one backup by the agent binary into a fresh server (so
 // its peak RSS is this backup's) and measures both processes.
-func runAgent(ctx context.Context, b *testing.B, binDir, config, endpoint, name, location, compression, perfDir string) backupRow {
+func runAgent(ctx context.Context, b *testing.B, binDir, config, endpoint, name, location, compression, perfDir, memLimit string) backupRow {
+	if memLimit != "" {
+		// The server process takes its environment at start: only it.
+		os.Setenv("GOMEMLIMIT", memLimit)
+	}
 	srv, err := world.StartServerArgs(ctx, binDir, nil, "--config", config)
+	os.Unsetenv("GOMEMLIMIT")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -189,7 +198,7 @@ func runAgent(ctx context.Context, b *testing.B, binDir, config, endpoint, name,
 	}
 	cmd := exec.CommandContext(ctx, filepath.Join(binDir, world.AgentBinary), args...)
 	if perfDir != "" {
-		cmd = exec.CommandContext(ctx, "perf", append([]string{"record", "-q", "-F", "999", "-o", filepath.Join(perfDir, name+"-agent.data"), "--",
+		cmd = exec.CommandContext(ctx, "perf", append([]string{"record", "-q", "-g", "-F", "999", "-o", filepath.Join(perfDir, name+"-agent.data"), "--",
 			filepath.Join(binDir, world.AgentBinary)}, args...)...)
 	}
 	var outBuf strings.Builder
@@ -227,6 +236,9 @@ func backupTable(rows []backupRow) string {
 	fmt.Fprintf(tw, "etcd database\twall\t× save\tMB/s (raw)\tstored MiB\tcompression\tagent CPU s/GiB\tserver CPU s/GiB\tetcd CPU s/GiB\tagent peak RSS\tserver peak RSS\t\n")
 	for _, r := range rows {
 		gib := float64(r.RawBytes) / (1 << 30)
+		if r.MemLimit != "" {
+			r.Name += ", GOMEMLIMIT=" + r.MemLimit
+		}
 		fmt.Fprintf(tw, "%d MiB: %s\t%.2fs\t%.2f\t%.0f\t%.0f\t%.2f×\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", r.SizeMiB, r.Name, r.Wall, r.RatioToSave,
 			float64(r.RawBytes)/r.Wall/1e6, float64(r.StoredBytes)/(1<<20), float64(r.RawBytes)/float64(max(r.StoredBytes, 1)),
 			r.AgentCPU/gib, r.ServerCPU/gib, r.EtcdCPU/gib, mibOrDash(r.AgentRSS), mibOrDash(r.ServerRSS))
@@ -294,7 +306,7 @@ func childPID(b *testing.B, name string) int {
 // function is called; that returns the hottest functions.
 func perfAttach(b *testing.B, out string, pid int) func() []string {
 	b.Helper()
-	cmd := exec.Command("perf", "record", "-q", "-F", "999", "-o", out, "-p", strconv.Itoa(pid))
+	cmd := exec.Command("perf", "record", "-q", "-g", "-F", "999", "-o", out, "-p", strconv.Itoa(pid))
 	if err := cmd.Start(); err != nil {
 		b.Fatalf("perf record: %v", err)
 	}
@@ -309,7 +321,7 @@ func perfAttach(b *testing.B, out string, pid int) func() []string {
 // perfHot is the 12 functions with the most CPU samples of a perf
 // recording, as "percent symbol".
 func perfHot(b *testing.B, data string) []string {
-	out, err := exec.Command("perf", "report", "-q", "-i", data, "--stdio", "--no-children", "--sort", "symbol").Output()
+	out, err := exec.Command("perf", "report", "-q", "-i", data, "--stdio", "--no-children", "-g", "none", "--sort", "symbol").Output()
 	if err != nil {
 		b.Logf("perf report %s: %v", data, err)
 		return nil
