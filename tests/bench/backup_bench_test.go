@@ -132,7 +132,7 @@ func BenchmarkS3PartSize(b *testing.B) {
 		for _, c := range []struct {
 			part, concurrency int
 			memLimit          string // the server's GOMEMLIMIT
-		}{{5, 2, ""}, {5, 4, ""}, {8, 2, ""}, {8, 4, ""}, {16, 4, ""}, {5, 4, "48MiB"}, {8, 4, "48MiB"}, {16, 2, "48MiB"}} {
+		}{{5, 1, ""}, {5, 2, ""}, {5, 4, ""}, {8, 2, ""}, {8, 4, ""}, {16, 4, ""}, {5, 2, "24MiB"}, {5, 4, "32MiB"}, {8, 4, "48MiB"}} {
 			if err := os.WriteFile(config, fmt.Appendf(nil, `locations:
   - name: s3
     s3: {bucket: %s, region: %s, endpoint: %s, pathStyle: true, caBundleFile: %s, accessKeyIDFile: %s, secretAccessKeyFile: %s, partSizeMiB: %d, concurrency: %d}
@@ -140,6 +140,9 @@ func BenchmarkS3PartSize(b *testing.B) {
 				b.Fatal(err)
 			}
 			name := fmt.Sprintf("p%d-%d-%d", i, c.part, c.concurrency)
+			if c.memLimit != "" {
+				name += "-memlimit"
+			}
 			r := runAgent(ctx, b, binDir, config, e.endpoint, name, "s3", "", "", c.memLimit)
 			r.Name, r.SizeMiB = fmt.Sprintf("S3 part %d MiB × %d", c.part, c.concurrency), mib
 			r.PartMiB, r.Concurrency, r.MemLimit = c.part, c.concurrency, c.memLimit
@@ -163,8 +166,11 @@ type backupRow struct {
 	StoredBytes int64   `json:"storedBytes"`
 	AgentRSS    int64   `json:"agentPeakRSSKiB,omitempty"`
 	ServerRSS   int64   `json:"serverPeakRSSKiB,omitempty"`
-	AgentCPU    float64 `json:"agentCPUSeconds,omitempty"`
-	ServerCPU   float64 `json:"serverCPUSeconds,omitempty"`
+	// ServerAnon is the server's peak anonymous RSS (heap, stacks,
+	// buffers), sampled: RSS less the pages of the binary itself.
+	ServerAnon int64   `json:"serverPeakAnonKiB,omitempty"`
+	AgentCPU   float64 `json:"agentCPUSeconds,omitempty"`
+	ServerCPU  float64 `json:"serverCPUSeconds,omitempty"`
 	// EtcdCPU is this process's CPU meanwhile: the in-process etcd's.
 	EtcdCPU     float64  `json:"etcdCPUSeconds,omitempty"`
 	PartMiB     int      `json:"partSizeMiB,omitempty"`
@@ -208,14 +214,16 @@ func runAgent(ctx context.Context, b *testing.B, binDir, config, endpoint, name,
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
+	stopAnon := samplePeak(serverPID, "RssAnon")
 	agentRSS := sampleHWM(cmd)
 	wall := time.Since(start)
+	serverAnon := stopAnon()
 	out := outBuf.String()
 	if !cmd.ProcessState.Success() {
 		b.Fatalf("agent: %v\n%s", cmd.ProcessState, out)
 	}
 	r := backupRow{
-		Wall: wall.Seconds(), AgentRSS: agentRSS, ServerRSS: srv.PeakRSSKiB(),
+		Wall: wall.Seconds(), AgentRSS: agentRSS, ServerRSS: srv.PeakRSSKiB(), ServerAnon: serverAnon,
 		AgentCPU:  (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds(),
 		ServerCPU: processCPUSeconds(serverPID) - server0, EtcdCPU: (selfCPU() - cpu0).Seconds(),
 		StoredBytes: logInt(out, `"size":`), RawBytes: logInt(out, `"rawSize":`),
@@ -233,15 +241,15 @@ func runAgent(ctx context.Context, b *testing.B, binDir, config, endpoint, name,
 func backupTable(rows []backupRow) string {
 	var sb strings.Builder
 	tw := tabwriter.NewWriter(&sb, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "etcd database\twall\t× save\tMB/s (raw)\tstored MiB\tcompression\tagent CPU s/GiB\tserver CPU s/GiB\tetcd CPU s/GiB\tagent peak RSS\tserver peak RSS\t\n")
+	fmt.Fprintf(tw, "etcd database\twall\t× save\tMB/s (raw)\tstored MiB\tcompression\tagent CPU s/GiB\tserver CPU s/GiB\tetcd CPU s/GiB\tagent peak RSS\tserver peak RSS\tserver peak anon\t\n")
 	for _, r := range rows {
 		gib := float64(r.RawBytes) / (1 << 30)
 		if r.MemLimit != "" {
 			r.Name += ", GOMEMLIMIT=" + r.MemLimit
 		}
-		fmt.Fprintf(tw, "%d MiB: %s\t%.2fs\t%.2f\t%.0f\t%.0f\t%.2f×\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", r.SizeMiB, r.Name, r.Wall, r.RatioToSave,
+		fmt.Fprintf(tw, "%d MiB: %s\t%.2fs\t%.2f\t%.0f\t%.0f\t%.2f×\t%.2f\t%.2f\t%.2f\t%s\t%s\t%s\t\n", r.SizeMiB, r.Name, r.Wall, r.RatioToSave,
 			float64(r.RawBytes)/r.Wall/1e6, float64(r.StoredBytes)/(1<<20), float64(r.RawBytes)/float64(max(r.StoredBytes, 1)),
-			r.AgentCPU/gib, r.ServerCPU/gib, r.EtcdCPU/gib, mibOrDash(r.AgentRSS), mibOrDash(r.ServerRSS))
+			r.AgentCPU/gib, r.ServerCPU/gib, r.EtcdCPU/gib, mibOrDash(r.AgentRSS), mibOrDash(r.ServerRSS), mibOrDash(r.ServerAnon))
 	}
 	tw.Flush()
 	return sb.String()
@@ -338,6 +346,30 @@ func perfHot(b *testing.B, data string) []string {
 		}
 	}
 	return hot
+}
+
+// samplePeak samples pid's /proc status value key until the returned
+// function is called, which returns the largest value seen.
+func samplePeak(pid int, key string) func() int64 {
+	done, result := make(chan struct{}), make(chan int64)
+	go func() {
+		var peak int64
+		for {
+			if v, err := world.ReadStatusValue(pid, key); err == nil {
+				peak = max(peak, v)
+			}
+			select {
+			case <-done:
+				result <- peak
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	return func() int64 {
+		close(done)
+		return <-result
+	}
 }
 
 // sampleHWM waits for cmd and returns its peak RSS (VmHWM, sampled until it

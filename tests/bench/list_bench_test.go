@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -32,7 +33,9 @@ const (
 // a whole kubectl process, from exec to exit, 9 pairs interleaved in one
 // run (the order alternating), after one warm-up of each (kubectl's
 // discovery cache filled, as it is on a user's machine). It reports the
-// medians and their ratio; the aim is list/get-pods ≤ 1.5.
+// medians and their ratio; the aim is list/get-pods ≤ 1.5. With
+// ETCDBACKUP_BENCH_BASELINE_PLUGIN naming another build of the plugin,
+// that one's list is timed in every round too.
 //
 //	go test -run '^$' -bench List -benchtime 1x ./tests/bench/
 func BenchmarkList(b *testing.B) {
@@ -58,9 +61,9 @@ func BenchmarkList(b *testing.B) {
 	_, serverAddr := serverPodAddr(ctx, b, sb)
 	uploadSmallBackups(ctx, b, serverAddr, listBackups)
 
-	run := func(args ...string) time.Duration {
+	run := func(k *world.Kubectl, args ...string) time.Duration {
 		start := time.Now()
-		r := kubectl.Run(ctx, args...)
+		r := k.Run(ctx, args...)
 		d := time.Since(start)
 		if r.ExitCode != 0 {
 			b.Fatalf("kubectl %s: %s", strings.Join(args, " "), r)
@@ -72,18 +75,33 @@ func BenchmarkList(b *testing.B) {
 	}
 	list := []string{"etcdbackup", "list", "-n", namespace}
 	pods := []string{"get", "pods", "-n", namespace}
-	run(list...)
-	run(pods...)
-	var listTimes, podTimes []time.Duration
+	// A baseline plugin binary (another build, say the code before a
+	// change) is timed in the same rounds, so both see the same machine.
+	var baseline *world.Kubectl
+	if path := os.Getenv("ETCDBACKUP_BENCH_BASELINE_PLUGIN"); path != "" {
+		dir := b.TempDir()
+		if err := os.Symlink(path, filepath.Join(dir, world.PluginBinary)); err != nil {
+			b.Fatal(err)
+		}
+		k := kubectl
+		k.PluginDir = dir
+		baseline = &k
+	}
+	run(&kubectl, list...)
+	run(&kubectl, pods...)
+	var listTimes, podTimes, baseTimes []time.Duration
 	for b.Loop() {
-		listTimes, podTimes = listTimes[:0], podTimes[:0]
+		listTimes, podTimes, baseTimes = listTimes[:0], podTimes[:0], baseTimes[:0]
 		for i := range listPairs {
 			if i%2 == 0 {
-				listTimes = append(listTimes, run(list...))
-				podTimes = append(podTimes, run(pods...))
+				listTimes = append(listTimes, run(&kubectl, list...))
+				podTimes = append(podTimes, run(&kubectl, pods...))
 			} else {
-				podTimes = append(podTimes, run(pods...))
-				listTimes = append(listTimes, run(list...))
+				podTimes = append(podTimes, run(&kubectl, pods...))
+				listTimes = append(listTimes, run(&kubectl, list...))
+			}
+			if baseline != nil {
+				baseTimes = append(baseTimes, run(baseline, list...))
 			}
 		}
 	}
@@ -94,11 +112,17 @@ func BenchmarkList(b *testing.B) {
 	b.ReportMetric(ratio, "list/get-pods")
 	fmt.Printf("\nkubectl etcdbackup list (%d backups): median %s; kubectl get pods: median %s; ratio %.2f (aim ≤ 1.5)\n",
 		listBackups, l.Round(time.Millisecond), p.Round(time.Millisecond), ratio)
-	emitJSON(map[string]any{
+	result := map[string]any{
 		"bench": "list", "backups": listBackups, "pairs": listPairs,
 		"listMs": ms(listTimes), "getPodsMs": ms(podTimes),
 		"listMedianMs": l.Seconds() * 1000, "getPodsMedianMs": p.Seconds() * 1000, "ratio": ratio,
-	})
+	}
+	if baseline != nil {
+		bl := median(baseTimes)
+		fmt.Printf("baseline plugin: median %s; ratio %.2f\n", bl.Round(time.Millisecond), bl.Seconds()/p.Seconds())
+		result["baselineMs"], result["baselineMedianMs"] = ms(baseTimes), bl.Seconds()*1000
+	}
+	emitJSON(result)
 }
 
 func median(ds []time.Duration) time.Duration {

@@ -38,6 +38,7 @@ type row struct {
 	StoredBytes int64    `json:"storedBytes"`
 	AgentRSS    int64    `json:"agentPeakRSSKiB"`
 	ServerRSS   int64    `json:"serverPeakRSSKiB"`
+	ServerAnon  int64    `json:"serverPeakAnonKiB"`
 	AgentCPU    float64  `json:"agentCPUSeconds"`
 	ServerCPU   float64  `json:"serverCPUSeconds"`
 	EtcdCPU     float64  `json:"etcdCPUSeconds"`
@@ -56,6 +57,9 @@ type listResult struct {
 	ListMedianMs    float64   `json:"listMedianMs"`
 	GetPodsMedianMs float64   `json:"getPodsMedianMs"`
 	Ratio           float64   `json:"ratio"`
+	// Baseline*: another build of the plugin timed in the same rounds.
+	BaselineMs       []float64 `json:"baselineMs"`
+	BaselineMedianMs float64   `json:"baselineMedianMs"`
 }
 
 // results is everything read from one set of benchmark outputs.
@@ -185,11 +189,11 @@ func backupSection(rows []row, old *results) string {
 		"`snapshot save` to a local file is the baseline; then the agent binary streams a snapshot into the server binary " +
 		"(filesystem location, S3 location on versitygw over HTTPS), each as is and with zstd, a fresh server per row. " +
 		"CPU is user + system time of each process per GiB of snapshot; etcd's is the benchmark process's, which runs it.\n\n")
-	b.WriteString("| size | path | wall | × save | MB/s | stored | agent CPU s/GiB | server CPU s/GiB | etcd CPU s/GiB | agent peak RSS | server peak RSS |\n")
-	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| size | path | wall | × save | MB/s | stored | agent CPU s/GiB | server CPU s/GiB | etcd CPU s/GiB | agent peak RSS | server peak RSS | of which anonymous |\n")
+	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %d MiB | %s | %.2f s | %.2f | %.0f | %.0f MiB | %s | %s | %.2f | %s | %s |\n", r.SizeMiB, r.Name, r.Wall, r.RatioToSave,
-			float64(r.RawBytes)/r.Wall/1e6, float64(r.StoredBytes)/(1<<20), cpu(r.AgentCPU, r), cpu(r.ServerCPU, r), r.EtcdCPU/gib(r), mib(r.AgentRSS), mib(r.ServerRSS))
+		fmt.Fprintf(&b, "| %d MiB | %s | %.2f s | %.2f | %.0f | %.0f MiB | %s | %s | %.2f | %s | %s | %s |\n", r.SizeMiB, r.Name, r.Wall, r.RatioToSave,
+			float64(r.RawBytes)/r.Wall/1e6, float64(r.StoredBytes)/(1<<20), cpu(r.AgentCPU, r), cpu(r.ServerCPU, r), r.EtcdCPU/gib(r), mib(r.AgentRSS), mib(r.ServerRSS), mib(r.ServerAnon))
 	}
 	if old != nil && len(old.backup) > 0 {
 		b.WriteString("\n### Before and after\n\n")
@@ -223,14 +227,14 @@ func s3Section(rows []row) string {
 	b.WriteString("`BenchmarkS3PartSize`: one backup stored as is into the S3 location per setting (`partSizeMiB`, `concurrency` " +
 		"in the location's config), a fresh server each time. The transfer manager holds concurrency + 1 part buffers and the " +
 		"first part, whatever the backup's size; the garbage collector's headroom comes on top.\n\n")
-	b.WriteString("| size | part × concurrency | server GOMEMLIMIT | wall | MB/s | server CPU s/GiB | server peak RSS |\n|---:|---|---|---:|---:|---:|---:|\n")
+	b.WriteString("| size | part × concurrency | server GOMEMLIMIT | wall | MB/s | server CPU s/GiB | server peak RSS | of which anonymous |\n|---:|---|---|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
 		limit := r.MemLimit
 		if limit == "" {
 			limit = "–"
 		}
-		fmt.Fprintf(&b, "| %d MiB | %d MiB × %d | %s | %.2f s | %.0f | %s | %s |\n", r.SizeMiB, r.PartMiB, r.Concurrency, limit, r.Wall,
-			float64(r.RawBytes)/r.Wall/1e6, cpu(r.ServerCPU, r), mib(r.ServerRSS))
+		fmt.Fprintf(&b, "| %d MiB | %d MiB × %d | %s | %.2f s | %.0f | %s | %s | %s |\n", r.SizeMiB, r.PartMiB, r.Concurrency, limit, r.Wall,
+			float64(r.RawBytes)/r.Wall/1e6, cpu(r.ServerCPU, r), mib(r.ServerRSS), mib(r.ServerAnon))
 	}
 	b.WriteString("\n")
 	return b.String()
@@ -242,7 +246,10 @@ func listSection(l *listResult, old *results) string {
 	b.WriteString("`BenchmarkList` on the sandbox: whole processes from exec to exit, 20 backups listed, 9 pairs interleaved " +
 		"in one run after a warm-up of each; medians. Aim: ratio ≤ 1.5.\n\n")
 	b.WriteString("| run | list (median) | get pods (median) | ratio |\n|---|---:|---:|---:|\n")
-	if old != nil && old.list != nil {
+	if l != nil && l.BaselineMedianMs > 0 {
+		fmt.Fprintf(&b, "| before (the previous build, timed in the same rounds) | %.0f ms | %.0f ms | %.2f |\n",
+			l.BaselineMedianMs, l.GetPodsMedianMs, l.BaselineMedianMs/l.GetPodsMedianMs)
+	} else if old != nil && old.list != nil {
 		fmt.Fprintf(&b, "| before | %.0f ms | %.0f ms | %.2f |\n", old.list.ListMedianMs, old.list.GetPodsMedianMs, old.list.Ratio)
 	}
 	if l != nil {
