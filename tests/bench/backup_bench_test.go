@@ -36,7 +36,9 @@ import (
 // reports wall times, their ratio to the save, the CPU each process spent
 // per GiB, and the agent's and the server's peak RSS. With
 // ETCDBACKUP_BENCH_PERF set to a directory, the agent and the server run
-// under perf record and the hottest functions of each are reported.
+// under perf record and the hottest functions of each are reported. With
+// ETCDBACKUP_BENCH_BASELINE_BIN set to a directory of another build of
+// the agent and the server, that build runs every case too, in turns.
 func BenchmarkBackup(b *testing.B) {
 	sizes := benchSizes(b)
 	ctx := context.Background()
@@ -65,6 +67,9 @@ func BenchmarkBackup(b *testing.B) {
 	}
 	writeConfig(0, 0)
 	perfDir := os.Getenv("ETCDBACKUP_BENCH_PERF")
+	// ETCDBACKUP_BENCH_BASELINE_BIN: a directory of another build of the
+	// agent and the server (the code before a change, say).
+	baseline := os.Getenv("ETCDBACKUP_BENCH_BASELINE_BIN")
 
 	var rows []backupRow
 	for i := 0; i < b.N; i++ {
@@ -90,12 +95,29 @@ func BenchmarkBackup(b *testing.B) {
 				if c.compression != "" {
 					label += " (zstd)"
 				}
-				name := fmt.Sprintf("b%d-%d-%s-%s", i, mib, c.location, map[string]string{"": "raw", "zstd": "zstd"}[c.compression])
-				r := runAgent(ctx, b, binDir, config, e.endpoint, name, c.location, c.compression, perfDir, "")
-				r.Name, r.SizeMiB, r.RatioToSave = label, mib, r.Wall/saveWall.Seconds()
-				rows = append(rows, r)
-				metric := strings.NewReplacer(" → ", "-", " ", "-", "(", "", ")", "").Replace(label)
-				b.ReportMetric(r.RatioToSave, fmt.Sprintf("%s-%dMiB/save", metric, mib))
+				// With a baseline build, both run each case, in turns, so
+				// they see the same machine.
+				builds := []string{""}
+				if baseline != "" {
+					builds = append(builds, "before")
+					if len(rows)%2 == 0 {
+						builds[0], builds[1] = builds[1], builds[0]
+					}
+				}
+				for _, build := range builds {
+					name := fmt.Sprintf("b%d-%d-%s-%s%s", i, mib, c.location, map[string]string{"": "raw", "zstd": "zstd"}[c.compression], build)
+					dir := binDir
+					if build != "" {
+						dir = baseline
+					}
+					r := runAgent(ctx, b, dir, config, e.endpoint, name, c.location, c.compression, perfDir, "")
+					r.Name, r.SizeMiB, r.RatioToSave, r.Build = label, mib, r.Wall/saveWall.Seconds(), build
+					rows = append(rows, r)
+					if build == "" {
+						metric := strings.NewReplacer(" → ", "-", " ", "-", "(", "", ")", "").Replace(label)
+						b.ReportMetric(r.RatioToSave, fmt.Sprintf("%s-%dMiB/save", metric, mib))
+					}
+				}
 			}
 		}
 	}
@@ -172,12 +194,14 @@ type backupRow struct {
 	AgentCPU   float64 `json:"agentCPUSeconds,omitempty"`
 	ServerCPU  float64 `json:"serverCPUSeconds,omitempty"`
 	// EtcdCPU is this process's CPU meanwhile: the in-process etcd's.
-	EtcdCPU     float64  `json:"etcdCPUSeconds,omitempty"`
-	PartMiB     int      `json:"partSizeMiB,omitempty"`
-	Concurrency int      `json:"concurrency,omitempty"`
-	MemLimit    string   `json:"memLimit,omitempty"`
-	AgentHot    []string `json:"agentHot,omitempty"`
-	ServerHot   []string `json:"serverHot,omitempty"`
+	EtcdCPU     float64 `json:"etcdCPUSeconds,omitempty"`
+	PartMiB     int     `json:"partSizeMiB,omitempty"`
+	Concurrency int     `json:"concurrency,omitempty"`
+	MemLimit    string  `json:"memLimit,omitempty"`
+	// Build is "before" for the baseline build's rows.
+	Build     string   `json:"build,omitempty"`
+	AgentHot  []string `json:"agentHot,omitempty"`
+	ServerHot []string `json:"serverHot,omitempty"`
 }
 
 // runAgent runs one backup by the agent binary into a fresh server (so
@@ -246,6 +270,9 @@ func backupTable(rows []backupRow) string {
 		gib := float64(r.RawBytes) / (1 << 30)
 		if r.MemLimit != "" {
 			r.Name += ", GOMEMLIMIT=" + r.MemLimit
+		}
+		if r.Build != "" {
+			r.Name += " [" + r.Build + "]"
 		}
 		fmt.Fprintf(tw, "%d MiB: %s\t%.2fs\t%.2f\t%.0f\t%.0f\t%.2f×\t%.2f\t%.2f\t%.2f\t%s\t%s\t%s\t\n", r.SizeMiB, r.Name, r.Wall, r.RatioToSave,
 			float64(r.RawBytes)/r.Wall/1e6, float64(r.StoredBytes)/(1<<20), float64(r.RawBytes)/float64(max(r.StoredBytes, 1)),

@@ -47,6 +47,7 @@ type row struct {
 	MemLimit    string   `json:"memLimit"`
 	AgentHot    []string `json:"agentHot"`
 	ServerHot   []string `json:"serverHot"`
+	Build       string   `json:"build"`
 }
 
 type listResult struct {
@@ -69,6 +70,8 @@ type results struct {
 	// reported, their times and memory (perf's own included) are not.
 	profiled []row
 	list     *listResult
+	// baseline holds the rows of another build run in the same rounds.
+	baseline *results
 }
 
 func main() {
@@ -91,8 +94,10 @@ func run(out, before, include, notes string, inputs []string) error {
 	if err != nil {
 		return err
 	}
-	var old *results
-	if _, serr := os.Stat(before); before != "" && serr == nil {
+	// A baseline run in the same rounds is the fairest "before"; a
+	// separate run's output (-before) is the next best.
+	old := after.baseline
+	if _, serr := os.Stat(before); old == nil && before != "" && serr == nil {
 		if old, err = read(before); err != nil {
 			return err
 		}
@@ -157,7 +162,17 @@ func read(files ...string) (*results, error) {
 			}
 			switch v.Bench {
 			case "backup":
-				if len(v.Row.AgentHot) > 0 || len(v.Row.ServerHot) > 0 {
+				if v.Row.Build == "before" {
+					// The baseline build, run in the same rounds.
+					if r.baseline == nil {
+						r.baseline = &results{}
+					}
+					if len(v.Row.AgentHot) > 0 || len(v.Row.ServerHot) > 0 {
+						r.baseline.profiled = append(r.baseline.profiled, v.Row)
+					} else {
+						r.baseline.backup = append(r.baseline.backup, v.Row)
+					}
+				} else if len(v.Row.AgentHot) > 0 || len(v.Row.ServerHot) > 0 {
 					r.profiled = append(r.profiled, v.Row)
 				} else {
 					r.backup = append(r.backup, v.Row)
@@ -197,7 +212,8 @@ func backupSection(rows []row, old *results) string {
 	}
 	if old != nil && len(old.backup) > 0 {
 		b.WriteString("\n### Before and after\n\n")
-		b.WriteString("The same benchmark on the code before the change (`-before`) and after; the ratio to the save is each run's own.\n\n")
+		b.WriteString("The agent and server built from the code before the change and after, each row against the same `snapshot save`; " +
+			"when both builds ran in the same rounds (ETCDBACKUP_BENCH_BASELINE_BIN), they saw the same machine.\n\n")
 		b.WriteString("| size | path | × save before | × save after | agent CPU s/GiB before → after | server CPU s/GiB before → after | server peak RSS before → after |\n")
 		b.WriteString("|---:|---|---:|---:|---:|---:|---:|\n")
 		for _, r := range rows {
