@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,11 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
@@ -58,8 +54,7 @@ func BenchmarkList(b *testing.B) {
 	if err := world.InstallServer(ctx, sb, &kubectl, namespace, images, b.TempDir()); err != nil {
 		b.Fatal(err)
 	}
-	_, serverAddr := serverPodAddr(ctx, b, sb)
-	uploadSmallBackups(ctx, b, serverAddr, listBackups)
+	uploadSmallBackups(ctx, b, &kubectl, listBackups)
 
 	run := func(k *world.Kubectl, args ...string) time.Duration {
 		start := time.Now()
@@ -139,20 +134,22 @@ func ms(ds []time.Duration) []float64 {
 	return out
 }
 
-// uploadSmallBackups stores n small backups straight to the server's
-// address (no tunnel).
-func uploadSmallBackups(ctx context.Context, b *testing.B, addr string, n int) {
+// uploadSmallBackups stores n small backups (valid snapshots: a database
+// of 8 pages and etcd's SHA-256 trailer) with `kubectl etcdbackup upload`:
+// the server's user API is only reachable through the tunnel.
+func uploadSmallBackups(ctx context.Context, b *testing.B, k *world.Kubectl, n int) {
 	b.Helper()
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	c := client.New(conn)
+	dir := b.TempDir()
 	for i := range n {
-		name := fmt.Sprintf("list-%02d", i)
-		if _, err := c.Upload(ctx, bytes.NewReader(bytes.Repeat([]byte{byte(i)}, 4096)), &ebv1.UploadHeader{Name: name}, nil); err != nil {
-			b.Fatalf("upload %s: %v", name, err)
+		db := bytes.Repeat([]byte{byte(i)}, 8*512)
+		sum := sha256.Sum256(db)
+		path := filepath.Join(dir, fmt.Sprintf("list-%02d.db", i))
+		if err := os.WriteFile(path, append(db, sum[:]...), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		name := strings.TrimSuffix(filepath.Base(path), ".db")
+		if r := k.Run(ctx, "etcdbackup", "upload", path, "--name", name, "-n", namespace); r.ExitCode != 0 {
+			b.Fatalf("upload %s: %s", name, r)
 		}
 	}
 }
