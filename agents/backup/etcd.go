@@ -10,8 +10,6 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/experimental"
 )
 
 // snapshotBuffers are the receive buffers of every etcd connection.
@@ -96,7 +94,7 @@ func (e Etcd) choose(ctx context.Context) (*clientv3.Client, string, error) {
 
 func (e Etcd) connect(endpoint string) (*clientv3.Client, error) {
 	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: e.timeout(), Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{experimental.WithBufferPool(snapshotBuffers)}}
+		DialOptions: etcdDialOptions()}
 	switch {
 	case strings.HasPrefix(endpoint, "http://"):
 		if !e.InsecurePlaintext {
