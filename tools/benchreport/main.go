@@ -5,7 +5,12 @@
 // server's peak RSS against the transfer size. It is its own module so
 // that the plotting library stays out of the product's.
 //
-//	benchreport -out docs/benchmarks.md [-before old.txt] [-include docs/benchmarks-download.md] bench.txt...
+//	benchreport -out docs/benchmarks.md [-notes docs/benchmarks-notes.md] [-include docs/benchmarks-download.md] bench.txt...
+//
+// testdata/ holds the benchmark lines of the run docs/benchmarks.md was
+// last written from: `go run . -out ../../docs/benchmarks.md -notes
+// ../../docs/benchmarks-notes.md -include ../../docs/benchmarks-download.md
+// testdata/*.txt` writes it again (with the download report, once there).
 package main
 
 import (
