@@ -109,10 +109,18 @@ sandbox: node-deps node-bins s3-bins
 	$(GO) build -o $(TOOLS_BIN)/etcdbackup-sandbox ./tests/cmd/etcdbackup-sandbox
 	$(SANDBOX_ENV) exec $(TOOLS_BIN)/etcdbackup-sandbox -dir .sandbox
 
-## bench: throughput and memory benchmarks, printed side by side
+## bench: every benchmark (throughput, CPU per GiB, memory, list latency; with perf, where the CPU goes), then docs/benchmarks.md and its chart; BENCH_BASELINE_BIN / BENCH_BASELINE_PLUGIN (another build's agent+server dir / plugin) are timed in the same rounds
+BENCH_OUT := $(CACHE)/bench
+BENCH_SIZES_MIB ?= 64,256,1024
+BENCH_ENV = ETCDBACKUP_BENCH_BASELINE_BIN=$(BENCH_BASELINE_BIN) ETCDBACKUP_BENCH_BASELINE_PLUGIN=$(BENCH_BASELINE_PLUGIN) $(SANDBOX_ENV)
 bench: node-deps node-bins s3-bins age-bins
-	ETCDBACKUP_REQUIRE_SANDBOX=1 $(SANDBOX_ENV) \
-		$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./client/ ./plugin/ ./tests/bench/
+	mkdir -p $(BENCH_OUT) && rm -f $(BENCH_OUT)/*.txt
+	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 ETCDBACKUP_BENCH_SIZES_MIB=$(BENCH_SIZES_MIB) $(BENCH_ENV) \
+		$(GO) test -run '^$$' -bench . -benchtime 1x -timeout 60m ./client/ ./plugin/ ./tests/bench/ | tee $(BENCH_OUT)/bench.txt
+	if command -v perf >/dev/null; then set -o pipefail; ETCDBACKUP_BENCH_SIZES_MIB=256 ETCDBACKUP_BENCH_PERF=$(BENCH_OUT) $(BENCH_ENV) \
+		$(GO) test -run '^$$' -bench 'Backup$$' -benchtime 1x -timeout 30m ./tests/bench/ | tee $(BENCH_OUT)/perf.txt; fi
+	cd tools/benchreport && $(GO) run . -out $(CURDIR)/docs/benchmarks.md \
+		-notes $(CURDIR)/docs/benchmarks-notes.md -include $(CURDIR)/docs/benchmarks-download.md $(BENCH_OUT)/*.txt
 
 ## fuzz: every fuzz target (upload stream, manifest, trailer verifier, decompression, config) for FUZZTIME each
 FUZZTIME ?= 30s

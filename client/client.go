@@ -63,6 +63,12 @@ type UploadRequest struct {
 	// SHA-256 of the data before compression, for the trailer: a
 	// compressing sender knows them only at the end.
 	Raw func() (size int64, sha256 string)
+	// SHA256, if set, is called once r is exhausted and returns the hex
+	// SHA-256 of all r returned, which the caller hashed already (as it
+	// read, on its own goroutine): the upload then does not hash the same
+	// bytes a second time. The server still checks it against what
+	// arrived. With Rewind it must describe the data of the last attempt.
+	SHA256 func() string
 	// Rewind, if set, returns the data again from its start, to retry
 	// after the connection broke. Without it, an r that can seek is
 	// seeked back, and any other r is not retried.
@@ -166,7 +172,10 @@ func (c *Client) uploadOnce(ctx context.Context, r io.Reader, req UploadRequest)
 	if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Header{Header: h}}); err != nil {
 		return nil, nil, 0, sendError(stream, err)
 	}
-	sum := sha256.New()
+	var sum hash.Hash = nopHash{}
+	if req.SHA256 == nil {
+		sum = sha256.New()
+	}
 	buf := make([]byte, ChunkBytes)
 	var sent int64
 	for {
@@ -188,7 +197,12 @@ func (c *Client) uploadOnce(ctx context.Context, r io.Reader, req UploadRequest)
 			return nil, nil, sent, fmt.Errorf("read input after %d bytes: %w", sent, rerr)
 		}
 	}
-	trailer := &ebv1.UploadTrailer{Size: sent, Sha256: hex.EncodeToString(sum.Sum(nil))}
+	trailer := &ebv1.UploadTrailer{Size: sent}
+	if req.SHA256 != nil {
+		trailer.Sha256 = req.SHA256()
+	} else {
+		trailer.Sha256 = hex.EncodeToString(sum.Sum(nil))
+	}
 	if req.Raw != nil {
 		trailer.RawSize, trailer.RawSha256 = req.Raw()
 	}
@@ -201,6 +215,11 @@ func (c *Client) uploadOnce(ctx context.Context, r io.Reader, req UploadRequest)
 	}
 	return resp.GetBackup(), trailer, sent, nil
 }
+
+// nopHash stands in for the upload's hash when the caller supplies the sum.
+type nopHash struct{ hash.Hash }
+
+func (nopHash) Write(p []byte) (int, error) { return len(p), nil }
 
 // sendError returns the server's status when a Send fails because the
 // server ended the stream (Send then only says io.EOF).

@@ -350,21 +350,36 @@ var errIdle = errors.New("upload idle")
 // waiting and returns, gRPC cancels the stream, which ends the Recv, and
 // the goroutine with it. The timer runs only while the handler waits, so
 // a slow storage write never counts as the client's idleness.
+//
+// It receives one message ahead: the next chunk is decoded while the
+// handler hashes and stores this one. After an error or io.EOF nothing
+// more is received, so SendAndClose never runs beside a Recv.
 func (s *Server) receiver(stream ebv1.BackupService_UploadBackupServer) func() (*ebv1.UploadBackupRequest, error) {
 	type result struct {
 		msg *ebv1.UploadBackupRequest
 		err error
 	}
-	return func() (*ebv1.UploadBackupRequest, error) {
+	start := func() chan result {
 		c := make(chan result, 1)
 		go func() {
 			m, err := stream.Recv()
 			c <- result{m, err}
 		}()
+		return c
+	}
+	var next chan result
+	return func() (*ebv1.UploadBackupRequest, error) {
+		if next == nil {
+			next = start()
+		}
 		t := time.NewTimer(s.limits.UploadIdleTimeout.Duration)
 		defer t.Stop()
 		select {
-		case r := <-c:
+		case r := <-next:
+			next = nil
+			if r.err == nil {
+				next = start()
+			}
 			return r.msg, r.err
 		case <-t.C:
 			return nil, errIdle

@@ -29,12 +29,15 @@ func ValidSize(size int64) bool {
 // the trailer etcd appends. It returns io.EOF only if they are: a short or
 // damaged stream ends in an error wrapping ErrCorrupt, so whatever consumes
 // it (an upload, a restore) never takes a bad snapshot for a good one.
+//
+// It hashes each byte once: SHA-256 of the whole stream is the database's
+// hash state carried on through the trailer, so HashWhole costs nothing.
 type Verifier struct {
 	r        io.Reader
 	progress func(int64)
 	sum      hash.Hash // of the database bytes (all but the trailer)
-	whole    hash.Hash // of everything, trailer included (nil: not asked for)
-	tail     []byte    // the last up-to-32 bytes seen, not yet in sum
+	whole    bool
+	tail     []byte // the last up-to-32 bytes seen, not yet in sum
 	size     int64
 	digest   string
 	err      error
@@ -44,18 +47,14 @@ type Verifier struct {
 type VerifierOptions struct {
 	// Progress, if set, is called with the bytes read so far.
 	Progress func(n int64)
-	// HashWhole also computes the SHA-256 of the whole stream, trailer
+	// HashWhole also keeps the SHA-256 of the whole stream, trailer
 	// included (SHA256 returns it), for callers that record it.
 	HashWhole bool
 }
 
 // NewVerifier returns a Verifier reading r.
 func NewVerifier(r io.Reader, opts VerifierOptions) *Verifier {
-	v := &Verifier{r: r, progress: opts.Progress, sum: sha256.New(), tail: make([]byte, 0, 2*trailerSize)}
-	if opts.HashWhole {
-		v.whole = sha256.New()
-	}
-	return v
+	return &Verifier{r: r, progress: opts.Progress, sum: sha256.New(), whole: opts.HashWhole, tail: make([]byte, 0, 2*trailerSize)}
 }
 
 // Read implements io.Reader.
@@ -65,16 +64,8 @@ func (v *Verifier) Read(p []byte) (int, error) {
 	}
 	n, err := v.r.Read(p)
 	if n > 0 {
-		if v.whole != nil {
-			v.whole.Write(p[:n])
-		}
 		v.size += int64(n)
-		// Hash all but the last 32 bytes seen so far.
-		v.tail = append(v.tail, p[:n]...)
-		if over := len(v.tail) - trailerSize; over > 0 {
-			v.sum.Write(v.tail[:over])
-			v.tail = append(v.tail[:0], v.tail[over:]...)
-		}
+		v.hold(p[:n])
 		if v.progress != nil {
 			v.progress(v.size)
 		}
@@ -84,12 +75,15 @@ func (v *Verifier) Read(p []byte) (int, error) {
 			v.err = fmt.Errorf("%w: it ended after %d bytes, not a whole database followed by its 32-byte SHA-256", ErrCorrupt, v.size)
 			return n, v.err
 		}
+		// Sum leaves the state as it is: carried on through the trailer
+		// it is the hash of the whole stream.
 		if !bytes.Equal(v.sum.Sum(nil), v.tail) {
 			v.err = fmt.Errorf("%w: etcd's SHA-256 trailer does not match the database", ErrCorrupt)
 			return n, v.err
 		}
-		if v.whole != nil {
-			v.digest = hex.EncodeToString(v.whole.Sum(nil))
+		if v.whole {
+			v.sum.Write(v.tail)
+			v.digest = hex.EncodeToString(v.sum.Sum(nil))
 		}
 		return n, io.EOF
 	}
@@ -102,6 +96,22 @@ func (v *Verifier) Read(p []byte) (int, error) {
 		return n, v.err
 	}
 	return n, nil
+}
+
+// hold hashes all but the last 32 bytes seen so far and keeps those back:
+// they may be the trailer. Only the held-back bytes are copied.
+func (v *Verifier) hold(p []byte) {
+	if len(p) >= trailerSize {
+		v.sum.Write(v.tail)
+		v.sum.Write(p[:len(p)-trailerSize])
+		v.tail = append(v.tail[:0], p[len(p)-trailerSize:]...)
+		return
+	}
+	v.tail = append(v.tail, p...)
+	if over := len(v.tail) - trailerSize; over > 0 {
+		v.sum.Write(v.tail[:over])
+		v.tail = append(v.tail[:0], v.tail[over:]...)
+	}
 }
 
 // Size is the number of bytes read so far.

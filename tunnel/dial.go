@@ -133,18 +133,33 @@ func (d *Dialer) streamDialer(pod *corev1.Pod) (streamhttp.Dialer, error) {
 // connection, as client-go's PortForwarder does for each local connection.
 func (d *Dialer) openStreams(sc streamhttp.Connection, ep *Endpoint) (*Conn, error) {
 	id := strconv.FormatInt(d.requestID.Add(1), 10)
-	headers := http.Header{}
-	headers.Set(corev1.StreamType, corev1.StreamTypeError)
-	headers.Set(corev1.PortHeader, strconv.Itoa(int(ep.Port)))
-	headers.Set(corev1.PortForwardRequestIDHeader, id)
-	errorStream, err := sc.CreateStream(headers)
-	if err != nil {
-		return nil, fmt.Errorf("port-forward to %s: create error stream: %w", ep, err)
+	headers := func(streamType string) http.Header {
+		h := http.Header{}
+		h.Set(corev1.StreamType, streamType)
+		h.Set(corev1.PortHeader, strconv.Itoa(int(ep.Port)))
+		h.Set(corev1.PortForwardRequestIDHeader, id)
+		return h
+	}
+	// Each CreateStream waits for the kubelet's reply: the two are created
+	// at once, so that costs one round trip, not two. The kubelet pairs
+	// them by request ID, whichever comes first.
+	var errorStream streamhttp.Stream
+	var errorErr error
+	created := make(chan struct{})
+	go func() {
+		defer close(created)
+		errorStream, errorErr = sc.CreateStream(headers(corev1.StreamTypeError))
+	}()
+	dataStream, err := sc.CreateStream(headers(corev1.StreamTypeData))
+	<-created
+	if errorErr != nil {
+		if dataStream != nil {
+			dataStream.Reset()
+		}
+		return nil, fmt.Errorf("port-forward to %s: create error stream: %w", ep, errorErr)
 	}
 	// Nothing is written to the error stream.
 	errorStream.Close()
-	headers.Set(corev1.StreamType, corev1.StreamTypeData)
-	dataStream, err := sc.CreateStream(headers)
 	if err != nil {
 		return nil, fmt.Errorf("port-forward to %s: create data stream: %w", ep, err)
 	}

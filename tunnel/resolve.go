@@ -36,10 +36,32 @@ func (e *Endpoint) String() string {
 	return fmt.Sprintf("pod %s/%s port %d", e.Pod.Namespace, e.Pod.Name, e.Port)
 }
 
+// ServerLabels are the labels the manifests give the server's pods and
+// its Service selects by. Resolve lists the pods they select while it gets
+// the Service, so the two lookups cost one round trip, not two; a Service
+// that selects otherwise costs a second list.
+var ServerLabels = map[string]string{"app.kubernetes.io/name": "etcdbackup-server"}
+
 // Resolve finds a Running and Ready pod behind the Service and its
 // container port named PortName.
 func (d *Dialer) Resolve(ctx context.Context) (*Endpoint, error) {
 	t := d.target
+	guess := labels.SelectorFromSet(ServerLabels).String()
+	// The guessed list runs beside the Service lookup, on a goroutine this
+	// call waits for before it returns.
+	lctx, cancel := context.WithCancel(ctx)
+	var guessed *corev1.PodList
+	var guessErr error
+	listed := make(chan struct{})
+	go func() {
+		defer close(listed)
+		guessed, guessErr = d.client.CoreV1().Pods(t.Namespace).List(lctx, metav1.ListOptions{LabelSelector: guess})
+	}()
+	defer func() {
+		cancel()
+		<-listed
+	}()
+
 	svc, err := d.client.CoreV1().Services(t.Namespace).Get(ctx, t.Service, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, &NotInstalledError{Namespace: t.Namespace, Service: t.Service}
@@ -50,9 +72,13 @@ func (d *Dialer) Resolve(ctx context.Context) (*Endpoint, error) {
 	if len(svc.Spec.Selector) == 0 {
 		return nil, fmt.Errorf("service %s/%s has no selector, so no server pod can be found behind it", t.Namespace, t.Service)
 	}
-	pods, err := d.client.CoreV1().Pods(t.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: labels.SelectorFromSet(svc.Spec.Selector).String(),
-	})
+	var pods *corev1.PodList
+	if selector := labels.SelectorFromSet(svc.Spec.Selector).String(); selector == guess {
+		<-listed
+		pods, err = guessed, guessErr
+	} else {
+		pods, err = d.client.CoreV1().Pods(t.Namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	}
 	if err != nil {
 		return nil, apiError(d.config.Host, fmt.Sprintf("list pods of service %s/%s", t.Namespace, t.Service), err)
 	}

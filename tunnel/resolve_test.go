@@ -274,3 +274,19 @@ func TestNewDefaultsPortName(t *testing.T) {
 		t.Fatalf("PortName %q, want grpc", d.target.PortName)
 	}
 }
+
+// A Service that selects other labels than the manifests' still leads to
+// its own pods, not to pods that carry the manifests' labels.
+func TestResolveFollowsAServiceWithItsOwnSelector(t *testing.T) {
+	custom := map[string]string{"app": "my-etcdbackup"}
+	svc := service("etcdbackup", grpcPort(intstr.FromString("grpc")))
+	svc.Spec.Selector = custom
+	d, _ := testDialer(t, Target{}, svc, pod("conventional"), pod("mine", labelled(custom)))
+	ep, err := d.Resolve(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep.Pod.Name != "mine" {
+		t.Fatalf("Resolve chose pod %s, want mine (the one the Service selects)", ep.Pod.Name)
+	}
+}

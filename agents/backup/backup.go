@@ -9,7 +9,11 @@ package backup
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"time"
 
@@ -39,9 +43,14 @@ type Options struct {
 	// AgeRecipients, when set, are the age public keys the backup is
 	// encrypted to, after compression, before it leaves the agent.
 	AgeRecipients []string
-	// Progress, if set, is called with the raw snapshot bytes read so far.
+	// Progress, if set, is called with the raw snapshot bytes read so far,
+	// from the goroutine that reads the snapshot.
 	Progress func(n int64)
 }
+
+// readAheadBuffers is how many upload chunks the snapshot is read ahead of
+// the upload: enough to keep both sides busy, 4 MiB at most.
+const readAheadBuffers = 4
 
 // Run snapshots the member at opts.Endpoint through etcd and uploads it
 // through up. etcd must be a client connected to that endpoint only.
@@ -91,10 +100,14 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		info.Version = snap.Version
 	}
 
-	// Stored as is, the stored bytes are the raw bytes: the upload's own
-	// hash covers them, so the verifier need not hash them a second time.
-	transformed := opts.Compression != ebv1.CompressionNone || recipients != nil
-	raw := snapshot.NewVerifier(snap.Snapshot, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: transformed})
+	// etcd's trailer is checked and the bytes hashed once each, off the
+	// sending goroutine: stored as is, the verifier's SHA-256 of the whole
+	// stream (free: etcd's hash carried on through the trailer) is the
+	// upload's; compressed or encrypted, the stored bytes are hashed by the
+	// read-ahead. The server hashes what arrives and stores it only if the
+	// sums agree, so what is stored is what passed etcd's own check.
+	transformed := opts.Compression != ebv1.CompressionNone || len(recipients) > 0
+	raw := snapshot.NewVerifier(snap.Snapshot, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: true})
 	compressed, err := snapshot.Compress(ctx, raw, opts.Compression)
 	if err != nil {
 		return nil, err
@@ -109,6 +122,17 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		}
 		encryption = ebv1.EncryptionAge
 	}
+	stored := raw.SHA256
+	var sum hash.Hash
+	if transformed {
+		sum = sha256.New()
+		stored = func() string { return hex.EncodeToString(sum.Sum(nil)) }
+	}
+	ahead := newReadAhead(ctx, body, sum, readAheadBuffers, client.ChunkBytes)
+	defer func() {
+		cancel() // ends a read of etcd's stream the read-ahead may be in
+		ahead.Close()
+	}()
 	h := &ebv1.UploadHeader{
 		Name:          opts.Name,
 		Location:      opts.Location,
@@ -123,17 +147,20 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 			StartTime: timestamppb.New(start),
 		},
 	}
-	b, err := up.UploadWith(ctx, body, client.UploadRequest{
+	b, err := up.UploadWith(ctx, ahead, client.UploadRequest{
 		Header: h,
+		SHA256: stored,
 		Raw: func() (int64, string) {
-			if raw.SHA256() == "" {
+			if !transformed {
 				return 0, "" // stored as is: the server records raw = stored
 			}
 			return raw.Size(), raw.SHA256()
 		},
 	})
 	if err != nil {
-		if verr := raw.Err(); verr != nil {
+		cancel()
+		ahead.Close()
+		if verr := ahead.sourceErr(); verr != nil && !errors.Is(verr, context.Canceled) {
 			return nil, fmt.Errorf("snapshot of etcd member %s: %w (nothing was stored)", opts.Endpoint, verr)
 		}
 		return nil, fmt.Errorf("upload snapshot %q: %w", opts.Name, err)

@@ -12,6 +12,9 @@ import (
 	"go.uber.org/zap"
 )
 
+// snapshotBuffers are the receive buffers of every etcd connection.
+var snapshotBuffers = &dirtyPool{}
+
 // Etcd says how the agent reaches etcd: one member (Endpoint), or the
 // cluster's members (Endpoints) of which it picks one.
 type Etcd struct {
@@ -90,7 +93,8 @@ func (e Etcd) choose(ctx context.Context) (*clientv3.Client, string, error) {
 }
 
 func (e Etcd) connect(endpoint string) (*clientv3.Client, error) {
-	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: e.timeout(), Logger: zap.NewNop()}
+	cfg := clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: e.timeout(), Logger: zap.NewNop(),
+		DialOptions: etcdDialOptions()}
 	switch {
 	case strings.HasPrefix(endpoint, "http://"):
 		if !e.InsecurePlaintext {

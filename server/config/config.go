@@ -225,9 +225,9 @@ type S3 struct {
 	// DefaultCredentialChain uses the SDK's chain (env, ~/.aws, IRSA, roles).
 	DefaultCredentialChain bool `json:"defaultCredentialChain,omitempty"`
 
-	// PartSizeMiB is the multipart part size (default 8, at least 5).
+	// PartSizeMiB is the multipart part size (default 5, at least 5).
 	PartSizeMiB int64 `json:"partSizeMiB,omitempty"`
-	// Concurrency is the number of parts of one upload in flight (default 4).
+	// Concurrency is the number of parts of one upload in flight (default 2).
 	Concurrency int `json:"concurrency,omitempty"`
 	// RequestChecksum is "when_supported" (default) or "when_required".
 	RequestChecksum string `json:"requestChecksum,omitempty"`

@@ -18,12 +18,18 @@ import (
 
 // Defaults applied by New to zero Config fields.
 const (
-	// DefaultPartSize is the multipart part size. One upload holds about
-	// (Concurrency+2) × PartSize in memory, whatever the backup's size; at
-	// 10,000 parts (S3's limit) it allows backups up to 78 GiB.
-	DefaultPartSize int64 = 8 << 20
+	// DefaultPartSize is the multipart part size: S3's minimum. One upload
+	// holds about (Concurrency+2) × PartSize of buffers, whatever the
+	// backup's size, and the garbage collector lets the heap grow to about
+	// twice what is live; at 10,000 parts (S3's limit) it allows backups up
+	// to 48 GiB, six times etcd's largest database (8 GiB).
+	DefaultPartSize int64 = 5 << 20
 	// DefaultConcurrency is how many parts of one upload are sent at once.
-	DefaultConcurrency = 4
+	// With DefaultPartSize it keeps the server's memory for one S3 upload
+	// about half of what 8 MiB × 4 took, at the same throughput on the
+	// benchmark (docs/benchmarks.md); a distant store with high latency
+	// per part gains from more, at (part size × 2) of memory each.
+	DefaultConcurrency = 2
 	// DefaultRegion is used when Region is empty and the default credential
 	// chain is not asked for: S3-compatible stores mostly ignore it, but
 	// SigV4 signing needs one.

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The report of the run docs/benchmarks.md was written from has every
+// section, the before/after table from the baseline build run in the same
+// rounds, and a PNG chart.
+func TestReportOfARecordedRun(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "benchmarks.md")
+	inputs, _ := filepath.Glob("testdata/*.txt")
+	if err := run(out, "", "", "", inputs); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"![throughput ratio and peak RSS against transfer size](benchmarks.png)",
+		"| 1024 MiB | agent → server → S3 | 8.89 s | 2.59 |",
+		"### Before and after",
+		"| 1024 MiB | agent → server → filesystem | 2.23 | 2.08 | 4.20 → 3.28 |",
+		"| 256 MiB | 5 MiB × 2 | – |",
+		"| before (the previous build, timed in the same rounds) | 137 ms | 65 ms | 2.11 |",
+		"## Where the CPU goes",
+	} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	png, err := os.ReadFile(filepath.Join(filepath.Dir(out), "benchmarks.png"))
+	if err != nil || !strings.HasPrefix(string(png), "\x89PNG") {
+		t.Fatalf("chart: %v", err)
+	}
+}
