@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -48,13 +49,48 @@ func startCluster(t *testing.T) *cluster {
 	return c
 }
 
-// serverAddr is the installed server pod's gRPC address on the pod
-// network, which the host reaches through the node (an agent on the host
-// backs up straight to it).
+// serverAddr is a local address forwarded by a real `kubectl
+// port-forward` to the installed server pod's user API (its loopback,
+// the only way in), for an agent run on the host: it calls as a user
+// would, not as an agent pod.
 func (c *cluster) serverAddr(t *testing.T) string {
 	t.Helper()
 	pod := installedServerPod(context.Background(), t, c.sb, world.DefaultNamespace)
-	return net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(world.ServerPort))
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := c.kubectl.Command(ctx, "-n", world.DefaultNamespace, "port-forward", "pod/"+pod.Name, ":"+strconv.Itoa(world.ServerPort))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(out)
+	drained := make(chan struct{})
+	t.Cleanup(func() {
+		cancel()
+		<-drained
+		_ = cmd.Wait()
+	})
+	// "Forwarding from 127.0.0.1:PORT -> 50051"
+	line, err := r.ReadString('\n')
+	go func() {
+		defer close(drained)
+		_, _ = io.Copy(io.Discard, r)
+	}()
+	if err != nil {
+		t.Fatalf("kubectl port-forward: %v", err)
+	}
+	fields := strings.Fields(line)
+	if len(fields) < 3 || fields[0] != "Forwarding" {
+		t.Fatalf("kubectl port-forward said %q", line)
+	}
+	if _, _, err := net.SplitHostPort(fields[2]); err != nil {
+		t.Fatalf("kubectl port-forward said %q", line)
+	}
+	return fields[2]
 }
 
 func (c *cluster) run(t *testing.T, env []string, args ...string) world.Result {
