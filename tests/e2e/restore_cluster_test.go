@@ -499,22 +499,23 @@ func TestRestoreIntoCluster(t *testing.T) {
 			t.Fatalf("etcd-2's data was touched: %v", err)
 		}
 	})
+	// The failed restore's other members may still be finishing: wait,
+	// so none writes after the wipe.
+	pollUntil(ctx, t, "the earlier restore Jobs finished", func() bool {
+		jobs, err := sb.Client().BatchV1().Jobs(appNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=restore-agent"})
+		if err != nil {
+			return false
+		}
+		for _, j := range jobs.Items {
+			if j.Status.Succeeded == 0 && j.Status.Failed == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	wipe(members)
 
 	t.Run("pinned-to-content", func(t *testing.T) {
-		// The failed restore's other members may still be finishing.
-		pollUntil(ctx, t, "the earlier restore Jobs finished", func() bool {
-			jobs, err := sb.Client().BatchV1().Jobs(appNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=restore-agent"})
-			if err != nil {
-				return false
-			}
-			for _, j := range jobs.Items {
-				if j.Status.Succeeded == 0 && j.Status.Failed == 0 {
-					return false
-				}
-			}
-			return true
-		})
 		// The node is cordoned, so the restore Jobs exist but their pods
 		// wait: meanwhile a writer of the bucket replaces app-1.
 		mustSucceed(t, c.run(t, nil, "cordon", sandbox.NodeName), "kubectl cordon")
