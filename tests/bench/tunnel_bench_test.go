@@ -185,13 +185,28 @@ func uploadBackup(ctx context.Context, b *testing.B, addr string, pattern []byte
 		b.Fatal(err)
 	}
 	defer conn.Close()
-	bk, err := client.New(conn).Upload(ctx, &patternReader{pattern: pattern, remaining: backupSize}, &ebv1.UploadHeader{Name: backupName}, nil)
+	// The pod may be Ready a moment before its port accepts connections
+	// from the host: wait for the connection instead of failing.
+	c := client.New(ebv1WaitForReady{conn})
+	bk, err := c.Upload(ctx, &patternReader{pattern: pattern, remaining: backupSize}, &ebv1.UploadHeader{Name: backupName}, nil)
 	if err != nil {
 		b.Fatalf("upload %q: %v", backupName, err)
 	}
 	if bk.GetSize() != backupSize {
 		b.Fatalf("uploaded %d bytes, want %d", bk.GetSize(), backupSize)
 	}
+}
+
+// ebv1WaitForReady makes every call on conn wait for the connection to be
+// ready rather than fail while it is still being refused.
+type ebv1WaitForReady struct{ *grpc.ClientConn }
+
+func (c ebv1WaitForReady) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	return c.ClientConn.Invoke(ctx, method, args, reply, append(opts, grpc.WaitForReady(true))...)
+}
+
+func (c ebv1WaitForReady) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return c.ClientConn.NewStream(ctx, desc, method, append(opts, grpc.WaitForReady(true))...)
 }
 
 // sample is one timed transfer.
