@@ -39,6 +39,9 @@ type FileDownload struct {
 	// (each port-forward is a stream of its own); without it the ranges
 	// share c's connection.
 	Connect Connector
+	// Verify, if set, checks the complete, verified and synced .part
+	// before it is renamed; its error removes the .part.
+	Verify func(f *os.File) error
 }
 
 // DownloadFile writes the backup to d.Path.part, continuing an existing
@@ -90,6 +93,13 @@ func (c *Client) DownloadFile(ctx context.Context, d FileDownload) (*ebv1.Backup
 	}
 	if err := f.Sync(); err != nil {
 		return b, fmt.Errorf("sync %s: %w", part, err)
+	}
+	if d.Verify != nil {
+		if err := d.Verify(f); err != nil {
+			f.Close()
+			os.Remove(part)
+			return b, err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return b, fmt.Errorf("close %s: %w", part, err)

@@ -1,0 +1,43 @@
+package plugin
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
+)
+
+func TestDownloadParallel(t *testing.T) {
+	addr := startServer(t)
+	file, data, sum := writeRandom(t, "p.db", 5<<20+3)
+	mustRun(t, addr, "upload", file, "--name", "p")
+	out := filepath.Join(t.TempDir(), "p.db")
+	r := mustRun(t, addr, "download", "p", "-o", out, "--raw", "--parallel", "3")
+	if got, _ := os.ReadFile(out); !bytes.Equal(got, data) {
+		t.Fatalf("download --parallel 3 wrote %d bytes sha256 %s, want %d bytes sha256 %s (stderr %q)", len(got), sha(got), len(data), sum, r.errOut)
+	}
+	noFiles(t, out+".part", out+".part.ranges")
+
+	mustFail(t, "--parallel -1: must be 1 or more", addr, "download", "p", "-o", out+"2", "--parallel", "-1")
+	mustFail(t, "--parallel 2: standard output", addr, "download", "p", "-o", "-", "--parallel", "2")
+	// Random bytes are no snapshot: a plain parallel download checks the
+	// file as a plain one does, and keeps nothing.
+	mustFail(t, "do not restore it", addr, "download", "p", "-o", out+"3", "--parallel", "2")
+	noFiles(t, out+"3", out+"3.part", out+"3.part.ranges")
+}
+
+func TestDownloadParallelPlainSnapshot(t *testing.T) {
+	srv := servertest.Start(t, "")
+	addr := "--server-address=" + srv.Addr
+	snapFile := etcdSnapshot(t, map[string]string{"k": marker})
+	snap, _ := os.ReadFile(snapFile)
+	mustRun(t, addr, "upload", snapFile, "--name", "s")
+	out := filepath.Join(t.TempDir(), "s.db")
+	mustRun(t, addr, "download", "s", "-o", out, "--parallel", "2")
+	if got, _ := os.ReadFile(out); !bytes.Equal(got, snap) {
+		t.Fatal("a plain download in parallel is not the snapshot")
+	}
+	noFiles(t, out+".part", out+".part.ranges")
+}
