@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -24,11 +25,11 @@ import (
 )
 
 // benchDialOptions mirror plugin/connect.go's dialOptions (unexported
-// there): plain-text gRPC with the plugin's keepalive, nothing tuned.
-var benchDialOptions = []grpc.DialOption{
+// there): plain-text gRPC with the plugin's keepalive and client.DialOptions.
+var benchDialOptions = append([]grpc.DialOption{
 	grpc.WithTransportCredentials(insecure.NewCredentials()),
 	grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
-}
+}, client.DialOptions...)
 
 // rawBufBytes is the buffer of the raw TCP baseline on both ends: the
 // size of the chunks the client uploads and the server sends.
@@ -306,6 +307,9 @@ func totalAlloc() uint64 {
 // for the parallel one, reading it back to hash it.
 //
 //	go test -run '^$' -bench Download -benchtime 1x ./client/
+//
+// With ETCDBACKUP_BENCH_CPUPROFILE=DIR each variant writes DIR/NAME.cpu, a
+// CPU profile of its downloads alone (client and server: one process).
 func BenchmarkDownload(b *testing.B) {
 	const size = 1 << 30
 	ctx := context.Background()
@@ -331,10 +335,22 @@ func BenchmarkDownload(b *testing.B) {
 			var rawDur, dlDur time.Duration
 			var alloc uint64
 			i := 0
+			if dir := os.Getenv("ETCDBACKUP_BENCH_CPUPROFILE"); dir != "" {
+				f, err := os.Create(filepath.Join(dir, v.name+".cpu"))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					b.Fatal(err)
+				}
+				defer pprof.StopCPUProfile()
+			}
 			for b.Loop() {
 				if i%2 == 0 {
-					rawDur += rawTCP(b, pattern, size)
+					rawDur += labelledRaw(b, pattern, size)
 				}
+				runtime.GC() // the upload's garbage is no part of the download
 				a := totalAlloc()
 				start := time.Now()
 				var err error
@@ -352,7 +368,7 @@ func BenchmarkDownload(b *testing.B) {
 					b.Fatalf("download: %v", err)
 				}
 				if i%2 == 1 {
-					rawDur += rawTCP(b, pattern, size)
+					rawDur += labelledRaw(b, pattern, size)
 				}
 				i++
 			}
@@ -364,4 +380,11 @@ func BenchmarkDownload(b *testing.B) {
 			b.ReportMetric(float64(alloc)/n/(size>>20), "alloc-B/MiB")
 		})
 	}
+}
+
+// labelledRaw is rawTCP with its samples labelled path=raw in CPU
+// profiles, so that -tagignore path=raw leaves the downloads alone.
+func labelledRaw(b *testing.B, pattern []byte, size int64) (d time.Duration) {
+	pprof.Do(context.Background(), pprof.Labels("path", "raw"), func(context.Context) { d = rawTCP(b, pattern, size) })
+	return d
 }

@@ -1,9 +1,12 @@
 package plugin
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 
@@ -343,4 +346,75 @@ func partSize(path string) int64 {
 		return 0
 	}
 	return st.Size()
+}
+
+// downloadSnapshot is downloadPlain for a backup stored as the plain
+// snapshot (neither compressed nor encrypted): the stored bytes are the
+// snapshot, so the one SHA-256 client.Download computes of them serves
+// for both checks — its state after all but the last 32 bytes is etcd's
+// trailer, its end the stored (and plain) SHA-256. The bytes go straight
+// to w: no pipe, no decoder, no second and third hash of every byte.
+func downloadSnapshot(ctx context.Context, conn *Connection, b *ebv1.Backup, w io.Writer, progress func(int64)) (snapshot.Plain, error) {
+	size := b.GetSize()
+	th := &trailerHash{Hash: sha256.New(), at: size - sha256.Size}
+	_, err := conn.Download(ctx, w, client.DownloadRequest{
+		Name: b.GetName(), Location: b.GetLocation(), Prefix: th,
+		OnHeader: func(h *ebv1.Backup) error {
+			if h.GetSha256() != b.GetSha256() {
+				return fmt.Errorf("backup %q changed on the server since it was looked up; download it again", b.GetName())
+			}
+			return nil
+		},
+		Progress: progress,
+	})
+	p := snapshot.Plain{Size: size, SHA256: b.GetSha256()}
+	switch {
+	case errors.Is(err, client.ErrCorrupt):
+		return p, fmt.Errorf("%w; nothing was kept (if it fails again the stored backup is damaged: `kubectl etcdbackup verify %s`)", err, b.GetName())
+	case err != nil:
+		return p, conn.explain("download "+quote(b.GetName()), err)
+	}
+	// The stored SHA-256 matched: now the content.
+	switch {
+	case !snapshot.ValidSize(size):
+		err = fmt.Errorf("%w: it ended after %d bytes, not a whole database followed by its 32-byte SHA-256", snapshot.ErrCorrupt, size)
+	case !bytes.Equal(th.db, th.tail):
+		err = fmt.Errorf("%w: etcd's SHA-256 trailer does not match the database", snapshot.ErrCorrupt)
+	case b.GetRawSize() != 0 && b.GetRawSize() != size, b.GetRawSha256() != "" && b.GetRawSha256() != b.GetSha256():
+		err = fmt.Errorf("%w: the snapshot is %d bytes with SHA-256 %s, but %d bytes with SHA-256 %s were recorded when it was stored",
+			snapshot.ErrCorrupt, size, b.GetSha256(), b.GetRawSize(), b.GetRawSha256())
+	}
+	if err != nil {
+		return p, fmt.Errorf("backup %q: %w; do not restore it", b.GetName(), err)
+	}
+	return p, nil
+}
+
+// trailerHash is a SHA-256 that also keeps the digest of its first at
+// bytes (db) and the bytes from at on (tail: etcd's trailer when at is
+// the size less 32), as they are written.
+type trailerHash struct {
+	hash.Hash
+	at, n int64
+	db    []byte
+	tail  []byte
+}
+
+func (t *trailerHash) Write(p []byte) (int, error) {
+	start, end := t.n, t.n+int64(len(p))
+	if t.db == nil && t.at >= 0 && start <= t.at && t.at <= end {
+		k := t.at - start
+		t.Hash.Write(p[:k])
+		if c, err := t.Hash.(hash.Cloner).Clone(); err == nil {
+			t.db = c.Sum(nil)
+		}
+		t.Hash.Write(p[k:])
+	} else {
+		t.Hash.Write(p)
+	}
+	if end > t.at {
+		t.tail = append(t.tail, p[max(0, t.at-start):]...)
+	}
+	t.n = end
+	return len(p), nil
 }

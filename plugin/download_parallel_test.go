@@ -2,10 +2,12 @@ package plugin
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
@@ -40,4 +42,32 @@ func TestDownloadParallelPlainSnapshot(t *testing.T) {
 		t.Fatal("a plain download in parallel is not the snapshot")
 	}
 	noFiles(t, out+".part", out+".part.ranges")
+}
+
+// A backup stored as the plain snapshot is checked in one pass: the
+// stored SHA-256, etcd's trailer from the same hash, and the recorded
+// size; a snapshot whose trailer is wrong is refused and nothing kept.
+func TestDownloadPlainSnapshotOnePass(t *testing.T) {
+	srv := servertest.Start(t, "")
+	addr := "--server-address=" + srv.Addr
+	snap, _ := os.ReadFile(etcdSnapshot(t, map[string]string{"k": marker}))
+	bad := append([]byte(nil), snap...)
+	bad[len(bad)-100] ^= 1 // in the database: the trailer no longer matches
+	ctx := context.Background()
+	for name, data := range map[string][]byte{"good": snap, "bad": bad} {
+		if _, err := srv.Client.Upload(ctx, bytes.NewReader(data), &ebv1.UploadHeader{Name: name}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	r := mustRun(t, addr, "download", "good", "-o", filepath.Join(dir, "good.db"))
+	if got, _ := os.ReadFile(filepath.Join(dir, "good.db")); !bytes.Equal(got, snap) {
+		t.Fatalf("plain download is not the snapshot (stderr %q)", r.errOut)
+	}
+	if r := mustRun(t, addr, "download", "good", "-o", "-"); r.out != string(snap) {
+		t.Fatal("plain download to standard output is not the snapshot")
+	}
+	mustFail(t, "etcd's SHA-256 trailer does not match the database; do not restore it", addr, "download", "bad", "-o", filepath.Join(dir, "bad.db"))
+	noFiles(t, filepath.Join(dir, "bad.db"), filepath.Join(dir, "bad.db.part"))
+	mustFail(t, "do not restore it", addr, "download", "bad", "-o", "-")
 }

@@ -499,10 +499,10 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 	}}}); err != nil {
 		return err
 	}
-	// Each chunk is read into a buffer of gRPC's pool and handed to the
-	// transport as it is (chunkCodec), which returns it to the pool once
-	// written; gRPC's per-stream write quota bounds how many are queued.
-	pool := mem.DefaultBufferPool()
+	// Each chunk is read into a pooled buffer and handed to the transport
+	// as it is (chunkCodec), which returns it to the pool once written;
+	// gRPC's per-stream write quota bounds how many are queued.
+	pool := chunkBuffers
 	sent := req.GetOffset()
 	for sent < m.Size {
 		bp := pool.Get(int(min(downloadChunkBytes, m.Size-sent)))

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/binary"
+	"sync"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/encoding/proto"
@@ -35,4 +36,24 @@ func (c chunkCodec) Marshal(v any) (mem.BufferSlice, error) {
 	head := binary.AppendUvarint([]byte{chunkTag}, uint64(m.data.Len()))
 	m.data.Ref() // gRPC frees the slice once the bytes are written
 	return mem.BufferSlice{mem.SliceBuffer(head), m.data}, nil
+}
+
+// chunkBuffers holds the download chunks' buffers, which gRPC returns once
+// it has written them. Unlike gRPC's default pool it does not clear them:
+// each is filled by the read before it is sent.
+var chunkBuffers = &chunkPool{sync.Pool{New: func() any { b := make([]byte, downloadChunkBytes); return &b }}}
+
+type chunkPool struct{ sync.Pool }
+
+// Get returns a buffer of n bytes, n at most downloadChunkBytes.
+func (p *chunkPool) Get(n int) *[]byte {
+	b := p.Pool.Get().(*[]byte)
+	*b = (*b)[:n]
+	return b
+}
+
+func (p *chunkPool) Put(b *[]byte) {
+	if cap(*b) >= downloadChunkBytes {
+		p.Pool.Put(b)
+	}
 }

@@ -6,8 +6,10 @@ package bench
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -41,6 +43,11 @@ const (
 	namespace  = world.DefaultNamespace
 	backupName = "big"
 	backupSize = 1 << 30
+	// snapshotSize is the backup's size: backupSize bytes of pages and
+	// etcd's 32-byte SHA-256 trailer, so that the plain download (the
+	// default) finds a well-formed snapshot. The raw stream is backupSize
+	// bytes; the 32 more are left out of MB/s.
+	snapshotSize = backupSize + sha256.Size
 
 	// sourcePod is the baseline's pod: podtool from its image, writing
 	// backupSize bytes to every connection on sourcePort.
@@ -204,12 +211,12 @@ func uploadBackup(ctx context.Context, b *testing.B, addr string, pattern []byte
 	// The pod may be Ready a moment before its port accepts connections
 	// from the host: wait for the connection instead of failing.
 	c := client.New(ebv1WaitForReady{conn})
-	bk, err := c.Upload(ctx, &patternReader{pattern: pattern, remaining: backupSize}, &ebv1.UploadHeader{Name: backupName}, nil)
+	bk, err := c.Upload(ctx, newSnapshotReader(pattern), &ebv1.UploadHeader{Name: backupName}, nil)
 	if err != nil {
 		b.Fatalf("upload %q: %v", backupName, err)
 	}
-	if bk.GetSize() != backupSize {
-		b.Fatalf("uploaded %d bytes, want %d", bk.GetSize(), backupSize)
+	if bk.GetSize() != snapshotSize {
+		b.Fatalf("uploaded %d bytes, want %d", bk.GetSize(), snapshotSize)
 	}
 }
 
@@ -297,7 +304,7 @@ func runPlugin(ctx context.Context, b *testing.B, forwards func() int, probe cpu
 	}
 	pw.Close()
 	rss := startRSSSampler(cmd.Process.Pid)
-	got, first, last, rerr := readCounting(pr, backupSize+1)
+	got, first, last, rerr := readCounting(pr, snapshotSize+1)
 	werr := cmd.Wait()
 	wall := time.Since(start)
 	cpu := probe.snapshot().since(cpu0)
@@ -305,8 +312,8 @@ func runPlugin(ctx context.Context, b *testing.B, forwards func() int, probe cpu
 	if werr != nil || rerr != nil {
 		b.Fatalf("kubectl etcdbackup download: %v (read: %v)\nstderr:\n%s", werr, rerr, stderr.String())
 	}
-	if got != backupSize {
-		b.Fatalf("kubectl etcdbackup download wrote %d bytes, want %d\nstderr:\n%s", got, backupSize, stderr.String())
+	if got != snapshotSize {
+		b.Fatalf("kubectl etcdbackup download wrote %d bytes, want %d\nstderr:\n%s", got, snapshotSize, stderr.String())
 	}
 	// kubectl runs a plugin with execve on Linux: the child kubectl
 	// becomes the plugin, same pid.
@@ -351,8 +358,8 @@ func runPluginParallel(ctx context.Context, b *testing.B, forwards func() int, p
 	if werr != nil {
 		b.Fatalf("kubectl etcdbackup download --parallel: %v\nstderr:\n%s", werr, stderr.String())
 	}
-	if st, err := os.Stat(out); err != nil || st.Size() != backupSize {
-		b.Fatalf("kubectl etcdbackup download --parallel wrote %v (%v), want %d bytes\nstderr:\n%s", st, err, backupSize, stderr.String())
+	if st, err := os.Stat(out); err != nil || st.Size() != snapshotSize {
+		b.Fatalf("kubectl etcdbackup download --parallel wrote %v (%v), want %d bytes\nstderr:\n%s", st, err, snapshotSize, stderr.String())
 	}
 	cpu.plugin = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	return sample{wall: wall, stream: wall, cpu: cpu, maxRSSKiB: world.PeakRSSKiB(cmd), sampledRSSKiB: sampled}
@@ -704,6 +711,31 @@ func (r *patternReader) Read(p []byte) (int, error) {
 		}
 	}
 	r.remaining -= int64(n)
+	return n, nil
+}
+
+// newSnapshotReader yields backupSize bytes of pattern, then their
+// SHA-256: the shape of an etcd snapshot, which the plain download checks.
+func newSnapshotReader(pattern []byte) io.Reader {
+	h := sha256.New()
+	return io.MultiReader(io.TeeReader(&patternReader{pattern: pattern, remaining: backupSize}, h), &trailerReader{h: h})
+}
+
+// trailerReader yields h's sum, taken once the bytes before it were read.
+type trailerReader struct {
+	h   hash.Hash
+	sum []byte
+}
+
+func (r *trailerReader) Read(p []byte) (int, error) {
+	if r.sum == nil {
+		r.sum = r.h.Sum(nil)
+	}
+	if len(r.sum) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.sum)
+	r.sum = r.sum[n:]
 	return n, nil
 }
 
