@@ -24,8 +24,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/portforward"
@@ -33,8 +31,6 @@ import (
 	streamhttp "k8s.io/streaming/pkg/httpstream"
 	"k8s.io/utils/ptr"
 
-	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
@@ -121,13 +117,22 @@ func BenchmarkTunnelDownload(b *testing.B) {
 	if err := world.InstallServer(ctx, sb, &kubectl, namespace, images, b.TempDir()); err != nil {
 		b.Fatal(err)
 	}
-	serverPod, serverAddr := serverPodAddr(ctx, b, sb)
+	serverPod := serverPodName(ctx, b, sb)
 	probe := cpuProbe{apiserverPID: sb.APIServerPID(), serverPID: containerPID(b, sb, world.ServerBinary)}
 
+	// The parallel download writes its file to memory where there is
+	// some, so that the disk is no part of the comparison.
+	outDir := b.TempDir()
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		if outDir, err = os.MkdirTemp("/dev/shm", "tunnel-bench"); err != nil {
+			b.Fatal(err)
+		}
+		defer os.RemoveAll(outDir)
+	}
 	pattern := newPattern()
 	began = time.Now()
-	uploadBackup(ctx, b, serverAddr, pattern)
-	b.Logf("uploaded %d-byte backup %q directly to the server pod at %s in %s", backupSize, backupName, serverAddr, time.Since(began).Round(time.Millisecond))
+	uploadBackup(ctx, b, &kubectl, outDir, pattern)
+	b.Logf("uploaded %d-byte backup %q with the plugin in %s", snapshotSize, backupName, time.Since(began).Round(time.Millisecond))
 
 	if err := startByteSource(ctx, sb); err != nil {
 		b.Fatal(err)
@@ -141,15 +146,6 @@ func BenchmarkTunnelDownload(b *testing.B) {
 		return n + m
 	}
 
-	// The parallel download writes its file to memory where there is
-	// some, so that the disk is no part of the comparison.
-	outDir := b.TempDir()
-	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
-		if outDir, err = os.MkdirTemp("/dev/shm", "tunnel-bench"); err != nil {
-			b.Fatal(err)
-		}
-		defer os.RemoveAll(outDir)
-	}
 	var rows []summary
 	for _, tr := range []struct {
 		name       string
@@ -199,37 +195,26 @@ func BenchmarkTunnelDownload(b *testing.B) {
 	}
 }
 
-// uploadBackup stores the backup the plugin downloads, straight to the
-// server's address (no tunnel) to save time, from a generated stream.
-func uploadBackup(ctx context.Context, b *testing.B, addr string, pattern []byte) {
+// uploadBackup stores the backup the plugin downloads with `kubectl
+// etcdbackup upload`, from a file written in dir and removed after: the
+// server listens on its pod's loopback only, for port-forwards.
+func uploadBackup(ctx context.Context, b *testing.B, k *world.Kubectl, dir string, pattern []byte) {
 	b.Helper()
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	file := filepath.Join(dir, backupName+".upload")
+	f, err := os.Create(file)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer conn.Close()
-	// The pod may be Ready a moment before its port accepts connections
-	// from the host: wait for the connection instead of failing.
-	c := client.New(ebv1WaitForReady{conn})
-	bk, err := c.Upload(ctx, newSnapshotReader(pattern), &ebv1.UploadHeader{Name: backupName}, nil)
-	if err != nil {
-		b.Fatalf("upload %q: %v", backupName, err)
+	defer os.Remove(file)
+	if _, err := io.Copy(f, newSnapshotReader(pattern)); err != nil {
+		b.Fatal(err)
 	}
-	if bk.GetSize() != snapshotSize {
-		b.Fatalf("uploaded %d bytes, want %d", bk.GetSize(), snapshotSize)
+	if err := f.Close(); err != nil {
+		b.Fatal(err)
 	}
-}
-
-// ebv1WaitForReady makes every call on conn wait for the connection to be
-// ready rather than fail while it is still being refused.
-type ebv1WaitForReady struct{ *grpc.ClientConn }
-
-func (c ebv1WaitForReady) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	return c.ClientConn.Invoke(ctx, method, args, reply, append(opts, grpc.WaitForReady(true))...)
-}
-
-func (c ebv1WaitForReady) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	return c.ClientConn.NewStream(ctx, desc, method, append(opts, grpc.WaitForReady(true))...)
+	if r := k.Run(ctx, "etcdbackup", "upload", file, "--name", backupName); r.ExitCode != 0 {
+		b.Fatalf("kubectl etcdbackup upload: %s", r)
+	}
 }
 
 // sample is one timed transfer.
@@ -625,8 +610,15 @@ func containerPID(b *testing.B, sb *sandbox.Sandbox, name string) int {
 	return 0
 }
 
+// serverPodName is the installed server's pod.
+func serverPodName(ctx context.Context, b *testing.B, sb *sandbox.Sandbox) string {
+	b.Helper()
+	name, _ := serverPodAddr(ctx, b, sb)
+	return name
+}
+
 // serverPodAddr is the installed server's pod and its gRPC address on the
-// pod network, which the host reaches through the node.
+// pod network.
 func serverPodAddr(ctx context.Context, b *testing.B, sb *sandbox.Sandbox) (string, string) {
 	b.Helper()
 	pods, err := sb.Client().CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=etcdbackup-server"})
