@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -42,6 +43,11 @@ type FileDownload struct {
 	// Verify, if set, checks the complete, verified and synced .part
 	// before it is renamed; its error removes the .part.
 	Verify func(f *os.File) error
+	// Sum, if set, is the SHA-256 the download computes (a fresh
+	// sha256.New() otherwise): it is written every byte of the file once,
+	// in order, .part included, so a caller can wrap it to check more
+	// from the same pass (Verify then reads Sum's findings, not the file).
+	Sum hash.Hash
 }
 
 // DownloadFile writes the backup to d.Path.part, continuing an existing
@@ -70,7 +76,7 @@ func (c *Client) DownloadFile(ctx context.Context, d FileDownload) (*ebv1.Backup
 		}
 		b, err = c.downloadParallel(ctx, f, part, st.Size(), d)
 	} else {
-		prefix := sha256.New()
+		prefix := d.sum()
 		var offset int64
 		if offset, err = io.Copy(prefix, f); err != nil {
 			return nil, fmt.Errorf("read %s: %w", part, err)
@@ -113,4 +119,11 @@ func (c *Client) DownloadFile(ctx context.Context, d FileDownload) (*ebv1.Backup
 		return b, err
 	}
 	return b, nil
+}
+
+func (d *FileDownload) sum() hash.Hash {
+	if d.Sum != nil {
+		return d.Sum
+	}
+	return sha256.New()
 }

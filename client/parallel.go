@@ -2,11 +2,11 @@ package client
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"os"
 	"sync"
@@ -154,7 +154,7 @@ func (c *Client) downloadParallel(ctx context.Context, f *os.File, part string, 
 			}
 		}()
 	}
-	sum, herr := p.hash(ctx)
+	sum, herr := p.hash(ctx, d.sum())
 	wg.Wait()
 	err = errors.Join(errs...)
 	if err == nil {
@@ -234,10 +234,9 @@ func (p *parallelDownload) advance(i int, reached int64) {
 	p.cond.Broadcast()
 }
 
-// hash reads the file from its start as the ranges fill it and returns
-// its SHA-256. It stops when a range fails.
-func (p *parallelDownload) hash(ctx context.Context) ([]byte, error) {
-	sum := sha256.New()
+// hash reads the file from its start as the ranges fill it, writes it to
+// sum (a fresh SHA-256) and returns the digest. It stops when a range fails.
+func (p *parallelDownload) hash(ctx context.Context, sum hash.Hash) ([]byte, error) {
 	buf := make([]byte, ChunkBytes)
 	var pos int64
 	for i := 0; pos < p.size; {

@@ -249,13 +249,16 @@ func (o *DownloadOptions) connector() client.Connector {
 }
 
 // plainParallel downloads a backup stored as a plain snapshot (neither
-// compressed nor encrypted) in n ranges, then checks the complete file as
-// plain does before renaming it. Like plain, it keeps nothing on failure.
+// compressed nor encrypted) in n ranges, and checks it as
+// downloadSnapshot does, from the one pass that hashes the file. Like
+// plain, it keeps nothing on failure.
 func (o *DownloadOptions) plainParallel(ctx context.Context, conn *Connection, b *ebv1.Backup, n int) error {
 	part := o.File + ".part"
 	bar := newProgress(o.ErrOut, b.GetSize(), "downloading "+o.Name)
-	var p snapshot.Plain
+	th := newTrailerHash(b.GetSize())
+	p := snapshot.Plain{Size: b.GetSize(), SHA256: b.GetSha256()}
 	_, err := conn.DownloadFile(ctx, client.FileDownload{
+		Sum:  th,
 		Path: o.File, Replace: o.Overwrite, Parallel: n, Connect: o.connector(),
 		DownloadRequest: client.DownloadRequest{
 			Name: o.Name, Location: o.Location,
@@ -267,14 +270,8 @@ func (o *DownloadOptions) plainParallel(ctx context.Context, conn *Connection, b
 			},
 			Progress: bar.Set,
 		},
-		Verify: func(f *os.File) error {
-			var err error
-			p, err = snapshot.WritePlain(ctx, io.Discard, io.NewSectionReader(f, 0, b.GetSize()), snapshot.FormOf(b), nil, nil)
-			if err != nil {
-				return fmt.Errorf("backup %q: %w; do not restore it", b.GetName(), err)
-			}
-			return nil
-		},
+		// The stored SHA-256 matched, from th's pass over the file.
+		Verify: func(*os.File) error { return th.check(b) },
 	})
 	bar.Finish(err == nil)
 	if err != nil {
@@ -355,8 +352,7 @@ func partSize(path string) int64 {
 // trailer, its end the stored (and plain) SHA-256. The bytes go straight
 // to w: no pipe, no decoder, no second and third hash of every byte.
 func downloadSnapshot(ctx context.Context, conn *Connection, b *ebv1.Backup, w io.Writer, progress func(int64)) (snapshot.Plain, error) {
-	size := b.GetSize()
-	th := &trailerHash{Hash: sha256.New(), at: size - sha256.Size}
+	th := newTrailerHash(b.GetSize())
 	_, err := conn.Download(ctx, w, client.DownloadRequest{
 		Name: b.GetName(), Location: b.GetLocation(), Prefix: th,
 		OnHeader: func(h *ebv1.Backup) error {
@@ -367,7 +363,7 @@ func downloadSnapshot(ctx context.Context, conn *Connection, b *ebv1.Backup, w i
 		},
 		Progress: progress,
 	})
-	p := snapshot.Plain{Size: size, SHA256: b.GetSha256()}
+	p := snapshot.Plain{Size: b.GetSize(), SHA256: b.GetSha256()}
 	switch {
 	case errors.Is(err, client.ErrCorrupt):
 		return p, fmt.Errorf("%w; nothing was kept (if it fails again the stored backup is damaged: `kubectl etcdbackup verify %s`)", err, b.GetName())
@@ -375,19 +371,7 @@ func downloadSnapshot(ctx context.Context, conn *Connection, b *ebv1.Backup, w i
 		return p, conn.explain("download "+quote(b.GetName()), err)
 	}
 	// The stored SHA-256 matched: now the content.
-	switch {
-	case !snapshot.ValidSize(size):
-		err = fmt.Errorf("%w: it ended after %d bytes, not a whole database followed by its 32-byte SHA-256", snapshot.ErrCorrupt, size)
-	case !bytes.Equal(th.db, th.tail):
-		err = fmt.Errorf("%w: etcd's SHA-256 trailer does not match the database", snapshot.ErrCorrupt)
-	case b.GetRawSize() != 0 && b.GetRawSize() != size, b.GetRawSha256() != "" && b.GetRawSha256() != b.GetSha256():
-		err = fmt.Errorf("%w: the snapshot is %d bytes with SHA-256 %s, but %d bytes with SHA-256 %s were recorded when it was stored",
-			snapshot.ErrCorrupt, size, b.GetSha256(), b.GetRawSize(), b.GetRawSha256())
-	}
-	if err != nil {
-		return p, fmt.Errorf("backup %q: %w; do not restore it", b.GetName(), err)
-	}
-	return p, nil
+	return p, th.check(b)
 }
 
 // trailerHash is a SHA-256 that also keeps the digest of its first at
@@ -398,6 +382,32 @@ type trailerHash struct {
 	at, n int64
 	db    []byte
 	tail  []byte
+}
+
+func newTrailerHash(size int64) *trailerHash {
+	return &trailerHash{Hash: sha256.New(), at: size - sha256.Size}
+}
+
+// check says whether the bytes t was written are a whole etcd snapshot
+// of backup b: its size, etcd's trailer, and the plain size and SHA-256
+// recorded when it was stored (those of the stored bytes, which the
+// download verified).
+func (t *trailerHash) check(b *ebv1.Backup) error {
+	size := b.GetSize()
+	var err error
+	switch {
+	case !snapshot.ValidSize(size):
+		err = fmt.Errorf("%w: it ended after %d bytes, not a whole database followed by its 32-byte SHA-256", snapshot.ErrCorrupt, size)
+	case t.n != size || !bytes.Equal(t.db, t.tail):
+		err = fmt.Errorf("%w: etcd's SHA-256 trailer does not match the database", snapshot.ErrCorrupt)
+	case b.GetRawSize() != 0 && b.GetRawSize() != size, b.GetRawSha256() != "" && b.GetRawSha256() != b.GetSha256():
+		err = fmt.Errorf("%w: the snapshot is %d bytes with SHA-256 %s, but %d bytes with SHA-256 %s were recorded when it was stored",
+			snapshot.ErrCorrupt, size, b.GetSha256(), b.GetRawSize(), b.GetRawSha256())
+	}
+	if err != nil {
+		return fmt.Errorf("backup %q: %w; do not restore it", b.GetName(), err)
+	}
+	return nil
 }
 
 func (t *trailerHash) Write(p []byte) (int, error) {

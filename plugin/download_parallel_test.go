@@ -70,4 +70,7 @@ func TestDownloadPlainSnapshotOnePass(t *testing.T) {
 	mustFail(t, "etcd's SHA-256 trailer does not match the database; do not restore it", addr, "download", "bad", "-o", filepath.Join(dir, "bad.db"))
 	noFiles(t, filepath.Join(dir, "bad.db"), filepath.Join(dir, "bad.db.part"))
 	mustFail(t, "do not restore it", addr, "download", "bad", "-o", "-")
+	// The same checks from the parallel download's one pass.
+	mustFail(t, "etcd's SHA-256 trailer does not match the database; do not restore it", addr, "download", "bad", "-o", filepath.Join(dir, "bad.db"), "--parallel", "2")
+	noFiles(t, filepath.Join(dir, "bad.db"), filepath.Join(dir, "bad.db.part"), filepath.Join(dir, "bad.db.part.ranges"))
 }
