@@ -135,7 +135,10 @@ func (c *Client) downloadParallel(ctx context.Context, f *os.File, part string, 
 		return b, fmt.Errorf("record ranges in %s: %w", side, err)
 	}
 
-	errs := make([]error, len(p.ranges))
+	// The first range to fail says why; the others then stop as
+	// cancelled, which says nothing.
+	var firstErr error
+	var errOnce sync.Once
 	var wg sync.WaitGroup
 	for i := range p.ranges {
 		if p.ranges[i].Reached == p.ranges[i].End {
@@ -148,16 +151,19 @@ func (c *Client) downloadParallel(ctx context.Context, f *os.File, part string, 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if errs[i] = c.fetchRange(ctx, p, i, req, b, d.Connect, opened); errs[i] != nil {
+			if err := c.fetchRange(ctx, p, i, req, b, d.Connect, opened); err != nil {
+				errOnce.Do(func() { firstErr = err })
 				p.fail()
 				cancel()
 			}
 		}()
 	}
 	sum, herr := p.hash(ctx, d.sum())
+	if herr != nil {
+		cancel()
+	}
 	wg.Wait()
-	err = errors.Join(errs...)
-	if err == nil {
+	if err = firstErr; err == nil {
 		err = herr
 	}
 	if err != nil {
