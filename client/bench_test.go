@@ -7,7 +7,10 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"testing"
 	"time"
 
@@ -22,11 +25,11 @@ import (
 )
 
 // benchDialOptions mirror plugin/connect.go's dialOptions (unexported
-// there): plain-text gRPC with the plugin's keepalive, nothing tuned.
-var benchDialOptions = []grpc.DialOption{
+// there): plain-text gRPC with the plugin's keepalive and client.DialOptions.
+var benchDialOptions = append([]grpc.DialOption{
 	grpc.WithTransportCredentials(insecure.NewCredentials()),
 	grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
-}
+}, client.DialOptions...)
 
 // rawBufBytes is the buffer of the raw TCP baseline on both ends: the
 // size of the chunks the client uploads and the server sends.
@@ -134,6 +137,13 @@ func benchTransfer(b *testing.B, size int64) {
 // in a temporary directory on a loopback TCP port and returns a client
 // dialled the way the plugin dials. stop ends both and waits for Serve.
 func startBenchServer(b *testing.B) (*client.Client, func()) {
+	c, _, stop := startBenchServerAddr(b)
+	return c, stop
+}
+
+// startBenchServerAddr is startBenchServer that also returns the
+// server's address, for more connections.
+func startBenchServerAddr(b *testing.B) (*client.Client, string, func()) {
 	b.Helper()
 	loc, err := filesystem.New(b.TempDir())
 	if err != nil {
@@ -156,7 +166,7 @@ func startBenchServer(b *testing.B) (*client.Client, func()) {
 		<-served
 		b.Fatal(err)
 	}
-	return client.New(conn), func() {
+	return client.New(conn), lis.Addr().String(), func() {
 		conn.Close()
 		cancel()
 		if err := <-served; err != nil {
@@ -287,4 +297,94 @@ func totalAlloc() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.TotalAlloc
+}
+
+// BenchmarkDownload measures downloads alone, side by side with the raw
+// TCP baseline in the same iteration: one stream into io.Discard (what
+// `download -o -` does), and DownloadFile into a file in one stream and
+// in four ranges over connections of their own (`download --parallel`).
+// The file variants include writing 1 GiB to the temporary directory and,
+// for the parallel one, reading it back to hash it.
+//
+//	go test -run '^$' -bench Download -benchtime 1x ./client/
+//
+// With ETCDBACKUP_BENCH_CPUPROFILE=DIR each variant writes DIR/NAME.cpu, a
+// CPU profile of its downloads alone (client and server: one process).
+func BenchmarkDownload(b *testing.B) {
+	const size = 1 << 30
+	ctx := context.Background()
+	c, addr, stop := startBenchServerAddr(b)
+	defer stop()
+	pattern := newPattern()
+	if _, err := c.Upload(ctx, &patternReader{pattern: pattern, remaining: size}, &ebv1.UploadHeader{Name: "big"}, nil); err != nil {
+		b.Fatalf("upload: %v", err)
+	}
+	connect := func(context.Context) (*client.Client, func(), error) {
+		conn, err := grpc.NewClient("passthrough:///"+addr, benchDialOptions...)
+		if err != nil {
+			return nil, nil, err
+		}
+		return client.New(conn), func() { conn.Close() }, nil
+	}
+	dir := b.TempDir()
+	for _, v := range []struct {
+		name     string
+		parallel int // 0: to io.Discard
+	}{{"stream", 0}, {"file", 1}, {"file-parallel4", 4}} {
+		b.Run(v.name, func(b *testing.B) {
+			var rawDur, dlDur time.Duration
+			var alloc uint64
+			i := 0
+			if dir := os.Getenv("ETCDBACKUP_BENCH_CPUPROFILE"); dir != "" {
+				f, err := os.Create(filepath.Join(dir, v.name+".cpu"))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					b.Fatal(err)
+				}
+				defer pprof.StopCPUProfile()
+			}
+			for b.Loop() {
+				if i%2 == 0 {
+					rawDur += labelledRaw(b, pattern, size)
+				}
+				runtime.GC() // the upload's garbage is no part of the download
+				a := totalAlloc()
+				start := time.Now()
+				var err error
+				if v.parallel == 0 {
+					_, err = c.Download(ctx, io.Discard, client.DownloadRequest{Name: "big"})
+				} else {
+					path := filepath.Join(dir, "big")
+					_, err = c.DownloadFile(ctx, client.FileDownload{Path: path, Replace: true, Parallel: v.parallel, Connect: connect,
+						DownloadRequest: client.DownloadRequest{Name: "big"}})
+					os.Remove(path)
+				}
+				dlDur += time.Since(start)
+				alloc += totalAlloc() - a
+				if err != nil {
+					b.Fatalf("download: %v", err)
+				}
+				if i%2 == 1 {
+					rawDur += labelledRaw(b, pattern, size)
+				}
+				i++
+			}
+			n := float64(i)
+			mbps := func(d time.Duration) float64 { return float64(size) * n / d.Seconds() / 1e6 }
+			b.ReportMetric(mbps(rawDur), "raw-MB/s")
+			b.ReportMetric(mbps(dlDur), "download-MB/s")
+			b.ReportMetric(mbps(dlDur)/mbps(rawDur), "download/raw")
+			b.ReportMetric(float64(alloc)/n/(size>>20), "alloc-B/MiB")
+		})
+	}
+}
+
+// labelledRaw is rawTCP with its samples labelled path=raw in CPU
+// profiles, so that -tagignore path=raw leaves the downloads alone.
+func labelledRaw(b *testing.B, pattern []byte, size int64) (d time.Duration) {
+	pprof.Do(context.Background(), pprof.Labels("path", "raw"), func(context.Context) { d = rawTCP(b, pattern, size) })
+	return d
 }

@@ -254,6 +254,10 @@ type DownloadRequest struct {
 // as long as c.Retry allows without a byte arriving, and fails with
 // ErrCorrupt unless the whole backup hashes to its SHA-256. Nothing is
 // written twice, so w may be a stream (standard output).
+//
+// The chunks are written and hashed by a goroutine of their own, a few
+// messages behind the one receiving them, so that the hash and the
+// writes overlap the network reads.
 func (c *Client) Download(ctx context.Context, w io.Writer, req DownloadRequest) (*ebv1.Backup, error) {
 	sum := req.Prefix
 	if sum == nil {
@@ -263,11 +267,12 @@ func (c *Client) Download(ctx context.Context, w io.Writer, req DownloadRequest)
 		sum = sha256.New()
 	}
 	offset := req.Offset
+	s := startSink(w, sum, req.Offset, req.Progress)
 	var backup *ebv1.Backup
 	retry := c.NewRetrier(func() string { return fmt.Sprintf("download %q at byte %d", req.Name, offset) })
 	for {
 		before := offset
-		b, err := c.downloadOnce(ctx, io.MultiWriter(w, sum), req, &offset, backup)
+		b, err := c.downloadOnce(ctx, s, req, &offset, backup)
 		if b != nil && backup == nil {
 			backup = b
 		}
@@ -277,9 +282,16 @@ func (c *Client) Download(ctx context.Context, w io.Writer, req DownloadRequest)
 		if offset > before {
 			retry.Progress()
 		}
+		if werr := s.err(); werr != nil {
+			err = werr
+		}
 		if err := retry.Wait(ctx, err); err != nil {
+			s.close()
 			return backup, err
 		}
+	}
+	if err := s.close(); err != nil {
+		return backup, err
 	}
 	if got := hex.EncodeToString(sum.Sum(nil)); got != backup.GetSha256() {
 		return backup, fmt.Errorf("download %q: %w: got %s, want %s", req.Name, ErrCorrupt, got, backup.GetSha256())
@@ -288,26 +300,14 @@ func (c *Client) Download(ctx context.Context, w io.Writer, req DownloadRequest)
 }
 
 // downloadOnce runs one DownloadBackup stream from *offset, advancing it
-// as bytes are written. prev is the header of an earlier attempt: the
-// backup must not have changed between attempts.
-func (c *Client) downloadOnce(ctx context.Context, w io.Writer, req DownloadRequest, offset *int64, prev *ebv1.Backup) (*ebv1.Backup, error) {
+// as chunks are handed to s. prev is the header of an earlier attempt:
+// the backup must not have changed between attempts.
+func (c *Client) downloadOnce(ctx context.Context, s *sink, req DownloadRequest, offset *int64, prev *ebv1.Backup) (*ebv1.Backup, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := c.Backups.DownloadBackup(ctx, &ebv1.DownloadBackupRequest{Name: req.Name, Location: req.Location, Offset: *offset})
+	b, stream, err := c.openDownload(ctx, req, *offset, -1)
 	if err != nil {
-		return nil, err
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		return nil, err
-	}
-	h := first.GetHeader()
-	if h == nil || h.GetBackup() == nil {
-		return nil, status.Error(codes.Internal, "download: the server did not start with a header")
-	}
-	b := h.GetBackup()
-	if h.GetOffset() != *offset {
-		return nil, status.Errorf(codes.Internal, "download: asked for offset %d, the server starts at %d", *offset, h.GetOffset())
+		return b, err
 	}
 	if prev == nil {
 		if req.OnHeader != nil {
@@ -316,28 +316,56 @@ func (c *Client) downloadOnce(ctx context.Context, w io.Writer, req DownloadRequ
 			}
 		}
 	} else if prev.GetSha256() != b.GetSha256() || prev.GetSize() != b.GetSize() {
-		return b, fmt.Errorf("download %q: the backup changed on the server while downloading (was %d bytes %s, now %d bytes %s); download it again",
-			req.Name, prev.GetSize(), prev.GetSha256(), b.GetSize(), b.GetSha256())
+		return b, changedError(req.Name, prev, b)
 	}
 	for {
-		msg, err := stream.Recv()
+		m := new(chunkMessage)
+		err := stream.RecvMsg(m)
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
 			return b, err
 		}
-		chunk := msg.GetChunk()
-		if _, err := w.Write(chunk); err != nil {
-			return b, fmt.Errorf("write at byte %d: %w", *offset, err)
-		}
-		*offset += int64(len(chunk))
-		if req.Progress != nil {
-			req.Progress(*offset)
+		*offset += int64(m.n)
+		if err := s.write(m); err != nil {
+			return b, err
 		}
 	}
 	if *offset != b.GetSize() {
 		return b, status.Errorf(codes.Unavailable, "download: stream ended at byte %d of %d", *offset, b.GetSize())
 	}
 	return b, nil
+}
+
+// openDownload starts a DownloadBackup stream at offset and reads its
+// header. A length of 0 or more is checked against the header: the
+// caller reads that many bytes and cancels the stream.
+func (c *Client) openDownload(ctx context.Context, req DownloadRequest, offset, length int64) (*ebv1.Backup, grpc.ClientStream, error) {
+	stream, err := c.Backups.DownloadBackup(ctx, &ebv1.DownloadBackupRequest{Name: req.Name, Location: req.Location, Offset: offset}, downloadCodecOption)
+	if err != nil {
+		return nil, nil, err
+	}
+	var first chunkMessage
+	if err := stream.RecvMsg(&first); err != nil {
+		return nil, nil, err
+	}
+	h := first.header()
+	first.free()
+	if h == nil || h.GetBackup() == nil {
+		return nil, nil, status.Error(codes.Internal, "download: the server did not start with a header")
+	}
+	b := h.GetBackup()
+	if h.GetOffset() != offset {
+		return b, nil, status.Errorf(codes.Internal, "download: asked for offset %d, the server starts at %d", offset, h.GetOffset())
+	}
+	if length >= 0 && offset+length > b.GetSize() {
+		return b, nil, fmt.Errorf("download %q: the backup is %d bytes, not the %d or more this download started with; download it again", req.Name, b.GetSize(), offset+length)
+	}
+	return b, stream, nil
+}
+
+func changedError(name string, prev, b *ebv1.Backup) error {
+	return fmt.Errorf("download %q: the backup changed on the server while downloading (was %d bytes %s, now %d bytes %s); download it again",
+		name, prev.GetSize(), prev.GetSha256(), b.GetSize(), b.GetSha256())
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -30,11 +31,13 @@ func IsAlreadyReported(err error) bool { return errors.Is(err, errAlreadyReporte
 // pings notice a dead tunnel in seconds instead of at the next write;
 // client.Reconnect finds a replaced server pod within seconds of it being
 // Ready.
-var dialOptions = []grpc.DialOption{
+// Clipped: callers append their own options, concurrently (parallel
+// downloads connect once per range).
+var dialOptions = slices.Clip(append([]grpc.DialOption{
 	grpc.WithTransportCredentials(insecure.NewCredentials()),
 	client.Reconnect,
 	grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 20 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
-}
+}, client.DialOptions...))
 
 func (g *GlobalOptions) namespace() string {
 	if g.ConfigFlags.Namespace != nil && *g.ConfigFlags.Namespace != "" {

@@ -74,6 +74,9 @@ var errPlainStopped = errors.New("the plain snapshot stopped being written")
 // SHA-256 and re-opens a broken stream from where it was. Both checks must
 // pass. Nothing is buffered beyond a pipe and the decoders' windows.
 func downloadPlain(ctx context.Context, conn *Connection, b *ebv1.Backup, w io.Writer, ids []agelib.Identity, progress func(int64)) (snapshot.Plain, error) {
+	if b.GetCompression() == ebv1.CompressionNone && b.GetEncryption() == ebv1.EncryptionNone {
+		return downloadSnapshot(ctx, conn, b, w, progress)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pr, pw := io.Pipe()

@@ -11,10 +11,10 @@ import (
 	"io"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -460,10 +460,6 @@ func validateUploadHeader(h *ebv1.UploadHeader, lim config.Limits) (kind string,
 	return validateSourceKind(h.GetSource().GetKind())
 }
 
-// bufPool holds download buffers: a stream holds one at a time, so memory
-// per download is bounded by downloadChunkBytes whatever the backup size.
-var bufPool = sync.Pool{New: func() any { b := make([]byte, downloadChunkBytes); return &b }}
-
 // DownloadBackup implements ebv1.BackupServiceServer.
 func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.BackupService_DownloadBackupServer) (err error) {
 	ctx := stream.Context()
@@ -527,19 +523,26 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 	}}}); err != nil {
 		return err
 	}
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	buf := *bp
+	// Each chunk is read into a pooled buffer and handed to the transport
+	// as it is (chunkCodec), which returns it to the pool once written;
+	// gRPC's per-stream write quota bounds how many are queued.
+	pool := chunkBuffers
 	sent := req.GetOffset()
 	for sent < m.Size {
-		n, rerr := io.ReadFull(r, buf[:min(int64(len(buf)), m.Size-sent)])
+		bp := pool.Get(int(min(downloadChunkBytes, m.Size-sent)))
+		n, rerr := io.ReadFull(r, *bp)
 		if n > 0 {
-			// Send marshals before returning, so buf can be reused.
-			if err := stream.Send(&ebv1.DownloadBackupResponse{Msg: &ebv1.DownloadBackupResponse_Chunk{Chunk: buf[:n]}}); err != nil {
+			*bp = (*bp)[:n]
+			chunk := mem.NewBuffer(bp, pool)
+			err := stream.SendMsg(&chunkOut{data: chunk})
+			chunk.Free()
+			if err != nil {
 				return err
 			}
 			sent += int64(n)
 			s.metrics.bytesOut.Add(float64(n))
+		} else {
+			pool.Put(bp)
 		}
 		if rerr != nil {
 			if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {

@@ -6,8 +6,10 @@ package bench
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -22,8 +24,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/portforward"
@@ -31,8 +31,6 @@ import (
 	streamhttp "k8s.io/streaming/pkg/httpstream"
 	"k8s.io/utils/ptr"
 
-	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
@@ -41,6 +39,11 @@ const (
 	namespace  = world.DefaultNamespace
 	backupName = "big"
 	backupSize = 1 << 30
+	// snapshotSize is the backup's size: backupSize bytes of pages and
+	// etcd's 32-byte SHA-256 trailer, so that the plain download (the
+	// default) finds a well-formed snapshot. The raw stream is backupSize
+	// bytes; the 32 more are left out of MB/s.
+	snapshotSize = backupSize + sha256.Size
 
 	// sourcePod is the baseline's pod: podtool from its image, writing
 	// backupSize bytes to every connection on sourcePort.
@@ -69,7 +72,10 @@ const (
 // mode) through the same API server, kubelet and containerd, forwarded by
 // client-go's PortForwarder to a local port and read by a plain TCP reader. Both transports kubectl uses are
 // compared: WebSocket (the default, SPDY tunnelled over WebSocket to the
-// API server) and SPDY (KUBECTL_PORT_FORWARD_WEBSOCKETS=false).
+// API server) and SPDY (KUBECTL_PORT_FORWARD_WEBSOCKETS=false). A third
+// path, `download big -o FILE --parallel 4` (FILE in /dev/shm), fetches the
+// backup in four ranges over four port-forwards; it is compared with the
+// same single raw stream (parallel/raw).
 //
 //	go test -run '^$' -bench TunnelDownload -benchtime 1x ./tests/bench/
 //
@@ -111,13 +117,22 @@ func BenchmarkTunnelDownload(b *testing.B) {
 	if err := world.InstallServer(ctx, sb, &kubectl, namespace, images, b.TempDir()); err != nil {
 		b.Fatal(err)
 	}
-	serverPod, serverAddr := serverPodAddr(ctx, b, sb)
+	serverPod := serverPodName(ctx, b, sb)
 	probe := cpuProbe{apiserverPID: sb.APIServerPID(), serverPID: containerPID(b, sb, world.ServerBinary)}
 
+	// The parallel download writes its file to memory where there is
+	// some, so that the disk is no part of the comparison.
+	outDir := b.TempDir()
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		if outDir, err = os.MkdirTemp("/dev/shm", "tunnel-bench"); err != nil {
+			b.Fatal(err)
+		}
+		defer os.RemoveAll(outDir)
+	}
 	pattern := newPattern()
 	began = time.Now()
-	uploadBackup(ctx, b, serverAddr, pattern)
-	b.Logf("uploaded %d-byte backup %q directly to the server pod at %s in %s", backupSize, backupName, serverAddr, time.Since(began).Round(time.Millisecond))
+	uploadBackup(ctx, b, &kubectl, outDir, pattern)
+	b.Logf("uploaded %d-byte backup %q with the plugin in %s", snapshotSize, backupName, time.Since(began).Round(time.Millisecond))
 
 	if err := startByteSource(ctx, sb); err != nil {
 		b.Fatal(err)
@@ -151,7 +166,9 @@ func BenchmarkTunnelDownload(b *testing.B) {
 				if i%2 == 0 {
 					s.plugin.add(runPlugin(ctx, b, forwards, probe, &k))
 					s.raw.add(runRaw(ctx, b, forwards, probe, dialer))
+					s.parallel.add(runPluginParallel(ctx, b, forwards, probe, &k, outDir))
 				} else {
+					s.parallel.add(runPluginParallel(ctx, b, forwards, probe, &k, outDir))
 					s.raw.add(runRaw(ctx, b, forwards, probe, dialer))
 					s.plugin.add(runPlugin(ctx, b, forwards, probe, &k))
 				}
@@ -166,6 +183,8 @@ func BenchmarkTunnelDownload(b *testing.B) {
 			b.ReportMetric(s.plugin.streamMBps()/s.raw.streamMBps(), "stream-tunnel/raw")
 			b.ReportMetric(s.cpuRatio(), "cpu-tunnel/raw")
 			b.ReportMetric(s.plugin.peakRSSMiB(), "plugin-peak-RSS-MiB")
+			b.ReportMetric(s.parallel.mbps(), "parallel-MB/s")
+			b.ReportMetric(s.parallel.mbps()/s.raw.mbps(), "parallel/raw")
 			b.Log("\n" + s.table())
 			rows = append(rows, s)
 		})
@@ -176,21 +195,25 @@ func BenchmarkTunnelDownload(b *testing.B) {
 	}
 }
 
-// uploadBackup stores the backup the plugin downloads, straight to the
-// server's address (no tunnel) to save time, from a generated stream.
-func uploadBackup(ctx context.Context, b *testing.B, addr string, pattern []byte) {
+// uploadBackup stores the backup the plugin downloads with `kubectl
+// etcdbackup upload`, from a file written in dir and removed after: the
+// server listens on its pod's loopback only, for port-forwards.
+func uploadBackup(ctx context.Context, b *testing.B, k *world.Kubectl, dir string, pattern []byte) {
 	b.Helper()
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	file := filepath.Join(dir, backupName+".upload")
+	f, err := os.Create(file)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer conn.Close()
-	bk, err := client.New(conn).Upload(ctx, &patternReader{pattern: pattern, remaining: backupSize}, &ebv1.UploadHeader{Name: backupName}, nil)
-	if err != nil {
-		b.Fatalf("upload %q: %v", backupName, err)
+	defer os.Remove(file)
+	if _, err := io.Copy(f, newSnapshotReader(pattern)); err != nil {
+		b.Fatal(err)
 	}
-	if bk.GetSize() != backupSize {
-		b.Fatalf("uploaded %d bytes, want %d", bk.GetSize(), backupSize)
+	if err := f.Close(); err != nil {
+		b.Fatal(err)
+	}
+	if r := k.Run(ctx, "etcdbackup", "upload", file, "--name", backupName); r.ExitCode != 0 {
+		b.Fatalf("kubectl etcdbackup upload: %s", r)
 	}
 }
 
@@ -266,7 +289,7 @@ func runPlugin(ctx context.Context, b *testing.B, forwards func() int, probe cpu
 	}
 	pw.Close()
 	rss := startRSSSampler(cmd.Process.Pid)
-	got, first, last, rerr := readCounting(pr, backupSize+1)
+	got, first, last, rerr := readCounting(pr, snapshotSize+1)
 	werr := cmd.Wait()
 	wall := time.Since(start)
 	cpu := probe.snapshot().since(cpu0)
@@ -274,8 +297,8 @@ func runPlugin(ctx context.Context, b *testing.B, forwards func() int, probe cpu
 	if werr != nil || rerr != nil {
 		b.Fatalf("kubectl etcdbackup download: %v (read: %v)\nstderr:\n%s", werr, rerr, stderr.String())
 	}
-	if got != backupSize {
-		b.Fatalf("kubectl etcdbackup download wrote %d bytes, want %d\nstderr:\n%s", got, backupSize, stderr.String())
+	if got != snapshotSize {
+		b.Fatalf("kubectl etcdbackup download wrote %d bytes, want %d\nstderr:\n%s", got, snapshotSize, stderr.String())
 	}
 	// kubectl runs a plugin with execve on Linux: the child kubectl
 	// becomes the plugin, same pid.
@@ -290,6 +313,41 @@ func runPlugin(ctx context.Context, b *testing.B, forwards func() int, probe cpu
 		maxRSSKiB:     world.PeakRSSKiB(cmd),
 		sampledRSSKiB: sampled,
 	}
+}
+
+// parallelRanges is what the parallel measurement asks for: the default
+// for a backup of this size.
+const parallelRanges = 4
+
+// runPluginParallel runs `kubectl etcdbackup download big -o FILE
+// --parallel 4`: four port-forwards, each fetching a quarter into the
+// file, the whole SHA-256 and the snapshot checks on the complete file.
+func runPluginParallel(ctx context.Context, b *testing.B, forwards func() int, probe cpuProbe, k *world.Kubectl, dir string) sample {
+	b.Helper()
+	waitForwardsGone(b, forwards)
+	out := filepath.Join(dir, backupName)
+	defer os.Remove(out)
+	cmd := k.Command(ctx, "etcdbackup", "download", backupName, "-o", out, "--parallel", strconv.Itoa(parallelRanges))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	cpu0 := probe.snapshot()
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	rss := startRSSSampler(cmd.Process.Pid)
+	werr := cmd.Wait()
+	wall := time.Since(start)
+	cpu := probe.snapshot().since(cpu0)
+	sampled, _ := rss.stop()
+	if werr != nil {
+		b.Fatalf("kubectl etcdbackup download --parallel: %v\nstderr:\n%s", werr, stderr.String())
+	}
+	if st, err := os.Stat(out); err != nil || st.Size() != snapshotSize {
+		b.Fatalf("kubectl etcdbackup download --parallel wrote %v (%v), want %d bytes\nstderr:\n%s", st, err, snapshotSize, stderr.String())
+	}
+	cpu.plugin = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	return sample{wall: wall, stream: wall, cpu: cpu, maxRSSKiB: world.PeakRSSKiB(cmd), sampledRSSKiB: sampled}
 }
 
 // rssSampler polls /proc/PID/status for VmHWM while the plugin runs. The
@@ -552,8 +610,15 @@ func containerPID(b *testing.B, sb *sandbox.Sandbox, name string) int {
 	return 0
 }
 
+// serverPodName is the installed server's pod.
+func serverPodName(ctx context.Context, b *testing.B, sb *sandbox.Sandbox) string {
+	b.Helper()
+	name, _ := serverPodAddr(ctx, b, sb)
+	return name
+}
+
 // serverPodAddr is the installed server's pod and its gRPC address on the
-// pod network, which the host reaches through the node.
+// pod network.
 func serverPodAddr(ctx context.Context, b *testing.B, sb *sandbox.Sandbox) (string, string) {
 	b.Helper()
 	pods, err := sb.Client().CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=etcdbackup-server"})
@@ -641,10 +706,35 @@ func (r *patternReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// newSnapshotReader yields backupSize bytes of pattern, then their
+// SHA-256: the shape of an etcd snapshot, which the plain download checks.
+func newSnapshotReader(pattern []byte) io.Reader {
+	h := sha256.New()
+	return io.MultiReader(io.TeeReader(&patternReader{pattern: pattern, remaining: backupSize}, h), &trailerReader{h: h})
+}
+
+// trailerReader yields h's sum, taken once the bytes before it were read.
+type trailerReader struct {
+	h   hash.Hash
+	sum []byte
+}
+
+func (r *trailerReader) Read(p []byte) (int, error) {
+	if r.sum == nil {
+		r.sum = r.h.Sum(nil)
+	}
+	if len(r.sum) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.sum)
+	r.sum = r.sum[n:]
+	return n, nil
+}
+
 // summary is one transport's result.
 type summary struct {
-	transport   string
-	plugin, raw measurement
+	transport             string
+	plugin, raw, parallel measurement
 }
 
 func (s *summary) cpuRatio() float64 {
@@ -658,7 +748,7 @@ func (s *summary) table() string {
 	for _, r := range []struct {
 		name string
 		m    *measurement
-	}{{"kubectl etcdbackup download", &s.plugin}, {"raw port-forward stream", &s.raw}} {
+	}{{"kubectl etcdbackup download -o -", &s.plugin}, {"download -o FILE --parallel 4", &s.parallel}, {"raw port-forward stream", &s.raw}} {
 		m, c := r.m, r.m.cpu
 		fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.name, m.mbps(), m.streamMBps(), m.avg(m.wall),
 			m.avg(c.path()), m.avg(c.plugin), m.avg(c.apiserver), m.avg(c.server), m.avg(c.bench), m.avg(c.rest()), m.avg(c.steal))
@@ -672,6 +762,8 @@ func (s *summary) table() string {
 	p, r := s.plugin.cpu, s.raw.cpu
 	fmt.Fprintf(w, "tunnel/raw\t%.2f\t%.2f\t\t%s\t\t%s\t\t\t\t\t\n", s.plugin.mbps()/s.raw.mbps(), s.plugin.streamMBps()/s.raw.streamMBps(),
 		ratio(p.path(), r.path()), ratio(p.apiserver, r.apiserver))
+	fmt.Fprintf(w, "parallel/raw\t%.2f\t\t\t%s\t\t%s\t\t\t\t\t\n", s.parallel.mbps()/s.raw.mbps(),
+		ratio(s.parallel.cpu.path(), r.path()), ratio(s.parallel.cpu.apiserver, r.apiserver))
 	w.Flush()
 	fmt.Fprintf(&buf, "CPU: user+system of the path's processes, on %d CPUs. Plugin peak RSS: %.1f MiB (ru_maxrss %.1f MiB, VmHWM sampled after exec %.1f MiB).\n",
 		runtime.NumCPU(), s.plugin.peakRSSMiB(), float64(s.plugin.maxRSSKiB)/1024, float64(s.plugin.sampledRSSKiB)/1024)
@@ -681,10 +773,10 @@ func (s *summary) table() string {
 func comparisonTable(rows []summary) string {
 	var buf bytes.Buffer
 	w := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "BenchmarkTunnelDownload, 1 GiB\tplugin MB/s\traw MB/s\ttunnel/raw\tstream tunnel/raw\tCPU tunnel/raw\tplugin peak RSS\t")
+	fmt.Fprintln(w, "BenchmarkTunnelDownload, 1 GiB\tplugin MB/s\tparallel MB/s\traw MB/s\ttunnel/raw\tparallel/raw\tstream tunnel/raw\tCPU tunnel/raw\tplugin peak RSS\tparallel peak RSS\t")
 	for _, s := range rows {
-		fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.1f MiB\t\n", s.transport, s.plugin.mbps(), s.raw.mbps(),
-			s.plugin.mbps()/s.raw.mbps(), s.plugin.streamMBps()/s.raw.streamMBps(), s.cpuRatio(), s.plugin.peakRSSMiB())
+		fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f MiB\t%.1f MiB\t\n", s.transport, s.plugin.mbps(), s.parallel.mbps(), s.raw.mbps(),
+			s.plugin.mbps()/s.raw.mbps(), s.parallel.mbps()/s.raw.mbps(), s.plugin.streamMBps()/s.raw.streamMBps(), s.cpuRatio(), s.plugin.peakRSSMiB(), s.parallel.peakRSSMiB())
 	}
 	w.Flush()
 	return buf.String()

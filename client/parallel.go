@@ -1,0 +1,364 @@
+package client
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+)
+
+// ParallelAbove is the size above which AutoParallel splits a download:
+// below it, opening more streams costs more than it saves.
+const ParallelAbove = 64 << 20
+
+// AutoParallel is the number of streams a download of size bytes uses
+// when the user did not choose: one for small backups, four above
+// ParallelAbove (a single port-forward stream is limited by the API
+// server and the kubelet; four fill what a laptop's link usually has).
+func AutoParallel(size int64) int {
+	if size <= ParallelAbove {
+		return 1
+	}
+	return 4
+}
+
+// RangesSuffix is appended to the .part file's name for the file that
+// records how far each range of an interrupted parallel download got.
+const RangesSuffix = ".ranges"
+
+// Connector opens another connection to the server, for one range of a
+// parallel download (each over its own port-forward); close releases it.
+type Connector func(ctx context.Context) (c *Client, close func(), err error)
+
+// byteRange is one range of a parallel download: bytes [Start, Reached)
+// are in the .part file, [Reached, End) are still to come.
+type byteRange struct {
+	Start, Reached, End int64
+}
+
+// rangesFile is the .part.ranges sidecar of an interrupted parallel
+// download: which backup it is and how far each range got.
+type rangesFile struct {
+	Size   int64       `json:"size"`
+	SHA256 string      `json:"sha256"`
+	Ranges []byteRange `json:"ranges"`
+}
+
+// parallelDownload is the state shared by the ranges and the hasher.
+type parallelDownload struct {
+	f      *os.File
+	ranges []byteRange
+	size   int64
+
+	mu       sync.Mutex
+	cond     *sync.Cond // signalled when a range advances or fails
+	failed   bool
+	progress func(int64)
+}
+
+// downloadParallel writes the backup into f (the .part file, size bytes
+// of it already there) over d.Parallel streams, each fetching one range
+// and writing it in place, and hashes the file in order as the ranges
+// fill it. An interrupted download records its ranges in part+.ranges,
+// which the next run continues from.
+func (c *Client) downloadParallel(ctx context.Context, f *os.File, part string, have int64, d FileDownload) (*ebv1.Backup, error) {
+	req := d.DownloadRequest
+	side := part + RangesSuffix
+	var saved *rangesFile
+	if buf, err := os.ReadFile(side); err == nil {
+		saved = new(rangesFile)
+		if err := json.Unmarshal(buf, saved); err != nil || !validRanges(saved) {
+			return nil, fmt.Errorf("%s is not a record of ranges (%v); remove it and %s to download again", side, err, part)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+
+	// The first stream starts where the first range to fetch has got to
+	// and brings the backup's size and SHA-256; that range continues it.
+	first := have
+	if saved != nil {
+		first = saved.Size
+		for _, r := range saved.Ranges {
+			if r.Reached < r.End {
+				first = r.Reached
+				break
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	b, stream, err := c.openDownload(ctx, req, first, -1)
+	if err != nil {
+		return b, err
+	}
+	if saved != nil && (saved.Size != b.GetSize() || saved.SHA256 != b.GetSha256()) {
+		os.Remove(side)
+		return b, changedError(req.Name, &ebv1.Backup{Size: saved.Size, Sha256: saved.SHA256}, b)
+	}
+	if req.OnHeader != nil {
+		if err := req.OnHeader(b); err != nil {
+			return b, err
+		}
+	}
+	p := &parallelDownload{f: f, size: b.GetSize(), progress: req.Progress}
+	p.cond = sync.NewCond(&p.mu)
+	if saved != nil {
+		p.ranges = saved.Ranges
+		if d.OnResume != nil {
+			d.OnResume(part, p.present())
+		}
+	} else {
+		p.ranges = splitRanges(have, b.GetSize(), d.Parallel)
+	}
+	record := func() error {
+		p.mu.Lock()
+		buf, err := json.Marshal(rangesFile{Size: b.GetSize(), SHA256: b.GetSha256(), Ranges: p.ranges})
+		p.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(side, buf, 0o600)
+	}
+	if err := record(); err != nil {
+		return b, fmt.Errorf("record ranges in %s: %w", side, err)
+	}
+
+	// The first range to fail says why; the others then stop as
+	// cancelled, which says nothing.
+	var firstErr error
+	var errOnce sync.Once
+	var wg sync.WaitGroup
+	for i := range p.ranges {
+		if p.ranges[i].Reached == p.ranges[i].End {
+			continue
+		}
+		var opened grpc.ClientStream
+		if p.ranges[i].Reached == first {
+			opened, stream = stream, nil
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.fetchRange(ctx, p, i, req, b, d.Connect, opened); err != nil {
+				errOnce.Do(func() { firstErr = err })
+				p.fail()
+				cancel()
+			}
+		}()
+	}
+	sum, herr := p.hash(ctx, d.sum())
+	if herr != nil {
+		cancel()
+	}
+	wg.Wait()
+	if err = firstErr; err == nil {
+		err = herr
+	}
+	if err != nil {
+		if rerr := record(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("record ranges in %s: %w", side, rerr))
+		}
+		return b, err
+	}
+	if got := hex.EncodeToString(sum); got != b.GetSha256() {
+		os.Remove(side)
+		return b, fmt.Errorf("download %q: %w: got %s, want %s", req.Name, ErrCorrupt, got, b.GetSha256())
+	}
+	if err := os.Remove(side); err != nil {
+		return b, err
+	}
+	return b, nil
+}
+
+// validRanges says whether r's ranges are ordered, adjacent and cover
+// the backup, with each Reached inside its range.
+func validRanges(r *rangesFile) bool {
+	var at int64
+	for _, br := range r.Ranges {
+		if br.Start != at || br.Reached < br.Start || br.Reached > br.End {
+			return false
+		}
+		at = br.End
+	}
+	return len(r.Ranges) > 0 && at == r.Size
+}
+
+// splitRanges covers [0, size): [0, have) already present, the rest in
+// n ranges of nearly equal size.
+func splitRanges(have, size int64, n int) []byteRange {
+	var rs []byteRange
+	if have > 0 {
+		rs = append(rs, byteRange{0, have, have})
+	}
+	rest := size - have
+	n = int(max(1, min(int64(n), rest/(1<<20)))) // ranges of at least 1 MiB
+	for i := range n {
+		start := have + rest*int64(i)/int64(n)
+		end := have + rest*int64(i+1)/int64(n)
+		rs = append(rs, byteRange{start, start, end})
+	}
+	return rs
+}
+
+// present is how many bytes of the backup are in the file.
+func (p *parallelDownload) present() int64 {
+	var n int64
+	for _, r := range p.ranges {
+		n += r.Reached - r.Start
+	}
+	return n
+}
+
+func (p *parallelDownload) fail() {
+	p.mu.Lock()
+	p.failed = true
+	p.mu.Unlock()
+	p.cond.Broadcast()
+}
+
+// advance records that range i reached reached.
+func (p *parallelDownload) advance(i int, reached int64) {
+	p.mu.Lock()
+	p.ranges[i].Reached = reached
+	present := p.present()
+	if p.progress != nil {
+		p.progress(present)
+	}
+	p.mu.Unlock()
+	p.cond.Broadcast()
+}
+
+// hash reads the file from its start as the ranges fill it, writes it to
+// sum (a fresh SHA-256) and returns the digest. It stops when a range fails.
+func (p *parallelDownload) hash(ctx context.Context, sum hash.Hash) ([]byte, error) {
+	buf := make([]byte, ChunkBytes)
+	var pos int64
+	for i := 0; pos < p.size; {
+		p.mu.Lock()
+		for !p.failed && p.ranges[i].Reached <= pos && pos < p.ranges[i].End {
+			p.cond.Wait()
+		}
+		failed, reached, end := p.failed, p.ranges[i].Reached, p.ranges[i].End
+		p.mu.Unlock()
+		if failed {
+			return nil, ctx.Err()
+		}
+		if pos == end {
+			i++
+			continue
+		}
+		for pos < reached {
+			n, err := p.f.ReadAt(buf[:min(int64(len(buf)), reached-pos)], pos)
+			if err != nil && !(errors.Is(err, io.EOF) && n > 0) {
+				p.fail()
+				return nil, fmt.Errorf("read back byte %d of %s: %w", pos, p.f.Name(), err)
+			}
+			sum.Write(buf[:n])
+			pos += int64(n)
+		}
+	}
+	return sum.Sum(nil), nil
+}
+
+// fetchRange downloads range i into the file, re-opening its stream from
+// where it got when the connection breaks, as Download does, over a
+// connection of its own when connect is set. The range that was handed
+// the first stream (opened, on c) continues it on c's connection.
+func (c *Client) fetchRange(ctx context.Context, p *parallelDownload, i int, req DownloadRequest, b *ebv1.Backup, connect Connector, opened grpc.ClientStream) error {
+	rc := c
+	if connect != nil && opened == nil {
+		other, closeConn, err := connect(ctx)
+		if err != nil {
+			return fmt.Errorf("connection for bytes %d-%d: %w", p.ranges[i].Start, p.ranges[i].End, err)
+		}
+		defer closeConn()
+		rc = other
+		rc.Retry = c.Retry
+	}
+	p.mu.Lock()
+	reached, end := p.ranges[i].Reached, p.ranges[i].End
+	p.mu.Unlock()
+	retry := c.NewRetrier(func() string { return fmt.Sprintf("download %q at byte %d", req.Name, reached) })
+	for {
+		before := reached
+		err := rc.fetchRangeOnce(ctx, p, i, req, b, opened, &reached, end)
+		opened = nil
+		if err == nil {
+			return nil
+		}
+		if reached > before {
+			retry.Progress()
+		}
+		if err := retry.Wait(ctx, err); err != nil {
+			return err
+		}
+	}
+}
+
+// fetchRangeOnce makes one stream's worth of progress on range i, on
+// stream if one is given (its header already read).
+func (c *Client) fetchRangeOnce(ctx context.Context, p *parallelDownload, i int, req DownloadRequest, prev *ebv1.Backup, stream grpc.ClientStream, reached *int64, end int64) error {
+	if stream == nil {
+		// Cancelled at the end of the range: the server may send on.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		b, s, err := c.openDownload(ctx, req, *reached, end-*reached)
+		if err != nil {
+			return err
+		}
+		if b.GetSha256() != prev.GetSha256() || b.GetSize() != prev.GetSize() {
+			return changedError(req.Name, prev, b)
+		}
+		stream = s
+	}
+	for *reached < end {
+		var m chunkMessage
+		err := stream.RecvMsg(&m)
+		if errors.Is(err, io.EOF) {
+			return status.Errorf(codes.Unavailable, "download: stream ended at byte %d of %d", *reached, prev.GetSize())
+		}
+		if err != nil {
+			return err
+		}
+		// The last message may run past the range: keep only the range.
+		w := &limitedWriterAt{f: p.f, off: *reached, end: end}
+		err = m.writeTo(w)
+		m.free()
+		if err != nil {
+			return fmt.Errorf("write at byte %d: %w", w.off, err)
+		}
+		*reached = w.off
+		p.advance(i, *reached)
+	}
+	return nil
+}
+
+// limitedWriterAt writes at off onwards and drops what goes past end.
+type limitedWriterAt struct {
+	f        io.WriterAt
+	off, end int64
+}
+
+func (w *limitedWriterAt) Write(b []byte) (int, error) {
+	n := len(b)
+	b = b[:min(int64(len(b)), max(0, w.end-w.off))]
+	k, err := w.f.WriteAt(b, w.off)
+	w.off += int64(k)
+	if err != nil {
+		return k, err
+	}
+	return n, nil
+}
