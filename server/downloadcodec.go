@@ -18,15 +18,15 @@ const chunkTag = 2<<3 | 2
 // copy each chunk into a new buffer first.
 type chunkOut struct{ data mem.Buffer }
 
-// chunkCodec is gRPC's proto codec, which it replaces in the registry,
-// plus chunkOut. The server has no per-method codec: gRPC looks the
-// codec up by the request's content-subtype, "proto" for every client.
-// Every other message is marshalled by the proto codec unchanged.
+// chunkCodec is gRPC's proto codec plus chunkOut, forced on this
+// package's gRPC servers (GRPCServerOptions) rather than registered
+// globally: gRPC has no per-method codec, and the registry is every
+// server's and client's in the process. Every other message is
+// marshalled by the proto codec unchanged.
 type chunkCodec struct{ encoding.CodecV2 }
 
-func init() {
-	encoding.RegisterCodecV2(chunkCodec{encoding.GetCodecV2(proto.Name)})
-}
+// newChunkCodec wraps the proto codec registered when the server starts.
+func newChunkCodec() chunkCodec { return chunkCodec{encoding.GetCodecV2(proto.Name)} }
 
 func (c chunkCodec) Marshal(v any) (mem.BufferSlice, error) {
 	m, ok := v.(*chunkOut)

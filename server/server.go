@@ -171,8 +171,9 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Register adds the etcdbackup and grpc.health.v1 services to g.
-func (s *Server) Register(g *grpc.Server) {
+// register adds the etcdbackup and grpc.health.v1 services to g, which
+// must have GRPCServerOptions (downloads need its codec).
+func (s *Server) register(g *grpc.Server) {
 	ebv1.RegisterInfoServiceServer(g, s)
 	ebv1.RegisterBackupServiceServer(g, s)
 	healthpb.RegisterHealthServer(g, s.health)
@@ -193,6 +194,9 @@ func GRPCServerOptions() []grpc.ServerOption {
 		// Clients ping every 20 s to notice a dead port-forward tunnel;
 		// the default policy would answer that with GOAWAY.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// Download chunks go out from pooled buffers without a copy
+		// (downloadcodec.go).
+		grpc.ForceServerCodecV2(newChunkCodec()),
 	}
 }
 
@@ -214,7 +218,7 @@ func (s *Server) NewGRPCServer(g auth.Guard) *grpc.Server {
 		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(onPanic), auth.UnaryInterceptor(g)),
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic), auth.StreamInterceptor(g)))
 	srv := grpc.NewServer(opts...)
-	s.Register(srv)
+	s.register(srv)
 	return srv
 }
 
