@@ -226,16 +226,16 @@ func Fetch(ctx context.Context, c *client.Client, req FetchRequest) (string, Ver
 	if errors.Is(err, crypt.ErrIdentityRequired) || errors.Is(err, ErrWrongBackup) {
 		return "", Verified{}, err
 	}
-	// The header was checked; the bytes are what the header says (the
-	// download verified them against it), so they are the pinned backup.
-	if req.SHA256 != "" && b.GetSha256() != req.SHA256 {
-		return "", Verified{}, fmt.Errorf("backup %q: %w: downloaded SHA-256 %s, want %s", name, ErrWrongBackup, b.GetSha256(), req.SHA256)
-	}
 	if errors.Is(err, client.ErrCorrupt) {
 		return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w: %v", name, snapshot.ErrCorrupt, err)
 	}
 	if err != nil {
 		return "", Verified{}, &DownloadError{Err: err}
+	}
+	// The header was checked; the bytes are what the header says (the
+	// download verified them against it), so they are the pinned backup.
+	if req.SHA256 != "" && b.GetSha256() != req.SHA256 {
+		return "", Verified{}, fmt.Errorf("backup %q: %w: downloaded SHA-256 %s, want %s", name, ErrWrongBackup, b.GetSha256(), req.SHA256)
 	}
 	path := stored
 	// A plain stored backup was checked against its SHA-256 only; a packed
