@@ -13,11 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/snapshot"
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
-	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	ebsnapshot "github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
@@ -51,15 +47,16 @@ func BenchmarkRestoreLocal(b *testing.B) {
 	if err := world.InstallServer(ctx, sb, &k, namespace, images, dir); err != nil {
 		b.Fatal(err)
 	}
-	_, serverAddr := serverPodAddr(ctx, b, sb)
-
-	// A real snapshot of a loaded etcd, uploaded directly to the server.
+	// A real snapshot of a loaded etcd, uploaded through the API server
+	// (the server's user API is on its pod's loopback only).
 	endpoint := startLoadedEtcd(b, filepath.Join(dir, "etcd"), mib)
 	snap := filepath.Join(dir, "snap.db")
 	if _, err := snapshot.SaveWithVersion(ctx, zap.NewNop(), clientv3.Config{Endpoints: []string{endpoint}, Logger: zap.NewNop()}, snap); err != nil {
 		b.Fatal(err)
 	}
-	uploadFile(ctx, b, serverAddr, snap, "restore-me")
+	if r := k.Run(ctx, "etcdbackup", "-n", namespace, "upload", snap, "--name", "restore-me"); r.ExitCode != 0 {
+		b.Fatalf("upload: %s", r)
+	}
 	if err := os.Remove(snap); err != nil {
 		b.Fatal(err)
 	}
@@ -129,21 +126,4 @@ func dbMiB(b *testing.B) int {
 		}
 	}
 	return mib
-}
-
-func uploadFile(ctx context.Context, b *testing.B, addr, path, name string) {
-	b.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := client.New(conn).Upload(ctx, f, &ebv1.UploadHeader{Name: name}, nil); err != nil {
-		b.Fatalf("upload %s: %v", path, err)
-	}
 }
