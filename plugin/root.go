@@ -7,6 +7,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -130,10 +131,25 @@ func (g *GlobalOptions) Connect(ctx context.Context) (*Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.Retry = client.Retry{Timeout: g.RetryTimeout, Flag: "--retry-timeout", OnRetry: func(err error, left time.Duration) {
-		fmt.Fprintf(g.ErrOut, "connection to the server lost (%s); retrying for up to %s\n", status.Convert(err).Message(), left.Round(time.Second))
-	}}
+	c.Retry = client.Retry{Timeout: g.RetryTimeout, Flag: "--retry-timeout", OnRetry: g.notifyRetry()}
 	return c, nil
+}
+
+// notifyRetry tells the user once per outage that the connection broke.
+// A parallel download's streams each notice the same outage within moments
+// of each other: one sentence says it for all of them.
+func (g *GlobalOptions) notifyRetry() func(err error, left time.Duration) {
+	var mu sync.Mutex
+	var last time.Time
+	return func(err error, left time.Duration) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !last.IsZero() && time.Since(last) < g.RetryTimeout {
+			return
+		}
+		last = time.Now()
+		fmt.Fprintf(g.ErrOut, "connection to the server lost (%s); retrying for up to %s\n", status.Convert(err).Message(), left.Round(time.Second))
+	}
 }
 
 func (g *GlobalOptions) connect(ctx context.Context) (*Connection, error) {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,7 +48,9 @@ func TestDownloadSurvivesServerReplacement(t *testing.T) {
 		}
 		defer f.Close()
 		cmd := c.kubectl.Command(context.Background(), "etcdbackup", "download", "small", "-o", "-", "--raw")
-		cmd.Stdout = f
+		// A reader slower than the tunnel, as a pipe into another program
+		// may be: the download is still running when the pod dies.
+		cmd.Stdout = &slowWriter{w: f, bytesPerSecond: 64 << 20}
 		testSurvives(t, c, cmd, out, out, want, 20*time.Second)
 	})
 }
@@ -115,6 +118,11 @@ func testSurvives(t *testing.T, c *cluster, cmd *exec.Cmd, growing, result, want
 	// drained (the server would let the transfer finish for 60 s).
 	scaleServer(ctx, t, c, 0)
 	killed := time.Now()
+	// At once: the terminating pod would otherwise serve for its grace
+	// period, and a fast download may end within it.
+	if err := syscall.Kill(serverPID(t, c.sb), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
 	pods := c.sb.Client().CoreV1().Pods(ns)
 	if err := pods.Delete(ctx, old.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](1)}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
@@ -180,4 +188,24 @@ func fileSHA(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// slowWriter writes to w at about bytesPerSecond.
+type slowWriter struct {
+	w              io.Writer
+	bytesPerSecond int64
+	start          time.Time
+	written        int64
+}
+
+func (s *slowWriter) Write(p []byte) (int, error) {
+	if s.start.IsZero() {
+		s.start = time.Now()
+	}
+	n, err := s.w.Write(p)
+	s.written += int64(n)
+	if ahead := time.Duration(s.written*int64(time.Second)/s.bytesPerSecond) - time.Since(s.start); ahead > 0 {
+		time.Sleep(ahead)
+	}
+	return n, err
 }
