@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -96,7 +97,7 @@ func TestInstallDoc(t *testing.T) {
 
 	// 4. Fill in what is marked EDIT.
 	kust := filepath.Join(overlay, "kustomization.yaml")
-	edit(t, kust, 2, "    newTag: v0.1.0 # EDIT: the release", "    newTag: "+tag)
+	edit(t, kust, 2, `    newTag: "v0.1.0" # EDIT: the release (quoted: a tag may be all digits)`, "    newTag: "+strconv.Quote(tag))
 	edit(t, kust, 1, "    # digest: sha256:... # pins it: the image's digest (docs/install.md)\n  - name: etcdbackup-agent",
 		"    digest: "+serverDigest+"\n  - name: etcdbackup-agent")
 	edit(t, kust, 1, "    # digest: sha256:... # pins it: the image's digest (docs/install.md)\npatches:",
