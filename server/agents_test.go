@@ -38,6 +38,47 @@ func TestUserUploadCannotClaimToBeAnAgent(t *testing.T) {
 	}
 }
 
+// An agent's snapshot stored as is is checked against etcd's own SHA-256
+// trailer by the server (the agent no longer hashes it): a damaged one is
+// refused and nothing is stored; a good one is stored with the SHA-256 of
+// the whole file, trailer included, as `sha256sum` gives.
+func TestAgentSnapshotIsCheckedAgainstEtcdsTrailer(t *testing.T) {
+	ctx := context.Background()
+	db := bytes.Repeat([]byte("bolt page "), 60000)[:512*1024] // whole 512-byte pages
+	etcdSum := sha256.Sum256(db)
+	good := append(append([]byte{}, db...), etcdSum[:]...)
+	agent := servertest.AsAgent{Kind: auth.AgentBackup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "b1", Location: "default"}
+	srv := servertest.StartWith(t, servertest.Options{AgentGuard: agent})
+
+	bad := append([]byte{}, good...)
+	bad[1000] ^= 1
+	_, err := srv.AgentClient.Upload(ctx, bytes.NewReader(bad), &ebv1.UploadHeader{Name: "b1"}, nil)
+	if status.Code(err) != codes.DataLoss || !strings.Contains(err.Error(), "etcd's SHA-256 trailer does not match") || !strings.Contains(err.Error(), "nothing was stored") {
+		t.Fatalf("agent upload of a damaged snapshot: %v; want DataLoss naming etcd's trailer", err)
+	}
+	if _, err := srv.Client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: "b1"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("after the refused upload, b1: %v; want NotFound", err)
+	}
+	_, err = srv.AgentClient.Upload(ctx, bytes.NewReader(good[:len(good)-1]), &ebv1.UploadHeader{Name: "b1"}, nil)
+	if status.Code(err) != codes.DataLoss || !strings.Contains(err.Error(), "not a whole database") {
+		t.Fatalf("agent upload of a cut snapshot: %v; want DataLoss", err)
+	}
+
+	b, err := srv.AgentClient.Upload(ctx, bytes.NewReader(good), &ebv1.UploadHeader{Name: "b1"}, nil)
+	if err != nil {
+		t.Fatalf("agent upload of a whole snapshot: %v", err)
+	}
+	if b.GetSha256() != hexSum(good) || b.GetSize() != int64(len(good)) || b.GetSource().GetKind() != "agent" {
+		t.Fatalf("stored %d bytes, SHA-256 %s, source %q; want %d, %s, agent", b.GetSize(), b.GetSha256(), b.GetSource().GetKind(), len(good), hexSum(good))
+	}
+
+	// A user may upload any file: only an agent's stream is held to
+	// etcd's trailer.
+	if _, err := srv.Client.Upload(ctx, bytes.NewReader(bad), &ebv1.UploadHeader{Name: "user-file"}, nil); err != nil {
+		t.Fatalf("user upload of a file that is not a snapshot: %v", err)
+	}
+}
+
 func TestRestoreAgentDownloadsOnlyItsPinnedBackup(t *testing.T) {
 	data := []byte("snapshot as stored now")
 	ctx := context.Background()

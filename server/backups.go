@@ -25,6 +25,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
 // Pages of ListBackups.
@@ -245,7 +246,20 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 		}
 	}()
 
-	sum := sha256.New()
+	// An agent's snapshot stored as is carries etcd's own SHA-256 in its
+	// last 32 bytes: the server checks that, with the same single hash
+	// pass that gives what it stores, so the agent need not hash at all
+	// and what is stored is what etcd wrote. Anything else is hashed
+	// plainly: a user may upload any file.
+	var sum io.Writer
+	var digestOf func() (string, error)
+	if isAgent && h.GetCompression() == ebv1.CompressionNone && h.GetEncryption() == ebv1.EncryptionNone {
+		check := snapshot.NewTrailerCheck()
+		sum, digestOf = check, check.Finish
+	} else {
+		plain := sha256.New()
+		sum, digestOf = plain, func() (string, error) { return hex.EncodeToString(plain.Sum(nil)), nil }
+	}
 	w := io.MultiWriter(up, sum)
 	var size int64
 	// The first bytes, to check that data declared encrypted is an age file.
@@ -302,9 +316,16 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 			return s.storageError("upload", locName, h.GetName(), err)
 		}
 		s.metrics.bytesIn.Add(float64(len(chunk)))
+		// Stored and hashed: nothing holds the bytes any more.
+		releaseUploadChunk(chunk)
 	}
 
-	digest := hex.EncodeToString(sum.Sum(nil))
+	digest, err := digestOf()
+	if err != nil {
+		s.log.Warn("agent snapshot refused", "location", locName, "backup", h.GetName(), "received", size, "error", err, "caller", caller(ctx))
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: the snapshot fails etcd's own check (%v); nothing was stored", h.GetName(), err)
+	}
 	if h.ExpectedSize != nil && size != h.GetExpectedSize() {
 		return status.Errorf(codes.DataLoss,
 			"upload of %q: %d bytes arrived but %d were declared; nothing was stored, upload again", h.GetName(), size, h.GetExpectedSize())

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -194,9 +195,12 @@ func GRPCServerOptions() []grpc.ServerOption {
 		// Clients ping every 20 s to notice a dead port-forward tunnel;
 		// the default policy would answer that with GOAWAY.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		// Download chunks go out from pooled buffers without a copy
-		// (downloadcodec.go).
+		// Download chunks go out from pooled buffers without a copy;
+		// upload chunks are copied once, into buffers the handler
+		// returns (codec.go).
 		grpc.ForceServerCodecV2(newChunkCodec()),
+		// Received frames are not cleared before they are filled.
+		experimental.BufferPool(recvBuffers),
 	}
 }
 

@@ -35,10 +35,8 @@ func ValidSize(size int64) bool {
 type Verifier struct {
 	r        io.Reader
 	progress func(int64)
-	sum      hash.Hash // of the database bytes (all but the trailer)
+	check    TrailerCheck
 	whole    bool
-	tail     []byte // the last up-to-32 bytes seen, not yet in sum
-	size     int64
 	digest   string
 	err      error
 }
@@ -54,7 +52,7 @@ type VerifierOptions struct {
 
 // NewVerifier returns a Verifier reading r.
 func NewVerifier(r io.Reader, opts VerifierOptions) *Verifier {
-	return &Verifier{r: r, progress: opts.Progress, sum: sha256.New(), whole: opts.HashWhole, tail: make([]byte, 0, 2*trailerSize)}
+	return &Verifier{r: r, progress: opts.Progress, check: *NewTrailerCheck(), whole: opts.HashWhole}
 }
 
 // Read implements io.Reader.
@@ -64,26 +62,19 @@ func (v *Verifier) Read(p []byte) (int, error) {
 	}
 	n, err := v.r.Read(p)
 	if n > 0 {
-		v.size += int64(n)
-		v.hold(p[:n])
+		v.check.Write(p[:n])
 		if v.progress != nil {
-			v.progress(v.size)
+			v.progress(v.check.size)
 		}
 	}
 	if errors.Is(err, io.EOF) {
-		if !ValidSize(v.size) {
-			v.err = fmt.Errorf("%w: it ended after %d bytes, not a whole database followed by its 32-byte SHA-256", ErrCorrupt, v.size)
-			return n, v.err
-		}
-		// Sum leaves the state as it is: carried on through the trailer
-		// it is the hash of the whole stream.
-		if !bytes.Equal(v.sum.Sum(nil), v.tail) {
-			v.err = fmt.Errorf("%w: etcd's SHA-256 trailer does not match the database", ErrCorrupt)
+		digest, cerr := v.check.Finish()
+		if cerr != nil {
+			v.err = cerr
 			return n, v.err
 		}
 		if v.whole {
-			v.sum.Write(v.tail)
-			v.digest = hex.EncodeToString(v.sum.Sum(nil))
+			v.digest = digest
 		}
 		return n, io.EOF
 	}
@@ -92,30 +83,68 @@ func (v *Verifier) Read(p []byte) (int, error) {
 		return n, v.err
 	}
 	if err != nil {
-		v.err = fmt.Errorf("reading the snapshot after %d bytes: %w", v.size, err)
+		v.err = fmt.Errorf("reading the snapshot after %d bytes: %w", v.check.size, err)
 		return n, v.err
 	}
 	return n, nil
 }
 
-// hold hashes all but the last 32 bytes seen so far and keeps those back:
-// they may be the trailer. Only the held-back bytes are copied.
-func (v *Verifier) hold(p []byte) {
+// TrailerCheck is the write side of a Verifier: an io.Writer that checks
+// etcd's trailer of everything written to it, and with the same single
+// SHA-256 pass returns the SHA-256 of all of it (the database's hash state
+// carried on through the trailer). The server uses it on an agent's
+// snapshot stored as is, so that neither side hashes the bytes twice.
+type TrailerCheck struct {
+	sum  hash.Hash // of the database bytes (all but the trailer)
+	tail []byte    // the last up-to-32 bytes seen, not yet in sum
+	size int64
+}
+
+// NewTrailerCheck returns an empty TrailerCheck.
+func NewTrailerCheck() *TrailerCheck {
+	return &TrailerCheck{sum: sha256.New(), tail: make([]byte, 0, 2*trailerSize)}
+}
+
+// Write hashes all but the last 32 bytes seen so far and keeps those back:
+// they may be the trailer. Only the held-back bytes are copied. It never
+// fails.
+func (c *TrailerCheck) Write(p []byte) (int, error) {
+	c.size += int64(len(p))
 	if len(p) >= trailerSize {
-		v.sum.Write(v.tail)
-		v.sum.Write(p[:len(p)-trailerSize])
-		v.tail = append(v.tail[:0], p[len(p)-trailerSize:]...)
-		return
+		c.sum.Write(c.tail)
+		c.sum.Write(p[:len(p)-trailerSize])
+		c.tail = append(c.tail[:0], p[len(p)-trailerSize:]...)
+		return len(p), nil
 	}
-	v.tail = append(v.tail, p...)
-	if over := len(v.tail) - trailerSize; over > 0 {
-		v.sum.Write(v.tail[:over])
-		v.tail = append(v.tail[:0], v.tail[over:]...)
+	c.tail = append(c.tail, p...)
+	if over := len(c.tail) - trailerSize; over > 0 {
+		c.sum.Write(c.tail[:over])
+		c.tail = append(c.tail[:0], c.tail[over:]...)
 	}
+	return len(p), nil
+}
+
+// Size is the number of bytes written.
+func (c *TrailerCheck) Size() int64 { return c.size }
+
+// Finish checks that what was written is a whole bolt database followed
+// by its SHA-256, and returns the hex SHA-256 of all of it. A failed check
+// wraps ErrCorrupt. Nothing may be written after Finish.
+func (c *TrailerCheck) Finish() (string, error) {
+	if !ValidSize(c.size) {
+		return "", fmt.Errorf("%w: it ended after %d bytes, not a whole database followed by its 32-byte SHA-256", ErrCorrupt, c.size)
+	}
+	// Sum leaves the state as it is: carried on through the trailer it is
+	// the hash of the whole stream.
+	if !bytes.Equal(c.sum.Sum(nil), c.tail) {
+		return "", fmt.Errorf("%w: etcd's SHA-256 trailer does not match the database", ErrCorrupt)
+	}
+	c.sum.Write(c.tail)
+	return hex.EncodeToString(c.sum.Sum(nil)), nil
 }
 
 // Size is the number of bytes read so far.
-func (v *Verifier) Size() int64 { return v.size }
+func (v *Verifier) Size() int64 { return v.check.size }
 
 // SHA256 is the hex SHA-256 of the whole stream once it ended verified,
 // when HashWhole was asked for; "" otherwise.

@@ -1,7 +1,8 @@
 // Package backup is the backup agent: it streams Maintenance.Snapshot from
 // one etcd member through optional zstd compression, then optional age
 // encryption to public keys (package crypt), into the data server's upload
-// RPC, checking etcd's own SHA-256 trailer on the way. Nothing is
+// RPC. etcd's own SHA-256 trailer is checked on the way: by the agent when
+// the snapshot is compressed or encrypted, else by the server. Nothing is
 // written to disk and nothing holds the whole snapshot: memory stays flat
 // whatever the database size. If the stream is short, the trailer wrong or
 // etcd goes away, the upload is aborted and the server stores nothing.
@@ -100,15 +101,21 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		info.Version = snap.Version
 	}
 
-	// etcd's trailer is checked and the bytes hashed once each, off the
-	// sending goroutine: stored as is, the verifier's SHA-256 of the whole
-	// stream (free: etcd's hash carried on through the trailer) is the
-	// upload's; compressed or encrypted, the stored bytes are hashed by the
-	// read-ahead. The server hashes what arrives and stores it only if the
-	// sums agree, so what is stored is what passed etcd's own check.
+	// Stored as is, the snapshot is not hashed here at all: the server
+	// checks etcd's SHA-256 trailer in the one pass that hashes what it
+	// stores (snapshot.TrailerCheck), and stores nothing if it fails.
+	// Compressed or encrypted, the server cannot see etcd's trailer: the
+	// agent checks it (the verifier's hash, carried on through the
+	// trailer, is the raw SHA-256 the server records) and the stored bytes
+	// are hashed by the read-ahead, off the sending goroutine.
 	transformed := opts.Compression != ebv1.CompressionNone || len(recipients) > 0
-	raw := snapshot.NewVerifier(snap.Snapshot, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: true})
-	compressed, err := snapshot.Compress(ctx, raw, opts.Compression)
+	var source io.Reader = &counter{r: snap.Snapshot, progress: opts.Progress}
+	var raw *snapshot.Verifier
+	if transformed {
+		raw = snapshot.NewVerifier(snap.Snapshot, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: true})
+		source = raw
+	}
+	compressed, err := snapshot.Compress(ctx, source, opts.Compression)
 	if err != nil {
 		return nil, err
 	}
@@ -122,11 +129,15 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		}
 		encryption = ebv1.EncryptionAge
 	}
-	stored := raw.SHA256
 	var sum hash.Hash
+	req := client.UploadRequest{
+		// The server hashes what arrives and checks etcd's trailer.
+		SHA256: func() string { return "" },
+	}
 	if transformed {
 		sum = sha256.New()
-		stored = func() string { return hex.EncodeToString(sum.Sum(nil)) }
+		req.SHA256 = func() string { return hex.EncodeToString(sum.Sum(nil)) }
+		req.Raw = func() (int64, string) { return raw.Size(), raw.SHA256() }
 	}
 	ahead := newReadAhead(ctx, body, sum, readAheadBuffers, client.ChunkBytes)
 	defer func() {
@@ -147,16 +158,8 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 			StartTime: timestamppb.New(start),
 		},
 	}
-	b, err := up.UploadWith(ctx, ahead, client.UploadRequest{
-		Header: h,
-		SHA256: stored,
-		Raw: func() (int64, string) {
-			if !transformed {
-				return 0, "" // stored as is: the server records raw = stored
-			}
-			return raw.Size(), raw.SHA256()
-		},
-	})
+	req.Header = h
+	b, err := up.UploadWith(ctx, ahead, req)
 	if err != nil {
 		cancel()
 		ahead.Close()
@@ -166,4 +169,21 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		return nil, fmt.Errorf("upload snapshot %q: %w", opts.Name, err)
 	}
 	return b, nil
+}
+
+// counter reports the bytes read from etcd's stream when the verifier,
+// which otherwise does, is not in the way.
+type counter struct {
+	r        io.Reader
+	progress func(int64)
+	n        int64
+}
+
+func (c *counter) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	if n > 0 && c.progress != nil {
+		c.progress(c.n)
+	}
+	return n, err
 }

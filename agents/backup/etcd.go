@@ -10,10 +10,14 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/grpcbuf"
 )
 
-// snapshotBuffers are the receive buffers of every etcd connection.
-var snapshotBuffers = &dirtyPool{}
+// snapshotBuffers are the receive buffers of every etcd connection: the
+// transport's frames (experimental.WithBufferPool) and messages gathered
+// from several frames (snapshotCodec).
+var snapshotBuffers = &grpcbuf.Pool{}
 
 // Etcd says how the agent reaches etcd: one member (Endpoint), or the
 // cluster's members (Endpoints) of which it picks one.

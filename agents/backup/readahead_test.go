@@ -74,17 +74,3 @@ func (r *countingReader) Read(p []byte) (int, error) {
 	r.n += len(p)
 	return len(p), nil
 }
-
-func TestDirtyPoolGivesTheLengthAskedFor(t *testing.T) {
-	p := &dirtyPool{}
-	for _, n := range []int{0, 1, 100, 16 << 10, 16<<10 + 1, 1 << 20, 5 << 20} {
-		b := p.Get(n)
-		if len(*b) != n {
-			t.Fatalf("Get(%d) gave %d bytes", n, len(*b))
-		}
-		p.Put(b)
-		if b2 := p.Get(n); len(*b2) != n {
-			t.Fatalf("Get(%d) after Put gave %d bytes", n, len(*b2))
-		}
-	}
-}

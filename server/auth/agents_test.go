@@ -3,6 +3,7 @@ package auth_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"os"
 	"path/filepath"
 	"slices"
@@ -289,8 +290,13 @@ func TestAgentListenerWithTokenFile(t *testing.T) {
 	srv := servertest.StartWith(t, servertest.Options{AgentGuard: c.guard, AgentDialOptions: []grpc.DialOption{client.WithTokenFile(file)}})
 	ctx := context.Background()
 
+	// What etcd sends: whole 512-byte pages and their SHA-256, which the
+	// server checks on an agent's upload.
+	db := bytes.Repeat([]byte{7}, 512)
+	sum := sha256.Sum256(db)
+	snap := append(db, sum[:]...)
 	up := func(name string) error {
-		_, err := srv.AgentClient.Upload(ctx, bytes.NewReader([]byte("snapshot")), &ebv1.UploadHeader{
+		_, err := srv.AgentClient.Upload(ctx, bytes.NewReader(snap), &ebv1.UploadHeader{
 			Name: name, Source: &ebv1.BackupSource{Kind: "agent", Target: "claimed-by-the-client", Description: "trust me"},
 		}, nil)
 		return err

@@ -1,0 +1,137 @@
+package server
+
+import (
+	"encoding/binary"
+	"sync"
+
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/grpcbuf"
+)
+
+// chunkTag is the protobuf key of DownloadBackupResponse.chunk and of
+// UploadBackupRequest.chunk: field 2, wire type 2 (length-delimited).
+const chunkTag = 2<<3 | 2
+
+// chunkOut is a DownloadBackupResponse chunk already in a gRPC buffer:
+// chunkCodec sends those bytes as they are, where proto.Marshal would
+// copy each chunk into a new buffer first.
+type chunkOut struct{ data mem.Buffer }
+
+// chunkCodec is gRPC's proto codec plus the two messages that carry a
+// backup's bytes, forced on this package's gRPC servers
+// (GRPCServerOptions) rather than registered globally: gRPC has no
+// per-method codec, and the registry is every server's and client's in
+// the process. Every other message is marshalled by the proto codec
+// unchanged.
+//
+//   - chunkOut (a download chunk) goes out as the buffer it was read into.
+//   - An upload chunk is copied once, from the frames it arrived in, into
+//     a buffer of uploadBuffers that the handler returns once it has
+//     stored the bytes (releaseUploadChunk). The proto codec copies twice
+//     (gathering the frames into a buffer of gRPC's default pool, which
+//     clears it first, then into a new slice for every chunk, which the
+//     garbage collector must clear and collect): on an upload, a third of
+//     the server's CPU and most of its heap.
+type chunkCodec struct{ encoding.CodecV2 }
+
+// newChunkCodec wraps the proto codec registered when the server starts.
+func newChunkCodec() chunkCodec { return chunkCodec{encoding.GetCodecV2(proto.Name)} }
+
+func (c chunkCodec) Marshal(v any) (mem.BufferSlice, error) {
+	m, ok := v.(*chunkOut)
+	if !ok {
+		return c.CodecV2.Marshal(v)
+	}
+	head := binary.AppendUvarint([]byte{chunkTag}, uint64(m.data.Len()))
+	m.data.Ref() // gRPC frees the slice once the bytes are written
+	return mem.BufferSlice{mem.SliceBuffer(head), m.data}, nil
+}
+
+func (c chunkCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if m, ok := v.(*ebv1.UploadBackupRequest); ok {
+		if chunk, ok := uploadChunk(data); ok {
+			m.Reset()
+			m.Msg = &ebv1.UploadBackupRequest_Chunk{Chunk: chunk}
+			return nil
+		}
+	}
+	return c.CodecV2.Unmarshal(data, v)
+}
+
+// uploadChunk copies the bytes of an UploadBackupRequest that is a chunk
+// and nothing else into a buffer of uploadBuffers. ok is false for any
+// other message (a header, a trailer, a chunk beside unknown fields, one
+// over MaxChunkBytes): the proto codec decodes those, and the handler
+// judges them.
+func uploadChunk(data mem.BufferSlice) (chunk []byte, ok bool) {
+	var head [1 + binary.MaxVarintLen64]byte
+	n := copyFrom(head[:], data, 0)
+	if n == 0 || head[0] != chunkTag {
+		return nil, false
+	}
+	size, w := binary.Uvarint(head[1:n])
+	if w <= 0 || size > MaxChunkBytes || uint64(data.Len()) != uint64(1+w)+size {
+		return nil, false
+	}
+	b := (*uploadBuffers.Get(int(size)))[:size]
+	copyFrom(b, data, 1+w)
+	return b, true
+}
+
+// copyFrom copies data's bytes from offset into dst and returns how many.
+func copyFrom(dst []byte, data mem.BufferSlice, offset int) int {
+	n := 0
+	for _, buf := range data {
+		b := buf.ReadOnlyData()
+		if offset >= len(b) {
+			offset -= len(b)
+			continue
+		}
+		n += copy(dst[n:], b[offset:])
+		offset = 0
+		if n == len(dst) {
+			break
+		}
+	}
+	return n
+}
+
+// uploadBuffers hold upload chunks from the codec to the handler; recvBuffers
+// the frames they arrive in. Neither is cleared: each is filled before it
+// is read.
+var (
+	uploadBuffers = &grpcbuf.Pool{}
+	recvBuffers   = &grpcbuf.Pool{}
+)
+
+// releaseUploadChunk returns a chunk's buffer once the handler has stored
+// its bytes. A chunk the proto codec decoded is the handler's alone as
+// well, so whatever its size, putting it back is safe.
+func releaseUploadChunk(chunk []byte) {
+	b := chunk[:cap(chunk)]
+	uploadBuffers.Put(&b)
+}
+
+// chunkBuffers holds the download chunks' buffers, which gRPC returns once
+// it has written them. Unlike gRPC's default pool it does not clear them:
+// each is filled by the read before it is sent.
+var chunkBuffers = &chunkPool{sync.Pool{New: func() any { b := make([]byte, downloadChunkBytes); return &b }}}
+
+type chunkPool struct{ sync.Pool }
+
+// Get returns a buffer of n bytes, n at most downloadChunkBytes.
+func (p *chunkPool) Get(n int) *[]byte {
+	b := p.Pool.Get().(*[]byte)
+	*b = (*b)[:n]
+	return b
+}
+
+func (p *chunkPool) Put(b *[]byte) {
+	if cap(*b) >= downloadChunkBytes {
+		p.Pool.Put(b)
+	}
+}
