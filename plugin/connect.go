@@ -60,10 +60,12 @@ func (g *GlobalOptions) explicitToken() string {
 // rather than as a gRPC "connection error"; later (re-)dials by gRPC go
 // through the same tunnel dialer.
 func (g *GlobalOptions) connectTunnel(ctx context.Context) (*Connection, error) {
+	ctx = traceHTTP(ctx)
 	cfg, err := g.ConfigFlags.ToRESTConfig()
 	if err != nil {
 		return nil, fmt.Errorf("load kubeconfig: %w", err)
 	}
+	trace("kubeconfig loaded")
 	token, err := newKubeconfigToken(cfg)
 	if err != nil {
 		return nil, err
@@ -72,6 +74,9 @@ func (g *GlobalOptions) connectTunnel(ctx context.Context) (*Connection, error) 
 	if err != nil {
 		return nil, err
 	}
+	d.Trace = traceFunc()
+	usePrefetchHint(d, g.prefetchHintPath(cfg.Host))
+	trace("API clients built")
 	dctx, cancel := context.WithTimeout(ctx, g.ConnectTimeout)
 	defer cancel()
 	first, err := d.DialContext(dctx, "")
@@ -81,10 +86,11 @@ func (g *GlobalOptions) connectTunnel(ctx context.Context) (*Connection, error) 
 		}
 		return nil, err
 	}
+	trace("tunnel open")
 	var once sync.Once
 	dial := func(ctx context.Context, addr string) (net.Conn, error) {
 		var c net.Conn
-		once.Do(func() { c = first })
+		once.Do(func() { c = traceNetConn(first) })
 		if c != nil {
 			return c, nil
 		}

@@ -48,12 +48,19 @@ func (o *ListOptions) Validate() error { return o.PrintFlags.Validate() }
 
 // Run lists the backups.
 func (o *ListOptions) Run(ctx context.Context) error {
+	traceAt(traceInit, "plugin initialised")
+	trace("list started")
+	defer latencyFirst()()
 	conn, err := o.Connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() {
+		conn.Close()
+		trace("connection closed")
+	}()
 	bs, listErr := o.listBackups(ctx, conn, o.Selector)
+	trace("backups listed")
 	if listErr != nil && len(bs) == 0 {
 		return listErr
 	}
@@ -68,5 +75,6 @@ func (o *ListOptions) Run(ctx context.Context) error {
 	if err := printBackups(o.Out, o.PrintFlags, bs, false); err != nil {
 		return err
 	}
+	trace("backups printed")
 	return listErr
 }

@@ -124,3 +124,23 @@ func TestNameFoundInWhicheverLocation(t *testing.T) {
 		t.Fatalf("delete both: %v (code %d), stderr %q", r.err, ExitCode(r.err), r.errOut)
 	}
 }
+
+// The default location is listed beside GetServerInfo; when it fails,
+// the error still names it, and the other locations are listed.
+func TestListDefaultLocationFails(t *testing.T) {
+	addr, srv := startTwoServer(t)
+	backups := filepath.Join(srv.Dirs["default"], "backups")
+	if err := os.RemoveAll(backups); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(backups, []byte("not a directory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, addr, "list", "-o", "name")
+	if r.out != "backup/both\nbackup/only-s3\n" {
+		t.Errorf("list with default broken printed %q, want s3's backups", r.out)
+	}
+	if r.err == nil || !strings.Contains(r.err.Error(), `list backups in location "default"`) || ExitCode(r.err) == ExitOK {
+		t.Errorf("list with default broken: %v", r.err)
+	}
+}

@@ -14,10 +14,12 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
+	"k8s.io/client-go/util/flowcontrol"
 	streamhttp "k8s.io/streaming/pkg/httpstream"
 )
 
@@ -26,54 +28,139 @@ import (
 // replaced the next connection reaches the new one.
 type Dialer struct {
 	config *rest.Config
-	client kubernetes.Interface
+	client apiClient
 	target Target
 	// websockets selects the WebSocket dialer with SPDY fallback; false
 	// forces SPDY, as KUBECTL_PORT_FORWARD_WEBSOCKETS=false does for kubectl.
 	websockets bool
 	requestID  atomic.Int64
+	// Trace, when set, is called as each phase of a dial ends (see the
+	// plugin's KUBECTL_ETCDBACKUP_TRACE).
+	Trace func(phase string)
+	// Resolved, when set, is told each endpoint a dial resolves, e.g. to
+	// remember it as the next run's Hint.
+	Resolved func(*Endpoint)
+	hint     atomic.Pointer[Hint]
+	// dialerFor is streamDialer; tests replace it.
+	dialerFor func(pod *corev1.Pod) (streamhttp.Dialer, error)
+}
+
+func (d *Dialer) trace(phase string) {
+	if d.Trace != nil {
+		d.Trace(phase)
+	}
+}
+
+// apiClient is the part of a clientset a Dialer uses: pods and Services
+// to resolve the server, and the SelfSubjectAccessReview that explains a
+// refused port-forward. kubernetes.Interface (a fake one in tests) has it.
+type apiClient interface {
+	CoreV1() corev1client.CoreV1Interface
+	AuthorizationV1() authorizationv1client.AuthorizationV1Interface
+}
+
+// typedClients are the two API groups' clients, sharing one HTTP client
+// (one connection to the API server). A whole clientset would build a
+// client for each of the API server's fifty-odd group versions, and link
+// them all into the plugin.
+type typedClients struct {
+	core  corev1client.CoreV1Interface
+	authz authorizationv1client.AuthorizationV1Interface
+}
+
+func (c *typedClients) CoreV1() corev1client.CoreV1Interface { return c.core }
+func (c *typedClients) AuthorizationV1() authorizationv1client.AuthorizationV1Interface {
+	return c.authz
 }
 
 // New returns a Dialer for target using config's credentials.
 func New(config *rest.Config, target Target) (*Dialer, error) {
-	client, err := kubernetes.NewForConfig(config)
+	// What kubernetes.NewForConfig does for its clients: the default
+	// user agent, one HTTP client and one rate limiter for both.
+	c := *config
+	if c.UserAgent == "" {
+		c.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	httpClient, err := rest.HTTPClientFor(&c)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return newDialer(config, client, target), nil
+	if c.RateLimiter == nil && c.QPS > 0 {
+		if c.Burst <= 0 {
+			return nil, fmt.Errorf("kubernetes client: burst is required to be greater than 0 when RateLimiter is not set and QPS is set to greater than 0")
+		}
+		c.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(c.QPS, c.Burst)
+	}
+	core, err := corev1client.NewForConfigAndClient(&c, httpClient)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	authz, err := authorizationv1client.NewForConfigAndClient(&c, httpClient)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return newDialer(config, &typedClients{core: core, authz: authz}, target), nil
 }
 
 // newDialer is New with the API client given, so resolution and error
 // explanation can be tested against a fake clientset. config still
 // carries the credentials and address the port-forward dialers use.
-func newDialer(config *rest.Config, client kubernetes.Interface, target Target) *Dialer {
+func newDialer(config *rest.Config, client apiClient, target Target) *Dialer {
 	if target.PortName == "" {
 		target.PortName = DefaultPortName
 	}
-	return &Dialer{
+	d := &Dialer{
 		config:     config,
 		client:     client,
 		target:     target,
 		websockets: !strings.EqualFold(os.Getenv("KUBECTL_PORT_FORWARD_WEBSOCKETS"), "false"),
 	}
+	d.dialerFor = d.streamDialer
+	return d
 }
 
 // DialContext resolves the server pod and opens a port-forward to it. Its
 // signature fits grpc.WithContextDialer; the address is ignored.
 func (d *Dialer) DialContext(ctx context.Context, _ string) (net.Conn, error) {
-	ep, err := d.Resolve(ctx)
+	if h := d.hint.Swap(nil); h != nil {
+		return d.dialHinted(ctx, h)
+	}
+	ep, err := d.resolve(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return d.DialEndpoint(ctx, ep)
 }
 
+// resolve is Resolve, telling Resolved what it found.
+func (d *Dialer) resolve(ctx context.Context) (*Endpoint, error) {
+	ep, err := d.Resolve(ctx)
+	if err == nil && d.Resolved != nil {
+		d.Resolved(ep)
+	}
+	return ep, err
+}
+
 // DialEndpoint opens a port-forward to ep.
 func (d *Dialer) DialEndpoint(ctx context.Context, ep *Endpoint) (net.Conn, error) {
-	dialer, err := d.streamDialer(ep.Pod)
+	dialer, err := d.dialerFor(ep.Pod)
 	if err != nil {
 		return nil, err
 	}
+	sc, err := d.upgrade(ctx, dialer)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		return nil, d.portForwardError(ctx, ep, err)
+	}
+	return d.streams(sc, ep)
+}
+
+// upgrade opens a port-forward connection with dialer: the API server's
+// upgrade to WebSocket or SPDY, through to the kubelet. Nothing reaches
+// the pod until streams are created on it.
+func (d *Dialer) upgrade(ctx context.Context, dialer streamhttp.Dialer) (streamhttp.Connection, error) {
 	type result struct {
 		conn streamhttp.Connection
 		err  error
@@ -85,9 +172,12 @@ func (d *Dialer) DialEndpoint(ctx context.Context, ep *Endpoint) (net.Conn, erro
 		c, _, err := dialer.Dial(portforward.PortForwardProtocolV1Name)
 		done <- result{c, err}
 	}()
-	var r result
 	select {
-	case r = <-done:
+	case r := <-done:
+		if r.err == nil {
+			d.trace("port-forward upgraded")
+		}
+		return r.conn, r.err
 	case <-ctx.Done():
 		go func() {
 			if r := <-done; r.conn != nil {
@@ -96,14 +186,17 @@ func (d *Dialer) DialEndpoint(ctx context.Context, ep *Endpoint) (net.Conn, erro
 		}()
 		return nil, ctx.Err()
 	}
-	if r.err != nil {
-		return nil, d.portForwardError(ctx, ep, r.err)
-	}
-	conn, err := d.openStreams(r.conn, ep)
+}
+
+// streams opens the forwarded connection's streams on sc, closing sc if
+// that fails.
+func (d *Dialer) streams(sc streamhttp.Connection, ep *Endpoint) (net.Conn, error) {
+	conn, err := d.openStreams(sc, ep)
 	if err != nil {
-		r.conn.Close()
+		sc.Close()
 		return nil, err
 	}
+	d.trace("port-forward streams created")
 	return conn, nil
 }
 

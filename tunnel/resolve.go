@@ -56,6 +56,7 @@ func (d *Dialer) Resolve(ctx context.Context) (*Endpoint, error) {
 	go func() {
 		defer close(listed)
 		guessed, guessErr = d.client.CoreV1().Pods(t.Namespace).List(lctx, metav1.ListOptions{LabelSelector: guess})
+		d.trace("resolve: pods listed")
 	}()
 	defer func() {
 		cancel()
@@ -63,6 +64,7 @@ func (d *Dialer) Resolve(ctx context.Context) (*Endpoint, error) {
 	}()
 
 	svc, err := d.client.CoreV1().Services(t.Namespace).Get(ctx, t.Service, metav1.GetOptions{})
+	d.trace("resolve: service got")
 	if apierrors.IsNotFound(err) {
 		return nil, &NotInstalledError{Namespace: t.Namespace, Service: t.Service}
 	}

@@ -22,14 +22,16 @@ import (
 const (
 	listBackups = 20
 	listPairs   = 9
+	listPause   = 250 * time.Millisecond
 )
 
 // BenchmarkList compares the latency a user feels of `kubectl etcdbackup
 // list` (20 backups) with `kubectl get pods` in the same namespace: each
 // a whole kubectl process, from exec to exit, 9 pairs interleaved in one
 // run (the order alternating), after one warm-up of each (kubectl's
-// discovery cache filled, as it is on a user's machine). It reports the
-// medians and their ratio; the aim is list/get-pods ≤ 1.5. With
+// discovery cache and the plugin's hint of the server pod filled, as they
+// are on a user's machine), each list after a pause (listPause). It
+// reports the medians and their ratio; the aim is list/get-pods ≤ 1.5. With
 // ETCDBACKUP_BENCH_BASELINE_PLUGIN naming another build of the plugin,
 // that one's list is timed in every round too.
 //
@@ -57,6 +59,15 @@ func BenchmarkList(b *testing.B) {
 	uploadSmallBackups(ctx, b, &kubectl, listBackups)
 
 	run := func(k *world.Kubectl, args ...string) time.Duration {
+		if args[0] == "etcdbackup" {
+			// The server's ListBackups asks the API server for its backup
+			// Jobs, through a client-go client limited to 5 requests a
+			// second (burst 10): lists back to back, as these rounds run
+			// them and no user does, would time that limiter (a wait to
+			// the next 200 ms tick), not a list. One token comes back
+			// every 200 ms.
+			time.Sleep(listPause)
+		}
 		start := time.Now()
 		r := k.Run(ctx, args...)
 		d := time.Since(start)
