@@ -94,8 +94,9 @@ e2e: node-deps node-bins s3-bins age-bins images $(TESTREPORT)
 	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 $(SANDBOX_ENV) ETCDBACKUP_IMAGES_DIR=$(CURDIR)/dist/images \
 		$(GO) test -json -count=1 -p 1 -timeout $(E2E_TIMEOUT) $(E2E_PKGS) | $(TESTREPORT)
 
-## test: everything CI checks — generated code, lint, krew, the unit tests with -race, and the end-to-end tests on the sandbox
+## test: everything CI checks — generated code, lint, krew, the benchmark report's own test, the unit tests with -race, and the end-to-end tests on the sandbox
 test: check-generate lint krew-check promrules
+	cd tools/benchreport && $(GO) vet . && $(GO) test -count=1 .
 	$(MAKE) unit UNIT_FLAGS=-race
 	$(MAKE) e2e
 

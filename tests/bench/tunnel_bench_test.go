@@ -87,7 +87,12 @@ const (
 // On a small machine every hop shares the same cores and the transfer is
 // CPU-bound, so MB/s follows the CPU each path spends per byte; that is
 // reported per process (cpu-tunnel/raw and the table), together with the
-// CPU the rest of the machine used meanwhile, which is noise.
+// CPU the rest of the machine used meanwhile, which is noise. A second
+// round ("link-800mbit/...") runs the same paths with the node's link to
+// the host limited to 800 Mbit/s, where the network limits both paths as
+// it does when the API server and the kubelet are machines apart: there
+// the ratio shows what the product itself costs a user's tunnel
+// (ETCDBACKUP_BENCH_LINK_RATES picks the rates, "none" skips the round).
 func BenchmarkTunnelDownload(b *testing.B) {
 	sb := sandbox.StartForTest(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -147,52 +152,94 @@ func BenchmarkTunnelDownload(b *testing.B) {
 	}
 
 	var rows []summary
-	for _, tr := range []struct {
-		name       string
-		websockets bool
-	}{
-		{"websocket", true},
-		{"spdy", false},
-	} {
-		b.Run(tr.name, func(b *testing.B) {
-			k := kubectl
-			k.Env = []string{"KUBECTL_PORT_FORWARD_WEBSOCKETS=" + strconv.FormatBool(tr.websockets)}
-			dialer := rawDialer(b, sb, tr.websockets)
-			s := summary{transport: tr.name}
-			i := 0
-			for b.Loop() {
-				// Alternate which path goes first, so neither always runs
-				// on a warmer or a busier machine.
-				if i%2 == 0 {
-					s.plugin.add(runPlugin(ctx, b, forwards, probe, &k))
-					s.raw.add(runRaw(ctx, b, forwards, probe, dialer))
-					s.parallel.add(runPluginParallel(ctx, b, forwards, probe, &k, outDir))
-				} else {
-					s.parallel.add(runPluginParallel(ctx, b, forwards, probe, &k, outDir))
-					s.raw.add(runRaw(ctx, b, forwards, probe, dialer))
-					s.plugin.add(runPlugin(ctx, b, forwards, probe, &k))
-				}
-				i++
+	for _, link := range linkRates() {
+		for _, tr := range []struct {
+			name       string
+			websockets bool
+		}{
+			{"websocket", true},
+			{"spdy", false},
+		} {
+			name := tr.name
+			if link != "" {
+				name = "link-" + link + "/" + tr.name
 			}
-			waitForwardsGone(b, forwards)
-			b.ReportMetric(s.plugin.mbps(), "tunnel-MB/s")
-			b.ReportMetric(s.raw.mbps(), "raw-MB/s")
-			b.ReportMetric(s.plugin.mbps()/s.raw.mbps(), "tunnel/raw")
-			b.ReportMetric(s.plugin.streamMBps(), "stream-tunnel-MB/s")
-			b.ReportMetric(s.raw.streamMBps(), "stream-raw-MB/s")
-			b.ReportMetric(s.plugin.streamMBps()/s.raw.streamMBps(), "stream-tunnel/raw")
-			b.ReportMetric(s.cpuRatio(), "cpu-tunnel/raw")
-			b.ReportMetric(s.plugin.peakRSSMiB(), "plugin-peak-RSS-MiB")
-			b.ReportMetric(s.parallel.mbps(), "parallel-MB/s")
-			b.ReportMetric(s.parallel.mbps()/s.raw.mbps(), "parallel/raw")
-			b.Log("\n" + s.table())
-			rows = append(rows, s)
-		})
+			b.Run(name, func(b *testing.B) {
+				if link != "" {
+					lift, err := sb.LimitNodeEgress(ctx, link)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer func() {
+						if err := lift(); err != nil {
+							b.Error(err)
+						}
+					}()
+				}
+				k := kubectl
+				k.Env = []string{"KUBECTL_PORT_FORWARD_WEBSOCKETS=" + strconv.FormatBool(tr.websockets)}
+				dialer := rawDialer(b, sb, tr.websockets)
+				s := summary{transport: tr.name, link: link}
+				i := 0
+				for b.Loop() {
+					// Alternate which path goes first, so neither always runs
+					// on a warmer or a busier machine.
+					if i%2 == 0 {
+						s.plugin.add(runPlugin(ctx, b, forwards, probe, &k))
+						s.raw.add(runRaw(ctx, b, forwards, probe, dialer))
+						s.parallel.add(runPluginParallel(ctx, b, forwards, probe, &k, outDir))
+					} else {
+						s.parallel.add(runPluginParallel(ctx, b, forwards, probe, &k, outDir))
+						s.raw.add(runRaw(ctx, b, forwards, probe, dialer))
+						s.plugin.add(runPlugin(ctx, b, forwards, probe, &k))
+					}
+					i++
+				}
+				waitForwardsGone(b, forwards)
+				b.ReportMetric(s.plugin.mbps(), "tunnel-MB/s")
+				b.ReportMetric(s.raw.mbps(), "raw-MB/s")
+				b.ReportMetric(s.plugin.mbps()/s.raw.mbps(), "tunnel/raw")
+				b.ReportMetric(s.plugin.streamMBps(), "stream-tunnel-MB/s")
+				b.ReportMetric(s.raw.streamMBps(), "stream-raw-MB/s")
+				b.ReportMetric(s.plugin.streamMBps()/s.raw.streamMBps(), "stream-tunnel/raw")
+				b.ReportMetric(s.cpuRatio(), "cpu-tunnel/raw")
+				b.ReportMetric(s.plugin.peakRSSMiB(), "plugin-peak-RSS-MiB")
+				b.ReportMetric(s.parallel.mbps(), "parallel-MB/s")
+				b.ReportMetric(s.parallel.mbps()/s.raw.mbps(), "parallel/raw")
+				b.Log("\n" + s.table())
+				emitJSON(s.jsonRow())
+				rows = append(rows, s)
+			})
+		}
 	}
 	// A parent benchmark's log is shown only with -v: print the summary.
 	if len(rows) > 0 {
 		fmt.Print(comparisonTable(rows))
 	}
+}
+
+// defaultLinkRate is the network the shaped rounds stand for: about
+// what a 1 Gb/s link between the API server and a node carries.
+const defaultLinkRate = "800mbit"
+
+// linkRates are the rounds to run: "" is the machine as it is, where on
+// a small machine the CPUs limit both paths; each rate after it limits
+// the node's link to the host (Sandbox.LimitNodeEgress), so that the
+// network limits them, as in a cluster where the API server and the
+// kubelet run on other machines. ETCDBACKUP_BENCH_LINK_RATES lists the
+// rates (tc's notation, comma-separated; "none" for no shaped round).
+func linkRates() []string {
+	rates := []string{""}
+	v := os.Getenv("ETCDBACKUP_BENCH_LINK_RATES")
+	if v == "" {
+		v = defaultLinkRate
+	}
+	for r := range strings.SplitSeq(v, ",") {
+		if r = strings.TrimSpace(r); r != "" && r != "none" {
+			rates = append(rates, r)
+		}
+	}
+	return rates
 }
 
 // uploadBackup stores the backup the plugin downloads with `kubectl
@@ -734,7 +781,58 @@ func (r *trailerReader) Read(p []byte) (int, error) {
 // summary is one transport's result.
 type summary struct {
 	transport             string
+	link                  string // the node link's rate; "" when not limited
 	plugin, raw, parallel measurement
+}
+
+// tunnelPath is one path of a tunnelRow: MB/s end to end and CPU
+// seconds per GiB by process.
+type tunnelPath struct {
+	MBps       float64 `json:"mbps"`
+	StreamMBps float64 `json:"streamMBps"`
+	CPU        float64 `json:"cpuPerGiB"`
+	Plugin     float64 `json:"pluginCPUPerGiB"`
+	APIServer  float64 `json:"apiserverCPUPerGiB"`
+	Server     float64 `json:"serverCPUPerGiB"`
+	Bench      float64 `json:"benchCPUPerGiB"`
+	Rest       float64 `json:"restCPUPerGiB"`
+	PeakRSSMiB float64 `json:"peakRSSMiB"`
+}
+
+// tunnelRow is what tools/benchreport reads of one transport and link.
+type tunnelRow struct {
+	Bench     string     `json:"bench"` // "tunnel"
+	Transport string     `json:"transport"`
+	Link      string     `json:"link"`
+	Runs      int        `json:"runs"`
+	Plugin    tunnelPath `json:"plugin"`
+	Parallel  tunnelPath `json:"parallel"`
+	Raw       tunnelPath `json:"raw"`
+}
+
+func (m *measurement) jsonPath() tunnelPath {
+	perGiB := func(d time.Duration) float64 {
+		return d.Seconds() / float64(max(m.n, 1)) / (float64(backupSize) / (1 << 30))
+	}
+	return tunnelPath{
+		MBps: m.mbps(), StreamMBps: m.streamMBps(),
+		CPU: perGiB(m.cpu.path()), Plugin: perGiB(m.cpu.plugin), APIServer: perGiB(m.cpu.apiserver),
+		Server: perGiB(m.cpu.server), Bench: perGiB(m.cpu.bench), Rest: perGiB(m.cpu.rest()),
+		PeakRSSMiB: m.peakRSSMiB(),
+	}
+}
+
+func (s *summary) jsonRow() tunnelRow {
+	return tunnelRow{Bench: "tunnel", Transport: s.transport, Link: s.link, Runs: s.plugin.n,
+		Plugin: s.plugin.jsonPath(), Parallel: s.parallel.jsonPath(), Raw: s.raw.jsonPath()}
+}
+
+// label names the transport and the link: "spdy", "spdy, 800mbit link".
+func (s *summary) label() string {
+	if s.link == "" {
+		return s.transport
+	}
+	return s.transport + ", " + s.link + " link"
 }
 
 func (s *summary) cpuRatio() float64 {
@@ -744,7 +842,7 @@ func (s *summary) cpuRatio() float64 {
 func (s *summary) table() string {
 	var buf bytes.Buffer
 	w := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "%s, 1 GiB, per run (%d each)\tMB/s\tstream MB/s\twall\tCPU\tkubectl+plugin\tAPI server\tdata server\tbench process\trest of machine\tsteal\t\n", s.transport, s.plugin.n)
+	fmt.Fprintf(w, "%s, 1 GiB, per run (%d each)\tMB/s\tstream MB/s\twall\tCPU\tkubectl+plugin\tAPI server\tdata server\tbench process\trest of machine\tsteal\t\n", s.label(), s.plugin.n)
 	for _, r := range []struct {
 		name string
 		m    *measurement
@@ -775,7 +873,7 @@ func comparisonTable(rows []summary) string {
 	w := tabwriter.NewWriter(&buf, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "BenchmarkTunnelDownload, 1 GiB\tplugin MB/s\tparallel MB/s\traw MB/s\ttunnel/raw\tparallel/raw\tstream tunnel/raw\tCPU tunnel/raw\tplugin peak RSS\tparallel peak RSS\t")
 	for _, s := range rows {
-		fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f MiB\t%.1f MiB\t\n", s.transport, s.plugin.mbps(), s.parallel.mbps(), s.raw.mbps(),
+		fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.0f\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f MiB\t%.1f MiB\t\n", s.label(), s.plugin.mbps(), s.parallel.mbps(), s.raw.mbps(),
 			s.plugin.mbps()/s.raw.mbps(), s.parallel.mbps()/s.raw.mbps(), s.plugin.streamMBps()/s.raw.streamMBps(), s.cpuRatio(), s.plugin.peakRSSMiB(), s.parallel.peakRSSMiB())
 	}
 	w.Flush()

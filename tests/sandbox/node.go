@@ -133,6 +133,29 @@ func setupNetwork(ctx context.Context) error {
 	return nil
 }
 
+// LimitNodeEgress makes the node's link to the host carry at most rate
+// (tc's notation: "800mbit") from the node to the host, as a network of
+// that speed between a kubelet and its API server would: a token bucket
+// (tc's tbf) on the node's end of the veth. What crosses it that way is
+// the kubelet's side of every port-forward, so every download through the
+// API server. The returned func lifts the limit; deleting the namespace
+// at Stop does too. A benchmark uses it to compare paths where the
+// network, not the machine's CPUs, limits them.
+func (s *Sandbox) LimitNodeEgress(ctx context.Context, rate string) (lift func() error, err error) {
+	// The bucket holds a few GSO super-packets (veth hands the qdisc up to
+	// 64 KiB at once) and queues at most 20 ms, as a switch port would.
+	if err := run(ctx, "ip", "netns", "exec", netnsName, "tc", "qdisc", "replace", "dev", nodeLink, "root",
+		"tbf", "rate", rate, "burst", "512kb", "latency", "20ms"); err != nil {
+		return nil, fmt.Errorf("limit the node's link to %s: %w", rate, err)
+	}
+	return func() error {
+		if err := run(context.Background(), "ip", "netns", "exec", netnsName, "tc", "qdisc", "del", "dev", nodeLink, "root"); err != nil {
+			return fmt.Errorf("lift the node link's limit: %w", err)
+		}
+		return nil
+	}, nil
+}
+
 // teardownNetwork deletes the network namespace (the veth pair and the
 // route go with it) and, if a crashed sandbox left it, the host link. The
 // kernel destroys a namespace's devices asynchronously, after `ip netns

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -110,6 +111,7 @@ func TestNode(t *testing.T) {
 			t.Fatalf("kubectl exec: %q", out)
 		}
 	})
+	t.Run("limited-node-link", func(t *testing.T) { testLimitedNodeLink(ctx, t, s) })
 	t.Run("stop-restores-machine", func(t *testing.T) {
 		pids := append(s.ContainerPIDs(), s.NodePIDs()...)
 		if len(pids) < 6 {
@@ -507,4 +509,64 @@ func sortedKeys(m map[string]string) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// LimitNodeEgress holds what leaves the node to its rate: 4 MiB from a
+// pod to the host (which reaches pods through the node's veth) take at
+// least the time the rate allows for them, less the bucket's burst. A
+// busy machine only makes the transfer slower, never faster. Lifting
+// the limit removes the qdisc.
+func testLimitedNodeLink(ctx context.Context, t *testing.T, s *sandbox.Sandbox) {
+	const size = 4 << 20
+	const rateBytes = 2_000_000 // "16mbit"
+	c := podtoolContainer("bytes", "bytes", "--listen=:8080", "--size="+strconv.Itoa(size))
+	pod, err := s.Client().CoreV1().Pods(clusterNS).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "bytes"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{c}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if pod, err = s.WaitForPod(wctx, clusterNS, pod.Name, sandbox.PodReady); err != nil {
+		t.Fatal(err)
+	}
+	addr := net.JoinHostPort(pod.Status.PodIP, "8080")
+	read := func() time.Duration {
+		t.Helper()
+		var conn net.Conn
+		deadline := time.Now().Add(30 * time.Second)
+		for conn, err = net.DialTimeout("tcp", addr, 5*time.Second); err != nil; conn, err = net.DialTimeout("tcp", addr, 5*time.Second) {
+			if time.Now().After(deadline) {
+				t.Fatalf("dial %s: %v", addr, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		defer conn.Close()
+		began := time.Now()
+		n, err := io.Copy(io.Discard, conn)
+		if err != nil || n != size {
+			t.Fatalf("read %d of %d bytes from %s: %v", n, size, addr, err)
+		}
+		return time.Since(began)
+	}
+	lift, err := s.LimitNodeEgress(ctx, "16mbit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := read()
+	// The bucket may start full (512 KiB); the rest comes at the rate.
+	least := time.Duration(float64(size-512<<10) / rateBytes * float64(time.Second))
+	if took < least {
+		t.Errorf("4 MiB from the node at 16 Mbit/s took %s, less than the %s the rate allows", took, least)
+	}
+	if err := lift(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", "etcdbackup-node", "tc", "qdisc", "show", "dev", "eth0").CombinedOutput()
+	if err != nil || strings.Contains(string(out), "tbf") {
+		t.Fatalf("after lifting the limit, the node's link has: %s (%v)", out, err)
+	}
+	t.Logf("4 MiB at 16 Mbit/s: %s; without the limit: %s", took.Round(time.Millisecond), read().Round(time.Millisecond))
 }

@@ -68,8 +68,31 @@ type listResult struct {
 	BaselineMedianMs float64   `json:"baselineMedianMs"`
 }
 
+// tunnelPath and tunnelRow are BenchmarkTunnelDownload's lines.
+type tunnelPath struct {
+	MBps       float64 `json:"mbps"`
+	StreamMBps float64 `json:"streamMBps"`
+	CPU        float64 `json:"cpuPerGiB"`
+	Plugin     float64 `json:"pluginCPUPerGiB"`
+	APIServer  float64 `json:"apiserverCPUPerGiB"`
+	Server     float64 `json:"serverCPUPerGiB"`
+	Bench      float64 `json:"benchCPUPerGiB"`
+	Rest       float64 `json:"restCPUPerGiB"`
+	PeakRSSMiB float64 `json:"peakRSSMiB"`
+}
+
+type tunnelRow struct {
+	Transport string     `json:"transport"`
+	Link      string     `json:"link"`
+	Runs      int        `json:"runs"`
+	Plugin    tunnelPath `json:"plugin"`
+	Parallel  tunnelPath `json:"parallel"`
+	Raw       tunnelPath `json:"raw"`
+}
+
 // results is everything read from one set of benchmark outputs.
 type results struct {
+	tunnel          []tunnelRow
 	backup, s3parts []row
 	// profiled are the rows of runs under perf: their hot functions are
 	// reported, their times and memory (perf's own included) are not.
@@ -122,6 +145,9 @@ func run(out, before, include, notes string, inputs []string) error {
 	if len(after.s3parts) > 0 {
 		md.WriteString(s3Section(after.s3parts))
 	}
+	if len(after.tunnel) > 0 {
+		md.WriteString(tunnelSection(after.tunnel))
+	}
 	if after.list != nil || (old != nil && old.list != nil) {
 		md.WriteString(listSection(after.list, old))
 	}
@@ -169,6 +195,12 @@ func read(files ...string) (*results, error) {
 				return nil, fmt.Errorf("%s: %w", f, err)
 			}
 			switch v.Bench {
+			case "tunnel":
+				var t tunnelRow
+				if err := json.Unmarshal([]byte(line), &t); err != nil {
+					return nil, fmt.Errorf("%s: %w", f, err)
+				}
+				r.tunnel = append(r.tunnel, t)
 			case "backup":
 				if v.Row.Build == "before" {
 					// The baseline build, run in the same rounds.
@@ -259,6 +291,51 @@ func s3Section(rows []row) string {
 		}
 		fmt.Fprintf(&b, "| %d MiB | %d MiB × %d | %s | %.2f s | %.0f | %s | %s | %s |\n", r.SizeMiB, r.PartMiB, r.Concurrency, limit, r.Wall,
 			float64(r.RawBytes)/r.Wall/1e6, cpu(r.ServerCPU, r), mib(r.ServerRSS), mib(r.ServerAnon))
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+func tunnelSection(rows []tunnelRow) string {
+	var b strings.Builder
+	b.WriteString("## Download through the tunnel against a raw port-forward\n\n")
+	b.WriteString("`BenchmarkTunnelDownload` on the sandbox, 1 GiB: `kubectl etcdbackup download -o -` (one port-forward, " +
+		"SHA-256 and etcd's trailer verified) and `download -o FILE --parallel 4` (four port-forwards, FILE in /dev/shm) against a raw " +
+		"1 GiB byte stream from a pod through the same API server, kubelet and containerd, read through client-go's port forwarder " +
+		"as `kubectl port-forward` does. The three paths alternate in one run. MB/s is end to end (process start to exit; raw: " +
+		"from dialling to the last byte). Rows with a link rate limit the node's link to the host (the kubelet's side of every " +
+		"port-forward) to that rate, so that the network, not the machine's two CPUs, limits the paths. Aim: download / raw ≥ 0.95.\n\n")
+	b.WriteString("| transport | link | download MB/s | --parallel 4 MB/s | raw MB/s | download / raw | parallel / raw | first-to-last-byte download / raw |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|\n")
+	link := func(t tunnelRow) string {
+		if t.Link == "" {
+			return "as is (CPU-bound)"
+		}
+		return t.Link
+	}
+	for _, t := range rows {
+		fmt.Fprintf(&b, "| %s | %s | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f |\n", t.Transport, link(t), t.Plugin.MBps, t.Parallel.MBps, t.Raw.MBps,
+			t.Plugin.MBps/t.Raw.MBps, t.Parallel.MBps/t.Raw.MBps, t.Plugin.StreamMBps/t.Raw.StreamMBps)
+	}
+	b.WriteString("\nCPU seconds per GiB by process (user + system). \"bench process\" holds raw's port forwarder and reader; " +
+		"the byte source pod, the kubelet and containerd count in \"rest of machine\".\n\n")
+	b.WriteString("| transport | link | path | all | kubectl + plugin | API server | data server | bench process | rest of machine | peak RSS |\n")
+	b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, t := range rows {
+		for _, p := range []struct {
+			name string
+			p    tunnelPath
+		}{{"download -o -", t.Plugin}, {"--parallel 4", t.Parallel}, {"raw", t.Raw}} {
+			rss, plugin := "–", "–"
+			if p.p.PeakRSSMiB > 0 {
+				rss = fmt.Sprintf("%.0f MiB", p.p.PeakRSSMiB)
+			}
+			if p.p.Plugin > 0 {
+				plugin = fmt.Sprintf("%.2f", p.p.Plugin)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %.2f | %s | %.2f | %.2f | %.2f | %.2f | %s |\n", t.Transport, link(t), p.name, p.p.CPU,
+				plugin, p.p.APIServer, p.p.Server, p.p.Bench, p.p.Rest, rss)
+		}
 	}
 	b.WriteString("\n")
 	return b.String()
