@@ -305,7 +305,7 @@ func (c *Client) Download(ctx context.Context, w io.Writer, req DownloadRequest)
 func (c *Client) downloadOnce(ctx context.Context, s *sink, req DownloadRequest, offset *int64, prev *ebv1.Backup) (*ebv1.Backup, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	b, stream, err := c.openDownload(ctx, req, *offset, -1)
+	b, _, stream, err := c.openDownload(ctx, req, *offset, -1, 0)
 	if err != nil {
 		return b, err
 	}
@@ -338,31 +338,37 @@ func (c *Client) downloadOnce(ctx context.Context, s *sink, req DownloadRequest,
 	return b, nil
 }
 
-// openDownload starts a DownloadBackup stream at offset and reads its
-// header. A length of 0 or more is checked against the header: the
-// caller reads that many bytes and cancels the stream.
-func (c *Client) openDownload(ctx context.Context, req DownloadRequest, offset, length int64) (*ebv1.Backup, grpc.ClientStream, error) {
-	stream, err := c.Backups.DownloadBackup(ctx, &ebv1.DownloadBackupRequest{Name: req.Name, Location: req.Location, Offset: offset}, downloadCodecOption)
+// openDownload starts a DownloadBackup stream at offset, asking for ask
+// bytes (0: to the end), and reads its header. It returns how many bytes
+// the stream carries: 0 from a server that does not know lengths and
+// sends to the end whatever was asked. A need of 0 or more is checked
+// against the header: the caller reads that many bytes and cancels the
+// stream.
+func (c *Client) openDownload(ctx context.Context, req DownloadRequest, offset, need, ask int64) (*ebv1.Backup, int64, grpc.ClientStream, error) {
+	stream, err := c.Backups.DownloadBackup(ctx, &ebv1.DownloadBackupRequest{Name: req.Name, Location: req.Location, Offset: offset, Length: ask}, downloadCodecOption)
 	if err != nil {
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
 	var first chunkMessage
 	if err := stream.RecvMsg(&first); err != nil {
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
 	h := first.header()
 	first.free()
 	if h == nil || h.GetBackup() == nil {
-		return nil, nil, status.Error(codes.Internal, "download: the server did not start with a header")
+		return nil, 0, nil, status.Error(codes.Internal, "download: the server did not start with a header")
 	}
 	b := h.GetBackup()
 	if h.GetOffset() != offset {
-		return b, nil, status.Errorf(codes.Internal, "download: asked for offset %d, the server starts at %d", offset, h.GetOffset())
+		return b, 0, nil, status.Errorf(codes.Internal, "download: asked for offset %d, the server starts at %d", offset, h.GetOffset())
 	}
-	if length >= 0 && offset+length > b.GetSize() {
-		return b, nil, fmt.Errorf("download %q: the backup is %d bytes, not the %d or more this download started with; download it again", req.Name, b.GetSize(), offset+length)
+	if need >= 0 && offset+need > b.GetSize() {
+		return b, 0, nil, fmt.Errorf("download %q: the backup is %d bytes, not the %d or more this download started with; download it again", req.Name, b.GetSize(), offset+need)
 	}
-	return b, stream, nil
+	if carries := h.GetLength(); carries < 0 || offset+carries > b.GetSize() || (ask > 0 && carries > ask) {
+		return b, 0, nil, status.Errorf(codes.Internal, "download: asked for %d bytes at %d of %d, the server says it sends %d", ask, offset, b.GetSize(), carries)
+	}
+	return b, h.GetLength(), stream, nil
 }
 
 func changedError(name string, prev, b *ebv1.Backup) error {

@@ -33,9 +33,12 @@ type FileDownload struct {
 	// Parallel is how many ranges are downloaded at once, each over a
 	// stream of its own, written in place into Path.part; 0 or 1 is one
 	// stream. An interrupted parallel download records its ranges in
-	// Path.part.ranges, which a later run continues from whatever its
-	// Parallel (a later single-stream run resumes it in parallel too).
+	// Path.part.ranges, which a later run continues from with its own
+	// Parallel streams (one for a single-stream run).
 	Parallel int
+	// PieceBytes is the size of the ranges the Parallel streams take in
+	// turn from a server that takes lengths; 0 is PieceBytes.
+	PieceBytes int64
 	// Connect, if set, opens a connection for each range but the first
 	// (each port-forward is a stream of its own); without it the ranges
 	// share c's connection.

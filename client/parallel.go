@@ -33,6 +33,15 @@ func AutoParallel(size int64) int {
 	return 4
 }
 
+// PieceBytes is the size of the ranges a parallel download fetches from a
+// server that takes lengths: the streams take them in file order, one
+// after the other, so the in-order hash of the whole file trails the
+// slowest stream by at most a few pieces, where with one range per stream
+// three quarters of the file would be left to hash after the last byte.
+// Each piece costs one request (the server's lookup and open, a round
+// trip); 32 MiB keeps that well under 1 % of a piece's time.
+const PieceBytes = 32 << 20
+
 // RangesSuffix is appended to the .part file's name for the file that
 // records how far each range of an interrupted parallel download got.
 const RangesSuffix = ".ranges"
@@ -87,19 +96,25 @@ func (c *Client) downloadParallel(ctx context.Context, f *os.File, part string, 
 
 	// The first stream starts where the first range to fetch has got to
 	// and brings the backup's size and SHA-256; that range continues it.
-	first := have
+	// It asks for a piece (or what the saved range lacks): a server that
+	// sends only that takes lengths, and the rest is split into pieces.
+	piece := d.PieceBytes
+	if piece <= 0 {
+		piece = PieceBytes
+	}
+	first, ask := have, piece
 	if saved != nil {
 		first = saved.Size
 		for _, r := range saved.Ranges {
 			if r.Reached < r.End {
-				first = r.Reached
+				first, ask = r.Reached, r.End-r.Reached
 				break
 			}
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	b, stream, err := c.openDownload(ctx, req, first, -1)
+	b, carries, stream, err := c.openDownload(ctx, req, first, -1, ask)
 	if err != nil {
 		return b, err
 	}
@@ -119,7 +134,11 @@ func (c *Client) downloadParallel(ctx context.Context, f *os.File, part string, 
 		if d.OnResume != nil {
 			d.OnResume(part, p.present())
 		}
+	} else if carries > 0 {
+		p.ranges = splitPieces(have, b.GetSize(), piece)
 	} else {
+		// A server older than lengths sends every stream to the end: one
+		// range per stream, each cancelled at its end.
 		p.ranges = splitRanges(have, b.GetSize(), d.Parallel)
 	}
 	record := func() error {
@@ -135,23 +154,45 @@ func (c *Client) downloadParallel(ctx context.Context, f *os.File, part string, 
 		return b, fmt.Errorf("record ranges in %s: %w", side, err)
 	}
 
-	// The first range to fail says why; the others then stop as
-	// cancelled, which says nothing.
+	// d.Parallel streams take the ranges still to fetch in file order,
+	// each over a connection of its own; the first takes the range the
+	// first stream was opened for. The first range to fail says why; the
+	// others then stop as cancelled, which says nothing.
 	var firstErr error
 	var errOnce sync.Once
 	var wg sync.WaitGroup
-	for i := range p.ranges {
-		if p.ranges[i].Reached == p.ranges[i].End {
-			continue
+	next := 0
+	take := func() (int, bool) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for next < len(p.ranges) && p.ranges[next].Reached == p.ranges[next].End {
+			next++
+		}
+		if next == len(p.ranges) {
+			return 0, false
+		}
+		next++
+		return next - 1, true
+	}
+	pending := 0
+	for _, r := range p.ranges {
+		if r.Reached < r.End {
+			pending++
+		}
+	}
+	for w := range min(max(1, d.Parallel), pending) {
+		i, ok := take()
+		if !ok {
+			break
 		}
 		var opened grpc.ClientStream
-		if p.ranges[i].Reached == first {
+		if w == 0 && p.ranges[i].Reached == first {
 			opened, stream = stream, nil
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := c.fetchRange(ctx, p, i, req, b, d.Connect, opened); err != nil {
+			if err := c.fetchRanges(ctx, p, i, take, req, b, d.Connect, opened); err != nil {
 				errOnce.Do(func() { firstErr = err })
 				p.fail()
 				cancel()
@@ -208,6 +249,19 @@ func splitRanges(have, size int64, n int) []byteRange {
 		start := have + rest*int64(i)/int64(n)
 		end := have + rest*int64(i+1)/int64(n)
 		rs = append(rs, byteRange{start, start, end})
+	}
+	return rs
+}
+
+// splitPieces covers [0, size): [0, have) already present, the rest in
+// ranges of piece bytes, the last one shorter.
+func splitPieces(have, size, piece int64) []byteRange {
+	var rs []byteRange
+	if have > 0 {
+		rs = append(rs, byteRange{0, have, have})
+	}
+	for start := have; start < size; start += piece {
+		rs = append(rs, byteRange{start, start, min(start+piece, size)})
 	}
 	return rs
 }
@@ -272,11 +326,11 @@ func (p *parallelDownload) hash(ctx context.Context, sum hash.Hash) ([]byte, err
 	return sum.Sum(nil), nil
 }
 
-// fetchRange downloads range i into the file, re-opening its stream from
-// where it got when the connection breaks, as Download does, over a
-// connection of its own when connect is set. The range that was handed
-// the first stream (opened, on c) continues it on c's connection.
-func (c *Client) fetchRange(ctx context.Context, p *parallelDownload, i int, req DownloadRequest, b *ebv1.Backup, connect Connector, opened grpc.ClientStream) error {
+// fetchRanges is one stream of a parallel download: it fetches range i,
+// then each range take hands it, until none is left, over a connection
+// of its own when connect is set. The stream handed the first stream
+// (opened, on c) continues it on c's connection.
+func (c *Client) fetchRanges(ctx context.Context, p *parallelDownload, i int, take func() (int, bool), req DownloadRequest, b *ebv1.Backup, connect Connector, opened grpc.ClientStream) error {
 	rc := c
 	if connect != nil && opened == nil {
 		other, closeConn, err := connect(ctx)
@@ -287,6 +341,19 @@ func (c *Client) fetchRange(ctx context.Context, p *parallelDownload, i int, req
 		rc = other
 		rc.Retry = c.Retry
 	}
+	for ok := true; ok; i, ok = take() {
+		if err := c.fetchRange(ctx, rc, p, i, req, b, opened); err != nil {
+			return err
+		}
+		opened = nil
+	}
+	return nil
+}
+
+// fetchRange downloads range i into the file over rc, re-opening its
+// stream from where it got when the connection breaks, as Download does;
+// opened, if set, is a stream already open at the range's start.
+func (c *Client) fetchRange(ctx context.Context, rc *Client, p *parallelDownload, i int, req DownloadRequest, b *ebv1.Backup, opened grpc.ClientStream) error {
 	p.mu.Lock()
 	reached, end := p.ranges[i].Reached, p.ranges[i].End
 	p.mu.Unlock()
@@ -315,7 +382,7 @@ func (c *Client) fetchRangeOnce(ctx context.Context, p *parallelDownload, i int,
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()
-		b, s, err := c.openDownload(ctx, req, *reached, end-*reached)
+		b, _, s, err := c.openDownload(ctx, req, *reached, end-*reached, end-*reached)
 		if err != nil {
 			return err
 		}

@@ -6,15 +6,19 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"sync/atomic"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
 )
 
 // connector opens a new gRPC connection to addr per range and counts them.
@@ -58,7 +62,7 @@ func TestParallelDownloadIsByteIdenticalAcrossBrokenConnections(t *testing.T) {
 	path := t.TempDir() + "/p.db"
 	b, err := dial(t, proxy.lis.Addr().String()).DownloadFile(context.Background(), client.FileDownload{
 		Path: path, DownloadRequest: client.DownloadRequest{Name: "p"},
-		Parallel: 4, Connect: connector(t, proxy.lis.Addr().String(), &opened),
+		Parallel: 4, PieceBytes: 1 << 20, Connect: connector(t, proxy.lis.Addr().String(), &opened),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -91,7 +95,7 @@ func TestParallelDownloadResumesFromItsRanges(t *testing.T) {
 	defer cancel()
 	var opened atomic.Int32
 	_, err := c.DownloadFile(ctx, client.FileDownload{
-		Path: path, Parallel: 4, Connect: connector(t, addr, &opened),
+		Path: path, Parallel: 4, PieceBytes: 1 << 20, Connect: connector(t, addr, &opened),
 		DownloadRequest: client.DownloadRequest{Name: "r", Progress: func(n int64) {
 			if n >= 6<<20 {
 				cancel()
@@ -178,5 +182,117 @@ func TestAutoParallel(t *testing.T) {
 		if got := client.AutoParallel(tc.size); got != tc.want {
 			t.Errorf("AutoParallel(%d) = %d, want %d", tc.size, got, tc.want)
 		}
+	}
+}
+
+// A parallel download from a server that takes lengths fetches pieces of
+// PieceBytes, which the streams take in turn: an interrupted one records
+// them, each no longer than a piece, and the next run completes them.
+func TestParallelDownloadFetchesPieces(t *testing.T) {
+	addr := startServer(t)
+	c := dial(t, addr)
+	const size = 10<<20 + 4321
+	data := uploadRandomBytes(t, c, "pieces", size)
+	path := t.TempDir() + "/pieces.db"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var opened atomic.Int32
+	download := client.FileDownload{
+		Path: path, Parallel: 3, PieceBytes: 1 << 20, Connect: connector(t, addr, &opened),
+		DownloadRequest: client.DownloadRequest{Name: "pieces", Progress: func(n int64) {
+			if n >= 4<<20 {
+				cancel()
+			}
+		}},
+	}
+	if _, err := c.DownloadFile(ctx, download); err == nil {
+		t.Fatal("the interrupted download succeeded")
+	}
+	buf, err := os.ReadFile(path + ".part" + client.RangesSuffix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		Ranges []struct{ Start, Reached, End int64 }
+	}
+	if err := json.Unmarshal(buf, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Ranges) != 11 {
+		t.Fatalf("the record has %d ranges, want 11 pieces of 1 MiB: %s", len(rec.Ranges), buf)
+	}
+	for _, r := range rec.Ranges {
+		if r.End-r.Start > 1<<20 {
+			t.Fatalf("range %d-%d is longer than a piece", r.Start, r.End)
+		}
+	}
+	download.DownloadRequest.Progress = nil
+	if _, err := c.DownloadFile(context.Background(), download); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("downloaded %d bytes, equal=%v, err %v", len(got), bytes.Equal(got, data), err)
+	}
+	if opened.Load() != 4 {
+		t.Fatalf("opened %d connections, want 2 per run: each stream keeps its connection for its pieces", opened.Load())
+	}
+}
+
+// lengthless is a server from before DownloadBackupRequest.length: it
+// sends every stream to the end and says nothing of a length.
+type lengthless struct{ *server.Server }
+
+func (s lengthless) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.BackupService_DownloadBackupServer) error {
+	req = proto.CloneOf(req)
+	req.Length = 0
+	return s.Server.DownloadBackup(req, headerWithoutLength{stream})
+}
+
+type headerWithoutLength struct {
+	ebv1.BackupService_DownloadBackupServer
+}
+
+func (h headerWithoutLength) Send(m *ebv1.DownloadBackupResponse) error {
+	if hd := m.GetHeader(); hd != nil {
+		hd.Length = 0
+	}
+	return h.BackupService_DownloadBackupServer.Send(m)
+}
+
+// Against such a server a parallel download falls back to one range per
+// stream, each cancelled at its end, and is still byte for byte right.
+func TestParallelDownloadFromAServerWithoutLengths(t *testing.T) {
+	loc, err := filesystem.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{Locations: []server.NamedLocation{{Name: "default", Location: loc}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(server.GRPCServerOptions()...)
+	ebv1.RegisterBackupServiceServer(gs, lengthless{srv})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	addr := lis.Addr().String()
+	c := dial(t, addr)
+	data := uploadRandomBytes(t, c, "old", 9<<20+77)
+	var opened atomic.Int32
+	path := t.TempDir() + "/old.db"
+	if _, err := c.DownloadFile(context.Background(), client.FileDownload{
+		Path: path, Parallel: 3, PieceBytes: 1 << 20, Connect: connector(t, addr, &opened),
+		DownloadRequest: client.DownloadRequest{Name: "old"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("downloaded %d bytes, equal=%v, err %v", len(got), bytes.Equal(got, data), err)
+	}
+	if opened.Load() != 2 {
+		t.Fatalf("opened %d connections, want 2 (three ranges, the first on the client's)", opened.Load())
 	}
 }

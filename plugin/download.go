@@ -53,10 +53,11 @@ is), resuming from an existing FILE.part, and checked against the stored
 SHA-256 only: for copying backups elsewhere, or for the age CLI
 (docs/encryption.md).
 
-A large backup is fetched in --parallel ranges at once, each over a
-port-forward of its own, written in place into FILE.part and still checked
-against the whole backup's SHA-256 (by default one stream up to 64 MiB, four
-above; --parallel 1 forces one stream). Parallel ranges need the stored bytes
+A large backup is fetched over --parallel port-forwards at once, each taking
+32 MiB pieces in turn, written in place into FILE.part and still checked
+against the whole backup's SHA-256 as the pieces arrive (by default one
+stream up to 64 MiB, four above; --parallel 1 forces one stream; where one
+link limits every stream, one stream is as fast). Parallel ranges need the stored bytes
 to be the plain snapshot (--raw, or a backup neither compressed nor
 encrypted); an interrupted --raw download records its ranges in
 FILE.part.ranges and the next run continues them.

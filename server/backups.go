@@ -491,6 +491,9 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 	if req.GetOffset() < 0 {
 		return status.Errorf(codes.InvalidArgument, "offset %d is negative", req.GetOffset())
 	}
+	if req.GetLength() < 0 {
+		return status.Errorf(codes.InvalidArgument, "length %d is negative; 0 asks for everything from the offset to the end", req.GetLength())
+	}
 	locName, loc, err := s.location(req.GetLocation())
 	if err != nil {
 		return err
@@ -524,7 +527,13 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 	s.metrics.inFlight.WithLabelValues("download").Inc()
 	defer s.metrics.inFlight.WithLabelValues("download").Dec()
 	defer func() { s.metrics.observeTransfer("download", start, err) }()
-	r, m, err := loc.Open(ctx, req.GetName(), req.GetOffset())
+	// A length past the end is cut there: a parallel download's last
+	// range asks for whatever is left.
+	end := m.Size
+	if req.GetLength() > 0 {
+		end = min(m.Size, req.GetOffset()+req.GetLength())
+	}
+	r, m, err := loc.Open(ctx, req.GetName(), req.GetOffset(), end-req.GetOffset())
 	if err != nil {
 		return s.storageError("download", locName, req.GetName(), err)
 	}
@@ -536,11 +545,12 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 			agent, req.GetName(), agent.SHA256, m.SHA256)
 	}
 	// Every backup holds every Secret of its cluster: say who read it.
-	s.log.Info("backup download", "location", locName, "backup", req.GetName(), "offset", req.GetOffset(), "caller", caller(ctx))
+	s.log.Info("backup download", "location", locName, "backup", req.GetName(), "offset", req.GetOffset(), "length", end-req.GetOffset(), "caller", caller(ctx))
 
 	if err := stream.Send(&ebv1.DownloadBackupResponse{Msg: &ebv1.DownloadBackupResponse_Header{Header: &ebv1.DownloadHeader{
 		Backup: backupFromManifest(locName, m),
 		Offset: req.GetOffset(),
+		Length: end - req.GetOffset(),
 	}}}); err != nil {
 		return err
 	}
@@ -549,8 +559,8 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 	// gRPC's per-stream write quota bounds how many are queued.
 	pool := chunkBuffers
 	sent := req.GetOffset()
-	for sent < m.Size {
-		bp := pool.Get(int(min(downloadChunkBytes, m.Size-sent)))
+	for sent < end {
+		bp := pool.Get(int(min(downloadChunkBytes, end-sent)))
 		n, rerr := io.ReadFull(r, *bp)
 		if n > 0 {
 			*bp = (*bp)[:n]

@@ -293,12 +293,12 @@ func (l *managedLocation) Create(ctx context.Context, name string) (storage.Uplo
 	return &managedUpload{Upload: up, l: l, ctx: ctx}, nil
 }
 
-func (l *managedLocation) Open(ctx context.Context, name string, offset int64) (io.ReadCloser, *storage.Manifest, error) {
+func (l *managedLocation) Open(ctx context.Context, name string, offset, length int64) (io.ReadCloser, *storage.Manifest, error) {
 	loc, err := l.get()
 	if err != nil {
 		return nil, nil, err
 	}
-	r, m, err := loc.Open(ctx, name, offset)
+	r, m, err := loc.Open(ctx, name, offset, length)
 	if err != nil {
 		return nil, nil, l.failed(ctx, err)
 	}

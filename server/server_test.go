@@ -182,6 +182,50 @@ func TestDownloadFromOffset(t *testing.T) {
 	}
 }
 
+// A length asks for a range: the stream carries exactly those bytes (cut
+// at the end of the backup) and its header says how many.
+func TestDownloadRange(t *testing.T) {
+	ts := startServer(t, "")
+	data := randomBytes(t, 3<<20+5)
+	ts.upload(t, "b", data)
+	size := int64(len(data))
+	for _, r := range [][2]int64{{0, 1}, {0, 1 << 20}, {7, 2<<20 + 3}, {size - 5, 5}, {size - 5, 1 << 30}, {1 << 20, 0}} {
+		stream, err := ts.client.Backups.DownloadBackup(context.Background(), &ebv1.DownloadBackupRequest{Name: "b", Offset: r[0], Length: r[1]})
+		if err != nil {
+			t.Fatal(err)
+		}
+		end := size
+		if r[1] > 0 {
+			end = min(size, r[0]+r[1])
+		}
+		var got []byte
+		for {
+			m, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatalf("range %v: %v", r, err)
+			}
+			if h := m.GetHeader(); h != nil && (h.GetOffset() != r[0] || h.GetLength() != end-r[0]) {
+				t.Fatalf("range %v: header says offset %d, length %d; want %d, %d", r, h.GetOffset(), h.GetLength(), r[0], end-r[0])
+			}
+			got = append(got, m.GetChunk()...)
+		}
+		if !bytes.Equal(got, data[r[0]:end]) {
+			t.Fatalf("range %v: got %d bytes, want bytes %d-%d", r, len(got), r[0], end)
+		}
+	}
+	stream, err := ts.client.Backups.DownloadBackup(context.Background(), &ebv1.DownloadBackupRequest{Name: "b", Length: -1})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	wantCode(t, err, codes.InvalidArgument)
+	if !strings.Contains(status.Convert(err).Message(), "length -1 is negative") {
+		t.Fatalf("message does not name the length: %v", err)
+	}
+}
+
 func TestWrongDeclaredChecksumIsDataLossAndStoresNothing(t *testing.T) {
 	ts := startServer(t, "")
 	data := randomBytes(t, 1<<20)

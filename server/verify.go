@@ -31,7 +31,7 @@ func (s *Server) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest
 	if err != nil {
 		return nil, err
 	}
-	r, m, err := loc.Open(ctx, req.GetName(), 0)
+	r, m, err := loc.Open(ctx, req.GetName(), 0, 0)
 	if err != nil {
 		return nil, s.storageError("verify", locName, req.GetName(), err)
 	}

@@ -95,8 +95,10 @@ type Location interface {
 	// caller must call exactly one of Commit or Abort on the result.
 	Create(ctx context.Context, name string) (Upload, error)
 	// Open returns the backup's manifest and a reader of its data starting
-	// at offset, which must be within [0, Size].
-	Open(ctx context.Context, name string, offset int64) (io.ReadCloser, *Manifest, error)
+	// at offset, which must be within [0, Size]: length bytes of it, cut at
+	// the end, or everything to the end when length is 0. A store that
+	// can read a range reads only that range.
+	Open(ctx context.Context, name string, offset, length int64) (io.ReadCloser, *Manifest, error)
 	// Stat returns the manifest of a complete backup.
 	Stat(ctx context.Context, name string) (*Manifest, error)
 	// List returns the manifests of all complete backups, in no order.

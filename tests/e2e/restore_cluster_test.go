@@ -299,7 +299,7 @@ func replaceBackup(ctx context.Context, t *testing.T, product *world.Product, na
 		t.Fatal(err)
 	}
 	read := func(n string) ([]byte, *storage.Manifest) {
-		rc, m, err := loc.Open(ctx, n, 0)
+		rc, m, err := loc.Open(ctx, n, 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1480,7 +1480,12 @@ type DownloadBackupRequest struct {
 	Location string                 `protobuf:"bytes,2,opt,name=location,proto3" json:"location,omitempty"`
 	// Byte offset to start from; 0 for the whole backup. An offset past the
 	// end is OUT_OF_RANGE; an offset equal to the size sends the header only.
-	Offset        int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	Offset int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// At most this many bytes from offset (a range of a parallel download);
+	// 0 sends everything to the end. Negative is INVALID_ARGUMENT. The
+	// header's length says what the stream carries: a server older than this
+	// field leaves it 0 and sends to the end.
+	Length        int64 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1532,6 +1537,13 @@ func (x *DownloadBackupRequest) GetLocation() string {
 func (x *DownloadBackupRequest) GetOffset() int64 {
 	if x != nil {
 		return x.Offset
+	}
+	return 0
+}
+
+func (x *DownloadBackupRequest) GetLength() int64 {
+	if x != nil {
+		return x.Length
 	}
 	return 0
 }
@@ -1626,7 +1638,10 @@ type DownloadHeader struct {
 	// data, not of the part after offset.
 	Backup *Backup `protobuf:"bytes,1,opt,name=backup,proto3" json:"backup,omitempty"`
 	// The offset the chunks start at.
-	Offset        int64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	Offset int64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// How many bytes the chunks carry: the request's length, cut at the end
+	// of the backup, or everything from offset to the end.
+	Length        int64 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1671,6 +1686,13 @@ func (x *DownloadHeader) GetBackup() *Backup {
 func (x *DownloadHeader) GetOffset() int64 {
 	if x != nil {
 		return x.Offset
+	}
+	return 0
+}
+
+func (x *DownloadHeader) GetLength() int64 {
+	if x != nil {
+		return x.Length
 	}
 	return 0
 }
@@ -2874,18 +2896,20 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\n" +
 	"raw_sha256\x18\x04 \x01(\tR\trawSha256\"E\n" +
 	"\x14UploadBackupResponse\x12-\n" +
-	"\x06backup\x18\x01 \x01(\v2\x15.etcdbackup.v1.BackupR\x06backup\"_\n" +
+	"\x06backup\x18\x01 \x01(\v2\x15.etcdbackup.v1.BackupR\x06backup\"w\n" +
 	"\x15DownloadBackupRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x16\n" +
-	"\x06offset\x18\x03 \x01(\x03R\x06offset\"p\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x04 \x01(\x03R\x06length\"p\n" +
 	"\x16DownloadBackupResponse\x127\n" +
 	"\x06header\x18\x01 \x01(\v2\x1d.etcdbackup.v1.DownloadHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x05\n" +
-	"\x03msg\"W\n" +
+	"\x03msg\"o\n" +
 	"\x0eDownloadHeader\x12-\n" +
 	"\x06backup\x18\x01 \x01(\v2\x15.etcdbackup.v1.BackupR\x06backup\x12\x16\n" +
-	"\x06offset\x18\x02 \x01(\x03R\x06offset\"\x82\x02\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x16\n" +
+	"\x06length\x18\x03 \x01(\x03R\x06length\"\x82\x02\n" +
 	"\x13CreateBackupRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x16\n" +

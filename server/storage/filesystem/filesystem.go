@@ -235,13 +235,13 @@ func (u *upload) Abort() error {
 }
 
 // Open implements storage.Location.
-func (l *Location) Open(ctx context.Context, name string, offset int64) (io.ReadCloser, *storage.Manifest, error) {
+func (l *Location) Open(ctx context.Context, name string, offset, length int64) (io.ReadCloser, *storage.Manifest, error) {
 	m, err := l.Stat(ctx, name)
 	if err != nil {
 		return nil, nil, err
 	}
-	if offset < 0 || offset > m.Size {
-		return nil, nil, fmt.Errorf("offset %d outside backup %q of %d bytes", offset, name, m.Size)
+	if offset < 0 || offset > m.Size || length < 0 {
+		return nil, nil, fmt.Errorf("offset %d, length %d outside backup %q of %d bytes", offset, length, name, m.Size)
 	}
 	f, err := os.Open(l.dataPath(name))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -254,6 +254,12 @@ func (l *Location) Open(ctx context.Context, name string, offset int64) (io.Read
 	if _, err := f.Seek(offset, io.SeekStart); err != nil {
 		f.Close()
 		return nil, nil, fmt.Errorf("seek data of %q to %d: %w", name, offset, err)
+	}
+	if length > 0 {
+		return struct {
+			io.Reader
+			io.Closer
+		}{io.LimitReader(f, length), f}, m, nil
 	}
 	return f, m, nil
 }

@@ -96,7 +96,7 @@ func TestFull(t *testing.T) {
 	if entries, _ := os.ReadDir(filepath.Join(dir, ".tmp")); len(entries) > 0 {
 		t.Errorf(".tmp holds %d files after the refused upload", len(entries))
 	}
-	r, _, err := loc.Open(ctx, "before", 0)
+	r, _, err := loc.Open(ctx, "before", 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,7 +76,7 @@ func FuzzManifest(f *testing.F) {
 		if _, lerr := loc.List(ctx); (lerr == nil) != (err == nil) {
 			t.Fatalf("Stat says %v but List says %v", err, lerr)
 		}
-		if r, om, oerr := loc.Open(ctx, "fuzz", 0); oerr == nil {
+		if r, om, oerr := loc.Open(ctx, "fuzz", 0, 0); oerr == nil {
 			got, rerr := io.ReadAll(r)
 			r.Close()
 			if rerr != nil || !bytes.Equal(got, data[:min(len(data), len(got))]) || om.Size != m.Size {

@@ -363,16 +363,17 @@ func (l *Location) stat(ctx context.Context, name string) (*storage.Manifest, st
 	return &m, out.Metadata[dataETagMeta], nil
 }
 
-// Open implements storage.Location. An offset > 0 is a ranged GET. The
+// Open implements storage.Location. An offset > 0 or a length is a ranged
+// GET. The
 // data is read with If-Match on the ETag the manifest recorded, so a
 // backup deleted and re-uploaded between the two reads is not mixed up.
-func (l *Location) Open(ctx context.Context, name string, offset int64) (io.ReadCloser, *storage.Manifest, error) {
+func (l *Location) Open(ctx context.Context, name string, offset, length int64) (io.ReadCloser, *storage.Manifest, error) {
 	m, etag, err := l.stat(ctx, name)
 	if err != nil {
 		return nil, nil, err
 	}
-	if offset < 0 || offset > m.Size {
-		return nil, nil, fmt.Errorf("offset %d outside backup %q of %d bytes", offset, name, m.Size)
+	if offset < 0 || offset > m.Size || length < 0 {
+		return nil, nil, fmt.Errorf("offset %d, length %d outside backup %q of %d bytes", offset, length, name, m.Size)
 	}
 	if offset == m.Size && offset > 0 {
 		// S3 refuses a range starting at the end (416); there is nothing
@@ -386,7 +387,10 @@ func (l *Location) Open(ctx context.Context, name string, offset int64) (io.Read
 	if etag != "" {
 		in.IfMatch = aws.String(etag)
 	}
-	if offset > 0 {
+	switch {
+	case length > 0 && offset+length < m.Size:
+		in.Range = aws.String(fmt.Sprintf("bytes=%d-%d", offset, offset+length-1))
+	case offset > 0:
 		in.Range = aws.String(fmt.Sprintf("bytes=%d-", offset))
 	}
 	out, err := l.client.GetObject(ctx, in)

@@ -182,7 +182,7 @@ func TestOpenDetectsReplacedData(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, off := range []int64{0, 10} {
-		if r, _, err := loc.Open(ctx, "b", off); !errors.Is(err, storage.ErrNotFound) {
+		if r, _, err := loc.Open(ctx, "b", off, 0); !errors.Is(err, storage.ErrNotFound) {
 			if err == nil {
 				r.Close()
 			}

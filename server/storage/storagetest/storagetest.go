@@ -46,6 +46,7 @@ func Run(t *testing.T, s Suite) {
 		{"ManifestFields", testManifestFields},
 		{"ResumeFromOffsets", testResume},
 		{"OffsetOutOfRange", testOffsetOutOfRange},
+		{"Ranges", testRanges},
 		{"InvisibleUntilCommit", testInvisibleUntilCommit},
 		{"AlreadyExists", testAlreadyExists},
 		{"RacingCommits", testRacingCommits},
@@ -137,9 +138,15 @@ func NewManifest(name string, size int64, sha string) *storage.Manifest {
 // follows, checking the returned manifest is name's.
 func ReadAt(t testing.TB, loc storage.Location, name string, offset int64) (string, int64) {
 	t.Helper()
-	r, m, err := loc.Open(context.Background(), name, offset)
+	return ReadRange(t, loc, name, offset, 0)
+}
+
+// ReadRange is ReadAt of at most length bytes (0: to the end).
+func ReadRange(t testing.TB, loc storage.Location, name string, offset, length int64) (string, int64) {
+	t.Helper()
+	r, m, err := loc.Open(context.Background(), name, offset, length)
 	if err != nil {
-		t.Fatalf("open %q at %d: %v", name, offset, err)
+		t.Fatalf("open %q at %d for %d bytes: %v", name, offset, length, err)
 	}
 	defer r.Close()
 	if m.Name != name {
@@ -175,7 +182,7 @@ func wantNotFound(t *testing.T, loc storage.Location, name string) {
 	if _, err := loc.Stat(ctx, name); !errors.Is(err, storage.ErrNotFound) {
 		t.Errorf("Stat(%q) = %v, want ErrNotFound", name, err)
 	}
-	if r, _, err := loc.Open(ctx, name, 0); !errors.Is(err, storage.ErrNotFound) {
+	if r, _, err := loc.Open(ctx, name, 0, 0); !errors.Is(err, storage.ErrNotFound) {
 		if err == nil {
 			r.Close()
 		}
@@ -272,10 +279,30 @@ func testResume(t *testing.T, s Suite) {
 func testOffsetOutOfRange(t *testing.T, s Suite) {
 	loc := s.New(t)
 	Put(t, loc, "short", Data(1, 10))
-	for _, off := range []int64{-1, 11, 1 << 40} {
-		if r, _, err := loc.Open(context.Background(), "short", off); err == nil {
-			r.Close()
-			t.Errorf("Open at offset %d of a 10-byte backup succeeded", off)
+	for _, r := range [][2]int64{{-1, 0}, {11, 0}, {1 << 40, 0}, {0, -1}} {
+		if rc, _, err := loc.Open(context.Background(), "short", r[0], r[1]); err == nil {
+			rc.Close()
+			t.Errorf("Open at offset %d, length %d of a 10-byte backup succeeded", r[0], r[1])
+		}
+	}
+}
+
+// A range is exactly the bytes [offset, offset+length), cut at the end of
+// the backup.
+func testRanges(t *testing.T, s Suite) {
+	loc := s.New(t)
+	const size = 300<<10 + 3
+	Put(t, loc, "ranges", Data(5, size))
+	data, err := io.ReadAll(Data(5, size))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range [][2]int64{{0, 1}, {0, 4096}, {1, 100 << 10}, {size / 2, size / 4}, {size - 1, 1}, {size - 10, 100}, {0, size}, {7, size}} {
+		end := min(r[0]+r[1], size)
+		sum := sha256.Sum256(data[r[0]:end])
+		got, n := ReadRange(t, loc, "ranges", r[0], r[1])
+		if got != hex.EncodeToString(sum[:]) || n != end-r[0] {
+			t.Errorf("read %d bytes at %d: got %d bytes sha %s, want %d bytes sha %x", r[1], r[0], n, got, end-r[0], sum)
 		}
 	}
 }
