@@ -201,8 +201,11 @@ func TestDownloadGivesUpAfterRetryTimeout(t *testing.T) {
 	c := dialRetrying(t, s.addr, 2*time.Second, &notices)
 	uploadRandom(t, c, "big", 48<<20)
 
+	// The time is taken before the stop: the client may see the broken
+	// stream (and start its budget) while Stop is still returning, the
+	// more so as chunks are written on a goroutine of their own.
 	var stopped time.Time
-	w := &triggerWriter{w: io.Discard, at: 4 << 20, at1: func() { s.Stop(); stopped = time.Now() }}
+	w := &triggerWriter{w: io.Discard, at: 4 << 20, at1: func() { stopped = time.Now(); s.Stop() }}
 	_, err := c.Download(context.Background(), w, client.DownloadRequest{Name: "big"})
 	checkGaveUp(t, err, stopped, "download \"big\" at byte")
 	if notices.Load() != 1 {
@@ -287,7 +290,7 @@ func TestUploadGivesUpAfterRetryTimeout(t *testing.T) {
 	c := dialRetrying(t, s.addr, 2*time.Second, &notices)
 	data := make([]byte, 24<<20)
 	var stopped time.Time
-	r := &stoppingReader{Reader: bytes.NewReader(data), at: 4 << 20, stop: func() { s.Stop(); stopped = time.Now() }}
+	r := &stoppingReader{Reader: bytes.NewReader(data), at: 4 << 20, stop: func() { stopped = time.Now(); s.Stop() }}
 	_, err := c.Upload(context.Background(), r, &ebv1.UploadHeader{Name: "up"}, nil)
 	checkGaveUp(t, err, stopped, `upload "up"`)
 	if notices.Load() != 1 {
