@@ -174,13 +174,7 @@ func (c *Client) downloadParallel(ctx context.Context, f *os.File, part string, 
 		next++
 		return next - 1, true
 	}
-	pending := 0
-	for _, r := range p.ranges {
-		if r.Reached < r.End {
-			pending++
-		}
-	}
-	for w := range min(max(1, d.Parallel), pending) {
+	for w := range max(1, d.Parallel) {
 		i, ok := take()
 		if !ok {
 			break

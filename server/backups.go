@@ -527,17 +527,18 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 	s.metrics.inFlight.WithLabelValues("download").Inc()
 	defer s.metrics.inFlight.WithLabelValues("download").Dec()
 	defer func() { s.metrics.observeTransfer("download", start, err) }()
-	// A length past the end is cut there: a parallel download's last
-	// range asks for whatever is left.
-	end := m.Size
-	if req.GetLength() > 0 {
-		end = min(m.Size, req.GetOffset()+req.GetLength())
-	}
-	r, m, err := loc.Open(ctx, req.GetName(), req.GetOffset(), end-req.GetOffset())
+	// The store cuts a length past the end (a parallel download's last
+	// range asks for whatever is left); what is sent is measured on the
+	// manifest Open returned, as everything below is.
+	r, m, err := loc.Open(ctx, req.GetName(), req.GetOffset(), req.GetLength())
 	if err != nil {
 		return s.storageError("download", locName, req.GetName(), err)
 	}
 	defer r.Close()
+	end := m.Size
+	if req.GetLength() > 0 {
+		end = min(m.Size, req.GetOffset()+req.GetLength())
+	}
 	// Checked on what Open returned: that is what is sent.
 	if isAgent && m.SHA256 != agent.SHA256 {
 		return status.Errorf(codes.PermissionDenied,
