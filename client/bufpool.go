@@ -28,3 +28,7 @@ const WindowBytes = 16 << 20
 // gRPC's default pool (a second pass over every byte, a tenth of the
 // client's CPU on a download) only costs.
 var recvBuffers = &grpcbuf.Pool{}
+
+// uploadBuffers hold an upload's chunks from the read that fills them
+// until gRPC has written them.
+var uploadBuffers = &grpcbuf.Pool{}

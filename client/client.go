@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
@@ -106,7 +107,7 @@ func (c *Client) UploadWith(ctx context.Context, r io.Reader, req UploadRequest)
 				return nil, fmt.Errorf("upload %q: read the input again to retry: %w", req.Header.GetName(), rerr)
 			}
 		}
-		b, trailer, sent, err := c.uploadOnce(ctx, r, req)
+		b, trailer, sent, err := c.uploadOnce(ctx, readerChunks(r), req)
 		if err == nil {
 			return b, nil
 		}
@@ -159,13 +160,43 @@ func (c *Client) earlierAttempt(ctx context.Context, h *ebv1.UploadHeader, trail
 	return nil, false
 }
 
-// uploadOnce makes one UploadBackup call from r's current position. It
+// UploadChunks is UploadWith for a sender whose bytes are already in
+// gRPC buffers: next returns the upload's next chunk (at most ChunkBytes),
+// then io.EOF after the last; any other error aborts the upload and the
+// server stores nothing. The upload frees each chunk once gRPC has
+// written it, without copying it first. The chunks cannot be produced
+// twice, so a broken connection is not retried.
+func (c *Client) UploadChunks(ctx context.Context, next func() (mem.BufferSlice, error), req UploadRequest) (*ebv1.Backup, error) {
+	b, _, _, err := c.uploadOnce(ctx, next, req)
+	return b, err
+}
+
+// readerChunks returns r's bytes in chunks of ChunkBytes, each read into a
+// buffer of uploadBuffers that goes back to the pool once gRPC has
+// written it: proto.Marshal would copy every chunk into a new buffer.
+func readerChunks(r io.Reader) func() (mem.BufferSlice, error) {
+	return func() (mem.BufferSlice, error) {
+		bp := uploadBuffers.Get(ChunkBytes)
+		n, err := io.ReadFull(r, *bp)
+		if n == 0 || (err != nil && !errors.Is(err, io.ErrUnexpectedEOF)) {
+			uploadBuffers.Put(bp)
+			if err == nil {
+				err = io.ErrNoProgress
+			}
+			return nil, err
+		}
+		*bp = (*bp)[:n]
+		return mem.BufferSlice{mem.NewBuffer(bp, uploadBuffers)}, nil
+	}
+}
+
+// uploadOnce makes one UploadBackup call of the chunks next returns. It
 // returns the trailer if it got as far as sending it, and the bytes sent.
-func (c *Client) uploadOnce(ctx context.Context, r io.Reader, req UploadRequest) (*ebv1.Backup, *ebv1.UploadTrailer, int64, error) {
+func (c *Client) uploadOnce(ctx context.Context, next func() (mem.BufferSlice, error), req UploadRequest) (*ebv1.Backup, *ebv1.UploadTrailer, int64, error) {
 	h, progress := req.Header, req.Progress
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // on any error, cancelling tells the server to discard
-	stream, err := c.Backups.UploadBackup(ctx)
+	stream, err := c.Backups.UploadBackup(ctx, chunkCodecOption)
 	if err != nil {
 		return nil, nil, 0, err
 	}
@@ -176,25 +207,27 @@ func (c *Client) uploadOnce(ctx context.Context, r io.Reader, req UploadRequest)
 	if req.SHA256 == nil {
 		sum = sha256.New()
 	}
-	buf := make([]byte, ChunkBytes)
 	var sent int64
 	for {
-		n, rerr := io.ReadFull(r, buf)
-		if n > 0 {
-			sum.Write(buf[:n])
-			if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: buf[:n]}}); err != nil {
-				return nil, nil, sent, sendError(stream, err)
-			}
-			sent += int64(n)
-			if progress != nil {
-				progress(sent)
-			}
-		}
-		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+		chunk, rerr := next()
+		if errors.Is(rerr, io.EOF) {
 			break
 		}
 		if rerr != nil {
 			return nil, nil, sent, fmt.Errorf("read input after %d bytes: %w", sent, rerr)
+		}
+		n := chunk.Len()
+		for _, b := range chunk {
+			sum.Write(b.ReadOnlyData())
+		}
+		err := stream.SendMsg(&uploadChunk{data: chunk})
+		chunk.Free() // gRPC holds its own reference until the bytes are written
+		if err != nil {
+			return nil, nil, sent, sendError(stream, err)
+		}
+		sent += int64(n)
+		if progress != nil {
+			progress(sent)
 		}
 	}
 	trailer := &ebv1.UploadTrailer{Size: sent}
@@ -345,7 +378,7 @@ func (c *Client) downloadOnce(ctx context.Context, s *sink, req DownloadRequest,
 // against the header: the caller reads that many bytes and cancels the
 // stream.
 func (c *Client) openDownload(ctx context.Context, req DownloadRequest, offset, need, ask int64) (*ebv1.Backup, int64, grpc.ClientStream, error) {
-	stream, err := c.Backups.DownloadBackup(ctx, &ebv1.DownloadBackupRequest{Name: req.Name, Location: req.Location, Offset: offset, Length: ask}, downloadCodecOption)
+	stream, err := c.Backups.DownloadBackup(ctx, &ebv1.DownloadBackupRequest{Name: req.Name, Location: req.Location, Offset: offset, Length: ask}, chunkCodecOption)
 	if err != nil {
 		return nil, 0, nil, err
 	}

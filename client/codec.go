@@ -12,25 +12,43 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
 
-// chunkTag is the protobuf key of DownloadBackupResponse.chunk: field 2,
-// wire type 2 (length-delimited).
+// chunkTag is the protobuf key of DownloadBackupResponse.chunk and of
+// UploadBackupRequest.chunk: field 2, wire type 2 (length-delimited).
 const chunkTag = 2<<3 | 2
 
-// downloadCodec is gRPC's proto codec, except that a DownloadBackupResponse
-// received into a *chunkMessage keeps the chunk's bytes in the buffers gRPC
-// read them into instead of copying them twice (into one contiguous
-// buffer, then into a new []byte per chunk, which also costs a zeroed
-// 1 MiB allocation per message). It names itself "proto", so the request
-// is an ordinary application/grpc+proto call any server answers.
-type downloadCodec struct{ proto encoding.CodecV2 }
+// chunkCodec is gRPC's proto codec, except for the two messages that
+// carry a backup's bytes, which it passes through without copying them:
+//
+//   - A DownloadBackupResponse received into a *chunkMessage keeps the
+//     chunk's bytes in the buffers gRPC read them into instead of copying
+//     them twice (into one contiguous buffer, then into a new []byte per
+//     chunk, which also costs a zeroed 1 MiB allocation per message).
+//   - An *uploadChunk goes out as the buffers it is in, behind its key and
+//     length, where proto.Marshal would copy it into a new buffer.
+//
+// It names itself "proto", so every call is an ordinary
+// application/grpc+proto call any server answers.
+type chunkCodec struct{ proto encoding.CodecV2 }
 
-var downloadCodecOption = grpc.ForceCodecV2(downloadCodec{proto: encoding.GetCodecV2(proto.Name)})
+var chunkCodecOption = grpc.ForceCodecV2(chunkCodec{proto: encoding.GetCodecV2(proto.Name)})
 
-func (c downloadCodec) Name() string { return proto.Name }
+func (c chunkCodec) Name() string { return proto.Name }
 
-func (c downloadCodec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
+func (c chunkCodec) Marshal(v any) (mem.BufferSlice, error) {
+	m, ok := v.(*uploadChunk)
+	if !ok {
+		return c.proto.Marshal(v)
+	}
+	head := binary.AppendUvarint([]byte{chunkTag}, uint64(m.data.Len()))
+	m.data.Ref() // gRPC frees what Marshal returns once it is written
+	return append(mem.BufferSlice{mem.SliceBuffer(head)}, m.data...), nil
+}
 
-func (c downloadCodec) Unmarshal(data mem.BufferSlice, v any) error {
+// uploadChunk is an UploadBackupRequest that is a chunk, its bytes in
+// gRPC buffers.
+type uploadChunk struct{ data mem.BufferSlice }
+
+func (c chunkCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	m, ok := v.(*chunkMessage)
 	if !ok {
 		return c.proto.Unmarshal(data, v)

@@ -4,8 +4,10 @@
 // RPC. etcd's own SHA-256 trailer is checked on the way: by the agent when
 // the snapshot is compressed or encrypted, else by the server. Nothing is
 // written to disk and nothing holds the whole snapshot: memory stays flat
-// whatever the database size. If the stream is short, the trailer wrong or
-// etcd goes away, the upload is aborted and the server stores nothing.
+// whatever the database size. A snapshot stored as is goes from etcd's
+// messages to the upload without being copied (relay). If the stream is
+// short, the trailer wrong or etcd goes away, the upload is aborted and the
+// server stores nothing.
 package backup
 
 import (
@@ -14,7 +16,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"time"
 
@@ -92,6 +93,26 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 	// other is cancelled.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	header := func(encryption string) client.UploadRequest {
+		return client.UploadRequest{Header: &ebv1.UploadHeader{
+			Name:          opts.Name,
+			Location:      opts.Location,
+			Labels:        opts.Labels,
+			Compression:   opts.Compression,
+			Encryption:    encryption,
+			AgeRecipients: opts.AgeRecipients,
+			Etcd:          info,
+			Source: &ebv1.BackupSource{
+				Kind:      "agent",
+				Target:    opts.Target,
+				StartTime: timestamppb.New(start),
+			},
+		}}
+	}
+	if opts.Compression == ebv1.CompressionNone && len(recipients) == 0 {
+		return relaySnapshot(ctx, etcd, up, opts, info, header(ebv1.EncryptionNone))
+	}
+
 	snap, err := etcd.SnapshotWithVersion(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("start snapshot of etcd member %s: %w", opts.Endpoint, err)
@@ -101,21 +122,12 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		info.Version = snap.Version
 	}
 
-	// Stored as is, the snapshot is not hashed here at all: the server
-	// checks etcd's SHA-256 trailer in the one pass that hashes what it
-	// stores (snapshot.TrailerCheck), and stores nothing if it fails.
 	// Compressed or encrypted, the server cannot see etcd's trailer: the
 	// agent checks it (the verifier's hash, carried on through the
 	// trailer, is the raw SHA-256 the server records) and the stored bytes
 	// are hashed by the read-ahead, off the sending goroutine.
-	transformed := opts.Compression != ebv1.CompressionNone || len(recipients) > 0
-	var source io.Reader = &counter{r: snap.Snapshot, progress: opts.Progress}
-	var raw *snapshot.Verifier
-	if transformed {
-		raw = snapshot.NewVerifier(snap.Snapshot, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: true})
-		source = raw
-	}
-	compressed, err := snapshot.Compress(ctx, source, opts.Compression)
+	raw := snapshot.NewVerifier(snap.Snapshot, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: true})
+	compressed, err := snapshot.Compress(ctx, raw, opts.Compression)
 	if err != nil {
 		return nil, err
 	}
@@ -129,36 +141,15 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		}
 		encryption = ebv1.EncryptionAge
 	}
-	var sum hash.Hash
-	req := client.UploadRequest{
-		// The server hashes what arrives and checks etcd's trailer.
-		SHA256: func() string { return "" },
-	}
-	if transformed {
-		sum = sha256.New()
-		req.SHA256 = func() string { return hex.EncodeToString(sum.Sum(nil)) }
-		req.Raw = func() (int64, string) { return raw.Size(), raw.SHA256() }
-	}
+	sum := sha256.New()
+	req := header(encryption)
+	req.SHA256 = func() string { return hex.EncodeToString(sum.Sum(nil)) }
+	req.Raw = func() (int64, string) { return raw.Size(), raw.SHA256() }
 	ahead := newReadAhead(ctx, body, sum, readAheadBuffers, client.ChunkBytes)
 	defer func() {
 		cancel() // ends a read of etcd's stream the read-ahead may be in
 		ahead.Close()
 	}()
-	h := &ebv1.UploadHeader{
-		Name:          opts.Name,
-		Location:      opts.Location,
-		Labels:        opts.Labels,
-		Compression:   opts.Compression,
-		Encryption:    encryption,
-		AgeRecipients: opts.AgeRecipients,
-		Etcd:          info,
-		Source: &ebv1.BackupSource{
-			Kind:      "agent",
-			Target:    opts.Target,
-			StartTime: timestamppb.New(start),
-		},
-	}
-	req.Header = h
 	b, err := up.UploadWith(ctx, ahead, req)
 	if err != nil {
 		cancel()
@@ -171,19 +162,27 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 	return b, nil
 }
 
-// counter reports the bytes read from etcd's stream when the verifier,
-// which otherwise does, is not in the way.
-type counter struct {
-	r        io.Reader
-	progress func(int64)
-	n        int64
-}
-
-func (c *counter) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	if n > 0 && c.progress != nil {
-		c.progress(c.n)
+// relaySnapshot uploads the snapshot as etcd sends it, stored as is. It
+// is not hashed here at all: the server checks etcd's SHA-256 trailer in
+// the one pass that hashes what it stores (snapshot.TrailerCheck), and
+// stores nothing if it fails.
+func relaySnapshot(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Options, info *ebv1.EtcdInfo, req client.UploadRequest) (*ebv1.Backup, error) {
+	r, err := startRelay(ctx, etcd, client.ChunkBytes, opts.Progress)
+	if err != nil {
+		return nil, fmt.Errorf("start snapshot of etcd member %s: %w", opts.Endpoint, err)
 	}
-	return n, err
+	defer r.Close()
+	if r.Version != "" {
+		info.Version = r.Version
+	}
+	// The server hashes what arrives and checks etcd's trailer.
+	req.SHA256 = func() string { return "" }
+	b, err := up.UploadChunks(ctx, r.Next, req)
+	if err != nil {
+		if r.err != nil && !errors.Is(r.err, context.Canceled) {
+			return nil, fmt.Errorf("snapshot of etcd member %s: %w (nothing was stored)", opts.Endpoint, r.err)
+		}
+		return nil, fmt.Errorf("upload snapshot %q: %w", opts.Name, err)
+	}
+	return b, nil
 }
