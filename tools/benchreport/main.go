@@ -39,6 +39,7 @@ type row struct {
 	SizeMiB     int      `json:"sizeMiB"`
 	Wall        float64  `json:"wallSeconds"`
 	RatioToSave float64  `json:"ratioToSave"`
+	SaveWall    float64  `json:"saveWallSeconds"`
 	RawBytes    int64    `json:"rawBytes"`
 	StoredBytes int64    `json:"storedBytes"`
 	AgentRSS    int64    `json:"agentPeakRSSKiB"`
@@ -243,27 +244,33 @@ func backupSection(rows []row, old *results) string {
 	b.WriteString("`BenchmarkBackup`: a real etcd in the benchmark process loaded with half-random values; etcd's own " +
 		"`snapshot save` to a local file is the baseline; then the agent binary streams a snapshot into the server binary " +
 		"(filesystem location, S3 location on versitygw over HTTPS), each as is and with zstd, a fresh server per row. " +
+		"\"× save\" is against the `snapshot save` run right before the row (\"its save\"; runs that record none, against the save of " +
+		"their round), and each backup is deleted after it is measured, as the save's file is. " +
 		"CPU is user + system time of each process per GiB of snapshot; etcd's is the benchmark process's, which runs it.\n\n")
-	b.WriteString("| size | path | wall | × save | MB/s | stored | agent CPU s/GiB | server CPU s/GiB | etcd CPU s/GiB | agent peak RSS | server peak RSS | of which anonymous |\n")
-	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| size | path | wall | its save | × save | MB/s | stored | agent CPU s/GiB | server CPU s/GiB | etcd CPU s/GiB | agent peak RSS | server peak RSS | of which anonymous |\n")
+	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %d MiB | %s | %.2f s | %.2f | %.0f | %.0f MiB | %s | %s | %.2f | %s | %s | %s |\n", r.SizeMiB, r.Name, r.Wall, r.RatioToSave,
+		save := "–"
+		if r.SaveWall > 0 {
+			save = fmt.Sprintf("%.2f s", r.SaveWall)
+		}
+		fmt.Fprintf(&b, "| %d MiB | %s | %.2f s | %s | %.2f | %.0f | %.0f MiB | %s | %s | %.2f | %s | %s | %s |\n", r.SizeMiB, r.Name, r.Wall, save, r.RatioToSave,
 			float64(r.RawBytes)/r.Wall/1e6, float64(r.StoredBytes)/(1<<20), cpu(r.AgentCPU, r), cpu(r.ServerCPU, r), r.EtcdCPU/gib(r), mib(r.AgentRSS), mib(r.ServerRSS), mib(r.ServerAnon))
 	}
 	if old != nil && len(old.backup) > 0 {
 		b.WriteString("\n### Before and after\n\n")
-		b.WriteString("The agent and server built from the code before the change and after, each row against the same `snapshot save`; " +
+		b.WriteString("The agent and server built from the code before the change and after, each row against the `snapshot save` run right before it; " +
 			"when both builds ran in the same rounds (ETCDBACKUP_BENCH_BASELINE_BIN), they saw the same machine.\n\n")
-		b.WriteString("| size | path | × save before | × save after | agent CPU s/GiB before → after | server CPU s/GiB before → after | server peak RSS before → after |\n")
-		b.WriteString("|---:|---|---:|---:|---:|---:|---:|\n")
+		b.WriteString("| size | path | × save before | × save after | agent CPU s/GiB before → after | server CPU s/GiB before → after | agent peak RSS before → after | server peak RSS before → after |\n")
+		b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range rows {
 			i := slices.IndexFunc(old.backup, func(o row) bool { return o.Name == r.Name && o.SizeMiB == r.SizeMiB })
 			if i < 0 || r.AgentCPU == 0 {
 				continue
 			}
 			o := old.backup[i]
-			fmt.Fprintf(&b, "| %d MiB | %s | %.2f | %.2f | %s → %s | %s → %s | %s → %s |\n", r.SizeMiB, r.Name, o.RatioToSave, r.RatioToSave,
-				cpu(o.AgentCPU, o), cpu(r.AgentCPU, r), cpu(o.ServerCPU, o), cpu(r.ServerCPU, r), mib(o.ServerRSS), mib(r.ServerRSS))
+			fmt.Fprintf(&b, "| %d MiB | %s | %.2f | %.2f | %s → %s | %s → %s | %s → %s | %s → %s |\n", r.SizeMiB, r.Name, o.RatioToSave, r.RatioToSave,
+				cpu(o.AgentCPU, o), cpu(r.AgentCPU, r), cpu(o.ServerCPU, o), cpu(r.ServerCPU, r), mib(o.AgentRSS), mib(r.AgentRSS), mib(o.ServerRSS), mib(r.ServerRSS))
 		}
 	}
 	b.WriteString("\n")
