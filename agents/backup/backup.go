@@ -113,11 +113,12 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		return relaySnapshot(ctx, etcd, up, opts, info, header(ebv1.EncryptionNone))
 	}
 
-	snap, err := etcd.SnapshotWithVersion(ctx)
+	snap, err := startRelay(ctx, etcd, client.ChunkBytes, nil)
 	if err != nil {
 		return nil, fmt.Errorf("start snapshot of etcd member %s: %w", opts.Endpoint, err)
 	}
-	defer snap.Snapshot.Close()
+	// Deferred first, so it runs after the read-ahead has stopped reading.
+	defer snap.Close()
 	if snap.Version != "" {
 		info.Version = snap.Version
 	}
@@ -126,7 +127,7 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 	// agent checks it (the verifier's hash, carried on through the
 	// trailer, is the raw SHA-256 the server records) and the stored bytes
 	// are hashed by the read-ahead, off the sending goroutine.
-	raw := snapshot.NewVerifier(snap.Snapshot, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: true})
+	raw := snapshot.NewVerifier(snap, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: true})
 	compressed, err := snapshot.Compress(ctx, raw, opts.Compression)
 	if err != nil {
 		return nil, err

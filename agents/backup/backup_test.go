@@ -150,35 +150,43 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 	}
 }
 
-// etcd going away mid-snapshot fails the backup and stores nothing.
+// etcd going away mid-snapshot fails the backup and stores nothing, stored
+// as is (relayed) or compressed (read through the verifier).
 func TestEtcdDiesMidSnapshot(t *testing.T) {
-	te := etcdtest.Start(t, false)
-	c := te.Client(t)
-	etcdtest.Fill(t, c, 4000, 4096) // ~16 MiB: the stream takes many messages
-	srv := startServer(t)
-	killed := false
-	_, err := backup.Run(context.Background(), c, srv.client, backup.Options{
-		Endpoint: te.Endpoint, Name: "doomed",
-		Progress: func(n int64) {
-			if n > 1<<20 && !killed {
-				killed = true
-				te.Stop()
+	for _, compression := range []string{"", "zstd"} {
+		t.Run("compression="+compression, func(t *testing.T) {
+			te := etcdtest.Start(t, false)
+			c := te.Client(t)
+			etcdtest.Fill(t, c, 4000, 4096) // ~16 MiB: the stream takes many messages
+			srv := startServer(t)
+			killed := false
+			_, err := backup.Run(context.Background(), c, srv.client, backup.Options{
+				Endpoint: te.Endpoint, Name: "doomed", Compression: compression,
+				Progress: func(n int64) {
+					if n > 1<<20 && !killed {
+						killed = true
+						te.Stop()
+					}
+				},
+			})
+			if err == nil {
+				t.Fatal("backup succeeded although etcd died mid-snapshot")
 			}
-		},
-	})
-	if err == nil {
-		t.Fatal("backup succeeded although etcd died mid-snapshot")
-	}
-	if !killed {
-		t.Fatal("the test did not kill etcd mid-stream")
-	}
-	if names := srv.names(t); len(names) != 0 {
-		t.Fatalf("listed after a failed backup: %v", names)
-	}
-	time.Sleep(100 * time.Millisecond) // the server notices the cancel asynchronously
-	entries, _ := os.ReadDir(filepath.Join(srv.dir, ".tmp"))
-	if len(entries) != 0 {
-		t.Fatalf("half-written upload left in .tmp: %v", entries)
+			if !killed {
+				t.Fatal("the test did not kill etcd mid-stream")
+			}
+			if !strings.Contains(err.Error(), "snapshot of etcd member "+te.Endpoint) || !strings.Contains(err.Error(), "nothing was stored") {
+				t.Errorf("error %q does not say the snapshot of %s broke and nothing was stored", err, te.Endpoint)
+			}
+			if names := srv.names(t); len(names) != 0 {
+				t.Fatalf("listed after a failed backup: %v", names)
+			}
+			time.Sleep(100 * time.Millisecond) // the server notices the cancel asynchronously
+			entries, _ := os.ReadDir(filepath.Join(srv.dir, ".tmp"))
+			if len(entries) != 0 {
+				t.Fatalf("half-written upload left in .tmp: %v", entries)
+			}
+		})
 	}
 }
 

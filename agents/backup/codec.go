@@ -1,40 +1,33 @@
 package backup
 
 import (
-	"fmt"
-
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
-	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/mem"
-	"google.golang.org/protobuf/proto"
 )
 
-// snapshotCodec is gRPC's proto codec, but it gathers a message spread
-// over several frames into a buffer of a grpcbuf.Pool: the standard codec
-// takes that buffer from gRPC's default pool, which clears it first.
-type snapshotCodec struct {
-	encoding.CodecV2 // gRPC's own "proto" codec, for Marshal and Name
-	pool             mem.BufferPool
-}
+// relayCodec is gRPC's proto codec, except that it decodes a
+// *snapshotMessage without copying the blob (relay).
+type relayCodec struct{ encoding.CodecV2 }
 
-// Unmarshal implements encoding.CodecV2.
-func (c snapshotCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	m, ok := v.(proto.Message)
+func (c relayCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	m, ok := v.(*snapshotMessage)
 	if !ok {
-		return fmt.Errorf("failed to unmarshal, message is %T, want proto.Message", v)
+		return c.CodecV2.Unmarshal(data, v)
 	}
-	buf := data.MaterializeToBuffer(c.pool)
-	defer buf.Free()
-	return proto.Unmarshal(buf.ReadOnlyData(), m)
+	var err error
+	if m.blob, m.version, err = parseSnapshotResponse(data); err != nil {
+		return err
+	}
+	data.Ref() // gRPC frees data when Unmarshal returns
+	m.held = &heldMessage{data: data}
+	m.held.refs.Store(1)
+	return nil
 }
 
-// etcdDialOptions take the agent's etcd connections' buffers from
+// etcdDialOptions take the agent's etcd connections' frame buffers from
 // snapshotBuffers.
 func etcdDialOptions() []grpc.DialOption {
-	return []grpc.DialOption{
-		experimental.WithBufferPool(snapshotBuffers),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(snapshotCodec{CodecV2: encoding.GetCodecV2(grpcproto.Name), pool: snapshotBuffers})),
-	}
+	return []grpc.DialOption{experimental.WithBufferPool(snapshotBuffers)}
 }

@@ -15,8 +15,8 @@ import (
 )
 
 // snapshotBuffers are the receive buffers of every etcd connection: the
-// transport's frames (experimental.WithBufferPool) and messages gathered
-// from several frames (snapshotCodec).
+// transport's frames (experimental.WithBufferPool), in which the relay
+// keeps etcd's messages until they are sent.
 var snapshotBuffers = &grpcbuf.Pool{}
 
 // Etcd says how the agent reaches etcd: one member (Endpoint), or the

@@ -18,17 +18,20 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// relay passes a snapshot stored as is from etcd's stream to the upload
-// without copying it: each Maintenance.Snapshot message stays in the gRPC
-// buffers it arrived in, and the upload chunks that carry its blob point
-// into them; the message goes back to the pool once gRPC has written the
-// last of them to the server. clientv3's Snapshot copies every byte three
-// times on the way (into one buffer per message, into the message's blob,
-// through an io.Pipe) before the upload copies it into its chunk: in the
-// agent's profile, a quarter of its CPU and nearly all its garbage.
+// relay reads etcd's snapshot stream without copying it: each
+// Maintenance.Snapshot message stays in the gRPC buffers it arrived in.
+// Stored as is, the upload chunks that carry its blob point into them
+// (Next), and the message goes back to the pool once gRPC has written the
+// last of them to the server; compressed or encrypted, the blob is copied
+// once, into the compressor's buffer (Read). clientv3's Snapshot copies
+// every byte three times on the way (into one buffer per message, into
+// the message's blob, through an io.Pipe) before the upload copied it into
+// its chunk: in the agent's profile, a quarter of its CPU and nearly all
+// its garbage.
 //
-// Nothing is checked here: the server checks etcd's SHA-256 trailer in
-// the pass that hashes what it stores.
+// Nothing is checked here: the server checks etcd's SHA-256 trailer of a
+// snapshot stored as is, in the pass that hashes what it stores, and the
+// agent's verifier that of one it transforms.
 type relay struct {
 	stream   grpc.ClientStream
 	cancel   context.CancelFunc
@@ -131,6 +134,37 @@ func (r *relay) Next() (mem.BufferSlice, error) {
 	return out, nil
 }
 
+// Read implements io.Reader, for a snapshot the agent compresses or
+// encrypts: it copies the blob out of etcd's buffers once, into p.
+// Progress is not reported here (the verifier reading it does).
+func (r *relay) Read(p []byte) (int, error) {
+	for len(r.blob) == 0 {
+		r.drop()
+		if r.done {
+			return 0, io.EOF
+		}
+		if err := r.recv(); errors.Is(err, io.EOF) {
+			r.done = true
+			return 0, io.EOF
+		} else if err != nil {
+			r.err = err
+			return 0, err
+		}
+	}
+	n := 0
+	for n < len(p) && len(r.blob) > 0 {
+		c := copy(p[n:], r.blob[0])
+		n += c
+		if c == len(r.blob[0]) {
+			r.blob = r.blob[1:]
+		} else {
+			r.blob[0] = r.blob[0][c:]
+		}
+	}
+	r.read += int64(n)
+	return n, nil
+}
+
 // Close ends etcd's stream and lets go of the message being sent.
 func (r *relay) Close() {
 	r.cancel()
@@ -175,25 +209,6 @@ type snapshotMessage struct {
 	held    *heldMessage
 	blob    [][]byte // windows of held's buffers, in order
 	version string
-}
-
-// relayCodec is gRPC's proto codec, except that it decodes a
-// *snapshotMessage without copying the blob.
-type relayCodec struct{ encoding.CodecV2 }
-
-func (c relayCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	m, ok := v.(*snapshotMessage)
-	if !ok {
-		return c.CodecV2.Unmarshal(data, v)
-	}
-	var err error
-	if m.blob, m.version, err = parseSnapshotResponse(data); err != nil {
-		return err
-	}
-	data.Ref() // gRPC frees data when Unmarshal returns
-	m.held = &heldMessage{data: data}
-	m.held.refs.Store(1)
-	return nil
 }
 
 // SnapshotResponse's fields (etcd's api/etcdserverpb/rpc.proto).
