@@ -10,11 +10,8 @@ import (
 	"google.golang.org/grpc/mem"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/grpcbuf"
 )
-
-// chunkTag is the protobuf key of DownloadBackupResponse.chunk and of
-// UploadBackupRequest.chunk: field 2, wire type 2 (length-delimited).
-const chunkTag = 2<<3 | 2
 
 // chunkCodec is gRPC's proto codec, except for the two messages that
 // carry a backup's bytes, which it passes through without copying them:
@@ -39,9 +36,7 @@ func (c chunkCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if !ok {
 		return c.proto.Marshal(v)
 	}
-	head := binary.AppendUvarint([]byte{chunkTag}, uint64(m.data.Len()))
-	m.data.Ref() // gRPC frees what Marshal returns once it is written
-	return append(mem.BufferSlice{mem.SliceBuffer(head)}, m.data...), nil
+	return grpcbuf.ChunkMessage(m.data), nil
 }
 
 // uploadChunk is an UploadBackupRequest that is a chunk, its bytes in
@@ -80,7 +75,7 @@ func chunkPayload(data mem.BufferSlice) (int, bool) {
 			break
 		}
 	}
-	if n < 2 || head[0] != chunkTag {
+	if n < 2 || head[0] != grpcbuf.ChunkKey {
 		return 0, false
 	}
 	size, k := binary.Uvarint(head[1:n])

@@ -12,10 +12,6 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/grpcbuf"
 )
 
-// chunkTag is the protobuf key of DownloadBackupResponse.chunk and of
-// UploadBackupRequest.chunk: field 2, wire type 2 (length-delimited).
-const chunkTag = 2<<3 | 2
-
 // chunkOut is a DownloadBackupResponse chunk already in a gRPC buffer:
 // chunkCodec sends those bytes as they are, where proto.Marshal would
 // copy each chunk into a new buffer first.
@@ -46,9 +42,7 @@ func (c chunkCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if !ok {
 		return c.CodecV2.Marshal(v)
 	}
-	head := binary.AppendUvarint([]byte{chunkTag}, uint64(m.data.Len()))
-	m.data.Ref() // gRPC frees the slice once the bytes are written
-	return mem.BufferSlice{mem.SliceBuffer(head), m.data}, nil
+	return grpcbuf.ChunkMessage(mem.BufferSlice{m.data}), nil
 }
 
 func (c chunkCodec) Unmarshal(data mem.BufferSlice, v any) error {
@@ -70,7 +64,7 @@ func (c chunkCodec) Unmarshal(data mem.BufferSlice, v any) error {
 func uploadChunk(data mem.BufferSlice) (chunk []byte, ok bool) {
 	var head [1 + binary.MaxVarintLen64]byte
 	n := copyFrom(head[:], data, 0)
-	if n == 0 || head[0] != chunkTag {
+	if n == 0 || head[0] != grpcbuf.ChunkKey {
 		return nil, false
 	}
 	size, w := binary.Uvarint(head[1:n])

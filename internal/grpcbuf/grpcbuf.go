@@ -1,5 +1,7 @@
-// Package grpcbuf is a gRPC buffer pool (mem.BufferPool) that hands
-// buffers out as they were left.
+// Package grpcbuf is how a backup's bytes pass through gRPC without being
+// copied or cleared: a buffer pool (mem.BufferPool) that hands buffers out
+// as they were left, and the encoding of a chunk message straight from the
+// buffers that hold the chunk (ChunkMessage).
 //
 // gRPC's default pool clears each buffer it hands out. Every byte of a
 // backup passes through one — a received frame, a message gathered from
@@ -11,6 +13,7 @@
 package grpcbuf
 
 import (
+	"encoding/binary"
 	"math/bits"
 	"sync"
 
@@ -63,4 +66,19 @@ func (p *Pool) Put(b *[]byte) {
 		return
 	}
 	p.tiers[t].Put(b)
+}
+
+// ChunkKey is the protobuf key of the chunk of DownloadBackupResponse and
+// of UploadBackupRequest: field 2, wire type 2 (length-delimited).
+const ChunkKey = 2<<3 | 2
+
+// ChunkMessage is, for a codec's Marshal, the encoding of a message whose
+// one field is a chunk of data: the key and the length, then data's
+// buffers themselves, where proto.Marshal would copy them. Each buffer is
+// referenced once more for gRPC, which frees what Marshal returns once it
+// has written it.
+func ChunkMessage(data mem.BufferSlice) mem.BufferSlice {
+	head := binary.AppendUvarint([]byte{ChunkKey}, uint64(data.Len()))
+	data.Ref()
+	return append(mem.BufferSlice{mem.SliceBuffer(head)}, data...)
 }
