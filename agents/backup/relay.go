@@ -43,7 +43,7 @@ type relay struct {
 	blob  [][]byte     // what is left to send of cur's blob
 	done  bool         // etcd ended the stream
 	err   error        // what broke etcd's stream, if it broke
-	read  int64        // blob bytes taken so far
+	read  int64        // blob bytes Next has returned
 	chunk int          // the largest chunk Next returns
 }
 
@@ -83,6 +83,26 @@ func (r *relay) recv() error {
 	return nil
 }
 
+// fill makes sure some of a blob is left to take, receiving etcd's next
+// messages as needed. It returns io.EOF once etcd ended the stream, and
+// remembers any other error in r.err.
+func (r *relay) fill() error {
+	for len(r.blob) == 0 {
+		r.drop()
+		if r.done {
+			return io.EOF
+		}
+		if err := r.recv(); errors.Is(err, io.EOF) {
+			r.done = true
+			return io.EOF
+		} else if err != nil {
+			r.err = err
+			return err
+		}
+	}
+	return nil
+}
+
 // drop lets go of cur: its buffers return to the pool once gRPC has
 // written every chunk that points into them.
 func (r *relay) drop() {
@@ -99,20 +119,11 @@ func (r *relay) Next() (mem.BufferSlice, error) {
 	var out mem.BufferSlice
 	size := 0
 	for size < r.chunk {
-		if len(r.blob) == 0 {
-			r.drop()
-			if r.done {
-				break
-			}
-			if err := r.recv(); errors.Is(err, io.EOF) {
-				r.done = true
-				break
-			} else if err != nil {
-				out.Free()
-				r.err = err
-				return nil, err
-			}
-			continue
+		if err := r.fill(); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			out.Free()
+			return nil, err
 		}
 		w := r.blob[0]
 		if len(w) > r.chunk-size {
@@ -138,18 +149,8 @@ func (r *relay) Next() (mem.BufferSlice, error) {
 // encrypts: it copies the blob out of etcd's buffers once, into p.
 // Progress is not reported here (the verifier reading it does).
 func (r *relay) Read(p []byte) (int, error) {
-	for len(r.blob) == 0 {
-		r.drop()
-		if r.done {
-			return 0, io.EOF
-		}
-		if err := r.recv(); errors.Is(err, io.EOF) {
-			r.done = true
-			return 0, io.EOF
-		} else if err != nil {
-			r.err = err
-			return 0, err
-		}
+	if err := r.fill(); err != nil {
+		return 0, err
 	}
 	n := 0
 	for n < len(p) && len(r.blob) > 0 {
@@ -161,7 +162,6 @@ func (r *relay) Read(p []byte) (int, error) {
 			r.blob[0] = r.blob[0][c:]
 		}
 	}
-	r.read += int64(n)
 	return n, nil
 }
 
