@@ -14,7 +14,7 @@ GO=${GO:-go}
 # package fuzz-target, one a line.
 targets="
 ./server/ FuzzUploadStream
-./server/storage/filesystem/ FuzzManifest
+./storage/filesystem/ FuzzManifest
 ./snapshot/ FuzzVerifier
 ./snapshot/ FuzzDecompress
 ./server/config/ FuzzLoad

@@ -14,9 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3"
 )
 
 const (
@@ -96,7 +96,7 @@ func newOpener(l config.Location, log *slog.Logger) (locationOpener, error) {
 		o.typ, o.where = "filesystem", path
 		o.open = func(context.Context) (storage.Location, error) { return filesystem.New(path) }
 	case l.S3 != nil && l.Filesystem == nil:
-		cfg := s3.Config{S3: *l.S3, Logger: log.With("location", l.Name)}
+		cfg := s3.Config{S3Config: *l.S3, Logger: log.With("location", l.Name)}
 		if err := cfg.Validate(); err != nil {
 			return o, err
 		}

@@ -17,10 +17,10 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3/s3test"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3/s3test"
 )
 
 func TestOpenLocations(t *testing.T) {

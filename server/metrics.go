@@ -9,7 +9,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/status"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // Results of a backup run (etcdbackup_backup_runs_total's result label).

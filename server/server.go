@@ -34,7 +34,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 const (
@@ -148,7 +148,7 @@ func New(cfg Config) (*Server, error) {
 		s.locations[l.Name] = l.Location
 		s.order = append(s.order, l.Name)
 	}
-	errs := config.ValidateLocationNames(s.order, field.NewPath("locations"))
+	errs := storage.ValidateLocationNames(s.order, field.NewPath("locations"))
 	errs = append(errs, config.ValidateTargets(cfg.Targets, s.order, field.NewPath("targets"))...)
 	errs = append(errs, config.ValidateLimits(cfg.Limits, field.NewPath("limits"))...)
 	if len(errs) > 0 {

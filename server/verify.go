@@ -16,8 +16,8 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ctxio"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // VerifyBackup implements ebv1.BackupServiceServer. bolt needs random

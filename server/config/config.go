@@ -74,6 +74,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // Defaults of the agents section.
@@ -184,57 +186,14 @@ type Authorization struct {
 	Mode string `json:"mode,omitempty"`
 }
 
-// Location is one storage location: exactly one of the backends.
-type Location struct {
-	// Name is what clients address it by: a DNS-1123 subdomain.
-	Name       string      `json:"name"`
-	Filesystem *Filesystem `json:"filesystem,omitempty"`
-	S3         *S3         `json:"s3,omitempty"`
-}
-
-// Filesystem is a directory (a mounted PersistentVolumeClaim).
-type Filesystem struct {
-	Path string `json:"path"`
-}
-
-// S3 is a bucket of an S3-compatible store, checked by ValidateS3; package
-// server/storage/s3 fills in the defaults of the zero fields. Credentials come from exactly one of: the
-// *File fields (a mounted Secret), the *Env fields (names of environment
-// variables), or DefaultCredentialChain.
-type S3 struct {
-	// Bucket must exist.
-	Bucket string `json:"bucket"`
-	// Prefix is prepended to every key ("team-a/etcd" → team-a/etcd/backups/…).
-	Prefix string `json:"prefix,omitempty"`
-	// Region for SigV4 signing (default us-east-1, or the chain's).
-	Region string `json:"region,omitempty"`
-	// Endpoint is the store's URL; empty means AWS S3 itself.
-	Endpoint string `json:"endpoint,omitempty"`
-	// PathStyle addresses https://endpoint/bucket/key.
-	PathStyle bool `json:"pathStyle,omitempty"`
-	// CABundleFile is a PEM file of CAs trusted besides the system's.
-	CABundleFile       string `json:"caBundleFile,omitempty"`
-	InsecureSkipVerify bool   `json:"insecureSkipVerify,omitempty"`
-
-	AccessKeyIDFile     string `json:"accessKeyIDFile,omitempty"`
-	SecretAccessKeyFile string `json:"secretAccessKeyFile,omitempty"`
-	SessionTokenFile    string `json:"sessionTokenFile,omitempty"`
-	AccessKeyIDEnv      string `json:"accessKeyIDEnv,omitempty"`
-	SecretAccessKeyEnv  string `json:"secretAccessKeyEnv,omitempty"`
-	SessionTokenEnv     string `json:"sessionTokenEnv,omitempty"`
-	// DefaultCredentialChain uses the SDK's chain (env, ~/.aws, IRSA, roles).
-	DefaultCredentialChain bool `json:"defaultCredentialChain,omitempty"`
-
-	// PartSizeMiB is the multipart part size (default 5, at least 5).
-	PartSizeMiB int64 `json:"partSizeMiB,omitempty"`
-	// Concurrency is the number of parts of one upload in flight (default 2).
-	Concurrency int `json:"concurrency,omitempty"`
-	// RequestChecksum is "when_supported" (default) or "when_required".
-	RequestChecksum string `json:"requestChecksum,omitempty"`
-	// NoConditionalWrites stops sending If-None-Match: *, for stores that
-	// reject it.
-	NoConditionalWrites bool `json:"noConditionalWrites,omitempty"`
-}
+// Location, Filesystem and S3 are the storage locations' schema, which
+// the data layer owns (package storage): the plugin's --storage-config
+// reads the same list.
+type (
+	Location   = storage.LocationConfig
+	Filesystem = storage.FilesystemConfig
+	S3         = storage.S3Config
+)
 
 // Target is an etcd cluster to back up and, with Members, to restore.
 type Target struct {

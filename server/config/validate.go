@@ -15,6 +15,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 var pullPolicies = []corev1.PullPolicy{"", corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever}
@@ -24,51 +25,16 @@ var pullPolicies = []corev1.PullPolicy{"", corev1.PullAlways, corev1.PullIfNotPr
 func Validate(f *File) field.ErrorList {
 	var errs field.ErrorList
 	locs := field.NewPath("locations")
-	if len(f.Locations) == 0 {
-		errs = append(errs, field.Required(locs, "add at least one storage location"))
-	}
+	errs = append(errs, storage.ValidateLocations(f.Locations, locs)...)
 	names := make([]string, 0, len(f.Locations))
-	for i, l := range f.Locations {
+	for _, l := range f.Locations {
 		names = append(names, l.Name)
-		errs = append(errs, validateLocation(l, locs.Index(i))...)
 	}
-	errs = append(errs, ValidateLocationNames(names, locs)...)
 	errs = append(errs, ValidateTargets(f.Targets, names, field.NewPath("targets"))...)
 	errs = append(errs, validateAgents(f.Agents, field.NewPath("agents"))...)
 	errs = append(errs, ValidateLimits(f.Limits, field.NewPath("limits"))...)
 	if m := f.Authorization.Mode; m != "" && m != AuthorizationPortForward && m != AuthorizationSubjectAccessReview {
 		errs = append(errs, field.NotSupported(field.NewPath("authorization", "mode"), m, []string{AuthorizationPortForward, AuthorizationSubjectAccessReview}))
-	}
-	return errs
-}
-
-func validateLocation(l Location, p *field.Path) field.ErrorList {
-	var errs field.ErrorList
-	switch {
-	case l.Filesystem == nil && l.S3 == nil:
-		errs = append(errs, field.Required(p, "must have exactly one of filesystem, s3"))
-	case l.Filesystem != nil && l.S3 != nil:
-		errs = append(errs, field.Invalid(p, field.OmitValueType{}, "must have exactly one of filesystem, s3"))
-	case l.Filesystem != nil && l.Filesystem.Path == "":
-		errs = append(errs, field.Required(p.Child("filesystem", "path"), "the directory backups are stored in"))
-	case l.S3 != nil:
-		errs = append(errs, ValidateS3(*l.S3, p.Child("s3"))...)
-	}
-	return errs
-}
-
-// ValidateLocationNames checks the names of the locations at fldPath:
-// DNS-1123 subdomains, each used once.
-func ValidateLocationNames(names []string, fldPath *field.Path) field.ErrorList {
-	var errs field.ErrorList
-	seen := sets.New[string]()
-	for i, n := range names {
-		p := fldPath.Index(i).Child("name")
-		errs = append(errs, validateName(n, p)...)
-		if n != "" && seen.Has(n) {
-			errs = append(errs, field.Duplicate(p, n))
-		}
-		seen.Insert(n)
 	}
 	return errs
 }
@@ -310,13 +276,10 @@ func ValidateLimits(l Limits, p *field.Path) field.ErrorList {
 	return errs
 }
 
-// validateName checks the name of a location or target: clients address
-// it by that name.
+// validateName checks the name of a target: clients address it by that
+// name, as they do a location.
 func validateName(name string, p *field.Path) field.ErrorList {
-	if name == "" {
-		return field.ErrorList{field.Required(p, "a DNS-1123 subdomain such as \"default\"")}
-	}
-	return validateDNS(name, p, validation.IsDNS1123Subdomain)
+	return storage.ValidateName(name, p)
 }
 
 func validateDNS(v string, p *field.Path, check func(string) []string) field.ErrorList {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // WriteBackups stores a tiny backup for each name straight into the

@@ -17,7 +17,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3/s3test"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3/s3test"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3/s3test"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3/s3test"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
 

@@ -37,8 +37,8 @@ import (
 	s3sdk "github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go/logging"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3"
 )
 
 const (
@@ -456,7 +456,7 @@ func (s *Server) Keys(ctx context.Context) ([]string, error) {
 // Config is a storage location configuration for this server under prefix,
 // with the credentials in files and the test CA trusted.
 func (s *Server) Config(prefix string) s3.Config {
-	return s3.Config{S3: config.S3{
+	return s3.Config{S3Config: storage.S3Config{
 		Bucket:              s.Bucket,
 		Prefix:              prefix,
 		Region:              s.Region,

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
 )
 
 // FuzzManifest puts arbitrary bytes where a backup's NAME.json lives — a

@@ -26,7 +26,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 const (

@@ -53,7 +53,7 @@ import (
 	"github.com/aws/smithy-go/logging"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 const (

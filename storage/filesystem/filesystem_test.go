@@ -13,9 +13,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/filesystem"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/storagetest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/storagetest"
 )
 
 func TestConformance(t *testing.T) {

@@ -18,11 +18,10 @@ import (
 	s3sdk "github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/s3/s3test"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage/storagetest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3/s3test"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/storagetest"
 )
 
 // partSize is S3's minimum, so that a few MiB make a multipart upload.
@@ -544,18 +543,18 @@ func TestConfigValidation(t *testing.T) {
 		cfg  s3.Config
 		want string
 	}{
-		{"no bucket", s3.Config{S3: config.S3{AccessKeyIDFile: "a", SecretAccessKeyFile: "b"}}, "bucket is required"},
-		{"no credentials", s3.Config{S3: config.S3{Bucket: "b"}}, "no credentials configured"},
-		{"two credential sources", s3.Config{S3: config.S3{Bucket: "b", AccessKeyIDFile: "a", SecretAccessKeyFile: "b", DefaultCredentialChain: true}}, "more than one way"},
-		{"half files", s3.Config{S3: config.S3{Bucket: "b", AccessKeyIDFile: "a"}}, "both accessKeyIDFile and secretAccessKeyFile"},
-		{"small parts", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, PartSizeMiB: 1}}, "part size"},
-		{"concurrency", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, Concurrency: -1}}, "concurrency"},
-		{"endpoint with secret", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, Endpoint: "https://user:hunter2@s3.example"}}, "must not contain credentials"},
-		{"endpoint scheme", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, Endpoint: "s3.example:9000"}}, "scheme"},
-		{"ca and insecure", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, CABundleFile: "x", InsecureSkipVerify: true}}, "insecureSkipVerify"},
-		{"prefix traversal", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, Prefix: "a/../b"}}, "prefix"},
-		{"checksum", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, RequestChecksum: "always"}}, "request checksum"},
-		{"missing CA file", s3.Config{S3: config.S3{Bucket: "b", DefaultCredentialChain: true, CABundleFile: "/nonexistent/ca.pem"}}, "CA bundle"},
+		{"no bucket", s3.Config{S3Config: storage.S3Config{AccessKeyIDFile: "a", SecretAccessKeyFile: "b"}}, "bucket is required"},
+		{"no credentials", s3.Config{S3Config: storage.S3Config{Bucket: "b"}}, "no credentials configured"},
+		{"two credential sources", s3.Config{S3Config: storage.S3Config{Bucket: "b", AccessKeyIDFile: "a", SecretAccessKeyFile: "b", DefaultCredentialChain: true}}, "more than one way"},
+		{"half files", s3.Config{S3Config: storage.S3Config{Bucket: "b", AccessKeyIDFile: "a"}}, "both accessKeyIDFile and secretAccessKeyFile"},
+		{"small parts", s3.Config{S3Config: storage.S3Config{Bucket: "b", DefaultCredentialChain: true, PartSizeMiB: 1}}, "part size"},
+		{"concurrency", s3.Config{S3Config: storage.S3Config{Bucket: "b", DefaultCredentialChain: true, Concurrency: -1}}, "concurrency"},
+		{"endpoint with secret", s3.Config{S3Config: storage.S3Config{Bucket: "b", DefaultCredentialChain: true, Endpoint: "https://user:hunter2@s3.example"}}, "must not contain credentials"},
+		{"endpoint scheme", s3.Config{S3Config: storage.S3Config{Bucket: "b", DefaultCredentialChain: true, Endpoint: "s3.example:9000"}}, "scheme"},
+		{"ca and insecure", s3.Config{S3Config: storage.S3Config{Bucket: "b", DefaultCredentialChain: true, CABundleFile: "x", InsecureSkipVerify: true}}, "insecureSkipVerify"},
+		{"prefix traversal", s3.Config{S3Config: storage.S3Config{Bucket: "b", DefaultCredentialChain: true, Prefix: "a/../b"}}, "prefix"},
+		{"checksum", s3.Config{S3Config: storage.S3Config{Bucket: "b", DefaultCredentialChain: true, RequestChecksum: "always"}}, "request checksum"},
+		{"missing CA file", s3.Config{S3Config: storage.S3Config{Bucket: "b", DefaultCredentialChain: true, CABundleFile: "/nonexistent/ca.pem"}}, "CA bundle"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := s3.New(context.Background(), tc.cfg)

@@ -13,7 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // Defaults applied by New to zero Config fields.
@@ -47,9 +47,9 @@ const (
 	DefaultResponseTimeout = 30 * time.Second
 
 	// MinPartSize is S3's minimum size of every part but the last.
-	MinPartSize int64 = config.MinPartSizeMiB << 20
+	MinPartSize int64 = storage.MinPartSizeMiB << 20
 	// MaxPartSize is S3's maximum part size.
-	MaxPartSize int64 = config.MaxPartSizeMiB << 20
+	MaxPartSize int64 = storage.MaxPartSizeMiB << 20
 )
 
 // Checksum modes for Config.RequestChecksum.
@@ -58,17 +58,17 @@ const (
 	// single-part objects; over HTTPS it goes in an aws-chunked trailer. The
 	// store verifies it: a corrupted part is refused. versitygw, AWS and
 	// recent S3-compatible stores accept it.
-	ChecksumWhenSupported = config.ChecksumWhenSupported
+	ChecksumWhenSupported = storage.ChecksumWhenSupported
 	// ChecksumWhenRequired sends a checksum only where an operation requires
 	// one: no aws-chunked encoding, no trailers. For stores that reject
 	// aws-chunked uploads ("STREAMING-UNSIGNED-PAYLOAD-TRAILER not
 	// implemented", XAmzContentSHA256Mismatch, ...). TLS and the end-to-end
 	// SHA-256 in the manifest still protect the data.
-	ChecksumWhenRequired = config.ChecksumWhenRequired
+	ChecksumWhenRequired = storage.ChecksumWhenRequired
 )
 
 // Config describes one S3 storage location: its section of the server's
-// configuration file (config.S3, whose zero optional fields get the
+// configuration file (storage.S3Config, whose zero optional fields get the
 // defaults above), and what only code sets. Credentials come from exactly
 // one of: the *File fields (a mounted Secret, re-read at least every
 // minute, so a rotated Secret is picked up without a restart), the *Env
@@ -81,7 +81,7 @@ const (
 // CABundleFile; NoConditionalWrites serialises uploads of one name only
 // within one server process.
 type Config struct {
-	config.S3
+	storage.S3Config
 
 	// OrphanAge and StaleUploadAge tune CleanOrphans; see the defaults.
 	OrphanAge      time.Duration
@@ -106,7 +106,7 @@ type Config struct {
 // prefix normalised. Errors never contain credential values: only file
 // and variable names.
 func (c Config) withDefaults() (Config, error) {
-	errs := config.ValidateS3(c.S3, field.NewPath("s3"))
+	errs := storage.ValidateS3Config(c.S3Config, field.NewPath("s3"))
 	if c.OrphanAge < 0 || c.StaleUploadAge < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("orphanAge"), field.OmitValueType{}, "orphan and stale upload ages must not be negative"))
 	}

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // Suite describes the backend under test.
