@@ -718,15 +718,28 @@ func (x *BackupSource) GetEndTime() *timestamppb.Timestamp {
 }
 
 type EtcdInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClusterId     uint64                 `protobuf:"varint,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
-	MemberId      uint64                 `protobuf:"varint,2,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
-	MemberName    string                 `protobuf:"bytes,3,opt,name=member_name,json=memberName,proto3" json:"member_name,omitempty"`
-	Revision      int64                  `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
-	Version       string                 `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
-	DbSize        int64                  `protobuf:"varint,6,opt,name=db_size,json=dbSize,proto3" json:"db_size,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ClusterId  uint64                 `protobuf:"varint,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	MemberId   uint64                 `protobuf:"varint,2,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	MemberName string                 `protobuf:"bytes,3,opt,name=member_name,json=memberName,proto3" json:"member_name,omitempty"`
+	// The snapshot's revision: the newest revision in its keyspace, read
+	// from the snapshot itself (etcdutl snapshot status), not asked of the
+	// member around it.
+	Revision int64  `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	Version  string `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	DbSize   int64  `protobuf:"varint,6,opt,name=db_size,json=dbSize,proto3" json:"db_size,omitempty"`
+	// What etcdutl snapshot status reports of the snapshot: its keys (the
+	// entries of every bucket of the database) and its hash (CRC-32C of
+	// every bucket's keys and values). verify recomputes them from the
+	// stored bytes and compares.
+	TotalKeys int64  `protobuf:"varint,7,opt,name=total_keys,json=totalKeys,proto3" json:"total_keys,omitempty"`
+	Hash      uint32 `protobuf:"varint,8,opt,name=hash,proto3" json:"hash,omitempty"`
+	// True when revision, total_keys and hash were read from the snapshot
+	// (every backup since they were recorded; false for older ones, whose
+	// revision is the member's just before the snapshot).
+	SnapshotStatus bool `protobuf:"varint,9,opt,name=snapshot_status,json=snapshotStatus,proto3" json:"snapshot_status,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *EtcdInfo) Reset() {
@@ -799,6 +812,27 @@ func (x *EtcdInfo) GetDbSize() int64 {
 		return x.DbSize
 	}
 	return 0
+}
+
+func (x *EtcdInfo) GetTotalKeys() int64 {
+	if x != nil {
+		return x.TotalKeys
+	}
+	return 0
+}
+
+func (x *EtcdInfo) GetHash() uint32 {
+	if x != nil {
+		return x.Hash
+	}
+	return 0
+}
+
+func (x *EtcdInfo) GetSnapshotStatus() bool {
+	if x != nil {
+		return x.SnapshotStatus
+	}
+	return false
 }
 
 type ListBackupsRequest struct {
@@ -1366,8 +1400,12 @@ type UploadTrailer struct {
 	// For compressed or encrypted uploads: size and SHA-256 of the plain
 	// snapshot, known to the sender only at the end. They override the
 	// header's raw_size and raw_sha256.
-	RawSize       int64  `protobuf:"varint,3,opt,name=raw_size,json=rawSize,proto3" json:"raw_size,omitempty"`
-	RawSha256     string `protobuf:"bytes,4,opt,name=raw_sha256,json=rawSha256,proto3" json:"raw_sha256,omitempty"`
+	RawSize   int64  `protobuf:"varint,3,opt,name=raw_size,json=rawSize,proto3" json:"raw_size,omitempty"`
+	RawSha256 string `protobuf:"bytes,4,opt,name=raw_sha256,json=rawSha256,proto3" json:"raw_sha256,omitempty"`
+	// What the sender read from the plain snapshot once it had all of it
+	// (revision, total_keys, hash, snapshot_status): they override the
+	// header's. The other fields of the header's etcd stay.
+	Etcd          *EtcdInfo `protobuf:"bytes,5,opt,name=etcd,proto3" json:"etcd,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1428,6 +1466,13 @@ func (x *UploadTrailer) GetRawSha256() string {
 		return x.RawSha256
 	}
 	return ""
+}
+
+func (x *UploadTrailer) GetEtcd() *EtcdInfo {
+	if x != nil {
+		return x.Etcd
+	}
+	return nil
 }
 
 type UploadBackupResponse struct {
@@ -2106,8 +2151,15 @@ type RestoreBackupRequest struct {
 	// into the restore Jobs, read there from files, and never copied into
 	// a Job's args or env, a log or a response.
 	IdentitySecret string `protobuf:"bytes,6,opt,name=identity_secret,json=identitySecret,proto3" json:"identity_secret,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Added to every revision of the restored keyspace, which is then
+	// marked compacted at the new revision, so that Kubernetes' watch
+	// caches and informers, holding resource versions of the lost data,
+	// relist instead of missing changes (etcd's --bump-revision and
+	// --mark-compacted). Unset means 1000000000, etcd's recommendation; 0
+	// restores the revisions as they are and marks nothing compacted.
+	BumpRevision  *int64 `protobuf:"varint,7,opt,name=bump_revision,json=bumpRevision,proto3,oneof" json:"bump_revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RestoreBackupRequest) Reset() {
@@ -2182,6 +2234,13 @@ func (x *RestoreBackupRequest) GetIdentitySecret() string {
 	return ""
 }
 
+func (x *RestoreBackupRequest) GetBumpRevision() int64 {
+	if x != nil && x.BumpRevision != nil {
+		return *x.BumpRevision
+	}
+	return 0
+}
+
 type RestoreBackupResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One entry per member of the target, in the configuration's order.
@@ -2245,7 +2304,11 @@ type MemberRestore struct {
 	InitialClusterToken string       `protobuf:"bytes,7,opt,name=initial_cluster_token,json=initialClusterToken,proto3" json:"initial_cluster_token,omitempty"`
 	Phase               RestorePhase `protobuf:"varint,8,opt,name=phase,proto3,enum=etcdbackup.v1.RestorePhase" json:"phase,omitempty"`
 	// Why a restore failed.
-	Message       string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,9,opt,name=message,proto3" json:"message,omitempty"`
+	// What was added to the revisions (0: none), and whether the restored
+	// keyspace was marked compacted at the bumped revision.
+	BumpRevision  int64 `protobuf:"varint,10,opt,name=bump_revision,json=bumpRevision,proto3" json:"bump_revision,omitempty"`
+	MarkCompacted bool  `protobuf:"varint,11,opt,name=mark_compacted,json=markCompacted,proto3" json:"mark_compacted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2341,6 +2404,20 @@ func (x *MemberRestore) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *MemberRestore) GetBumpRevision() int64 {
+	if x != nil {
+		return x.BumpRevision
+	}
+	return 0
+}
+
+func (x *MemberRestore) GetMarkCompacted() bool {
+	if x != nil {
+		return x.MarkCompacted
+	}
+	return false
 }
 
 type GetRestoreRequest struct {
@@ -2835,7 +2912,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x06target\x18\x03 \x01(\tR\x06target\x129\n" +
 	"\n" +
 	"start_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
-	"\bend_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"\xb6\x01\n" +
+	"\bend_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"\x92\x02\n" +
 	"\bEtcdInfo\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\x04R\tclusterId\x12\x1b\n" +
@@ -2844,7 +2921,11 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"memberName\x12\x1a\n" +
 	"\brevision\x18\x04 \x01(\x03R\brevision\x12\x18\n" +
 	"\aversion\x18\x05 \x01(\tR\aversion\x12\x17\n" +
-	"\adb_size\x18\x06 \x01(\x03R\x06dbSize\"\x93\x01\n" +
+	"\adb_size\x18\x06 \x01(\x03R\x06dbSize\x12\x1d\n" +
+	"\n" +
+	"total_keys\x18\a \x01(\x03R\ttotalKeys\x12\x12\n" +
+	"\x04hash\x18\b \x01(\rR\x04hash\x12'\n" +
+	"\x0fsnapshot_status\x18\t \x01(\bR\x0esnapshotStatus\"\x93\x01\n" +
 	"\x12ListBackupsRequest\x12\x1a\n" +
 	"\blocation\x18\x01 \x01(\tR\blocation\x12%\n" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
@@ -2888,13 +2969,14 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
-	"\x0e_expected_size\"u\n" +
+	"\x0e_expected_size\"\xa2\x01\n" +
 	"\rUploadTrailer\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x03R\x04size\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x19\n" +
 	"\braw_size\x18\x03 \x01(\x03R\arawSize\x12\x1d\n" +
 	"\n" +
-	"raw_sha256\x18\x04 \x01(\tR\trawSha256\"E\n" +
+	"raw_sha256\x18\x04 \x01(\tR\trawSha256\x12+\n" +
+	"\x04etcd\x18\x05 \x01(\v2\x17.etcdbackup.v1.EtcdInfoR\x04etcd\"E\n" +
 	"\x14UploadBackupResponse\x12-\n" +
 	"\x06backup\x18\x01 \x01(\v2\x15.etcdbackup.v1.BackupR\x06backup\"w\n" +
 	"\x15DownloadBackupRequest\x12\x12\n" +
@@ -2941,7 +3023,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x0fstorage_version\x18\x06 \x01(\tR\x0estorageVersion\x12\x1f\n" +
 	"\vstored_only\x18\a \x01(\bR\n" +
 	"storedOnly\x12\x18\n" +
-	"\amessage\x18\b \x01(\tR\amessage\"\xbf\x01\n" +
+	"\amessage\x18\b \x01(\tR\amessage\"\xfb\x01\n" +
 	"\x14RestoreBackupRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x16\n" +
@@ -2949,9 +3031,11 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\adry_run\x18\x04 \x01(\bR\x06dryRun\x12\x1d\n" +
 	"\n" +
 	"move_aside\x18\x05 \x01(\bR\tmoveAside\x12'\n" +
-	"\x0fidentity_secret\x18\x06 \x01(\tR\x0eidentitySecret\"O\n" +
+	"\x0fidentity_secret\x18\x06 \x01(\tR\x0eidentitySecret\x12(\n" +
+	"\rbump_revision\x18\a \x01(\x03H\x00R\fbumpRevision\x88\x01\x01B\x10\n" +
+	"\x0e_bump_revision\"O\n" +
 	"\x15RestoreBackupResponse\x126\n" +
-	"\amembers\x18\x01 \x03(\v2\x1c.etcdbackup.v1.MemberRestoreR\amembers\"\xba\x02\n" +
+	"\amembers\x18\x01 \x03(\v2\x1c.etcdbackup.v1.MemberRestoreR\amembers\"\x86\x03\n" +
 	"\rMemberRestore\x12\x16\n" +
 	"\x06member\x18\x01 \x01(\tR\x06member\x12\x19\n" +
 	"\bjob_name\x18\x02 \x01(\tR\ajobName\x12\x16\n" +
@@ -2961,7 +3045,10 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\bpeer_url\x18\x06 \x01(\tR\apeerUrl\x122\n" +
 	"\x15initial_cluster_token\x18\a \x01(\tR\x13initialClusterToken\x121\n" +
 	"\x05phase\x18\b \x01(\x0e2\x1b.etcdbackup.v1.RestorePhaseR\x05phase\x12\x18\n" +
-	"\amessage\x18\t \x01(\tR\amessage\"[\n" +
+	"\amessage\x18\t \x01(\tR\amessage\x12#\n" +
+	"\rbump_revision\x18\n" +
+	" \x01(\x03R\fbumpRevision\x12%\n" +
+	"\x0emark_compacted\x18\v \x01(\bR\rmarkCompacted\"[\n" +
 	"\x11GetRestoreRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x16\n" +
@@ -3096,51 +3183,52 @@ var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	40, // 14: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
 	8,  // 15: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
 	9,  // 16: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	7,  // 17: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	22, // 18: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
-	7,  // 19: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	41, // 20: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	7,  // 21: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	7,  // 22: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	31, // 23: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	1,  // 24: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
-	31, // 25: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	36, // 26: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
-	42, // 27: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
-	42, // 28: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
-	7,  // 29: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
-	7,  // 30: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
-	2,  // 31: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	10, // 32: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	12, // 33: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	14, // 34: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	16, // 35: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	20, // 36: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	23, // 37: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	25, // 38: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	27, // 39: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	29, // 40: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
-	32, // 41: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
-	34, // 42: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
-	37, // 43: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
-	3,  // 44: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	11, // 45: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	13, // 46: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	15, // 47: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	19, // 48: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	21, // 49: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	24, // 50: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	26, // 51: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	28, // 52: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	30, // 53: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
-	33, // 54: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
-	35, // 55: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
-	38, // 56: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
-	44, // [44:57] is the sub-list for method output_type
-	31, // [31:44] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	9,  // 17: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	7,  // 18: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	22, // 19: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
+	7,  // 20: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
+	41, // 21: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	7,  // 22: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	7,  // 23: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	31, // 24: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	1,  // 25: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
+	31, // 26: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	36, // 27: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
+	42, // 28: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
+	42, // 29: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
+	7,  // 30: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
+	7,  // 31: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
+	2,  // 32: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	10, // 33: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	12, // 34: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	14, // 35: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	16, // 36: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	20, // 37: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	23, // 38: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	25, // 39: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	27, // 40: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	29, // 41: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	32, // 42: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	34, // 43: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
+	37, // 44: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
+	3,  // 45: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	11, // 46: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	13, // 47: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	15, // 48: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	19, // 49: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	21, // 50: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	24, // 51: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	26, // 52: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	28, // 53: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	30, // 54: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	33, // 55: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	35, // 56: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
+	38, // 57: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
+	45, // [45:58] is the sub-list for method output_type
+	32, // [32:45] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -3158,6 +3246,7 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 		(*DownloadBackupResponse_Header)(nil),
 		(*DownloadBackupResponse_Chunk)(nil),
 	}
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[27].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
