@@ -76,4 +76,3 @@ func TrailedSize(n int) int {
 	body := max(0, n-32)
 	return (body+511)/512*512 + 32
 }
-
