@@ -70,6 +70,11 @@ type UploadRequest struct {
 	// bytes a second time. The server still checks it against what
 	// arrived. With Rewind it must describe the data of the last attempt.
 	SHA256 func() string
+	// Etcd, if set, is called once r is exhausted and returns what the
+	// sender read from the whole plain snapshot (revision, keys, hash:
+	// snapshot_status set), for the trailer. An error aborts the upload:
+	// the server stores nothing.
+	Etcd func() (*ebv1.EtcdInfo, error)
 	// Rewind, if set, returns the data again from its start, to retry
 	// after the connection broke. Without it, an r that can seek is
 	// seeked back, and any other r is not retried.
@@ -238,6 +243,11 @@ func (c *Client) uploadOnce(ctx context.Context, next func() (mem.BufferSlice, e
 	}
 	if req.Raw != nil {
 		trailer.RawSize, trailer.RawSha256 = req.Raw()
+	}
+	if req.Etcd != nil {
+		if trailer.Etcd, err = req.Etcd(); err != nil {
+			return nil, nil, sent, err
+		}
 	}
 	if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Trailer{Trailer: trailer}}); err != nil {
 		return nil, trailer, sent, sendError(stream, err)

@@ -161,6 +161,12 @@ func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
 		sub("Member ID", orNone(hexID(e.GetMemberId())))
 		sub("Member Name", orNone(e.GetMemberName()))
 		sub("Revision", revisionString(b))
+		if e.GetSnapshotStatus() {
+			sub("Keys", keysString(b))
+			sub("Hash", hashString(b))
+		} else if e.GetRevision() != 0 {
+			sub("Keys", "<none> (recorded before backups read their snapshot's status; `kubectl etcdbackup verify` reads it)")
+		}
 		sub("Version", orNone(e.GetVersion()))
 		if e.GetDbSize() > 0 {
 			sub("Database Size", sizeString(e.GetDbSize()))

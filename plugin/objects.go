@@ -79,6 +79,13 @@ type EtcdInfo struct {
 	Revision    int64  `json:"revision,omitempty"`
 	Version     string `json:"version,omitempty"`
 	DBSizeBytes int64  `json:"dbSizeBytes,omitempty"`
+	// TotalKeys and Hash are etcdutl snapshot status's figures of the
+	// snapshot (Hash as 8 hex digits, as the table shows it);
+	// SnapshotStatus says they and Revision were read from the snapshot
+	// itself (false: Revision is the member's just before it).
+	TotalKeys      int64  `json:"totalKeys,omitempty"`
+	Hash           string `json:"hash,omitempty"`
+	SnapshotStatus bool   `json:"snapshotStatus,omitempty"`
 }
 
 // BackupList is a list of backups, newest first.
@@ -264,6 +271,9 @@ func backupObject(b *ebv1.Backup) Backup {
 			Revision:    e.GetRevision(),
 			Version:     e.GetVersion(),
 			DBSizeBytes: e.GetDbSize(),
+		}
+		if e.GetSnapshotStatus() {
+			o.Status.Etcd.TotalKeys, o.Status.Etcd.Hash, o.Status.Etcd.SnapshotStatus = e.GetTotalKeys(), hashString(b), true
 		}
 	}
 	return o

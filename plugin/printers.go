@@ -24,6 +24,8 @@ var backupColumns = []metav1.TableColumnDefinition{
 	{Name: "Age", Type: "string"},
 	{Name: "Source", Type: "string", Priority: 1},
 	{Name: "Revision", Type: "string", Priority: 1},
+	{Name: "Keys", Type: "string", Priority: 1},
+	{Name: "Hash", Type: "string", Priority: 1},
 	{Name: "Compression", Type: "string", Priority: 1},
 	{Name: "SHA256", Type: "string", Priority: 1},
 	{Name: "Labels", Type: "string", Priority: 1},
@@ -54,6 +56,8 @@ func printBackupTable(out io.Writer, bs []*ebv1.Backup, wide, noHeaders bool, no
 			age(b, now),
 			sourceString(b.GetSource()),
 			revisionString(b),
+			keysString(b),
+			hashString(b),
 			orNone(b.GetCompression()),
 			b.GetSha256(),
 			labelsString(b.GetLabels()),
@@ -96,6 +100,22 @@ func revisionString(b *ebv1.Backup) string {
 		return "<none>"
 	}
 	return fmt.Sprint(b.GetEtcd().GetRevision())
+}
+
+// keysString and hashString show what was read from the snapshot itself;
+// an older backup, which recorded only the member's revision, has none.
+func keysString(b *ebv1.Backup) string {
+	if !b.GetEtcd().GetSnapshotStatus() {
+		return "<none>"
+	}
+	return fmt.Sprint(b.GetEtcd().GetTotalKeys())
+}
+
+func hashString(b *ebv1.Backup) string {
+	if !b.GetEtcd().GetSnapshotStatus() {
+		return "<none>"
+	}
+	return fmt.Sprintf("%08x", b.GetEtcd().GetHash())
 }
 
 func labelsString(l map[string]string) string {

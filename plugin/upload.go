@@ -36,8 +36,14 @@ func NewCmdUpload(g *GlobalOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "upload FILE",
 		Short: "Upload an etcd snapshot file as a new backup",
-		Long: `Upload streams FILE to the server, hashing it on the way; the server stores it
-only if every byte arrived with the same SHA-256. Backups are immutable: a
+		Long: `Upload first checks that FILE is an etcd snapshot, as etcdutl does: etcd's
+SHA-256 trailer must match and the database must pass bolt's consistency
+check. Anything else is refused before a byte is sent. The backup records the
+snapshot's revision, key count and hash (list -o wide, describe).
+
+It then streams FILE to the server, hashing it on the way; the server checks
+etcd's trailer again and stores it only if every byte arrived with the same
+SHA-256. Backups are immutable: a
 name that exists is refused. When the connection breaks before the server
 stored the backup (it keeps nothing then), the upload starts again from the
 beginning, for up to --retry-timeout without getting further.
@@ -109,15 +115,23 @@ func (o *UploadOptions) Run(ctx context.Context) error {
 	if st.IsDir() {
 		return fmt.Errorf("upload: %s is a directory; give the snapshot file", o.File)
 	}
-	h := &ebv1.UploadHeader{
-		Name:     o.Name,
-		Location: o.Location,
-		Labels:   o.Labels,
-		Source:   &ebv1.BackupSource{Kind: "upload", Description: truncate(filepath.Base(o.File), 256)},
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("upload: %s is not a regular file; upload checks the snapshot's database before sending it, which needs a file (save the stream to one first)", o.File)
 	}
-	if st.Mode().IsRegular() {
-		size := st.Size()
-		h.ExpectedSize = &size
+	status, err := checkUploadFile(o.File)
+	if err != nil {
+		return err
+	}
+	size := st.Size()
+	facts := snapshot.Facts(status)
+	facts.Version, facts.DbSize = status.Version, status.TotalSize
+	h := &ebv1.UploadHeader{
+		Name:         o.Name,
+		Location:     o.Location,
+		Labels:       o.Labels,
+		Source:       &ebv1.BackupSource{Kind: "upload", Description: truncate(filepath.Base(o.File), 256)},
+		ExpectedSize: &size,
+		Etcd:         facts,
 	}
 	conn, err := o.Connect(ctx)
 	if err != nil {
@@ -155,6 +169,29 @@ func (o *UploadOptions) Run(ctx context.Context) error {
 	return nil
 }
 
+// checkUploadFile refuses, before anything is sent, a file that is not a
+// plain etcd snapshot: etcd's SHA-256 trailer must match and bolt must
+// open the database. Its status (revision, keys, hash) is what the backup
+// records. A backup that cannot be restored is found out now, not on the
+// day it is needed.
+func checkUploadFile(path string) (snapshot.Status, error) {
+	form, err := snapshot.SniffForm(path)
+	if err != nil {
+		return snapshot.Status{}, fmt.Errorf("upload: %w", err)
+	}
+	switch {
+	case form.Encryption != ebv1.EncryptionNone:
+		return snapshot.Status{}, fmt.Errorf("upload: %s is age-encrypted, not a plain etcd snapshot; nothing was sent. Decrypt it first (`age -d -i KEY`), then upload the plain snapshot, with --encrypt-to to store it encrypted", path)
+	case form.Compression != ebv1.CompressionNone:
+		return snapshot.Status{}, fmt.Errorf("upload: %s is %s-compressed (a `download --raw` file?), not a plain etcd snapshot; nothing was sent. Decompress it first (`zstd -d`), or download the backup without --raw", path, form.Compression)
+	}
+	st, err := snapshot.Check(path)
+	if err != nil {
+		return snapshot.Status{}, fmt.Errorf("upload: %s is not an etcd snapshot: %w; nothing was sent. Upload the file `etcdutl snapshot save` or `kubectl etcdbackup download` writes", path, err)
+	}
+	return st, nil
+}
+
 // encryptInputError is a refusal of the file to encrypt, not the server's.
 type encryptInputError struct{ err error }
 
@@ -164,9 +201,6 @@ func (e *encryptInputError) Error() string { return e.err.Error() }
 // (its size and SHA-256 become the backup's raw ones, checked again after
 // every decryption) and encrypts it to o.EncryptTo on the way out.
 func (o *UploadOptions) uploadEncrypted(ctx context.Context, conn *Connection, f *os.File, h *ebv1.UploadHeader, progress func(int64)) (*ebv1.Backup, error) {
-	if form, err := snapshot.SniffForm(f.Name()); err != nil || form != (snapshot.Form{}) {
-		return nil, &encryptInputError{fmt.Errorf("upload: %s is already compressed or encrypted (%+v); --encrypt-to takes a plain etcd snapshot, such as `etcdutl snapshot save` or `download` (without --raw) write", o.File, form)}
-	}
 	recipients, err := crypt.ParseRecipients(o.EncryptTo)
 	if err != nil {
 		return nil, err

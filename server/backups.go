@@ -246,14 +246,15 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 		}
 	}()
 
-	// An agent's snapshot stored as is carries etcd's own SHA-256 in its
-	// last 32 bytes: the server checks that, with the same single hash
-	// pass that gives what it stores, so the agent need not hash at all
-	// and what is stored is what etcd wrote. Anything else is hashed
-	// plainly: a user may upload any file.
+	// A snapshot stored as is carries etcd's own SHA-256 in its last 32
+	// bytes: the server checks that, with the same single hash pass that
+	// gives what it stores, so an agent need not hash at all, what is
+	// stored is what etcd wrote, and no upload stores a file that is not
+	// a snapshot. Compressed or encrypted data is hashed plainly: its
+	// sender checked the trailer before transforming it.
 	var sum io.Writer
 	var digestOf func() (string, error)
-	if isAgent && h.GetCompression() == ebv1.CompressionNone && h.GetEncryption() == ebv1.EncryptionNone {
+	if h.GetCompression() == ebv1.CompressionNone && h.GetEncryption() == ebv1.EncryptionNone {
 		check := snapshot.NewTrailerCheck()
 		sum, digestOf = check, check.Finish
 	} else {
@@ -297,6 +298,9 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 			if err := validateSHA256("trailer raw SHA-256", t.GetRawSha256()); err != nil {
 				return err
 			}
+			if err := validateEtcdFacts("trailer", t.GetEtcd()); err != nil {
+				return err
+			}
 			trailer = t
 			continue
 		}
@@ -322,9 +326,9 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 
 	digest, err := digestOf()
 	if err != nil {
-		s.log.Warn("agent snapshot refused", "location", locName, "backup", h.GetName(), "received", size, "error", err, "caller", caller(ctx))
+		s.log.Warn("snapshot refused", "location", locName, "backup", h.GetName(), "source", kind, "received", size, "error", err, "caller", caller(ctx))
 		return status.Errorf(codes.DataLoss,
-			"upload of %q: the snapshot fails etcd's own check (%v); nothing was stored", h.GetName(), err)
+			"upload of %q: the data is not a whole etcd snapshot: it fails etcd's own check (%v); nothing was stored. Upload the file `etcdutl snapshot save` or `kubectl etcdbackup download` wrote", h.GetName(), err)
 	}
 	if h.ExpectedSize != nil && size != h.GetExpectedSize() {
 		return status.Errorf(codes.DataLoss,
@@ -351,6 +355,7 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 	if trailer.GetRawSha256() != "" && (m.Compression != "" || m.Encryption != "") {
 		m.RawSize, m.RawSHA256 = trailer.GetRawSize(), trailer.GetRawSha256()
 	}
+	withSnapshotStatus(m, trailer.GetEtcd())
 	if err := up.Commit(ctx, m); err != nil {
 		return s.storageError("upload", locName, h.GetName(), err)
 	}
@@ -473,6 +478,7 @@ func validateUploadHeader(h *ebv1.UploadHeader, lim config.Limits) (kind string,
 		validateField("etcd member name", h.GetEtcd().GetMemberName(), lim),
 		validateField("etcd version", h.GetEtcd().GetVersion(), lim),
 		checkf(h.GetRawSize() >= 0, "raw size %d is negative", h.GetRawSize()),
+		validateEtcdFacts("header", h.GetEtcd()),
 	} {
 		if err != nil {
 			return "", err
@@ -618,15 +624,31 @@ func manifestFromHeader(h *ebv1.UploadHeader, kind string, size int64, digest st
 	}
 	if e := h.GetEtcd(); e != nil {
 		m.Etcd = &storage.EtcdInfo{
-			ClusterID:  e.GetClusterId(),
-			MemberID:   e.GetMemberId(),
-			MemberName: e.GetMemberName(),
-			Revision:   e.GetRevision(),
-			Version:    e.GetVersion(),
-			DBSize:     e.GetDbSize(),
+			ClusterID:      e.GetClusterId(),
+			MemberID:       e.GetMemberId(),
+			MemberName:     e.GetMemberName(),
+			Revision:       e.GetRevision(),
+			Version:        e.GetVersion(),
+			DBSize:         e.GetDbSize(),
+			TotalKeys:      e.GetTotalKeys(),
+			Hash:           e.GetHash(),
+			SnapshotStatus: e.GetSnapshotStatus(),
 		}
 	}
 	return m
+}
+
+// withSnapshotStatus records in m what the sender read from the plain
+// snapshot once it had all of it (the trailer's etcd facts), over the
+// header's.
+func withSnapshotStatus(m *storage.Manifest, e *ebv1.EtcdInfo) {
+	if !e.GetSnapshotStatus() {
+		return
+	}
+	if m.Etcd == nil {
+		m.Etcd = &storage.EtcdInfo{}
+	}
+	m.Etcd.Revision, m.Etcd.TotalKeys, m.Etcd.Hash, m.Etcd.SnapshotStatus = e.GetRevision(), e.GetTotalKeys(), e.GetHash(), true
 }
 
 func backupFromManifest(loc string, m *storage.Manifest) *ebv1.Backup {
@@ -660,9 +682,12 @@ func backupFromManifest(loc string, m *storage.Manifest) *ebv1.Backup {
 			ClusterId:  e.ClusterID,
 			MemberId:   e.MemberID,
 			MemberName: e.MemberName,
-			Revision:   e.Revision,
-			Version:    e.Version,
-			DbSize:     e.DBSize,
+			Revision:       e.Revision,
+			Version:        e.Version,
+			DbSize:         e.DBSize,
+			TotalKeys:      e.TotalKeys,
+			Hash:           e.Hash,
+			SnapshotStatus: e.SnapshotStatus,
 		}
 	}
 	return b

@@ -117,3 +117,10 @@ func checkf(cond bool, format string, args ...any) error {
 	}
 	return status.Error(codes.InvalidArgument, fmt.Sprintf(format, args...))
 }
+
+// validateEtcdFacts checks the snapshot facts an upload's header or
+// trailer carries.
+func validateEtcdFacts(where string, e *ebv1.EtcdInfo) error {
+	return checkf(e.GetRevision() >= 0 && e.GetTotalKeys() >= 0 && e.GetDbSize() >= 0,
+		"%s: the etcd revision (%d), key count (%d) and database size (%d) must not be negative", where, e.GetRevision(), e.GetTotalKeys(), e.GetDbSize())
+}

@@ -5,6 +5,8 @@ import (
 
 	etcdutl "go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
 
 // Status is what etcd says about a snapshot.
@@ -30,4 +32,10 @@ func CheckDatabase(path string) (Status, error) {
 		return Status{}, fmt.Errorf("%w: etcd cannot read the database: %v", ErrCorrupt, err)
 	}
 	return st, nil
+}
+
+// Facts are a snapshot's status as a backup records it: revision, keys
+// and hash, marked as read from the snapshot itself.
+func Facts(st Status) *ebv1.EtcdInfo {
+	return &ebv1.EtcdInfo{Revision: st.Revision, TotalKeys: int64(st.TotalKey), Hash: st.Hash, SnapshotStatus: true}
 }

@@ -77,14 +77,23 @@ type Source struct {
 	EndTime     time.Time `json:"endTime,omitzero"`
 }
 
-// EtcdInfo records facts about the etcd member a snapshot was taken from.
+// EtcdInfo records facts about a snapshot and the etcd member it was taken
+// from.
 type EtcdInfo struct {
 	ClusterID  uint64 `json:"clusterID,omitempty"`
 	MemberID   uint64 `json:"memberID,omitempty"`
 	MemberName string `json:"memberName,omitempty"`
-	Revision   int64  `json:"revision,omitempty"`
-	Version    string `json:"version,omitempty"`
-	DBSize     int64  `json:"dbSize,omitempty"`
+	// Revision is the snapshot's (with SnapshotStatus), else the member's
+	// just before the snapshot (backups from before it was read).
+	Revision int64  `json:"revision,omitempty"`
+	Version  string `json:"version,omitempty"`
+	DBSize   int64  `json:"dbSize,omitempty"`
+	// TotalKeys and Hash are what etcdutl snapshot status reports of the
+	// plain snapshot; SnapshotStatus says Revision, TotalKeys and Hash
+	// were read from it.
+	TotalKeys      int64  `json:"totalKeys,omitempty"`
+	Hash           uint32 `json:"hash,omitempty"`
+	SnapshotStatus bool   `json:"snapshotStatus,omitempty"`
 }
 
 // Location is one named place where backups are stored. Implementations are

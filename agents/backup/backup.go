@@ -21,6 +21,7 @@ import (
 
 	"filippo.io/age"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
@@ -48,6 +49,10 @@ type Options struct {
 	// Progress, if set, is called with the raw snapshot bytes read so far,
 	// from the goroutine that reads the snapshot.
 	Progress func(n int64)
+	// ScratchDir holds a copy of the plain snapshot while it streams, from
+	// which its status (revision, keys, hash, bolt's check) is read at the
+	// end and recorded with the backup; "" reads none.
+	ScratchDir string
 }
 
 // readAheadBuffers is how many upload chunks the snapshot is read ahead of
@@ -109,8 +114,13 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 			},
 		}}
 	}
+	status, err := newStatusCopy(opts.ScratchDir)
+	if err != nil {
+		return nil, err
+	}
+	defer status.Remove()
 	if opts.Compression == ebv1.CompressionNone && len(recipients) == 0 {
-		return relaySnapshot(ctx, etcd, up, opts, info, header(ebv1.EncryptionNone))
+		return relaySnapshot(ctx, etcd, up, opts, info, header(ebv1.EncryptionNone), status)
 	}
 
 	snap, err := startRelay(ctx, etcd, client.ChunkBytes, nil)
@@ -122,12 +132,18 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 	if snap.Version != "" {
 		info.Version = snap.Version
 	}
+	var plainSnap io.Reader = snap
+	req := header(ebv1.EncryptionNone)
+	if status != nil {
+		plainSnap = io.TeeReader(snap, status)
+		req.Etcd = status.Status
+	}
 
 	// Compressed or encrypted, the server cannot see etcd's trailer: the
 	// agent checks it (the verifier's hash, carried on through the
 	// trailer, is the raw SHA-256 the server records) and the stored bytes
 	// are hashed by the read-ahead, off the sending goroutine.
-	raw := snapshot.NewVerifier(snap, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: true})
+	raw := snapshot.NewVerifier(plainSnap, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: true})
 	compressed, err := snapshot.Compress(ctx, raw, opts.Compression)
 	if err != nil {
 		return nil, err
@@ -135,15 +151,13 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 	// Unblocks the encoder goroutine if the upload stops reading.
 	defer compressed.Close()
 	var body io.Reader = compressed
-	encryption := ebv1.EncryptionNone
 	if recipients != nil {
 		if body, err = crypt.Encrypt(ctx, compressed, recipients); err != nil {
 			return nil, fmt.Errorf("encryption: %w", err)
 		}
-		encryption = ebv1.EncryptionAge
+		req.Header.Encryption = ebv1.EncryptionAge
 	}
 	sum := sha256.New()
-	req := header(encryption)
 	req.SHA256 = func() string { return hex.EncodeToString(sum.Sum(nil)) }
 	req.Raw = func() (int64, string) { return raw.Size(), raw.SHA256() }
 	ahead := newReadAhead(ctx, body, sum, readAheadBuffers, client.ChunkBytes)
@@ -167,7 +181,7 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 // is not hashed here at all: the server checks etcd's SHA-256 trailer in
 // the one pass that hashes what it stores (snapshot.TrailerCheck), and
 // stores nothing if it fails.
-func relaySnapshot(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Options, info *ebv1.EtcdInfo, req client.UploadRequest) (*ebv1.Backup, error) {
+func relaySnapshot(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Options, info *ebv1.EtcdInfo, req client.UploadRequest, status *statusCopy) (*ebv1.Backup, error) {
 	r, err := startRelay(ctx, etcd, client.ChunkBytes, opts.Progress)
 	if err != nil {
 		return nil, fmt.Errorf("start snapshot of etcd member %s: %w", opts.Endpoint, err)
@@ -178,7 +192,21 @@ func relaySnapshot(ctx context.Context, etcd *clientv3.Client, up *client.Client
 	}
 	// The server hashes what arrives and checks etcd's trailer.
 	req.SHA256 = func() string { return "" }
-	b, err := up.UploadChunks(ctx, r.Next, req)
+	next := r.Next
+	if status != nil {
+		next = func() (mem.BufferSlice, error) {
+			chunk, err := r.Next()
+			if err == nil {
+				if werr := status.writeBuffers(chunk); werr != nil {
+					chunk.Free()
+					return nil, werr
+				}
+			}
+			return chunk, err
+		}
+		req.Etcd = status.Status
+	}
+	b, err := up.UploadChunks(ctx, next, req)
 	if err != nil {
 		if r.err != nil && !errors.Is(r.err, context.Canceled) {
 			return nil, fmt.Errorf("snapshot of etcd member %s: %w (nothing was stored)", opts.Endpoint, r.err)

@@ -87,9 +87,10 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 				Backup: "b1", Location: "default", Target: "test-etcd",
 			}})
 
+			scratch := t.TempDir()
 			b, err := backup.Run(context.Background(), c, srv.AgentClient, backup.Options{
 				Endpoint: te.Endpoint, Name: "b1", Target: "test-etcd", Compression: tc.compression,
-				Labels: map[string]string{"by": "test"},
+				Labels: map[string]string{"by": "test"}, ScratchDir: scratch,
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -138,6 +139,14 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 			if e.GetClusterId() != st.Header.ClusterId || e.GetMemberId() != st.Header.MemberId || e.GetMemberName() != "member-1" ||
 				e.GetRevision() != st.Header.Revision || e.GetVersion() == "" || e.GetDbSize() == 0 {
 				t.Errorf("etcd info %+v; status %+v", e, st.Header)
+			}
+			// The snapshot's own status, as etcdutl reads it from the file.
+			if !e.GetSnapshotStatus() || e.GetRevision() != gotSt.Revision || e.GetTotalKeys() != int64(gotSt.TotalKey) || e.GetHash() != gotSt.Hash {
+				t.Errorf("recorded revision %d, keys %d, hash %d (read from the snapshot: %v); etcdutl status of the backup %+v",
+					e.GetRevision(), e.GetTotalKeys(), e.GetHash(), e.GetSnapshotStatus(), gotSt)
+			}
+			if left, _ := os.ReadDir(scratch); len(left) != 0 {
+				t.Errorf("scratch space keeps %d files after the backup", len(left))
 			}
 			if b.GetRawSize() != int64(len(got)) || b.GetRawSha256() != sha(got) || b.GetCompression() != tc.compression {
 				t.Errorf("raw size/sha/compression = %d %s %q; want %d %s %q", b.GetRawSize(), b.GetRawSha256(), b.GetCompression(), len(got), sha(got), tc.compression)
@@ -266,5 +275,76 @@ func TestConnectChoosesAnAnsweringMember(t *testing.T) {
 	defer c.Close()
 	if ep != te.Endpoint {
 		t.Fatalf("chose %s, want %s", ep, te.Endpoint)
+	}
+}
+
+// Under writes the member's revision before the snapshot is only a lower
+// bound: the backup records the revision, keys and hash read from the
+// snapshot it stored, whatever was written around it.
+func TestBackupRecordsTheSnapshotsOwnStatus(t *testing.T) {
+	te := etcdtest.Start(t, false)
+	c := te.Client(t)
+	etcdtest.Fill(t, c, 2000, 1024)
+	srv := servertest.StartWith(t, servertest.Options{AgentGuard: servertest.AsAgent{
+		Kind: auth.AgentBackup, JobNamespace: "etcdbackup-system", JobName: "backup-b1-0123456789",
+		Backup: "b1", Location: "default", Target: "test-etcd",
+	}})
+	ctx, cancel := context.WithCancel(context.Background())
+	writes := make(chan int)
+	go func() {
+		n := 0
+		for ctx.Err() == nil {
+			if _, err := c.Put(ctx, fmt.Sprintf("/during/%d", n), "x"); err == nil {
+				n++
+			}
+		}
+		writes <- n
+	}()
+	b, err := backup.Run(context.Background(), c, srv.AgentClient, backup.Options{
+		Endpoint: te.Endpoint, Name: "b1", Target: "test-etcd", ScratchDir: t.TempDir(),
+	})
+	cancel()
+	t.Logf("%d writes during the backup", <-writes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := (&dataServer{client: srv.Client, dir: srv.Dir}).download(t, "b1")
+	path := filepath.Join(t.TempDir(), "got.db")
+	if err := os.WriteFile(path, got, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st := status(t, path)
+	e := b.GetEtcd()
+	if e.GetRevision() != st.Revision || e.GetTotalKeys() != int64(st.TotalKey) || e.GetHash() != st.Hash || !e.GetSnapshotStatus() {
+		t.Fatalf("recorded %+v; the stored snapshot's status %+v", e, st)
+	}
+	// What list and get show is the same.
+	resp, err := srv.Client.Backups.GetBackup(context.Background(), &ebv1.GetBackupRequest{Name: "b1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := resp.GetBackup().GetEtcd(); g.GetRevision() != st.Revision || g.GetTotalKeys() != int64(st.TotalKey) || g.GetHash() != st.Hash {
+		t.Errorf("get shows %+v; the stored snapshot's status %+v", g, st)
+	}
+}
+
+// A snapshot copy that cannot be written fails the backup: nothing is
+// stored without its status.
+func TestBackupFailsWithoutScratchSpace(t *testing.T) {
+	te := etcdtest.Start(t, false)
+	c := te.Client(t)
+	etcdtest.Fill(t, c, 200, 1024)
+	srv := servertest.StartWith(t, servertest.Options{AgentGuard: servertest.AsAgent{
+		Kind: auth.AgentBackup, JobNamespace: "etcdbackup-system", JobName: "backup-b1-0123456789",
+		Backup: "b1", Location: "default", Target: "test-etcd",
+	}})
+	_, err := backup.Run(context.Background(), c, srv.AgentClient, backup.Options{
+		Endpoint: te.Endpoint, Name: "b1", Target: "test-etcd", ScratchDir: filepath.Join(t.TempDir(), "missing"),
+	})
+	if err == nil || !strings.Contains(err.Error(), "scratch copy of the snapshot") {
+		t.Fatalf("backup with missing scratch space: %v", err)
+	}
+	if names := (&dataServer{client: srv.Client, dir: srv.Dir}).names(t); len(names) != 0 {
+		t.Errorf("stored %v", names)
 	}
 }

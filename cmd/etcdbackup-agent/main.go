@@ -124,6 +124,7 @@ func newBackupCmd() *cobra.Command {
 	fl.StringVar(&opts.Compression, "compression", "", "\"zstd\" to compress, empty for none")
 	fl.StringToStringVar(&opts.Labels, "labels", nil, "labels of the backup")
 	fl.StringArrayVar(&opts.AgeRecipients, "encrypt-to", nil, "age public key (age1...) to encrypt the backup to, after compression; repeatable")
+	fl.StringVar(&opts.ScratchDir, "scratch-dir", "", "directory for a copy of the plain snapshot while it streams, from which its revision, keys and hash are read and recorded (as large as the database); empty records the member's revision only")
 	addTokenFileFlag(cmd, &tokenFile)
 	_ = cmd.MarkFlagRequired("server")
 	return cmd

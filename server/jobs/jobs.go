@@ -247,8 +247,11 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 	for _, k := range sortedKeys(spec.Labels) {
 		args = append(args, "--labels="+k+"="+spec.Labels[k])
 	}
-	var volumes []corev1.Volume
-	var mounts []corev1.VolumeMount
+	// The agent keeps a copy of the plain snapshot here while it streams,
+	// to read the snapshot's own revision, keys and hash at the end.
+	args = append(args, "--scratch-dir="+workMountPath)
+	volumes := []corev1.Volume{{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	mounts := []corev1.VolumeMount{{Name: "work", MountPath: workMountPath}}
 	if t.TLSSecret != "" {
 		args = append(args,
 			"--cacert="+tlsMountPath+"/ca.crt",

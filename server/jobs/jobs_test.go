@@ -112,10 +112,11 @@ func TestBackupJobSpec(t *testing.T) {
 	if len(c.Env) != 0 || len(c.EnvFrom) != 0 {
 		t.Errorf("environment given to the agent: %v %v", c.Env, c.EnvFrom)
 	}
-	if len(pod.Volumes) != 2 || pod.Volumes[0].Secret == nil || pod.Volumes[0].Secret.SecretName != "etcd-client" {
-		t.Fatalf("volumes %+v: want only the target's TLS Secret and the agent's token", pod.Volumes)
+	if len(pod.Volumes) != 3 || pod.Volumes[1].Secret == nil || pod.Volumes[1].Secret.SecretName != "etcd-client" {
+		t.Fatalf("volumes %+v: want only scratch space, the target's TLS Secret and the agent's token", pod.Volumes)
 	}
-	if len(c.VolumeMounts) != 2 || !c.VolumeMounts[0].ReadOnly {
+	checkScratch(t, pod)
+	if len(c.VolumeMounts) != 3 || !c.VolumeMounts[1].ReadOnly {
 		t.Errorf("mounts %+v", c.VolumeMounts)
 	}
 	checkAgentToken(t, pod)
@@ -158,10 +159,25 @@ func TestBackupJobAgentsConfig(t *testing.T) {
 	if !strings.Contains(args, "--server=server:1234") || !strings.Contains(args, "--insecure-plaintext") || strings.Contains(args, "--cacert") {
 		t.Errorf("args %q", args)
 	}
-	if len(job.Spec.Template.Spec.Volumes) != 1 || len(c.VolumeMounts) != 1 {
-		t.Errorf("a target without TLS Secret mounts %+v, want only the agent's token", job.Spec.Template.Spec.Volumes)
+	if len(job.Spec.Template.Spec.Volumes) != 2 || len(c.VolumeMounts) != 2 {
+		t.Errorf("a target without TLS Secret mounts %+v, want only scratch space and the agent's token", job.Spec.Template.Spec.Volumes)
 	}
+	checkScratch(t, job.Spec.Template.Spec)
 	checkAgentToken(t, job.Spec.Template.Spec)
+}
+
+// checkScratch checks that a backup agent has bounded scratch space for
+// its copy of the snapshot, and is told where it is.
+func checkScratch(t *testing.T, pod corev1.PodSpec) {
+	t.Helper()
+	v := pod.Volumes[0]
+	if v.Name != "work" || v.EmptyDir == nil || v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.IsZero() {
+		t.Errorf("scratch volume %+v: want a bounded emptyDir", v)
+	}
+	c := pod.Containers[0]
+	if m := c.VolumeMounts[0]; m.Name != "work" || m.ReadOnly || !slices.Contains(c.Args, "--scratch-dir="+m.MountPath) {
+		t.Errorf("scratch mount %+v, args %q", m, c.Args)
+	}
 }
 
 // checkAgentToken checks that pod's only credential towards the server

@@ -22,7 +22,8 @@ const (
 
 	// restoreMountPath is where the member's volume appears in the agent.
 	restoreMountPath = "/var/lib/etcd-restore"
-	// workMountPath is the agent's scratch space for the download.
+	// workMountPath is an agent's scratch space: the download of a
+	// restore, the snapshot copy of a backup.
 	workMountPath = "/var/lib/etcdbackup-work"
 	// identityMountPath is where the age identity Secret appears: the
 	// agent reads every file in it.

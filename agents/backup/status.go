@@ -1,0 +1,93 @@
+package backup
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"google.golang.org/grpc/mem"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+)
+
+// statusCopy keeps a copy of the plain snapshot in the agent's scratch
+// space while it streams, so that once etcd has sent all of it the agent
+// can read what etcdutl snapshot status reads — the snapshot's own
+// revision, keys and hash — and check that bolt opens it. etcd says none
+// of that about a snapshot it sends (the member's revision before the
+// snapshot is only a lower bound under writes), and bolt needs random
+// access: the stream alone cannot tell. The copy is the only thing the
+// agent writes to disk; memory stays flat.
+type statusCopy struct {
+	f    *os.File
+	once sync.Once
+	err  error // the first write error
+}
+
+// newStatusCopy creates the copy in dir; "" keeps none (then no status is
+// read and the backup records the member's revision only).
+func newStatusCopy(dir string) (*statusCopy, error) {
+	if dir == "" {
+		return nil, nil
+	}
+	f, err := os.CreateTemp(dir, "snapshot-*.db")
+	if err != nil {
+		return nil, fmt.Errorf("scratch copy of the snapshot (to read its status): %w", err)
+	}
+	return &statusCopy{f: f}, nil
+}
+
+// Write appends p; after a failure it keeps failing, so the backup fails
+// rather than record a status read from part of the snapshot.
+func (c *statusCopy) Write(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	n, err := c.f.Write(p)
+	if err != nil {
+		c.err = fmt.Errorf("scratch copy of the snapshot in %s (agents.scratchSizeLimit bounds it): %w", c.f.Name(), err)
+	}
+	return n, c.err
+}
+
+// writeBuffers appends the bytes of a relayed chunk.
+func (c *statusCopy) writeBuffers(chunk mem.BufferSlice) error {
+	for _, b := range chunk {
+		if _, err := c.Write(b.ReadOnlyData()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Status reads the whole copy's status with etcd's own code (bolt's
+// consistency check of every page included) and returns it as the facts
+// an upload's trailer carries. Call it once the stream ended.
+func (c *statusCopy) Status() (*ebv1.EtcdInfo, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
+	if err := c.f.Close(); err != nil {
+		return nil, fmt.Errorf("scratch copy of the snapshot: %w", err)
+	}
+	st, err := snapshot.CheckDatabase(c.f.Name())
+	if err != nil {
+		return nil, fmt.Errorf("the snapshot etcd sent: %w", err)
+	}
+	return snapshot.Facts(st), nil
+}
+
+// Remove deletes the copy; safe to call more than once.
+func (c *statusCopy) Remove() {
+	if c == nil {
+		return
+	}
+	c.once.Do(func() {
+		c.f.Close()
+		if err := os.Remove(c.f.Name()); err != nil && !errors.Is(err, os.ErrNotExist) {
+			c.err = err
+		}
+	})
+}
