@@ -109,6 +109,8 @@ type RestoreSpec struct {
 	Target    string `json:"target"`
 	DryRun    bool   `json:"dryRun,omitempty"`
 	MoveAside bool   `json:"moveAside,omitempty"`
+	// BumpRevision is --bump-revision, asked of every member; 0 is shown.
+	BumpRevision int64 `json:"bumpRevision"`
 }
 
 // RestoreStatus is the state of each member's restore agent.
@@ -130,6 +132,10 @@ type MemberRestore struct {
 	InitialClusterToken string `json:"initialClusterToken"`
 	Phase               string `json:"phase"`
 	Message             string `json:"message,omitempty"`
+	// What the member's restore adds to etcd's revision (0: nothing), and
+	// whether it marks the result compacted.
+	BumpRevision  int64 `json:"bumpRevision"`
+	MarkCompacted bool  `json:"markCompacted"`
 }
 
 // Version is what `version` prints: the plugin's build and, unless
@@ -324,6 +330,7 @@ func restoreObject(spec RestoreSpec, members []*ebv1.MemberRestore) *Restore {
 			Member: m.GetMember(), Job: m.GetJobName(), Volume: m.GetVolume(), DataDir: m.GetDataDir(),
 			InitialCluster: m.GetInitialCluster(), PeerURL: m.GetPeerUrl(), InitialClusterToken: tokenLabel(m.GetInitialClusterToken()),
 			Phase: restorePhaseString(m.GetPhase()), Message: m.GetMessage(),
+			BumpRevision: m.GetBumpRevision(), MarkCompacted: m.GetMarkCompacted(),
 		})
 		switch m.GetPhase() {
 		case ebv1.RestorePhase_RESTORE_PHASE_FAILED:

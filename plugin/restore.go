@@ -31,10 +31,13 @@ type RestoreOptions struct {
 	IdentityFiles  []string
 	IdentitySecret string
 	Member         snapshot.Member
-	WorkDir        string
-	Target         string
-	Wait           bool
-	DryRun         bool
+	// BumpRevision is --bump-revision: added to etcd's revision, which is
+	// then marked compacted (0: neither). Complete gives it to Member.
+	BumpRevision int64
+	WorkDir      string
+	Target       string
+	Wait         bool
+	DryRun       bool
 	// WaitTimeout bounds --wait; PollInterval is how often it asks.
 	WaitTimeout  time.Duration
 	PollInterval time.Duration
@@ -62,6 +65,15 @@ member, with that member's name and peer URLs and the same --initial-cluster.
 
 A data directory that is not empty is refused unless --move-aside is given,
 which renames it to DIR.before-restore-TIMESTAMP; nothing is ever deleted.
+
+Every restore adds --bump-revision (default 1000000000, etcd's
+recommendation) to etcd's revision and marks the new revision compacted, as
+etcd's recovery guide for Kubernetes says: kube-apiserver's watch cache,
+informers and kubelets hold resourceVersions of the lost data, newer than
+the backup's; bumped past them and compacted, every watch from before the
+restore ends as compacted and its client relists instead of keeping stale
+objects. --bump-revision 0 keeps the snapshot's revisions (for an etcd whose
+clients need them as they were). Give every member the same value.
 
 An age-encrypted backup needs a secret key of one of its recipients: with
 --local, --identity KEYFILE (or $ETCDBACKUP_AGE_IDENTITY); with --target,
@@ -95,6 +107,8 @@ kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity
 	f.StringSliceVar(&o.Member.InitialAdvertisePeerURLs, "initial-advertise-peer-urls", nil, "with --local: this member's peer URLs")
 	f.StringVar(&o.Member.InitialClusterToken, "initial-cluster-token", "", "with --local: the restored cluster's token (default etcd's \"etcd-cluster\")")
 	f.BoolVar(&o.Member.MoveAside, "move-aside", false, "rename a non-empty data directory instead of refusing")
+	f.Int64Var(&o.BumpRevision, "bump-revision", snapshot.DefaultRevisionBump,
+		"add `N` to etcd's revision and mark it compacted, so that watch caches, informers and kubelets relist instead of keeping the lost data's resourceVersions; 0 keeps the snapshot's revisions. The same for every member")
 	f.StringVar(&o.FromFile, "from-file", "", "with --local: restore from `FILE`, written earlier by download, instead of downloading (when the API server is down)")
 	f.StringVar(&o.WorkDir, "work-dir", "", "where the download is kept until restored (default: beside the data directory)")
 	f.StringVar(&o.Target, "target", "", "restore the members of this etcd target in the cluster")
@@ -108,9 +122,11 @@ kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity
 	return cmd
 }
 
-// Complete takes the backup's name from the arguments.
+// Complete takes the backup's name from the arguments and gives
+// --bump-revision to the member layout.
 func (o *RestoreOptions) Complete(_ *cobra.Command, args []string) error {
 	o.Name = backupName(args[0])
+	o.Member.BumpRevision = &o.BumpRevision
 	return nil
 }
 
@@ -118,6 +134,8 @@ func (o *RestoreOptions) Complete(_ *cobra.Command, args []string) error {
 // data directory is checked in Run.
 func (o *RestoreOptions) Validate() error {
 	switch {
+	case o.BumpRevision < 0:
+		return fmt.Errorf("--bump-revision %d is negative: etcd's revision only grows; give 0 to keep the snapshot's revisions, or a positive amount (default %d)", o.BumpRevision, snapshot.DefaultRevisionBump)
 	case o.Local && o.Target != "":
 		return errors.New("give --local or --target, not both")
 	case !o.Local && o.Target == "":
@@ -166,6 +184,7 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 	if o.DryRun {
 		fmt.Fprintf(o.Out, "would download backup %q to %s, verify it, and rebuild %s for member %q of cluster %s (peer URLs %s)\n",
 			o.Name, work, dataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
+		fmt.Fprintf(o.Out, "after restoring: %s\n", bumpSummary(o.Member.RevisionBump()))
 		return nil
 	}
 	return o.restoreLocal(ctx, work)
@@ -210,7 +229,7 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 		},
 		MovedAside: func(to string) { fmt.Fprintf(o.ErrOut, "the old data directory was moved to %s\n", to) },
 	}
-	_, err = restore.Run(ctx, c, restore.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work, Identities: ids}, ev)
+	res, err := restore.Run(ctx, c, restore.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work, Identities: ids}, ev)
 	bar.Finish(false)
 	if errors.Is(err, crypt.ErrIdentityRequired) {
 		return fmt.Errorf("restore %q: the backup is age-encrypted and no identity was given: pass --identity KEYFILE, or set %s=KEYFILE, with a secret key of one of its recipients; nothing was changed", o.Name, IdentityEnv)
@@ -227,7 +246,22 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 	}
 	fmt.Fprintf(o.Out, "restored %q into %s for member %q; start etcd with --data-dir %s --name %s --initial-cluster %s --initial-advertise-peer-urls %s\n",
 		o.Name, o.Member.DataDir, o.Member.Name, o.Member.DataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
+	if res.BumpRevision > 0 {
+		fmt.Fprintf(o.Out, "revision bumped by %d (from %d to %d) and marked compacted (watchers and informers will relist)\n",
+			res.BumpRevision, res.SnapshotRevision, res.Revision)
+	} else {
+		fmt.Fprintln(o.Out, bumpSummary(0))
+	}
 	return nil
+}
+
+// bumpSummary says what a restore with revision bump b does to etcd's
+// revisions, and for 0 what that risks.
+func bumpSummary(b int64) string {
+	if b > 0 {
+		return fmt.Sprintf("revision bumped by %d and marked compacted (watchers and informers will relist)", b)
+	}
+	return "revisions kept as in the snapshot (--bump-revision 0), nothing marked compacted: Kubernetes clients of this etcd (the API server's watch cache, informers, kubelets) may keep stale caches and miss changes; restart them"
 }
 
 // runTarget asks the server to restore every member of o.Target.
@@ -241,9 +275,12 @@ func (o *RestoreOptions) runTarget(ctx context.Context) error {
 	if o.Location, err = o.resolveLocation(ctx, conn, "restore "+quote(o.Name), o.Name); err != nil {
 		return err
 	}
+	// Always set, default included: the flag's value is what the server
+	// applies, whatever its own default.
+	bump := o.BumpRevision
 	resp, err := conn.Backups.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{
 		Name: o.Name, Location: o.Location, Target: o.Target, DryRun: o.DryRun, MoveAside: o.Member.MoveAside,
-		IdentitySecret: o.IdentitySecret,
+		IdentitySecret: o.IdentitySecret, BumpRevision: &bump,
 	})
 	if err != nil {
 		return conn.explain("restore "+quote(o.Name)+" into target "+quote(o.Target), err)
@@ -257,6 +294,7 @@ func (o *RestoreOptions) runTarget(ctx context.Context) error {
 		for _, m := range members {
 			fmt.Fprintf(o.Out, "  member %s: job %s writes %s (data dir %q), peer URL %s, initial cluster %s, token %q\n",
 				m.GetMember(), m.GetJobName(), m.GetVolume(), dataDirLabel(m.GetDataDir()), m.GetPeerUrl(), m.GetInitialCluster(), tokenLabel(m.GetInitialClusterToken()))
+			fmt.Fprintf(o.Out, "    after restoring: %s\n", bumpSummary(m.GetBumpRevision()))
 			if m.GetMessage() != "" {
 				fmt.Fprintf(o.Out, "    %s\n", m.GetMessage())
 			}
@@ -336,7 +374,7 @@ func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error
 		return o.PrintFlags.Print(o.Out, o.restoreObject(members), nil)
 	}
 	for _, m := range members {
-		fmt.Fprintf(o.Out, "member %s restored into %s (data dir %q)\n", m.GetMember(), m.GetVolume(), dataDirLabel(m.GetDataDir()))
+		fmt.Fprintf(o.Out, "member %s restored into %s (data dir %q); %s\n", m.GetMember(), m.GetVolume(), dataDirLabel(m.GetDataDir()), bumpSummary(m.GetBumpRevision()))
 	}
 	fmt.Fprintf(o.Out, "restore of %q into target %q done: start the members again\n", o.Name, o.Target)
 	return nil
@@ -344,7 +382,7 @@ func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error
 
 // restoreObject is the Restore -o prints.
 func (o *RestoreOptions) restoreObject(members []*ebv1.MemberRestore) *Restore {
-	return restoreObject(RestoreSpec{Backup: o.Name, Location: o.Location, Target: o.Target, DryRun: o.DryRun, MoveAside: o.Member.MoveAside}, members)
+	return restoreObject(RestoreSpec{Backup: o.Name, Location: o.Location, Target: o.Target, DryRun: o.DryRun, MoveAside: o.Member.MoveAside, BumpRevision: o.BumpRevision}, members)
 }
 
 // lastLines returns the last n lines of s.

@@ -15,6 +15,8 @@ import (
 	etcdsnapshot "go.etcd.io/etcd/client/v3/snapshot"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
 func freeURL(t *testing.T) url.URL {
@@ -82,7 +84,12 @@ func etcdSnapshot(t *testing.T, keys map[string]string) string {
 // new etcd member starts from, with the keys of the original.
 func TestRestoreLocalRebuildsDataDir(t *testing.T) {
 	addr := startServer(t)
-	mustRun(t, addr, "upload", etcdSnapshot(t, map[string]string{"/registry/foo": "1", "/registry/bar": "2"}), "--name", "snap")
+	snap := etcdSnapshot(t, map[string]string{"/registry/foo": "1", "/registry/bar": "2"})
+	st, err := snapshot.Check(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, addr, "upload", snap, "--name", "snap")
 
 	dataDir := filepath.Join(t.TempDir(), "etcd")
 	peer := freeURL(t)
@@ -91,7 +98,9 @@ func TestRestoreLocalRebuildsDataDir(t *testing.T) {
 		"--initial-cluster", cluster, "--initial-advertise-peer-urls", peer.String()}
 	r := mustRun(t, args...)
 	want := fmt.Sprintf("restored %q into %s for member %q; start etcd with --data-dir %s --name m1 --initial-cluster %s --initial-advertise-peer-urls %s\n",
-		"snap", dataDir, "m1", dataDir, cluster, peer.String())
+		"snap", dataDir, "m1", dataDir, cluster, peer.String()) +
+		// Every restore bumps the revision by default.
+		fmt.Sprintf("revision bumped by 1000000000 (from %d to %d) and marked compacted (watchers and informers will relist)\n", st.Revision, st.Revision+1_000_000_000)
 	if r.out != want {
 		t.Fatalf("restore stdout\n %q\nwant\n %q", r.out, want)
 	}
@@ -120,6 +129,40 @@ func TestRestoreLocalRebuildsDataDir(t *testing.T) {
 	}
 	if len(got) != 2 || got["/registry/foo"] != "1" || got["/registry/bar"] != "2" {
 		t.Fatalf("restored member holds %v, want the snapshot's two keys", got)
+	}
+	if resp.Header.Revision != st.Revision+snapshot.DefaultRevisionBump {
+		t.Fatalf("restored member at revision %d, want the snapshot's %d + %d", resp.Header.Revision, st.Revision, snapshot.DefaultRevisionBump)
+	}
+}
+
+// --bump-revision 0 keeps the snapshot's revisions, and says what that
+// risks; a negative bump is a usage error that names the flag.
+func TestRestoreLocalBumpRevision(t *testing.T) {
+	snap := etcdSnapshot(t, map[string]string{"/registry/foo": "1"})
+	st, err := snapshot.Check(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataDir := filepath.Join(t.TempDir(), "etcd")
+	peer := freeURL(t)
+	args := []string{"--server-address", nowhere, "restore", "snap", "--local", "--from-file", snap, "--data-dir", dataDir, "--member-name", "m1",
+		"--initial-cluster", "m1=" + peer.String(), "--initial-advertise-peer-urls", peer.String()}
+
+	r := run(t, append(args, "--bump-revision", "-1")...)
+	if r.err == nil || ExitCode(r.err) != ExitUsage || !strings.Contains(r.err.Error(), "--bump-revision -1 is negative") {
+		t.Fatalf("negative bump: %v (exit %d), want a usage error naming --bump-revision", r.err, ExitCode(r.err))
+	}
+	if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
+		t.Fatalf("a refused restore created the data directory: %v", err)
+	}
+
+	r = mustRun(t, append(args, "--bump-revision", "0")...)
+	if !strings.Contains(r.out, "\nrevisions kept as in the snapshot (--bump-revision 0), nothing marked compacted: Kubernetes clients of this etcd (the API server's watch cache, informers, kubelets) may keep stale caches") {
+		t.Fatalf("restore --bump-revision 0 does not say what it kept: %q", r.out)
+	}
+	resp, err := startEtcd(t, dataDir, "m1", peer).Get(context.Background(), "/registry/foo")
+	if err != nil || len(resp.Kvs) != 1 || resp.Header.Revision != st.Revision {
+		t.Fatalf("restored member: %+v %v, want /registry/foo at the snapshot's revision %d", resp, err, st.Revision)
 	}
 }
 

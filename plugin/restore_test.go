@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	batchv1 "k8s.io/api/batch/v1"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
@@ -75,7 +78,8 @@ func TestRestoreLocalDryRun(t *testing.T) {
 	r := mustRun(t, append([]string{"--server-address", nowhere, "restore", "b", "--dry-run"}, localRestoreArgs(dataDir)...)...)
 	work := filepath.Join(filepath.Dir(dataDir), ".etcdbackup-restore-b")
 	want := fmt.Sprintf("would download backup %q to %s, verify it, and rebuild %s for member %q of cluster %s (peer URLs %s)\n",
-		"b", work, dataDir, "m1", "m1=http://10.0.0.1:2380", "http://10.0.0.1:2380")
+		"b", work, dataDir, "m1", "m1=http://10.0.0.1:2380", "http://10.0.0.1:2380") +
+		"after restoring: revision bumped by 1000000000 and marked compacted (watchers and informers will relist)\n"
 	if r.out != want {
 		t.Fatalf("dry run: %q, want %q", r.out, want)
 	}
@@ -94,6 +98,8 @@ func TestRestoreFlagErrorsThroughCommand(t *testing.T) {
 		{[]string{"restore", "b", "--local", "--data-dir", "/d", "--member-name", "m1", "--initial-cluster", "other=http://x:2380", "--initial-advertise-peer-urls", "http://x:2380"}, `initial cluster "other=http://x:2380" does not name member "m1"`},
 		{[]string{"restore", "b", "--target", "t", "--data-dir", "/d"}, "drop --data-dir"},
 		{[]string{"restore", "b", "--target", "t", "--timeout", "x"}, `invalid argument "x" for "--timeout"`},
+		{[]string{"restore", "b", "--target", "t", "--bump-revision", "-5"}, "--bump-revision -5 is negative"},
+		{[]string{"restore", "b", "--target", "t", "--bump-revision", "1e9"}, `invalid argument "1e9" for "--bump-revision"`},
 		{[]string{"restore"}, "accepts 1 arg(s), received 0"},
 	} {
 		r := run(t, append([]string{"--server-address", nowhere}, tc.args...)...)
@@ -109,5 +115,58 @@ func TestRestoreTargetAsksServer(t *testing.T) {
 	r := run(t, addr, "restore", "b", "--target", "t", "--dry-run")
 	if r.err == nil || !strings.HasPrefix(r.err.Error(), `restore "b" into target "t": this server cannot launch restore agents`) || !strings.Contains(r.err.Error(), "--local") {
 		t.Fatalf("restore --target: %v", r.err)
+	}
+}
+
+// The in-cluster restore sends --bump-revision to the server, whose plan,
+// Jobs and answers carry it back: the dry run shows what each member
+// would get, the restore Jobs pass it to their agents, and --wait says
+// what was done.
+func TestRestoreTargetBumpRevision(t *testing.T) {
+	w := newAgentWorld(t, "cp")
+	file, _, _ := writeRandom(t, "b1", 100)
+	mustRun(t, w.addr, "upload", file)
+
+	r := mustRun(t, w.addr, "restore", "b1", "--target", "app", "--dry-run")
+	if n := strings.Count(r.out, "\n    after restoring: revision bumped by 1000000000 and marked compacted (watchers and informers will relist)\n"); n != 2 {
+		t.Fatalf("dry run plan shows the default bump for %d of 2 members:\n%s", n, r.out)
+	}
+	r = mustRun(t, w.addr, "restore", "b1", "--target", "app", "--dry-run", "--bump-revision", "0")
+	if n := strings.Count(r.out, "\n    after restoring: revisions kept as in the snapshot (--bump-revision 0), nothing marked compacted: "); n != 2 {
+		t.Fatalf("dry run plan with --bump-revision 0:\n%s", r.out)
+	}
+	r = mustRun(t, w.addr, "restore", "b1", "--target", "app", "--dry-run", "--bump-revision", "0", "-o",
+		"jsonpath={.spec.bumpRevision} {.status.members[*].bumpRevision} {.status.members[*].markCompacted}")
+	if r.out != "0 0 0 false false" {
+		t.Fatalf("restore --dry-run -o jsonpath = %q", r.out)
+	}
+	r = run(t, w.addr, "restore", "b1", "--target", "app", "--bump-revision", "-1")
+	if r.err == nil || ExitCode(r.err) != ExitUsage || !strings.Contains(r.err.Error(), "--bump-revision -1 is negative") {
+		t.Fatalf("negative bump: %v (exit %d)", r.err, ExitCode(r.err))
+	}
+
+	agent := make(chan []batchv1.Job)
+	go func() {
+		js := w.jobsOf(t, "app", "restore-agent", "b1", 2)
+		for _, j := range js {
+			w.finish(t, j, true, "")
+		}
+		agent <- js
+	}()
+	r = run(t, w.addr, "restore", "b1", "--target", "app", "--bump-revision", "7", "--wait")
+	js := <-agent
+	if r.err != nil {
+		t.Fatalf("restore --wait: %v\n%s", r.err, r.errOut)
+	}
+	for _, j := range js {
+		if args := j.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--bump-revision=7") {
+			t.Errorf("job %s: args %q lack --bump-revision=7", j.Name, args)
+		}
+	}
+	for _, m := range []string{"m0", "m1"} {
+		want := fmt.Sprintf("member %s restored into pvc/data-%s (data dir \".\"); revision bumped by 7 and marked compacted (watchers and informers will relist)\n", m, m)
+		if !strings.Contains(r.out, want) {
+			t.Errorf("restore --wait output lacks %q:\n%s", want, r.out)
+		}
 	}
 }

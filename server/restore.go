@@ -19,6 +19,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
 // probeTimeout bounds the check that a member is stopped; a member that
@@ -60,9 +61,28 @@ func (s *Server) plan(t *config.Target, locName, name string) []*ebv1.MemberRest
 	return out
 }
 
+// revisionBump is what a restore request adds to etcd's revision: its
+// bump_revision, unset meaning snapshot.DefaultRevisionBump (a client that
+// predates the field still gets what etcd recommends for Kubernetes).
+func revisionBump(req *ebv1.RestoreBackupRequest) (int64, error) {
+	if req.BumpRevision == nil {
+		return snapshot.DefaultRevisionBump, nil
+	}
+	b := req.GetBumpRevision()
+	if b < 0 {
+		return 0, status.Errorf(codes.InvalidArgument,
+			"--bump-revision %d is negative: etcd's revision only grows; give 0 to keep the snapshot's revisions, or a positive amount (default %d)", b, snapshot.DefaultRevisionBump)
+	}
+	return b, nil
+}
+
 // RestoreBackup implements ebv1.BackupServiceServer.
 func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequest) (*ebv1.RestoreBackupResponse, error) {
 	if err := validateName("backup", req.GetName()); err != nil {
+		return nil, err
+	}
+	bump, err := revisionBump(req)
+	if err != nil {
 		return nil, err
 	}
 	t, err := s.restoreTarget(req.GetTarget())
@@ -98,6 +118,9 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 		}
 	}
 	plan := s.plan(t, locName, name)
+	for _, p := range plan {
+		p.BumpRevision, p.MarkCompacted = bump, bump > 0
+	}
 	seen := s.memberLiveness(ctx, t)
 	if req.GetDryRun() {
 		for _, p := range plan {
@@ -118,7 +141,8 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 	created, err := s.agents.StartRestore(ctx, jobs.RestoreSpec{
 		Name: name, Location: locName, Target: *t, MoveAside: req.GetMoveAside(), IdentitySecret: secret,
 		// What the agents may restore: exactly the backup stored now.
-		SHA256: m.SHA256,
+		SHA256:       m.SHA256,
+		BumpRevision: bump,
 	})
 	if errors.Is(err, jobs.ErrRunning) {
 		return nil, status.Errorf(codes.AlreadyExists,
@@ -136,7 +160,7 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 	for _, p := range plan {
 		p.Phase = ebv1.RestorePhase_RESTORE_PHASE_RUNNING
 	}
-	s.log.Info("restore agents started", "backup", name, "location", locName, "target", t.Name, "jobs", len(created), "caller", caller(ctx))
+	s.log.Info("restore agents started", "backup", name, "location", locName, "target", t.Name, "jobs", len(created), "bumpRevision", bump, "caller", caller(ctx))
 	return &ebv1.RestoreBackupResponse{Members: plan}, nil
 }
 
@@ -178,6 +202,8 @@ func (s *Server) GetRestore(ctx context.Context, req *ebv1.GetRestoreRequest) (*
 			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_FAILED
 		}
 		p.Message = r.Message
+		// What the member's Job was started with (its annotation).
+		p.BumpRevision, p.MarkCompacted = r.BumpRevision, r.BumpRevision > 0
 	}
 	return &ebv1.GetRestoreResponse{Members: plan}, nil
 }

@@ -7,12 +7,15 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -163,6 +166,12 @@ func TestRestoreStartsOneJobPerMember(t *testing.T) {
 	if len(resp.GetMembers()) != 2 {
 		t.Fatalf("plan: %v", resp)
 	}
+	// No bump_revision in the request: etcd's recommendation.
+	for _, m := range resp.GetMembers() {
+		if m.GetBumpRevision() != 1_000_000_000 || !m.GetMarkCompacted() {
+			t.Errorf("member %s: bump %d, mark compacted %v; want 1000000000 and marked", m.GetMember(), m.GetBumpRevision(), m.GetMarkCompacted())
+		}
+	}
 	list := w.jobs(t)
 	if len(list) != 2 {
 		t.Fatalf("%d jobs, want 2", len(list))
@@ -178,6 +187,7 @@ func TestRestoreStartsOneJobPerMember(t *testing.T) {
 			"--data-dir=/var/lib/etcd-restore/data", "--move-aside", "--server=etcdbackup.etcdbackup-system.svc:" + config.DefaultAgentPort,
 			// Pinned to the stored backup's content, authenticated by its own token.
 			"--sha256=" + w.sha256, "--token-file=" + jobs.TokenPath,
+			"--bump-revision=1000000000",
 		} {
 			if !strings.Contains(args, want) {
 				t.Errorf("job %s args %q lack %q", j.Name, args, want)
@@ -207,6 +217,9 @@ func TestRestoreStartsOneJobPerMember(t *testing.T) {
 		if m.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_RUNNING {
 			t.Fatalf("member %s: %v, want running", m.GetMember(), m.GetPhase())
 		}
+		if m.GetBumpRevision() != 1_000_000_000 || !m.GetMarkCompacted() {
+			t.Errorf("GetRestore of member %s: bump %d, mark compacted %v; want what its Job was started with", m.GetMember(), m.GetBumpRevision(), m.GetMarkCompacted())
+		}
 	}
 	for i, j := range list {
 		cond := batchv1.JobComplete
@@ -224,6 +237,55 @@ func TestRestoreStartsOneJobPerMember(t *testing.T) {
 	}
 	if len(phases) != 2 || phases["m0"] == phases["m1"] {
 		t.Fatalf("phases after the jobs ended: %v", phases)
+	}
+}
+
+// bump_revision reaches every member's Job and comes back from
+// GetRestore; 0 turns the bump and the mark off; negative is refused
+// before anything is created.
+func TestRestoreBumpRevision(t *testing.T) {
+	w := newRestoreWorld(t, closedURL(t), closedURL(t))
+	ctx := context.Background()
+	bump := func(b *ebv1.MemberRestore) string {
+		return b.GetMember() + ":" + strconv.FormatInt(b.GetBumpRevision(), 10) + ":" + strconv.FormatBool(b.GetMarkCompacted())
+	}
+
+	_, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", BumpRevision: proto.Int64(-1)})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "--bump-revision -1 is negative") {
+		t.Fatalf("negative bump: %v, want InvalidArgument naming --bump-revision", err)
+	}
+	if j := w.jobs(t); len(j) != 0 {
+		t.Fatalf("a refused restore created %d jobs", len(j))
+	}
+
+	// The dry run's plan says what each member would get.
+	plan, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true, BumpRevision: proto.Int64(42)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range plan.GetMembers() {
+		if got := bump(m); got != m.GetMember()+":42:true" {
+			t.Errorf("dry run plan: %s", got)
+		}
+	}
+
+	resp, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", BumpRevision: proto.Int64(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ms := range [][]*ebv1.MemberRestore{resp.GetMembers(), got.GetMembers()} {
+		if len(ms) != 2 || bump(ms[0]) != "m0:0:false" || bump(ms[1]) != "m1:0:false" {
+			t.Errorf("members %v, want no bump and no mark", ms)
+		}
+	}
+	for _, j := range w.jobs(t) {
+		if args := j.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--bump-revision=0") || j.Annotations[jobs.AnnotationBumpRevision] != "0" {
+			t.Errorf("job %s: args %q, annotations %v; want --bump-revision=0", j.Name, args, j.Annotations)
+		}
 	}
 }
 

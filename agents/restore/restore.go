@@ -2,11 +2,12 @@
 // directory may be rebuilt, fetches a backup through the data server (or
 // takes a file downloaded earlier), decrypts it with the age identities
 // it is given (never the server's: it has none), undoes its compression,
-// verifies it
-// (stored SHA-256, etcd's trailer, bolt's consistency) and rebuilds the
-// data directory with etcd's own restore code. The in-cluster restore
-// agent and the plugin's `restore --local` run this same flow; they differ
-// only in how they report it (Events).
+// verifies it (stored SHA-256, etcd's trailer, bolt's consistency) and
+// rebuilds the data directory with etcd's own restore code, bumping its
+// revision and marking it compacted unless told not to
+// (snapshot.Member.BumpRevision). The in-cluster restore agent and the
+// plugin's `restore --local` run this same flow; they differ only in how
+// they report it (Events).
 package restore
 
 import (
@@ -15,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -76,6 +78,14 @@ type Result struct {
 	DataDir string
 	// MovedTo is where the old data went, if anywhere.
 	MovedTo string
+	// SnapshotRevision is the snapshot's revision; Revision the restored
+	// member's: SnapshotRevision + BumpRevision.
+	SnapshotRevision, Revision int64
+	// BumpRevision is what was added to the revision (0: nothing), and
+	// MarkedCompacted whether the restored revision was marked compacted,
+	// so that every watch from before it is cancelled and relists.
+	BumpRevision    int64
+	MarkedCompacted bool
 }
 
 // DownloadError wraps an error of fetching the backup through the server
@@ -148,6 +158,13 @@ func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, 
 	if ev.Verified != nil {
 		ev.Verified(v)
 	}
+	bump := o.Member.RevisionBump()
+	// etcd adds the bump without checking: past int64 the revision would
+	// wrap negative and the member would not start.
+	if bump > math.MaxInt64-v.Status.Revision {
+		return nil, fmt.Errorf("a revision bump of %d would take the snapshot's revision %d past the largest etcd can hold (%d); choose a smaller one (default %d)",
+			bump, v.Status.Revision, int64(math.MaxInt64), snapshot.DefaultRevisionBump)
+	}
 	movedTo, err := snapshot.Restore(path, o.Member)
 	if movedTo != "" && ev.MovedAside != nil {
 		ev.MovedAside(movedTo)
@@ -156,7 +173,13 @@ func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, 
 		return &Result{DataDir: dataDir, MovedTo: movedTo}, err
 	}
 	_ = os.RemoveAll(work)
-	return &Result{DataDir: dataDir, MovedTo: movedTo}, nil
+	return &Result{
+		DataDir: dataDir, MovedTo: movedTo,
+		// etcdutl bumps the snapshot's newest revision, the one its status
+		// reports.
+		SnapshotRevision: v.Status.Revision, Revision: v.Status.Revision + bump,
+		BumpRevision: bump, MarkedCompacted: o.Member.MarksCompacted(),
+	}, nil
 }
 
 // checkFile unpacks and checks a backup downloaded earlier.

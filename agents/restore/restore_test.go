@@ -3,6 +3,7 @@ package restore_test
 import (
 	"context"
 	"errors"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -60,6 +61,11 @@ func TestRestoreThroughTheServerBringsTheDataBack(t *testing.T) {
 			}
 			if res.DataDir != dataDir || !progressed || verified.Backup.GetName() != "b1" || verified.Status.TotalKey == 0 {
 				t.Fatalf("result %+v, verified %+v, progressed %v", res, verified, progressed)
+			}
+			// By default the revision is bumped and marked compacted.
+			if res.BumpRevision != snapshot.DefaultRevisionBump || !res.MarkedCompacted || res.SnapshotRevision != verified.Status.Revision ||
+				res.Revision != verified.Status.Revision+snapshot.DefaultRevisionBump {
+				t.Fatalf("result %+v after a snapshot at revision %d, want it bumped by %d and marked compacted", res, verified.Status.Revision, snapshot.DefaultRevisionBump)
 			}
 			if _, err := os.Stat(restore.DefaultWorkDir(dataDir, "b1")); !os.IsNotExist(err) {
 				t.Errorf("work dir left behind: %v", err)
@@ -146,6 +152,46 @@ func TestOptionsValidateDoesNoIO(t *testing.T) {
 	}
 	if err := (restore.Options{Name: "b", Member: snapshot.Member{Name: "m"}}).Validate(); err == nil || !strings.Contains(err.Error(), "initial cluster") {
 		t.Fatalf("got %v", err)
+	}
+	m, _ := member(t, "/d")
+	m.BumpRevision = ptr[int64](-1)
+	if err := (restore.Options{Name: "b", Member: m}).Validate(); err == nil || !strings.Contains(err.Error(), "revision bump -1 is negative") {
+		t.Fatalf("negative bump: %v", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// The flow passes the bump to etcd's restore and says what it did: with 0
+// the member starts at the snapshot's revision; a bump that would take the
+// revision past int64 is refused before the data dir is written.
+func TestRestoreRevisionBump(t *testing.T) {
+	srv := backUp(t, "b1", "", "kept")
+	ctx := context.Background()
+
+	m, peer := member(t, filepath.Join(t.TempDir(), "data"))
+	m.BumpRevision = ptr[int64](0)
+	res, err := restore.Run(ctx, srv.Client, restore.Options{Name: "b1", Member: m}, restore.Events{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.BumpRevision != 0 || res.MarkedCompacted || res.Revision != res.SnapshotRevision || res.SnapshotRevision == 0 {
+		t.Fatalf("result %+v, want the snapshot's revision kept and nothing marked", res)
+	}
+	c := etcdtest.StartOn(t, m.DataDir, m.Name, m.InitialCluster, peer).Client(t)
+	got, err := c.Get(ctx, "marker")
+	if err != nil || len(got.Kvs) != 1 || string(got.Kvs[0].Value) != "kept" || got.Header.Revision != res.SnapshotRevision {
+		t.Fatalf("restored member: %+v %v, want marker=kept at revision %d", got, err, res.SnapshotRevision)
+	}
+
+	huge, _ := member(t, filepath.Join(t.TempDir(), "data"))
+	huge.BumpRevision = ptr[int64](math.MaxInt64)
+	_, err = restore.Run(ctx, srv.Client, restore.Options{Name: "b1", Member: huge}, restore.Events{})
+	if err == nil || !strings.Contains(err.Error(), "past the largest etcd can hold") {
+		t.Fatalf("bump of MaxInt64: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(huge.DataDir, "member")); !os.IsNotExist(err) {
+		t.Fatalf("a refused bump wrote the data dir: %v", err)
 	}
 }
 

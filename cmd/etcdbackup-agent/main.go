@@ -25,6 +25,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
 func main() {
@@ -133,6 +134,7 @@ func newBackupCmd() *cobra.Command {
 func newRestoreCmd() *cobra.Command {
 	var serverAddr, identityDir, tokenFile string
 	var o restore.Options
+	var bump int64
 	cmd := &cobra.Command{
 		Use:   "restore --server HOST:PORT --name NAME --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U",
 		Short: "Download a backup through the data server and rebuild one etcd member's data directory",
@@ -142,6 +144,10 @@ func newRestoreCmd() *cobra.Command {
 			if o.Name == "" {
 				return errors.New("--name is required")
 			}
+			if bump < 0 {
+				return fmt.Errorf("--bump-revision %d is negative: give 0 to keep the snapshot's revisions, or a positive amount", bump)
+			}
+			o.Member.BumpRevision = &bump
 			if err := o.Validate(); err != nil {
 				return err
 			}
@@ -167,7 +173,12 @@ func newRestoreCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			log.Info("member data restored", "member", o.Member.Name, "dataDir", res.DataDir)
+			log.Info("member data restored", "member", o.Member.Name, "dataDir", res.DataDir,
+				"snapshotRevision", res.SnapshotRevision, "revision", res.Revision, "bumpRevision", res.BumpRevision, "markedCompacted", res.MarkedCompacted)
+			if res.BumpRevision == 0 {
+				log.Warn("revisions kept as in the snapshot (--bump-revision 0), nothing marked compacted: Kubernetes clients of this etcd (kube-apiserver's watch cache, informers, kubelets) may keep stale caches and miss changes; restart them",
+					"member", o.Member.Name, "revision", res.Revision)
+			}
 			return nil
 		},
 	}
@@ -182,6 +193,8 @@ func newRestoreCmd() *cobra.Command {
 	fl.StringSliceVar(&o.Member.InitialAdvertisePeerURLs, "initial-advertise-peer-urls", nil, "this member's peer URLs")
 	fl.StringVar(&o.Member.InitialClusterToken, "initial-cluster-token", "", "the restored cluster's token")
 	fl.BoolVar(&o.Member.MoveAside, "move-aside", false, "rename a non-empty data directory instead of refusing")
+	fl.Int64Var(&bump, "bump-revision", snapshot.DefaultRevisionBump,
+		"add this to etcd's revision and mark the result compacted, so that watchers and informers of the lost data relist; 0 keeps the snapshot's revisions. The same for every member")
 	fl.StringVar(&identityDir, "identity-dir", "", "directory of age identity files (a mounted Secret) to decrypt an encrypted backup")
 	fl.StringVar(&o.SHA256, "sha256", "", "SHA-256 (hex) the stored backup must have; any other content under the name is refused before it is restored")
 	addTokenFileFlag(cmd, &tokenFile)

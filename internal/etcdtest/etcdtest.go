@@ -170,10 +170,10 @@ func makeTLS(t testing.TB, dir string) tlsFiles {
 // FreeURL is an http URL on a loopback port free right now.
 func FreeURL(t testing.TB) url.URL { return freeURL(t, "http") }
 
-// ReadKey starts a real etcd member named name on an existing (restored)
-// data directory, with the peer URL it was restored for, and returns the
-// value of key; it fails the test when the key is missing.
-func ReadKey(t testing.TB, dataDir, name, initialCluster string, peer url.URL, key string) string {
+// StartOn starts a real etcd member named name on an existing (restored)
+// data directory, with the peer URL it was restored for, until Stop or
+// the end of the test.
+func StartOn(t testing.TB, dataDir, name, initialCluster string, peer url.URL) *Etcd {
 	t.Helper()
 	clientURL := freeURL(t, "http")
 	cfg := embed.NewConfig()
@@ -186,13 +186,25 @@ func ReadKey(t testing.TB, dataDir, name, initialCluster string, peer url.URL, k
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
+	te := &Etcd{Endpoint: clientURL.String(), Name: name, DataDir: dataDir, Stop: sync.OnceFunc(e.Close)}
+	t.Cleanup(te.Stop)
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(30 * time.Second):
 		t.Fatal("etcd on the restored data dir is not ready")
 	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{clientURL.String()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	return te
+}
+
+// ReadKey starts a real etcd member named name on an existing (restored)
+// data directory, with the peer URL it was restored for, and returns the
+// value of key; it fails the test when the key is missing. The member is
+// stopped before it returns.
+func ReadKey(t testing.TB, dataDir, name, initialCluster string, peer url.URL, key string) string {
+	t.Helper()
+	te := StartOn(t, dataDir, name, initialCluster, peer)
+	defer te.Stop()
+	c, err := clientv3.New(te.Config(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -386,7 +386,7 @@ func TestRestoreJobs(t *testing.T) {
 		},
 	}
 	const sum = "6794a8ff9654e821ba067dda207cf98ec8f022ce1c001fd07cd542530cd173f5"
-	spec := jobs.RestoreSpec{Name: "b1", Location: "s3", Target: app, MoveAside: true, SHA256: sum}
+	spec := jobs.RestoreSpec{Name: "b1", Location: "s3", Target: app, MoveAside: true, SHA256: sum, BumpRevision: 1_000_000_000}
 	created, err := l.StartRestore(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -408,15 +408,15 @@ func TestRestoreJobs(t *testing.T) {
 		for _, want := range []string{
 			"restore", "--name=b1", "--location=s3", "--member-name=" + m.Name, "--data-dir=/var/lib/etcd-restore/" + m.DataDir,
 			"--initial-cluster=m0=http://m0:2380,cp-1=https://10.0.0.10:2380", "--initial-advertise-peer-urls=" + m.PeerURL,
-			"--initial-cluster-token=tok", "--move-aside", "--sha256=" + sum,
+			"--initial-cluster-token=tok", "--move-aside", "--sha256=" + sum, "--bump-revision=1000000000",
 		} {
 			if !strings.Contains(args, want) {
 				t.Errorf("member %s: args %q lack %q", m.Name, args, want)
 			}
 		}
 		for _, a := range []map[string]string{j.Annotations, j.Spec.Template.Annotations} {
-			if a[jobs.AnnotationSHA256] != sum || a[jobs.AnnotationBackup] != "b1" || a[jobs.AnnotationLocation] != "s3" {
-				t.Errorf("member %s: annotations %v lack backup, location and SHA-256", m.Name, a)
+			if a[jobs.AnnotationSHA256] != sum || a[jobs.AnnotationBackup] != "b1" || a[jobs.AnnotationLocation] != "s3" || a[jobs.AnnotationBumpRevision] != "1000000000" {
+				t.Errorf("member %s: annotations %v lack backup, location, SHA-256 and revision bump", m.Name, a)
 			}
 		}
 		checkAgentToken(t, pod)
@@ -444,6 +444,9 @@ func TestRestoreJobs(t *testing.T) {
 	if len(runs) != 2 || runs["m0"].Phase != jobs.PhaseRunning || runs["cp-1"].Phase != jobs.PhaseFailed || !strings.Contains(runs["cp-1"].Message, "DeadlineExceeded") {
 		t.Errorf("runs %+v", runs)
 	}
+	if runs["m0"].BumpRevision != 1_000_000_000 || runs["cp-1"].BumpRevision != 1_000_000_000 {
+		t.Errorf("runs %+v do not report the Jobs' revision bump", runs)
+	}
 	if other, err := l.ListRestores(ctx, "default", "b1", app); err != nil || len(other) != 0 {
 		t.Errorf("restores from another location: %+v, %v", other, err)
 	}
@@ -459,6 +462,10 @@ func TestRestoreJobs(t *testing.T) {
 	}
 	if a := strings.Join(created[0].Spec.Template.Spec.Containers[0].Args, " "); strings.Contains(a, "--move-aside") {
 		t.Errorf("args %q", a)
+	}
+	// A bump of 0 is passed as such: the agent's default never decides.
+	if a := created[0].Spec.Template.Spec.Containers[0].Args; !slices.Contains(a, "--bump-revision=0") || created[0].Annotations[jobs.AnnotationBumpRevision] != "0" {
+		t.Errorf("restore without a bump: args %q, annotations %v", a, created[0].Annotations)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -19,6 +20,9 @@ import (
 // Labels and annotations of restore Jobs, beside the backup ones.
 const (
 	AnnotationMember = "etcdbackup.io/member"
+	// AnnotationBumpRevision is what the Job's agent adds to etcd's
+	// revision (its --bump-revision), read back by ListRestores.
+	AnnotationBumpRevision = "etcdbackup.io/bump-revision"
 
 	// restoreMountPath is where the member's volume appears in the agent.
 	restoreMountPath = "/var/lib/etcd-restore"
@@ -167,6 +171,12 @@ type RestoreSpec struct {
 	// agent restores only a download with exactly this hash, so a backup
 	// replaced under the same name meanwhile is refused.
 	SHA256 string
+	// BumpRevision is what each member's agent adds to etcd's revision,
+	// marking the result compacted when above 0; the same for every
+	// member, so their revisions agree. The caller resolves the default:
+	// the Job always carries the value, so the agent's default never
+	// decides.
+	BumpRevision int64
 }
 
 // RestoreJobName is the Job that restores member of target from backup
@@ -223,6 +233,7 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) *batchv1.Job {
 		"--initial-cluster=" + InitialCluster(t),
 		"--initial-advertise-peer-urls=" + m.PeerURL,
 		"--sha256=" + spec.SHA256,
+		"--bump-revision=" + strconv.FormatInt(spec.BumpRevision, 10),
 	}
 	if t.InitialClusterToken != "" {
 		args = append(args, "--initial-cluster-token="+t.InitialClusterToken)
@@ -257,18 +268,19 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) *batchv1.Job {
 		mounts = append(mounts, corev1.VolumeMount{Name: "age-identity", MountPath: identityMountPath, ReadOnly: true})
 	}
 	job := l.agentJob(sc, args, volumes, mounts)
+	bump := strconv.FormatInt(spec.BumpRevision, 10)
 	job.ObjectMeta = metav1.ObjectMeta{
 		Name:      RestoreJobName(spec.Location, spec.Name, t.Name, m.Name),
 		Namespace: l.RestoreNamespace(t),
 		Labels:    labels,
 		Annotations: map[string]string{
 			AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
-			AnnotationSHA256: spec.SHA256,
+			AnnotationSHA256: spec.SHA256, AnnotationBumpRevision: bump,
 		},
 	}
 	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{
 		AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
-		AnnotationSHA256: spec.SHA256,
+		AnnotationSHA256: spec.SHA256, AnnotationBumpRevision: bump,
 	}}
 	job.Spec.Template.Spec.NodeName = m.NodeName
 	return job
@@ -280,6 +292,10 @@ type MemberRun struct {
 	JobName string
 	Phase   Phase
 	Message string
+	// BumpRevision is what the agent adds to etcd's revision, from the
+	// Job's annotation; 0 for a Job without it (made before restores
+	// bumped, whose agent did not).
+	BumpRevision int64
 }
 
 // ListRestores returns the restore agent runs of backup (location, name)
@@ -299,7 +315,8 @@ func (l *Launcher) ListRestores(ctx context.Context, location, name string, targ
 			continue
 		}
 		phase, msg := l.phase(ctx, j)
-		out[a[AnnotationMember]] = MemberRun{Member: a[AnnotationMember], JobName: j.Name, Phase: phase, Message: msg}
+		bump, _ := strconv.ParseInt(a[AnnotationBumpRevision], 10, 64)
+		out[a[AnnotationMember]] = MemberRun{Member: a[AnnotationMember], JobName: j.Name, Phase: phase, Message: msg, BumpRevision: bump}
 	}
 	return out, nil
 }

@@ -2151,12 +2151,13 @@ type RestoreBackupRequest struct {
 	// into the restore Jobs, read there from files, and never copied into
 	// a Job's args or env, a log or a response.
 	IdentitySecret string `protobuf:"bytes,6,opt,name=identity_secret,json=identitySecret,proto3" json:"identity_secret,omitempty"`
-	// Added to every revision of the restored keyspace, which is then
-	// marked compacted at the new revision, so that Kubernetes' watch
-	// caches and informers, holding resource versions of the lost data,
-	// relist instead of missing changes (etcd's --bump-revision and
-	// --mark-compacted). Unset means 1000000000, etcd's recommendation; 0
-	// restores the revisions as they are and marks nothing compacted.
+	// Added to the restored keyspace's revision (the keys keep their own
+	// create and modify revisions), which is then marked compacted at the
+	// new revision, so that Kubernetes' watch caches and informers,
+	// holding resource versions of the lost data, relist instead of
+	// missing changes (etcd's --bump-revision and --mark-compacted).
+	// Unset means 1000000000, etcd's recommendation; 0 restores the
+	// revisions as they are and marks nothing compacted.
 	BumpRevision  *int64 `protobuf:"varint,7,opt,name=bump_revision,json=bumpRevision,proto3,oneof" json:"bump_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
