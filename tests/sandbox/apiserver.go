@@ -6,14 +6,18 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"time"
 )
 
 // apiserverProcess is a running kube-apiserver child process.
 type apiserverProcess struct {
 	*process
-	url string
+	url  string
+	port int
 }
 
 // apiserverArgs are the flags that make a real kube-apiserver serve on the
@@ -55,6 +59,12 @@ func apiserverArgs(dir string, p *pki, etcdURL string, port int) []string {
 		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
 		"--proxy-client-cert-file=" + p.frontProxyClient.certFile,
 		"--proxy-client-key-file=" + p.frontProxyClient.keyFile,
+		// On SIGTERM, refuse new requests with 429 and Retry-After until
+		// those in flight are done, then give the HTTP server 2 s (not
+		// --request-timeout's 60 s) to close the connections: the node's
+		// watches, which keep it busy, end at once, and StopControlPlane
+		// returns in a second or two instead of at the SIGKILL.
+		"--shutdown-send-retry-after=true",
 		"--profiling=false",
 		"--v=1",
 	}
@@ -72,8 +82,9 @@ func adminTLS(p *pki) (*tls.Config, error) {
 	return &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
 }
 
-// startAPIServer runs kube-apiserver and waits until /readyz answers 200.
-func startAPIServer(ctx context.Context, binary, dir string, p *pki, etcdURL string, logw io.Writer) (*apiserverProcess, error) {
+// startAPIServer runs kube-apiserver on port (0: a free one) and waits
+// until /readyz answers 200.
+func startAPIServer(ctx context.Context, binary, dir string, p *pki, etcdURL string, port int, logw io.Writer) (*apiserverProcess, error) {
 	tlsConfig, err := adminTLS(p)
 	if err != nil {
 		return nil, err
@@ -81,6 +92,7 @@ func startAPIServer(ctx context.Context, binary, dir string, p *pki, etcdURL str
 	proc, url, err := startComponent(ctx, component{
 		name:   "kube-apiserver",
 		host:   HostIP,
+		port:   port,
 		binary: binary,
 		dir:    dir,
 		args:   func(port int) []string { return apiserverArgs(dir, p, etcdURL, port) },
@@ -90,5 +102,13 @@ func startAPIServer(ctx context.Context, binary, dir string, p *pki, etcdURL str
 	if err != nil {
 		return nil, err
 	}
-	return &apiserverProcess{process: proc, url: url}, nil
+	_, portStr, err := net.SplitHostPort(strings.TrimPrefix(url, "https://"))
+	if err == nil {
+		port, err = strconv.Atoi(portStr)
+	}
+	if err != nil {
+		_ = proc.stop(15 * time.Second)
+		return nil, fmt.Errorf("kube-apiserver URL %s: %w", url, err)
+	}
+	return &apiserverProcess{process: proc, url: url, port: port}, nil
 }

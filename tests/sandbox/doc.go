@@ -45,6 +45,13 @@
 // naming HostIP (ExposeHostService). No traffic uses the machine's own
 // network.
 //
+// Disaster recovery: StopControlPlane and StartControlPlane take the
+// control plane (etcd, kube-apiserver, kube-controller-manager,
+// kube-scheduler) down and bring it back on another etcd data directory —
+// a restored one (EtcdMember says what a restore needs) — with the same
+// addresses, ports and certificates, as a kubeadm operator does by moving
+// the static pod manifests out and back. The node and its pods run on.
+//
 // Isolation: the paths the kubelet, containerd and the CNI plugins
 // hard-code (/run, /var/lib, /var/log, /opt) are the node's own inside its
 // mount namespace; so are the machine-wide sysctls the kubelet writes

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -34,7 +35,10 @@ type component struct {
 	host   string // address it serves on; default 127.0.0.1
 	binary string
 	dir    string // working directory and where NAME.log goes
-	// args builds the flags for a secure port picked by startComponent.
+	// port, when set, is the secure port to serve on (a restart keeps the
+	// port clients know); 0 has startComponent pick a free one.
+	port int
+	// args builds the flags for the secure port.
 	args func(port int) []string
 	// health is the path polled until it answers 200 (e.g. /readyz).
 	health string
@@ -42,24 +46,31 @@ type component struct {
 }
 
 // startComponent runs c and waits until its health endpoint answers 200.
-// A lost race for the picked port (another process bound it between our
-// probe and the component's bind) is retried with a new port. It returns
-// the process and the https://127.0.0.1:PORT it serves on.
+// A lost race for a picked port (another process bound it between our
+// probe and the component's bind) is retried with a new port; a fixed
+// port (c.port) still taken is waited for, up to portBusyTimeout, and then
+// fails naming it. It returns the process and the https://HOST:PORT it
+// serves on.
 func startComponent(ctx context.Context, c component, logw io.Writer) (*process, string, error) {
 	const attempts = 3
+	host := c.host
+	if host == "" {
+		host = "127.0.0.1"
+	}
 	var lastErr error
 	for i := 0; i < attempts; i++ {
-		port, err := freePort()
-		if err != nil {
+		port := c.port
+		if port == 0 {
+			var err error
+			if port, err = freePort(); err != nil {
+				return nil, "", err
+			}
+		} else if err := waitPortFree(ctx, c.name, host, port); err != nil {
 			return nil, "", err
 		}
 		proc, err := launch(c.name, c.binary, c.dir, c.args(port))
 		if err != nil {
 			return nil, "", err
-		}
-		host := c.host
-		if host == "" {
-			host = "127.0.0.1"
 		}
 		url := fmt.Sprintf("https://%s:%d", host, port)
 		err = proc.waitHealthy(ctx, url+c.health, c.tls)
@@ -71,9 +82,38 @@ func startComponent(ctx context.Context, c component, logw io.Writer) (*process,
 		if !proc.lostPortRace() || ctx.Err() != nil {
 			break
 		}
-		fmt.Fprintf(logw, "sandbox: port %d was taken, retrying %s on another port\n", port, c.name)
+		if c.port == 0 {
+			fmt.Fprintf(logw, "sandbox: port %d was taken, retrying %s on another port\n", port, c.name)
+		} else {
+			fmt.Fprintf(logw, "sandbox: port %d was taken, retrying %s on it\n", port, c.name)
+		}
 	}
 	return nil, "", lastErr
+}
+
+// waitPortFree waits until host:port can be bound, for at most
+// portBusyTimeout: the port a component served on before a restart, which
+// its clients keep using.
+func waitPortFree(ctx context.Context, name, host string, port int) error {
+	addr := net.JoinHostPort(host, strconv.Itoa(port))
+	deadline := time.Now().Add(portBusyTimeout)
+	for {
+		ln, err := net.Listen("tcp", addr)
+		if err == nil {
+			return ln.Close()
+		}
+		if !addrInUse(err) {
+			return fmt.Errorf("%s: check port %s: %w", name, addr, err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: its port %s is still in use after %s; another process holds it (see `ss -tlnp`): %w", name, addr, portBusyTimeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: waiting for its port %s to be free: %w", name, addr, ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 func launch(name, binary, dir string, args []string) (*process, error) {

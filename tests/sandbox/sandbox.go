@@ -99,19 +99,27 @@ type Sandbox struct {
 	// networkPolicy is whether the node enforces NetworkPolicy.
 	networkPolicy bool
 
-	lock              *machineLock
-	pki               *pki
-	etcd              *etcdServer
+	lock       *machineLock
+	pki        *pki
+	etcd       *etcdServer // set once; it may be stopped and started again
+	node       *node
+	forwarders *forwarders
+
+	// cpMu guards the control plane's state: StopControlPlane,
+	// StartControlPlane and Stop hold it; so do the readers of what they
+	// change (the processes, etcd's data directory).
+	cpMu              sync.Mutex
+	cpDown            bool // between StopControlPlane and StartControlPlane
+	stopped           bool // Stop has run
 	apiserver         *apiserverProcess
 	controllerManager *process
 	scheduler         *process
-	node              *node
 	provisioner       *provisioner
-	forwarders        *forwarders
 
-	kubeconfig string
-	restConfig *rest.Config
-	client     kubernetes.Interface
+	apiserverURL string
+	kubeconfig   string
+	restConfig   *rest.Config
+	client       kubernetes.Interface
 
 	stopOnce sync.Once
 	stopErr  error
@@ -183,15 +191,19 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	}
 	systemImages := make(chan imagesResult, 1)
 	go func() { systemImages <- s.systemImages(ctx) }()
-	if s.etcd, err = startEtcd(ctx, dir, s.pki); err != nil {
+	if s.etcd, err = newEtcdServer(dir, s.pki); err != nil {
+		return nil, fmt.Errorf("sandbox: etcd: %w", err)
+	}
+	if err := s.etcd.start(ctx, filepath.Join(dir, "etcd")); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
-	s.logf("etcd ready at %s (%s)", s.etcd.clientURL, since(step))
+	s.logf("etcd ready at %s (%s)", s.etcd.clientURL.String(), since(step))
 
 	step = time.Now()
-	if s.apiserver, err = startAPIServer(ctx, filepath.Join(binDir, "kube-apiserver"), dir, s.pki, s.etcd.clientURL, logw); err != nil {
+	if s.apiserver, err = startAPIServer(ctx, filepath.Join(binDir, "kube-apiserver"), dir, s.pki, s.etcd.clientURL.String(), 0, logw); err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
+	s.apiserverURL = s.apiserver.url
 	s.logf("kube-apiserver ready at %s (%s, log %s)", s.apiserver.url, since(step), s.apiserver.logPath)
 
 	s.restConfig = s.configFor(s.pki.admin.certPEM, s.pki.admin.keyPEM)
@@ -239,32 +251,18 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 // Stop stops the controllers, the node (every process, mount, cgroup and
 // link of it; see stopNode), the apiserver (SIGTERM, then SIGKILL after
 // 15 s) and etcd, in that order, then releases the machine-wide lock. It
-// is idempotent and returns the first call's result. Files in Dir are left
-// for inspection, the node's private directories too (its mounts are gone).
+// is idempotent and returns the first call's result, and works with the
+// control plane up or down (StopControlPlane). Files in Dir are left for
+// inspection, the node's private directories too (its mounts are gone), as
+// is an etcd data directory StartControlPlane was given.
 func (s *Sandbox) Stop() error {
 	s.stopOnce.Do(func() {
+		s.cpMu.Lock()
+		defer s.cpMu.Unlock()
+		s.stopped = true
 		var errs []error
-		controllers := []*process{s.controllerManager, s.scheduler}
-		stopErrs := make([]error, len(controllers))
-		var wg sync.WaitGroup
-		for i, p := range controllers {
-			if p == nil {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				stopErrs[i] = p.stop(15 * time.Second)
-			}()
-		}
-		wg.Wait()
-		for _, err := range stopErrs {
-			if err != nil {
-				errs = append(errs, err)
-			}
-		}
-		if s.provisioner != nil {
-			s.provisioner.stop()
+		if err := s.stopControllers(15 * time.Second); err != nil {
+			errs = append(errs, err)
 		}
 		if s.node != nil {
 			if err := s.stopNode(); err != nil {
@@ -311,11 +309,17 @@ func (s *Sandbox) KubectlPath() string { return s.binPath("kubectl") }
 
 func (s *Sandbox) binPath(name string) string { return filepath.Join(s.binDir, name) }
 
-// APIServerURL is the apiserver's https://127.0.0.1:PORT.
-func (s *Sandbox) APIServerURL() string { return s.apiserver.url }
+// APIServerURL is the apiserver's https://HostIP:PORT; it stays the same
+// across StopControlPlane and StartControlPlane.
+func (s *Sandbox) APIServerURL() string { return s.apiserverURL }
 
-// APIServerPID is the kube-apiserver child's process id.
-func (s *Sandbox) APIServerPID() int { return s.apiserver.cmd.Process.Pid }
+// APIServerPID is the kube-apiserver child's process id (the last one's
+// while the control plane is down).
+func (s *Sandbox) APIServerPID() int {
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
+	return s.apiserver.cmd.Process.Pid
+}
 
 // Dir is the sandbox work dir (absolute).
 func (s *Sandbox) Dir() string { return s.dir }
@@ -331,6 +335,16 @@ func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisec
 func resetDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create dir: %w", err)
+	}
+	// An etcd data directory a restore made next to the first one
+	// (etcd-restored, etcd.before-restore-…) goes too.
+	for _, pattern := range []string{"etcd-*", "etcd.before-restore-*"} {
+		old, _ := filepath.Glob(filepath.Join(dir, pattern))
+		for _, path := range old {
+			if err := os.RemoveAll(path); err != nil {
+				return fmt.Errorf("clean dir: %w", err)
+			}
+		}
 	}
 	for _, name := range []string{"pki", "etcd", "apiserver-certs", "etcd.log", "kube-apiserver.log", "kubeconfig", "kubeconfigs",
 		"kube-controller-manager.log", "kube-scheduler.log", "containerd.log", "kubelet.log", "kube-proxy.log", "kube-network-policies.log", "node", "node-config"} {
@@ -457,7 +471,8 @@ func modulePath(gomod string) string {
 
 // EtcdEndpoint is the client URL (https) of the etcd the API server stores
 // its objects in: the cluster's own control-plane etcd.
-func (s *Sandbox) EtcdEndpoint() string { return s.etcd.clientURL }
+// It stays the same across StopControlPlane and StartControlPlane.
+func (s *Sandbox) EtcdEndpoint() string { return s.etcd.clientURL.String() }
 
 // EtcdClientTLS returns the files of a client certificate etcd accepts
 // (CN=etcdbackup) and of etcd's CA: what a kubeadm operator would put in

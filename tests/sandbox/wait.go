@@ -173,11 +173,20 @@ func (s *Sandbox) NodePIDs() []int {
 	return pids
 }
 
-// ControllerManagerPID and SchedulerPID are the child processes' ids.
-func (s *Sandbox) ControllerManagerPID() int { return s.controllerManager.cmd.Process.Pid }
+// ControllerManagerPID and SchedulerPID are the child processes' ids (the
+// last ones' while the control plane is down).
+func (s *Sandbox) ControllerManagerPID() int {
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
+	return s.controllerManager.cmd.Process.Pid
+}
 
 // SchedulerPID is kube-scheduler's process id.
-func (s *Sandbox) SchedulerPID() int { return s.scheduler.cmd.Process.Pid }
+func (s *Sandbox) SchedulerPID() int {
+	s.cpMu.Lock()
+	defer s.cpMu.Unlock()
+	return s.scheduler.cmd.Process.Pid
+}
 
 // podPID is a process of the Pod with uid on the node (its pause process
 // or a container's), found in its cgroup: a way into its namespaces.
