@@ -45,6 +45,7 @@ kubectl etcdbackup describe control-plane-20260131-020000 --location s3`),
 		ValidArgsFunction: completeBackupNames(g, 1),
 		RunE:              runE(o),
 	}
+	addStorageConfigFlag(cmd, g)
 	return cmd
 }
 

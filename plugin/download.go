@@ -91,6 +91,7 @@ kubectl etcdbackup download etcd-2026-01-31 -o - | sha256sum`),
 	cmd.Flags().StringVarP(&o.File, "output", "o", "", "file to write, or - for standard output (default: NAME in the current directory)")
 	cmd.Flags().BoolVar(&o.Overwrite, "overwrite", false, "replace FILE if it already exists")
 	cmd.Flags().BoolVar(&o.Raw, "raw", false, "write the stored bytes unchanged (compressed, encrypted), resuming an interrupted download")
+	addStorageConfigFlag(cmd, g)
 	cmd.Flags().IntVar(&o.Parallel, "parallel", 0, "ranges to download at once, each over its own port-forward (default: 1 up to 64 MiB, 4 above; not with -o -)")
 	addIdentityFlag(cmd, &o.IdentityFiles, "an encrypted backup")
 	return cmd

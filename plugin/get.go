@@ -35,6 +35,7 @@ kubectl etcdbackup get etcd-2026-01-31 -o jsonpath='{.status.sizeBytes}'`),
 		RunE:              runE(o),
 	}
 	o.PrintFlags.AddFlags(cmd, "output format")
+	addStorageConfigFlag(cmd, g)
 	return cmd
 }
 

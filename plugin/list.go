@@ -37,6 +37,7 @@ kubectl etcdbackup list -o jsonpath='{range .items[?(@.status.phase=="Completed"
 	}
 	o.PrintFlags.AddFlags(cmd, "output format")
 	cmd.Flags().StringVarP(&o.Selector, "selector", "l", "", "label selector to filter backups (e.g. env=prod)")
+	addStorageConfigFlag(cmd, g)
 	return cmd
 }
 

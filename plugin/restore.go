@@ -117,6 +117,7 @@ kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity
 	f.BoolVar(&o.DryRun, "dry-run", false, "print what would be done, change nothing")
 	f.DurationVar(&o.WaitTimeout, "timeout", o.WaitTimeout, "how long --wait waits")
 	addIdentityFlag(cmd, &o.IdentityFiles, "an encrypted backup (with --local)")
+	addStorageConfigFlag(cmd, g)
 	f.StringVar(&o.IdentitySecret, "identity-secret", "", "with --target: `SECRET` in the members' namespace holding the age identity of an encrypted backup, mounted only into the restore Jobs")
 	o.PrintFlags.AddFlags(cmd, "output format (with --target)")
 	return cmd
@@ -142,6 +143,10 @@ func (o *RestoreOptions) Validate() error {
 		return errors.New("say where to restore: --local (with --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls) or --target")
 	case o.FromFile != "" && !o.Local:
 		return errors.New("--from-file goes with --local")
+	case o.StorageConfig != "" && !o.Local:
+		return errors.New("--storage-config reads a backup on this machine: it goes with --local (an in-cluster restore asks the data server)")
+	case o.StorageConfig != "" && o.FromFile != "":
+		return errors.New("--storage-config and --from-file both say where the backup comes from: give one")
 	case o.Target != "" && (o.Member.DataDir != "" || o.Member.Name != "" || o.Member.InitialCluster != "" || len(o.Member.InitialAdvertisePeerURLs) > 0 || o.Member.InitialClusterToken != "" || o.WorkDir != ""):
 		return errors.New("with --target the members' layout comes from the server's configuration: drop --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls, --initial-cluster-token and --work-dir")
 	case o.Wait && o.Target == "":

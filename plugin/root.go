@@ -42,6 +42,11 @@ type GlobalOptions struct {
 	// RetryTimeout is how long download, upload and --wait keep retrying
 	// after the connection to the server broke, without progress.
 	RetryTimeout time.Duration
+	// StorageConfig, when set (--storage-config on the commands that only
+	// read), is a file naming storage locations the plugin reads itself,
+	// without the API server or the data server.
+	StorageConfig string
+	local         localStorage
 
 	genericiooptions.IOStreams
 }
@@ -127,6 +132,9 @@ func (c *Connection) Close() error { return c.conn.Close() }
 // RetryTimeout when the connection breaks, saying so on ErrOut once per
 // outage.
 func (g *GlobalOptions) Connect(ctx context.Context) (*Connection, error) {
+	if g.StorageConfig != "" {
+		return g.connectStorage(ctx)
+	}
 	c, err := g.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -167,15 +175,20 @@ func (g *GlobalOptions) connect(ctx context.Context) (*Connection, error) {
 	return g.connectTunnel(ctx)
 }
 
-// command is what every verb's Options implements, kubectl's way.
+// command is what every verb's Options implements, kubectl's way; the
+// embedded GlobalOptions gives globals.
 type command interface {
 	Complete(cmd *cobra.Command, args []string) error
 	Validate() error
 	Run(ctx context.Context) error
+	globals() *GlobalOptions
 }
 
+func (g *GlobalOptions) globals() *GlobalOptions { return g }
+
 // runE runs a command's Complete, Validate and Run in that order; a
-// Validate failure is a usage error (exit code 2).
+// Validate failure is a usage error (exit code 2). What the command
+// opened for --storage-config is closed when it returns.
 func runE(o command) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
 		if err := o.Complete(cmd, args); err != nil {
@@ -184,6 +197,10 @@ func runE(o command) func(*cobra.Command, []string) error {
 		if err := o.Validate(); err != nil {
 			return usageError(err)
 		}
+		if err := o.globals().validateStorageConfig(); err != nil {
+			return usageError(err)
+		}
+		defer o.globals().closeStorage()
 		return o.Run(cmd.Context())
 	}
 }

@@ -54,6 +54,7 @@ kubectl etcdbackup verify etcd-2026-01-31 --identity ~/.config/etcdbackup/key.tx
 	}
 	o.PrintFlags.AddFlags(cmd, "output format")
 	addIdentityFlag(cmd, &o.IdentityFiles, "an encrypted backup and check it here")
+	addStorageConfigFlag(cmd, g)
 	return cmd
 }
 

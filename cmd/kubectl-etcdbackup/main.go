@@ -17,9 +17,13 @@ import (
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/plugin"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/breakglass"
 )
 
 func main() {
+	// --storage-config: the server's read-only request layer, in process,
+	// on locations this machine opens itself.
+	plugin.OpenStorage = breakglass.Open
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	cmd := plugin.NewCmdRoot(genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr})
 	if args, ok := completionArgs(os.Args); ok {

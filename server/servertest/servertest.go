@@ -20,6 +20,8 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3/s3test"
 )
 
 // Server is a running data server.
@@ -62,6 +64,9 @@ type Options struct {
 	// Limits are the server's (server.Config.Limits); zero fields take
 	// their defaults.
 	Limits config.Limits
+	// S3, when set, adds a location "s3" after the filesystem ones: a
+	// bucket of this real S3 server.
+	S3 *s3test.Server
 }
 
 // AsAgent is a Guard that admits every call as the agent it is: for tests
@@ -112,6 +117,13 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 			t.Fatal(err)
 		}
 		cfg.Locations = append(cfg.Locations, server.NamedLocation{Name: n, Location: loc})
+	}
+	if opts.S3 != nil {
+		loc, err := s3.New(context.Background(), opts.S3.Config("servertest"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Locations = append(cfg.Locations, server.NamedLocation{Name: "s3", Location: loc})
 	}
 	srv, err := server.New(cfg)
 	if err != nil {
