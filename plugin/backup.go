@@ -67,7 +67,7 @@ func (o *BackupOptions) Complete(*cobra.Command, []string) error { return nil }
 // Validate checks the flags.
 func (o *BackupOptions) Validate() error {
 	// "none" asks the server to override a target's compression.
-	if o.Compression != "none" {
+	if o.Compression != ebv1.CompressionNoneName {
 		if err := ebv1.ValidateCompression(o.Compression); err != nil {
 			return errors.New("--" + err.Error()) // names the flag: "--compression …"
 		}

@@ -65,12 +65,10 @@ func (s *Server) startBackup(ctx context.Context, req *ebv1.CreateBackupRequest,
 		return nil, err
 	}
 	compression := req.GetCompression()
-	switch compression {
-	case "":
+	if compression == "" {
 		compression = t.Compression
-	case "none":
-		compression = ""
 	}
+	compression = ebv1.CompressionFromName(compression)
 	if err := validateCompression(compression); err != nil {
 		return nil, err
 	}

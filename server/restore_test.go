@@ -410,7 +410,11 @@ func TestCreateBackupUsesTargetDefaults(t *testing.T) {
 	}
 	srv, err := server.New(server.Config{
 		Locations: locs,
-		Targets:   []config.Target{{Name: "cp", Endpoints: []string{"https://etcd:2379"}, TLSSecret: "etcd-client", Location: "s3", Compression: "zstd"}},
+		Targets: []config.Target{
+			{Name: "cp", Endpoints: []string{"https://etcd:2379"}, TLSSecret: "etcd-client", Location: "s3", Compression: "zstd"},
+			// As the CLI and the manifests spell it.
+			{Name: "cp-none", Endpoints: []string{"https://etcd:2379"}, TLSSecret: "etcd-client", Compression: "none"},
+		},
 		Agents:    l,
 		Now:       func() time.Time { return time.Date(2026, 1, 31, 12, 0, 0, 0, time.UTC) },
 	})
@@ -438,6 +442,13 @@ func TestCreateBackupUsesTargetDefaults(t *testing.T) {
 	if b := resp.GetBackup(); b.GetLocation() != "default" || b.GetCompression() != "" {
 		t.Fatalf("backup %+v", b)
 	}
+	resp, err = srv.CreateBackup(ctx, &ebv1.CreateBackupRequest{Name: "target-none", Target: "cp-none"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := resp.GetBackup(); b.GetCompression() != "" {
+		t.Fatalf("backup of a target with compression: none: %+v", b)
+	}
 	list, err := cs.BatchV1().Jobs("etcdbackup-system").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -449,8 +460,10 @@ func TestCreateBackupUsesTargetDefaults(t *testing.T) {
 	if a := args["cp-20260131-120000"]; !strings.Contains(a, "--location=s3") || !strings.Contains(a, "--compression=zstd") {
 		t.Errorf("job args %q", a)
 	}
-	if a := args["plain"]; !strings.Contains(a, "--location=default") || strings.Contains(a, "--compression") {
-		t.Errorf("job args %q", a)
+	for _, name := range []string{"plain", "target-none"} {
+		if a := args[name]; !strings.Contains(a, "--location=default") || strings.Contains(a, "--compression") {
+			t.Errorf("job args of %s: %q", name, a)
+		}
 	}
 }
 

@@ -207,7 +207,7 @@ type Target struct {
 	InsecurePlaintext bool `json:"insecurePlaintext,omitempty"`
 	// Location for its backups when a request names none ("" = default).
 	Location string `json:"location,omitempty"`
-	// Compression when a request names none: "" or "zstd".
+	// Compression when a request names none: "none" (or "") or "zstd".
 	Compression string `json:"compression,omitempty"`
 	// Encryption, when set, makes every backup of the target encrypted by
 	// the agent before it leaves it; a request cannot turn it off.

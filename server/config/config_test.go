@@ -98,7 +98,7 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"duplicate target", head + member + "  - name: app\n    endpoints: [http://e:2379]\n", `targets[1].name: Duplicate value: "app"`},
 		{"no endpoints", head[:strings.Index(head, "targets:")] + "targets:\n  - name: t\n", "targets[0].endpoints: Required value"},
 		{"unknown location", head + member + "    location: s3\n", `targets[0].location: Not found: "s3"`},
-		{"compression", head + member + "    compression: gzip\n", `targets[0].compression: Unsupported value: "gzip": supported values: "", "zstd"`},
+		{"compression", head + member + "    compression: gzip\n", `targets[0].compression: Unsupported value: "gzip": supported values: "none", "zstd"`},
 		{"namespace", head[:strings.Index(head, "targets:")] + "targets:\n  - name: t\n    endpoints: [http://e:2379]\n    namespace: App\n",
 			`targets[0].namespace: Invalid value: "App"`},
 		{"negative uid", head + member + "    restoreRunAsUser: -1\n", "targets[0].restoreRunAsUser: Invalid value: -1: must not be negative"},
@@ -220,6 +220,16 @@ func TestEncryptionRecipients(t *testing.T) {
 		}
 		if err != nil && strings.Contains(err.Error(), secret) {
 			t.Errorf("%s: the error repeats the secret key", tc.name)
+		}
+	}
+}
+
+// A target's compression is spelled as the CLI spells it: none or zstd
+// (and "" for none).
+func TestTargetCompressionNone(t *testing.T) {
+	for _, c := range []string{"none", "zstd", `""`} {
+		if _, err := load(t, head[:strings.Index(head, "targets:")]+"targets:\n  - name: t\n    endpoints: [http://e:2379]\n    compression: "+c+"\n"); err != nil {
+			t.Errorf("compression: %s: %v", c, err)
 		}
 	}
 }

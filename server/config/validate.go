@@ -61,8 +61,8 @@ func ValidateTargets(targets []Target, locations []string, fldPath *field.Path) 
 		if t.Location != "" && !known.Has(t.Location) {
 			errs = append(errs, field.NotFound(p.Child("location"), t.Location))
 		}
-		if !sets.New(ebv1.Compressions...).Has(t.Compression) {
-			errs = append(errs, field.NotSupported(p.Child("compression"), t.Compression, ebv1.Compressions))
+		if !sets.New(ebv1.Compressions...).Has(ebv1.CompressionFromName(t.Compression)) {
+			errs = append(errs, field.NotSupported(p.Child("compression"), t.Compression, []string{ebv1.CompressionNoneName, ebv1.CompressionZstd}))
 		}
 		if t.Encryption != nil {
 			errs = append(errs, validateEncryption(*t.Encryption, p.Child("encryption"))...)

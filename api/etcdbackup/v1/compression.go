@@ -14,6 +14,20 @@ const (
 	CompressionZstd = "zstd"
 )
 
+// CompressionNoneName is how people spell no compression: the CLI's
+// --compression none, a target's `compression: none` in the server's
+// config. On the wire and in storage it is CompressionNone.
+const CompressionNoneName = "none"
+
+// CompressionFromName turns a compression as people spell it into its
+// wire name: "none" is CompressionNone; anything else is itself.
+func CompressionFromName(c string) string {
+	if c == CompressionNoneName {
+		return CompressionNone
+	}
+	return c
+}
+
 // Compressions lists every supported compression; "" is none.
 var Compressions = []string{CompressionNone, CompressionZstd}
 
