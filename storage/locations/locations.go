@@ -21,9 +21,9 @@ import (
 
 // The bounds of what a location waits for its store. A store that
 // accepts connections but never answers (a stopped process, a hung
-// appliance) would otherwise hold every call for as long as the S3
-// client's own timeouts allow — its ResponseTimeout (30 s) times its
-// attempts (3) — and the next call just as long.
+// appliance) would otherwise hold a call for as long as the S3 client's
+// own timeouts allow — its ResponseTimeout (30 s) per attempt, up to 3
+// attempts; a GET from versitygw under SIGSTOP failed after 30.2 s.
 const (
 	// DefaultOpenTimeout bounds one attempt to open a location: Open (the
 	// server's start) waits this long at most for a store that does not
@@ -40,8 +40,8 @@ const (
 	// DefaultListTimeout bounds a List, which reads every manifest: on S3
 	// one ListObjectsV2 per 1,000 keys and a GET per backup, 8 at a time.
 	// A store answering each request within 100 ms lists some 2,000
-	// backups in 30 s (a local versitygw lists 500 in well under a
-	// second); retention keeps tens to hundreds.
+	// backups in 30 s (a versitygw on the same two-core machine lists 500
+	// in about a second); retention keeps tens to hundreds.
 	DefaultListTimeout = 30 * time.Second
 
 	// retryCap is the longest wait between two attempts to reach an
