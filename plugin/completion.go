@@ -33,7 +33,9 @@ func completeBackupNames(g *GlobalOptions, max int) cobra.CompletionFunc {
 		}
 		var names []string
 		_ = g.withServer(cmd, func(ctx context.Context, conn *Connection) error {
-			bs, err := g.listBackups(ctx, conn, "")
+			// What the locations that answer hold; nothing to say
+			// about the others in the middle of a completion.
+			bs, _, err := g.listBackups(ctx, conn, "")
 			if err != nil {
 				return err
 			}

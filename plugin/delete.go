@@ -122,9 +122,15 @@ func (o *DeleteOptions) Run(ctx context.Context) error {
 			todo = append(todo, deletion{name, location})
 		}
 	} else {
-		bs, err := o.listBackups(ctx, conn, o.Selector)
+		bs, unavailable, err := o.listBackups(ctx, conn, o.Selector)
 		if err != nil {
 			return err
+		}
+		// A location the server cannot reach keeps its backups; the
+		// others' are deleted, and the exit status says it was not all.
+		o.warnUnavailable(unavailable, "its backups are not deleted")
+		if len(unavailable) > 0 {
+			failed = withCode(ExitIncomplete, errAlreadyReported)
 		}
 		for _, b := range bs {
 			if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_COMPLETED {
@@ -133,7 +139,7 @@ func (o *DeleteOptions) Run(ctx context.Context) error {
 		}
 		if len(todo) == 0 {
 			fmt.Fprintln(o.ErrOut, "No backups found.")
-			return nil
+			return failedOr(failed, nil)
 		}
 	}
 	if len(todo) > 0 && !o.Yes && isTerminal(o.In) && !o.confirm(todo) {

@@ -30,6 +30,14 @@ const (
 	// ExitFailed is a backup or restore that ran and failed, or a backup
 	// that verify finds corrupt.
 	ExitFailed = 5
+	// ExitIncomplete is a command over every location that did what it
+	// could while a location was unavailable: list printed, and delete
+	// -l/--all deleted, only the other locations' backups; a warning
+	// names each one left out. Not 0, so that no script takes a partial
+	// list for the whole (the newest backup may be in the location
+	// left out); not 1, so that a script that can do with the locations
+	// that answer accepts it and still stops on anything else.
+	ExitIncomplete = 6
 )
 
 const exitCodesHelp = `Exit codes:
@@ -38,7 +46,9 @@ const exitCodesHelp = `Exit codes:
   2  usage error: unknown flag or command, wrong arguments, flags that do not go together
   3  not found: no such backup, storage location or etcd target
   4  refused: not allowed (RBAC on pods/portforward, PermissionDenied, Unauthenticated)
-  5  a backup or restore failed, or verify found a backup corrupt`
+  5  a backup or restore failed, or verify found a backup corrupt
+  6  incomplete: a storage location was unavailable; list printed (delete -l/--all
+     deleted) only the other locations' backups, and a warning names it`
 
 // exitError carries the exit code an error should end the process with.
 type exitError struct {

@@ -60,7 +60,7 @@ func (o *ListOptions) Run(ctx context.Context) error {
 		conn.Close()
 		trace("connection closed")
 	}()
-	bs, listErr := o.listBackups(ctx, conn, o.Selector)
+	bs, unavailable, listErr := o.listBackups(ctx, conn, o.Selector)
 	trace("backups listed")
 	if listErr != nil && len(bs) == 0 {
 		return listErr
@@ -68,14 +68,25 @@ func (o *ListOptions) Run(ctx context.Context) error {
 	if len(bs) == 0 && (o.PrintFlags.Human() || o.PrintFlags.columns != nil) {
 		// kubectl's notice, on stderr so that a script reading stdout
 		// sees an empty table.
-		_, err := o.ErrOut.Write([]byte("No backups found.\n"))
-		return err
-	}
-	// What could be listed is printed; a location that failed is still
-	// an error (and the exit status), as kubectl get does.
-	if err := printBackups(o.Out, o.PrintFlags, bs, false); err != nil {
+		if _, err := o.ErrOut.Write([]byte("No backups found.\n")); err != nil {
+			return err
+		}
+	} else if err := printBackups(o.Out, o.PrintFlags, bs, false); err != nil {
 		return err
 	}
 	trace("backups printed")
-	return listErr
+	// What could be listed is printed. A location that failed is still
+	// an error (and the exit status), as kubectl get does; one the
+	// server cannot reach is a warning after the list, where a person
+	// sees it, and a distinct exit status, so a script does not take
+	// the list for the whole (docs/scripting.md).
+	if listErr != nil {
+		o.warnUnavailable(unavailable, "its backups are not listed")
+		return listErr
+	}
+	if len(unavailable) > 0 {
+		o.warnUnavailable(unavailable, "its backups are not listed")
+		return withCode(ExitIncomplete, errAlreadyReported)
+	}
+	return nil
 }

@@ -16,7 +16,9 @@ import (
 // Backups live in one of the server's storage locations. Commands span
 // every location unless --location names one: list merges them, and a
 // command given a backup's name finds the location that holds it, asking
-// for --location only when the name is in more than one.
+// for --location only when the name is in more than one. A location the
+// server cannot reach (its store down) costs only itself: both go on
+// without it, saying so on stderr.
 
 // locationNames returns --location, or every location of the server,
 // default first.
@@ -37,15 +39,18 @@ func (g *GlobalOptions) locationNames(ctx context.Context, conn *Connection) ([]
 }
 
 // listBackups lists the backups matching selector in --location, or in
-// every location, newest first. A location that fails (an S3 endpoint
-// down) does not hide the others: their backups come back with an error
-// naming the location that failed.
+// every location, newest first. Without --location, a location the
+// server cannot reach (its store down) costs only itself: it comes back
+// in unavailable, for the caller to warn about, and the others' backups
+// are listed. Any other failure of a location does not hide the others
+// either: their backups come back with an error naming the location
+// that failed.
 //
 // Without --location, the default location ("" on the wire) is listed
 // while the server is asked for its locations, and the others, if any,
 // are listed side by side: a server with one location answers in one
 // round trip, not two.
-func (g *GlobalOptions) listBackups(ctx context.Context, conn *Connection, selector string) ([]*ebv1.Backup, error) {
+func (g *GlobalOptions) listBackups(ctx context.Context, conn *Connection, selector string) ([]*ebv1.Backup, []unavailableLocation, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var locs []string
@@ -56,7 +61,7 @@ func (g *GlobalOptions) listBackups(ctx context.Context, conn *Connection, selec
 		dflt := listAside(ctx, conn, "", selector)
 		info, err := conn.Info.GetServerInfo(ctx, &ebv1.GetServerInfoRequest{})
 		if err != nil {
-			return nil, conn.explain("list storage locations", err)
+			return nil, nil, conn.explain("list storage locations", err)
 		}
 		trace("server info got")
 		for _, l := range info.GetLocations() {
@@ -74,9 +79,14 @@ func (g *GlobalOptions) listBackups(ctx context.Context, conn *Connection, selec
 		}
 	}
 	var all []*ebv1.Backup
+	var unavailable []unavailableLocation
 	var errs []error
 	for _, l := range locs {
 		r := <-lists[l]
+		if u, ok := asUnavailable(r.err); ok && g.Location == "" {
+			unavailable = append(unavailable, u)
+			continue
+		}
 		if r.err != nil {
 			op := "list backups"
 			if g.Location == "" {
@@ -90,9 +100,45 @@ func (g *GlobalOptions) listBackups(ctx context.Context, conn *Connection, selec
 	sortBackups(all)
 	if len(errs) > 0 {
 		// The exit code is the first failure's, default location first.
-		return all, withCode(ExitCode(errs[0]), errors.Join(errs...))
+		return all, unavailable, withCode(ExitCode(errs[0]), errors.Join(errs...))
 	}
-	return all, nil
+	return all, unavailable, nil
+}
+
+// unavailableLocation is a storage location the server answered for
+// but could not reach (its store down): why, as the server put it.
+type unavailableLocation struct {
+	name   string
+	reason string
+}
+
+// asUnavailable returns the location err says the server cannot reach
+// now, if err is the server's LOCATION_UNAVAILABLE (not a lost
+// connection to the server, which is also Unavailable).
+func asUnavailable(err error) (unavailableLocation, bool) {
+	s, ok := status.FromError(err)
+	if err == nil || !ok || s.Code() != codes.Unavailable {
+		return unavailableLocation{}, false
+	}
+	name, ok := ebv1.UnavailableLocation(s)
+	if !ok {
+		return unavailableLocation{}, false
+	}
+	// The server says `[op: ]storage location "X" is unavailable: WHY`;
+	// the warnings name the location themselves.
+	reason := s.Message()
+	if _, why, ok := strings.Cut(reason, "storage location "+quote(name)+" is unavailable: "); ok {
+		reason = why
+	}
+	return unavailableLocation{name: name, reason: reason}, true
+}
+
+// warnUnavailable prints one warning per location the server could not
+// reach, saying what the command did without it.
+func (g *GlobalOptions) warnUnavailable(us []unavailableLocation, consequence string) {
+	for _, u := range us {
+		fmt.Fprintf(g.ErrOut, "Warning: storage location %s is unavailable: %s; %s\n", quote(u.name), u.reason, consequence)
+	}
 }
 
 // listed is one location's listing.
@@ -138,6 +184,11 @@ func listLocation(ctx context.Context, conn *Connection, location, selector stri
 
 // findBackup returns the backup called name from --location or from the
 // one location that holds it. op prefixes errors ("get backup \"x\"").
+//
+// A location the server cannot reach now (its store down) does not stop
+// finding the backup in the others: the command goes on with a warning
+// that it could not be searched. Only when the name is in none of the
+// others is that an error, naming what could not be searched.
 func (g *GlobalOptions) findBackup(ctx context.Context, conn *Connection, op, name string) (*ebv1.Backup, error) {
 	locs, err := g.locationNames(ctx, conn)
 	if err != nil {
@@ -152,41 +203,72 @@ func (g *GlobalOptions) findBackup(ctx context.Context, conn *Connection, op, na
 		return resp.GetBackup(), nil
 	}
 	var found []*ebv1.Backup
-	var unavailable error
+	var searched []string
+	var unavailable []unavailableLocation
 	for _, l := range locs {
 		resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name, Location: l})
-		if status.Code(err) == codes.NotFound {
+		if u, ok := asUnavailable(err); ok {
+			unavailable = append(unavailable, u)
 			continue
 		}
-		// A location the server cannot reach now (its S3 down) does not
-		// stop finding the backup in the others.
-		if status.Code(err) == codes.Unavailable && unavailable == nil {
-			unavailable = conn.explain(op, err)
+		if status.Code(err) == codes.NotFound {
+			searched = append(searched, l)
 			continue
 		}
 		if err != nil {
 			return nil, conn.explain(op, err)
 		}
+		searched = append(searched, l)
 		found = append(found, resp.GetBackup())
-	}
-	switch {
-	case len(found) == 0 && unavailable != nil:
-		return nil, unavailable
-	case len(found) == 1 && unavailable != nil:
-		// It might be in the unreachable location too: say which one it is.
-		return nil, fmt.Errorf("%w; backup %q is in location %q: pass --location %s to use it", unavailable, name, found[0].GetLocation(), found[0].GetLocation())
 	}
 	switch len(found) {
 	case 0:
+		if len(unavailable) > 0 {
+			return nil, notSearched(op, name, searched, unavailable)
+		}
 		return nil, withCode(ExitNotFound, fmt.Errorf("%s: backup %q not found in any storage location (%s); see `kubectl etcdbackup list`", op, name, strings.Join(locs, ", ")))
 	case 1:
-		return found[0], nil
+		b := found[0]
+		for _, u := range unavailable {
+			fmt.Fprintf(g.ErrOut, "Warning: storage location %s could not be searched for backup %q (unavailable: %s); using the one in location %s\n",
+				quote(u.name), name, u.reason, quote(b.GetLocation()))
+		}
+		return b, nil
 	}
 	var in []string
 	for _, b := range found {
 		in = append(in, b.GetLocation())
 	}
 	return nil, usageError(fmt.Errorf("%s: backup %q is in %d storage locations (%s); say which with --location", op, name, len(found), strings.Join(in, ", ")))
+}
+
+// notSearched is the error of a name found in none of the locations that
+// could be searched, while others could not: it may be in those, so it
+// is not "not found" (exit code 3), which a script takes for certain.
+func notSearched(op, name string, searched []string, unavailable []unavailableLocation) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: backup %q ", op, name)
+	if len(searched) > 0 {
+		in := "location"
+		if len(searched) > 1 {
+			in = "locations"
+		}
+		fmt.Fprintf(&b, "is not in storage %s %s, but ", in, strings.Join(searched, ", "))
+	} else {
+		b.WriteString("could not be looked for: ")
+	}
+	for i, u := range unavailable {
+		if i > 0 {
+			b.WriteString(", and ")
+		}
+		fmt.Fprintf(&b, "location %s could not be searched (unavailable: %s)", quote(u.name), u.reason)
+	}
+	it := "it is"
+	if len(unavailable) > 1 {
+		it = "they are"
+	}
+	fmt.Fprintf(&b, "; retry once %s available again (`kubectl etcdbackup version` shows each location's state)", it)
+	return withCode(ExitError, errors.New(b.String()))
 }
 
 // resolveLocation returns the location to send a request about name to:

@@ -260,7 +260,7 @@ func TestExitCodes(t *testing.T) {
 	}
 	// The codes are in the root command's help.
 	r := mustRun(t, "--help")
-	for _, want := range []string{"Exit codes:", "2  usage error", "3  not found", "4  refused", "5  a backup or restore failed"} {
+	for _, want := range []string{"Exit codes:", "2  usage error", "3  not found", "4  refused", "5  a backup or restore failed", "6  incomplete"} {
 		if !strings.Contains(r.out, want) {
 			t.Errorf("--help lacks %q", want)
 		}

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -16,7 +18,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // The command lines of docs/scripting.md, run in the order the page gives
@@ -102,7 +107,11 @@ func TestScriptingDoc(t *testing.T) {
 		"list -l env=test -o name | xargs":      regexp.MustCompile(`backup "t2" deleted\nbackup "t1" deleted\n`),
 		"delete -l env=test --yes":              regexp.MustCompile(`^$`),
 		"download \"$(kubectl etcdbackup list":  regexp.MustCompile(`^$`),
+		"list -o name || test $? -eq 6":         regexp.MustCompile(`^backup/kept\n$`),
 	}
+	// The page's example of an unavailable location runs against a
+	// server whose location "offsite" does not answer.
+	degraded := &docWorld{agentWorld: &agentWorld{addr: degradedServer(t)}, t: t}
 	used := map[string]bool{}
 	_, haveJQ := exec.LookPath("jq")
 	for _, ex := range examples {
@@ -110,7 +119,11 @@ func TestScriptingDoc(t *testing.T) {
 			if strings.Contains(ex, "jq ") && haveJQ != nil {
 				t.Skip("jq is not installed (apt-get install -y jq)")
 			}
-			out, code := w.eval(t, ex)
+			ew := w
+			if strings.Contains(ex, "test $? -eq 6") {
+				ew = degraded
+			}
+			out, code := ew.eval(t, ex)
 			if code != 0 {
 				t.Fatalf("exit code %d; stdout:\n%s", code, out)
 			}
@@ -136,6 +149,60 @@ func TestScriptingDoc(t *testing.T) {
 	// The download example wrote the newest completed control-plane backup.
 	if b, err := os.ReadFile("newest.db"); err != nil || !bytes.Equal(b, newest) {
 		t.Errorf("newest.db: %d bytes, %v; want cp-new's %d", len(b), err, len(newest))
+	}
+}
+
+// degradedServer serves a filesystem location holding backup "kept" and
+// an S3 location "offsite" whose endpoint nothing listens on: unavailable.
+func degradedServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "http://" + ln.Addr().String()
+	ln.Close()
+	dir := t.TempDir()
+	id, secret := filepath.Join(dir, "id"), filepath.Join(dir, "secret")
+	for _, f := range []string{id, secret} {
+		if err := os.WriteFile(f, []byte("not used\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := servertest.StartWith(t, servertest.Options{
+		Locations: []string{"default"},
+		Configured: []storage.LocationConfig{{Name: "offsite", S3: &storage.S3Config{
+			Bucket: "etcd", Endpoint: endpoint, PathStyle: true, AccessKeyIDFile: id, SecretAccessKeyFile: secret,
+		}}},
+	})
+	data := etcdtest.TrailedBytes(t, etcdtest.TrailedSize(1000))
+	if _, err := srv.Client.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "kept"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return "--server-address=" + srv.Addr
+}
+
+// TestExitCodesDocumented: the page's table of exit codes and --help's
+// list have the same codes.
+func TestExitCodesDocumented(t *testing.T) {
+	b, err := os.ReadFile("../docs/scripting.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, _ := strings.Cut(string(b), "## Exit codes\n")
+	section, _, _ = strings.Cut(section, "\n## ")
+	var doc, help []string
+	for _, m := range regexp.MustCompile(`(?m)^\| (\d+) \|`).FindAllStringSubmatch(section, -1) {
+		doc = append(doc, m[1])
+	}
+	for _, m := range regexp.MustCompile(`(?m)^  (\d+)  `).FindAllStringSubmatch(exitCodesHelp, -1) {
+		help = append(help, m[1])
+	}
+	if strings.Join(doc, " ") != strings.Join(help, " ") || len(doc) == 0 {
+		t.Errorf("docs/scripting.md documents exit codes %v, --help %v", doc, help)
+	}
+	if want := strconv.Itoa(ExitIncomplete); doc[len(doc)-1] != want {
+		t.Errorf("the last documented exit code is %s, want %s (ExitIncomplete)", doc[len(doc)-1], want)
 	}
 }
 

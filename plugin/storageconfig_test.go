@@ -15,6 +15,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/breakglass"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3/s3test"
 )
 
@@ -208,7 +209,8 @@ func TestStorageConfigDecryptsWithIdentity(t *testing.T) {
 // paths are the config file's.
 func TestStorageConfigReadsAnS3Location(t *testing.T) {
 	store := s3test.Start(t)
-	srv := servertest.StartWith(t, servertest.Options{S3: store})
+	s3cfg := store.Config("servertest").S3Config
+	srv := servertest.StartWith(t, servertest.Options{Configured: []storage.LocationConfig{{Name: "s3", S3: &s3cfg}}})
 	addr := "--server-address=" + srv.Addr
 	snap := etcdSnapshot(t, map[string]string{"/registry/x": "y"})
 	want, _ := os.ReadFile(snap)

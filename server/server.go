@@ -2,8 +2,8 @@
 // validates requests, maps them onto named storage locations, enforces
 // integrity (sizes and SHA-256) and turns outcomes into gRPC status codes a
 // client can act on. Requests reach storage only through storage.Location;
-// the backends are named only where the configuration opens them
-// (OpenLocations).
+// the configured locations are opened, and their availability tracked, by
+// package storage/locations.
 package server
 
 import (
@@ -35,6 +35,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 const (
@@ -50,11 +51,9 @@ const (
 	downloadChunkBytes = 1<<20 - 64
 )
 
-// NamedLocation is a storage location and the name clients address it by.
-type NamedLocation struct {
-	Name     string
-	Location storage.Location
-}
+// NamedLocation is a storage location and the name clients address it by
+// (locations.Open returns them).
+type NamedLocation = locations.Named
 
 // Config is what a Server needs.
 type Config struct {
@@ -324,7 +323,7 @@ func (s *Server) GetServerInfo(context.Context, *ebv1.GetServerInfoRequest) (*eb
 			Default:     i == 0,
 			Description: l.Describe(),
 		}
-		var ue *UnavailableError
+		var ue *locations.UnavailableError
 		if errors.As(unavailable(name, l), &ue) {
 			sl.Unavailable = true
 			sl.Error = fmt.Sprintf("%v (since %s)", ue.Err, ue.Since.UTC().Format(time.RFC3339))
@@ -353,15 +352,11 @@ func (s *Server) location(name string) (string, storage.Location, error) {
 // unavailable is the UnavailableError of a location that cannot be used
 // now, or nil.
 func unavailable(name string, l storage.Location) error {
-	ls, ok := l.(locationStatus)
-	if !ok {
-		return nil
-	}
-	since, err := ls.unavailable()
+	since, err := locations.Status(l)
 	if err == nil {
 		return nil
 	}
-	return &UnavailableError{Location: name, Since: since, Err: err}
+	return &locations.UnavailableError{Location: name, Since: since, Err: err}
 }
 
 // claim marks an upload of name in loc as in progress, so a second upload
@@ -410,7 +405,7 @@ func storageError(op, loc, name string, err error) error {
 	if name != "" {
 		what = fmt.Sprintf("%s %q", op, name)
 	}
-	var ue *UnavailableError
+	var ue *locations.UnavailableError
 	switch {
 	case errors.As(err, &ue):
 		return ebv1.LocationUnavailableError(ue.Location, fmt.Sprintf("%s: %v", what, ue))

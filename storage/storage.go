@@ -24,6 +24,10 @@ var (
 	// ErrNoSpace is a write refused because the location is full (or over
 	// its quota). The upload is aborted like any other failed one.
 	ErrNoSpace = errors.New("no space left in the storage location")
+	// ErrReadOnly is a write (Create, Delete) to a location opened
+	// read-only: one read for break-glass access, which must leave the
+	// store as it found it for the server that owns it.
+	ErrReadOnly = errors.New("the storage location was opened read-only (break-glass access): nothing can be written to or deleted from it")
 )
 
 // Checker is a Location that can tell cheaply whether it answers, without

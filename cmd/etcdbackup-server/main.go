@@ -34,6 +34,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 func main() {
@@ -77,7 +78,7 @@ func run(args []string) error {
 			return err
 		}
 	}
-	if cfg.Locations, err = server.OpenLocations(ctx, f.Locations, log); err != nil {
+	if cfg.Locations, err = locations.Open(ctx, f.Locations, locations.Options{Logger: log}); err != nil {
 		return err
 	}
 	cfg.Targets, cfg.Limits = f.Targets, f.Limits

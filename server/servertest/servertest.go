@@ -1,7 +1,7 @@
 // Package servertest runs a real data server — the request layer over
-// filesystem locations in temporary directories — on a loopback TCP port,
-// with a connected client, for tests of the server, the client and the
-// agents.
+// filesystem locations in temporary directories, and any configured
+// location — on a loopback TCP port, with a connected client, for tests
+// of the server, the client, the agents and the plugin.
 package servertest
 
 import (
@@ -19,9 +19,9 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3/s3test"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 // Server is a running data server.
@@ -64,9 +64,12 @@ type Options struct {
 	// Limits are the server's (server.Config.Limits); zero fields take
 	// their defaults.
 	Limits config.Limits
-	// S3, when set, adds a location "s3" after the filesystem ones: a
-	// bucket of this real S3 server.
-	S3 *s3test.Server
+	// Configured are locations opened as the server binary opens them
+	// (locations.Open, with LocationOptions), served after the filesystem
+	// Locations: an S3 store (s3test), a location that is unavailable.
+	// Their background retries end with the server.
+	Configured      []storage.LocationConfig
+	LocationOptions locations.Options
 }
 
 // AsAgent is a Guard that admits every call as the agent it is: for tests
@@ -118,28 +121,32 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 		}
 		cfg.Locations = append(cfg.Locations, server.NamedLocation{Name: n, Location: loc})
 	}
-	if opts.S3 != nil {
-		loc, err := s3.New(context.Background(), opts.S3.Config("servertest"))
+	ctx, cancel := context.WithCancel(context.Background())
+	if len(opts.Configured) > 0 {
+		locs, err := locations.Open(ctx, opts.Configured, opts.LocationOptions)
 		if err != nil {
+			cancel()
 			t.Fatal(err)
 		}
-		cfg.Locations = append(cfg.Locations, server.NamedLocation{Name: "s3", Location: loc})
+		cfg.Locations = append(cfg.Locations, locs...)
 	}
 	srv, err := server.New(cfg)
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	ls := server.Listeners{Users: lis}
 	if opts.AgentGuard != nil {
 		if ls.Agents, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			cancel()
 			t.Fatal(err)
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ls, 10*time.Second) }()
 	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))

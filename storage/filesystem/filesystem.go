@@ -11,6 +11,9 @@
 // never replaces an existing name, so two uploads of one name cannot both
 // win); the manifest follows the same way. Data without a manifest is what a
 // crash between the two steps leaves; it is removed when the location opens.
+//
+// NewReadOnly opens a location without touching it (break-glass access to
+// a directory a server owns): nothing is created, cleaned or written.
 package filesystem
 
 import (
@@ -39,6 +42,8 @@ type Location struct {
 	root       string
 	backupsDir string
 	tmpDir     string
+	// readOnly refuses Create and Delete (NewReadOnly).
+	readOnly bool
 
 	// publish serialises the steps that make names appear and disappear, so
 	// that a commit can tell an orphan left by a crash from a concurrent
@@ -72,6 +77,30 @@ func New(dir string) (*Location, error) {
 		}
 	}
 	if err := l.removeOrphans(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// NewReadOnly opens the location rooted at dir without writing anything
+// to it: no directory is created, no interrupted upload cleaned, and
+// Create and Delete fail with storage.ErrReadOnly. It is how a location
+// another process owns is read (the plugin's break-glass access), where
+// a .tmp file may be that process's upload in progress. dir/backups must
+// exist: a directory without it is not a location, most likely a wrong
+// path, and reading it as an empty one would hide that.
+func NewReadOnly(dir string) (*Location, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("storage directory %q: %w", dir, err)
+	}
+	l := &Location{
+		root:       abs,
+		backupsDir: filepath.Join(abs, "backups"),
+		tmpDir:     filepath.Join(abs, ".tmp"),
+		readOnly:   true,
+	}
+	if err := l.Check(context.Background()); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -121,6 +150,9 @@ func (l *Location) Create(ctx context.Context, name string) (storage.Upload, err
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
+	if l.readOnly {
+		return nil, fmt.Errorf("create %q in %s: %w", name, l.root, storage.ErrReadOnly)
+	}
 	if _, err := l.Stat(ctx, name); err == nil {
 		return nil, fmt.Errorf("%q: %w", name, storage.ErrAlreadyExists)
 	} else if !errors.Is(err, storage.ErrNotFound) {
@@ -157,8 +189,21 @@ func noSpace(err error) error {
 	return err
 }
 
-// Check implements storage.Checker: the directories are there.
+// Check implements storage.Checker: the directories are there (read-only,
+// backups/ only: .tmp is the writer's).
 func (l *Location) Check(context.Context) error {
+	if l.readOnly {
+		fi, err := os.Stat(l.backupsDir)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("no backups directory under %s: is this the location's path?", l.root)
+		case err != nil:
+			return fmt.Errorf("storage directory: %w", err)
+		case !fi.IsDir():
+			return fmt.Errorf("%s is not a directory: is %s the location's path?", l.backupsDir, l.root)
+		}
+		return nil
+	}
 	for _, d := range []string{l.backupsDir, l.tmpDir} {
 		if _, err := os.Stat(d); err != nil {
 			return fmt.Errorf("storage directory: %w", err)
@@ -317,6 +362,9 @@ func (l *Location) List(ctx context.Context) ([]*storage.Manifest, error) {
 func (l *Location) Delete(_ context.Context, name string) error {
 	if err := checkName(name); err != nil {
 		return err
+	}
+	if l.readOnly {
+		return fmt.Errorf("delete %q from %s: %w", name, l.root, storage.ErrReadOnly)
 	}
 	l.publish.Lock()
 	defer l.publish.Unlock()

@@ -6,12 +6,15 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
@@ -108,5 +111,115 @@ func TestFull(t *testing.T) {
 	// The space is back: the next upload that fits succeeds.
 	if err := put("after", small); err != nil {
 		t.Fatalf("upload after the refused one: %v", err)
+	}
+}
+
+// tree is every file and directory under dir: path → mode, modification
+// time and content, to tell that nothing was written.
+func tree(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		entry := fmt.Sprintf("%v %s", fi.Mode(), fi.ModTime().Format(time.RFC3339Nano))
+		if !d.IsDir() {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			entry += " " + string(b)
+		}
+		out[path] = entry
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestReadOnly: a location opened read-only reads what the owner stored
+// and changes nothing, not even what a read-write open cleans (an upload
+// in progress in .tmp, data whose manifest is not written yet).
+func TestReadOnly(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	owner, err := filesystem.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := storagetest.Put(t, owner, "kept", storagetest.Data(1, 100<<10))
+	storagetest.Put(t, owner, "other", storagetest.Data(2, 1000))
+	// The owner's upload in progress, and one between its two links.
+	inProgress, err := owner.Create(ctx, "in-progress")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inProgress.Abort()
+	if _, err := inProgress.Write([]byte("half of a snapshot")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "backups", "linking.db"), []byte("data, manifest next"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	before := tree(t, dir)
+
+	loc, err := filesystem.NewReadOnly(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := loc.Check(ctx); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	ms, err := loc.List(ctx)
+	if err != nil || len(ms) != 2 {
+		t.Fatalf("list: %d manifests, %v; want kept and other", len(ms), err)
+	}
+	if got, err := loc.Stat(ctx, "kept"); err != nil || got.SHA256 != m.SHA256 {
+		t.Fatalf("stat: %+v, %v", got, err)
+	}
+	if sum, n := storagetest.ReadAt(t, loc, "kept", 1000); n != m.Size-1000 || sum == "" {
+		t.Fatalf("read from offset 1000: %d bytes", n)
+	}
+	if sum, _ := storagetest.ReadAt(t, loc, "kept", 0); sum != m.SHA256 {
+		t.Fatalf("read: SHA-256 %s, want %s", sum, m.SHA256)
+	}
+	if _, err := loc.Create(ctx, "new"); !errors.Is(err, storage.ErrReadOnly) {
+		t.Fatalf("create: %v, want storage.ErrReadOnly", err)
+	}
+	if err := loc.Delete(ctx, "kept"); !errors.Is(err, storage.ErrReadOnly) {
+		t.Fatalf("delete: %v, want storage.ErrReadOnly", err)
+	}
+	after := tree(t, dir)
+	for p, e := range before {
+		if after[p] != e {
+			t.Errorf("%s changed: %q, was %q", p, after[p], e)
+		}
+	}
+	for p := range after {
+		if _, ok := before[p]; !ok {
+			t.Errorf("%s appeared", p)
+		}
+	}
+}
+
+// TestReadOnlyWrongPath: a directory without backups/ is refused, not
+// read as an empty location (nor created).
+func TestReadOnlyWrongPath(t *testing.T) {
+	dir := t.TempDir()
+	for _, path := range []string{dir, filepath.Join(dir, "missing")} {
+		_, err := filesystem.NewReadOnly(path)
+		if err == nil || !strings.Contains(err.Error(), "no backups directory under "+path+": is this the location's path?") {
+			t.Errorf("NewReadOnly(%s): %v", path, err)
+		}
+	}
+	if entries, err := os.ReadDir(dir); err != nil || len(entries) != 0 {
+		t.Errorf("%s holds %d entries after read-only opens (%v): nothing may be created", dir, len(entries), err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	s3sdk "github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // CleanupResult counts what CleanOrphans removed.
@@ -39,6 +41,9 @@ func (r CleanupResult) any() bool { return r.AbortedUploads > 0 || r.RemovedOrph
 // (AbortIncompleteMultipartUpload) is a good complement on AWS.
 func (l *Location) CleanOrphans(ctx context.Context) (CleanupResult, error) {
 	var res CleanupResult
+	if l.cfg.ReadOnly {
+		return res, fmt.Errorf("clean %s: %w", l.where, storage.ErrReadOnly)
+	}
 	res.AbortedUploads += l.retryPendingAborts(ctx)
 	var errs []error
 

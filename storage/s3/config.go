@@ -88,6 +88,11 @@ type Config struct {
 	StaleUploadAge time.Duration
 	// SkipCleanup stops New from running CleanOrphans.
 	SkipCleanup bool
+	// ReadOnly opens the location without writing anything to the bucket
+	// (break-glass access to a prefix a server owns): no cleanup at open,
+	// as if SkipCleanup, and Create, Delete and CleanOrphans fail with
+	// storage.ErrReadOnly. The credentials need only read access.
+	ReadOnly bool
 	// ResponseTimeout bounds each wait of a request on the store:
 	// connecting, the TLS handshake (at most the SDK's 10 s) and the
 	// response headers once the request is sent (DefaultResponseTimeout

@@ -26,7 +26,8 @@
 // that failed halfway) are never listed; CleanOrphans removes them once
 // older than OrphanAge, and aborts multipart uploads under the prefix
 // started more than StaleUploadAge ago (a server killed mid-upload). New
-// runs it unless told not to.
+// runs it unless told not to. A location opened with Config.ReadOnly
+// writes nothing: no cleanup, and Create and Delete are refused.
 package s3
 
 import (
@@ -102,8 +103,8 @@ var (
 
 // New validates cfg, builds a client isolated from ~/.aws and AWS_*
 // (unless cfg.DefaultCredentialChain), checks that the bucket is reachable
-// with the credentials, and (unless cfg.SkipCleanup) cleans what crashed
-// uploads left behind. Errors name the bucket and endpoint, never a secret.
+// with the credentials, and (unless cfg.SkipCleanup or cfg.ReadOnly)
+// cleans what crashed uploads left behind. Errors name the bucket and endpoint, never a secret.
 func New(ctx context.Context, cfg Config) (*Location, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -192,7 +193,7 @@ func New(ctx context.Context, cfg Config) (*Location, error) {
 	if err := l.checkBucket(ctx); err != nil {
 		return nil, err
 	}
-	if !cfg.SkipCleanup {
+	if !cfg.SkipCleanup && !cfg.ReadOnly {
 		res, err := l.CleanOrphans(ctx)
 		if err != nil {
 			l.log.Warn("s3 storage location: cleaning interrupted uploads failed; it is retried at the next start",
@@ -473,6 +474,9 @@ func (l *Location) listBackupKeys(ctx context.Context, fn func(key, name string,
 func (l *Location) Delete(ctx context.Context, name string) error {
 	if err := checkName(name); err != nil {
 		return err
+	}
+	if l.cfg.ReadOnly {
+		return fmt.Errorf("delete %q from %s: %w", name, l.where, storage.ErrReadOnly)
 	}
 	unlock, err := l.lockName(ctx, name)
 	if err != nil {

@@ -781,3 +781,102 @@ func TestFailureBetweenDataAndManifest(t *testing.T) {
 		t.Errorf("the other writer's manifest changed: %+v, %v", m, err)
 	}
 }
+
+// objects is every object of the bucket, key → content, and the open
+// multipart uploads: what a location that writes nothing leaves as is.
+func objects(t testing.TB, srv *s3test.Server) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]string{}
+	for _, k := range keys(t, srv) {
+		o, err := srv.Client().GetObject(ctx, &s3sdk.GetObjectInput{Bucket: aws.String(srv.Bucket), Key: aws.String(k)})
+		if err != nil {
+			t.Fatalf("get %s: %v", k, err)
+		}
+		b, err := io.ReadAll(o.Body)
+		o.Body.Close()
+		if err != nil {
+			t.Fatalf("read %s: %v", k, err)
+		}
+		out[k] = string(b)
+	}
+	ups, err := srv.OpenMultipartUploads(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range ups {
+		out["multipart upload "+u] = ""
+	}
+	return out
+}
+
+// TestReadOnly: a location opened read-only reads what the owner stored
+// and writes nothing, not even the cleanup a read-write open does (shown
+// by one afterwards): data without a manifest and a stale multipart
+// upload stay, Create, Delete and CleanOrphans are refused.
+func TestReadOnly(t *testing.T) {
+	srv := s3test.Start(t)
+	ctx := context.Background()
+	owner := newLocation(t, srv, "ro")
+	m := storagetest.Put(t, owner, "kept", storagetest.Data(1, 100<<10))
+	storagetest.Put(t, owner, "other", storagetest.Data(2, 1000))
+	c := srv.Client()
+	if _, err := c.PutObject(ctx, &s3sdk.PutObjectInput{Bucket: aws.String(srv.Bucket), Key: aws.String("ro/backups/orphan.db"),
+		Body: strings.NewReader("data whose manifest was never written")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateMultipartUpload(ctx, &s3sdk.CreateMultipartUploadInput{Bucket: aws.String(srv.Bucket), Key: aws.String("ro/backups/stale.db")}); err != nil {
+		t.Fatal(err)
+	}
+	before := objects(t, srv)
+	if len(before) != 6 {
+		t.Fatalf("before: %d objects and uploads, want 5 objects and 1 upload: %q", len(before), keys(t, srv))
+	}
+
+	// Cleanup as eager as it gets, were it to run.
+	eager := func(c *s3.Config) { c.OrphanAge, c.StaleUploadAge = time.Nanosecond, time.Nanosecond }
+	loc := newLocation(t, srv, "ro", eager, func(c *s3.Config) { c.ReadOnly = true })
+	if err := loc.Check(ctx); err != nil {
+		t.Fatalf("check: %v", err)
+	}
+	ms, err := loc.List(ctx)
+	if err != nil || len(ms) != 2 {
+		t.Fatalf("list: %d manifests, %v; want kept and other", len(ms), err)
+	}
+	if got, err := loc.Stat(ctx, "kept"); err != nil || got.SHA256 != m.SHA256 {
+		t.Fatalf("stat: %+v, %v", got, err)
+	}
+	if sum, _ := storagetest.ReadAt(t, loc, "kept", 0); sum != m.SHA256 {
+		t.Fatalf("read: SHA-256 %s, want %s", sum, m.SHA256)
+	}
+	if _, n := storagetest.ReadRange(t, loc, "kept", 1000, 500); n != 500 {
+		t.Fatalf("read a range: %d bytes, want 500", n)
+	}
+	if _, err := loc.Create(ctx, "new"); !errors.Is(err, storage.ErrReadOnly) {
+		t.Fatalf("create: %v, want storage.ErrReadOnly", err)
+	}
+	if err := loc.Delete(ctx, "kept"); !errors.Is(err, storage.ErrReadOnly) {
+		t.Fatalf("delete: %v, want storage.ErrReadOnly", err)
+	}
+	if _, err := loc.CleanOrphans(ctx); !errors.Is(err, storage.ErrReadOnly) {
+		t.Fatalf("CleanOrphans: %v, want storage.ErrReadOnly", err)
+	}
+	after := objects(t, srv)
+	for k, v := range before {
+		if got, ok := after[k]; !ok || got != v {
+			t.Errorf("%s changed or went: %q, was %q", k, got, v)
+		}
+	}
+	for k := range after {
+		if _, ok := before[k]; !ok {
+			t.Errorf("%s appeared", k)
+		}
+	}
+
+	// What the read-only open left is what a read-write one cleans.
+	newLocation(t, srv, "ro", eager)
+	cleaned := objects(t, srv)
+	if _, ok := cleaned["ro/backups/orphan.db"]; ok || len(cleaned) != 4 {
+		t.Errorf("a read-write open did not clean what the read-only one left: %q", keys(t, srv))
+	}
+}

@@ -30,6 +30,9 @@ func (l *Location) Create(ctx context.Context, name string) (storage.Upload, err
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
+	if l.cfg.ReadOnly {
+		return nil, fmt.Errorf("create %q in %s: %w", name, l.where, storage.ErrReadOnly)
+	}
 	l.retryPendingAborts(ctx)
 	if _, _, err := l.stat(ctx, name); err == nil {
 		return nil, fmt.Errorf("%q: %w", name, storage.ErrAlreadyExists)

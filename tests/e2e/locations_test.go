@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3/s3test"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
@@ -22,8 +23,12 @@ import (
 //   - with versitygw stopped (SIGSTOP: it accepts connections and never
 //     answers), the server restarts and serves the filesystem location,
 //     `version` shows the S3 one unavailable with its error, and calls to
-//     it fail naming it;
+//     it fail naming it; a name without --location is found in the
+//     filesystem with a warning, and `list` of every location prints the
+//     filesystem's backups, warns about S3 and exits 6 (incomplete);
 //   - after SIGCONT the S3 location serves again without a restart.
+//
+// What is uploaded are real etcd snapshots: upload takes nothing else.
 func TestLocations(t *testing.T) {
 	s3 := s3test.Start(t)
 	dir := t.TempDir()
@@ -85,15 +90,15 @@ func TestLocations(t *testing.T) {
 		t.Fatalf("version with every location available: %s", r)
 	}
 	inS3 := filepath.Join(dir, "in-s3")
-	inS3Data := writeRandomFile(t, inS3, 300<<10)
+	inS3Data := etcdtest.SnapshotFile(t, inS3, 300<<10)
 	mustSucceed(t, plugin(t, addr, "upload", inS3, "--location", "s3"), "upload to s3")
 
 	if small != "" {
 		fits := filepath.Join(dir, "fits")
-		fitsData := writeRandomFile(t, fits, 512<<10)
+		fitsData := etcdtest.SnapshotFile(t, fits, 512<<10)
 		mustSucceed(t, plugin(t, addr, "upload", fits, "--location", "small"), "upload that fits")
 		big := filepath.Join(dir, "too-big")
-		writeRandomFile(t, big, 3<<20)
+		etcdtest.SnapshotFile(t, big, 3<<20)
 		r = mustFail(t, plugin(t, addr, "upload", big, "--location", "small"), "upload larger than the location")
 		if !strings.Contains(r.Stderr, `storage location "small" is full`) || !strings.Contains(r.Stderr, "ResourceExhausted") {
 			t.Fatalf("upload larger than the location: %s", r)
@@ -107,7 +112,7 @@ func TestLocations(t *testing.T) {
 			t.Fatalf("partial data left in %s/.tmp: %d entries, %v", small, len(entries), err)
 		}
 		out := filepath.Join(dir, "fits.out")
-		mustSucceed(t, plugin(t, addr, "download", "fits", "--location", "small", "-o", out, "--raw"), "download the earlier backup")
+		mustSucceed(t, plugin(t, addr, "download", "fits", "--location", "small", "-o", out), "download the earlier backup")
 		mustEqualFile(t, out, fitsData)
 	}
 
@@ -136,19 +141,19 @@ func TestLocations(t *testing.T) {
 		t.Fatalf("version with S3 stopped: %s", r)
 	}
 	inFS := filepath.Join(dir, "in-fs")
-	inFSData := writeRandomFile(t, inFS, 200<<10)
+	inFSData := etcdtest.SnapshotFile(t, inFS, 200<<10)
 	mustSucceed(t, plugin(t, addr, "upload", inFS, "--location", "default"), "upload to the filesystem with S3 stopped")
 	r = mustSucceed(t, plugin(t, addr, "list", "--location", "default", "-o", "name"), "list the filesystem with S3 stopped")
 	if !strings.Contains(r.Stdout, "in-fs") {
 		t.Fatalf("list with S3 stopped: %s", r)
 	}
 	out := filepath.Join(dir, "in-fs.out")
-	mustSucceed(t, plugin(t, addr, "download", "in-fs", "--location", "default", "-o", out, "--raw"), "download from the filesystem with S3 stopped")
+	mustSucceed(t, plugin(t, addr, "download", "in-fs", "--location", "default", "-o", out), "download from the filesystem with S3 stopped")
 	mustEqualFile(t, out, inFSData)
 
 	for _, args := range [][]string{
 		{"list", "--location", "s3"},
-		{"download", "in-s3", "--location", "s3", "-o", filepath.Join(dir, "nothing"), "--raw"},
+		{"download", "in-s3", "--location", "s3", "-o", filepath.Join(dir, "nothing")},
 	} {
 		r = mustFail(t, plugin(t, append([]string{addr}, args...)...), strings.Join(args, " ")+" with S3 stopped")
 		if !strings.Contains(r.Stderr, `storage location "s3" is unavailable`) || strings.Contains(r.Stderr, "cannot reach the etcdbackup server") {
@@ -156,19 +161,27 @@ func TestLocations(t *testing.T) {
 		}
 		t.Logf("%v with S3 stopped: %s", args, strings.TrimSpace(r.Stderr))
 	}
-	// Without --location, a name is looked up in the locations that
-	// answer, but the unreachable one might hold it too: the user says.
-	r = mustFail(t, plugin(t, addr, "download", "in-fs", "-o", filepath.Join(dir, "nothing"), "--raw"), "download without --location with S3 stopped")
-	if !strings.Contains(r.Stderr, `storage location "s3" is unavailable`) || !strings.Contains(r.Stderr, `is in location "default": pass --location default`) {
+	// Without --location, a name is found in the locations that answer,
+	// with a warning that the unreachable one could not be searched.
+	out = filepath.Join(dir, "in-fs.found")
+	r = mustSucceed(t, plugin(t, addr, "download", "in-fs", "-o", out), "download without --location with S3 stopped")
+	if !strings.Contains(r.Stderr, `Warning: storage location "s3" could not be searched for backup "in-fs" (unavailable: `) ||
+		!strings.Contains(r.Stderr, `; using the one in location "default"`) {
 		t.Fatalf("download without --location with S3 stopped: %s", r)
 	}
+	mustEqualFile(t, out, inFSData)
+	// A name in none of them may be in the unreachable one: not "not
+	// found" (3), but an error saying what could not be searched.
 	r = mustFail(t, plugin(t, addr, "get", "in-s3"), "get of a backup in S3 with S3 stopped")
-	if !strings.Contains(r.Stderr, `storage location "s3" is unavailable`) {
+	if !strings.Contains(r.Stderr, `backup "in-s3" is not in storage location`) || !strings.Contains(r.Stderr, `, but location "s3" could not be searched (unavailable: `) ||
+		!strings.Contains(r.Stderr, "retry once it is available again") || r.ExitCode != 1 {
 		t.Fatalf("get of a backup in S3 with S3 stopped: %s", r)
 	}
-	// list of every location shows what it can and names the one it cannot.
-	r = mustFail(t, plugin(t, addr, "list", "-o", "name"), "list of every location with S3 stopped")
-	if !strings.Contains(r.Stdout, "in-fs") || !strings.Contains(r.Stderr, `storage location "s3" is unavailable`) {
+	// list of every location shows what it can, names the one it cannot,
+	// and exits 6: incomplete.
+	r = plugin(t, addr, "list", "-o", "name")
+	if r.ExitCode != 6 || !strings.Contains(r.Stdout, "backup/in-fs\n") || strings.Contains(r.Stdout, "in-s3") ||
+		!strings.Contains(r.Stderr, `Warning: storage location "s3" is unavailable: `) || !strings.Contains(r.Stderr, "; its backups are not listed\n") {
 		t.Fatalf("list of every location with S3 stopped: %s", r)
 	}
 
@@ -193,7 +206,7 @@ func TestLocations(t *testing.T) {
 		t.Fatalf("list of S3 after SIGCONT: %s", r)
 	}
 	out = filepath.Join(dir, "in-s3.out")
-	mustSucceed(t, plugin(t, addr, "download", "in-s3", "--location", "s3", "-o", out, "--raw"), "download from S3 after SIGCONT")
+	mustSucceed(t, plugin(t, addr, "download", "in-s3", "--location", "s3", "-o", out), "download from S3 after SIGCONT")
 	mustEqualFile(t, out, inS3Data)
 	r = mustSucceed(t, plugin(t, addr, "version"), "version after SIGCONT")
 	if !strings.Contains(r.Stdout, "Storage Location: s3, s3: s3://"+s3.Bucket+" at "+s3.Endpoint+", available\n") {

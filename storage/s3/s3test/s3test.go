@@ -372,14 +372,24 @@ func (s *Server) killLocked() {
 }
 
 // Signal sends sig to versitygw: SIGSTOP makes a store that accepts
-// connections but never answers, SIGCONT brings it back.
+// connections but never answers, SIGCONT brings it back. For those two
+// it returns once the signal took effect (on Linux).
 func (s *Server) Signal(sig os.Signal) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cmd == nil {
 		return errors.New("versitygw is not running")
 	}
-	return s.cmd.Process.Signal(sig)
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		return err
+	}
+	switch sig {
+	case syscall.SIGSTOP:
+		return waitStopped(s.cmd.Process.Pid, true)
+	case syscall.SIGCONT:
+		return waitStopped(s.cmd.Process.Pid, false)
+	}
+	return nil
 }
 
 // Running reports whether versitygw runs (it was not killed).
