@@ -415,8 +415,8 @@ func TestCreateBackupUsesTargetDefaults(t *testing.T) {
 			// As the CLI and the manifests spell it.
 			{Name: "cp-none", Endpoints: []string{"https://etcd:2379"}, TLSSecret: "etcd-client", Compression: "none"},
 		},
-		Agents:    l,
-		Now:       func() time.Time { return time.Date(2026, 1, 31, 12, 0, 0, 0, time.UTC) },
+		Agents: l,
+		Now:    func() time.Time { return time.Date(2026, 1, 31, 12, 0, 0, 0, time.UTC) },
 	})
 	if err != nil {
 		t.Fatal(err)
