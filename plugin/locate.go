@@ -102,6 +102,14 @@ func (g *GlobalOptions) listBackups(ctx context.Context, conn *Connection, selec
 		// The exit code is the first failure's, default location first.
 		return all, unavailable, withCode(ExitCode(errs[0]), errors.Join(errs...))
 	}
+	if len(locs) > 0 && len(unavailable) == len(locs) {
+		// Not an empty list: nothing could be looked at.
+		var why []string
+		for _, u := range unavailable {
+			why = append(why, "location "+quote(u.name)+" is unavailable: "+u.reason)
+		}
+		return nil, nil, fmt.Errorf("list backups: no storage location can be read: %s", strings.Join(why, "; "))
+	}
 	return all, unavailable, nil
 }
 
