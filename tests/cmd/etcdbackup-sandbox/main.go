@@ -199,7 +199,40 @@ func (e *env) demo(ctx context.Context) error {
 		return fmt.Errorf("downloaded sha256 %s differs from the uploaded snapshot's %s", got, want)
 	}
 	fmt.Printf("    sha256 %s matches, byte for byte\n", got)
-	fmt.Println("\nDemo complete: etcd was backed up into S3 by an agent Job, and backups went up and came back down through the Kubernetes API server.")
+
+	step("Break-glass: reading the S3 location directly, as on the day the API server is down (no kubeconfig)")
+	storage := filepath.Join(work, "storage.yaml")
+	s3 := e.product.S3
+	if err := os.WriteFile(storage, []byte(fmt.Sprintf(`# The locations: of the server's etcdbackup-config, with this machine's
+# address of the store and credential files the operator holds.
+locations:
+  - name: s3
+    s3:
+      bucket: %s
+      prefix: sandbox
+      region: %s
+      endpoint: %s
+      pathStyle: true
+      caBundleFile: %s
+      accessKeyIDFile: %s
+      secretAccessKeyFile: %s
+`, s3.Bucket, s3.Region, s3.Endpoint, s3.CAFile, s3.AccessKeyIDFile, s3.SecretAccessKeyFile)), 0o600); err != nil {
+		return err
+	}
+	offline := *e.kubectl
+	offline.Env = []string{"KUBECONFIG=" + os.DevNull}
+	for _, args := range [][]string{
+		{"etcdbackup", "list", "--storage-config", storage, "-o", "wide"},
+		{"etcdbackup", "verify", name, "--storage-config", storage},
+	} {
+		fmt.Printf("\n$ KUBECONFIG=/dev/null kubectl %s\n", strings.Join(args, " "))
+		cmd := offline.Command(ctx, args...)
+		cmd.Stdout, cmd.Stderr = prefixed("  "), prefixed("  ")
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("kubectl %s: %w", strings.Join(args, " "), err)
+		}
+	}
+	fmt.Println("\nDemo complete: etcd was backed up into S3 by an agent Job, backups went up and came back down through the Kubernetes API server, and the S3 location was read without it.")
 	return nil
 }
 
