@@ -679,9 +679,9 @@ func backupFromManifest(loc string, m *storage.Manifest) *ebv1.Backup {
 	}
 	if e := m.Etcd; e != nil {
 		b.Etcd = &ebv1.EtcdInfo{
-			ClusterId:  e.ClusterID,
-			MemberId:   e.MemberID,
-			MemberName: e.MemberName,
+			ClusterId:      e.ClusterID,
+			MemberId:       e.MemberID,
+			MemberName:     e.MemberName,
 			Revision:       e.Revision,
 			Version:        e.Version,
 			DbSize:         e.DBSize,
