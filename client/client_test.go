@@ -3,7 +3,6 @@ package client_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -20,6 +19,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
@@ -92,8 +92,8 @@ func dial(t *testing.T, addr string) *client.Client {
 
 func TestDownloadResumesAcrossBrokenConnections(t *testing.T) {
 	addr := startServer(t)
-	data := make([]byte, 24<<20)
-	rand.Read(data)
+	// The server stores only what ends in etcd's trailer: 24 MiB + 32.
+	data := etcdtest.TrailedBytes(t, etcdtest.TrailedSize(24<<20))
 	if _, err := dial(t, addr).Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "big"}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,8 @@ func TestDownloadResumesAcrossBrokenConnections(t *testing.T) {
 
 func TestDownloadGivesUpWithoutProgress(t *testing.T) {
 	addr := startServer(t)
-	if _, err := dial(t, addr).Upload(context.Background(), bytes.NewReader(make([]byte, 1<<20)), &ebv1.UploadHeader{Name: "b"}, nil); err != nil {
+	data := etcdtest.TrailedBytes(t, etcdtest.TrailedSize(1<<20))
+	if _, err := dial(t, addr).Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "b"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	// Every connection is cut before any chunk arrives.
@@ -140,13 +141,15 @@ func TestDownloadGivesUpWithoutProgress(t *testing.T) {
 
 func TestCorruptPrefixIsDetected(t *testing.T) {
 	addr := startServer(t)
-	data := []byte("the real backup bytes")
+	data := etcdtest.TrailedBytes(t, etcdtest.TrailedSize(1))
 	c := dial(t, addr)
 	if _, err := c.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "b"}, nil); err != nil {
 		t.Fatal(err)
 	}
+	wrong := append([]byte(nil), data[:3]...)
+	wrong[0] ^= 1
 	prefix := sha256.New()
-	prefix.Write([]byte("THE")) // not what the backup starts with
+	prefix.Write(wrong) // not what the backup starts with
 	_, err := c.Download(context.Background(), io.Discard, client.DownloadRequest{Name: "b", Offset: 3, Prefix: prefix})
 	if !errors.Is(err, client.ErrCorrupt) {
 		t.Fatalf("got %v, want ErrCorrupt", err)
@@ -157,8 +160,9 @@ func hexs(b []byte) string { return hex.EncodeToString(b) }
 
 func TestDownloadFileResumesAndRemovesCorruptPart(t *testing.T) {
 	c := dial(t, startServer(t))
-	data := make([]byte, 3<<20+9)
-	rand.Read(data)
+	// 3 MiB + 32 (etcd's trailer): like the 3 MiB + 9 it replaces, not a
+	// whole number of chunks.
+	data := etcdtest.TrailedBytes(t, etcdtest.TrailedSize(3<<20+9))
 	if _, err := c.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "f"}, nil); err != nil {
 		t.Fatal(err)
 	}

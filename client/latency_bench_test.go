@@ -27,7 +27,7 @@ func BenchmarkDownloadLatency(b *testing.B) {
 	ctx := context.Background()
 	c, addr, stop := startBenchServerAddr(b)
 	defer stop()
-	if _, err := c.Upload(ctx, &patternReader{pattern: newPattern(), remaining: size}, &ebv1.UploadHeader{Name: "big"}, nil); err != nil {
+	if _, err := c.Upload(ctx, newTrailedPattern(newPattern(), size).Reader(), &ebv1.UploadHeader{Name: "big"}, nil); err != nil {
 		b.Fatal(err)
 	}
 	plain := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}

@@ -3,7 +3,6 @@ package client_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"net"
@@ -17,6 +16,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
 )
@@ -33,10 +33,11 @@ func connector(t *testing.T, addr string, opened *atomic.Int32) client.Connector
 	}
 }
 
+// uploadRandomBytes uploads random bytes of about size (rounded up to
+// what ends in etcd's trailer, as the server requires) and returns them.
 func uploadRandomBytes(t *testing.T, c *client.Client, name string, size int) []byte {
 	t.Helper()
-	data := make([]byte, size)
-	rand.Read(data)
+	data := etcdtest.TrailedBytes(t, etcdtest.TrailedSize(size))
 	if _, err := c.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: name}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +163,7 @@ func TestParallelDownloadDetectsACorruptRange(t *testing.T) {
 	rec, _ := json.Marshal(map[string]any{"size": b.GetSize(), "sha256": b.GetSha256(), "ranges": []map[string]int64{
 		{"Start": 0, "Reached": 1 << 20, "End": 4 << 20},
 		{"Start": 4 << 20, "Reached": 6 << 20, "End": 6 << 20},
-		{"Start": 6 << 20, "Reached": 6 << 20, "End": 8 << 20},
+		{"Start": 6 << 20, "Reached": 6 << 20, "End": b.GetSize()}, // 8 MiB and etcd's 32-byte trailer
 	}})
 	if err := os.WriteFile(side, rec, 0o600); err != nil {
 		t.Fatal(err)

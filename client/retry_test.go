@@ -3,7 +3,6 @@ package client_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -22,6 +21,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
@@ -152,9 +152,10 @@ func (w *triggerWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// uploadRandom uploads random bytes of about size that end in etcd's
+// trailer (the server stores nothing else) and returns them.
 func uploadRandom(t *testing.T, c *client.Client, name string, size int) []byte {
-	data := make([]byte, size)
-	rand.Read(data)
+	data := etcdtest.TrailedBytes(t, etcdtest.TrailedSize(size))
 	if _, err := c.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: name}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -255,8 +256,7 @@ func TestUploadRetriesFromTheStart(t *testing.T) {
 	s := startRestartable(t)
 	var notices atomic.Int32
 	c := dialRetrying(t, s.addr, 30*time.Second, &notices)
-	data := make([]byte, 24<<20)
-	rand.Read(data)
+	data := etcdtest.TrailedBytes(t, etcdtest.TrailedSize(24<<20))
 	r := &stoppingReader{Reader: bytes.NewReader(data), at: 4 << 20, stop: func() {
 		s.Stop()
 		s.StartAgainAfter(2 * time.Second)
@@ -352,8 +352,7 @@ func TestUploadWhoseAnswerWasLostSucceeds(t *testing.T) {
 	c := client.New(conn)
 	var notices atomic.Int32
 	c.Retry.OnRetry = func(error, time.Duration) { notices.Add(1) }
-	data := make([]byte, 3<<20)
-	rand.Read(data)
+	data := etcdtest.TrailedBytes(t, etcdtest.TrailedSize(3<<20))
 	b, err := c.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "once"}, nil)
 	if err != nil {
 		t.Fatalf("upload whose first answer was lost: %v", err)
@@ -370,7 +369,10 @@ func TestUploadWhoseAnswerWasLostSucceeds(t *testing.T) {
 // reports the conflict.
 func TestUploadRetryIntoAnotherBackupIsAConflict(t *testing.T) {
 	srv := servertest.Start(t, "")
-	if _, err := srv.Client.Upload(context.Background(), strings.NewReader("someone else's"), &ebv1.UploadHeader{Name: "taken"}, nil); err != nil {
+	// Both are whole to etcd's trailer check, of the same size: only
+	// their SHA-256 tells them apart.
+	theirs, mine := etcdtest.TrailedBytes(t, 544), etcdtest.TrailedBytes(t, 544)
+	if _, err := srv.Client.Upload(context.Background(), bytes.NewReader(theirs), &ebv1.UploadHeader{Name: "taken"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	var failed atomic.Bool
@@ -386,7 +388,7 @@ func TestUploadRetryIntoAnotherBackupIsAConflict(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	_, err = client.New(conn).Upload(context.Background(), strings.NewReader("mine"), &ebv1.UploadHeader{Name: "taken"}, nil)
+	_, err = client.New(conn).Upload(context.Background(), bytes.NewReader(mine), &ebv1.UploadHeader{Name: "taken"}, nil)
 	if status.Code(err) != codes.AlreadyExists {
 		t.Fatalf("got %v, want AlreadyExists", err)
 	}

@@ -1,12 +1,9 @@
 package plugin
 
 import (
-	"bufio"
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -16,6 +13,7 @@ import (
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/agetest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
@@ -44,7 +42,7 @@ func BenchmarkEncryption(b *testing.B) {
 func benchEncryption(b *testing.B, size int64) {
 	srv := servertest.Start(b, "")
 	addr := "--server-address=" + srv.Addr
-	snap := writeSnapshot(b, size)
+	snap, size := benchSnapshot(b, size)
 	key := agetest.NewKey(b)
 	out := filepath.Join(b.TempDir(), "out.db")
 	b.Setenv(IdentityEnv, "")
@@ -106,31 +104,13 @@ func runQuiet(args ...string) error {
 	return cmd.ExecuteContext(context.Background())
 }
 
-// writeSnapshot writes size bytes shaped as an etcd snapshot (whole
-// 512-byte pages of incompressible data, then their SHA-256), streaming.
-func writeSnapshot(b *testing.B, size int64) string {
+// benchSnapshot writes a real etcd snapshot of about size bytes (upload
+// checks the database) and returns its path and its size. Made once per
+// size and process; the 1 GiB one fills an etcd member first, which takes
+// a while.
+func benchSnapshot(b *testing.B, size int64) (string, int64) {
 	b.Helper()
 	path := filepath.Join(b.TempDir(), "snapshot.db")
-	f, err := os.Create(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	w := bufio.NewWriterSize(f, 1<<20)
-	h := sha256.New()
-	rng := rand.NewChaCha8([32]byte{1})
-	buf := make([]byte, 1<<20)
-	db := (size - sha256.Size) / 512 * 512
-	for left := db; left > 0; {
-		n := min(int64(len(buf)), left)
-		rng.Read(buf[:n])
-		h.Write(buf[:n])
-		w.Write(buf[:n])
-		left -= n
-	}
-	w.Write(h.Sum(nil))
-	if err := w.Flush(); err != nil {
-		b.Fatal(err)
-	}
-	return path
+	data := etcdtest.SnapshotFile(b, path, int(size))
+	return path, int64(len(data))
 }

@@ -216,7 +216,7 @@ current-context: c
 
 func TestRefusalIsPrintedAsTheServerSaysIt(t *testing.T) {
 	addr := strictServer(t)
-	file, _, _ := writeRandom(t, "nightly.db", 4096)
+	file, _, _ := writeSnapshot(t, "nightly.db", smallSnapshot)
 	r := mustFail(t, `user "system:serviceaccount:team:viewer" may not upload backups.etcdbackup.io in namespace "etcdbackup-system"`,
 		addr, "--token=viewer-token", "upload", file, "--name=nightly")
 	if code := ExitCode(r.err); code != ExitRefused {

@@ -12,8 +12,9 @@ import (
 )
 
 func TestDownloadParallel(t *testing.T) {
-	addr := startServer(t)
-	file, data, sum := writeRandom(t, "p.db", 5<<20+3)
+	srv := servertest.Start(t, "")
+	addr := "--server-address=" + srv.Addr
+	file, data, sum := writeSnapshot(t, "p.db", bigSnapshot)
 	mustRun(t, addr, "upload", file, "--name", "p")
 	out := filepath.Join(t.TempDir(), "p.db")
 	r := mustRun(t, addr, "download", "p", "-o", out, "--raw", "--parallel", "3")
@@ -25,7 +26,10 @@ func TestDownloadParallel(t *testing.T) {
 	mustFail(t, "--parallel -1: must be 1 or more", addr, "download", "p", "-o", out+"2", "--parallel", "-1")
 	mustFail(t, "--parallel 2: standard output", addr, "download", "p", "-o", "-", "--parallel", "2")
 	// Random bytes are no snapshot: a plain parallel download checks the
-	// file as a plain one does, and keeps nothing.
+	// file as a plain one does, and keeps nothing. (upload refuses them:
+	// they replace the stored backup, its manifest rewritten to match.)
+	_, junk, _ := writeRandom(t, "junk", len(data))
+	replaceStored(t, srv.Dir, "p", junk)
 	mustFail(t, "do not restore it", addr, "download", "p", "-o", out+"3", "--parallel", "2")
 	noFiles(t, out+"3", out+"3.part", out+"3.part.ranges")
 }
@@ -47,6 +51,8 @@ func TestDownloadParallelPlainSnapshot(t *testing.T) {
 // A backup stored as the plain snapshot is checked in one pass: the
 // stored SHA-256, etcd's trailer from the same hash, and the recorded
 // size; a snapshot whose trailer is wrong is refused and nothing kept.
+// (The server stores no such snapshot: it is put in place of a stored
+// backup, its manifest rewritten to match.)
 func TestDownloadPlainSnapshotOnePass(t *testing.T) {
 	srv := servertest.Start(t, "")
 	addr := "--server-address=" + srv.Addr
@@ -54,11 +60,12 @@ func TestDownloadPlainSnapshotOnePass(t *testing.T) {
 	bad := append([]byte(nil), snap...)
 	bad[len(bad)-100] ^= 1 // in the database: the trailer no longer matches
 	ctx := context.Background()
-	for name, data := range map[string][]byte{"good": snap, "bad": bad} {
-		if _, err := srv.Client.Upload(ctx, bytes.NewReader(data), &ebv1.UploadHeader{Name: name}, nil); err != nil {
+	for _, name := range []string{"good", "bad"} {
+		if _, err := srv.Client.Upload(ctx, bytes.NewReader(snap), &ebv1.UploadHeader{Name: name}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
+	replaceStored(t, srv.Dir, "bad", bad)
 	dir := t.TempDir()
 	r := mustRun(t, addr, "download", "good", "-o", filepath.Join(dir, "good.db"))
 	if got, _ := os.ReadFile(filepath.Join(dir, "good.db")); !bytes.Equal(got, snap) {

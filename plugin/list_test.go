@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
 func TestListAndGetTable(t *testing.T) {
@@ -20,8 +21,12 @@ func TestListAndGetTable(t *testing.T) {
 		t.Fatalf("empty list: stdout %q, stderr %q; want only kubectl's %q on stderr", r.out, r.errOut, "No backups found.\n")
 	}
 
-	const size = 3<<20 + 17
-	file, _, sum := writeRandom(t, "Snap.DB", size)
+	file, data, sum := writeSnapshot(t, "Snap.DB", bigSnapshot)
+	size := uint64(len(data))
+	st, err := snapshot.Check(file)
+	if err != nil {
+		t.Fatal(err)
+	}
 	mustRun(t, addr, "upload", file, "--labels", "env=test,team=etcd")
 
 	header, rows := parseTable(t, mustRun(t, addr, "list").out)
@@ -42,10 +47,13 @@ func TestListAndGetTable(t *testing.T) {
 	}
 
 	header, rows = parseTable(t, mustRun(t, addr, "list", "-o", "wide").out)
-	if want := []string{"NAME", "LOCATION", "PHASE", "SIZE", "AGE", "SOURCE", "REVISION", "COMPRESSION", "SHA256", "LABELS"}; !reflect.DeepEqual(header, want) {
+	if want := []string{"NAME", "LOCATION", "PHASE", "SIZE", "AGE", "SOURCE", "REVISION", "KEYS", "HASH", "COMPRESSION", "SHA256", "LABELS"}; !reflect.DeepEqual(header, want) {
 		t.Fatalf("list -o wide header %v, want %v", header, want)
 	}
-	for col, want := range map[string]string{"NAME": "snap.db", "SOURCE": "upload", "REVISION": "<none>", "COMPRESSION": "<none>", "SHA256": sum, "LABELS": "env=test,team=etcd"} {
+	// upload records what it read from the snapshot: its revision, keys
+	// and hash.
+	for col, want := range map[string]string{"NAME": "snap.db", "SOURCE": "upload", "REVISION": fmt.Sprint(st.Revision), "KEYS": fmt.Sprint(st.TotalKey),
+		"HASH": fmt.Sprintf("%08x", st.Hash), "COMPRESSION": "<none>", "SHA256": sum, "LABELS": "env=test,team=etcd"} {
 		if rows[0][col] != want {
 			t.Errorf("list -o wide %s = %q, want %q", col, rows[0][col], want)
 		}
@@ -68,7 +76,7 @@ func TestListAndGetTable(t *testing.T) {
 // shows it, sizes as numbers, an empty list still a BackupList.
 func TestListAndGetJSONAndYAML(t *testing.T) {
 	addr := startServer(t)
-	file, data, sum := writeRandom(t, "b1", 4096)
+	file, data, sum := writeSnapshot(t, "b1", smallSnapshot)
 	mustRun(t, addr, "upload", file, "--labels", "env=test")
 
 	var list BackupList
@@ -86,7 +94,7 @@ func TestListAndGetJSONAndYAML(t *testing.T) {
 		t.Fatalf("list -o json item: %+v", b)
 	}
 	// Sizes are JSON numbers, the phase is the table's word.
-	for _, want := range []string{`"sizeBytes": 4096`, `"phase": "Completed"`, `"kind": "BackupList"`} {
+	for _, want := range []string{fmt.Sprintf(`"sizeBytes": %d`, len(data)), `"phase": "Completed"`, `"kind": "BackupList"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("list -o json lacks %s:\n%s", want, out)
 		}

@@ -22,7 +22,7 @@ func startTwoServer(t *testing.T) (string, *servertest.Server) {
 	t.Helper()
 	srv := servertest.StartWith(t, servertest.Options{Locations: []string{"default", "s3"}})
 	addr := "--server-address=" + srv.Addr
-	file, _, _ := writeRandom(t, "x.db", 2048)
+	file, _, _ := writeSnapshot(t, "x.db", smallSnapshot)
 	mustRun(t, addr, "upload", file, "--name", "only-default", "--labels", "env=test")
 	mustRun(t, addr, "upload", file, "--name", "only-s3", "--location", "s3", "--labels", "env=test")
 	mustRun(t, addr, "upload", file, "--name", "both")
@@ -85,15 +85,14 @@ func TestNameFoundInWhicheverLocation(t *testing.T) {
 		t.Fatalf("describe only-s3:\n%s", r.out)
 	}
 	out := t.TempDir() + "/only-s3.db"
-	// --raw: the data is random bytes, not an etcd snapshot.
-	if r := mustRun(t, addr, "download", "backup/only-s3", "-o", out, "--raw"); !strings.Contains(r.errOut, "downloaded to "+out) {
+	if r := mustRun(t, addr, "download", "backup/only-s3", "-o", out); !strings.Contains(r.errOut, "downloaded to "+out) {
 		t.Fatalf("download backup/only-s3: %s", r.errOut)
 	}
-	// verify reaches the server in the right location: the data is not an
-	// etcd snapshot, so the server's check (not a not-found) refuses it.
+	// verify reaches the server in the right location: the server's
+	// check (not a not-found) passes the snapshot.
 	r = run(t, addr, "verify", "only-s3")
-	if r.err == nil || strings.Contains(r.err.Error(), "not found") {
-		t.Fatalf("verify only-s3: %v, want the server's verdict on the data", r.err)
+	if r.err != nil || !strings.Contains(r.out, `backup "only-s3" is intact`) {
+		t.Fatalf("verify only-s3: %v, stdout %q; want the server's verdict on the data", r.err, r.out)
 	}
 
 	// A name in both locations needs --location, and the error says where.

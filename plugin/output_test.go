@@ -5,19 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/agetest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tunnel"
 )
 
@@ -41,10 +41,16 @@ func runIn(t *testing.T, stdin string, terminal bool, args ...string) result {
 
 func TestOutputFormats(t *testing.T) {
 	addr := startServer(t)
-	file, data, sum := writeRandom(t, "b1", 5000)
+	// Two sizes, so that each backup's own is seen.
+	file, data, sum := writeSnapshot(t, "b1", bigSnapshot)
 	mustRun(t, addr, "upload", file, "--labels", "env=test")
-	file2, _, _ := writeRandom(t, "b2", 100)
+	file2, data2, _ := writeSnapshot(t, "b2", smallSnapshot)
 	mustRun(t, addr, "upload", file2)
+	// custom-columns pads each column to its widest cell and 3 spaces.
+	bytesCol := func(cell string) string {
+		w := max(len("BYTES"), len(fmt.Sprint(len(data))), len(fmt.Sprint(len(data2)))) + 3
+		return fmt.Sprintf("%-*s", w, cell)
+	}
 
 	for _, tc := range []struct {
 		args []string
@@ -54,9 +60,9 @@ func TestOutputFormats(t *testing.T) {
 		{[]string{"get", "b1", "-o", "name"}, "backup/b1\n"},
 		{[]string{"get", "b1", "-o", "jsonpath={.status.sizeBytes} {.status.sha256} {.status.phase}"}, fmt.Sprintf("%d %s Completed", len(data), sum)},
 		{[]string{"list", "-o", `jsonpath={range .items[?(@.metadata.labels.env=="test")]}{.metadata.name}{"\n"}{end}`}, "b1\n"},
-		{[]string{"list", "-o", `go-template={{range .items}}{{.metadata.name}}={{.status.sizeBytes}} {{end}}`}, fmt.Sprintf("b2=100 b1=%d ", len(data))},
+		{[]string{"list", "-o", `go-template={{range .items}}{{.metadata.name}}={{.status.sizeBytes}} {{end}}`}, fmt.Sprintf("b2=%d b1=%d ", len(data2), len(data))},
 		{[]string{"list", "-o", "custom-columns=NAME:.metadata.name,BYTES:.status.sizeBytes,ENV:.metadata.labels.env"},
-			fmt.Sprintf("NAME   BYTES   ENV\nb2     100     <none>\nb1     %d    test\n", len(data))},
+			"NAME   " + bytesCol("BYTES") + "ENV\nb2     " + bytesCol(fmt.Sprint(len(data2))) + "<none>\nb1     " + bytesCol(fmt.Sprint(len(data))) + "test\n"},
 		{[]string{"list", "-o", "custom-columns=NAME:{.metadata.name}", "--no-headers"}, "b2\nb1\n"},
 		{[]string{"get", "b1", "-o", "custom-columns=SHA:.status.sha256"}, "SHA\n" + sum + "\n"},
 	} {
@@ -113,7 +119,11 @@ func TestVersionAndVerifyObjects(t *testing.T) {
 
 func TestDescribe(t *testing.T) {
 	addr := startServer(t)
-	file, data, sum := writeRandom(t, "b1", 3000)
+	file, data, sum := writeSnapshot(t, "b1", bigSnapshot) // with keys, at a revision
+	st, err := snapshot.Check(file)
+	if err != nil {
+		t.Fatal(err)
+	}
 	mustRun(t, addr, "upload", file, "--labels", "env=test,team=etcd")
 	r := mustRun(t, addr, "describe", "b1")
 	fields := map[string]string{}
@@ -130,10 +140,14 @@ func TestDescribe(t *testing.T) {
 		"Labels":      "env=test,team=etcd",
 		"Kind":        "upload",
 		"Description": "b1",
-		"Stored Size": fmt.Sprintf("2.9 KiB (%d bytes)", len(data)),
+		"Stored Size": fmt.Sprintf("%s (%d bytes)", humanize.IBytes(uint64(len(data))), len(data)),
 		"Compression": "<none>",
 		"Encryption":  "<none>",
 		"SHA256":      sum,
+		// What upload read from the snapshot.
+		"Revision": fmt.Sprint(st.Revision),
+		"Keys":     fmt.Sprint(st.TotalKey),
+		"Hash":     fmt.Sprintf("%08x", st.Hash),
 	} {
 		if fields[k] != want {
 			t.Errorf("describe %s = %q, want %q\n%s", k, fields[k], want, r.out)
@@ -149,10 +163,7 @@ func TestDescribe(t *testing.T) {
 	// An encrypted backup names its encryption and recipients, in
 	// describe and in the document.
 	key, other := agetest.NewKey(t), agetest.NewKey(t)
-	snap := filepath.Join(t.TempDir(), "snap.db")
-	if err := os.WriteFile(snap, snapshotShaped(2), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	snap, _, _ := writeSnapshot(t, "snap.db", smallSnapshot)
 	mustRun(t, addr, "upload", snap, "--name", "enc", "--encrypt-to", key.Recipient, "--encrypt-to", other.Recipient)
 	r = mustRun(t, addr, "describe", "enc")
 	if !regexp.MustCompile(`(?m)^  Encryption:\s+age\n  Recipients:\s+` + key.Recipient + `\n\s+` + other.Recipient + `\n`).MatchString(r.out) {
@@ -170,7 +181,7 @@ func TestDescribe(t *testing.T) {
 
 func TestDeleteBySelectorAndAll(t *testing.T) {
 	addr := startServer(t)
-	file, _, _ := writeRandom(t, "x", 100)
+	file, _, _ := writeSnapshot(t, "x", smallSnapshot)
 	for _, n := range []string{"t1", "t2"} {
 		mustRun(t, addr, "upload", file, "--name", n, "--labels", "env=test")
 	}
@@ -269,7 +280,7 @@ func TestExitCodes(t *testing.T) {
 
 func TestCompletion(t *testing.T) {
 	addr := startServer(t)
-	file, _, _ := writeRandom(t, "x", 100)
+	file, _, _ := writeSnapshot(t, "x", smallSnapshot)
 	for _, n := range []string{"alpha", "alps", "beta"} {
 		mustRun(t, addr, "upload", file, "--name", n)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
@@ -67,8 +68,29 @@ func startServer(t *testing.T) string {
 	return "--server-address=" + servertest.Start(t, "").Addr
 }
 
+// Sizes to ask writeSnapshot for. Each size is made once per test binary
+// (an etcd member started and filled), so tests share these.
+const (
+	// smallSnapshot is etcd's smallest: an empty member's, about 25 KiB.
+	smallSnapshot = 0
+	// bigSnapshot is about 5 MiB: several gRPC messages of
+	// client.ChunkBytes, and like every etcd snapshot (whole 4 KiB bolt
+	// pages and a 32-byte trailer) not a round number.
+	bigSnapshot = 5 << 20
+)
+
+// writeSnapshot writes a real etcd snapshot of about size bytes to a new
+// file and returns its path, contents and hex SHA-256: upload sends
+// nothing else. Snapshots of the same size are the same bytes.
+func writeSnapshot(t *testing.T, name string, size int) (string, []byte, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	data := etcdtest.SnapshotFile(t, path, size)
+	return path, data, sha(data)
+}
+
 // writeRandom writes n random bytes to a new file and returns its path,
-// contents and hex SHA-256.
+// contents and hex SHA-256: no etcd snapshot, which upload refuses.
 func writeRandom(t *testing.T, name string, n int) (string, []byte, string) {
 	t.Helper()
 	data := make([]byte, n)

@@ -15,10 +15,10 @@ func TestPrune(t *testing.T) {
 	}}})
 	addr := "--server-address=" + srv.Addr
 	for _, name := range []string{"cp-1", "cp-2", "cp-3", "cp-4"} {
-		f, _, _ := writeRandom(t, name, 1000)
+		f, _, _ := writeSnapshot(t, name, smallSnapshot)
 		mustRun(t, "upload", f, "--name", name, "--labels", "etcdbackup.io/scheduled=true,etcdbackup.io/target=cp", addr)
 	}
-	f, _, _ := writeRandom(t, "by-hand", 1000)
+	f, _, _ := writeSnapshot(t, "by-hand", smallSnapshot)
 	mustRun(t, "upload", f, "--name", "by-hand", "--labels", "etcdbackup.io/target=cp", addr)
 	names := func() []string {
 		out := strings.Fields(mustRun(t, "list", "-o", "name", addr).out)

@@ -124,7 +124,7 @@ func TestRestoreTargetAsksServer(t *testing.T) {
 // what was done.
 func TestRestoreTargetBumpRevision(t *testing.T) {
 	w := newAgentWorld(t, "cp")
-	file, _, _ := writeRandom(t, "b1", 100)
+	file, _, _ := writeSnapshot(t, "b1", smallSnapshot)
 	mustRun(t, w.addr, "upload", file)
 
 	r := mustRun(t, w.addr, "restore", "b1", "--target", "app", "--dry-run")

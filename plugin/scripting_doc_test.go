@@ -66,23 +66,26 @@ func TestScriptingDoc(t *testing.T) {
 	w := &docWorld{agentWorld: newAgentWorld(t, "control-plane", "default", "s3"), t: t}
 	w.playAgents(t)
 	ctx := context.Background()
-	upload := func(name, location string, data string, labels map[string]string, target string) {
+	// The server stores what ends in etcd's trailer (TrailedBytes: whole
+	// 512-byte pages and their SHA-256); the sizes below are what the
+	// examples print.
+	upload := func(name, location string, data []byte, labels map[string]string, target string) {
 		h := &ebv1.UploadHeader{Name: name, Location: location, Labels: labels}
 		if target != "" {
 			h.Source = &ebv1.BackupSource{Kind: "agent", Target: target}
 			h.Etcd = &ebv1.EtcdInfo{ClusterId: 0xcdf818194e3a8c32, MemberId: 0x8e9e05c52164694d, MemberName: "cp-1", Revision: 48213, Version: "3.7.3"}
 		}
-		if _, err := w.srv.Client.Upload(ctx, strings.NewReader(data), h, nil); err != nil {
+		if _, err := w.srv.Client.Upload(ctx, bytes.NewReader(data), h, nil); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(10 * time.Millisecond) // distinct creation times: newest first is well defined
 	}
-	upload("cp-old", "default", "old snapshot", nil, "control-plane")
+	upload("cp-old", "default", etcdtest.TrailedBytes(t, 3*512+32), nil, "control-plane")
 	newest := snapshotShaped(1)
-	upload("cp-new", "s3", string(newest), nil, "control-plane")
-	upload("before-upgrade", "default", "before the upgrade", map[string]string{"env": "prod"}, "")
-	upload("t1", "default", "test 1", map[string]string{"env": "test"}, "")
-	upload("t2", "s3", "test 2", map[string]string{"env": "test"}, "")
+	upload("cp-new", "s3", newest, nil, "control-plane")
+	upload("before-upgrade", "default", etcdtest.TrailedBytes(t, 2*512+32), map[string]string{"env": "prod"}, "")
+	upload("t1", "default", etcdtest.TrailedBytes(t, 544), map[string]string{"env": "test"}, "")
+	upload("t2", "s3", etcdtest.TrailedBytes(t, 544), map[string]string{"env": "test"}, "")
 	// A failed backup, for the page's "Failed backups". The fake
 	// clientset gives its Job no creation time, so it lists last.
 	if r := run(t, w.addr, "backup", "--target", "control-plane", "--name", "cp-broken", "--wait"); ExitCode(r.err) != ExitFailed {
@@ -96,8 +99,8 @@ func TestScriptingDoc(t *testing.T) {
 		"jq -r '.items[].metadata.name'":        regexp.MustCompile(`^before-upgrade\ncp-new\ncp-old\ncp-broken\n$`),
 		`[0].metadata.name'` + "\x00":           regexp.MustCompile(`^cp-new\n$`),
 		`@.spec.target=="control-plane"`:        regexp.MustCompile(`^cp-new cp-old cp-broken$`),
-		"get before-upgrade -o jsonpath":        regexp.MustCompile(`^18$`),
-		"reduce .items[]":                       regexp.MustCompile(`^default 30\ns3 544\n$`),
+		"get before-upgrade -o jsonpath":        regexp.MustCompile(`^1056$`),
+		"reduce .items[]":                       regexp.MustCompile(`^default 2624\ns3 544\n$`), // cp-old 1568 and before-upgrade 1056; cp-new
 		"REVISION:.status.etcd.revision":        regexp.MustCompile(`(?m)^cp-new\s+s3\s+544\s+48213$`),
 		"sort -n":                               regexp.MustCompile(`^\d+\s+\S+\n`),
 		`select(.status.phase == "Failed")`:     regexp.MustCompile(`(?m)^cp-broken: agent exited with code 1: `),
@@ -230,7 +233,7 @@ func (w *docWorld) playAgents(t *testing.T) {
 						continue
 					}
 					h := &ebv1.UploadHeader{Name: name, Location: j.Annotations[jobs.AnnotationLocation], Source: &ebv1.BackupSource{Kind: "agent", Target: "control-plane"}}
-					if _, err := w.srv.Client.Upload(ctx, strings.NewReader("snapshot of "+name), h, nil); err != nil && ctx.Err() == nil {
+					if _, err := w.srv.Client.Upload(ctx, bytes.NewReader(etcdtest.TrailedBytes(t, 544)), h, nil); err != nil && ctx.Err() == nil {
 						t.Errorf("agent of %s: %v", name, err)
 					}
 					w.finish(t, j, true, "")

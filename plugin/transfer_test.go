@@ -2,17 +2,20 @@ package plugin
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
 func TestUploadDownloadRoundTrip(t *testing.T) {
 	addr := startServer(t)
-	const size = 5<<20 + 3 // several gRPC messages, not a round number
-	file, data, sum := writeRandom(t, "snapshot.db", size)
+	file, data, sum := writeSnapshot(t, "snapshot.db", bigSnapshot) // several gRPC messages, not a round number
+	size := len(data)
 
 	r := mustRun(t, addr, "upload", file, "--name", "rt", "--labels", "reason=test")
 	if want := fmt.Sprintf("backup %q uploaded: %d bytes, sha256 %s\n", "rt", size, sum); r.out != want {
@@ -20,8 +23,8 @@ func TestUploadDownloadRoundTrip(t *testing.T) {
 	}
 	mustFail(t, "rt", addr, "upload", file, "--name", "rt") // backups are immutable
 
-	// Random bytes are no etcd snapshot: --raw transfers them as stored
-	// (plain downloads are in encryption_test.go).
+	// --raw transfers the backup as stored (plain downloads, which check
+	// the snapshot, are in encryption_test.go).
 	out := filepath.Join(t.TempDir(), "out.db")
 	r = mustRun(t, addr, "download", "rt", "-o", out, "--raw")
 	if want := fmt.Sprintf("backup %q downloaded to %s (%d bytes, sha256 %s verified)\n", "rt", out, size, sum); r.errOut != want {
@@ -56,9 +59,37 @@ func TestUploadDownloadRoundTrip(t *testing.T) {
 	}
 }
 
+// replaceStored puts data in place of what the filesystem location at dir
+// stores for backup name, and rewrites its manifest's sizes and SHA-256 to
+// match: a backup that is no longer what was uploaded, though its record
+// and bytes agree, as a damaged disk and a rewritten manifest would leave.
+func replaceStored(t *testing.T, dir, name string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "backups", name+".db"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	manifest := filepath.Join(dir, "backups", name+".json")
+	m, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(m, &doc); err != nil {
+		t.Fatal(err)
+	}
+	doc["size"], doc["sha256"] = len(data), sha(data)
+	doc["rawSize"], doc["rawSHA256"] = len(data), sha(data)
+	if m, err = json.Marshal(doc); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(manifest, m, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestDownloadRefusesToOverwrite(t *testing.T) {
 	addr := startServer(t)
-	file, data, _ := writeRandom(t, "b", 10000)
+	file, data, _ := writeSnapshot(t, "b", smallSnapshot)
 	mustRun(t, addr, "upload", file)
 
 	out := filepath.Join(t.TempDir(), "existing.db")
@@ -99,7 +130,7 @@ func TestDownloadMissingBackupLeavesNothing(t *testing.T) {
 func TestDelete(t *testing.T) {
 	addr := startServer(t)
 	for _, n := range []string{"a", "b"} {
-		file, _, _ := writeRandom(t, n, 100)
+		file, _, _ := writeSnapshot(t, n, smallSnapshot)
 		mustRun(t, addr, "upload", file)
 	}
 
@@ -145,13 +176,27 @@ func TestBackupAndLogsWithoutAgents(t *testing.T) {
 	mustFail(t, `logs of "x": this server launches no agents, so there are no agent logs`, addr, "logs", "x")
 }
 
-// verify re-reads a stored backup on the server: random bytes are no etcd
-// snapshot, and saying so is an error.
+// upload refuses random bytes, which are no etcd snapshot, before
+// sending them: nothing is stored. verify re-reads a stored backup on the
+// server: one whose stored bytes are random (damaged where it is kept, its
+// manifest rewritten to match) is no etcd snapshot, and saying so is an
+// error.
 func TestVerifyRefusesNonSnapshot(t *testing.T) {
-	addr := startServer(t)
-	file, _, _ := writeRandom(t, "junk", 4096)
+	srv := servertest.Start(t, "")
+	addr := "--server-address=" + srv.Addr
+	junk, data, _ := writeRandom(t, "junk", 4096)
+	r := mustFail(t, "upload: "+junk+" is not an etcd snapshot", addr, "upload", junk)
+	if !strings.Contains(r.err.Error(), "nothing was sent") {
+		t.Fatalf("upload of junk does not say nothing was sent: %v", r.err)
+	}
+	if r := mustRun(t, addr, "list"); r.out != "" || r.errOut != "No backups found.\n" {
+		t.Fatalf("list after the refused upload: stdout %q, stderr %q", r.out, r.errOut)
+	}
+
+	file, _, _ := writeSnapshot(t, "junk", smallSnapshot)
 	mustRun(t, addr, "upload", file)
-	r := mustFail(t, `verify "junk": backup "junk" in location "default" is corrupt`, addr, "verify", "junk")
+	replaceStored(t, srv.Dir, "junk", data)
+	r = mustFail(t, `verify "junk": backup "junk" in location "default" is corrupt`, addr, "verify", "junk")
 	if !strings.Contains(r.err.Error(), "do not restore it") {
 		t.Fatalf("verify error does not warn against restoring: %v", r.err)
 	}

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
@@ -192,7 +193,7 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 		defer close(agent)
 		for _, job := range w.jobsOf(t, serverNS, "backup-agent", "up", 1) {
 			time.Sleep(1500 * time.Millisecond)
-			if _, err := w.srv.Client.Upload(context.Background(), bytes.NewReader([]byte("snapshot")), &ebv1.UploadHeader{Name: "up", Source: &ebv1.BackupSource{Kind: "agent", Target: "cp"}}, nil); err != nil {
+			if _, err := w.srv.Client.Upload(context.Background(), bytes.NewReader(etcdtest.TrailedBytes(t, 544)), &ebv1.UploadHeader{Name: "up", Source: &ebv1.BackupSource{Kind: "agent", Target: "cp"}}, nil); err != nil {
 				t.Error(err)
 			}
 			w.finish(t, job, true, "")
@@ -210,7 +211,7 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 
 func TestRestoreWaitShowsMemberPhases(t *testing.T) {
 	w := newAgentWorld(t, "cp")
-	file, _, _ := writeRandom(t, "b1", 100)
+	file, _, _ := writeSnapshot(t, "b1", smallSnapshot)
 	mustRun(t, w.addr, "upload", file)
 
 	// The dry run's plan as a Restore object.

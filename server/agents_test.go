@@ -27,7 +27,7 @@ func hexSum(b []byte) string {
 
 func TestUserUploadCannotClaimToBeAnAgent(t *testing.T) {
 	srv := servertest.Start(t, "")
-	b, err := srv.Client.Upload(context.Background(), bytes.NewReader([]byte("snapshot")), &ebv1.UploadHeader{
+	b, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{
 		Name: "b1", Source: &ebv1.BackupSource{Kind: "agent", Target: "control-plane"},
 	}, nil)
 	if err != nil {
@@ -72,15 +72,27 @@ func TestAgentSnapshotIsCheckedAgainstEtcdsTrailer(t *testing.T) {
 		t.Fatalf("stored %d bytes, SHA-256 %s, source %q; want %d, %s, agent", b.GetSize(), b.GetSha256(), b.GetSource().GetKind(), len(good), hexSum(good))
 	}
 
-	// A user may upload any file: only an agent's stream is held to
-	// etcd's trailer.
-	if _, err := srv.Client.Upload(ctx, bytes.NewReader(bad), &ebv1.UploadHeader{Name: "user-file"}, nil); err != nil {
-		t.Fatalf("user upload of a file that is not a snapshot: %v", err)
+	// A user's plain upload is held to etcd's trailer too: the damaged
+	// snapshot is refused and nothing stored; the whole one is stored, as
+	// an upload.
+	_, err = srv.Client.Upload(ctx, bytes.NewReader(bad), &ebv1.UploadHeader{Name: "user-file"}, nil)
+	if status.Code(err) != codes.DataLoss || !strings.Contains(err.Error(), "etcd's SHA-256 trailer does not match") || !strings.Contains(err.Error(), "nothing was stored") {
+		t.Fatalf("user upload of a damaged snapshot: %v; want DataLoss naming etcd's trailer", err)
+	}
+	if _, err := srv.Client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: "user-file"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("after the refused user upload, user-file: %v; want NotFound", err)
+	}
+	b, err = srv.Client.Upload(ctx, bytes.NewReader(good), &ebv1.UploadHeader{Name: "user-file"}, nil)
+	if err != nil {
+		t.Fatalf("user upload of a whole snapshot: %v", err)
+	}
+	if b.GetSha256() != hexSum(good) || b.GetSize() != int64(len(good)) || b.GetSource().GetKind() != "upload" {
+		t.Fatalf("stored %d bytes, SHA-256 %s, source %q; want %d, %s, upload", b.GetSize(), b.GetSha256(), b.GetSource().GetKind(), len(good), hexSum(good))
 	}
 }
 
 func TestRestoreAgentDownloadsOnlyItsPinnedBackup(t *testing.T) {
-	data := []byte("snapshot as stored now")
+	data := trailed(t, 1) // the snapshot as stored now
 	ctx := context.Background()
 	download := func(t *testing.T, a servertest.AsAgent, name string) error {
 		t.Helper()

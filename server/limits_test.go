@@ -56,8 +56,15 @@ func listNames(t *testing.T, srv *servertest.Server, location string) []string {
 }
 
 // openUpload starts an upload of name that sends its header and one
-// chunk, then holds the stream open; cancel ends it.
+// chunk, a whole etcd snapshot to the server's trailer check, then holds
+// the stream open; cancel ends it.
 func openUpload(t *testing.T, srv *servertest.Server, location, name string) (ebv1.BackupService_UploadBackupClient, context.CancelFunc) {
+	t.Helper()
+	return openUploadOf(t, srv, location, name, trailed(t, 1))
+}
+
+// openUploadOf is openUpload with first as its one chunk.
+func openUploadOf(t *testing.T, srv *servertest.Server, location, name string, first []byte) (ebv1.BackupService_UploadBackupClient, context.CancelFunc) {
 	t.Helper()
 	// Bounded, so a server that never ends it fails the test instead of
 	// hanging it.
@@ -70,7 +77,7 @@ func openUpload(t *testing.T, srv *servertest.Server, location, name string) (eb
 	if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Header{Header: &ebv1.UploadHeader{Name: name, Location: location}}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: []byte("some data")}}); err != nil {
+	if err := stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: first}}); err != nil {
 		t.Fatal(err)
 	}
 	return stream, cancel
@@ -102,10 +109,10 @@ func TestUploadsPerLocationLimit(t *testing.T) {
 	openUpload(t, srv, "default", "held-2")
 	waitInProgress(t, srv, "default", 2)
 
-	_, err := srv.Client.Upload(context.Background(), strings.NewReader("third"), &ebv1.UploadHeader{Name: "third"}, nil)
+	_, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "third"}, nil)
 	wantRefusal(t, err, codes.ResourceExhausted, `2 uploads to location "default" are in progress`, "limits.uploadsPerLocation")
 	// The limit is per location.
-	if _, err := srv.Client.Upload(context.Background(), strings.NewReader("x"), &ebv1.UploadHeader{Name: "elsewhere", Location: "other"}, nil); err != nil {
+	if _, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "elsewhere", Location: "other"}, nil); err != nil {
 		t.Fatalf("upload to another location: %v", err)
 	}
 	// A finished upload frees its slot.
@@ -113,7 +120,7 @@ func TestUploadsPerLocationLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancelFirst()
-	if _, err := srv.Client.Upload(context.Background(), strings.NewReader("third"), &ebv1.UploadHeader{Name: "third"}, nil); err != nil {
+	if _, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "third"}, nil); err != nil {
 		t.Fatalf("upload after one finished: %v", err)
 	}
 	if got := strings.Join(listNames(t, srv, "default"), ","); got != "third,held-1" {
@@ -141,7 +148,7 @@ func TestIdleUploadIsAborted(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if _, err := srv.Client.Upload(context.Background(), strings.NewReader("again"), &ebv1.UploadHeader{Name: "stalled"}, nil); err != nil {
+	if _, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "stalled"}, nil); err != nil {
 		t.Fatalf("upload of the aborted upload's name: %v", err)
 	}
 
@@ -153,11 +160,17 @@ func TestIdleUploadIsAborted(t *testing.T) {
 	wantRefusal(t, silent.RecvMsg(&ebv1.UploadBackupResponse{}), codes.DeadlineExceeded, "no header", "limits.uploadIdleTimeout")
 
 	// The limit is between messages, not on the whole upload: a slow
-	// upload that keeps sending completes.
-	slow, _ := openUpload(t, srv, "", "slow")
-	for range 6 {
+	// upload that keeps sending completes. Its seven chunks make one
+	// snapshot whole to etcd's trailer.
+	data := trailed(t, 7*512)
+	slow, _ := openUploadOf(t, srv, "", "slow", data[:512])
+	for i := 1; i <= 6; i++ {
 		time.Sleep(idle / 3)
-		if err := slow.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: []byte("more")}}); err != nil {
+		end := (i + 1) * 512
+		if i == 6 {
+			end = len(data) // the last page and etcd's trailer
+		}
+		if err := slow.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: data[i*512 : end]}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -170,7 +183,7 @@ func TestLabelAndFieldLimits(t *testing.T) {
 	srv := servertest.StartWith(t, servertest.Options{Limits: config.Limits{MaxLabels: 3, MaxLabelBytes: 40, MaxFieldBytes: 16}})
 	upload := func(h *ebv1.UploadHeader) error {
 		h.Name = "b"
-		_, err := srv.Client.Upload(context.Background(), strings.NewReader("data"), h, nil)
+		_, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), h, nil)
 		return err
 	}
 	long := strings.Repeat("x", 17)
@@ -201,7 +214,7 @@ func TestLabelAndFieldLimits(t *testing.T) {
 	for i := range 65 {
 		many[fmt.Sprintf("l%d", i)] = "v"
 	}
-	_, err := def.Client.Upload(context.Background(), strings.NewReader("data"), &ebv1.UploadHeader{Name: "b", Labels: many}, nil)
+	_, err := def.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "b", Labels: many}, nil)
 	wantRefusal(t, err, codes.InvalidArgument, "65 labels", "limit is 64", "limits.maxLabels")
 }
 

@@ -25,6 +25,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
@@ -51,6 +52,13 @@ func randomBytes(t testing.TB, n int) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// trailed returns random bytes of about n (rounded up to whole 512-byte
+// pages) that end in their SHA-256, as etcd ends a snapshot: the server
+// stores a plain upload only if it passes that check.
+func trailed(t testing.TB, n int) []byte {
+	return etcdtest.TrailedBytes(t, etcdtest.TrailedSize(n))
 }
 
 func sha(b []byte) string {
@@ -113,7 +121,7 @@ func wantCode(t *testing.T, err error, code codes.Code) {
 
 func TestUploadListDownloadRoundTrip(t *testing.T) {
 	ts := startServer(t, "")
-	data := randomBytes(t, 5<<20+123) // several chunks and a partial one
+	data := trailed(t, 5<<20+123) // several chunks and a partial one: 5 MiB + 544
 	b := ts.upload(t, "etcd-1", data)
 	if b.GetSize() != int64(len(data)) || b.GetSha256() != sha(data) {
 		t.Fatalf("stored %d bytes sha %s; want %d bytes sha %s", b.GetSize(), b.GetSha256(), len(data), sha(data))
@@ -147,19 +155,31 @@ func TestUploadListDownloadRoundTrip(t *testing.T) {
 	}
 }
 
+// An empty upload is no etcd snapshot: it is refused as such, saying what
+// to upload instead, and nothing is stored.
 func TestEmptyBackup(t *testing.T) {
 	ts := startServer(t, "")
-	ts.upload(t, "empty", nil)
-	var out bytes.Buffer
-	b, err := ts.client.Download(context.Background(), &out, client.DownloadRequest{Name: "empty"})
-	if err != nil || out.Len() != 0 || b.GetSha256() != sha(nil) {
-		t.Fatalf("download of empty backup: %v, %d bytes, sha %s", err, out.Len(), b.GetSha256())
+	before := tree(t, ts.dir)
+	_, err := ts.client.Upload(context.Background(), bytes.NewReader(nil), &ebv1.UploadHeader{Name: "empty"}, nil)
+	wantCode(t, err, codes.DataLoss)
+	for _, want := range []string{`upload of "empty"`, "not a whole etcd snapshot", "ended after 0 bytes", "nothing was stored", "etcdutl snapshot save"} {
+		if !strings.Contains(status.Convert(err).Message(), want) {
+			t.Errorf("message %q does not say %q", status.Convert(err).Message(), want)
+		}
+	}
+	if names := ts.names(t); len(names) != 0 {
+		t.Fatalf("listed after the refused empty upload: %v", names)
+	}
+	_, err = ts.client.Download(context.Background(), io.Discard, client.DownloadRequest{Name: "empty"})
+	wantCode(t, err, codes.NotFound)
+	if after := tree(t, ts.dir); after != before {
+		t.Fatalf("disk changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 }
 
 func TestDownloadFromOffset(t *testing.T) {
 	ts := startServer(t, "")
-	data := randomBytes(t, 3<<20)
+	data := trailed(t, 3<<20) // 3 MiB + 32
 	ts.upload(t, "b", data)
 	for _, off := range []int64{0, 1, 1 << 20, int64(len(data)) - 1, int64(len(data))} {
 		prefix := sha256.New()
@@ -186,7 +206,7 @@ func TestDownloadFromOffset(t *testing.T) {
 // at the end of the backup) and its header says how many.
 func TestDownloadRange(t *testing.T) {
 	ts := startServer(t, "")
-	data := randomBytes(t, 3<<20+5)
+	data := trailed(t, 3<<20+5) // 3 MiB + 32: not a whole number of chunks
 	ts.upload(t, "b", data)
 	size := int64(len(data))
 	for _, r := range [][2]int64{{0, 1}, {0, 1 << 20}, {7, 2<<20 + 3}, {size - 5, 5}, {size - 5, 1 << 30}, {1 << 20, 0}} {
@@ -228,7 +248,9 @@ func TestDownloadRange(t *testing.T) {
 
 func TestWrongDeclaredChecksumIsDataLossAndStoresNothing(t *testing.T) {
 	ts := startServer(t, "")
-	data := randomBytes(t, 1<<20)
+	// Whole to etcd's trailer check: only the declared checksum or size
+	// is wrong.
+	data := trailed(t, 1<<20)
 	before := tree(t, ts.dir)
 	wrong := sha([]byte("something else"))
 	_, err := ts.client.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "bad", ExpectedSha256: wrong}, nil)
@@ -254,6 +276,44 @@ func TestWrongDeclaredChecksumIsDataLossAndStoresNothing(t *testing.T) {
 	}
 }
 
+// A user's plain upload is held to etcd's trailer as an agent's is: random
+// bytes are refused as DataLoss that names etcd's check and says what to
+// upload, nothing is listed and no temporary data is left; bytes that end
+// in their SHA-256 are stored.
+func TestUserUploadIsCheckedAgainstEtcdsTrailer(t *testing.T) {
+	ts := startServer(t, "")
+	ctx := context.Background()
+	before := tree(t, ts.dir)
+	junk := randomBytes(t, 4096+32) // a snapshot's size, not its trailer
+	_, err := ts.client.Upload(ctx, bytes.NewReader(junk), &ebv1.UploadHeader{Name: "junk"}, nil)
+	wantCode(t, err, codes.DataLoss)
+	for _, want := range []string{`upload of "junk"`, "not a whole etcd snapshot", "etcd's own check", "etcd's SHA-256 trailer does not match", "nothing was stored", "etcdutl snapshot save"} {
+		if !strings.Contains(status.Convert(err).Message(), want) {
+			t.Errorf("message %q does not say %q", status.Convert(err).Message(), want)
+		}
+	}
+	cut := trailed(t, 4096)
+	_, err = ts.client.Upload(ctx, bytes.NewReader(cut[:len(cut)-1]), &ebv1.UploadHeader{Name: "junk"}, nil)
+	wantCode(t, err, codes.DataLoss)
+	if !strings.Contains(status.Convert(err).Message(), "not a whole database") {
+		t.Errorf("a cut snapshot: %v; want it said", err)
+	}
+	if names := ts.names(t); len(names) != 0 {
+		t.Fatalf("listed after refused uploads: %v", names)
+	}
+	if entries, err := os.ReadDir(filepath.Join(ts.dir, ".tmp")); err != nil || len(entries) != 0 {
+		t.Fatalf("the location's temporary space holds %d files after refused uploads (%v)", len(entries), err)
+	}
+	if after := tree(t, ts.dir); after != before {
+		t.Fatalf("disk changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+
+	b := ts.upload(t, "junk", cut)
+	if b.GetSize() != int64(len(cut)) || b.GetSha256() != sha(cut) || b.GetSource().GetKind() != "upload" {
+		t.Fatalf("stored %d bytes, SHA-256 %s, source %q; want %d, %s, upload", b.GetSize(), b.GetSha256(), b.GetSource().GetKind(), len(cut), sha(cut))
+	}
+}
+
 func TestTrailerMismatchIsDataLoss(t *testing.T) {
 	ts := startServer(t, "")
 	stream, err := ts.client.Backups.UploadBackup(context.Background())
@@ -265,11 +325,16 @@ func TestTrailerMismatchIsDataLoss(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Whole to etcd's trailer check: only the client's trailer is wrong.
+	data := trailed(t, 1)
 	send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Header{Header: &ebv1.UploadHeader{Name: "x"}}})
-	send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: []byte("hello")}})
-	send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Trailer{Trailer: &ebv1.UploadTrailer{Size: 5, Sha256: sha([]byte("HELLO"))}}})
+	send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: data}})
+	send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Trailer{Trailer: &ebv1.UploadTrailer{Size: int64(len(data)), Sha256: sha([]byte("HELLO"))}}})
 	_, err = stream.CloseAndRecv()
 	wantCode(t, err, codes.DataLoss)
+	if !strings.Contains(status.Convert(err).Message(), "the client sent") {
+		t.Fatalf("refused, but not for the trailer's SHA-256: %v", err)
+	}
 	if names := ts.names(t); len(names) != 0 {
 		t.Fatalf("listed: %v", names)
 	}
@@ -329,7 +394,7 @@ func TestCancelledUploadLeavesNothing(t *testing.T) {
 func TestRestartCleansInterruptedUploads(t *testing.T) {
 	dir := t.TempDir()
 	ts := startServer(t, dir)
-	ts.upload(t, "kept", []byte("kept data"))
+	ts.upload(t, "kept", trailed(t, 1))
 	ts.stop()
 	// What a crash leaves: a temporary upload, and data published without
 	// its manifest.
@@ -349,12 +414,12 @@ func TestRestartCleansInterruptedUploads(t *testing.T) {
 		}
 	}
 	// The orphan's name is free again.
-	ts2.upload(t, "orphan", []byte("new"))
+	ts2.upload(t, "orphan", trailed(t, 1))
 }
 
 func TestBadNamesAreInvalidArgumentAndTouchNothing(t *testing.T) {
 	ts := startServer(t, "")
-	ts.upload(t, "existing", []byte("data"))
+	ts.upload(t, "existing", trailed(t, 1))
 	if err := os.WriteFile(filepath.Join(filepath.Dir(ts.dir), "x.json"), []byte(`{"name":"x"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -406,12 +471,13 @@ func TestBadNamesAreInvalidArgumentAndTouchNothing(t *testing.T) {
 func TestImmutableAndNotFound(t *testing.T) {
 	ts := startServer(t, "")
 	ctx := context.Background()
-	ts.upload(t, "a", []byte("first"))
-	_, err := ts.client.Upload(ctx, bytes.NewReader([]byte("second")), &ebv1.UploadHeader{Name: "a"}, nil)
+	first := trailed(t, 1)
+	ts.upload(t, "a", first)
+	_, err := ts.client.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "a"}, nil)
 	wantCode(t, err, codes.AlreadyExists)
 	var out bytes.Buffer
-	if _, err := ts.client.Download(ctx, &out, client.DownloadRequest{Name: "a"}); err != nil || out.String() != "first" {
-		t.Fatalf("original changed: %q %v", out.String(), err)
+	if _, err := ts.client.Download(ctx, &out, client.DownloadRequest{Name: "a"}); err != nil || !bytes.Equal(out.Bytes(), first) {
+		t.Fatalf("original changed: %d bytes, equal %v, %v", out.Len(), bytes.Equal(out.Bytes(), first), err)
 	}
 	_, err = ts.client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: "missing"})
 	wantCode(t, err, codes.NotFound)
@@ -423,12 +489,12 @@ func TestImmutableAndNotFound(t *testing.T) {
 	_, err = ts.client.Backups.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "a"})
 	wantCode(t, err, codes.NotFound)
 	// Deleted names can be reused.
-	ts.upload(t, "a", []byte("third"))
+	ts.upload(t, "a", trailed(t, 1))
 }
 
 func TestConcurrentDownloads(t *testing.T) {
 	ts := startServer(t, "")
-	data := randomBytes(t, 8<<20)
+	data := trailed(t, 8<<20)
 	ts.upload(t, "shared", data)
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
@@ -468,7 +534,7 @@ func TestListFiltersAndSorts(t *testing.T) {
 	ts := startServer(t, "")
 	ctx := context.Background()
 	for _, n := range []string{"b", "a", "c"} {
-		if _, err := ts.client.Upload(ctx, bytes.NewReader([]byte(n)), &ebv1.UploadHeader{Name: n, Labels: map[string]string{"env": map[bool]string{true: "prod", false: "dev"}[n != "b"]}}, nil); err != nil {
+		if _, err := ts.client.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: n, Labels: map[string]string{"env": map[bool]string{true: "prod", false: "dev"}[n != "b"]}}, nil); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -523,7 +589,7 @@ func TestChunkLimit(t *testing.T) {
 // SIGTERM (Serve's context ending) lets a download in flight finish.
 func TestShutdownDrainsInFlightDownload(t *testing.T) {
 	ts := startServer(t, "")
-	data := randomBytes(t, 16<<20)
+	data := trailed(t, 16<<20)
 	ts.upload(t, "big", data)
 	pr, pw := io.Pipe()
 	errc := make(chan error, 1)

@@ -30,8 +30,11 @@ import (
 // trailer, an oversized chunk, a cancellation. Whatever arrives, the
 // server does not panic (that would end this process); a refused stream
 // leaves nothing listed; an accepted one reads back byte-identical with
-// its size and SHA-256; and a stream that breaks a rule of the protocol
-// is refused, a well-formed one accepted.
+// its size and SHA-256, and if it is plain (neither compressed nor
+// encrypted) it ends in etcd's trailer, the SHA-256 of whole 512-byte
+// pages; and a stream that breaks a rule of the protocol, or whose plain
+// data is not a whole etcd snapshot, is refused, a well-formed one
+// accepted.
 func FuzzUploadStream(f *testing.F) {
 	srv := servertest.Start(f, "")
 	bs := srv.Client.Backups
@@ -65,9 +68,13 @@ func FuzzUploadStream(f *testing.F) {
 		f.Fatal(err)
 	}
 
-	// ops: header flags, expected-size delta, SHA mode, labels/no-header,
-	// then messages (see decodeUpload); a chunk op 0x40 sends 9×, 0xF8
-	// 32× the next byte's worth of the payload.
+	bad := append([]byte(nil), plain...)
+	bad[100] ^= 1 // in the database: etcd's trailer no longer matches
+
+	// ops: header flags, expected-size delta, SHA mode, labels/no-header/
+	// seal (0x40: the payload is padded to whole pages and given etcd's
+	// trailer first), then messages (see decodeUpload); a chunk op 0x40
+	// sends 9×, 0xF8 32× the next byte's worth of the payload.
 	for _, seed := range []struct {
 		ops     []byte
 		payload []byte
@@ -88,7 +95,12 @@ func FuzzUploadStream(f *testing.F) {
 		{[]byte{0x00, 0, 0, 0x80, 0, 100}, plain},                     // no header
 		{[]byte{0x03, 0, 0x10, 0, 0, 100}, plain},                     // a bad name
 		{[]byte{0x30, 0, 0, 2, 0, 100}, plain},                        // gzip and a bad label
-		{[]byte{0x00, 0, 0, 0}, nil},                                  // an empty backup
+		{[]byte{0x00, 0, 0, 0}, nil},                                  // an empty backup: no snapshot
+		{[]byte{0x00, 0, 0, 0, 0xF8, 64}, plain},                      // plain, cut short of etcd's trailer
+		{[]byte{0x00, 0, 0, 0, 0xF8, 255}, bad},                       // plain, etcd's trailer does not match
+		{[]byte{0x00, 0, 0, 0, 0xF8, 255}, []byte("not a snapshot")},  // plain, no snapshot at all
+		{[]byte{0x00, 0, 0, 0x40, 0xF8, 255}, []byte("sealed")},       // sealed: a page and etcd's trailer
+		{[]byte{0x10, 0, 0, 0, 0xF8, 255}, []byte("not a snapshot")},  // zstd: the server does not look inside
 	} {
 		f.Add(seed.ops, seed.payload)
 	}
@@ -139,6 +151,9 @@ func FuzzUploadStream(f *testing.F) {
 		b := resp.GetBackup()
 		if b.GetName() != p.header.GetName() || b.GetSize() != int64(len(p.data)) || b.GetSha256() != hexSHA(p.data) {
 			t.Fatalf("accepted as %+v; %d bytes with SHA-256 %s were sent", b, len(p.data), hexSHA(p.data))
+		}
+		if isPlain(p.header) && !etcdTrailerHolds(p.data) {
+			t.Fatalf("stored %d bytes of plain data that do not end in etcd's trailer", len(p.data))
 		}
 		var got bytes.Buffer
 		if _, err := srv.Client.Download(context.Background(), &got, client.DownloadRequest{Name: b.GetName()}); err != nil {
@@ -218,6 +233,9 @@ func decodeUpload(o *fuzzOps, payload []byte, name, recipient string) *upload {
 		refuse("label value over 63 characters")
 	}
 	noHeader := extra&0x80 != 0
+	if extra&0x40 != 0 {
+		payload = sealSnapshot(payload)
+	}
 
 	// Messages; the trailer and sizes are filled in once the data is known.
 	type pending struct {
@@ -278,6 +296,9 @@ func decodeUpload(o *fuzzOps, payload []byte, name, recipient string) *upload {
 	if h.Encryption == ebv1.EncryptionAge && !bytes.HasPrefix(u.data, crypt.Magic) {
 		refuse("declared age but the data is not")
 	}
+	if isPlain(h) && !etcdTrailerHolds(u.data) {
+		refuse("plain data that is not a whole etcd snapshot")
+	}
 	for i := range msgs {
 		m := msgs[i]
 		if m.trailerMode == 0 {
@@ -326,6 +347,33 @@ func shaVariant(mode byte, digest string, refuse func(string), what string) stri
 		return "not-a-sha"
 	}
 	return ""
+}
+
+// isPlain says whether h declares the data stored as is: the server then
+// holds it to etcd's trailer.
+func isPlain(h *ebv1.UploadHeader) bool {
+	return h.GetCompression() == ebv1.CompressionNone && h.GetEncryption() == ebv1.EncryptionNone
+}
+
+// etcdTrailerHolds says whether data is whole 512-byte pages followed by
+// their SHA-256, as etcd ends a snapshot (worked out here, not with the
+// server's own check).
+func etcdTrailerHolds(data []byte) bool {
+	n := len(data) - sha256.Size
+	if n < 0 || n%512 != 0 {
+		return false
+	}
+	sum := sha256.Sum256(data[:n])
+	return bytes.Equal(data[n:], sum[:])
+}
+
+// sealSnapshot pads b with zeros to whole 512-byte pages and appends their
+// SHA-256: data that passes etcd's trailer check, whatever b is.
+func sealSnapshot(b []byte) []byte {
+	db := make([]byte, (len(b)+511)/512*512)
+	copy(db, b)
+	sum := sha256.Sum256(db)
+	return append(db, sum[:]...)
 }
 
 func hexSHA(b []byte) string {

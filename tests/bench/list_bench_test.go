@@ -1,9 +1,7 @@
 package bench
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
@@ -145,19 +144,16 @@ func ms(ds []time.Duration) []float64 {
 	return out
 }
 
-// uploadSmallBackups stores n small backups (valid snapshots: a database
-// of 8 pages and etcd's SHA-256 trailer) with `kubectl etcdbackup upload`:
-// the server's user API is only reachable through the tunnel.
+// uploadSmallBackups stores n small backups (real etcd snapshots, the
+// smallest: an empty member's, about 25 KiB, the same for all) with
+// `kubectl etcdbackup upload`: the server's user API is only reachable
+// through the tunnel.
 func uploadSmallBackups(ctx context.Context, b *testing.B, k *world.Kubectl, n int) {
 	b.Helper()
 	dir := b.TempDir()
 	for i := range n {
-		db := bytes.Repeat([]byte{byte(i)}, 8*512)
-		sum := sha256.Sum256(db)
 		path := filepath.Join(dir, fmt.Sprintf("list-%02d.db", i))
-		if err := os.WriteFile(path, append(db, sum[:]...), 0o600); err != nil {
-			b.Fatal(err)
-		}
+		etcdtest.SnapshotFile(b, path, 0)
 		name := strings.TrimSuffix(filepath.Base(path), ".db")
 		if r := k.Run(ctx, "etcdbackup", "upload", path, "--name", name, "-n", namespace); r.ExitCode != 0 {
 			b.Fatalf("upload %s: %s", name, r)

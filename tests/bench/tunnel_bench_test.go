@@ -9,9 +9,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -31,19 +29,20 @@ import (
 	streamhttp "k8s.io/streaming/pkg/httpstream"
 	"k8s.io/utils/ptr"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
 
+// snapshotSize is the backup's size, set by uploadBackup: a real etcd
+// snapshot of about 1 GiB (upload sends nothing else), its database and
+// etcd's 32-byte SHA-256 trailer. The raw stream is backupSize bytes, the
+// database's; the 32 more are left out of MB/s.
+var snapshotSize, backupSize int64
+
 const (
 	namespace  = world.DefaultNamespace
 	backupName = "big"
-	backupSize = 1 << 30
-	// snapshotSize is the backup's size: backupSize bytes of pages and
-	// etcd's 32-byte SHA-256 trailer, so that the plain download (the
-	// default) finds a well-formed snapshot. The raw stream is backupSize
-	// bytes; the 32 more are left out of MB/s.
-	snapshotSize = backupSize + sha256.Size
 
 	// sourcePod is the baseline's pod: podtool from its image, writing
 	// backupSize bytes to every connection on sourcePort.
@@ -134,9 +133,8 @@ func BenchmarkTunnelDownload(b *testing.B) {
 		}
 		defer os.RemoveAll(outDir)
 	}
-	pattern := newPattern()
 	began = time.Now()
-	uploadBackup(ctx, b, &kubectl, outDir, pattern)
+	uploadBackup(ctx, b, &kubectl, outDir)
 	b.Logf("uploaded %d-byte backup %q with the plugin in %s", snapshotSize, backupName, time.Since(began).Round(time.Millisecond))
 
 	if err := startByteSource(ctx, sb); err != nil {
@@ -244,21 +242,15 @@ func linkRates() []string {
 
 // uploadBackup stores the backup the plugin downloads with `kubectl
 // etcdbackup upload`, from a file written in dir and removed after: the
-// server listens on its pod's loopback only, for port-forwards.
-func uploadBackup(ctx context.Context, b *testing.B, k *world.Kubectl, dir string, pattern []byte) {
+// server listens on its pod's loopback only, for port-forwards. The file
+// is a real etcd snapshot of about 1 GiB (an etcd member is filled first,
+// which takes a while); it sets snapshotSize and backupSize.
+func uploadBackup(ctx context.Context, b *testing.B, k *world.Kubectl, dir string) {
 	b.Helper()
 	file := filepath.Join(dir, backupName+".upload")
-	f, err := os.Create(file)
-	if err != nil {
-		b.Fatal(err)
-	}
 	defer os.Remove(file)
-	if _, err := io.Copy(f, newSnapshotReader(pattern)); err != nil {
-		b.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		b.Fatal(err)
-	}
+	snapshotSize = int64(len(etcdtest.SnapshotFile(b, file, 1<<30)))
+	backupSize = snapshotSize - sha256.Size
 	if r := k.Run(ctx, "etcdbackup", "upload", file, "--name", backupName); r.ExitCode != 0 {
 		b.Fatalf("kubectl etcdbackup upload: %s", r)
 	}
@@ -694,7 +686,7 @@ func startByteSource(ctx context.Context, sb *sandbox.Sandbox) error {
 				Name:            "bytes",
 				Image:           podtoolImage,
 				ImagePullPolicy: corev1.PullNever,
-				Args:            []string{"bytes", "--listen=:" + strconv.Itoa(sourcePort), "--size=" + strconv.Itoa(backupSize)},
+				Args:            []string{"bytes", "--listen=:" + strconv.Itoa(sourcePort), "--size=" + strconv.FormatInt(backupSize, 10)},
 				Ports:           []corev1.ContainerPort{{Name: "bytes", ContainerPort: sourcePort}},
 				SecurityContext: &corev1.SecurityContext{
 					AllowPrivilegeEscalation: ptr.To(false),
@@ -711,71 +703,6 @@ func startByteSource(ctx context.Context, sb *sandbox.Sandbox) error {
 	defer cancel()
 	_, err = sb.WaitForPod(wctx, namespace, sourcePod, sandbox.PodReady)
 	return err
-}
-
-// patternPeriod is odd so the stream does not repeat in step with any
-// power-of-two chunk or buffer size.
-const patternPeriod = 1<<20 + 4093
-
-// newPattern is a deterministic pseudo-random block; repeating it costs a
-// copy, where generating 1 GiB with ChaCha8 would cost more than a second.
-func newPattern() []byte {
-	p := make([]byte, patternPeriod)
-	_, _ = rand.NewChaCha8([32]byte{'e', 't', 'c', 'd'}).Read(p)
-	return p
-}
-
-// patternReader yields remaining bytes of pattern, repeated: a backup of
-// any size without holding it in memory.
-type patternReader struct {
-	pattern   []byte
-	off       int
-	remaining int64
-}
-
-func (r *patternReader) Read(p []byte) (int, error) {
-	if r.remaining == 0 {
-		return 0, io.EOF
-	}
-	if int64(len(p)) > r.remaining {
-		p = p[:r.remaining]
-	}
-	n := 0
-	for n < len(p) {
-		k := copy(p[n:], r.pattern[r.off:])
-		n += k
-		r.off += k
-		if r.off == len(r.pattern) {
-			r.off = 0
-		}
-	}
-	r.remaining -= int64(n)
-	return n, nil
-}
-
-// newSnapshotReader yields backupSize bytes of pattern, then their
-// SHA-256: the shape of an etcd snapshot, which the plain download checks.
-func newSnapshotReader(pattern []byte) io.Reader {
-	h := sha256.New()
-	return io.MultiReader(io.TeeReader(&patternReader{pattern: pattern, remaining: backupSize}, h), &trailerReader{h: h})
-}
-
-// trailerReader yields h's sum, taken once the bytes before it were read.
-type trailerReader struct {
-	h   hash.Hash
-	sum []byte
-}
-
-func (r *trailerReader) Read(p []byte) (int, error) {
-	if r.sum == nil {
-		r.sum = r.h.Sum(nil)
-	}
-	if len(r.sum) == 0 {
-		return 0, io.EOF
-	}
-	n := copy(p, r.sum)
-	r.sum = r.sum[n:]
-	return n, nil
 }
 
 // summary is one transport's result.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -135,11 +136,12 @@ func TestBackupFromCluster(t *testing.T) {
 	// target), a Failed one (down), before-upgrade and two env=test ones.
 	t.Run("scripting-doc", func(t *testing.T) {
 		dir := t.TempDir()
+		sizes := map[string]int{}
 		for _, up := range []struct{ name, location, labels string }{
 			{"before-upgrade", "default", "env=prod"}, {"t1", "default", "env=test"}, {"t2", "s3", "env=test"},
 		} {
 			f := filepath.Join(dir, up.name+".db")
-			writeRandomFile(t, f, 4096)
+			sizes[up.name] = len(writeSnapshotFile(t, f, 4096))
 			mustSucceed(t, c.run(t, nil, "etcdbackup", "upload", f, "--name", up.name, "--location", up.location, "--labels", up.labels), "upload "+up.name)
 		}
 		root, err := world.RepoRoot()
@@ -170,7 +172,7 @@ func TestBackupFromCluster(t *testing.T) {
 					t.Errorf("%s: %s", b, r)
 				}
 			case strings.HasPrefix(b, "kubectl etcdbackup get before-upgrade -o jsonpath='{.status.sizeBytes}'"):
-				if strings.TrimSpace(r.Stdout) != "4096" {
+				if strings.TrimSpace(r.Stdout) != strconv.Itoa(sizes["before-upgrade"]) {
 					t.Errorf("%s: %s", b, r)
 				}
 			}

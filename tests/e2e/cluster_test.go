@@ -80,7 +80,7 @@ func TestCluster(t *testing.T) {
 
 	t.Run("server-pod-replaced", func(t *testing.T) {
 		src := filepath.Join(t.TempDir(), "snap.db")
-		data := writeRandomFile(t, src, 1<<20+7)
+		data := writeSnapshotFile(t, src, 1<<20+7)
 		mustSucceed(t, c.run(t, nil, "etcdbackup", "upload", src, "--name", "before-replace"), "upload")
 		old := installedServerPod(ctx, t, sb, ns)
 		mustSucceed(t, c.run(t, nil, "-n", ns, "delete", "pod", old.Name), "kubectl delete pod")
@@ -140,7 +140,7 @@ patches:
 			t.Fatalf("both servers have IP %s", a.Status.PodIP)
 		}
 		src := filepath.Join(t.TempDir(), "b.db")
-		writeRandomFile(t, src, 4096)
+		writeSnapshotFile(t, src, 4096)
 		mustSucceed(t, c.run(t, nil, "etcdbackup", "-n", "team-b", "upload", src, "--name", "only-in-team-b"), "upload to team-b")
 		rb := mustSucceed(t, c.run(t, nil, "etcdbackup", "-n", "team-b", "list"), "list team-b")
 		ra := mustSucceed(t, c.run(t, nil, "etcdbackup", "list"), "list default install")

@@ -14,7 +14,7 @@ func TestPluginDirect(t *testing.T) {
 	addr := "--server-address=" + srv.Addr
 	dir := t.TempDir()
 	src := filepath.Join(dir, "Snapshot.DB")
-	data := writeRandomFile(t, src, 3<<20+17)
+	data := writeSnapshotFile(t, src, 3<<20+17)
 
 	r := mustSucceed(t, plugin(t, addr, "upload", src, "--labels", "env=test"), "upload")
 	if !strings.Contains(r.Stdout, `"snapshot.db" uploaded`) || !strings.Contains(r.Stdout, sha(data)) {
@@ -96,7 +96,7 @@ func TestPluginDownloadResumesFromPart(t *testing.T) {
 	srv := startServer(t)
 	addr := "--server-address=" + srv.Addr
 	dir := t.TempDir()
-	data := writeRandomFile(t, filepath.Join(dir, "src"), 6<<20+5)
+	data := writeSnapshotFile(t, filepath.Join(dir, "src"), 6<<20+5)
 	mustSucceed(t, plugin(t, addr, "upload", filepath.Join(dir, "src"), "--name", "b1"), "upload")
 
 	out := filepath.Join(dir, "b1.db")
@@ -150,7 +150,9 @@ func TestPluginBadInput(t *testing.T) {
 	addr := "--server-address=" + srv.Addr
 	dir := t.TempDir()
 	src := filepath.Join(dir, "snap.db")
-	writeRandomFile(t, src, 1000)
+	writeSnapshotFile(t, src, 1000)
+	junk := filepath.Join(dir, "junk.db")
+	writeJunkFile(t, junk, 4096)
 
 	cases := []struct {
 		args []string
@@ -160,6 +162,7 @@ func TestPluginBadInput(t *testing.T) {
 		{[]string{"upload", src, "--name", "Bad_Name"}, "--name"},
 		{[]string{"upload", filepath.Join(dir, "missing.db")}, "no such file"},
 		{[]string{"upload", dir, "--name", "d"}, "is a directory"},
+		{[]string{"upload", junk}, junk + " is not an etcd snapshot"},
 		{[]string{"get", "../etc/passwd"}, "invalid"},
 		{[]string{"download", "nope", "-o", filepath.Join(dir, "x")}, "not found"},
 		{[]string{"list", "--location", "elsewhere"}, `storage location "elsewhere" does not exist`},

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
@@ -143,7 +144,24 @@ func mustFail(t *testing.T, r world.Result, what string) world.Result {
 	return r
 }
 
+// writeSnapshotFile writes a real etcd snapshot of about n bytes (at least
+// the ~25 KiB of an empty member's) to path and returns its bytes: upload
+// sends nothing else. Snapshots of the same size are the same bytes (one
+// etcd member filled per size and test binary).
+func writeSnapshotFile(t *testing.T, path string, n int) []byte {
+	t.Helper()
+	return etcdtest.SnapshotFile(t, path, n)
+}
+
+// writeRandomFile is writeSnapshotFile under its old name: upload refuses
+// random bytes now.
 func writeRandomFile(t *testing.T, path string, n int) []byte {
+	t.Helper()
+	return writeSnapshotFile(t, path, n)
+}
+
+// writeJunkFile writes n random bytes to path, which are no etcd snapshot.
+func writeJunkFile(t *testing.T, path string, n int) []byte {
 	t.Helper()
 	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {

@@ -82,7 +82,7 @@ func TestReliability(t *testing.T) {
 
 	t.Run("server-killed-mid-upload", func(t *testing.T) {
 		src := filepath.Join(t.TempDir(), "big.db")
-		data := writeRandomFile(t, src, 192<<20)
+		data := writeSnapshotFile(t, src, 192<<20)
 		before := dirSize(t, storage)
 		cmd := c.kubectl.Command(ctx, "etcdbackup", "upload", src, "--name", "survivor")
 		var stderr bytes.Buffer
@@ -118,7 +118,7 @@ func TestReliability(t *testing.T) {
 
 	t.Run("16-downloads-2-uploads", func(t *testing.T) {
 		src := filepath.Join(t.TempDir(), "fan.db")
-		data := writeRandomFile(t, src, 24<<20)
+		data := writeSnapshotFile(t, src, 24<<20)
 		mustSucceed(t, c.run(t, nil, "etcdbackup", "upload", src, "--name", "fan"), "upload")
 		dir := t.TempDir()
 		var wg sync.WaitGroup

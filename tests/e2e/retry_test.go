@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
@@ -32,15 +31,15 @@ func TestDownloadSurvivesServerReplacement(t *testing.T) {
 	dir := t.TempDir()
 
 	t.Run("file", func(t *testing.T) {
-		want := uploadRandom(t, c, filepath.Join(dir, "big"), "big", 1<<30)
+		want := uploadSnapshot(t, c, filepath.Join(dir, "big"), "big", 1<<30)
 		out := filepath.Join(dir, "big.out")
-		// Raw: the random bytes are not an etcd snapshot; a plain
-		// download resumes through the same client call.
+		// Raw: the bytes as stored; a plain download resumes through the
+		// same client call.
 		cmd := c.kubectl.Command(context.Background(), "etcdbackup", "download", "big", "-o", out, "--raw")
 		testSurvives(t, c, cmd, out+".part", out, want, 65*time.Second)
 	})
 	t.Run("stdout", func(t *testing.T) {
-		want := uploadRandom(t, c, filepath.Join(dir, "small"), "small", 256<<20)
+		want := uploadSnapshot(t, c, filepath.Join(dir, "small"), "small", 256<<20)
 		out := filepath.Join(dir, "small.out")
 		f, err := os.Create(out)
 		if err != nil {
@@ -55,28 +54,19 @@ func TestDownloadSurvivesServerReplacement(t *testing.T) {
 	})
 }
 
-// uploadRandom writes size random bytes to path, uploads them as name and
-// returns their SHA-256.
-func uploadRandom(t *testing.T, c *cluster, path, name string, size int64) string {
+// uploadSnapshot writes a real etcd snapshot of about size bytes to path
+// (upload sends nothing else), uploads it as name and returns its SHA-256.
+func uploadSnapshot(t *testing.T, c *cluster, path, name string, size int64) string {
 	t.Helper()
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := sha256.New()
-	if _, err := io.CopyN(io.MultiWriter(f, h), rand.Reader, size); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
+	data := writeSnapshotFile(t, path, int(size))
+	size = int64(len(data))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	began := time.Now()
 	mustSucceed(t, world.RunCommand(c.kubectl.Command(ctx, "etcdbackup", "upload", path, "--name", name)), "upload "+name)
 	t.Logf("uploaded %d MiB in %s", size>>20, time.Since(began).Round(time.Millisecond))
 	os.Remove(path)
-	return hex.EncodeToString(h.Sum(nil))
+	return sha(data)
 }
 
 // testSurvives starts cmd (a download), kills the server pod once growing

@@ -163,7 +163,7 @@ func TestTunnel(t *testing.T) {
 func testVerbsThroughAPIServer(t *testing.T, c *cluster, env []string, name string) {
 	dir := t.TempDir()
 	src := filepath.Join(dir, "snapshot.db")
-	data := writeRandomFile(t, src, 5<<20+3)
+	data := writeSnapshotFile(t, src, 5<<20+3)
 
 	r := mustSucceed(t, c.run(t, env, "etcdbackup", "version"), "version")
 	if !strings.Contains(r.Stdout, "Server Version:") {
@@ -272,7 +272,7 @@ func (w *pacedWriter) Write(p []byte) (int, error) {
 func testTunnelLoss(t *testing.T, c *cluster) {
 	const size = 256 << 20
 	srcPath := filepath.Join(t.TempDir(), "big")
-	data := writeRandomFile(t, srcPath, size)
+	data := writeSnapshotFile(t, srcPath, size)
 	mustSucceed(t, c.run(t, nil, "etcdbackup", "upload", srcPath, "--name", "big"), "upload")
 	want := sha(data)
 	data = nil
@@ -389,7 +389,7 @@ func testTwoNamespaces(t *testing.T, c *cluster) {
 	var wg sync.WaitGroup
 	for _, ns := range []string{world.DefaultNamespace, "team-b"} {
 		src := filepath.Join(dir, ns)
-		writeRandomFile(t, src, 1000)
+		writeSnapshotFile(t, src, 1000)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
