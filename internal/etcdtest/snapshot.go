@@ -32,7 +32,11 @@ func SnapshotFile(t testing.TB, path string, size int) []byte {
 		}
 		return data
 	}
-	const valueSize = 8 << 10
+	// Large values for large snapshots: a few thousand puts fill a GiB.
+	valueSize := 8 << 10
+	if size >= 16<<20 {
+		valueSize = 1 << 20
+	}
 	te := Start(t, false)
 	c := te.Client(t)
 	Fill(t, c, max(0, size-(24<<10))/(valueSize+256), valueSize)

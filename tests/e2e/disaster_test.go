@@ -302,4 +302,3 @@ func podReady(p *corev1.Pod) bool {
 	}
 	return false
 }
-

@@ -153,13 +153,6 @@ func writeSnapshotFile(t *testing.T, path string, n int) []byte {
 	return etcdtest.SnapshotFile(t, path, n)
 }
 
-// writeRandomFile is writeSnapshotFile under its old name: upload refuses
-// random bytes now.
-func writeRandomFile(t *testing.T, path string, n int) []byte {
-	t.Helper()
-	return writeSnapshotFile(t, path, n)
-}
-
 // writeJunkFile writes n random bytes to path, which are no etcd snapshot.
 func writeJunkFile(t *testing.T, path string, n int) []byte {
 	t.Helper()
