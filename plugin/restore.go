@@ -134,6 +134,10 @@ func (o *RestoreOptions) Complete(_ *cobra.Command, args []string) error {
 // Validate checks that the flags go together; it reads nothing, so the
 // data directory is checked in Run.
 func (o *RestoreOptions) Validate() error {
+	var storageConfig string
+	if o.GlobalOptions != nil {
+		storageConfig = o.StorageConfig
+	}
 	switch {
 	case o.BumpRevision < 0:
 		return fmt.Errorf("--bump-revision %d is negative: etcd's revision only grows; give 0 to keep the snapshot's revisions, or a positive amount (default %d)", o.BumpRevision, snapshot.DefaultRevisionBump)
@@ -143,9 +147,9 @@ func (o *RestoreOptions) Validate() error {
 		return errors.New("say where to restore: --local (with --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls) or --target")
 	case o.FromFile != "" && !o.Local:
 		return errors.New("--from-file goes with --local")
-	case o.StorageConfig != "" && !o.Local:
+	case storageConfig != "" && !o.Local:
 		return errors.New("--storage-config reads a backup on this machine: it goes with --local (an in-cluster restore asks the data server)")
-	case o.StorageConfig != "" && o.FromFile != "":
+	case storageConfig != "" && o.FromFile != "":
 		return errors.New("--storage-config and --from-file both say where the backup comes from: give one")
 	case o.Target != "" && (o.Member.DataDir != "" || o.Member.Name != "" || o.Member.InitialCluster != "" || len(o.Member.InitialAdvertisePeerURLs) > 0 || o.Member.InitialClusterToken != "" || o.WorkDir != ""):
 		return errors.New("with --target the members' layout comes from the server's configuration: drop --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls, --initial-cluster-token and --work-dir")

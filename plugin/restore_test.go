@@ -24,6 +24,8 @@ func TestRestoreFlagCombinations(t *testing.T) {
 		{RestoreOptions{Target: "t", WorkDir: "/w"}, "server's configuration"},
 		{RestoreOptions{Local: true, Wait: true}, "--wait goes with --target"},
 		{RestoreOptions{Target: "t", Wait: true, DryRun: true}, ""},
+		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Target: "t"}, "--storage-config reads a backup on this machine"},
+		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Local: true, FromFile: "f"}, "give one"},
 	} {
 		o := tc.o
 		err := o.Validate()
