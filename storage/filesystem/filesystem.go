@@ -12,6 +12,19 @@
 // win); the manifest follows the same way. Data without a manifest is what a
 // crash between the two steps leaves; it is removed when the location opens.
 //
+// newLocation lays the location out under dir, touching nothing.
+func newLocation(dir string) (*Location, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("storage directory %q: %w", dir, err)
+	}
+	return &Location{
+		root:       abs,
+		backupsDir: filepath.Join(abs, "backups"),
+		tmpDir:     filepath.Join(abs, ".tmp"),
+	}, nil
+}
+
 // NewReadOnly opens a location without touching it (break-glass access to
 // a directory a server owns): nothing is created, cleaned or written.
 package filesystem
@@ -59,14 +72,9 @@ var (
 // New opens (creating if needed) the location rooted at dir and removes
 // what interrupted uploads and deletes left behind.
 func New(dir string) (*Location, error) {
-	abs, err := filepath.Abs(dir)
+	l, err := newLocation(dir)
 	if err != nil {
-		return nil, fmt.Errorf("storage directory %q: %w", dir, err)
-	}
-	l := &Location{
-		root:       abs,
-		backupsDir: filepath.Join(abs, "backups"),
-		tmpDir:     filepath.Join(abs, ".tmp"),
+		return nil, err
 	}
 	if err := os.RemoveAll(l.tmpDir); err != nil {
 		return nil, fmt.Errorf("clean interrupted uploads in %q: %w", l.tmpDir, err)
@@ -90,16 +98,11 @@ func New(dir string) (*Location, error) {
 // exist: a directory without it is not a location, most likely a wrong
 // path, and reading it as an empty one would hide that.
 func NewReadOnly(dir string) (*Location, error) {
-	abs, err := filepath.Abs(dir)
+	l, err := newLocation(dir)
 	if err != nil {
-		return nil, fmt.Errorf("storage directory %q: %w", dir, err)
+		return nil, err
 	}
-	l := &Location{
-		root:       abs,
-		backupsDir: filepath.Join(abs, "backups"),
-		tmpDir:     filepath.Join(abs, ".tmp"),
-		readOnly:   true,
-	}
+	l.readOnly = true
 	if err := l.Check(context.Background()); err != nil {
 		return nil, err
 	}
