@@ -12,19 +12,6 @@
 // win); the manifest follows the same way. Data without a manifest is what a
 // crash between the two steps leaves; it is removed when the location opens.
 //
-// newLocation lays the location out under dir, touching nothing.
-func newLocation(dir string) (*Location, error) {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, fmt.Errorf("storage directory %q: %w", dir, err)
-	}
-	return &Location{
-		root:       abs,
-		backupsDir: filepath.Join(abs, "backups"),
-		tmpDir:     filepath.Join(abs, ".tmp"),
-	}, nil
-}
-
 // NewReadOnly opens a location without touching it (break-glass access to
 // a directory a server owns): nothing is created, cleaned or written.
 package filesystem
@@ -88,6 +75,19 @@ func New(dir string) (*Location, error) {
 		return nil, err
 	}
 	return l, nil
+}
+
+// newLocation lays the location out under dir, touching nothing.
+func newLocation(dir string) (*Location, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("storage directory %q: %w", dir, err)
+	}
+	return &Location{
+		root:       abs,
+		backupsDir: filepath.Join(abs, "backups"),
+		tmpDir:     filepath.Join(abs, ".tmp"),
+	}, nil
 }
 
 // NewReadOnly opens the location rooted at dir without writing anything
