@@ -115,11 +115,18 @@ func TestControlPlaneDisasterRecovery(t *testing.T) {
 			w.Stop()
 		}
 
-		// The data server serves again, through the new API server.
-		r := mustSucceed(t, c.run(t, nil, "etcdbackup", "list", "--location", "s3", "-o", "name"), "list after the restore")
-		if !strings.Contains(r.Stdout, "backup/dr-backup") {
-			t.Errorf("list after the restore: %s", r)
+		// The data server serves again, through the new API server, once
+		// the node's routes to it have caught up with the new control plane.
+		var r world.Result
+		serving := time.Now()
+		err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
+			r = c.run(t, nil, "etcdbackup", "list", "--location", "s3", "-o", "name")
+			return r.ExitCode == 0, nil
+		})
+		if err != nil || !strings.Contains(r.Stdout, "backup/dr-backup") {
+			t.Fatalf("list after the restore: %v: %s", err, r)
 		}
+		t.Logf("the data server lists the backups %s after the control plane came back", time.Since(serving).Round(time.Millisecond))
 		// The controllers' informers recovered: a pod deleted now is
 		// replaced.
 		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})

@@ -270,11 +270,10 @@ func (w *pacedWriter) Write(p []byte) (int, error) {
 }
 
 func testTunnelLoss(t *testing.T, c *cluster) {
-	const size = 256 << 20
 	srcPath := filepath.Join(t.TempDir(), "big")
-	data := writeSnapshotFile(t, srcPath, size)
+	data := writeSnapshotFile(t, srcPath, 256<<20)
 	mustSucceed(t, c.run(t, nil, "etcdbackup", "upload", srcPath, "--name", "big"), "upload")
-	want := sha(data)
+	want, size := sha(data), int64(len(data))
 	data = nil
 	pod := installedServerPod(context.Background(), t, c.sb, world.DefaultNamespace)
 
