@@ -72,7 +72,7 @@ func (o *DescribeOptions) Run(ctx context.Context) error {
 	now := time.Now()
 	w := printers.GetNewTabWriter(o.Out)
 	describeBackup(w, b, now)
-	if b.GetSource().GetKind() != "upload" { // an upload has no agent Job
+	if b.GetSource().GetKind() != ebv1.SourceUpload { // an upload has no agent Job
 		describeEvents(ctx, w, conn, b, now)
 	}
 	return w.Flush()
@@ -141,7 +141,7 @@ func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
 	if s.GetDescription() != "" {
 		sub("Description", s.GetDescription())
 	}
-	if s.GetKind() != "upload" {
+	if s.GetKind() != ebv1.SourceUpload {
 		// Logs reach the agent through the server, without the user's
 		// pods/log permission.
 		sub("Agent Logs", "kubectl etcdbackup logs "+b.GetName()+" --location "+b.GetLocation())

@@ -72,7 +72,7 @@ func TestScriptingDoc(t *testing.T) {
 	upload := func(name, location string, data []byte, labels map[string]string, target string) {
 		h := &ebv1.UploadHeader{Name: name, Location: location, Labels: labels}
 		if target != "" {
-			h.Source = &ebv1.BackupSource{Kind: "agent", Target: target}
+			h.Source = &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: target}
 			h.Etcd = &ebv1.EtcdInfo{ClusterId: 0xcdf818194e3a8c32, MemberId: 0x8e9e05c52164694d, MemberName: "cp-1", Revision: 48213, Version: "3.7.3"}
 		}
 		if _, err := w.srv.Client.Upload(ctx, bytes.NewReader(data), h, nil); err != nil {
@@ -232,7 +232,7 @@ func (w *docWorld) playAgents(t *testing.T) {
 						w.finish(t, j, false, "snapshot from https://etcd:2379: connection refused")
 						continue
 					}
-					h := &ebv1.UploadHeader{Name: name, Location: j.Annotations[jobs.AnnotationLocation], Source: &ebv1.BackupSource{Kind: "agent", Target: "control-plane"}}
+					h := &ebv1.UploadHeader{Name: name, Location: j.Annotations[jobs.AnnotationLocation], Source: &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: "control-plane"}}
 					if _, err := w.srv.Client.Upload(ctx, bytes.NewReader(etcdtest.TrailedBytes(t, 544)), h, nil); err != nil && ctx.Err() == nil {
 						t.Errorf("agent of %s: %v", name, err)
 					}

@@ -193,7 +193,7 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 		defer close(agent)
 		for _, job := range w.jobsOf(t, serverNS, "backup-agent", "up", 1) {
 			time.Sleep(1500 * time.Millisecond)
-			if _, err := w.srv.Client.Upload(context.Background(), bytes.NewReader(etcdtest.TrailedBytes(t, 544)), &ebv1.UploadHeader{Name: "up", Source: &ebv1.BackupSource{Kind: "agent", Target: "cp"}}, nil); err != nil {
+			if _, err := w.srv.Client.Upload(context.Background(), bytes.NewReader(etcdtest.TrailedBytes(t, 544)), &ebv1.UploadHeader{Name: "up", Source: &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: "cp"}}, nil); err != nil {
 				t.Error(err)
 			}
 			w.finish(t, job, true, "")

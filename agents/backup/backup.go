@@ -108,7 +108,7 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 			AgeRecipients: opts.AgeRecipients,
 			Etcd:          info,
 			Source: &ebv1.BackupSource{
-				Kind:      "agent",
+				Kind:      ebv1.SourceAgent,
 				Target:    opts.Target,
 				StartTime: timestamppb.New(start),
 			},

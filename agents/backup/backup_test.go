@@ -151,7 +151,7 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 			if b.GetRawSize() != int64(len(got)) || b.GetRawSha256() != sha(got) || b.GetCompression() != tc.compression {
 				t.Errorf("raw size/sha/compression = %d %s %q; want %d %s %q", b.GetRawSize(), b.GetRawSha256(), b.GetCompression(), len(got), sha(got), tc.compression)
 			}
-			if b.GetSource().GetKind() != "agent" || b.GetSource().GetTarget() != "test-etcd" || b.GetSource().GetStartTime() == nil ||
+			if b.GetSource().GetKind() != ebv1.SourceAgent || b.GetSource().GetTarget() != "test-etcd" || b.GetSource().GetStartTime() == nil ||
 				b.GetSource().GetDescription() != "job etcdbackup-system/backup-b1-0123456789" {
 				t.Errorf("source %+v", b.GetSource())
 			}
