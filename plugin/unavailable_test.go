@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
@@ -134,15 +137,11 @@ func TestUnavailableLocationCostsOnlyItself(t *testing.T) {
 	}
 	stopped = false
 	began := time.Now()
-	for {
+	if err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		r = run(t, addr, "list", "-o", "name")
-		if r.err == nil {
-			break
-		}
-		if time.Since(began) > time.Minute {
-			t.Fatalf("list a minute after SIGCONT: %v\nstderr %q", r.err, r.errOut)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return r.err == nil, nil
+	}); err != nil {
+		t.Fatalf("list a minute after SIGCONT: %v\nstderr %q", r.err, r.errOut)
 	}
 	t.Logf("S3 listed again %s after SIGCONT", time.Since(began).Round(time.Millisecond))
 	if want := "backup/test-s3\nbackup/both\nbackup/both\nbackup/in-s3\nbackup/in-fs\n"; r.out != want || r.errOut != "" {

@@ -19,6 +19,7 @@ import (
 	"go.etcd.io/etcd/client/v3/snapshot"
 	etcdutl "go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
@@ -190,9 +191,13 @@ func TestEtcdDiesMidSnapshot(t *testing.T) {
 			if names := srv.names(t); len(names) != 0 {
 				t.Fatalf("listed after a failed backup: %v", names)
 			}
-			time.Sleep(100 * time.Millisecond) // the server notices the cancel asynchronously
-			entries, _ := os.ReadDir(filepath.Join(srv.dir, ".tmp"))
-			if len(entries) != 0 {
+			// The server notices the cancel asynchronously: it aborts the
+			// upload a moment after the agent returned.
+			var entries []os.DirEntry
+			if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+				entries, _ = os.ReadDir(filepath.Join(srv.dir, ".tmp"))
+				return len(entries) == 0, nil
+			}); err != nil {
 				t.Fatalf("half-written upload left in .tmp: %v", entries)
 			}
 		})
