@@ -142,8 +142,31 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 		t.Errorf("stdout lacks the Failed row:\n%s", r.out)
 	}
 
-	// describe shows the failure, the agent Job and its events, oldest
-	// first (recorded here as the Job controller and kubelet would).
+	describeShowsFailure(t, w)
+
+	// A backup that completes: the agent's upload makes it Completed.
+	cmd = start(w.addr, "backup", "--target", "cp", "--name", "up", "--wait", "-o", "jsonpath={.status.phase}")
+	for _, job := range w.jobsOf(t, serverNS, "backup-agent", "up", 1) {
+		cmd.waitErrOut(t, `backup "up": Running`)
+		if _, err := w.srv.Client.Upload(context.Background(), bytes.NewReader(etcdtest.TrailedBytes(t, 544)), &ebv1.UploadHeader{Name: "up", Source: &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: "cp"}}, nil); err != nil {
+			t.Error(err)
+		}
+		w.finish(t, job, true, "")
+	}
+	r = cmd.result()
+	if r.err != nil || r.out != "Completed" {
+		t.Fatalf("backup --wait: %v, stdout %q\n%s", r.err, r.out, r.errOut)
+	}
+	if !regexp.MustCompile(`backup "up": Running ` + elapsed + `\nbackup "up": Completed ` + elapsed + `\n`).MatchString(r.errOut) {
+		t.Errorf("phase changes on stderr:\n%s", r.errOut)
+	}
+}
+
+// describeShowsFailure: describe of the failed backup "down" shows the
+// failure, the agent Job and its events, oldest first (recorded here as
+// the Job controller and kubelet would), and the next command to run.
+func describeShowsFailure(t *testing.T, w *agentWorld) {
+	t.Helper()
 	j := w.jobsOf(t, serverNS, "backup-agent", "down", 1)[0]
 	base := time.Now().Add(-2 * time.Minute)
 	for i, e := range []struct{ kind, name, typ, reason, msg string }{
@@ -162,7 +185,7 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r = mustRun(t, w.addr, "describe", "down")
+	r := mustRun(t, w.addr, "describe", "down")
 	for _, re := range []string{
 		`(?m)^Phase:\s+Failed$`,
 		`(?m)^Message:\s+.*connection refused$`,
@@ -180,23 +203,6 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 	}
 	if strings.Contains(r.out, "not ours") {
 		t.Errorf("describe shows another Job's events:\n%s", r.out)
-	}
-
-	// A backup that completes: the agent's upload makes it Completed.
-	cmd = start(w.addr, "backup", "--target", "cp", "--name", "up", "--wait", "-o", "jsonpath={.status.phase}")
-	for _, job := range w.jobsOf(t, serverNS, "backup-agent", "up", 1) {
-		cmd.waitErrOut(t, `backup "up": Running`)
-		if _, err := w.srv.Client.Upload(context.Background(), bytes.NewReader(etcdtest.TrailedBytes(t, 544)), &ebv1.UploadHeader{Name: "up", Source: &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: "cp"}}, nil); err != nil {
-			t.Error(err)
-		}
-		w.finish(t, job, true, "")
-	}
-	r = cmd.result()
-	if r.err != nil || r.out != "Completed" {
-		t.Fatalf("backup --wait: %v, stdout %q\n%s", r.err, r.out, r.errOut)
-	}
-	if !regexp.MustCompile(`backup "up": Running ` + elapsed + `\nbackup "up": Completed ` + elapsed + `\n`).MatchString(r.errOut) {
-		t.Errorf("phase changes on stderr:\n%s", r.errOut)
 	}
 }
 
