@@ -398,18 +398,20 @@ func (c *Client) openDownload(ctx context.Context, req DownloadRequest, offset, 
 	}
 	h := first.header()
 	first.free()
+	// An answer that breaks the protocol is the server's own fault, marked
+	// so: asking again does not mend it, as it mends a torn stream.
 	if h == nil || h.GetBackup() == nil {
-		return nil, 0, nil, status.Error(codes.Internal, "download: the server did not start with a header")
+		return nil, 0, nil, ebv1.ServerError(codes.Internal, "download: the server did not start with a header")
 	}
 	b := h.GetBackup()
 	if h.GetOffset() != offset {
-		return b, 0, nil, status.Errorf(codes.Internal, "download: asked for offset %d, the server starts at %d", offset, h.GetOffset())
+		return b, 0, nil, ebv1.ServerErrorf(codes.Internal, "download: asked for offset %d, the server starts at %d", offset, h.GetOffset())
 	}
 	if need >= 0 && offset+need > b.GetSize() {
 		return b, 0, nil, fmt.Errorf("download %q: the backup is %d bytes, not the %d or more this download started with; download it again", req.Name, b.GetSize(), offset+need)
 	}
 	if carries := h.GetLength(); carries < 0 || offset+carries > b.GetSize() || (ask > 0 && carries > ask) {
-		return b, 0, nil, status.Errorf(codes.Internal, "download: asked for %d bytes at %d of %d, the server says it sends %d", ask, offset, b.GetSize(), carries)
+		return b, 0, nil, ebv1.ServerErrorf(codes.Internal, "download: asked for %d bytes at %d of %d, the server says it sends %d", ask, offset, b.GetSize(), carries)
 	}
 	return b, h.GetLength(), stream, nil
 }

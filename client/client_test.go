@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"io"
@@ -30,21 +31,34 @@ func startServer(t *testing.T) string {
 // cuttingProxy forwards TCP connections to a backend and cuts every
 // connection once cutAfter bytes went from the backend to the client, for
 // the first cuts connections: the real failure a dropped tunnel causes.
+// A resetting one cuts at the next HTTP/2 DATA frame instead, sending the
+// client a RST_STREAM (INTERNAL_ERROR) for that frame's stream first, as
+// an HTTP/2 intermediary that lost its upstream does: gRPC's transport
+// then fails the call with Internal, not Unavailable.
 type cuttingProxy struct {
 	lis      net.Listener
 	backend  string
 	cutAfter int64
+	reset    bool
 	cuts     atomic.Int32 // cuts left
 	cutDone  atomic.Int32 // cuts made
 	wg       sync.WaitGroup
 }
 
 func newCuttingProxy(t *testing.T, backend string, cutAfter int64, cuts int32) *cuttingProxy {
+	return startCuttingProxy(t, &cuttingProxy{backend: backend, cutAfter: cutAfter}, cuts)
+}
+
+func newResettingProxy(t *testing.T, backend string, cutAfter int64, cuts int32) *cuttingProxy {
+	return startCuttingProxy(t, &cuttingProxy{backend: backend, cutAfter: cutAfter, reset: true}, cuts)
+}
+
+func startCuttingProxy(t *testing.T, p *cuttingProxy, cuts int32) *cuttingProxy {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &cuttingProxy{lis: lis, backend: backend, cutAfter: cutAfter}
+	p.lis = lis
 	p.cuts.Store(cuts)
 	p.wg.Add(1)
 	go p.serve()
@@ -69,15 +83,57 @@ func (p *cuttingProxy) serve() {
 		go func() { defer p.wg.Done(); io.Copy(b, c); b.Close() }()
 		go func() {
 			defer p.wg.Done()
-			if cut {
+			switch {
+			case cut && p.reset:
+				if resetStreamAfter(c, b, p.cutAfter) {
+					p.cutDone.Add(1)
+				}
+			case cut:
 				io.CopyN(c, b, p.cutAfter)
 				p.cutDone.Add(1)
-			} else {
+			default:
 				io.Copy(c, b)
 			}
 			c.Close()
 			b.Close()
 		}()
+	}
+}
+
+// HTTP/2 frame types and the error code resetStreamAfter sends (RFC 9113).
+const (
+	frameData       = 0x0
+	frameRSTStream  = 0x3
+	errCodeInternal = 0x2
+)
+
+// resetStreamAfter copies HTTP/2 frames from server to client (the
+// server sends no preface of its own: frames from the first byte) until n
+// bytes went by, then, in place of the next DATA frame, sends the client
+// a RST_STREAM (INTERNAL_ERROR) for that frame's stream. It reports
+// whether it did before the server's side ended.
+func resetStreamAfter(client io.Writer, server io.Reader, n int64) bool {
+	var hdr [9]byte // length (24 bits), type, flags, stream
+	var sent int64
+	for {
+		if _, err := io.ReadFull(server, hdr[:]); err != nil {
+			return false
+		}
+		payload := make([]byte, int(hdr[0])<<16|int(hdr[1])<<8|int(hdr[2]))
+		if _, err := io.ReadFull(server, payload); err != nil {
+			return false
+		}
+		stream := binary.BigEndian.Uint32(hdr[5:]) & 0x7fffffff
+		if hdr[3] == frameData && stream != 0 && sent >= n {
+			rst := []byte{0, 0, 4, frameRSTStream, 0, 0, 0, 0, 0, 0, 0, 0, errCodeInternal}
+			binary.BigEndian.PutUint32(rst[5:9], stream)
+			_, err := client.Write(rst)
+			return err == nil
+		}
+		if _, err := client.Write(append(hdr[:], payload...)); err != nil {
+			return false
+		}
+		sent += int64(len(hdr) + len(payload))
 	}
 }
 

@@ -110,6 +110,8 @@ func delayCopy(dst, src net.Conn, delay time.Duration) {
 		}
 	}()
 	for p := range ch {
+		// The delay is what is simulated (a benchmark's round trip), not
+		// a wait for something to happen.
 		time.Sleep(time.Until(p.at))
 		if _, err := dst.Write(p.data); err != nil {
 			break

@@ -67,16 +67,20 @@ type rangesFile struct {
 // parallelDownload is the state shared by the ranges and the hasher.
 type parallelDownload struct {
 	f      *os.File
-	ranges []byteRange
+	backup *ebv1.Backup
 	size   int64
+	// side is the .part.ranges file that records the ranges.
+	side string
 
 	mu       sync.Mutex
 	cond     *sync.Cond // signalled when a range advances or fails
+	ranges   []byteRange
+	next     int // the first range no stream has taken
 	failed   bool
 	progress func(int64)
 }
 
-// downloadParallel writes the backup into f (the .part file, size bytes
+// downloadParallel writes the backup into f (the .part file, have bytes
 // of it already there) over d.Parallel streams, each fetching one range
 // and writing it in place, and hashes the file in order as the ranges
 // fill it. An interrupted download records its ranges in part+.ranges,
@@ -84,34 +88,17 @@ type parallelDownload struct {
 func (c *Client) downloadParallel(ctx context.Context, f *os.File, part string, have int64, d FileDownload) (*ebv1.Backup, error) {
 	req := d.DownloadRequest
 	side := part + RangesSuffix
-	var saved *rangesFile
-	if buf, err := os.ReadFile(side); err == nil {
-		saved = new(rangesFile)
-		if err := json.Unmarshal(buf, saved); err != nil || !validRanges(saved) {
-			return nil, fmt.Errorf("%s is not a record of ranges (%v); remove it and %s to download again", side, err, part)
-		}
-	} else if !errors.Is(err, os.ErrNotExist) {
+	saved, err := readRangesFile(side, part)
+	if err != nil {
 		return nil, err
 	}
-
-	// The first stream starts where the first range to fetch has got to
-	// and brings the backup's size and SHA-256; that range continues it.
-	// It asks for a piece (or what the saved range lacks): a server that
-	// sends only that takes lengths, and the rest is split into pieces.
 	piece := d.PieceBytes
 	if piece <= 0 {
 		piece = PieceBytes
 	}
-	first, ask := have, piece
-	if saved != nil {
-		first = saved.Size
-		for _, r := range saved.Ranges {
-			if r.Reached < r.End {
-				first, ask = r.Reached, r.End-r.Reached
-				break
-			}
-		}
-	}
+	// The first stream starts where the first range to fetch has got to
+	// and brings the backup's size and SHA-256; that range continues it.
+	first, ask := saved.firstToFetch(have, piece)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	b, carries, stream, err := c.openDownload(ctx, req, first, -1, ask)
@@ -127,83 +114,28 @@ func (c *Client) downloadParallel(ctx context.Context, f *os.File, part string, 
 			return b, err
 		}
 	}
-	p := &parallelDownload{f: f, size: b.GetSize(), progress: req.Progress}
+	p := &parallelDownload{f: f, backup: b, size: b.GetSize(), side: side, progress: req.Progress}
 	p.cond = sync.NewCond(&p.mu)
-	if saved != nil {
+	switch {
+	case saved != nil:
 		p.ranges = saved.Ranges
 		if d.OnResume != nil {
 			d.OnResume(part, p.present())
 		}
-	} else if carries > 0 {
+	case carries > 0:
 		p.ranges = splitPieces(have, b.GetSize(), piece)
-	} else {
+	default:
 		// A server older than lengths sends every stream to the end: one
 		// range per stream, each cancelled at its end.
 		p.ranges = splitRanges(have, b.GetSize(), d.Parallel)
 	}
-	record := func() error {
-		p.mu.Lock()
-		buf, err := json.Marshal(rangesFile{Size: b.GetSize(), SHA256: b.GetSha256(), Ranges: p.ranges})
-		p.mu.Unlock()
-		if err != nil {
-			return err
-		}
-		return os.WriteFile(side, buf, 0o600)
+	if err := p.record(); err != nil {
+		return b, err
 	}
-	if err := record(); err != nil {
-		return b, fmt.Errorf("record ranges in %s: %w", side, err)
-	}
-
-	// d.Parallel streams take the ranges still to fetch in file order,
-	// each over a connection of its own; the first takes the range the
-	// first stream was opened for. The first range to fail says why; the
-	// others then stop as cancelled, which says nothing.
-	var firstErr error
-	var errOnce sync.Once
-	var wg sync.WaitGroup
-	next := 0
-	take := func() (int, bool) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for next < len(p.ranges) && p.ranges[next].Reached == p.ranges[next].End {
-			next++
-		}
-		if next == len(p.ranges) {
-			return 0, false
-		}
-		next++
-		return next - 1, true
-	}
-	for w := range max(1, d.Parallel) {
-		i, ok := take()
-		if !ok {
-			break
-		}
-		var opened grpc.ClientStream
-		if w == 0 && p.ranges[i].Reached == first {
-			opened, stream = stream, nil
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := c.fetchRanges(ctx, p, i, take, req, b, d.Connect, opened); err != nil {
-				errOnce.Do(func() { firstErr = err })
-				p.fail()
-				cancel()
-			}
-		}()
-	}
-	sum, herr := p.hash(ctx, d.sum())
-	if herr != nil {
-		cancel()
-	}
-	wg.Wait()
-	if err = firstErr; err == nil {
-		err = herr
-	}
+	sum, err := c.fetchAll(ctx, cancel, p, first, stream, d)
 	if err != nil {
-		if rerr := record(); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("record ranges in %s: %w", side, rerr))
+		if rerr := p.record(); rerr != nil {
+			err = errors.Join(err, rerr)
 		}
 		return b, err
 	}
@@ -215,6 +147,105 @@ func (c *Client) downloadParallel(ctx context.Context, f *os.File, part string, 
 		return b, err
 	}
 	return b, nil
+}
+
+// readRangesFile reads the record side of an interrupted parallel
+// download of part; nil if there is none.
+func readRangesFile(side, part string) (*rangesFile, error) {
+	buf, err := os.ReadFile(side)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	saved := new(rangesFile)
+	if err := json.Unmarshal(buf, saved); err != nil || !validRanges(saved) {
+		return nil, fmt.Errorf("%s is not a record of ranges (%v); remove it and %s to download again", side, err, part)
+	}
+	return saved, nil
+}
+
+// firstToFetch is where the first stream of a download starts and how
+// much it asks for: a piece after the have bytes present without a
+// record (r nil), else what the first unfinished range of the record
+// lacks. A server that sends only that takes lengths, and the rest is
+// split into pieces.
+func (r *rangesFile) firstToFetch(have, piece int64) (first, ask int64) {
+	if r == nil {
+		return have, piece
+	}
+	for _, br := range r.Ranges {
+		if br.Reached < br.End {
+			return br.Reached, br.End - br.Reached
+		}
+	}
+	return r.Size, piece
+}
+
+// record writes how far each range got to p.side.
+func (p *parallelDownload) record() error {
+	p.mu.Lock()
+	buf, err := json.Marshal(rangesFile{Size: p.backup.GetSize(), SHA256: p.backup.GetSha256(), Ranges: p.ranges})
+	p.mu.Unlock()
+	if err == nil {
+		err = os.WriteFile(p.side, buf, 0o600)
+	}
+	if err != nil {
+		return fmt.Errorf("record ranges in %s: %w", p.side, err)
+	}
+	return nil
+}
+
+// take hands out the next range still to fetch, in file order.
+func (p *parallelDownload) take() (int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.next < len(p.ranges) && p.ranges[p.next].Reached == p.ranges[p.next].End {
+		p.next++
+	}
+	if p.next == len(p.ranges) {
+		return 0, false
+	}
+	p.next++
+	return p.next - 1, true
+}
+
+// fetchAll runs d.Parallel streams that take the ranges still to fetch in
+// file order, each over a connection of its own; the first takes the
+// range stream was opened for (at first). Meanwhile it hashes the file in
+// order and returns the digest. The first range to fail says why and
+// cancels the others, which then stop saying nothing.
+func (c *Client) fetchAll(ctx context.Context, cancel context.CancelFunc, p *parallelDownload, first int64, stream grpc.ClientStream, d FileDownload) ([]byte, error) {
+	var firstErr error
+	var errOnce sync.Once
+	var wg sync.WaitGroup
+	for w := range max(1, d.Parallel) {
+		i, ok := p.take()
+		if !ok {
+			break
+		}
+		var opened grpc.ClientStream
+		if w == 0 && p.ranges[i].Reached == first {
+			opened, stream = stream, nil
+		}
+		wg.Go(func() {
+			if err := c.fetchRanges(ctx, p, i, d.DownloadRequest, d.Connect, opened); err != nil {
+				errOnce.Do(func() { firstErr = err })
+				p.fail()
+				cancel()
+			}
+		})
+	}
+	sum, herr := p.hash(ctx, d.sum())
+	if herr != nil {
+		cancel()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	return sum, herr
 }
 
 // validRanges says whether r's ranges are ordered, adjacent and cover
@@ -321,10 +352,10 @@ func (p *parallelDownload) hash(ctx context.Context, sum hash.Hash) ([]byte, err
 }
 
 // fetchRanges is one stream of a parallel download: it fetches range i,
-// then each range take hands it, until none is left, over a connection
+// then each range p.take hands it, until none is left, over a connection
 // of its own when connect is set. The stream handed the first stream
 // (opened, on c) continues it on c's connection.
-func (c *Client) fetchRanges(ctx context.Context, p *parallelDownload, i int, take func() (int, bool), req DownloadRequest, b *ebv1.Backup, connect Connector, opened grpc.ClientStream) error {
+func (c *Client) fetchRanges(ctx context.Context, p *parallelDownload, i int, req DownloadRequest, connect Connector, opened grpc.ClientStream) error {
 	rc := c
 	if connect != nil && opened == nil {
 		other, closeConn, err := connect(ctx)
@@ -335,8 +366,8 @@ func (c *Client) fetchRanges(ctx context.Context, p *parallelDownload, i int, ta
 		rc = other
 		rc.Retry = c.Retry
 	}
-	for ok := true; ok; i, ok = take() {
-		if err := c.fetchRange(ctx, rc, p, i, req, b, opened); err != nil {
+	for ok := true; ok; i, ok = p.take() {
+		if err := c.fetchRange(ctx, rc, p, i, req, p.backup, opened); err != nil {
 			return err
 		}
 		opened = nil

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"time"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
@@ -161,12 +160,11 @@ func Transient(ctx context.Context, err error) bool {
 	case codes.Aborted, codes.DeadlineExceeded:
 		return true
 	case codes.Internal:
-		// A connection torn mid-frame surfaces as Internal from the
-		// transport ("stream terminated by RST_STREAM", "unexpected EOF");
-		// a handler's own Internal (a bug, a recovered panic) does not
-		// get better by asking again.
-		msg := s.Message()
-		return strings.Contains(msg, "RST_STREAM") || strings.Contains(msg, "EOF") || strings.Contains(msg, "transport")
+		// A stream torn mid-message surfaces as Internal from gRPC's
+		// transport ("stream terminated by RST_STREAM", "unexpected
+		// EOF"); the server marks its own Internal (a bug, a recovered
+		// panic), which does not get better by asking again.
+		return !ebv1.IsServerError(s)
 	}
 	return false
 }

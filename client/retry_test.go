@@ -37,8 +37,9 @@ type restartable struct {
 	dir  string
 
 	mu     sync.Mutex
-	stop   func() // nil while stopped
-	closed bool   // the test ended: no more restarts
+	stop   func()       // nil while stopped
+	down   net.Listener // while StartAgainAfterDials waits
+	closed bool         // the test ended: no more restarts
 	wg     sync.WaitGroup
 }
 
@@ -54,6 +55,9 @@ func startRestartable(t *testing.T) *restartable {
 	t.Cleanup(func() {
 		s.mu.Lock()
 		s.closed = true
+		if s.down != nil {
+			s.down.Close()
+		}
 		s.mu.Unlock()
 		s.Stop()
 		s.wg.Wait()
@@ -96,21 +100,35 @@ func (s *restartable) Stop() {
 	}
 }
 
-// StartAgainAfter serves again on the same address after d, in the
-// background.
-func (s *restartable) StartAgainAfter(d time.Duration) {
+// StartAgainAfterDials serves again on the same address, in the
+// background, once the client has dialled it n times while it was down:
+// each of those connections is closed at once, as by a pod that is not
+// serving yet, so the client meets an outage of several failed attempts
+// however fast or slow the machine is.
+func (s *restartable) StartAgainAfterDials(n int) {
+	lis, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		s.t.Errorf("listen again on %s: %v", s.addr, err)
+		return
+	}
+	s.mu.Lock()
+	s.down = lis
+	s.mu.Unlock()
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		time.Sleep(d)
+		for range n {
+			c, err := lis.Accept()
+			if err != nil {
+				return // the test ended
+			}
+			c.Close()
+		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		s.down = nil
 		if s.closed {
-			return
-		}
-		lis, err := net.Listen("tcp", s.addr)
-		if err != nil {
-			s.t.Errorf("listen again on %s: %v", s.addr, err)
+			lis.Close()
 			return
 		}
 		s.serve(lis)
@@ -162,8 +180,8 @@ func uploadRandom(t *testing.T, c *client.Client, name string, size int) []byte 
 	return data
 }
 
-// The server goes away mid-download and comes back on the same address a
-// moment later: the same Download call completes with every byte once,
+// The server goes away mid-download and comes back on the same address
+// after refusing two attempts: the same Download call completes with every byte once,
 // after telling once that it retries.
 func TestDownloadSurvivesServerRestart(t *testing.T) {
 	s := startRestartable(t)
@@ -174,7 +192,7 @@ func TestDownloadSurvivesServerRestart(t *testing.T) {
 	var out bytes.Buffer
 	w := &triggerWriter{w: &out, at: 4 << 20, at1: func() {
 		s.Stop()
-		s.StartAgainAfter(2 * time.Second)
+		s.StartAgainAfterDials(2)
 	}}
 	b, err := c.Download(context.Background(), w, client.DownloadRequest{Name: "big"})
 	if err != nil {
@@ -250,7 +268,7 @@ func (r *stoppingReader) Read(p []byte) (int, error) {
 }
 
 // The server goes away mid-upload: the upload starts again from the
-// beginning on the server that comes back, and the stored backup is the
+// beginning on the server that comes back after refusing two attempts, and the stored backup is the
 // file.
 func TestUploadRetriesFromTheStart(t *testing.T) {
 	s := startRestartable(t)
@@ -259,7 +277,7 @@ func TestUploadRetriesFromTheStart(t *testing.T) {
 	data := etcdtest.TrailedBytes(t, etcdtest.TrailedSize(24<<20))
 	r := &stoppingReader{Reader: bytes.NewReader(data), at: 4 << 20, stop: func() {
 		s.Stop()
-		s.StartAgainAfter(2 * time.Second)
+		s.StartAgainAfterDials(2)
 	}}
 	b, err := c.Upload(context.Background(), r, &ebv1.UploadHeader{Name: "up"}, nil)
 	if err != nil {
@@ -307,7 +325,7 @@ func TestUploadOfAStreamIsNotRetried(t *testing.T) {
 	data := make([]byte, 24<<20)
 	r := &stoppingReader{Reader: bytes.NewReader(data), at: 4 << 20, stop: func() {
 		s.Stop()
-		s.StartAgainAfter(time.Second)
+		s.StartAgainAfterDials(2)
 	}}
 	_, err := c.Upload(context.Background(), struct{ io.Reader }{r}, &ebv1.UploadHeader{Name: "up"}, nil)
 	if err == nil || notices.Load() != 0 {

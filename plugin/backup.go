@@ -1,12 +1,9 @@
 package plugin
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -105,10 +102,6 @@ func (o *BackupOptions) Run(ctx context.Context) error {
 	return nil
 }
 
-// pollTimeout bounds one poll of --wait: a poll that hangs on a dead
-// connection fails and is retried like a broken one.
-const pollTimeout = 30 * time.Second
-
 // wait polls the backup every PollInterval until it leaves Running or
 // WaitTimeout passes, printing each phase it sees with the time since the
 // wait began on stderr, so a long backup is not silent. A poll that fails
@@ -124,29 +117,18 @@ func (o *BackupOptions) wait(ctx context.Context, conn *Connection, b *ebv1.Back
 	if phase != ebv1.BackupPhase_BACKUP_PHASE_RUNNING {
 		return b, nil
 	}
-	retry := conn.NewRetrier(func() string { return "wait for backup " + quote(name) })
-	err := wait.PollUntilContextTimeout(ctx, o.PollInterval, o.WaitTimeout, false, func(ctx context.Context) (bool, error) {
-		pctx, cancel := context.WithTimeout(ctx, pollTimeout)
-		resp, err := conn.Backups.GetBackup(pctx, &ebv1.GetBackupRequest{Name: name, Location: location})
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				// The deadline, not the server: report it as the timeout.
-				return false, ctx.Err()
+	err := pollServer(ctx, conn, "wait for backup "+quote(name), o.PollInterval, o.WaitTimeout, false,
+		func(ctx context.Context) (*ebv1.GetBackupResponse, error) {
+			return conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name, Location: location})
+		},
+		func(resp *ebv1.GetBackupResponse) (bool, error) {
+			b = resp.GetBackup()
+			if b.GetPhase() != phase {
+				phase = b.GetPhase()
+				report()
 			}
-			if err := retry.Check(ctx, err); err != nil {
-				return false, conn.explain("wait for backup "+quote(name), err)
-			}
-			return false, nil // a transient failure: ask again at the next poll
-		}
-		retry.Progress()
-		b = resp.GetBackup()
-		if b.GetPhase() != phase {
-			phase = b.GetPhase()
-			report()
-		}
-		return phase != ebv1.BackupPhase_BACKUP_PHASE_RUNNING, nil
-	})
+			return phase != ebv1.BackupPhase_BACKUP_PHASE_RUNNING, nil
+		})
 	if wait.Interrupted(err) {
 		return nil, fmt.Errorf("backup %q still running after %s; follow it with `kubectl etcdbackup logs %s -f`", name, o.WaitTimeout, name)
 	}
@@ -154,35 +136,4 @@ func (o *BackupOptions) wait(ctx context.Context, conn *Connection, b *ebv1.Back
 		return nil, err
 	}
 	return b, nil
-}
-
-// logTail is how many of the agent's last log lines a failure shows.
-const logTail = 10
-
-// printLastLogLines writes the last lines of the agent's log of a failed
-// backup, best effort: the failure itself is the error to report.
-func printLastLogLines(ctx context.Context, w io.Writer, conn *Connection, b *ebv1.Backup) {
-	stream, err := conn.Backups.GetBackupLogs(ctx, &ebv1.GetBackupLogsRequest{Name: b.GetName(), Location: b.GetLocation()})
-	if err != nil {
-		return
-	}
-	var buf bytes.Buffer
-	for {
-		msg, err := stream.Recv()
-		if err != nil {
-			break
-		}
-		buf.Write(msg.GetData())
-	}
-	lines := strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")
-	if len(lines) == 1 && lines[0] == "" {
-		return
-	}
-	if len(lines) > logTail {
-		lines = lines[len(lines)-logTail:]
-	}
-	fmt.Fprintf(w, "last lines of the agent's log:\n")
-	for _, l := range lines {
-		fmt.Fprintf(w, "  %s\n", l)
-	}
 }

@@ -72,7 +72,7 @@ func (o *DescribeOptions) Run(ctx context.Context) error {
 	now := time.Now()
 	w := printers.GetNewTabWriter(o.Out)
 	describeBackup(w, b, now)
-	if b.GetSource().GetKind() != "upload" { // an upload has no agent Job
+	if b.GetSource().GetKind() != ebv1.SourceUpload { // an upload has no agent Job
 		describeEvents(ctx, w, conn, b, now)
 	}
 	return w.Flush()
@@ -115,73 +115,92 @@ func describeEvents(ctx context.Context, w io.Writer, conn *Connection, b *ebv1.
 }
 
 // describeBackup writes Key:\tvalue lines for a tabwriter, as kubectl
-// describe and velero describe do.
+// describe and velero describe do: the backup, then its Source, etcd and
+// Data sections.
 func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
-	line := func(k string, v any) { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
-	sub := func(k string, v any) { fmt.Fprintf(w, "  %s:\t%v\n", k, v) }
-	line("Name", b.GetName())
-	line("Location", b.GetLocation())
-	line("Phase", phaseString(b.GetPhase()))
+	field(w, "Name", b.GetName())
+	field(w, "Location", b.GetLocation())
+	field(w, "Phase", phaseString(b.GetPhase()))
 	if m := b.GetMessage(); m != "" {
-		line("Message", m)
+		field(w, "Message", m)
 	}
-	line("Labels", labelsString(b.GetLabels()))
+	field(w, "Labels", labelsString(b.GetLabels()))
 	if t := b.GetCreateTime(); knownTime(t) {
-		line("Created", fmt.Sprintf("%s (%s ago)", t.AsTime().UTC().Format(time.RFC3339), duration.HumanDuration(now.Sub(t.AsTime()))))
+		field(w, "Created", fmt.Sprintf("%s (%s ago)", t.AsTime().UTC().Format(time.RFC3339), duration.HumanDuration(now.Sub(t.AsTime()))))
 	} else {
-		line("Created", "<unknown>")
+		field(w, "Created", "<unknown>")
 	}
+	describeSource(w, b)
+	if e := b.GetEtcd(); e != nil {
+		describeEtcd(w, b, e)
+	}
+	describeData(w, b)
+	if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_FAILED {
+		fmt.Fprintf(w, "Next:\tkubectl etcdbackup logs %s --location %s\n", b.GetName(), b.GetLocation())
+	}
+}
 
+// field writes a Key:\tvalue line; subfield one of a section.
+func field(w io.Writer, k string, v any)    { fmt.Fprintf(w, "%s:\t%v\n", k, v) }
+func subfield(w io.Writer, k string, v any) { fmt.Fprintf(w, "  %s:\t%v\n", k, v) }
+
+// describeSource writes how the backup arrived: its Source section.
+func describeSource(w io.Writer, b *ebv1.Backup) {
 	s := b.GetSource()
 	fmt.Fprintln(w, "Source:")
-	sub("Kind", orNone(s.GetKind()))
+	subfield(w, "Kind", orNone(s.GetKind()))
 	if s.GetTarget() != "" {
-		sub("Target", s.GetTarget())
+		subfield(w, "Target", s.GetTarget())
 	}
 	if s.GetDescription() != "" {
-		sub("Description", s.GetDescription())
+		subfield(w, "Description", s.GetDescription())
 	}
-	if s.GetKind() != "upload" {
+	if s.GetKind() != ebv1.SourceUpload {
 		// Logs reach the agent through the server, without the user's
 		// pods/log permission.
-		sub("Agent Logs", "kubectl etcdbackup logs "+b.GetName()+" --location "+b.GetLocation())
+		subfield(w, "Agent Logs", "kubectl etcdbackup logs "+b.GetName()+" --location "+b.GetLocation())
 	}
 	if knownTime(s.GetStartTime()) {
-		sub("Started", s.GetStartTime().AsTime().UTC().Format(time.RFC3339))
+		subfield(w, "Started", s.GetStartTime().AsTime().UTC().Format(time.RFC3339))
 	}
 	if knownTime(s.GetEndTime()) {
-		sub("Finished", s.GetEndTime().AsTime().UTC().Format(time.RFC3339))
+		subfield(w, "Finished", s.GetEndTime().AsTime().UTC().Format(time.RFC3339))
 	}
 	if knownTime(s.GetStartTime()) && knownTime(s.GetEndTime()) {
-		sub("Duration", s.GetEndTime().AsTime().Sub(s.GetStartTime().AsTime()).Round(time.Millisecond))
+		subfield(w, "Duration", s.GetEndTime().AsTime().Sub(s.GetStartTime().AsTime()).Round(time.Millisecond))
 	}
+}
 
-	if e := b.GetEtcd(); e != nil {
-		fmt.Fprintln(w, "etcd:")
-		sub("Cluster ID", orNone(hexID(e.GetClusterId())))
-		sub("Member ID", orNone(hexID(e.GetMemberId())))
-		sub("Member Name", orNone(e.GetMemberName()))
-		sub("Revision", revisionString(b))
-		if e.GetSnapshotStatus() {
-			sub("Keys", keysString(b))
-			sub("Hash", hashString(b))
-		} else if e.GetRevision() != 0 {
-			sub("Keys", "<none> (recorded before backups read their snapshot's status; `kubectl etcdbackup verify` reads it)")
-		}
-		sub("Version", orNone(e.GetVersion()))
-		if e.GetDbSize() > 0 {
-			sub("Database Size", sizeString(e.GetDbSize()))
-		}
+// describeEtcd writes what the backup records of etcd e: its etcd
+// section.
+func describeEtcd(w io.Writer, b *ebv1.Backup, e *ebv1.EtcdInfo) {
+	fmt.Fprintln(w, "etcd:")
+	subfield(w, "Cluster ID", orNone(hexID(e.GetClusterId())))
+	subfield(w, "Member ID", orNone(hexID(e.GetMemberId())))
+	subfield(w, "Member Name", orNone(e.GetMemberName()))
+	subfield(w, "Revision", revisionString(b))
+	if e.GetSnapshotStatus() {
+		subfield(w, "Keys", keysString(b))
+		subfield(w, "Hash", hashString(b))
+	} else if e.GetRevision() != 0 {
+		subfield(w, "Keys", "<none> (recorded before backups read their snapshot's status; `kubectl etcdbackup verify` reads it)")
 	}
+	subfield(w, "Version", orNone(e.GetVersion()))
+	if e.GetDbSize() > 0 {
+		subfield(w, "Database Size", sizeString(e.GetDbSize()))
+	}
+}
 
+// describeData writes how the backup is stored: its Data section.
+func describeData(w io.Writer, b *ebv1.Backup) {
 	fmt.Fprintln(w, "Data:")
-	sub("Stored Size", sizeString(b.GetSize()))
+	subfield(w, "Stored Size", sizeString(b.GetSize()))
 	if b.GetRawSize() > 0 {
-		sub("Raw Size", sizeString(b.GetRawSize()))
+		subfield(w, "Raw Size", sizeString(b.GetRawSize()))
 	}
-	sub("Compression", orNone(b.GetCompression()))
+	subfield(w, "Compression", orNone(b.GetCompression()))
 	if b.GetEncryption() != "" {
-		sub("Encryption", b.GetEncryption())
+		subfield(w, "Encryption", b.GetEncryption())
 		for i, r := range b.GetAgeRecipients() {
 			k := ""
 			if i == 0 {
@@ -190,14 +209,11 @@ func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
 			fmt.Fprintf(w, "  %s\t%s\n", pad(k), r)
 		}
 	} else {
-		sub("Encryption", "<none>")
+		subfield(w, "Encryption", "<none>")
 	}
-	sub("SHA256", orNone(b.GetSha256()))
+	subfield(w, "SHA256", orNone(b.GetSha256()))
 	if b.GetRawSha256() != "" {
-		sub("Raw SHA256", b.GetRawSha256())
-	}
-	if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_FAILED {
-		fmt.Fprintf(w, "Next:\tkubectl etcdbackup logs %s --location %s\n", b.GetName(), b.GetLocation())
+		subfield(w, "Raw SHA256", b.GetRawSha256())
 	}
 }
 

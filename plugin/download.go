@@ -1,12 +1,9 @@
 package plugin
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"os"
 
@@ -257,10 +254,10 @@ func (o *DownloadOptions) connector() client.Connector {
 func (o *DownloadOptions) plainParallel(ctx context.Context, conn *Connection, b *ebv1.Backup, n int) error {
 	part := o.File + ".part"
 	bar := newProgress(o.ErrOut, b.GetSize(), "downloading "+o.Name)
-	th := newTrailerHash(b.GetSize())
+	check := snapshot.NewTrailerCheck()
 	p := snapshot.Plain{Size: b.GetSize(), SHA256: b.GetSha256()}
 	_, err := conn.DownloadFile(ctx, client.FileDownload{
-		Sum:  th,
+		Sum:  check.Hash(),
 		Path: o.File, Replace: o.Overwrite, Parallel: n, Connect: o.connector(),
 		DownloadRequest: client.DownloadRequest{
 			Name: o.Name, Location: o.Location,
@@ -272,8 +269,8 @@ func (o *DownloadOptions) plainParallel(ctx context.Context, conn *Connection, b
 			},
 			Progress: bar.Set,
 		},
-		// The stored SHA-256 matched, from th's pass over the file.
-		Verify: func(*os.File) error { return th.check(b) },
+		// The stored SHA-256 matched, from check's pass over the file.
+		Verify: func(*os.File) error { return checkSnapshot(b, check) },
 	})
 	bar.Finish(err == nil)
 	if err != nil {
@@ -354,9 +351,9 @@ func partSize(path string) int64 {
 // trailer, its end the stored (and plain) SHA-256. The bytes go straight
 // to w: no pipe, no decoder, no second and third hash of every byte.
 func downloadSnapshot(ctx context.Context, conn *Connection, b *ebv1.Backup, w io.Writer, progress func(int64)) (snapshot.Plain, error) {
-	th := newTrailerHash(b.GetSize())
+	check := snapshot.NewTrailerCheck()
 	_, err := conn.Download(ctx, w, client.DownloadRequest{
-		Name: b.GetName(), Location: b.GetLocation(), Prefix: th,
+		Name: b.GetName(), Location: b.GetLocation(), Prefix: check.Hash(),
 		OnHeader: func(h *ebv1.Backup) error {
 			if h.GetSha256() != b.GetSha256() {
 				return fmt.Errorf("backup %q changed on the server since it was looked up; download it again", b.GetName())
@@ -373,36 +370,17 @@ func downloadSnapshot(ctx context.Context, conn *Connection, b *ebv1.Backup, w i
 		return p, conn.explain("download "+quote(b.GetName()), err)
 	}
 	// The stored SHA-256 matched: now the content.
-	return p, th.check(b)
+	return p, checkSnapshot(b, check)
 }
 
-// trailerHash is a SHA-256 that also keeps the digest of its first at
-// bytes (db) and the bytes from at on (tail: etcd's trailer when at is
-// the size less 32), as they are written.
-type trailerHash struct {
-	hash.Hash
-	at, n int64
-	db    []byte
-	tail  []byte
-}
-
-func newTrailerHash(size int64) *trailerHash {
-	return &trailerHash{Hash: sha256.New(), at: size - sha256.Size}
-}
-
-// check says whether the bytes t was written are a whole etcd snapshot
-// of backup b: its size, etcd's trailer, and the plain size and SHA-256
-// recorded when it was stored (those of the stored bytes, which the
-// download verified).
-func (t *trailerHash) check(b *ebv1.Backup) error {
+// checkSnapshot says whether the bytes check was written are a whole
+// etcd snapshot of backup b: etcd's trailer (snapshot.TrailerCheck), and
+// the plain size and SHA-256 recorded when it was stored (those of the
+// stored bytes, which the download verified).
+func checkSnapshot(b *ebv1.Backup, check *snapshot.TrailerCheck) error {
 	size := b.GetSize()
-	var err error
-	switch {
-	case !snapshot.ValidSize(size):
-		err = fmt.Errorf("%w: it ended after %d bytes, not a whole database followed by its 32-byte SHA-256", snapshot.ErrCorrupt, size)
-	case t.n != size || !bytes.Equal(t.db, t.tail):
-		err = fmt.Errorf("%w: etcd's SHA-256 trailer does not match the database", snapshot.ErrCorrupt)
-	case b.GetRawSize() != 0 && b.GetRawSize() != size, b.GetRawSha256() != "" && b.GetRawSha256() != b.GetSha256():
+	_, err := check.Finish()
+	if err == nil && (b.GetRawSize() != 0 && b.GetRawSize() != size || b.GetRawSha256() != "" && b.GetRawSha256() != b.GetSha256()) {
 		err = fmt.Errorf("%w: the snapshot is %d bytes with SHA-256 %s, but %d bytes with SHA-256 %s were recorded when it was stored",
 			snapshot.ErrCorrupt, size, b.GetSha256(), b.GetRawSize(), b.GetRawSha256())
 	}
@@ -410,23 +388,4 @@ func (t *trailerHash) check(b *ebv1.Backup) error {
 		return fmt.Errorf("backup %q: %w; do not restore it", b.GetName(), err)
 	}
 	return nil
-}
-
-func (t *trailerHash) Write(p []byte) (int, error) {
-	start, end := t.n, t.n+int64(len(p))
-	if t.db == nil && t.at >= 0 && start <= t.at && t.at <= end {
-		k := t.at - start
-		t.Hash.Write(p[:k])
-		if c, err := t.Hash.(hash.Cloner).Clone(); err == nil {
-			t.db = c.Sum(nil)
-		}
-		t.Hash.Write(p[k:])
-	} else {
-		t.Hash.Write(p)
-	}
-	if end > t.at {
-		t.tail = append(t.tail, p[max(0, t.at-start):]...)
-	}
-	t.n = end
-	return len(p), nil
 }

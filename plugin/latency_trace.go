@@ -1,3 +1,5 @@
+//go:build etcdbackup_trace
+
 package plugin
 
 import (
@@ -12,11 +14,14 @@ import (
 	"time"
 )
 
-// KUBECTL_ETCDBACKUP_TRACE=1 prints, on stderr, the wall-clock time at
-// which each phase of reaching the server ends, one "etcdbackup-trace
-// <unix microseconds> <phase>" line each: with the time the process was
-// started (a benchmark's exec) they say where a command's latency goes.
-// It is for measuring, not for users, so it has no flag.
+// Built with the etcdbackup_trace tag (go build -tags etcdbackup_trace),
+// KUBECTL_ETCDBACKUP_TRACE=1 prints, on the process's stderr, the
+// wall-clock time at which each phase of reaching the server ends, one
+// "etcdbackup-trace <unix microseconds> <phase>" line each: with the time
+// the process was started (a benchmark's exec) they say where a command's
+// latency goes. It is for measuring, not for users: it has no flag, and
+// the product's build leaves it out (latency_notrace.go), so no package
+// global there writes around IOStreams.
 var traceOn = os.Getenv("KUBECTL_ETCDBACKUP_TRACE") == "1"
 
 // traceInit is when this package was initialised: every package the

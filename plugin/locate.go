@@ -97,7 +97,7 @@ func (g *GlobalOptions) listBackups(ctx context.Context, conn *Connection, selec
 		}
 		all = append(all, r.backups...)
 	}
-	sortBackups(all)
+	ebv1.SortBackups(all) // as the server lists them; locations merged
 	if len(errs) > 0 {
 		// The exit code is the first failure's, default location first.
 		return all, unavailable, withCode(ExitCode(errs[0]), errors.Join(errs...))

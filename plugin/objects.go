@@ -2,7 +2,6 @@ package plugin
 
 import (
 	"fmt"
-	"sort"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -51,7 +50,7 @@ type BackupSpec struct {
 
 // BackupSource says how the backup arrived.
 type BackupSource struct {
-	// Kind is "upload" or "agent".
+	// Kind is "upload" or "agent" (ebv1.SourceUpload, ebv1.SourceAgent).
 	Kind        string       `json:"kind"`
 	Description string       `json:"description,omitempty"`
 	StartTime   *metav1.Time `json:"startTime,omitempty"`
@@ -364,19 +363,4 @@ func serverInfo(info *ebv1.GetServerInfoResponse) *ServerInfo {
 		s.Targets = append(s.Targets, EtcdTarget{Name: t.GetName(), Endpoints: t.GetEndpoints(), Default: t.GetDefault()})
 	}
 	return s
-}
-
-// sortBackups orders backups as the server does: newest first, then by
-// name, then by location.
-func sortBackups(bs []*ebv1.Backup) {
-	sort.SliceStable(bs, func(i, j int) bool {
-		ti, tj := bs[i].GetCreateTime().AsTime(), bs[j].GetCreateTime().AsTime()
-		if !ti.Equal(tj) {
-			return ti.After(tj)
-		}
-		if bs[i].GetName() != bs[j].GetName() {
-			return bs[i].GetName() < bs[j].GetName()
-		}
-		return bs[i].GetLocation() < bs[j].GetLocation()
-	})
 }

@@ -1,16 +1,21 @@
 package plugin
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
@@ -29,15 +34,73 @@ type result struct {
 // run drives the real command tree, as main does, with test streams.
 func run(t *testing.T, args ...string) result {
 	t.Helper()
-	streams, _, out, errOut := genericiooptions.NewTestIOStreams()
+	var out, errOut bytes.Buffer
+	err := execute(&out, &errOut, args...)
+	return result{out: out.String(), errOut: errOut.String(), err: err}
+}
+
+// execute runs the real command tree with args, writing to out and
+// errOut.
+func execute(out, errOut io.Writer, args ...string) error {
+	streams := genericiooptions.IOStreams{In: &bytes.Buffer{}, Out: out, ErrOut: errOut}
 	cmd := NewCmdRoot(streams)
 	cmd.SetArgs(args)
 	cmd.SetOut(out)
 	cmd.SetErr(errOut)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	err := cmd.ExecuteContext(ctx)
-	return result{out: out.String(), errOut: errOut.String(), err: err}
+	return cmd.ExecuteContext(ctx)
+}
+
+// lockedBuffer is a buffer a test reads while a command writes to it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// running is a command started in the background by start, whose stderr
+// can be watched while it runs.
+type running struct {
+	out, errOut lockedBuffer
+	done        chan error
+}
+
+// start runs the real command tree as run does, in the background.
+func start(args ...string) *running {
+	r := &running{done: make(chan error, 1)}
+	go func() { r.done <- execute(&r.out, &r.errOut, args...) }()
+	return r
+}
+
+// waitErrOut waits until the command's stderr matches re: the command
+// got that far. It may be called from any goroutine.
+func (r *running) waitErrOut(t *testing.T, re string) {
+	t.Helper()
+	rx := regexp.MustCompile(re)
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return rx.MatchString(r.errOut.String()), nil
+	})
+	if err != nil {
+		t.Errorf("stderr never matched %q: %v\n%s", re, err, r.errOut.String())
+	}
+}
+
+// result waits for the command to end.
+func (r *running) result() result {
+	err := <-r.done
+	return result{out: r.out.String(), errOut: r.errOut.String(), err: err}
 }
 
 func mustRun(t *testing.T, args ...string) result {

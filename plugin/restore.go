@@ -329,50 +329,34 @@ func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error
 	start := time.Now()
 	var members []*ebv1.MemberRestore
 	seen := map[string]ebv1.RestorePhase{}
-	retry := conn.NewRetrier(func() string { return "wait for the restore of " + quote(o.Name) })
-	err := wait.PollUntilContextTimeout(ctx, o.PollInterval, o.WaitTimeout, true, func(ctx context.Context) (bool, error) {
-		pctx, cancel := context.WithTimeout(ctx, pollTimeout)
-		resp, err := conn.Backups.GetRestore(pctx, &ebv1.GetRestoreRequest{Name: o.Name, Location: o.Location, Target: o.Target})
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				// The deadline, not the server: report it as the timeout.
-				return false, ctx.Err()
-			}
-			if err := retry.Check(ctx, err); err != nil {
-				return false, conn.explain("wait for the restore of "+quote(o.Name), err)
-			}
-			return false, nil // a transient failure: ask again at the next poll
-		}
-		retry.Progress()
-		members = resp.GetMembers()
-		done := true
-		for _, m := range members {
-			if p, ok := seen[m.GetMember()]; !ok || p != m.GetPhase() {
-				seen[m.GetMember()] = m.GetPhase()
-				fmt.Fprintf(o.ErrOut, "member %s: %s after %s\n", m.GetMember(), restorePhaseString(m.GetPhase()), time.Since(start).Round(time.Second))
-			}
-		}
-		for _, m := range members {
-			switch m.GetPhase() {
-			case ebv1.RestorePhase_RESTORE_PHASE_FAILED:
-				ns, job, _ := strings.Cut(m.GetJobName(), "/")
-				if msg := strings.TrimSpace(m.GetMessage()); msg != "" {
-					// The agent's last words (its termination message,
-					// or the end of its log).
-					fmt.Fprintf(o.ErrOut, "last lines of the agent's log:\n")
-					for _, l := range lastLines(msg, logTail) {
-						fmt.Fprintf(o.ErrOut, "  %s\n", l)
-					}
+	err := pollServer(ctx, conn, "wait for the restore of "+quote(o.Name), o.PollInterval, o.WaitTimeout, true,
+		func(ctx context.Context) (*ebv1.GetRestoreResponse, error) {
+			return conn.Backups.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: o.Name, Location: o.Location, Target: o.Target})
+		},
+		func(resp *ebv1.GetRestoreResponse) (bool, error) {
+			members = resp.GetMembers()
+			done := true
+			for _, m := range members {
+				if p, ok := seen[m.GetMember()]; !ok || p != m.GetPhase() {
+					seen[m.GetMember()] = m.GetPhase()
+					fmt.Fprintf(o.ErrOut, "member %s: %s after %s\n", m.GetMember(), restorePhaseString(m.GetPhase()), time.Since(start).Round(time.Second))
 				}
-				return false, withCode(ExitFailed, fmt.Errorf("restore of member %s failed: %s; see `kubectl -n %s logs job/%s`", m.GetMember(), m.GetMessage(), ns, job))
-			case ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED:
-			default:
-				done = false
 			}
-		}
-		return done, nil
-	})
+			for _, m := range members {
+				switch m.GetPhase() {
+				case ebv1.RestorePhase_RESTORE_PHASE_FAILED:
+					ns, job, _ := strings.Cut(m.GetJobName(), "/")
+					// The agent's last words (its termination message, or
+					// the end of its log).
+					printLogTail(o.ErrOut, strings.TrimSpace(m.GetMessage()))
+					return false, withCode(ExitFailed, fmt.Errorf("restore of member %s failed: %s; see `kubectl -n %s logs job/%s`", m.GetMember(), m.GetMessage(), ns, job))
+				case ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED:
+				default:
+					done = false
+				}
+			}
+			return done, nil
+		})
 	if wait.Interrupted(err) {
 		return fmt.Errorf("restore of %q into target %q still running after %s; see `kubectl get jobs -A -l app.kubernetes.io/component=restore-agent`", o.Name, o.Target, o.WaitTimeout)
 	}
@@ -392,15 +376,6 @@ func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error
 // restoreObject is the Restore -o prints.
 func (o *RestoreOptions) restoreObject(members []*ebv1.MemberRestore) *Restore {
 	return restoreObject(RestoreSpec{Backup: o.Name, Location: o.Location, Target: o.Target, DryRun: o.DryRun, MoveAside: o.Member.MoveAside, BumpRevision: o.BumpRevision}, members)
-}
-
-// lastLines returns the last n lines of s.
-func lastLines(s string, n int) []string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return lines
 }
 
 func dataDirLabel(d string) string {

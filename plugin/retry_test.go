@@ -18,17 +18,14 @@ func TestRetryTimeoutMustNotBeNegative(t *testing.T) {
 // first failed poll.
 func TestBackupWaitRetriesThenGivesUp(t *testing.T) {
 	w := newAgentWorld(t, "cp")
-	stoppedAt := make(chan time.Time, 1)
-	go func() {
-		defer close(stoppedAt)
-		if j := w.jobsOf(t, serverNS, "backup-agent", "gone", 1); len(j) > 0 {
-			time.Sleep(1500 * time.Millisecond) // let --wait see Running first
-			w.srv.Stop()
-			stoppedAt <- time.Now()
-		}
-	}()
-	r := run(t, w.addr, "--retry-timeout=2s", "backup", "--target", "cp", "--name", "gone", "--wait")
-	stopped := <-stoppedAt
+	cmd := start(w.addr, "--retry-timeout=2s", "backup", "--target", "cp", "--name", "gone", "--wait")
+	var stopped time.Time
+	if j := w.jobsOf(t, serverNS, "backup-agent", "gone", 1); len(j) > 0 {
+		cmd.waitErrOut(t, `backup "gone": Running`) // --wait sees Running first
+		w.srv.Stop()
+		stopped = time.Now()
+	}
+	r := cmd.result()
 	t.Logf("error: %v\nstderr:\n%s", r.err, r.errOut)
 	if r.err == nil {
 		t.Fatalf("backup --wait succeeded with its server gone:\n%s", r.errOut)

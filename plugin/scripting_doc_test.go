@@ -16,6 +16,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
@@ -72,7 +73,7 @@ func TestScriptingDoc(t *testing.T) {
 	upload := func(name, location string, data []byte, labels map[string]string, target string) {
 		h := &ebv1.UploadHeader{Name: name, Location: location, Labels: labels}
 		if target != "" {
-			h.Source = &ebv1.BackupSource{Kind: "agent", Target: target}
+			h.Source = &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: target}
 			h.Etcd = &ebv1.EtcdInfo{ClusterId: 0xcdf818194e3a8c32, MemberId: 0x8e9e05c52164694d, MemberName: "cp-1", Revision: 48213, Version: "3.7.3"}
 		}
 		if _, err := w.srv.Client.Upload(ctx, bytes.NewReader(data), h, nil); err != nil {
@@ -219,31 +220,28 @@ func (w *docWorld) playAgents(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		done := map[string]bool{}
-		for ctx.Err() == nil {
+		wait.UntilWithContext(ctx, func(ctx context.Context) {
 			list, err := w.cs.BatchV1().Jobs(serverNS).List(ctx, metav1.ListOptions{LabelSelector: jobs.LabelComponent + "=backup-agent"})
-			if err == nil {
-				for _, j := range list.Items {
-					name := j.Annotations[jobs.AnnotationBackup]
-					if done[name] {
-						continue
-					}
-					done[name] = true
-					if name == "cp-broken" {
-						w.finish(t, j, false, "snapshot from https://etcd:2379: connection refused")
-						continue
-					}
-					h := &ebv1.UploadHeader{Name: name, Location: j.Annotations[jobs.AnnotationLocation], Source: &ebv1.BackupSource{Kind: "agent", Target: "control-plane"}}
-					if _, err := w.srv.Client.Upload(ctx, bytes.NewReader(etcdtest.TrailedBytes(t, 544)), h, nil); err != nil && ctx.Err() == nil {
-						t.Errorf("agent of %s: %v", name, err)
-					}
-					w.finish(t, j, true, "")
+			if err != nil {
+				return
+			}
+			for _, j := range list.Items {
+				name := j.Annotations[jobs.AnnotationBackup]
+				if done[name] {
+					continue
 				}
+				done[name] = true
+				if name == "cp-broken" {
+					w.finish(t, j, false, "snapshot from https://etcd:2379: connection refused")
+					continue
+				}
+				h := &ebv1.UploadHeader{Name: name, Location: j.Annotations[jobs.AnnotationLocation], Source: &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: "control-plane"}}
+				if _, err := w.srv.Client.Upload(ctx, bytes.NewReader(etcdtest.TrailedBytes(t, 544)), h, nil); err != nil && ctx.Err() == nil {
+					t.Errorf("agent of %s: %v", name, err)
+				}
+				w.finish(t, j, true, "")
 			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
+		}, 50*time.Millisecond)
 	}()
 }
 

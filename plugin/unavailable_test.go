@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
@@ -57,7 +60,39 @@ func TestUnavailableLocationCostsOnlyItself(t *testing.T) {
 		}
 	})
 
-	// list: the first call finds out within the list bound, the next at once.
+	listWithS3Stopped(t, addr, bounds)
+	findWithS3Stopped(t, addr, data)
+
+	// Deleting by selector deletes what it can and says what it could not.
+	r := run(t, addr, "delete", "-l", "env=test", "--yes")
+	if r.out != "backup \"test-fs\" deleted\n" || !strings.Contains(r.errOut, `Warning: storage location "s3" is unavailable: `) ||
+		!strings.HasSuffix(r.errOut, "; its backups are not deleted\n") || ExitCode(r.err) != ExitIncomplete {
+		t.Errorf("delete -l env=test with S3 stopped: exit code %d, stdout %q, stderr %q", ExitCode(r.err), r.out, r.errOut)
+	}
+
+	// S3 answers again: the server finds out by itself.
+	if err := store.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	began := time.Now()
+	if err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		r = run(t, addr, "list", "-o", "name")
+		return r.err == nil, nil
+	}); err != nil {
+		t.Fatalf("list a minute after SIGCONT: %v\nstderr %q", r.err, r.errOut)
+	}
+	t.Logf("S3 listed again %s after SIGCONT", time.Since(began).Round(time.Millisecond))
+	if want := "backup/test-s3\nbackup/both\nbackup/both\nbackup/in-s3\nbackup/in-fs\n"; r.out != want || r.errOut != "" {
+		t.Errorf("list after SIGCONT: stdout %q, want %q; stderr %q", r.out, want, r.errOut)
+	}
+}
+
+// listWithS3Stopped: list shows the filesystem's backups, warns about S3
+// and exits 6, the first call finding out within the list bound, the next
+// at once; a table says the same; listing S3 itself is an error naming it.
+func listWithS3Stopped(t *testing.T, addr string, bounds locations.Options) {
+	t.Helper()
 	const listed = "backup/test-fs\nbackup/both\nbackup/in-fs\n"
 	warning := regexp.MustCompile(`^Warning: storage location "s3" is unavailable: no answer within 2s to list; ` +
 		`it is retried in the background \(since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\); its backups are not listed\n$`)
@@ -83,8 +118,13 @@ func TestUnavailableLocationCostsOnlyItself(t *testing.T) {
 	if ExitCode(r.err) != ExitError || strings.Contains(r.err.Error(), "cannot reach the etcdbackup server") {
 		t.Errorf("list --location s3 with S3 stopped: exit code %d: %v", ExitCode(r.err), r.err)
 	}
+}
 
-	// A name without --location is found where it can be, with a warning.
+// findWithS3Stopped: a name without --location is found where it can be,
+// with a warning; one in no location that answers is an error, not "not
+// found".
+func findWithS3Stopped(t *testing.T, addr string, data []byte) {
+	t.Helper()
 	searched := func(name string) string {
 		return `Warning: storage location "s3" could not be searched for backup "` + name + `" (unavailable: no answer within 2s to list; ` +
 			`it is retried in the background (since `
@@ -114,38 +154,10 @@ func TestUnavailableLocationCostsOnlyItself(t *testing.T) {
 
 	// A name in no location that answers may be in the one that does not:
 	// not "not found" (3), which a script would take for certain.
-	r = mustFail(t, `get backup "in-s3": backup "in-s3" is not in storage location default, but location "s3" could not be searched (unavailable: no answer within 2s to list; `,
+	r := mustFail(t, `get backup "in-s3": backup "in-s3" is not in storage location default, but location "s3" could not be searched (unavailable: no answer within 2s to list; `,
 		addr, "get", "in-s3")
 	t.Logf("get in-s3 with S3 stopped: %v", r.err)
 	if !strings.Contains(r.err.Error(), "; retry once it is available again (`kubectl etcdbackup version` shows each location's state)") || ExitCode(r.err) != ExitError {
 		t.Errorf("get in-s3 with S3 stopped: exit code %d: %v", ExitCode(r.err), r.err)
-	}
-
-	// Deleting by selector deletes what it can and says what it could not.
-	r = run(t, addr, "delete", "-l", "env=test", "--yes")
-	if r.out != "backup \"test-fs\" deleted\n" || !strings.Contains(r.errOut, `Warning: storage location "s3" is unavailable: `) ||
-		!strings.HasSuffix(r.errOut, "; its backups are not deleted\n") || ExitCode(r.err) != ExitIncomplete {
-		t.Errorf("delete -l env=test with S3 stopped: exit code %d, stdout %q, stderr %q", ExitCode(r.err), r.out, r.errOut)
-	}
-
-	// S3 answers again: the server finds out by itself.
-	if err := store.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	stopped = false
-	began := time.Now()
-	for {
-		r = run(t, addr, "list", "-o", "name")
-		if r.err == nil {
-			break
-		}
-		if time.Since(began) > time.Minute {
-			t.Fatalf("list a minute after SIGCONT: %v\nstderr %q", r.err, r.errOut)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Logf("S3 listed again %s after SIGCONT", time.Since(began).Round(time.Millisecond))
-	if want := "backup/test-s3\nbackup/both\nbackup/both\nbackup/in-s3\nbackup/in-fs\n"; r.out != want || r.errOut != "" {
-		t.Errorf("list after SIGCONT: stdout %q, want %q; stderr %q", r.out, want, r.errOut)
 	}
 }

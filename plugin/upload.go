@@ -129,7 +129,7 @@ func (o *UploadOptions) Run(ctx context.Context) error {
 		Name:         o.Name,
 		Location:     o.Location,
 		Labels:       o.Labels,
-		Source:       &ebv1.BackupSource{Kind: "upload", Description: truncate(filepath.Base(o.File), 256)},
+		Source:       &ebv1.BackupSource{Kind: ebv1.SourceUpload, Description: truncate(filepath.Base(o.File), 256)},
 		ExpectedSize: &size,
 		Etcd:         facts,
 	}

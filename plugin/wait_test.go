@@ -118,17 +118,12 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 
 	// A backup that fails: each phase with its elapsed time, the agent's
 	// last log lines, exit code 5 and the logs command.
-	agent := make(chan struct{})
-	go func() {
-		defer close(agent)
-		j := w.jobsOf(t, serverNS, "backup-agent", "down", 1)
-		if len(j) > 0 {
-			time.Sleep(1500 * time.Millisecond) // let --wait see Running first
-			w.finish(t, j[0], false, "snapshot from https://etcd:2379: connection refused")
-		}
-	}()
-	r := run(t, w.addr, "backup", "--target", "cp", "--name", "down", "--wait")
-	<-agent
+	cmd := start(w.addr, "backup", "--target", "cp", "--name", "down", "--wait")
+	if j := w.jobsOf(t, serverNS, "backup-agent", "down", 1); len(j) > 0 {
+		cmd.waitErrOut(t, `backup "down": Running`) // --wait sees Running first
+		w.finish(t, j[0], false, "snapshot from https://etcd:2379: connection refused")
+	}
+	r := cmd.result()
 	if r.err == nil || ExitCode(r.err) != ExitFailed || !strings.Contains(r.err.Error(), "kubectl etcdbackup logs down") {
 		t.Fatalf("failed backup --wait: %v (exit %d)", r.err, ExitCode(r.err))
 	}
@@ -147,8 +142,31 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 		t.Errorf("stdout lacks the Failed row:\n%s", r.out)
 	}
 
-	// describe shows the failure, the agent Job and its events, oldest
-	// first (recorded here as the Job controller and kubelet would).
+	describeShowsFailure(t, w)
+
+	// A backup that completes: the agent's upload makes it Completed.
+	cmd = start(w.addr, "backup", "--target", "cp", "--name", "up", "--wait", "-o", "jsonpath={.status.phase}")
+	for _, job := range w.jobsOf(t, serverNS, "backup-agent", "up", 1) {
+		cmd.waitErrOut(t, `backup "up": Running`)
+		if _, err := w.srv.Client.Upload(context.Background(), bytes.NewReader(etcdtest.TrailedBytes(t, 544)), &ebv1.UploadHeader{Name: "up", Source: &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: "cp"}}, nil); err != nil {
+			t.Error(err)
+		}
+		w.finish(t, job, true, "")
+	}
+	r = cmd.result()
+	if r.err != nil || r.out != "Completed" {
+		t.Fatalf("backup --wait: %v, stdout %q\n%s", r.err, r.out, r.errOut)
+	}
+	if !regexp.MustCompile(`backup "up": Running ` + elapsed + `\nbackup "up": Completed ` + elapsed + `\n`).MatchString(r.errOut) {
+		t.Errorf("phase changes on stderr:\n%s", r.errOut)
+	}
+}
+
+// describeShowsFailure: describe of the failed backup "down" shows the
+// failure, the agent Job and its events, oldest first (recorded here as
+// the Job controller and kubelet would), and the next command to run.
+func describeShowsFailure(t *testing.T, w *agentWorld) {
+	t.Helper()
 	j := w.jobsOf(t, serverNS, "backup-agent", "down", 1)[0]
 	base := time.Now().Add(-2 * time.Minute)
 	for i, e := range []struct{ kind, name, typ, reason, msg string }{
@@ -167,7 +185,7 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	r = mustRun(t, w.addr, "describe", "down")
+	r := mustRun(t, w.addr, "describe", "down")
 	for _, re := range []string{
 		`(?m)^Phase:\s+Failed$`,
 		`(?m)^Message:\s+.*connection refused$`,
@@ -186,27 +204,6 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 	if strings.Contains(r.out, "not ours") {
 		t.Errorf("describe shows another Job's events:\n%s", r.out)
 	}
-
-	// A backup that completes: the agent's upload makes it Completed.
-	agent = make(chan struct{})
-	go func() {
-		defer close(agent)
-		for _, job := range w.jobsOf(t, serverNS, "backup-agent", "up", 1) {
-			time.Sleep(1500 * time.Millisecond)
-			if _, err := w.srv.Client.Upload(context.Background(), bytes.NewReader(etcdtest.TrailedBytes(t, 544)), &ebv1.UploadHeader{Name: "up", Source: &ebv1.BackupSource{Kind: "agent", Target: "cp"}}, nil); err != nil {
-				t.Error(err)
-			}
-			w.finish(t, job, true, "")
-		}
-	}()
-	r = run(t, w.addr, "backup", "--target", "cp", "--name", "up", "--wait", "-o", "jsonpath={.status.phase}")
-	<-agent
-	if r.err != nil || r.out != "Completed" {
-		t.Fatalf("backup --wait: %v, stdout %q\n%s", r.err, r.out, r.errOut)
-	}
-	if !regexp.MustCompile(`backup "up": Running ` + elapsed + `\nbackup "up": Completed ` + elapsed + `\n`).MatchString(r.errOut) {
-		t.Errorf("phase changes on stderr:\n%s", r.errOut)
-	}
 }
 
 func TestRestoreWaitShowsMemberPhases(t *testing.T) {
@@ -220,17 +217,15 @@ func TestRestoreWaitShowsMemberPhases(t *testing.T) {
 		t.Fatalf("restore --dry-run -o jsonpath = %q", r.out)
 	}
 
-	agent := make(chan struct{})
-	go func() {
-		defer close(agent)
-		js := w.jobsOf(t, "app", "restore-agent", "b1", 2)
-		time.Sleep(1500 * time.Millisecond)
-		for _, j := range js {
-			w.finish(t, j, j.Annotations["etcdbackup.io/member"] == "m0", "restore m1: disk full")
-		}
-	}()
-	r = run(t, w.addr, "restore", "b1", "--target", "app", "--wait")
-	<-agent
+	cmd := start(w.addr, "restore", "b1", "--target", "app", "--wait")
+	js := w.jobsOf(t, "app", "restore-agent", "b1", 2)
+	// --wait sees both members Running first.
+	cmd.waitErrOut(t, `member m0: Running`)
+	cmd.waitErrOut(t, `member m1: Running`)
+	for _, j := range js {
+		w.finish(t, j, j.Annotations["etcdbackup.io/member"] == "m0", "restore m1: disk full")
+	}
+	r = cmd.result()
 	if r.err == nil || ExitCode(r.err) != ExitFailed || !strings.Contains(r.err.Error(), "restore of member m1 failed") {
 		t.Fatalf("failed restore --wait: %v (exit %d)\n%s", r.err, ExitCode(r.err), r.errOut)
 	}

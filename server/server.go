@@ -239,7 +239,7 @@ func (s *Server) recovered(ctx context.Context, p any) error {
 		from = pr.Addr.String()
 	}
 	s.log.Error("panic in a request handler", "method", method, "peer", from, "panic", p, "stack", string(debug.Stack()))
-	return status.Error(codes.Internal, "internal error; see the server log")
+	return ebv1.ServerError(codes.Internal, "internal error; see the server log")
 }
 
 // Serve serves ls until ctx is done, then stops accepting, reports

@@ -143,6 +143,37 @@ func (c *TrailerCheck) Finish() (string, error) {
 	return hex.EncodeToString(c.sum.Sum(nil)), nil
 }
 
+// Hash is c as a hash.Hash, for a caller that takes one to hash what it
+// writes (a download's SHA-256): what is written to it is written to c,
+// and its Sum is the SHA-256 of everything written, trailer included —
+// the one pass serves both. Finish still gives the trailer's verdict.
+func (c *TrailerCheck) Hash() hash.Hash { return trailerHash{c} }
+
+// trailerHash is TrailerCheck.Hash.
+type trailerHash struct{ c *TrailerCheck }
+
+func (h trailerHash) Write(p []byte) (int, error) { return h.c.Write(p) }
+
+// Sum appends the SHA-256 of everything written so far to b, leaving the
+// check's state as it is.
+func (h trailerHash) Sum(b []byte) []byte {
+	whole, err := h.c.sum.(hash.Cloner).Clone()
+	if err != nil {
+		panic(err) // crypto/sha256 clones
+	}
+	whole.Write(h.c.tail)
+	return whole.Sum(b)
+}
+
+func (h trailerHash) Reset() {
+	h.c.sum.Reset()
+	h.c.tail = h.c.tail[:0]
+	h.c.size = 0
+}
+
+func (trailerHash) Size() int      { return sha256.Size }
+func (trailerHash) BlockSize() int { return sha256.BlockSize }
+
 // Size is the number of bytes read so far.
 func (v *Verifier) Size() int64 { return v.check.size }
 

@@ -56,6 +56,48 @@ func TestVerifierRefusesShortOrDamagedStreams(t *testing.T) {
 	}
 }
 
+// TrailerCheck.Hash is a SHA-256 of everything written, trailer
+// included, whatever the writes' sizes, that leaves the check's verdict to
+// Finish: the plugin's plain download hashes and checks in one pass.
+func TestTrailerCheckHashIsTheWholeSHA256(t *testing.T) {
+	snap := snapshotBytes(9)
+	damaged := append([]byte(nil), snap...)
+	damaged[1000] ^= 1
+	for name, tc := range map[string]struct {
+		in    []byte
+		whole bool
+	}{
+		"whole": {snap, true}, "damaged": {damaged, false}, "no-trailer": {snap[:512*9], false},
+	} {
+		for _, step := range []int{1, 31, 32, 33, 4096, len(tc.in) + 1} {
+			c := NewTrailerCheck()
+			h := c.Hash()
+			for i := 0; i < len(tc.in); i += step {
+				h.Write(tc.in[i:min(i+step, len(tc.in))])
+				if want := sha256.Sum256(tc.in[:min(i+step, len(tc.in))]); !bytes.Equal(h.Sum(nil), want[:]) {
+					t.Fatalf("%s in writes of %d: Sum after %d bytes is not their SHA-256", name, step, min(i+step, len(tc.in)))
+				}
+			}
+			want := sha256.Sum256(tc.in)
+			digest, err := c.Finish()
+			switch {
+			case tc.whole && (err != nil || digest != hex.EncodeToString(want[:])):
+				t.Errorf("%s in writes of %d: Finish = %q, %v; want the whole SHA-256", name, step, digest, err)
+			case !tc.whole && !errors.Is(err, ErrCorrupt):
+				t.Errorf("%s in writes of %d: Finish = %v, want ErrCorrupt", name, step, err)
+			}
+		}
+	}
+	c := NewTrailerCheck()
+	h := c.Hash()
+	h.Write([]byte("something else"))
+	h.Reset()
+	h.Write(snap)
+	if _, err := c.Finish(); err != nil || h.Size() != sha256.Size || h.BlockSize() != sha256.BlockSize {
+		t.Fatalf("after Reset: %v", err)
+	}
+}
+
 func TestVerifierPassesReadErrorsOn(t *testing.T) {
 	boom := errors.New("connection reset")
 	v := NewVerifier(io.MultiReader(bytes.NewReader(snapshotBytes(1)[:100]), errReader{boom}), VerifierOptions{})

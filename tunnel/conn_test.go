@@ -166,9 +166,10 @@ func TestConnFailsWhenAPIServerConnectionCloses(t *testing.T) {
 	// The data stream may end (EOF) a moment before the close is noticed;
 	// either way Read returns, and the tunnel is then closed with the cause.
 	readErr(t, c)
-	deadline := time.Now().Add(10 * time.Second)
-	for c.closedErr() == nil && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	select {
+	case <-c.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the tunnel is not closed 10s after its API server connection")
 	}
 	want := "port-forward to pod eb-system/server-1 port 9443: connection to the API server closed"
 	if _, err := c.Write([]byte("x")); err == nil || err.Error() != want {

@@ -35,7 +35,7 @@ type Dialer struct {
 	websockets bool
 	requestID  atomic.Int64
 	// Trace, when set, is called as each phase of a dial ends (see the
-	// plugin's KUBECTL_ETCDBACKUP_TRACE).
+	// plugin's KUBECTL_ETCDBACKUP_TRACE, built with -tags etcdbackup_trace).
 	Trace func(phase string)
 	// Resolved, when set, is told each endpoint a dial resolves, e.g. to
 	// remember it as the next run's Hint.

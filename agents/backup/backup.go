@@ -73,9 +73,33 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		}
 	}
 	start := time.Now()
-	st, err := etcd.Status(ctx, opts.Endpoint)
+	info, err := memberInfo(ctx, etcd, opts.Endpoint)
 	if err != nil {
-		return nil, fmt.Errorf("status of etcd member %s: %w", opts.Endpoint, err)
+		return nil, err
+	}
+
+	// The snapshot stream and the upload share ctx: when either fails, the
+	// other is cancelled.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	status, err := newStatusCopy(opts.ScratchDir)
+	if err != nil {
+		return nil, err
+	}
+	defer status.Remove()
+	req := uploadRequest(opts, info, start)
+	if opts.Compression == ebv1.CompressionNone && len(recipients) == 0 {
+		return relaySnapshot(ctx, etcd, up, opts, info, req, status)
+	}
+	return encodeSnapshot(ctx, etcd, up, opts, info, req, status, recipients)
+}
+
+// memberInfo is what the backup records of the etcd member at endpoint,
+// asked before the snapshot starts.
+func memberInfo(ctx context.Context, etcd *clientv3.Client, endpoint string) (*ebv1.EtcdInfo, error) {
+	st, err := etcd.Status(ctx, endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("status of etcd member %s: %w", endpoint, err)
 	}
 	info := &ebv1.EtcdInfo{
 		// etcd does not say which revision a snapshot holds; the member's
@@ -93,36 +117,37 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 			}
 		}
 	}
+	return info, nil
+}
 
-	// The snapshot stream and the upload share ctx: when either fails, the
-	// other is cancelled.
+// uploadRequest is the upload of the backup opts describe, taken by an
+// agent from start on, of the member info describes (updated in place
+// when the snapshot says more), not encrypted.
+func uploadRequest(opts Options, info *ebv1.EtcdInfo, start time.Time) client.UploadRequest {
+	return client.UploadRequest{Header: &ebv1.UploadHeader{
+		Name:          opts.Name,
+		Location:      opts.Location,
+		Labels:        opts.Labels,
+		Compression:   opts.Compression,
+		Encryption:    ebv1.EncryptionNone,
+		AgeRecipients: opts.AgeRecipients,
+		Etcd:          info,
+		Source: &ebv1.BackupSource{
+			Kind:      ebv1.SourceAgent,
+			Target:    opts.Target,
+			StartTime: timestamppb.New(start),
+		},
+	}}
+}
+
+// encodeSnapshot uploads the snapshot compressed, encrypted to
+// recipients, or both. The server cannot see etcd's trailer then: the
+// agent checks it (the verifier's hash, carried on through the trailer,
+// is the raw SHA-256 the server records) and the stored bytes are hashed
+// by the read-ahead, off the sending goroutine.
+func encodeSnapshot(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Options, info *ebv1.EtcdInfo, req client.UploadRequest, status *statusCopy, recipients []age.Recipient) (*ebv1.Backup, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	header := func(encryption string) client.UploadRequest {
-		return client.UploadRequest{Header: &ebv1.UploadHeader{
-			Name:          opts.Name,
-			Location:      opts.Location,
-			Labels:        opts.Labels,
-			Compression:   opts.Compression,
-			Encryption:    encryption,
-			AgeRecipients: opts.AgeRecipients,
-			Etcd:          info,
-			Source: &ebv1.BackupSource{
-				Kind:      "agent",
-				Target:    opts.Target,
-				StartTime: timestamppb.New(start),
-			},
-		}}
-	}
-	status, err := newStatusCopy(opts.ScratchDir)
-	if err != nil {
-		return nil, err
-	}
-	defer status.Remove()
-	if opts.Compression == ebv1.CompressionNone && len(recipients) == 0 {
-		return relaySnapshot(ctx, etcd, up, opts, info, header(ebv1.EncryptionNone), status)
-	}
-
 	snap, err := startRelay(ctx, etcd, client.ChunkBytes, nil)
 	if err != nil {
 		return nil, fmt.Errorf("start snapshot of etcd member %s: %w", opts.Endpoint, err)
@@ -133,16 +158,11 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 		info.Version = snap.Version
 	}
 	var plainSnap io.Reader = snap
-	req := header(ebv1.EncryptionNone)
 	if status != nil {
 		plainSnap = io.TeeReader(snap, status)
 		req.Etcd = status.Status
 	}
 
-	// Compressed or encrypted, the server cannot see etcd's trailer: the
-	// agent checks it (the verifier's hash, carried on through the
-	// trailer, is the raw SHA-256 the server records) and the stored bytes
-	// are hashed by the read-ahead, off the sending goroutine.
 	raw := snapshot.NewVerifier(plainSnap, snapshot.VerifierOptions{Progress: opts.Progress, HashWhole: true})
 	compressed, err := snapshot.Compress(ctx, raw, opts.Compression)
 	if err != nil {

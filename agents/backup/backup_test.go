@@ -19,6 +19,7 @@ import (
 	"go.etcd.io/etcd/client/v3/snapshot"
 	etcdutl "go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
@@ -151,7 +152,7 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 			if b.GetRawSize() != int64(len(got)) || b.GetRawSha256() != sha(got) || b.GetCompression() != tc.compression {
 				t.Errorf("raw size/sha/compression = %d %s %q; want %d %s %q", b.GetRawSize(), b.GetRawSha256(), b.GetCompression(), len(got), sha(got), tc.compression)
 			}
-			if b.GetSource().GetKind() != "agent" || b.GetSource().GetTarget() != "test-etcd" || b.GetSource().GetStartTime() == nil ||
+			if b.GetSource().GetKind() != ebv1.SourceAgent || b.GetSource().GetTarget() != "test-etcd" || b.GetSource().GetStartTime() == nil ||
 				b.GetSource().GetDescription() != "job etcdbackup-system/backup-b1-0123456789" {
 				t.Errorf("source %+v", b.GetSource())
 			}
@@ -190,9 +191,13 @@ func TestEtcdDiesMidSnapshot(t *testing.T) {
 			if names := srv.names(t); len(names) != 0 {
 				t.Fatalf("listed after a failed backup: %v", names)
 			}
-			time.Sleep(100 * time.Millisecond) // the server notices the cancel asynchronously
-			entries, _ := os.ReadDir(filepath.Join(srv.dir, ".tmp"))
-			if len(entries) != 0 {
+			// The server notices the cancel asynchronously: it aborts the
+			// upload a moment after the agent returned.
+			var entries []os.DirEntry
+			if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+				entries, _ = os.ReadDir(filepath.Join(srv.dir, ".tmp"))
+				return len(entries) == 0, nil
+			}); err != nil {
 				t.Fatalf("half-written upload left in .tmp: %v", entries)
 			}
 		})

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
@@ -103,14 +105,14 @@ func (f *flaky) Check(context.Context) error {
 	return nil
 }
 
+// waitFor polls ok (apimachinery's wait) until it holds, failing the test
+// after within.
 func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, within, true, func(context.Context) (bool, error) {
+		return ok(), nil
+	}); err != nil {
+		t.Fatalf("%s: not within %s", what, within)
 	}
 }
 
@@ -360,8 +362,11 @@ func TestTransferNotCut(t *testing.T) {
 	if _, err := io.ReadFull(r, head); err != nil {
 		t.Fatal(err)
 	}
-	// A reader that takes its time: what is under test is time passing.
-	<-time.After(3 * opts.CallTimeout)
+	// A reader that takes its time: what is under test is time passing
+	// on the bound's real timer, with the store (versitygw) another
+	// process and the bytes on real sockets — no condition to wait for,
+	// and a fake clock cannot move either (the sleep is 600 ms).
+	time.Sleep(3 * opts.CallTimeout)
 	sum, n := storagetest.Sum(t, io.MultiReader(bytes.NewReader(head), r), 0)
 	if sum != m.SHA256 || n != m.Size {
 		t.Fatalf("read past the bound: %d bytes, SHA-256 %s; want %d, %s", n, sum, m.Size, m.SHA256)

@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	s3sdk "github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3"
@@ -390,8 +391,16 @@ func TestStaleUploadCleanup(t *testing.T) {
 	if ups, _ := srv.OpenMultipartUploads(ctx); len(ups) != 1 {
 		t.Fatalf("another prefix aborted the upload: %q", ups)
 	}
-	time.Sleep(1100 * time.Millisecond) // S3 times have a resolution of 1 s
-	newLocation(t, srv, "stale", func(c *s3.Config) { c.StaleUploadAge = time.Second })
+	// S3 times have a resolution of 1 s, from the store's clock: the
+	// locations started until the upload is older than StaleUploadAge
+	// leave it; the first after aborts it.
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		newLocation(t, srv, "stale", func(c *s3.Config) { c.StaleUploadAge = time.Second })
+		ups, err := srv.OpenMultipartUploads(ctx)
+		return len(ups) == 0, err
+	}); err != nil {
+		t.Errorf("the stale upload is not aborted: %v", err)
+	}
 	noOpenUploads(t, srv)
 }
 
@@ -413,10 +422,14 @@ func TestOrphanData(t *testing.T) {
 	if _, err := loc.Create(ctx, "crashed"); !errors.Is(err, storage.ErrAlreadyExists) || !strings.Contains(err.Error(), "interrupted") {
 		t.Errorf("Create over young orphan data = %v, want ErrAlreadyExists explaining it", err)
 	}
-	time.Sleep(1100 * time.Millisecond)
-	aged := newLocation(t, srv, "orphan", func(c *s3.Config) { c.OrphanAge = time.Second })
-	if k := keys(t, srv); len(k) != 0 {
-		t.Errorf("keys after cleanup: %q", k)
+	// Each location started cleans up at its start: the first once the
+	// data is older than OrphanAge (by the store's clock) removes it.
+	var aged *s3.Location
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		aged = newLocation(t, srv, "orphan", func(c *s3.Config) { c.OrphanAge = time.Second })
+		return len(keys(t, srv)) == 0, nil
+	}); err != nil {
+		t.Errorf("keys after cleanup: %q", keys(t, srv))
 	}
 	storagetest.Put(t, aged, "crashed", storagetest.Data(2, 1000))
 }

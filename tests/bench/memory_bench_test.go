@@ -28,7 +28,7 @@ import (
 // the path compresses, so its repetitive values cost what any do) and
 // during its download back, to a filesystem and to an S3 location (a real
 // versitygw). Each case runs in a fresh server so that its peak is the
-// transfer's. Issue 16's aim is a peak of at most 64 MiB for any size.
+// transfer's. The aim is a peak of at most 64 MiB for any size.
 // With ETCDBACKUP_BENCH_BASELINE_BIN set to a directory of another build
 // (its etcdbackup-server, built as the image's is: -trimpath -ldflags
 // "-s -w"), that build runs every case too, in turns; the

@@ -24,8 +24,11 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
 
-// TestReliability is issue 13's sandbox list: real processes killed, a
-// crafted backup, and a crowd of transfers through the tunnel.
+// TestReliability, on real processes through the tunnel: a zstd bomb
+// uploaded as a backup is refused by verify and download and leaves the
+// server serving; an upload whose server is killed mid-way leaves no
+// backup and, retried, stores the file once; 16 downloads and 2 uploads at
+// once all arrive byte-identical.
 func TestReliability(t *testing.T) {
 	c := startCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

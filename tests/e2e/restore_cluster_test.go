@@ -284,7 +284,7 @@ func scaleApp(t *testing.T, c *cluster, replicas int) {
 	mustSucceed(t, c.run(t, nil, append(args, fmt.Sprintf("--replicas=%d", replicas))...), "kubectl scale")
 }
 
-// TestRestoreIntoCluster is issue 6's end-to-end: a 3-member etcd running
+// TestRestoreIntoCluster, end to end: a 3-member etcd running
 // as pods on PVCs is backed up into S3, changed, stopped and wiped, then
 // `kubectl etcdbackup restore --target --wait` rebuilds every member's
 // volume with agent Jobs; started again, the cluster has its 3 members

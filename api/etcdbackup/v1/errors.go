@@ -1,6 +1,8 @@
 package etcdbackupv1
 
 import (
+	"fmt"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -39,4 +41,40 @@ func UnavailableLocation(st *status.Status) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// ReasonServerError marks an error the server itself decided on — a
+// handler's answer, a recovered panic — from one gRPC's transport makes
+// up when a connection breaks mid-call. Both may be Internal: a torn
+// stream surfaces as Internal ("stream terminated by RST_STREAM",
+// "unexpected EOF") and is worth another attempt; the server's own
+// Internal is a bug, which asking again does not mend.
+const ReasonServerError = "SERVER_ERROR"
+
+// ServerError is the status of an error the server decided on, with code
+// and msg, marked as the server's (ReasonServerError).
+func ServerError(code codes.Code, msg string) error {
+	st := status.New(code, msg)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonServerError, Domain: ErrorDomain}); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
+// ServerErrorf is ServerError with a format.
+func ServerErrorf(code codes.Code, format string, a ...any) error {
+	return ServerError(code, fmt.Sprintf(format, a...))
+}
+
+// IsServerError reports whether st carries the server's mark — an
+// ErrorInfo of ErrorDomain, whatever its reason (a ServerError, a
+// LocationUnavailableError) — so it is the server's own answer, not the
+// transport's.
+func IsServerError(st *status.Status) bool {
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == ErrorDomain {
+			return true
+		}
+	}
+	return false
 }
