@@ -185,6 +185,13 @@ func describeEtcd(w io.Writer, b *ebv1.Backup, e *ebv1.EtcdInfo) {
 	} else if e.GetRevision() != 0 {
 		subfield(w, "Keys", "<none> (recorded before backups read their snapshot's status; `kubectl etcdbackup verify` reads it)")
 	}
+	if e.GetKeyspace() {
+		ks := fmt.Sprintf("%d keys at revision %d, HashKV %d", e.GetKeyspaceKeys(), e.GetRevision(), e.GetHashKv())
+		if e.GetCompactRevision() > 0 {
+			ks += fmt.Sprintf(", compacted at %d", e.GetCompactRevision())
+		}
+		subfield(w, "Keyspace", ks)
+	}
 	subfield(w, "Version", orNone(e.GetVersion()))
 	if e.GetDbSize() > 0 {
 		subfield(w, "Database Size", sizeString(e.GetDbSize()))

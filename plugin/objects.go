@@ -85,6 +85,18 @@ type EtcdInfo struct {
 	TotalKeys      int64  `json:"totalKeys,omitempty"`
 	Hash           string `json:"hash,omitempty"`
 	SnapshotStatus bool   `json:"snapshotStatus,omitempty"`
+	// Keyspace is the keyspace fingerprint at Revision, when recorded.
+	Keyspace *Keyspace `json:"keyspace,omitempty"`
+}
+
+// Keyspace is what a restore of the backup must equal: the keys that
+// exist at the revision and etcd's HashKV there (the number `etcdctl
+// endpoint hashkv --rev` prints), with the revision the keyspace was
+// compacted at.
+type Keyspace struct {
+	Keys            int64  `json:"keys"`
+	HashKV          uint32 `json:"hashKV"`
+	CompactRevision int64  `json:"compactRevision,omitempty"`
 }
 
 // BackupList is a list of backups, newest first.
@@ -279,6 +291,9 @@ func backupObject(b *ebv1.Backup) Backup {
 		}
 		if e.GetSnapshotStatus() {
 			o.Status.Etcd.TotalKeys, o.Status.Etcd.Hash, o.Status.Etcd.SnapshotStatus = e.GetTotalKeys(), hashString(b), true
+		}
+		if e.GetKeyspace() {
+			o.Status.Etcd.Keyspace = &Keyspace{Keys: e.GetKeyspaceKeys(), HashKV: e.GetHashKv(), CompactRevision: e.GetCompactRevision()}
 		}
 	}
 	return o

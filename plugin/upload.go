@@ -125,6 +125,11 @@ func (o *UploadOptions) Run(ctx context.Context) error {
 	size := st.Size()
 	facts := snapshot.Facts(status)
 	facts.Version, facts.DbSize = status.Version, status.TotalSize
+	ks, err := snapshot.ReadKeyspace(o.File, "", true)
+	if err != nil {
+		return fmt.Errorf("upload: %s: %w; nothing was sent", o.File, err)
+	}
+	facts.KeyspaceKeys, facts.HashKv, facts.CompactRevision, facts.Keyspace = ks.Keys, ks.HashKV, ks.CompactRevision, true
 	h := &ebv1.UploadHeader{
 		Name:         o.Name,
 		Location:     o.Location,

@@ -634,8 +634,16 @@ func manifestFromHeader(h *ebv1.UploadHeader, kind string, size int64, digest st
 			Hash:           e.GetHash(),
 			SnapshotStatus: e.GetSnapshotStatus(),
 		}
+		setKeyspace(m.Etcd, e)
 	}
 	return m
+}
+
+// setKeyspace records e's keyspace fingerprint in m, if it has one.
+func setKeyspace(m *storage.EtcdInfo, e *ebv1.EtcdInfo) {
+	if e.GetKeyspace() {
+		m.KeyspaceKeys, m.HashKV, m.CompactRevision, m.Keyspace = e.GetKeyspaceKeys(), e.GetHashKv(), e.GetCompactRevision(), true
+	}
 }
 
 // withSnapshotStatus records in m what the sender read from the plain
@@ -649,6 +657,7 @@ func withSnapshotStatus(m *storage.Manifest, e *ebv1.EtcdInfo) {
 		m.Etcd = &storage.EtcdInfo{}
 	}
 	m.Etcd.Revision, m.Etcd.TotalKeys, m.Etcd.Hash, m.Etcd.SnapshotStatus = e.GetRevision(), e.GetTotalKeys(), e.GetHash(), true
+	setKeyspace(m.Etcd, e)
 }
 
 func backupFromManifest(loc string, m *storage.Manifest) *ebv1.Backup {
@@ -688,6 +697,9 @@ func backupFromManifest(loc string, m *storage.Manifest) *ebv1.Backup {
 			TotalKeys:      e.TotalKeys,
 			Hash:           e.Hash,
 			SnapshotStatus: e.SnapshotStatus,
+		}
+		if e.Keyspace {
+			b.Etcd.KeyspaceKeys, b.Etcd.HashKv, b.Etcd.CompactRevision, b.Etcd.Keyspace = e.KeyspaceKeys, e.HashKV, e.CompactRevision, true
 		}
 	}
 	return b

@@ -121,6 +121,6 @@ func checkf(cond bool, format string, args ...any) error {
 // validateEtcdFacts checks the snapshot facts an upload's header or
 // trailer carries.
 func validateEtcdFacts(where string, e *ebv1.EtcdInfo) error {
-	return checkf(e.GetRevision() >= 0 && e.GetTotalKeys() >= 0 && e.GetDbSize() >= 0,
-		"%s: the etcd revision (%d), key count (%d) and database size (%d) must not be negative", where, e.GetRevision(), e.GetTotalKeys(), e.GetDbSize())
+	return checkf(e.GetRevision() >= 0 && e.GetTotalKeys() >= 0 && e.GetDbSize() >= 0 && e.GetKeyspaceKeys() >= 0 && e.GetCompactRevision() >= 0,
+		"%s: the etcd revision (%d), key counts (%d, %d), database size (%d) and compact revision (%d) must not be negative", where, e.GetRevision(), e.GetTotalKeys(), e.GetKeyspaceKeys(), e.GetDbSize(), e.GetCompactRevision())
 }

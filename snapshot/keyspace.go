@@ -79,7 +79,8 @@ func ReadKeyspace(path, scratch string, copied bool) (ks Keyspace, err error) {
 	if err != nil {
 		return Keyspace{}, fmt.Errorf("%w: etcd cannot count its keys: %v", ErrCorrupt, err)
 	}
-	return Keyspace{Revision: rev, CompactRevision: h.CompactRevision, Keys: int64(r.Count), HashKV: h.Hash}, nil
+	// etcd says -1 for a keyspace never compacted.
+	return Keyspace{Revision: rev, CompactRevision: max(0, h.CompactRevision), Keys: int64(r.Count), HashKV: h.Hash}, nil
 }
 
 func copyFile(from, to string) error {

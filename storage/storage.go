@@ -98,6 +98,13 @@ type EtcdInfo struct {
 	TotalKeys      int64  `json:"totalKeys,omitempty"`
 	Hash           uint32 `json:"hash,omitempty"`
 	SnapshotStatus bool   `json:"snapshotStatus,omitempty"`
+	// KeyspaceKeys, HashKV and CompactRevision are the keyspace
+	// fingerprint at Revision (Keyspace says they were recorded): what
+	// a restore of the backup must equal.
+	KeyspaceKeys    int64  `json:"keyspaceKeys,omitempty"`
+	HashKV          uint32 `json:"hashKV,omitempty"`
+	CompactRevision int64  `json:"compactRevision,omitempty"`
+	Keyspace        bool   `json:"keyspace,omitempty"`
 }
 
 // Location is one named place where backups are stored. Implementations are

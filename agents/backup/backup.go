@@ -82,7 +82,7 @@ func Run(ctx context.Context, etcd *clientv3.Client, up *client.Client, opts Opt
 	// other is cancelled.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	status, err := newStatusCopy(opts.ScratchDir)
+	status, err := newStatusCopy(ctx, opts.ScratchDir, etcd, opts.Endpoint)
 	if err != nil {
 		return nil, err
 	}

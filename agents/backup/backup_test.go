@@ -146,6 +146,19 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 				t.Errorf("recorded revision %d, keys %d, hash %d (read from the snapshot: %v); etcdutl status of the backup %+v",
 					e.GetRevision(), e.GetTotalKeys(), e.GetHash(), e.GetSnapshotStatus(), gotSt)
 			}
+			// The keyspace fingerprint is the member's at that revision.
+			hk, err := c.HashKV(context.Background(), te.Endpoint, e.GetRevision())
+			if err != nil {
+				t.Fatal(err)
+			}
+			count, err := c.Get(context.Background(), "\x00", clientv3.WithFromKey(), clientv3.WithCountOnly(), clientv3.WithRev(e.GetRevision()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !e.GetKeyspace() || e.GetHashKv() != hk.Hash || e.GetKeyspaceKeys() != count.Count || e.GetCompactRevision() != max(0, hk.CompactRevision) {
+				t.Errorf("recorded keyspace %d keys, HashKV %d, compacted at %d (recorded: %v); the member: %d keys, HashKV %d, compacted at %d",
+					e.GetKeyspaceKeys(), e.GetHashKv(), e.GetCompactRevision(), e.GetKeyspace(), count.Count, hk.Hash, hk.CompactRevision)
+			}
 			if left, _ := os.ReadDir(scratch); len(left) != 0 {
 				t.Errorf("scratch space keeps %d files after the backup", len(left))
 			}

@@ -1,11 +1,14 @@
 package backup
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"sync"
+	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/mem"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
@@ -24,11 +27,18 @@ type statusCopy struct {
 	f    *os.File
 	once sync.Once
 	err  error // the first write error
+
+	// The member the snapshot came from, asked for the keyspace
+	// fingerprint at the snapshot's revision once it is known.
+	ctx      context.Context
+	etcd     *clientv3.Client
+	endpoint string
 }
 
 // newStatusCopy creates the copy in dir; "" keeps none (then no status is
-// read and the backup records the member's revision only).
-func newStatusCopy(dir string) (*statusCopy, error) {
+// read and the backup records the member's revision only). etcd is a
+// client of the member at endpoint only.
+func newStatusCopy(ctx context.Context, dir string, etcd *clientv3.Client, endpoint string) (*statusCopy, error) {
 	if dir == "" {
 		return nil, nil
 	}
@@ -36,7 +46,7 @@ func newStatusCopy(dir string) (*statusCopy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scratch copy of the snapshot (to read its status): %w", err)
 	}
-	return &statusCopy{f: f}, nil
+	return &statusCopy{f: f, ctx: ctx, etcd: etcd, endpoint: endpoint}, nil
 }
 
 // Write appends p; after a failure it keeps failing, so the backup fails
@@ -76,8 +86,39 @@ func (c *statusCopy) Status() (*ebv1.EtcdInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the snapshot etcd sent: %w", err)
 	}
-	return snapshot.Facts(st), nil
+	facts := snapshot.Facts(st)
+	c.addKeyspace(facts)
+	return facts, nil
 }
+
+// addKeyspace asks the member, right after the snapshot, for the keyspace
+// fingerprint at the snapshot's revision: HashKV and the keys there. It is
+// the live cluster's, not the file's, so a restore of the backup can be
+// proven equal to the cluster it came from (a drill). A member that has
+// compacted past the revision meanwhile, or does not answer, leaves it
+// unrecorded rather than fail a backup that is whole.
+func (c *statusCopy) addKeyspace(facts *ebv1.EtcdInfo) {
+	rev := facts.GetRevision()
+	if c.etcd == nil || rev <= 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, keyspaceTimeout)
+	defer cancel()
+	hk, err := c.etcd.HashKV(ctx, c.endpoint, rev)
+	if err != nil {
+		return
+	}
+	count, err := c.etcd.Get(ctx, "\x00", clientv3.WithFromKey(), clientv3.WithCountOnly(), clientv3.WithRev(rev), clientv3.WithSerializable())
+	if err != nil {
+		return
+	}
+	// etcd says -1 for a keyspace never compacted.
+	facts.KeyspaceKeys, facts.HashKv, facts.CompactRevision, facts.Keyspace = count.Count, hk.Hash, max(0, hk.CompactRevision), true
+}
+
+// keyspaceTimeout bounds the questions to the member after the snapshot:
+// HashKV reads its whole keyspace.
+const keyspaceTimeout = 2 * time.Minute
 
 // Remove deletes the copy; safe to call more than once.
 func (c *statusCopy) Remove() {

@@ -738,8 +738,19 @@ type EtcdInfo struct {
 	// (every backup since they were recorded; false for older ones, whose
 	// revision is the member's just before the snapshot).
 	SnapshotStatus bool `protobuf:"varint,9,opt,name=snapshot_status,json=snapshotStatus,proto3" json:"snapshot_status,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The keyspace fingerprint at revision, for comparing a restore with
+	// the cluster the backup came from: the number of keys that exist at
+	// revision, etcd's HashKV there (as `etcdctl endpoint hashkv --rev`
+	// prints it) and the revision the keyspace was compacted at. An
+	// agent asks the member right after the snapshot; an upload records
+	// what etcd's storage code reads from the file. keyspace says they
+	// were recorded.
+	KeyspaceKeys    int64  `protobuf:"varint,10,opt,name=keyspace_keys,json=keyspaceKeys,proto3" json:"keyspace_keys,omitempty"`
+	HashKv          uint32 `protobuf:"varint,11,opt,name=hash_kv,json=hashKv,proto3" json:"hash_kv,omitempty"`
+	CompactRevision int64  `protobuf:"varint,12,opt,name=compact_revision,json=compactRevision,proto3" json:"compact_revision,omitempty"`
+	Keyspace        bool   `protobuf:"varint,13,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *EtcdInfo) Reset() {
@@ -831,6 +842,34 @@ func (x *EtcdInfo) GetHash() uint32 {
 func (x *EtcdInfo) GetSnapshotStatus() bool {
 	if x != nil {
 		return x.SnapshotStatus
+	}
+	return false
+}
+
+func (x *EtcdInfo) GetKeyspaceKeys() int64 {
+	if x != nil {
+		return x.KeyspaceKeys
+	}
+	return 0
+}
+
+func (x *EtcdInfo) GetHashKv() uint32 {
+	if x != nil {
+		return x.HashKv
+	}
+	return 0
+}
+
+func (x *EtcdInfo) GetCompactRevision() int64 {
+	if x != nil {
+		return x.CompactRevision
+	}
+	return 0
+}
+
+func (x *EtcdInfo) GetKeyspace() bool {
+	if x != nil {
+		return x.Keyspace
 	}
 	return false
 }
@@ -2913,7 +2952,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x06target\x18\x03 \x01(\tR\x06target\x129\n" +
 	"\n" +
 	"start_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
-	"\bend_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"\x92\x02\n" +
+	"\bend_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"\x97\x03\n" +
 	"\bEtcdInfo\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\x04R\tclusterId\x12\x1b\n" +
@@ -2926,7 +2965,12 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\n" +
 	"total_keys\x18\a \x01(\x03R\ttotalKeys\x12\x12\n" +
 	"\x04hash\x18\b \x01(\rR\x04hash\x12'\n" +
-	"\x0fsnapshot_status\x18\t \x01(\bR\x0esnapshotStatus\"\x93\x01\n" +
+	"\x0fsnapshot_status\x18\t \x01(\bR\x0esnapshotStatus\x12#\n" +
+	"\rkeyspace_keys\x18\n" +
+	" \x01(\x03R\fkeyspaceKeys\x12\x17\n" +
+	"\ahash_kv\x18\v \x01(\rR\x06hashKv\x12)\n" +
+	"\x10compact_revision\x18\f \x01(\x03R\x0fcompactRevision\x12\x1a\n" +
+	"\bkeyspace\x18\r \x01(\bR\bkeyspace\"\x93\x01\n" +
 	"\x12ListBackupsRequest\x12\x1a\n" +
 	"\blocation\x18\x01 \x01(\tR\blocation\x12%\n" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
