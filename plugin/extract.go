@@ -240,47 +240,9 @@ func (o *ExtractOptions) Run(ctx context.Context) error {
 		}
 	}
 
-	var all []*unstructured.Unstructured
-	var skipped []error
-	var missing, owned, deleting []string
-	for _, r := range resources {
-		found := map[string]bool{}
-		err := b.Objects(kube.Selection{Resource: r, Namespace: ns, Names: o.Objects, Labels: o.selector}, func(obj kube.Object, err error) error {
-			found[obj.Name] = true
-			if err != nil {
-				skipped = append(skipped, err)
-				return nil
-			}
-			d := kube.Manifest(obj.Object, r, kube.ManifestOptions{KeepOwnerReferences: o.KeepOwnerReferences})
-			label := r.String() + " " + quote(objectPath(obj))
-			if len(d.OwnerReferences) > 0 {
-				owned = append(owned, label+" (owned by "+strings.Join(d.OwnerReferences, ", ")+")")
-			}
-			if d.Deleting {
-				deleting = append(deleting, label)
-			}
-			all = append(all, obj.Object)
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("extract from %q: %w", o.Name, err)
-		}
-		for _, n := range o.Objects {
-			if !found[n] {
-				missing = append(missing, r.String()+" "+quote(n))
-			}
-		}
-	}
-
-	for _, err := range skipped {
-		fmt.Fprintf(o.ErrOut, "Warning: %v; skipped\n", err)
-	}
-	for _, d := range deleting {
-		fmt.Fprintf(o.ErrOut, "Warning: %s was being deleted when the backup was taken (it had a deletionTimestamp, removed here)\n", d)
-	}
-	if len(owned) > 0 {
-		fmt.Fprintf(o.ErrOut, "ownerReferences removed from %d %s, whose owners may no longer exist with those UIDs (pass --keep-owner-references if they do): %s\n",
-			len(owned), plural(int64(len(owned)), "object", "objects"), listSome(owned, 5))
+	x, err := o.extract(b, resources, ns)
+	if err != nil {
+		return err
 	}
 	where := "every namespace"
 	if ns != "" {
@@ -289,35 +251,94 @@ func (o *ExtractOptions) Run(ctx context.Context) error {
 	if !namespaced {
 		where = "the cluster"
 	}
-	if len(all) == 0 && len(skipped) == 0 && len(missing) == 0 {
-		fmt.Fprintf(o.ErrOut, "No %s found in %s of backup %q (revision %d).\n", strings.Join(o.Resources, ","), where, o.Name, b.Status.Revision)
-	} else {
-		fmt.Fprintf(o.ErrOut, "%d %s from %s of backup %q (revision %d)\n", len(all), plural(int64(len(all)), "object", "objects"), where, o.Name, b.Status.Revision)
-	}
-
-	var out runtime.Object
-	if len(o.Objects) == 1 && len(all) == 1 {
-		out = all[0]
-	} else {
-		list := &unstructured.UnstructuredList{Object: map[string]any{"apiVersion": "v1", "kind": "List"}}
-		for _, u := range all {
-			list.Items = append(list.Items, *u)
-		}
-		if list.Items == nil {
-			list.Items = []unstructured.Unstructured{}
-		}
-		out = list
-	}
-	if err := o.printer.PrintObj(out, o.Out); err != nil {
+	o.report(x, fmt.Sprintf("%s of backup %q (revision %d)", where, o.Name, b.Status.Revision))
+	if err := o.printer.PrintObj(x.output(len(o.Objects) == 1), o.Out); err != nil {
 		return err
 	}
 	switch {
-	case len(missing) > 0:
-		return withCode(ExitNotFound, fmt.Errorf("not in backup %q (%s): %s", o.Name, where, strings.Join(missing, ", ")))
-	case len(skipped) > 0:
-		return withCode(ExitIncomplete, fmt.Errorf("%d %s could not be extracted (see the warnings above); the others were printed", len(skipped), plural(int64(len(skipped)), "object", "objects")))
+	case len(x.missing) > 0:
+		return withCode(ExitNotFound, fmt.Errorf("not in backup %q (%s): %s", o.Name, where, strings.Join(x.missing, ", ")))
+	case len(x.skipped) > 0:
+		return withCode(ExitIncomplete, fmt.Errorf("%d %s could not be extracted (see the warnings above); the others were printed", len(x.skipped), plural(int64(len(x.skipped)), "object", "objects")))
 	}
 	return nil
+}
+
+// extraction is what extract found: the manifests, the objects it could
+// not read, the names asked for that are not there, and what Manifest
+// removed that is worth saying.
+type extraction struct {
+	objects                  []*unstructured.Unstructured
+	skipped                  []error
+	missing, owned, deleting []string
+}
+
+// extract walks each resource's selected objects and makes them
+// manifests.
+func (o *ExtractOptions) extract(b *openedBackup, resources []kube.Resource, ns string) (*extraction, error) {
+	x := &extraction{}
+	for _, r := range resources {
+		found := map[string]bool{}
+		err := b.Objects(kube.Selection{Resource: r, Namespace: ns, Names: o.Objects, Labels: o.selector}, func(obj kube.Object, err error) error {
+			found[obj.Name] = true
+			if err != nil {
+				x.skipped = append(x.skipped, err)
+				return nil
+			}
+			d := kube.Manifest(obj.Object, r, kube.ManifestOptions{KeepOwnerReferences: o.KeepOwnerReferences})
+			label := r.String() + " " + quote(objectPath(obj))
+			if len(d.OwnerReferences) > 0 {
+				x.owned = append(x.owned, label+" (owned by "+strings.Join(d.OwnerReferences, ", ")+")")
+			}
+			if d.Deleting {
+				x.deleting = append(x.deleting, label)
+			}
+			x.objects = append(x.objects, obj.Object)
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("extract from %q: %w", o.Name, err)
+		}
+		for _, n := range o.Objects {
+			if !found[n] {
+				x.missing = append(x.missing, r.String()+" "+quote(n))
+			}
+		}
+	}
+	return x, nil
+}
+
+// report says on stderr what was skipped or changed, and what was found
+// where.
+func (o *ExtractOptions) report(x *extraction, where string) {
+	for _, err := range x.skipped {
+		fmt.Fprintf(o.ErrOut, "Warning: %v; skipped\n", err)
+	}
+	for _, d := range x.deleting {
+		fmt.Fprintf(o.ErrOut, "Warning: %s was being deleted when the backup was taken (it had a deletionTimestamp, removed here)\n", d)
+	}
+	if len(x.owned) > 0 {
+		fmt.Fprintf(o.ErrOut, "ownerReferences removed from %d %s, whose owners may no longer exist with those UIDs (pass --keep-owner-references if they do): %s\n",
+			len(x.owned), plural(int64(len(x.owned)), "object", "objects"), listSome(x.owned, 5))
+	}
+	if len(x.objects) == 0 && len(x.skipped) == 0 && len(x.missing) == 0 {
+		fmt.Fprintf(o.ErrOut, "No %s found in %s.\n", strings.Join(o.Resources, ","), where)
+		return
+	}
+	fmt.Fprintf(o.ErrOut, "%d %s from %s\n", len(x.objects), plural(int64(len(x.objects)), "object", "objects"), where)
+}
+
+// output is what -o prints: the one object asked for by name, or a List
+// (kubectl's, which apply and create take).
+func (x *extraction) output(oneNamed bool) runtime.Object {
+	if oneNamed && len(x.objects) == 1 {
+		return x.objects[0]
+	}
+	list := &unstructured.UnstructuredList{Object: map[string]any{"apiVersion": "v1", "kind": "List"}, Items: []unstructured.Unstructured{}}
+	for _, u := range x.objects {
+		list.Items = append(list.Items, *u)
+	}
+	return list
 }
 
 func objectPath(o kube.Object) string {

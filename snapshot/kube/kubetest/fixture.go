@@ -61,7 +61,7 @@ func WriteFixture(t testing.TB) *Fixture {
 	meta := func(ns, name string) metav1.ObjectMeta {
 		return metav1.ObjectMeta{
 			Namespace: ns, Name: name, UID: types.UID("uid-" + ns + "-" + name), CreationTimestamp: created,
-			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl-client-side-apply", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:data":{}}`)}}},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl-client-side-apply", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:data":{}}`)}},
 		}
 	}
 	put := func(key string, obj runtime.Object) { e.Put(key, Protobuf(t, obj)) }
@@ -174,8 +174,10 @@ func WriteFixture(t testing.TB) *Fixture {
 	}
 	e.Put("/registry/apiregistration.k8s.io/apiservices/v1.example.org", append([]byte("k8s\x00"), raw...))
 
-	put("/registry/masterleases/192.0.2.10", &corev1.Endpoints{ObjectMeta: metav1.ObjectMeta{Name: "192.0.2.10"},
-		Subsets: []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: "192.0.2.10"}}}}})
+	// kube-apiserver keeps its masterleases as core/v1 Endpoints.
+	//lint:ignore SA1019 the type kube-apiserver stores, deprecated or not
+	lease := &corev1.Endpoints{ObjectMeta: metav1.ObjectMeta{Name: "192.0.2.10"}, Subsets: []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: "192.0.2.10"}}}}}
+	put("/registry/masterleases/192.0.2.10", lease)
 	put("/registry/ranges/serviceips", &corev1.RangeAllocation{Range: "10.96.0.0/12", Data: []byte{1}})
 	e.Put("compact_rev_key", []byte("7"))
 
