@@ -110,6 +110,8 @@ backups.etcdbackup.io and restores.etcdbackup.io. With --server-address only
 		NewCmdVerify(g),
 		NewCmdRestore(g),
 		NewCmdPrune(g),
+		NewCmdInspect(g),
+		NewCmdExtract(g),
 	)
 	_ = cmd.RegisterFlagCompletionFunc("location", completeServerInfo(g, locationNamesOf))
 	setUsageErrors(cmd)

@@ -1,0 +1,359 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/printers"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot/kube"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tunnel"
+)
+
+// ExtractOptions are the options of `kubectl etcdbackup extract`.
+type ExtractOptions struct {
+	*GlobalOptions
+	Name string
+	// Resources are the resource types asked for (RESOURCE, or a comma
+	// list of them); Objects the names, of a single resource.
+	Resources []string
+	Objects   []string
+	// ObjectNamespace is --object-namespace; AllNamespaces -A. Neither:
+	// the kubeconfig context's namespace, as kubectl's.
+	ObjectNamespace string
+	AllNamespaces   bool
+	Selector        string
+	// KeepOwnerReferences keeps metadata.ownerReferences (dropped by
+	// default: see kube.ManifestOptions).
+	KeepOwnerReferences bool
+	Source              backupSource
+	// Output is -o: Kubernetes objects, so cli-runtime's printers (json,
+	// yaml, name, jsonpath, templates) rather than the plugin's tables.
+	Output *genericclioptions.PrintFlags
+
+	printer      printers.ResourcePrinter
+	selector     labels.Selector
+	serverNSFlag bool
+}
+
+// NewCmdExtract returns the extract command.
+func NewCmdExtract(g *GlobalOptions) *cobra.Command {
+	o := &ExtractOptions{GlobalOptions: g, Output: genericclioptions.NewPrintFlags("").WithDefaultOutput("yaml")}
+	cmd := &cobra.Command{
+		Use:   "extract NAME RESOURCE[,RESOURCE...] [OBJECT...]",
+		Short: "Print objects from a backup as manifests to apply again, without rolling the cluster back",
+		Long: `extract prints Kubernetes objects as they were in a backup, ready for
+"kubectl apply -f -" or "kubectl create -f -": the way to recover a deleted
+or broken object without restoring the whole of etcd. THE OUTPUT CONTAINS
+SECRET DATA when Secrets are asked for (that is the point of recovering one):
+print it to a pipe or to a file only you can read.
+
+The backup is downloaded into a temporary file and checked exactly as
+download checks it (--identity decrypts an encrypted one), etcd's database
+is opened read-only, and the latest revision of each object is decoded from
+the API server's storage encoding: protobuf for built-in types (decoded with
+client-go's types), JSON or CBOR for custom resources. Nothing is sent to
+the cluster. With --storage-config the backup is read from its storage
+location without the API server; with --from-file FILE (a snapshot written
+by download) no server is asked. The temporary file is removed at the end.
+
+RESOURCE takes kubectl's names: plural, singular, kind or short name,
+optionally with the group ("configmaps", "cm", "deployments.apps", "deploy",
+"widgets.example.com"); custom resources are resolved with the
+CustomResourceDefinitions in the backup itself; several types go in a comma
+list. OBJECT names limit the output to those objects (of one RESOURCE).
+
+Namespaces: -n/--namespace is, as for every command of this plugin, the
+namespace the etcdbackup server runs in, not the objects'. The objects'
+namespace is --object-namespace NS, or -A for every namespace; without
+either it is your kubeconfig context's namespace, as for kubectl.
+
+What is printed is each object as stored, less what the API server sets:
+metadata.resourceVersion, uid, creationTimestamp, managedFields,
+generation, selfLink, deletionTimestamp and deletionGracePeriodSeconds are
+removed, and status wherever the API server ignores it on create and apply
+(built-in types, custom resources with a status subresource; a custom
+resource without one keeps it, as data). metadata.ownerReferences are
+removed too, unless --keep-owner-references: they name owners by UID, which
+cannot be checked offline, and an object whose owners are all gone (or were
+re-created, with new UIDs) is deleted again by the garbage collector. Keep
+them only when the owners still exist as they were. Labels, annotations
+(kubectl's last-applied-configuration too), finalizers, spec and data are
+kept as they were; so are fields a controller filled in, such as a
+Service's clusterIP (a new Service gets the same IP if it is still free).
+Objects that controllers make (Pods of a ReplicaSet, ReplicaSets of a
+Deployment, EndpointSlices) are better recreated by restoring their owner.
+
+Objects the API server encrypted at rest (EncryptionConfiguration: values
+starting "k8s:enc:") cannot be read without its keys: each is named on
+stderr with its provider and key, and skipped. So is an object of a type this
+build cannot decode.
+
+Exit codes: 0 when every object asked for was printed; 3 when a named OBJECT
+is not in the backup; 6 when objects were skipped (encrypted, undecodable),
+after printing the others.`,
+		Example: examples(`
+# Put back the ConfigMap app-config of namespace shop as it was in a backup
+kubectl etcdbackup extract etcd-2026-01-31 configmap app-config --object-namespace shop | kubectl apply -f -
+
+# Recover a deleted Secret (the output holds its data)
+kubectl etcdbackup extract etcd-2026-01-31 secret db-password --object-namespace shop | kubectl create -f -
+
+# Every Deployment, ConfigMap and Secret of namespace shop labelled app=web
+kubectl etcdbackup extract etcd-2026-01-31 deployments,configmaps,secrets --object-namespace shop -l app=web > shop.yaml
+
+# A custom resource, named by its CustomResourceDefinition in the backup
+kubectl etcdbackup extract etcd-2026-01-31 certificates.cert-manager.io -A -o json
+
+# Only list what a backup holds of a resource, as kind/name
+kubectl etcdbackup extract etcd-2026-01-31 cm -A -o name
+
+# From a snapshot downloaded earlier, with the control plane down
+kubectl etcdbackup extract snapshot configmaps --from-file /tmp/snapshot.db --object-namespace shop`),
+		Args:              cobra.MinimumNArgs(2),
+		ValidArgsFunction: completeBackupNames(g, 1),
+		RunE:              runE(o),
+	}
+	f := cmd.Flags()
+	f.StringVarP(o.Output.OutputFormat, "output", "o", *o.Output.OutputFormat, "output format: "+orList(o.Output.AllowedFormats()))
+	_ = cmd.RegisterFlagCompletionFunc("output", func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
+		return o.Output.AllowedFormats(), cobra.ShellCompDirectiveNoFileComp
+	})
+	f.StringVar(&o.ObjectNamespace, "object-namespace", "", "the namespace of the objects to extract (default: the kubeconfig context's namespace); -n is the etcdbackup server's namespace, as for every command")
+	f.BoolVarP(&o.AllNamespaces, "all-namespaces", "A", false, "extract the objects of every namespace")
+	f.StringVarP(&o.Selector, "selector", "l", "", "only objects whose labels match this selector (e.g. app=web,tier!=db)")
+	f.BoolVar(&o.KeepOwnerReferences, "keep-owner-references", false, "keep metadata.ownerReferences: only when the owners still exist with the UIDs they had (otherwise the garbage collector deletes the recovered objects again)")
+	o.Source.addFlags(cmd, g)
+	return cmd
+}
+
+// Complete takes the backup's name, the resource types and the object
+// names from the arguments.
+func (o *ExtractOptions) Complete(cmd *cobra.Command, args []string) error {
+	o.Name = backupName(args[0])
+	o.Resources = nil
+	for _, r := range strings.Split(args[1], ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			o.Resources = append(o.Resources, r)
+		}
+	}
+	o.Objects = args[2:]
+	o.serverNSFlag = cmd.Flags().Changed("namespace")
+	return nil
+}
+
+// Validate checks that the flags go together and parses the selector
+// and the output format.
+func (o *ExtractOptions) Validate() error {
+	switch {
+	case len(o.Resources) == 0:
+		return errors.New("name the resource type to extract, e.g. configmaps or deployments.apps")
+	case len(o.Objects) > 0 && len(o.Resources) > 1:
+		return fmt.Errorf("object names go with one resource type, not %d (%s)", len(o.Resources), strings.Join(o.Resources, ","))
+	case o.AllNamespaces && o.ObjectNamespace != "":
+		return errors.New("give --object-namespace or -A, not both")
+	case o.AllNamespaces && len(o.Objects) > 0:
+		return errors.New("objects are named within one namespace: drop -A, and give --object-namespace if it is not your context's")
+	case len(o.Objects) > 0 && o.Selector != "":
+		return errors.New("name objects or select them with -l, not both")
+	case o.serverNSFlag && o.GlobalOptions != nil && (o.Source.FromFile != "" || o.StorageConfig != ""):
+		return errors.New("-n is the namespace the etcdbackup server runs in, which --from-file and --storage-config do not use; the objects' namespace is --object-namespace NS (or -A for all)")
+	}
+	if err := o.Source.validate(o.GlobalOptions); err != nil {
+		return err
+	}
+	if o.Selector != "" {
+		sel, err := labels.Parse(o.Selector)
+		if err != nil {
+			return fmt.Errorf("-l %q: %w", o.Selector, err)
+		}
+		o.selector = sel
+	}
+	p, err := o.Output.ToPrinter()
+	if genericclioptions.IsNoCompatiblePrinterError(err) {
+		return fmt.Errorf("-o %q is not a known output format; use one of %s", *o.Output.OutputFormat, strings.Join(o.Output.AllowedFormats(), ", "))
+	}
+	if err != nil {
+		return fmt.Errorf("-o %s: %w", *o.Output.OutputFormat, err)
+	}
+	o.printer = p
+	return nil
+}
+
+// contextNamespace is the kubeconfig context's namespace ("default"
+// without one), read without -n, which names the server's namespace.
+func (o *ExtractOptions) contextNamespace() (string, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	overrides := &clientcmd.ConfigOverrides{}
+	if cf := o.ConfigFlags; cf != nil {
+		if cf.KubeConfig != nil && *cf.KubeConfig != "" {
+			rules.ExplicitPath = *cf.KubeConfig
+		}
+		if cf.Context != nil {
+			overrides.CurrentContext = *cf.Context
+		}
+	}
+	ns, _, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).Namespace()
+	if err != nil {
+		return "", fmt.Errorf("the objects' namespace is the kubeconfig context's when --object-namespace and -A are not given, and the kubeconfig cannot be read: %w", err)
+	}
+	return ns, nil
+}
+
+// Run reads the backup and prints the objects.
+func (o *ExtractOptions) Run(ctx context.Context) error {
+	b, err := o.Source.open(ctx, o.GlobalOptions, "extract", o.Name)
+	if err != nil {
+		var notInstalled *tunnel.NotInstalledError
+		if o.serverNSFlag && errors.As(err, &notInstalled) {
+			return fmt.Errorf("%w\n(-n is the namespace the etcdbackup server runs in, as for every command of this plugin; the namespace of the objects to extract is --object-namespace)", err)
+		}
+		return err
+	}
+	defer b.Close()
+	for _, err := range b.CatalogErrors {
+		fmt.Fprintf(o.ErrOut, "Warning: %v; name its custom resources as PLURAL.GROUP\n", err)
+	}
+	var resources []kube.Resource
+	namespaced := false
+	for _, name := range o.Resources {
+		r, err := b.Catalog.Lookup(name)
+		if err != nil {
+			return fmt.Errorf("extract from %q: %w", o.Name, err)
+		}
+		resources = append(resources, r)
+		namespaced = namespaced || r.Namespaced
+	}
+	ns := o.ObjectNamespace
+	if namespaced && ns == "" && !o.AllNamespaces {
+		if ns, err = o.contextNamespace(); err != nil {
+			return err
+		}
+	}
+
+	x, err := o.extract(b, resources, ns)
+	if err != nil {
+		return err
+	}
+	where := "every namespace"
+	if ns != "" {
+		where = "namespace " + quote(ns)
+	}
+	if !namespaced {
+		where = "the cluster"
+	}
+	o.report(x, fmt.Sprintf("%s of backup %q (revision %d)", where, o.Name, b.Status.Revision))
+	if err := o.printer.PrintObj(x.output(len(o.Objects) == 1), o.Out); err != nil {
+		return err
+	}
+	switch {
+	case len(x.missing) > 0:
+		return withCode(ExitNotFound, fmt.Errorf("not in backup %q (%s): %s", o.Name, where, strings.Join(x.missing, ", ")))
+	case len(x.skipped) > 0:
+		return withCode(ExitIncomplete, fmt.Errorf("%d %s could not be extracted (see the warnings above); the others were printed", len(x.skipped), plural(int64(len(x.skipped)), "object", "objects")))
+	}
+	return nil
+}
+
+// extraction is what extract found: the manifests, the objects it could
+// not read, the names asked for that are not there, and what Manifest
+// removed that is worth saying.
+type extraction struct {
+	objects                  []*unstructured.Unstructured
+	skipped                  []error
+	missing, owned, deleting []string
+}
+
+// extract walks each resource's selected objects and makes them
+// manifests.
+func (o *ExtractOptions) extract(b *openedBackup, resources []kube.Resource, ns string) (*extraction, error) {
+	x := &extraction{}
+	for _, r := range resources {
+		found := map[string]bool{}
+		err := b.Objects(kube.Selection{Resource: r, Namespace: ns, Names: o.Objects, Labels: o.selector}, func(obj kube.Object, err error) error {
+			found[obj.Name] = true
+			if err != nil {
+				x.skipped = append(x.skipped, err)
+				return nil
+			}
+			d := kube.Manifest(obj.Object, r, kube.ManifestOptions{KeepOwnerReferences: o.KeepOwnerReferences})
+			label := r.String() + " " + quote(objectPath(obj))
+			if len(d.OwnerReferences) > 0 {
+				x.owned = append(x.owned, label+" (owned by "+strings.Join(d.OwnerReferences, ", ")+")")
+			}
+			if d.Deleting {
+				x.deleting = append(x.deleting, label)
+			}
+			x.objects = append(x.objects, obj.Object)
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("extract from %q: %w", o.Name, err)
+		}
+		for _, n := range o.Objects {
+			if !found[n] {
+				x.missing = append(x.missing, r.String()+" "+quote(n))
+			}
+		}
+	}
+	return x, nil
+}
+
+// report says on stderr what was skipped or changed, and what was found
+// where.
+func (o *ExtractOptions) report(x *extraction, where string) {
+	for _, err := range x.skipped {
+		fmt.Fprintf(o.ErrOut, "Warning: %v; skipped\n", err)
+	}
+	for _, d := range x.deleting {
+		fmt.Fprintf(o.ErrOut, "Warning: %s was being deleted when the backup was taken (it had a deletionTimestamp, removed here)\n", d)
+	}
+	if len(x.owned) > 0 {
+		fmt.Fprintf(o.ErrOut, "ownerReferences removed from %d %s, whose owners may no longer exist with those UIDs (pass --keep-owner-references if they do): %s\n",
+			len(x.owned), plural(int64(len(x.owned)), "object", "objects"), listSome(x.owned, 5))
+	}
+	if len(x.objects) == 0 && len(x.skipped) == 0 && len(x.missing) == 0 {
+		fmt.Fprintf(o.ErrOut, "No %s found in %s.\n", strings.Join(o.Resources, ","), where)
+		return
+	}
+	fmt.Fprintf(o.ErrOut, "%d %s from %s\n", len(x.objects), plural(int64(len(x.objects)), "object", "objects"), where)
+}
+
+// output is what -o prints: the one object asked for by name, or a List
+// (kubectl's, which apply and create take).
+func (x *extraction) output(oneNamed bool) runtime.Object {
+	if oneNamed && len(x.objects) == 1 {
+		return x.objects[0]
+	}
+	list := &unstructured.UnstructuredList{Object: map[string]any{"apiVersion": "v1", "kind": "List"}, Items: []unstructured.Unstructured{}}
+	for _, u := range x.objects {
+		list.Items = append(list.Items, *u)
+	}
+	return list
+}
+
+func objectPath(o kube.Object) string {
+	if o.Namespace == "" {
+		return o.Name
+	}
+	return o.Namespace + "/" + o.Name
+}
+
+// listSome joins the first n of s, saying how many more there are.
+func listSome(s []string, n int) string {
+	s = append([]string(nil), s...)
+	sort.Strings(s)
+	if len(s) <= n {
+		return strings.Join(s, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(s[:n], ", "), len(s)-n)
+}

@@ -1,0 +1,172 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot/kube"
+)
+
+// backupSource is where inspect and extract read a snapshot from: a
+// backup downloaded through the server (or, with --storage-config, read
+// from its storage location) into a temporary file, or --from-file. The
+// download is download's own (downloadPlain: decryption with
+// --identity, decompression, etcd's trailer and the stored and plain
+// SHA-256 checked as it streams), then bolt's check; a file is unpacked
+// and checked as restore --from-file does.
+type backupSource struct {
+	FromFile      string
+	IdentityFiles []string
+	WorkDir       string
+	EtcdPrefix    string
+}
+
+func (s *backupSource) addFlags(cmd *cobra.Command, g *GlobalOptions) {
+	f := cmd.Flags()
+	f.StringVar(&s.FromFile, "from-file", "", "read the snapshot in `FILE` (written by download, plain, compressed or encrypted) instead of a backup of the server; NAME is then only a label")
+	f.StringVar(&s.WorkDir, "work-dir", "", "`DIR` for the downloaded snapshot while it is read, removed afterwards (default: the system's temporary directory); it holds the cluster's Secrets meanwhile")
+	f.StringVar(&s.EtcdPrefix, "etcd-prefix", kube.DefaultPrefix, "the prefix kube-apiserver keeps its objects under (its --etcd-prefix)")
+	addIdentityFlag(cmd, &s.IdentityFiles, "an encrypted backup")
+	addStorageConfigFlag(cmd, g)
+}
+
+func (s *backupSource) validate(g *GlobalOptions) error {
+	if s.FromFile != "" && g != nil && (g.StorageConfig != "" || g.ServerAddress != "") {
+		return errors.New("--from-file reads a snapshot on this machine: it does not go with --storage-config or --server-address")
+	}
+	return nil
+}
+
+// openedBackup is a verified snapshot, opened, with the catalog of its
+// resources.
+type openedBackup struct {
+	*kube.Snapshot
+	Catalog *kube.Catalog
+	// CatalogErrors are the CustomResourceDefinitions that could not be
+	// read.
+	CatalogErrors []error
+	// Status is what etcd says of the snapshot.
+	Status snapshot.Status
+	// Backup is the server's record (nil with --from-file).
+	Backup *ebv1.Backup
+	dir    string
+}
+
+func (b *openedBackup) Close() {
+	b.Snapshot.Close()
+	os.RemoveAll(b.dir)
+}
+
+// open fetches and checks the snapshot of backup name (op names the
+// command in messages) and opens it.
+func (s *backupSource) open(ctx context.Context, g *GlobalOptions, op, name string) (*openedBackup, error) {
+	ids, err := loadIdentities(s.IdentityFiles)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp(s.WorkDir, "etcdbackup-"+op+"-")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	ob := &openedBackup{dir: dir}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(dir)
+		}
+	}()
+	var path string
+	if s.FromFile != "" {
+		if path, err = snapshot.UnpackWith(ctx, s.FromFile, dir, ids); err != nil {
+			switch {
+			case errors.Is(err, crypt.ErrIdentityRequired):
+				return nil, fmt.Errorf("%s is age-encrypted and no identity was given: pass --identity KEYFILE, or set %s=KEYFILE, with a secret key of one of its recipients", s.FromFile, IdentityEnv)
+			case errors.Is(err, crypt.ErrNoMatchingIdentity):
+				return nil, fmt.Errorf("none of the identities given can decrypt %s: pass the right --identity", s.FromFile)
+			}
+			return nil, fmt.Errorf("%s: %w", s.FromFile, err)
+		}
+		if ob.Status, err = snapshot.Check(path); err != nil {
+			return nil, fmt.Errorf("%s is not a usable etcd snapshot: %w", s.FromFile, err)
+		}
+	} else {
+		if path, ob.Backup, ob.Status, err = s.download(ctx, g, op, name, dir); err != nil {
+			return nil, err
+		}
+	}
+	if ob.Snapshot, err = kube.Open(path, s.EtcdPrefix); err != nil {
+		return nil, err
+	}
+	ob.Catalog, ob.CatalogErrors = ob.Snapshot.Catalog()
+	ok = true
+	return ob, nil
+}
+
+// download writes backup name's plain snapshot into dir, as download
+// does, and checks its database.
+func (s *backupSource) download(ctx context.Context, g *GlobalOptions, op, name, dir string) (string, *ebv1.Backup, snapshot.Status, error) {
+	what := op + " " + quote(name)
+	conn, err := g.Connect(ctx)
+	if err != nil {
+		return "", nil, snapshot.Status{}, err
+	}
+	defer conn.Close()
+	location, err := g.resolveLocation(ctx, conn, what, name)
+	if err != nil {
+		return "", nil, snapshot.Status{}, err
+	}
+	resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name, Location: location})
+	if err != nil {
+		return "", nil, snapshot.Status{}, conn.explain(what, err)
+	}
+	b := resp.GetBackup()
+	if b.GetPhase() != ebv1.BackupPhase_BACKUP_PHASE_COMPLETED {
+		// The download itself says why (still running, failed).
+		_, err := conn.Download(ctx, io.Discard, client.DownloadRequest{Name: name, Location: b.GetLocation()})
+		if err == nil {
+			err = fmt.Errorf("backup %q is %s", name, phaseString(b.GetPhase()))
+		}
+		return "", nil, snapshot.Status{}, conn.explain(what, err)
+	}
+	ids, err := loadIdentities(s.IdentityFiles)
+	if err != nil {
+		return "", nil, snapshot.Status{}, err
+	}
+	if b.GetEncryption() != ebv1.EncryptionNone && len(ids) == 0 {
+		return "", nil, snapshot.Status{}, needIdentity(name, b, "")
+	}
+	path := filepath.Join(dir, "snapshot.db")
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return "", nil, snapshot.Status{}, fmt.Errorf("%s: %w", what, err)
+	}
+	bar := newProgress(g.ErrOut, b.GetSize(), "downloading "+name)
+	_, err = downloadPlain(ctx, conn, b, f, ids, bar.Set)
+	bar.Finish(err == nil)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return "", nil, snapshot.Status{}, fmt.Errorf("%s interrupted; nothing was kept", what)
+		}
+		return "", nil, snapshot.Status{}, err
+	}
+	// downloadPlain verified etcd's trailer and the SHA-256s as the file
+	// was written; the database's consistency is left.
+	st, err := snapshot.CheckDatabase(path)
+	if err != nil {
+		return "", nil, snapshot.Status{}, withCode(ExitFailed, fmt.Errorf("%s: backup %q is corrupt: %w", what, name, err))
+	}
+	return path, b, st, nil
+}
