@@ -58,7 +58,7 @@ func (s *Server) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest) 
 	}
 	manifests, err := loc.List(ctx)
 	if err != nil {
-		return nil, s.storageError("list", locName, "", err)
+		return nil, s.metrics.StorageError("list", locName, "", err)
 	}
 	runs, err := s.runs(ctx, locName)
 	if err != nil {
@@ -166,7 +166,7 @@ func (s *Server) GetBackup(ctx context.Context, req *ebv1.GetBackupRequest) (*eb
 		}
 	}
 	if err != nil {
-		return nil, s.storageError("get", locName, req.GetName(), err)
+		return nil, s.metrics.StorageError("get", locName, req.GetName(), err)
 	}
 	return &ebv1.GetBackupResponse{Backup: backupFromManifest(locName, m)}, nil
 }
@@ -184,7 +184,7 @@ func (s *Server) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupRequest
 		return nil, err
 	}
 	if err := loc.Delete(ctx, req.GetName()); err != nil {
-		return nil, s.storageError("delete", locName, req.GetName(), err)
+		return nil, s.metrics.StorageError("delete", locName, req.GetName(), err)
 	}
 	s.log.Info("backup deleted", "location", locName, "backup", req.GetName(), "caller", caller(ctx))
 	return &ebv1.DeleteBackupResponse{}, nil
@@ -229,13 +229,13 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 		return err
 	}
 	defer release()
-	defer func() { s.metrics.observeTransfer("upload", start, err) }()
-	s.metrics.inFlight.WithLabelValues("upload").Inc()
-	defer s.metrics.inFlight.WithLabelValues("upload").Dec()
+	defer func() { s.metrics.ObserveTransfer("upload", start, err) }()
+	s.metrics.InFlight.WithLabelValues("upload").Inc()
+	defer s.metrics.InFlight.WithLabelValues("upload").Dec()
 
 	up, err := loc.Create(ctx, h.GetName())
 	if err != nil {
-		return s.storageError("upload", locName, h.GetName(), err)
+		return s.metrics.StorageError("upload", locName, h.GetName(), err)
 	}
 	committed := false
 	defer func() {
@@ -317,9 +317,9 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 				"upload of %q: more than the declared %d bytes arrived; nothing was stored", h.GetName(), h.GetExpectedSize())
 		}
 		if _, err := w.Write(chunk); err != nil {
-			return s.storageError("upload", locName, h.GetName(), err)
+			return s.metrics.StorageError("upload", locName, h.GetName(), err)
 		}
-		s.metrics.bytesIn.Add(float64(len(chunk)))
+		s.metrics.BytesIn.Add(float64(len(chunk)))
 		// Stored and hashed: nothing holds the bytes any more.
 		releaseUploadChunk(chunk)
 	}
@@ -357,7 +357,7 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 	}
 	withSnapshotStatus(m, trailer.GetEtcd())
 	if err := up.Commit(ctx, m); err != nil {
-		return s.storageError("upload", locName, h.GetName(), err)
+		return s.metrics.StorageError("upload", locName, h.GetName(), err)
 	}
 	committed = true
 	s.log.Info("backup stored", "location", locName, "backup", m.Name, "bytes", size, "sha256", digest, "caller", caller(ctx),
@@ -518,7 +518,7 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 		}
 	}
 	if err != nil {
-		return s.storageError("download", locName, req.GetName(), err)
+		return s.metrics.StorageError("download", locName, req.GetName(), err)
 	}
 	if req.GetOffset() > m.Size {
 		return status.Errorf(codes.OutOfRange,
@@ -530,15 +530,15 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 		return err
 	}
 	defer done()
-	s.metrics.inFlight.WithLabelValues("download").Inc()
-	defer s.metrics.inFlight.WithLabelValues("download").Dec()
-	defer func() { s.metrics.observeTransfer("download", start, err) }()
+	s.metrics.InFlight.WithLabelValues("download").Inc()
+	defer s.metrics.InFlight.WithLabelValues("download").Dec()
+	defer func() { s.metrics.ObserveTransfer("download", start, err) }()
 	// The store cuts a length past the end (a parallel download's last
 	// range asks for whatever is left); what is sent is measured on the
 	// manifest Open returned, as everything below is.
 	r, m, err := loc.Open(ctx, req.GetName(), req.GetOffset(), req.GetLength())
 	if err != nil {
-		return s.storageError("download", locName, req.GetName(), err)
+		return s.metrics.StorageError("download", locName, req.GetName(), err)
 	}
 	defer r.Close()
 	end := m.Size
@@ -578,7 +578,7 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 				return err
 			}
 			sent += int64(n)
-			s.metrics.bytesOut.Add(float64(n))
+			s.metrics.BytesOut.Add(float64(n))
 		} else {
 			pool.Put(bp)
 		}
@@ -587,7 +587,7 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 				return status.Errorf(codes.DataLoss,
 					"backup %q in location %q is truncated: its manifest says %d bytes but the data ends at %d", req.GetName(), locName, m.Size, sent)
 			}
-			return s.storageError("download", locName, req.GetName(), rerr)
+			return s.metrics.StorageError("download", locName, req.GetName(), rerr)
 		}
 	}
 	return nil

@@ -83,9 +83,9 @@ func (s *Server) startBackup(ctx context.Context, req *ebv1.CreateBackupRequest,
 		return nil, err
 	}
 	if _, err := loc.Stat(ctx, name); err == nil {
-		return nil, storageError("create backup", locName, name, storage.ErrAlreadyExists)
+		return nil, s.metrics.StorageError("create backup", locName, name, storage.ErrAlreadyExists)
 	} else if !errors.Is(err, storage.ErrNotFound) {
-		return nil, s.storageError("create backup", locName, name, err)
+		return nil, s.metrics.StorageError("create backup", locName, name, err)
 	}
 	if err := s.agents.CheckTarget(ctx, *t); err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())

@@ -144,7 +144,7 @@ func (s *Server) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsRequest
 		}
 		manifests, err := s.locations[locName].List(ctx)
 		if err != nil {
-			return nil, s.storageError("list", locName, "", err)
+			return nil, s.metrics.StorageError("list", locName, "", err)
 		}
 		for _, t := range targets {
 			pruned, inUse, err := s.prune(ctx, locName, manifests, t, req.GetIncludeUnscheduled(), req.GetDryRun(), caller(ctx))
@@ -186,9 +186,9 @@ func (s *Server) prune(ctx context.Context, locName string, manifests []*storage
 			continue // someone else removed it
 		}
 		if err != nil {
-			return pruned, inUse, s.storageError("delete", locName, m.Name, err)
+			return pruned, inUse, s.metrics.StorageError("delete", locName, m.Name, err)
 		}
-		s.metrics.pruned.WithLabelValues(t.Name, locName).Inc()
+		s.metrics.Pruned.WithLabelValues(t.Name, locName).Inc()
 		s.log.Info("backup removed by retention", "location", locName, "backup", m.Name, "target", t.Name, "caller", by)
 		pruned = append(pruned, b)
 	}

@@ -96,7 +96,7 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 	}
 	m, err := loc.Stat(ctx, name)
 	if err != nil {
-		return nil, s.storageError("restore backup", locName, name, err)
+		return nil, s.metrics.StorageError("restore backup", locName, name, err)
 	}
 	secret := req.GetIdentitySecret()
 	if secret != "" {

@@ -12,6 +12,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -81,9 +82,9 @@ func (s *Server) newWatcher() *watcher {
 		if t.StartingDeadline != nil {
 			deadline = t.StartingDeadline.Duration
 		}
-		s.metrics.period.WithLabelValues(t.Name).Set(period.Seconds())
-		s.metrics.skipped.WithLabelValues(t.Name, skipRunning)
-		s.metrics.skipped.WithLabelValues(t.Name, skipMissed)
+		s.metrics.Period.WithLabelValues(t.Name).Set(period.Seconds())
+		s.metrics.Skipped.WithLabelValues(t.Name, metrics.SkipRunning)
+		s.metrics.Skipped.WithLabelValues(t.Name, metrics.SkipMissed)
 		w.targets = append(w.targets, &scheduledTarget{target: t, sched: sched, deadline: deadline})
 	}
 	if s.agents == nil {
@@ -95,8 +96,8 @@ func (s *Server) newWatcher() *watcher {
 	// Series an alert reads exist from the start, at zero.
 	for _, t := range s.targets {
 		loc := cmp.Or(t.Location, s.order[0])
-		for _, r := range []string{resultSucceeded, resultFailed} {
-			s.metrics.runs.WithLabelValues(t.Name, loc, r)
+		for _, r := range []string{metrics.ResultSucceeded, metrics.ResultFailed} {
+			s.metrics.Runs.WithLabelValues(t.Name, loc, r)
 		}
 	}
 	return w
@@ -173,7 +174,7 @@ func (s *Server) recall(ctx context.Context, w *watcher, runs []jobs.Run) error 
 	for _, locName := range s.order {
 		manifests, err := s.locations[locName].List(ctx)
 		if err != nil {
-			s.metrics.storageErrors.WithLabelValues(locName, "list").Inc()
+			s.metrics.StorageErrors.WithLabelValues(locName, "list").Inc()
 			return err
 		}
 		for _, m := range manifests {
@@ -181,7 +182,7 @@ func (s *Server) recall(ctx context.Context, w *watcher, runs []jobs.Run) error 
 				note(m.Labels[LabelTarget], m.Name)
 			}
 			if m.Source.Kind == sourceAgent && m.Source.Target != "" {
-				s.metrics.setLastSuccess(m.Source.Target, locName, m.CreateTime)
+				s.metrics.SetLastSuccess(m.Source.Target, locName, m.CreateTime)
 			}
 		}
 	}
@@ -202,14 +203,14 @@ func (s *Server) startScheduled(ctx context.Context, st *scheduledTarget, due, n
 	t := st.target
 	name := schedule.Name(t.Name, due)
 	if late := now.Sub(due); late > st.deadline {
-		s.metrics.skipped.WithLabelValues(t.Name, skipMissed).Inc()
+		s.metrics.Skipped.WithLabelValues(t.Name, metrics.SkipMissed).Inc()
 		s.log.Warn("scheduled backup missed: its time passed more than startingDeadline ago (the server was down?)",
 			"target", t.Name, "scheduled", due, "late", late.Round(time.Second), "startingDeadline", st.deadline, "next", st.sched.Next(now))
 		return
 	}
 	for _, r := range runs {
 		if r.Target == t.Name && r.Phase == jobs.PhaseRunning {
-			s.metrics.skipped.WithLabelValues(t.Name, skipRunning).Inc()
+			s.metrics.Skipped.WithLabelValues(t.Name, metrics.SkipRunning).Inc()
 			s.log.Warn("scheduled backup skipped: a backup of the target is still running",
 				"target", t.Name, "scheduled", due, "running", r.Name, "job", r.JobName, "next", st.sched.Next(now))
 			return
@@ -223,7 +224,7 @@ func (s *Server) startScheduled(ctx context.Context, st *scheduledTarget, due, n
 		return // an earlier server started or stored it
 	}
 	if err != nil {
-		s.metrics.runs.WithLabelValues(t.Name, cmp.Or(t.Location, s.order[0]), resultFailed).Inc()
+		s.metrics.Runs.WithLabelValues(t.Name, cmp.Or(t.Location, s.order[0]), metrics.ResultFailed).Inc()
 		s.log.Error("scheduled backup could not start", "target", t.Name, "backup", name, "error", err)
 	}
 }
@@ -240,18 +241,18 @@ func (s *Server) observe(ctx context.Context, w *watcher, runs []jobs.Run) {
 		if !ok {
 			continue // a location no longer configured
 		}
-		result := resultFailed
+		result := metrics.ResultFailed
 		var m *storage.Manifest
 		if r.Phase == jobs.PhaseSucceeded {
 			var err error
 			m, err = loc.Stat(ctx, r.Name)
 			switch {
 			case err == nil:
-				result = resultSucceeded
+				result = metrics.ResultSucceeded
 			case errors.Is(err, storage.ErrNotFound):
 				s.log.Error("backup agent finished but its backup is not in storage", "backup", r.Name, "location", r.Location, "job", r.JobName)
 			default:
-				s.metrics.storageErrors.WithLabelValues(r.Location, "stat").Inc()
+				s.metrics.StorageErrors.WithLabelValues(r.Location, "stat").Inc()
 				s.log.Warn("backup run: stat its backup (retrying)", "backup", r.Name, "location", r.Location, "error", err)
 				continue
 			}
@@ -261,16 +262,16 @@ func (s *Server) observe(ctx context.Context, w *watcher, runs []jobs.Run) {
 			s.log.Warn("backup run: mark its Job counted", "job", r.JobName, "error", err)
 		}
 		w.counted[runKey(r)] = true
-		s.metrics.runs.WithLabelValues(r.Target, r.Location, result).Inc()
-		if result == resultFailed {
+		s.metrics.Runs.WithLabelValues(r.Target, r.Location, result).Inc()
+		if result == metrics.ResultFailed {
 			s.log.Warn("backup run failed", "backup", r.Name, "location", r.Location, "target", r.Target, "job", r.JobName, "message", r.Message)
 			continue
 		}
 		if !r.FinishTime.IsZero() {
-			s.metrics.duration.WithLabelValues(r.Target).Observe(r.FinishTime.Sub(r.StartTime).Seconds())
+			s.metrics.Duration.WithLabelValues(r.Target).Observe(r.FinishTime.Sub(r.StartTime).Seconds())
 		}
-		s.metrics.size.WithLabelValues(r.Target).Set(float64(m.Size))
-		s.metrics.setLastSuccess(r.Target, r.Location, m.CreateTime)
+		s.metrics.Size.WithLabelValues(r.Target).Set(float64(m.Size))
+		s.metrics.SetLastSuccess(r.Target, r.Location, m.CreateTime)
 		if r.Scheduled {
 			s.retain(ctx, r.Target, r.Location)
 		}
@@ -296,7 +297,7 @@ func (s *Server) retain(ctx context.Context, target, locName string) {
 	}
 	manifests, err := s.locations[locName].List(ctx)
 	if err != nil {
-		s.metrics.storageErrors.WithLabelValues(locName, "list").Inc()
+		s.metrics.StorageErrors.WithLabelValues(locName, "list").Inc()
 		s.log.Warn("retention: list backups", "location", locName, "target", target, "error", err)
 		return
 	}

@@ -17,6 +17,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
 )
@@ -158,11 +159,11 @@ func (sw *schedWorld) stored() []string {
 }
 
 func (sw *schedWorld) runs(result string) float64 {
-	return testutil.ToFloat64(sw.srv.metrics.runs.WithLabelValues(sw.target.Name, "default", result))
+	return testutil.ToFloat64(sw.srv.metrics.Runs.WithLabelValues(sw.target.Name, "default", result))
 }
 
 func (sw *schedWorld) skipped(reason string) float64 {
-	return testutil.ToFloat64(sw.srv.metrics.skipped.WithLabelValues(sw.target.Name, reason))
+	return testutil.ToFloat64(sw.srv.metrics.Skipped.WithLabelValues(sw.target.Name, reason))
 }
 
 func scheduledTarget5m() config.Target {
@@ -202,7 +203,7 @@ func TestScheduleStartsRunsNamedAndLabelledAtTheirTime(t *testing.T) {
 			t.Errorf("agent args %q lack %q", j.Spec.Template.Spec.Containers[0].Args, want)
 		}
 	}
-	if p := testutil.ToFloat64(sw.srv.metrics.period.WithLabelValues("cp")); p != 300 {
+	if p := testutil.ToFloat64(sw.srv.metrics.Period.WithLabelValues("cp")); p != 300 {
 		t.Errorf("schedule period metric %v, want 300", p)
 	}
 }
@@ -213,7 +214,7 @@ func TestScheduleSkipsARunWhileTheTargetsBackupRuns(t *testing.T) {
 	sw.at("2026-12-01T10:05:00Z")
 	sw.at("2026-12-01T10:10:00Z")
 	equal(t, "jobs while the first runs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
-	if n := sw.skipped(skipRunning); n != 1 {
+	if n := sw.skipped(metrics.SkipRunning); n != 1 {
 		t.Errorf("skipped (running) = %v, want 1", n)
 	}
 	// An on-demand backup of the target counts as running too.
@@ -223,13 +224,13 @@ func TestScheduleSkipsARunWhileTheTargetsBackupRuns(t *testing.T) {
 	}
 	sw.at("2026-12-01T10:15:00Z")
 	equal(t, "jobs while an on-demand one runs", sw.backupsOfJobs(), []string{"by-hand", "cp-20261201-100500"})
-	if n := sw.skipped(skipRunning); n != 2 {
+	if n := sw.skipped(metrics.SkipRunning); n != 2 {
 		t.Errorf("skipped (running) = %v, want 2", n)
 	}
 	sw.finish("by-hand", false)
 	sw.at("2026-12-01T10:20:00Z")
 	equal(t, "jobs once none runs", sw.backupsOfJobs(), []string{"by-hand", "cp-20261201-100500", "cp-20261201-102000"})
-	if s, f := sw.runs(resultSucceeded), sw.runs(resultFailed); s != 1 || f != 1 {
+	if s, f := sw.runs(metrics.ResultSucceeded), sw.runs(metrics.ResultFailed); s != 1 || f != 1 {
 		t.Errorf("runs succeeded %v failed %v, want 1 and 1", s, f)
 	}
 }
@@ -245,7 +246,7 @@ func TestScheduleAfterARestart(t *testing.T) {
 		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
 		sw.at("2026-12-01T10:10:00Z")
 		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
-		if n := sw.skipped(skipRunning); n != 1 {
+		if n := sw.skipped(metrics.SkipRunning); n != 1 {
 			t.Errorf("skipped (running) = %v, want 1", n)
 		}
 	})
@@ -257,7 +258,7 @@ func TestScheduleAfterARestart(t *testing.T) {
 		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
 		sw.at("2026-12-01T10:08:00Z")
 		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
-		if got := testutil.ToFloat64(sw.srv.metrics.lastSuccess.WithLabelValues("cp", "default")); got != float64(mustTime(t, "2026-12-01T10:00:30Z").Unix()) {
+		if got := testutil.ToFloat64(sw.srv.metrics.LastSuccess.WithLabelValues("cp", "default")); got != float64(mustTime(t, "2026-12-01T10:00:30Z").Unix()) {
 			t.Errorf("last success after restart = %v, want the stored backup's time", got)
 		}
 	})
@@ -276,7 +277,7 @@ func TestScheduleAfterARestart(t *testing.T) {
 		sw.restart()
 		sw.at("2026-12-01T10:07:00Z")
 		equal(t, "jobs", sw.backupsOfJobs(), nil)
-		if n := sw.skipped(skipMissed); n != 1 {
+		if n := sw.skipped(metrics.SkipMissed); n != 1 {
 			t.Errorf("skipped (missed) = %v, want 1", n)
 		}
 		sw.at("2026-12-01T10:10:00Z")
@@ -290,18 +291,18 @@ func TestScheduleAfterARestart(t *testing.T) {
 		sw.finish("cp-20261201-100500", true)
 		sw.at("2026-12-01T10:07:00Z")
 		sw.at("2026-12-01T10:08:00Z")
-		if n := sw.runs(resultSucceeded); n != 1 {
+		if n := sw.runs(metrics.ResultSucceeded); n != 1 {
 			t.Fatalf("runs succeeded = %v, want 1", n)
 		}
-		if n := testutil.CollectAndCount(sw.srv.metrics.duration); n != 1 {
+		if n := testutil.CollectAndCount(sw.srv.metrics.Duration); n != 1 {
 			t.Errorf("duration series = %d, want 1", n)
 		}
-		if got := testutil.ToFloat64(sw.srv.metrics.size.WithLabelValues("cp")); got != float64(len("data of cp-20261201-100500")) {
+		if got := testutil.ToFloat64(sw.srv.metrics.Size.WithLabelValues("cp")); got != float64(len("data of cp-20261201-100500")) {
 			t.Errorf("size = %v", got)
 		}
 		sw.restart()
 		sw.at("2026-12-01T10:09:00Z")
-		if n := sw.runs(resultSucceeded); n != 0 {
+		if n := sw.runs(metrics.ResultSucceeded); n != 0 {
 			t.Errorf("after a restart, runs succeeded = %v, want 0 (counted before)", n)
 		}
 		// One that finished while the server was down is counted by the
@@ -310,7 +311,7 @@ func TestScheduleAfterARestart(t *testing.T) {
 		sw.restart()
 		sw.finish("cp-20261201-101000", false)
 		sw.at("2026-12-01T10:11:00Z")
-		if n := sw.runs(resultFailed); n != 1 {
+		if n := sw.runs(metrics.ResultFailed); n != 1 {
 			t.Errorf("runs failed = %v, want 1", n)
 		}
 	})
@@ -431,7 +432,7 @@ func TestPruneBackups(t *testing.T) {
 		t.Fatal(err)
 	}
 	equal(t, "stored after --all", sw.stored(), []string{"cp-20261201-093000"})
-	if n := testutil.ToFloat64(sw.srv.metrics.pruned.WithLabelValues("cp", "default")); n != 4 {
+	if n := testutil.ToFloat64(sw.srv.metrics.Pruned.WithLabelValues("cp", "default")); n != 4 {
 		t.Errorf("pruned metric %v, want 4", n)
 	}
 }

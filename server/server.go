@@ -34,6 +34,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
@@ -105,7 +106,7 @@ type Server struct {
 	order     []string
 	log       *slog.Logger
 	now       func() time.Time
-	metrics   *metrics
+	metrics   *metrics.Metrics
 	health    *health.Server
 
 	targets    []config.Target
@@ -163,7 +164,7 @@ func New(cfg Config) (*Server, error) {
 	if s.agentGuard == nil {
 		s.agentGuard = refuseAll{}
 	}
-	m, err := newMetrics(cfg.Registerer)
+	m, err := metrics.New(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
@@ -397,31 +398,4 @@ func caller(ctx context.Context) string {
 		return a.String()
 	}
 	return "port-forward"
-}
-
-// storageError turns a storage error into a status a client can act on.
-func storageError(op, loc, name string, err error) error {
-	what := op
-	if name != "" {
-		what = fmt.Sprintf("%s %q", op, name)
-	}
-	var ue *locations.UnavailableError
-	switch {
-	case errors.As(err, &ue):
-		return ebv1.LocationUnavailableError(ue.Location, fmt.Sprintf("%s: %v", what, ue))
-	case errors.Is(err, storage.ErrNoSpace):
-		return status.Errorf(codes.ResourceExhausted,
-			"%s: storage location %q is full (%v); nothing was stored: delete old backups or give the location more space", what, loc, err)
-	case errors.Is(err, storage.ErrNotFound):
-		return status.Errorf(codes.NotFound,
-			"backup %q not found in location %q; run `kubectl etcdbackup list --location %s` to see the backups", name, loc, loc)
-	case errors.Is(err, storage.ErrAlreadyExists):
-		return status.Errorf(codes.AlreadyExists,
-			"backup %q already exists in location %q; backups are immutable: choose another name or delete the old one first", name, loc)
-	case errors.Is(err, context.Canceled):
-		return status.Errorf(codes.Canceled, "%s %q: cancelled", op, name)
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Errorf(codes.DeadlineExceeded, "%s %q: deadline exceeded", op, name)
-	}
-	return status.Errorf(codes.Internal, "%s %q in location %q: %v", op, name, loc, err)
 }
