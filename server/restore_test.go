@@ -5,8 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
@@ -120,40 +118,6 @@ func (w *restoreWorld) jobs(t *testing.T) []batchv1.Job {
 		t.Fatal(err)
 	}
 	return list.Items
-}
-
-func TestRestoreRefusedWhileAMemberAnswers(t *testing.T) {
-	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{"etcdserver":"3.7.3"}`)) }))
-	defer live.Close()
-	w := newRestoreWorld(t, closedURL(t), live.URL, silentURL(t))
-	_, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
-	if status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("restore while m1 answers: %v, want FailedPrecondition", err)
-	}
-	msg := status.Convert(err).Message()
-	for _, want := range []string{"m1 (" + live.URL + ")", "scale statefulset", "/etc/kubernetes/manifests"} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("refusal %q does not say %q", msg, want)
-		}
-	}
-	if strings.Contains(msg, "m0") || strings.Contains(msg, "m2") {
-		t.Errorf("refusal names stopped members: %q", msg)
-	}
-	if j := w.jobs(t); len(j) != 0 {
-		t.Fatalf("a refused restore created %d jobs", len(j))
-	}
-
-	// A dry run shows the plan, marks the running member, creates nothing.
-	resp, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(resp.GetMembers()) != 3 || !strings.Contains(resp.GetMembers()[1].GetMessage(), "still answers") || resp.GetMembers()[0].GetMessage() != "" {
-		t.Fatalf("dry run plan: %v", resp)
-	}
-	if j := w.jobs(t); len(j) != 0 {
-		t.Fatalf("a dry run created %d jobs", len(j))
-	}
 }
 
 func TestRestoreStartsOneJobPerMember(t *testing.T) {
@@ -334,21 +298,6 @@ func TestTargetMembersAreValidated(t *testing.T) {
 		} else if !strings.Contains(err.Error(), "targets[0].members[0].") {
 			t.Errorf("member %+v: error %q does not name the field", m, err)
 		}
-	}
-}
-
-func TestRestoreProbeSeesTLSMembers(t *testing.T) {
-	live := httptest.NewUnstartedServer(http.NotFoundHandler())
-	live.TLS = nil
-	live.StartTLS()
-	defer live.Close()
-	w := newRestoreWorld(t, live.URL)
-	if !strings.HasPrefix(live.URL, "https://") {
-		t.Fatalf("not a TLS URL: %s", live.URL)
-	}
-	_, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
-	if status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("restore while a TLS member answers: %v", err)
 	}
 }
 
@@ -543,5 +492,69 @@ func TestCreateBackupOfAnEncryptedTarget(t *testing.T) {
 	}
 	if args := strings.Join(list.Items[0].Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--encrypt-to="+rcp) {
 		t.Fatalf("args %s", args)
+	}
+}
+
+func mustSay(t *testing.T, msg string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
+		if !strings.Contains(msg, want) {
+			t.Errorf("%q does not say %q", msg, want)
+		}
+	}
+}
+
+// A Job whose pod the API refuses (Pod Security forbids hostPath in a
+// restricted namespace) is Failed with the API's reason, not Running.
+func TestRestoreJobRefusedByTheAPIIsFailed(t *testing.T) {
+	w := newRestoreWorld(t, closedURL(t), closedURL(t))
+	ctx := context.Background()
+	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); err != nil {
+		t.Fatal(err)
+	}
+	list := w.jobs(t)
+	refused := list[0]
+	const why = `Error creating: pods "restore-m0-abc" is forbidden: violates PodSecurity "restricted:latest": hostPath volumes (volume "data")`
+	for _, e := range []*corev1.Event{
+		{ObjectMeta: metav1.ObjectMeta{Name: "e1", Namespace: "app"}, InvolvedObject: corev1.ObjectReference{Kind: "Job", Name: refused.Name, UID: refused.UID},
+			Reason: "FailedCreate", Message: why, Type: corev1.EventTypeWarning, LastTimestamp: metav1.Now()},
+		// An event of another Job: no evidence about the other member.
+		{ObjectMeta: metav1.ObjectMeta{Name: "e2", Namespace: "app"}, InvolvedObject: corev1.ObjectReference{Kind: "Job", Name: "restore-elsewhere"},
+			Reason: "FailedCreate", Message: why, Type: corev1.EventTypeWarning},
+	} {
+		if _, err := w.client.CoreV1().Events("app").Create(ctx, e, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byMember := map[string]*ebv1.MemberRestore{}
+	for _, m := range r.GetMembers() {
+		byMember[m.GetMember()] = m
+	}
+	m0, m1 := byMember[refused.Annotations[jobs.AnnotationMember]], byMember[list[1].Annotations[jobs.AnnotationMember]]
+	if m0.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_FAILED {
+		t.Fatalf("refused job: %v, want failed", m0)
+	}
+	mustSay(t, m0.GetMessage(), `violates PodSecurity "restricted:latest": hostPath volumes`, "pod-security.kubernetes.io/enforce=privileged")
+	if m1.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_RUNNING {
+		t.Fatalf("other job: %v, want running", m1)
+	}
+
+	// Once the pod exists, the old refusal is no longer evidence.
+	refused.Status.Active = 1
+	if _, err := w.client.BatchV1().Jobs("app").UpdateStatus(ctx, &refused, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range r.GetMembers() {
+		if m.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_RUNNING {
+			t.Fatalf("member %s: %v once its pod runs", m.GetMember(), m)
+		}
 	}
 }
