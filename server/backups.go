@@ -219,10 +219,10 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 		if err := agentMay(agent, auth.AgentBackup, "upload", h.GetName(), locName); err != nil {
 			return err
 		}
-	} else if kind == sourceAgent {
+	} else if kind == storage.SourceAgent {
 		// Only an authenticated agent's backup is an agent's: a user
 		// cannot make an upload look like one.
-		kind = sourceUpload
+		kind = storage.SourceUpload
 	}
 	release, err := s.claim(locName, h.GetName())
 	if err != nil {
@@ -350,7 +350,7 @@ func (s *Server) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err
 	m := manifestFromHeader(h, kind, size, digest, s.now().UTC())
 	if isAgent {
 		// The source is what the server knows, not what the agent says.
-		m.Source.Kind, m.Source.Description, m.Source.Target = sourceAgent, "job "+agent.JobNamespace+"/"+agent.JobName, agent.Target
+		m.Source.Kind, m.Source.Description, m.Source.Target = storage.SourceAgent, "job "+agent.JobNamespace+"/"+agent.JobName, agent.Target
 	}
 	if trailer.GetRawSha256() != "" && (m.Compression != "" || m.Encryption != "") {
 		m.RawSize, m.RawSHA256 = trailer.GetRawSize(), trailer.GetRawSha256()
@@ -413,12 +413,6 @@ func (s *Server) receiver(stream ebv1.BackupService_UploadBackupServer) func() (
 	}
 }
 
-// Source kinds of a stored backup.
-const (
-	sourceUpload = "upload"
-	sourceAgent  = "agent"
-)
-
 // agentMay holds an agent to the one backup its Job was created for.
 func agentMay(a *auth.Agent, kind, verb, name, location string) error {
 	if a.Kind != kind {
@@ -435,12 +429,9 @@ func agentMay(a *auth.Agent, kind, verb, name, location string) error {
 // reads: its agent would find it gone, or, if it were uploaded again,
 // not the content the restore was started for.
 func (s *Server) checkNoRestoreReads(ctx context.Context, locName, name string) error {
-	if s.agents == nil {
-		return nil
-	}
-	running, err := s.agents.RunningRestores(ctx, locName, name, s.targets)
+	running, err := s.inUse.RestoresReading(ctx, locName, name, "deleting")
 	if err != nil {
-		return status.Errorf(codes.Unavailable, "cannot check for restores of backup %q before deleting it: %v", name, err)
+		return err
 	}
 	if len(running) > 0 {
 		ns, job, _ := strings.Cut(running[0], "/")
@@ -525,7 +516,7 @@ func (s *Server) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Bac
 			"offset %d is past the end of backup %q (%d bytes); a partial download larger than the backup is not of this backup: delete it and download again",
 			req.GetOffset(), req.GetName(), m.Size)
 	}
-	done, err := s.inUse.download(locName, req.GetName())
+	done, err := s.inUse.Download(locName, req.GetName())
 	if err != nil {
 		return err
 	}

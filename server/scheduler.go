@@ -13,6 +13,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -178,10 +179,10 @@ func (s *Server) recall(ctx context.Context, w *watcher, runs []jobs.Run) error 
 			return err
 		}
 		for _, m := range manifests {
-			if m.Labels[LabelScheduled] == "true" {
-				note(m.Labels[LabelTarget], m.Name)
+			if m.Labels[retention.LabelScheduled] == "true" {
+				note(m.Labels[retention.LabelTarget], m.Name)
 			}
-			if m.Source.Kind == sourceAgent && m.Source.Target != "" {
+			if m.Source.Kind == storage.SourceAgent && m.Source.Target != "" {
 				s.metrics.SetLastSuccess(m.Source.Target, locName, m.CreateTime)
 			}
 		}
@@ -218,7 +219,7 @@ func (s *Server) startScheduled(ctx context.Context, st *scheduledTarget, due, n
 	}
 	_, err := s.startBackup(ctx, &ebv1.CreateBackupRequest{
 		Name: name, Target: t.Name,
-		Labels: map[string]string{LabelScheduled: "true", LabelTarget: t.Name},
+		Labels: map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: t.Name},
 	}, true, "scheduler")
 	if status.Code(err) == codes.AlreadyExists {
 		return // an earlier server started or stored it

@@ -18,6 +18,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
 )
@@ -112,9 +113,9 @@ func (sw *schedWorld) store(name string, scheduled bool, created time.Time) {
 		sw.t.Fatal(err)
 	}
 	m := &storage.Manifest{Name: name, Size: int64(len("data of " + name)), SHA256: strings.Repeat("0", 64), CreateTime: created,
-		Source: storage.Source{Kind: sourceAgent, Target: sw.target.Name}}
+		Source: storage.Source{Kind: storage.SourceAgent, Target: sw.target.Name}}
 	if scheduled {
-		m.Labels = map[string]string{LabelScheduled: "true", LabelTarget: sw.target.Name}
+		m.Labels = map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: sw.target.Name}
 	}
 	if err := up.Commit(ctx, m); err != nil {
 		sw.t.Fatal(err)
@@ -333,49 +334,6 @@ func TestRetentionAfterAScheduledBackup(t *testing.T) {
 	equal(t, "stored", sw.stored(), []string{"by-hand", "cp-20261201-100000", "cp-20261201-100500"})
 }
 
-func TestSelectPrunable(t *testing.T) {
-	base := mustTime(t, "2026-12-01T00:00:00Z")
-	m := func(name string, hoursAgo int, scheduled bool, target string) *storage.Manifest {
-		man := &storage.Manifest{Name: name, CreateTime: base.Add(-time.Duration(hoursAgo) * time.Hour), Source: storage.Source{Kind: sourceAgent, Target: target}}
-		if scheduled {
-			man.Labels = map[string]string{LabelScheduled: "true", LabelTarget: target}
-		}
-		return man
-	}
-	all := []*storage.Manifest{
-		m("s1", 1, true, "cp"), m("s2", 2, true, "cp"), m("s3", 3, true, "cp"), m("s4", 50, true, "cp"),
-		m("d1", 0, false, "cp"), m("d2", 60, false, "cp"),
-		m("other", 100, true, "app"),
-		{Name: "upload", CreateTime: base.Add(-200 * time.Hour), Source: storage.Source{Kind: sourceUpload}},
-	}
-	names := func(ms []*storage.Manifest) []string {
-		var out []string
-		for _, m := range ms {
-			out = append(out, m.Name)
-		}
-		return out
-	}
-	for _, tc := range []struct {
-		name string
-		r    config.Retention
-		all  bool
-		want []string
-	}{
-		{"keepLast 2: scheduled only", config.Retention{KeepLast: 2}, false, []string{"s3", "s4"}},
-		{"keepLast 2 with unscheduled", config.Retention{KeepLast: 2}, true, []string{"s2", "s3", "s4", "d2"}},
-		{"maxAge 24h", config.Retention{MaxAge: metav1.Duration{Duration: 24 * time.Hour}}, false, []string{"s4"}},
-		{"both: either removes", config.Retention{KeepLast: 3, MaxAge: metav1.Duration{Duration: 150 * time.Minute}}, false, []string{"s3", "s4"}},
-		{"never the newest, however old", config.Retention{KeepLast: 1, MaxAge: metav1.Duration{Duration: time.Minute}}, false, []string{"s2", "s3", "s4"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			equal(t, "prunable", names(selectPrunable(all, "cp", tc.r, tc.all, base)), tc.want)
-		})
-	}
-	// The newest of a target stays even when every one is past maxAge.
-	old := []*storage.Manifest{m("a", 100, true, "cp"), m("b", 200, true, "cp")}
-	equal(t, "prunable of old ones", names(selectPrunable(old, "cp", config.Retention{MaxAge: metav1.Duration{Duration: time.Hour}}, false, base)), []string{"b"})
-}
-
 func TestPruneBackups(t *testing.T) {
 	target := scheduledTarget5m()
 	target.Retention = &config.Retention{KeepLast: 1}
@@ -401,7 +359,7 @@ func TestPruneBackups(t *testing.T) {
 	equal(t, "stored after a dry run", sw.stored(), []string{"by-hand", "cp-20261201-090000", "cp-20261201-091000", "cp-20261201-092000", "cp-20261201-093000"})
 
 	// One being downloaded, one being restored: both kept.
-	done, err := sw.srv.inUse.download("default", "cp-20261201-091000")
+	done, err := sw.srv.inUse.Download("default", "cp-20261201-091000")
 	if err != nil {
 		t.Fatal(err)
 	}

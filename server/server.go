@@ -35,6 +35,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
@@ -122,7 +123,8 @@ type Server struct {
 	uploads  map[string]int  // uploads in progress, by location
 
 	pollInterval time.Duration
-	inUse        inUse // downloads in progress and backups being pruned
+	inUse        *retention.InUse
+	pruner       *retention.Pruner
 }
 
 // New checks the configuration and returns a Server.
@@ -169,6 +171,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.metrics = m
+	s.inUse = retention.NewInUse(s.agents, s.targets)
+	s.pruner = &retention.Pruner{InUse: s.inUse, Metrics: m, Log: s.log, Now: s.now}
 	return s, nil
 }
 
