@@ -1,4 +1,4 @@
-package server
+package rpc
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 // VerifyBackup implements ebv1.BackupServiceServer. bolt needs random
 // access, so the snapshot is unpacked into a scratch file (disk, not
 // memory) that is removed afterwards.
-func (s *Server) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest) (*ebv1.VerifyBackupResponse, error) {
+func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest) (*ebv1.VerifyBackupResponse, error) {
 	if err := validateName("backup", req.GetName()); err != nil {
 		return nil, err
 	}
@@ -93,7 +93,7 @@ func (s *Server) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest
 // key it never holds: the SHA-256 of the stored bytes and the syntax of
 // the age header. The rest — age's authentication, etcd's trailer, the
 // database — needs an identity, on the client.
-func (s *Server) verifyStored(ctx context.Context, locName string, m *storage.Manifest, r io.Reader) (*ebv1.VerifyBackupResponse, error) {
+func (s *Service) verifyStored(ctx context.Context, locName string, m *storage.Manifest, r io.Reader) (*ebv1.VerifyBackupResponse, error) {
 	corrupt := func(format string, args ...any) error {
 		msg := fmt.Sprintf(format, args...)
 		s.log.Warn("backup failed verification", "location", locName, "backup", m.Name, "reason", msg)

@@ -1,7 +1,8 @@
-package server
+package controller
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -19,8 +20,10 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 const testNS = "etcdbackup-system"
@@ -28,14 +31,16 @@ const testNS = "etcdbackup-system"
 // schedWorld is a server with one filesystem location, a fake cluster and
 // a clock the test moves; rounds of the scheduler are run by hand.
 type schedWorld struct {
-	t      *testing.T
-	now    time.Time
-	dir    string
-	cs     *fake.Clientset
-	loc    storage.Location
-	target config.Target
-	srv    *Server
-	w      *watcher
+	t       *testing.T
+	now     time.Time
+	dir     string
+	cs      *fake.Clientset
+	loc     storage.Location
+	target  config.Target
+	srv     *rpc.Service // the handlers, whose StartBackup the controller calls
+	c       *Controller
+	metrics *metrics.Metrics
+	w       *watcher
 }
 
 func newSchedWorld(t *testing.T, target config.Target, now time.Time) *schedWorld {
@@ -50,25 +55,28 @@ func newSchedWorld(t *testing.T, target config.Target, now time.Time) *schedWorl
 }
 
 // restart replaces the server by a new one on the same storage and
-// cluster, as a restarted pod would be.
+// cluster, as a restarted pod would be: the handlers and the controller
+// wired as server.New wires them.
 func (sw *schedWorld) restart() {
 	sw.t.Helper()
 	l, err := jobs.New(sw.cs, testNS, config.Agents{Image: "agent:dev"})
 	if err != nil {
 		sw.t.Fatal(err)
 	}
-	sw.srv, err = New(Config{
-		Locations:  []NamedLocation{{Name: "default", Location: sw.loc}},
-		Targets:    []config.Target{sw.target},
-		Agents:     l,
-		Now:        func() time.Time { return sw.now },
-		Registerer: prometheus.NewRegistry(),
-	})
-	if err != nil {
+	if sw.metrics, err = metrics.New(prometheus.NewRegistry()); err != nil {
 		sw.t.Fatal(err)
 	}
-	// What watch sets up before its loop; the test runs the rounds.
-	if sw.w = sw.srv.newWatcher(); sw.w == nil {
+	locs := []locations.Named{{Name: "default", Location: sw.loc}}
+	targets := []config.Target{sw.target}
+	now := func() time.Time { return sw.now }
+	inUse := retention.NewInUse(l, targets)
+	pruner := &retention.Pruner{InUse: inUse, Metrics: sw.metrics, Log: slog.New(slog.DiscardHandler), Now: now}
+	sw.srv = rpc.New(rpc.Config{Locations: locs, Targets: targets, Agents: l, Now: now, Metrics: sw.metrics,
+		Limits: config.Limits{}.WithDefaults(), InUse: inUse, Pruner: pruner})
+	sw.c = New(Config{Locations: locs, Targets: targets, Agents: l, Metrics: sw.metrics, Pruner: pruner,
+		StartBackup: sw.srv.StartBackup, Now: now})
+	// What Run sets up before its loop; the test runs the rounds.
+	if sw.w = sw.c.newWatcher(); sw.w == nil {
 		sw.t.Fatal("watch set up nothing")
 	}
 }
@@ -80,7 +88,7 @@ func (sw *schedWorld) at(s string) {
 	if sw.now, err = time.Parse(time.RFC3339, s); err != nil {
 		sw.t.Fatal(err)
 	}
-	sw.srv.round(context.Background(), sw.w)
+	sw.c.round(context.Background(), sw.w)
 }
 
 func (sw *schedWorld) jobs() []batchv1.Job {
@@ -160,11 +168,11 @@ func (sw *schedWorld) stored() []string {
 }
 
 func (sw *schedWorld) runs(result string) float64 {
-	return testutil.ToFloat64(sw.srv.metrics.Runs.WithLabelValues(sw.target.Name, "default", result))
+	return testutil.ToFloat64(sw.metrics.Runs.WithLabelValues(sw.target.Name, "default", result))
 }
 
 func (sw *schedWorld) skipped(reason string) float64 {
-	return testutil.ToFloat64(sw.srv.metrics.Skipped.WithLabelValues(sw.target.Name, reason))
+	return testutil.ToFloat64(sw.metrics.Skipped.WithLabelValues(sw.target.Name, reason))
 }
 
 func scheduledTarget5m() config.Target {
@@ -204,7 +212,7 @@ func TestScheduleStartsRunsNamedAndLabelledAtTheirTime(t *testing.T) {
 			t.Errorf("agent args %q lack %q", j.Spec.Template.Spec.Containers[0].Args, want)
 		}
 	}
-	if p := testutil.ToFloat64(sw.srv.metrics.Period.WithLabelValues("cp")); p != 300 {
+	if p := testutil.ToFloat64(sw.metrics.Period.WithLabelValues("cp")); p != 300 {
 		t.Errorf("schedule period metric %v, want 300", p)
 	}
 }
@@ -259,7 +267,7 @@ func TestScheduleAfterARestart(t *testing.T) {
 		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
 		sw.at("2026-12-01T10:08:00Z")
 		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
-		if got := testutil.ToFloat64(sw.srv.metrics.LastSuccess.WithLabelValues("cp", "default")); got != float64(mustTime(t, "2026-12-01T10:00:30Z").Unix()) {
+		if got := testutil.ToFloat64(sw.metrics.LastSuccess.WithLabelValues("cp", "default")); got != float64(mustTime(t, "2026-12-01T10:00:30Z").Unix()) {
 			t.Errorf("last success after restart = %v, want the stored backup's time", got)
 		}
 	})
@@ -295,10 +303,10 @@ func TestScheduleAfterARestart(t *testing.T) {
 		if n := sw.runs(metrics.ResultSucceeded); n != 1 {
 			t.Fatalf("runs succeeded = %v, want 1", n)
 		}
-		if n := testutil.CollectAndCount(sw.srv.metrics.Duration); n != 1 {
+		if n := testutil.CollectAndCount(sw.metrics.Duration); n != 1 {
 			t.Errorf("duration series = %d, want 1", n)
 		}
-		if got := testutil.ToFloat64(sw.srv.metrics.Size.WithLabelValues("cp")); got != float64(len("data of cp-20261201-100500")) {
+		if got := testutil.ToFloat64(sw.metrics.Size.WithLabelValues("cp")); got != float64(len("data of cp-20261201-100500")) {
 			t.Errorf("size = %v", got)
 		}
 		sw.restart()
@@ -332,73 +340,4 @@ func TestRetentionAfterAScheduledBackup(t *testing.T) {
 	sw.finish("cp-20261201-100500", true)
 	sw.at("2026-12-01T10:06:00Z")
 	equal(t, "stored", sw.stored(), []string{"by-hand", "cp-20261201-100000", "cp-20261201-100500"})
-}
-
-func TestPruneBackups(t *testing.T) {
-	target := scheduledTarget5m()
-	target.Retention = &config.Retention{KeepLast: 1}
-	sw := newSchedWorld(t, target, mustTime(t, "2026-12-01T10:00:00Z"))
-	for i, n := range []string{"cp-20261201-090000", "cp-20261201-091000", "cp-20261201-092000", "cp-20261201-093000"} {
-		sw.store(n, true, mustTime(t, "2026-12-01T09:00:30Z").Add(time.Duration(i)*10*time.Minute))
-	}
-	sw.store("by-hand", false, mustTime(t, "2026-12-01T08:00:00Z"))
-	ctx := context.Background()
-	pruned := func(r *ebv1.PruneBackupsResponse) []string {
-		var out []string
-		for _, b := range r.GetPruned() {
-			out = append(out, b.GetName())
-		}
-		return out
-	}
-
-	resp, err := sw.srv.PruneBackups(ctx, &ebv1.PruneBackupsRequest{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	equal(t, "dry run", pruned(resp), []string{"cp-20261201-092000", "cp-20261201-091000", "cp-20261201-090000"})
-	equal(t, "stored after a dry run", sw.stored(), []string{"by-hand", "cp-20261201-090000", "cp-20261201-091000", "cp-20261201-092000", "cp-20261201-093000"})
-
-	// One being downloaded, one being restored: both kept.
-	done, err := sw.srv.inUse.Download("default", "cp-20261201-091000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	restore := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "restore-x", Namespace: testNS,
-		Labels:      map[string]string{jobs.LabelComponent: jobs.ComponentRestore, jobs.LabelManagedBy: jobs.ManagedBy},
-		Annotations: map[string]string{jobs.AnnotationBackup: "cp-20261201-090000", jobs.AnnotationLocation: "default"}}}
-	if _, err := sw.cs.BatchV1().Jobs(testNS).Create(ctx, restore, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	resp, err = sw.srv.PruneBackups(ctx, &ebv1.PruneBackupsRequest{Target: "cp"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	equal(t, "pruned", pruned(resp), []string{"cp-20261201-092000"})
-	var inUse []string
-	for _, b := range resp.GetInUse() {
-		inUse = append(inUse, b.GetName())
-	}
-	equal(t, "in use", inUse, []string{"cp-20261201-091000", "cp-20261201-090000"})
-	done()
-	equal(t, "stored", sw.stored(), []string{"by-hand", "cp-20261201-090000", "cp-20261201-091000", "cp-20261201-093000"})
-
-	// --all takes the unscheduled one too; the newest stays.
-	if err := sw.cs.BatchV1().Jobs(testNS).Delete(ctx, "restore-x", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sw.srv.PruneBackups(ctx, &ebv1.PruneBackupsRequest{Target: "cp", IncludeUnscheduled: true}); err != nil {
-		t.Fatal(err)
-	}
-	equal(t, "stored after --all", sw.stored(), []string{"cp-20261201-093000"})
-	if n := testutil.ToFloat64(sw.srv.metrics.Pruned.WithLabelValues("cp", "default")); n != 4 {
-		t.Errorf("pruned metric %v, want 4", n)
-	}
-}
-
-func TestPruneBackupsRefusesATargetWithoutRetention(t *testing.T) {
-	sw := newSchedWorld(t, scheduledTarget5m(), mustTime(t, "2026-12-01T10:00:00Z"))
-	_, err := sw.srv.PruneBackups(context.Background(), &ebv1.PruneBackupsRequest{Target: "cp"})
-	if err == nil || !strings.Contains(err.Error(), "no retention") {
-		t.Fatalf("prune of a target without retention: %v", err)
-	}
 }

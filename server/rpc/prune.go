@@ -1,4 +1,4 @@
-package server
+package rpc
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 )
 
 // PruneBackups implements ebv1.BackupServiceServer.
-func (s *Server) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsRequest) (*ebv1.PruneBackupsResponse, error) {
+func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsRequest) (*ebv1.PruneBackupsResponse, error) {
 	var targets []config.Target
 	if req.GetTarget() != "" {
 		t, err := s.target(req.GetTarget())
@@ -62,7 +62,7 @@ func (s *Server) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsRequest
 }
 
 // prune applies t's retention to its backups in one location.
-func (s *Server) prune(ctx context.Context, locName string, manifests []*storage.Manifest, t config.Target, includeUnscheduled, dryRun bool, by string) (pruned, inUse []*ebv1.Backup, err error) {
+func (s *Service) prune(ctx context.Context, locName string, manifests []*storage.Manifest, t config.Target, includeUnscheduled, dryRun bool, by string) (pruned, inUse []*ebv1.Backup, err error) {
 	p, u, err := s.pruner.Prune(ctx, retention.Request{
 		Location: locName, Store: s.locations[locName], Manifests: manifests, Target: t,
 		IncludeUnscheduled: includeUnscheduled, DryRun: dryRun, By: by,

@@ -1,4 +1,4 @@
-package server
+package rpc
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 )
 
 // restoreTarget resolves and checks the target of a restore request.
-func (s *Server) restoreTarget(name string) (*config.Target, error) {
+func (s *Service) restoreTarget(name string) (*config.Target, error) {
 	if s.agents == nil {
 		return nil, status.Error(codes.FailedPrecondition,
 			"this server cannot launch restore agents (it runs outside a cluster or without an agent image); restore each member with `kubectl etcdbackup restore NAME --local` instead")
@@ -36,7 +36,7 @@ func (s *Server) restoreTarget(name string) (*config.Target, error) {
 }
 
 // plan is one entry per member of t.
-func (s *Server) plan(t *config.Target, locName, name string) []*ebv1.MemberRestore {
+func (s *Service) plan(t *config.Target, locName, name string) []*ebv1.MemberRestore {
 	ic := jobs.InitialCluster(*t)
 	out := make([]*ebv1.MemberRestore, 0, len(t.Members))
 	for _, m := range t.Members {
@@ -65,7 +65,7 @@ func revisionBump(req *ebv1.RestoreBackupRequest) (int64, error) {
 }
 
 // RestoreBackup implements ebv1.BackupServiceServer.
-func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequest) (*ebv1.RestoreBackupResponse, error) {
+func (s *Service) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequest) (*ebv1.RestoreBackupResponse, error) {
 	if err := validateName("backup", req.GetName()); err != nil {
 		return nil, err
 	}
@@ -153,7 +153,7 @@ func (s *Server) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupReque
 }
 
 // GetRestore implements ebv1.BackupServiceServer.
-func (s *Server) GetRestore(ctx context.Context, req *ebv1.GetRestoreRequest) (*ebv1.GetRestoreResponse, error) {
+func (s *Service) GetRestore(ctx context.Context, req *ebv1.GetRestoreRequest) (*ebv1.GetRestoreResponse, error) {
 	if err := validateName("backup", req.GetName()); err != nil {
 		return nil, err
 	}
