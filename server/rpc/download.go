@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"context"
 	"errors"
 	"io"
 
@@ -13,45 +14,18 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
-// DownloadBackup implements ebv1.BackupServiceServer.
+// DownloadBackup implements ebv1.BackupServiceServer: admit the request
+// (its range, the caller's right to the backup, the backup stored),
+// register the download so retention keeps the backup, open the range,
+// then send a header and the range's chunks.
 func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.BackupService_DownloadBackupServer) (err error) {
 	ctx := stream.Context()
 	start := s.now()
-	if err := validateName("backup", req.GetName()); err != nil {
-		return err
-	}
-	if req.GetOffset() < 0 {
-		return status.Errorf(codes.InvalidArgument, "offset %d is negative", req.GetOffset())
-	}
-	if req.GetLength() < 0 {
-		return status.Errorf(codes.InvalidArgument, "length %d is negative; 0 asks for everything from the offset to the end", req.GetLength())
-	}
-	locName, loc, err := s.location(req.GetLocation())
+	d, err := s.admitDownload(ctx, req)
 	if err != nil {
 		return err
 	}
-	agent, isAgent := auth.AgentFrom(ctx)
-	if isAgent {
-		if err := agentMay(agent, auth.AgentRestore, "download", req.GetName(), locName); err != nil {
-			return err
-		}
-	}
-	m, err := loc.Stat(ctx, req.GetName())
-	if errors.Is(err, storage.ErrNotFound) {
-		if b := s.run(ctx, locName, req.GetName()); b != nil {
-			return status.Errorf(codes.FailedPrecondition, "backup %q is %s, not stored: %s", req.GetName(),
-				map[bool]string{true: "still being taken", false: "failed"}[b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_RUNNING], b.GetMessage())
-		}
-	}
-	if err != nil {
-		return s.metrics.StorageError("download", locName, req.GetName(), err)
-	}
-	if req.GetOffset() > m.Size {
-		return status.Errorf(codes.OutOfRange,
-			"offset %d is past the end of backup %q (%d bytes); a partial download larger than the backup is not of this backup: delete it and download again",
-			req.GetOffset(), req.GetName(), m.Size)
-	}
-	done, err := s.inUse.Download(locName, req.GetName())
+	done, err := s.inUse.Download(d.locName, req.GetName())
 	if err != nil {
 		return err
 	}
@@ -62,9 +36,9 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Ba
 	// The store cuts a length past the end (a parallel download's last
 	// range asks for whatever is left); what is sent is measured on the
 	// manifest Open returned, as everything below is.
-	r, m, err := loc.Open(ctx, req.GetName(), req.GetOffset(), req.GetLength())
+	r, m, err := d.loc.Open(ctx, req.GetName(), req.GetOffset(), req.GetLength())
 	if err != nil {
-		return s.metrics.StorageError("download", locName, req.GetName(), err)
+		return s.metrics.StorageError("download", d.locName, req.GetName(), err)
 	}
 	defer r.Close()
 	end := m.Size
@@ -72,26 +46,84 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Ba
 		end = min(m.Size, req.GetOffset()+req.GetLength())
 	}
 	// Checked on what Open returned: that is what is sent.
-	if isAgent && m.SHA256 != agent.SHA256 {
+	if a := d.agent; a != nil && m.SHA256 != a.SHA256 {
 		return status.Errorf(codes.PermissionDenied,
 			"%s was started for backup %q with SHA-256 %s, but the stored backup has SHA-256 %s (replaced under the same name?); start the restore again",
-			agent, req.GetName(), agent.SHA256, m.SHA256)
+			a, req.GetName(), a.SHA256, m.SHA256)
 	}
 	// Every backup holds every Secret of its cluster: say who read it.
-	s.log.Info("backup download", "location", locName, "backup", req.GetName(), "offset", req.GetOffset(), "length", end-req.GetOffset(), "caller", caller(ctx))
+	s.log.Info("backup download", "location", d.locName, "backup", req.GetName(), "offset", req.GetOffset(), "length", end-req.GetOffset(), "caller", caller(ctx))
 
 	if err := stream.Send(&ebv1.DownloadBackupResponse{Msg: &ebv1.DownloadBackupResponse_Header{Header: &ebv1.DownloadHeader{
-		Backup: backupFromManifest(locName, m),
+		Backup: backupFromManifest(d.locName, m),
 		Offset: req.GetOffset(),
 		Length: end - req.GetOffset(),
 	}}}); err != nil {
 		return err
 	}
-	// Each chunk is read into a pooled buffer and handed to the transport
-	// as it is (chunkCodec), which returns it to the pool once written;
-	// gRPC's per-stream write quota bounds how many are queued.
+	return s.sendChunks(stream, r, d, m.Size, req.GetOffset(), end)
+}
+
+// download is an admitted download: where the backup is, and the agent
+// asking for it, if an agent is.
+type download struct {
+	name    string
+	locName string
+	loc     storage.Location
+	agent   *auth.Agent
+}
+
+// admitDownload checks a download request: its name and range, its
+// location, that an agent asks only for the backup it restores, and that
+// the backup is stored (not still being taken, nor failed) and has the
+// offset.
+func (s *Service) admitDownload(ctx context.Context, req *ebv1.DownloadBackupRequest) (*download, error) {
+	if err := validateName("backup", req.GetName()); err != nil {
+		return nil, err
+	}
+	if req.GetOffset() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "offset %d is negative", req.GetOffset())
+	}
+	if req.GetLength() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "length %d is negative; 0 asks for everything from the offset to the end", req.GetLength())
+	}
+	d := &download{name: req.GetName()}
+	var err error
+	if d.locName, d.loc, err = s.location(req.GetLocation()); err != nil {
+		return nil, err
+	}
+	if agent, ok := auth.AgentFrom(ctx); ok {
+		if err := agentMay(agent, auth.AgentRestore, "download", req.GetName(), d.locName); err != nil {
+			return nil, err
+		}
+		d.agent = agent
+	}
+	m, err := d.loc.Stat(ctx, req.GetName())
+	if errors.Is(err, storage.ErrNotFound) {
+		if b := s.run(ctx, d.locName, req.GetName()); b != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "backup %q is %s, not stored: %s", req.GetName(),
+				map[bool]string{true: "still being taken", false: "failed"}[b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_RUNNING], b.GetMessage())
+		}
+	}
+	if err != nil {
+		return nil, s.metrics.StorageError("download", d.locName, req.GetName(), err)
+	}
+	if req.GetOffset() > m.Size {
+		return nil, status.Errorf(codes.OutOfRange,
+			"offset %d is past the end of backup %q (%d bytes); a partial download larger than the backup is not of this backup: delete it and download again",
+			req.GetOffset(), req.GetName(), m.Size)
+	}
+	return d, nil
+}
+
+// sendChunks sends r's bytes from offset sent to end as chunks. Each is
+// read into a pooled buffer and handed to the transport as it is
+// (chunkCodec), which returns it to the pool once written; gRPC's
+// per-stream write quota bounds how many are queued. Data ending before
+// end is DataLoss: the stored data is shorter than the size its manifest
+// records.
+func (s *Service) sendChunks(stream ebv1.BackupService_DownloadBackupServer, r io.Reader, d *download, size, sent, end int64) error {
 	pool := chunkBuffers
-	sent := req.GetOffset()
 	for sent < end {
 		bp := pool.Get(int(min(downloadChunkBytes, end-sent)))
 		n, rerr := io.ReadFull(r, *bp)
@@ -111,9 +143,9 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Ba
 		if rerr != nil {
 			if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
 				return status.Errorf(codes.DataLoss,
-					"backup %q in location %q is truncated: its manifest says %d bytes but the data ends at %d", req.GetName(), locName, m.Size, sent)
+					"backup %q in location %q is truncated: its manifest says %d bytes but the data ends at %d", d.name, d.locName, size, sent)
 			}
-			return s.metrics.StorageError("download", locName, req.GetName(), rerr)
+			return s.metrics.StorageError("download", d.locName, d.name, rerr)
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -19,179 +20,267 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
-// UploadBackup implements ebv1.BackupServiceServer.
+// UploadBackup implements ebv1.BackupServiceServer in three steps: admit
+// the upload (its header, the caller's right to it, its name and its
+// slot in the location), receive its data into the location, hashing it
+// on the way, and commit it if everything declared matches what arrived.
+// Nothing is stored otherwise.
 func (s *Service) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err error) {
 	ctx := stream.Context()
 	start := s.now()
 	recv := s.receiver(stream)
-	first, err := recv()
-	if errors.Is(err, errIdle) {
-		return status.Errorf(codes.DeadlineExceeded, "upload: no header arrived within %s (limits.uploadIdleTimeout)", s.limits.UploadIdleTimeout.Duration)
-	}
-	if err != nil {
-		return status.Errorf(codes.InvalidArgument, "upload: no header received: %v", err)
-	}
-	h := first.GetHeader()
-	if h == nil {
-		return status.Error(codes.InvalidArgument, "upload: the first message must be the header naming the backup")
-	}
-	kind, err := validateUploadHeader(h, s.limits)
+	u, err := s.admitUpload(ctx, recv)
 	if err != nil {
 		return err
 	}
-	locName, loc, err := s.location(h.GetLocation())
-	if err != nil {
-		return err
-	}
-	agent, isAgent := auth.AgentFrom(ctx)
-	if isAgent {
-		if err := agentMay(agent, auth.AgentBackup, "upload", h.GetName(), locName); err != nil {
-			return err
-		}
-	} else if kind == storage.SourceAgent {
-		// Only an authenticated agent's backup is an agent's: a user
-		// cannot make an upload look like one.
-		kind = storage.SourceUpload
-	}
-	release, err := s.claim(locName, h.GetName())
-	if err != nil {
-		return err
-	}
-	defer release()
+	defer u.release()
 	defer func() { s.metrics.ObserveTransfer("upload", start, err) }()
 	s.metrics.InFlight.WithLabelValues("upload").Inc()
 	defer s.metrics.InFlight.WithLabelValues("upload").Dec()
 
-	up, err := loc.Create(ctx, h.GetName())
+	up, err := u.loc.Create(ctx, u.name())
 	if err != nil {
-		return s.metrics.StorageError("upload", locName, h.GetName(), err)
+		return s.metrics.StorageError("upload", u.locName, u.name(), err)
 	}
 	committed := false
 	defer func() {
 		if !committed {
 			if aerr := up.Abort(); aerr != nil {
-				s.log.Error("discarding failed upload", "location", locName, "backup", h.GetName(), "error", aerr)
+				s.log.Error("discarding failed upload", "location", u.locName, "backup", u.name(), "error", aerr)
 			}
 		}
 	}()
-
-	// A snapshot stored as is carries etcd's own SHA-256 in its last 32
-	// bytes: the server checks that, with the same single hash pass that
-	// gives what it stores, so an agent need not hash at all, what is
-	// stored is what etcd wrote, and no upload stores a file that is not
-	// a snapshot. Compressed or encrypted data is hashed plainly: its
-	// sender checked the trailer before transforming it.
-	var sum io.Writer
-	var digestOf func() (string, error)
-	if h.GetCompression() == ebv1.CompressionNone && h.GetEncryption() == ebv1.EncryptionNone {
-		check := snapshot.NewTrailerCheck()
-		sum, digestOf = check, check.Finish
-	} else {
-		plain := sha256.New()
-		sum, digestOf = plain, func() (string, error) { return hex.EncodeToString(plain.Sum(nil)), nil }
+	r, err := s.receiveUpload(ctx, u, recv, up)
+	if err != nil {
+		return err
 	}
+	m, err := s.commitUpload(ctx, u, r, up)
+	if err != nil {
+		return err
+	}
+	committed = true
+	s.log.Info("backup stored", "location", u.locName, "backup", m.Name, "bytes", r.size, "sha256", r.digest, "caller", caller(ctx),
+		"seconds", s.now().Sub(start).Seconds())
+	return stream.SendAndClose(&ebv1.UploadBackupResponse{Backup: backupFromManifest(u.locName, m)})
+}
+
+// upload is an admitted upload: its header, who sends it, and where it
+// goes.
+type upload struct {
+	header *ebv1.UploadHeader
+	// kind is the stored source kind: storage.SourceAgent only for an
+	// authenticated agent.
+	kind string
+	// agent is the authenticated agent sending it, or nil.
+	agent   *auth.Agent
+	locName string
+	loc     storage.Location
+	// release frees the upload's name and its slot in the location.
+	release func()
+}
+
+func (u *upload) name() string { return u.header.GetName() }
+
+// admitUpload receives and checks the header, holds an agent to its own
+// backup, and claims the name and a slot of limits.uploadsPerLocation.
+func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBackupRequest, error)) (*upload, error) {
+	first, err := recv()
+	if errors.Is(err, errIdle) {
+		return nil, status.Errorf(codes.DeadlineExceeded, "upload: no header arrived within %s (limits.uploadIdleTimeout)", s.limits.UploadIdleTimeout.Duration)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "upload: no header received: %v", err)
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return nil, status.Error(codes.InvalidArgument, "upload: the first message must be the header naming the backup")
+	}
+	u := &upload{header: h}
+	if u.kind, err = validateUploadHeader(h, s.limits); err != nil {
+		return nil, err
+	}
+	if u.locName, u.loc, err = s.location(h.GetLocation()); err != nil {
+		return nil, err
+	}
+	if agent, ok := auth.AgentFrom(ctx); ok {
+		if err := agentMay(agent, auth.AgentBackup, "upload", h.GetName(), u.locName); err != nil {
+			return nil, err
+		}
+		u.agent = agent
+	} else if u.kind == storage.SourceAgent {
+		// Only an authenticated agent's backup is an agent's: a user
+		// cannot make an upload look like one.
+		u.kind = storage.SourceUpload
+	}
+	if u.release, err = s.claim(u.locName, h.GetName()); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+// received is what arrived after an upload's header.
+type received struct {
+	size int64
+	// digest is the data's SHA-256; digestErr says why there is none (a
+	// plain upload that fails etcd's trailer check).
+	digest    string
+	digestErr error
+	// head is the first bytes, to check that data declared encrypted is
+	// an age file.
+	head    []byte
+	trailer *ebv1.UploadTrailer
+}
+
+// receiveUpload writes the chunks that follow the header to up, hashing
+// them as they pass, until the client closes its side; it refuses
+// messages out of order, oversized chunks and more data than declared.
+func (s *Service) receiveUpload(ctx context.Context, u *upload, recv func() (*ebv1.UploadBackupRequest, error), up storage.Upload) (*received, error) {
+	sum, digestOf := uploadHash(u.header)
 	w := io.MultiWriter(up, sum)
-	var size int64
-	// The first bytes, to check that data declared encrypted is an age file.
-	head := make([]byte, 0, len(crypt.Magic))
-	var trailer *ebv1.UploadTrailer
+	r := &received{head: make([]byte, 0, len(crypt.Magic))}
 	for {
 		msg, err := recv()
 		if errors.Is(err, io.EOF) {
 			break
 		}
-		if errors.Is(err, errIdle) {
-			s.log.Warn("upload aborted: the client sent nothing", "location", locName, "backup", h.GetName(), "received", size,
-				"idle", s.limits.UploadIdleTimeout.Duration, "caller", caller(ctx))
-			return status.Errorf(codes.DeadlineExceeded,
-				"upload of %q: nothing arrived for %s (limits.uploadIdleTimeout) after %d bytes; the upload was aborted and nothing was stored",
-				h.GetName(), s.limits.UploadIdleTimeout.Duration, size)
-		}
 		if err != nil {
-			s.log.Warn("upload interrupted", "location", locName, "backup", h.GetName(), "received", size, "error", err)
-			if ctx.Err() != nil {
-				return status.Errorf(codes.Canceled, "upload of %q cancelled after %d bytes; nothing was stored", h.GetName(), size)
-			}
-			return err
+			return nil, s.uploadBroken(ctx, u, r.size, err)
 		}
-		if trailer != nil {
-			return status.Error(codes.InvalidArgument, "upload: a message arrived after the trailer; the trailer must be last")
+		if err := r.take(msg, u.header); err != nil {
+			return nil, err
 		}
-		if msg.GetHeader() != nil {
-			return status.Error(codes.InvalidArgument, "upload: a second header arrived; only the first message is a header")
-		}
-		if t := msg.GetTrailer(); t != nil {
-			if err := validateSHA256("trailer SHA-256", t.GetSha256()); err != nil {
-				return err
-			}
-			if err := validateSHA256("trailer raw SHA-256", t.GetRawSha256()); err != nil {
-				return err
-			}
-			if err := validateEtcdFacts("trailer", t.GetEtcd()); err != nil {
-				return err
-			}
-			trailer = t
+		if msg.GetTrailer() != nil {
 			continue
 		}
 		chunk := msg.GetChunk()
-		if len(chunk) > MaxChunkBytes {
-			return status.Errorf(codes.InvalidArgument, "upload: chunk of %d bytes exceeds the %d-byte limit", len(chunk), MaxChunkBytes)
-		}
-		size += int64(len(chunk))
-		if len(head) < cap(head) {
-			head = append(head, chunk[:min(len(chunk), cap(head)-len(head))]...)
-		}
-		if h.ExpectedSize != nil && size > h.GetExpectedSize() {
-			return status.Errorf(codes.DataLoss,
-				"upload of %q: more than the declared %d bytes arrived; nothing was stored", h.GetName(), h.GetExpectedSize())
-		}
 		if _, err := w.Write(chunk); err != nil {
-			return s.metrics.StorageError("upload", locName, h.GetName(), err)
+			return nil, s.metrics.StorageError("upload", u.locName, u.name(), err)
 		}
 		s.metrics.BytesIn.Add(float64(len(chunk)))
 		// Stored and hashed: nothing holds the bytes any more.
 		releaseUploadChunk(chunk)
 	}
+	r.digest, r.digestErr = digestOf()
+	return r, nil
+}
 
-	digest, err := digestOf()
-	if err != nil {
-		s.log.Warn("snapshot refused", "location", locName, "backup", h.GetName(), "source", kind, "received", size, "error", err, "caller", caller(ctx))
-		return status.Errorf(codes.DataLoss,
-			"upload of %q: the data is not a whole etcd snapshot: it fails etcd's own check (%v); nothing was stored. Upload the file `etcdutl snapshot save` or `kubectl etcdbackup download` wrote", h.GetName(), err)
+// uploadHash is what hashes an upload's data as it arrives. A snapshot
+// stored as is carries etcd's own SHA-256 in its last 32 bytes: the
+// server checks that, with the same single hash pass that gives what it
+// stores, so an agent need not hash at all, what is stored is what etcd
+// wrote, and no upload stores a file that is not a snapshot. Compressed
+// or encrypted data is hashed plainly: its sender checked the trailer
+// before transforming it.
+func uploadHash(h *ebv1.UploadHeader) (sum io.Writer, digestOf func() (string, error)) {
+	if h.GetCompression() == ebv1.CompressionNone && h.GetEncryption() == ebv1.EncryptionNone {
+		check := snapshot.NewTrailerCheck()
+		return check, check.Finish
 	}
-	if h.ExpectedSize != nil && size != h.GetExpectedSize() {
-		return status.Errorf(codes.DataLoss,
-			"upload of %q: %d bytes arrived but %d were declared; nothing was stored, upload again", h.GetName(), size, h.GetExpectedSize())
+	plain := sha256.New()
+	return plain, func() (string, error) { return hex.EncodeToString(plain.Sum(nil)), nil }
+}
+
+// uploadBroken is the error of an upload whose stream ended before the
+// client closed it: idle too long, cancelled, or broken.
+func (s *Service) uploadBroken(ctx context.Context, u *upload, size int64, err error) error {
+	if errors.Is(err, errIdle) {
+		s.log.Warn("upload aborted: the client sent nothing", "location", u.locName, "backup", u.name(), "received", size,
+			"idle", s.limits.UploadIdleTimeout.Duration, "caller", caller(ctx))
+		return status.Errorf(codes.DeadlineExceeded,
+			"upload of %q: nothing arrived for %s (limits.uploadIdleTimeout) after %d bytes; the upload was aborted and nothing was stored",
+			u.name(), s.limits.UploadIdleTimeout.Duration, size)
 	}
-	if want := h.GetExpectedSha256(); want != "" && want != digest {
-		return status.Errorf(codes.DataLoss,
-			"upload of %q: the data that arrived has SHA-256 %s but %s was declared; nothing was stored, upload again", h.GetName(), digest, want)
+	s.log.Warn("upload interrupted", "location", u.locName, "backup", u.name(), "received", size, "error", err)
+	if ctx.Err() != nil {
+		return status.Errorf(codes.Canceled, "upload of %q cancelled after %d bytes; nothing was stored", u.name(), size)
 	}
-	if trailer != nil && (trailer.GetSize() != size || (trailer.GetSha256() != "" && trailer.GetSha256() != digest)) {
+	return err
+}
+
+// take checks a message after the header against the upload's rules —
+// chunks, then at most one trailer, last; no second header; a chunk at
+// most MaxChunkBytes and never more data than declared — and records
+// it: a trailer, or a chunk's size and first bytes.
+func (r *received) take(msg *ebv1.UploadBackupRequest, h *ebv1.UploadHeader) error {
+	if r.trailer != nil {
+		return status.Error(codes.InvalidArgument, "upload: a message arrived after the trailer; the trailer must be last")
+	}
+	if msg.GetHeader() != nil {
+		return status.Error(codes.InvalidArgument, "upload: a second header arrived; only the first message is a header")
+	}
+	if t := msg.GetTrailer(); t != nil {
+		if err := validateTrailer(t); err != nil {
+			return err
+		}
+		r.trailer = t
+		return nil
+	}
+	chunk := msg.GetChunk()
+	if len(chunk) > MaxChunkBytes {
+		return status.Errorf(codes.InvalidArgument, "upload: chunk of %d bytes exceeds the %d-byte limit", len(chunk), MaxChunkBytes)
+	}
+	r.size += int64(len(chunk))
+	if len(r.head) < cap(r.head) {
+		r.head = append(r.head, chunk[:min(len(chunk), cap(r.head)-len(r.head))]...)
+	}
+	if h.ExpectedSize != nil && r.size > h.GetExpectedSize() {
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: more than the declared %d bytes arrived; nothing was stored", h.GetName(), h.GetExpectedSize())
+	}
+	return nil
+}
+
+// commitUpload checks what arrived against what was declared and
+// commits the backup's manifest, which makes it exist.
+func (s *Service) commitUpload(ctx context.Context, u *upload, r *received, up storage.Upload) (*storage.Manifest, error) {
+	if err := s.checkReceived(ctx, u, r); err != nil {
+		return nil, err
+	}
+	m := manifestFromHeader(u.header, u.kind, r.size, r.digest, s.now().UTC())
+	if a := u.agent; a != nil {
+		// The source is what the server knows, not what the agent says.
+		m.Source.Kind, m.Source.Description, m.Source.Target = storage.SourceAgent, "job "+a.JobNamespace+"/"+a.JobName, a.Target
+	}
+	if r.trailer.GetRawSha256() != "" && (m.Compression != "" || m.Encryption != "") {
+		m.RawSize, m.RawSHA256 = r.trailer.GetRawSize(), r.trailer.GetRawSha256()
+	}
+	withSnapshotStatus(m, r.trailer.GetEtcd())
+	if err := up.Commit(ctx, m); err != nil {
+		return nil, s.metrics.StorageError("upload", u.locName, u.name(), err)
+	}
+	return m, nil
+}
+
+// checkReceived holds what arrived to what was declared: a whole etcd
+// snapshot when stored as is (etcd's trailer), the header's size and
+// SHA-256, the trailer's size and SHA-256, and an age header when
+// declared encrypted. Each mismatch is DataLoss (InvalidArgument for the
+// age header).
+func (s *Service) checkReceived(ctx context.Context, u *upload, r *received) error {
+	h, name := u.header, u.name()
+	if r.digestErr != nil {
+		s.log.Warn("snapshot refused", "location", u.locName, "backup", name, "source", u.kind, "received", r.size, "error", r.digestErr, "caller", caller(ctx))
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: the data is not a whole etcd snapshot: it fails etcd's own check (%v); nothing was stored. Upload the file `etcdutl snapshot save` or `kubectl etcdbackup download` wrote", name, r.digestErr)
+	}
+	if h.ExpectedSize != nil && r.size != h.GetExpectedSize() {
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: %d bytes arrived but %d were declared; nothing was stored, upload again", name, r.size, h.GetExpectedSize())
+	}
+	if want := h.GetExpectedSha256(); want != "" && want != r.digest {
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: the data that arrived has SHA-256 %s but %s was declared; nothing was stored, upload again", name, r.digest, want)
+	}
+	if t := r.trailer; t != nil && (t.GetSize() != r.size || (t.GetSha256() != "" && t.GetSha256() != r.digest)) {
 		return status.Errorf(codes.DataLoss,
 			"upload of %q: the client sent %d bytes with SHA-256 %s but %d bytes with SHA-256 %s arrived; nothing was stored, upload again",
-			h.GetName(), trailer.GetSize(), trailer.GetSha256(), size, digest)
+			name, t.GetSize(), t.GetSha256(), r.size, r.digest)
 	}
-	if h.GetEncryption() == ebv1.EncryptionAge && !bytes.Equal(head, crypt.Magic) {
+	if h.GetEncryption() == ebv1.EncryptionAge && !bytes.Equal(r.head, crypt.Magic) {
 		return status.Errorf(codes.InvalidArgument,
-			"upload of %q: declared age-encrypted, but the data does not start with an age header; nothing was stored", h.GetName())
+			"upload of %q: declared age-encrypted, but the data does not start with an age header; nothing was stored", name)
 	}
-	m := manifestFromHeader(h, kind, size, digest, s.now().UTC())
-	if isAgent {
-		// The source is what the server knows, not what the agent says.
-		m.Source.Kind, m.Source.Description, m.Source.Target = storage.SourceAgent, "job "+agent.JobNamespace+"/"+agent.JobName, agent.Target
-	}
-	if trailer.GetRawSha256() != "" && (m.Compression != "" || m.Encryption != "") {
-		m.RawSize, m.RawSHA256 = trailer.GetRawSize(), trailer.GetRawSha256()
-	}
-	withSnapshotStatus(m, trailer.GetEtcd())
-	if err := up.Commit(ctx, m); err != nil {
-		return s.metrics.StorageError("upload", locName, h.GetName(), err)
-	}
-	committed = true
-	s.log.Info("backup stored", "location", locName, "backup", m.Name, "bytes", size, "sha256", digest, "caller", caller(ctx),
-		"seconds", s.now().Sub(start).Seconds())
-	return stream.SendAndClose(&ebv1.UploadBackupResponse{Backup: backupFromManifest(locName, m)})
+	return nil
 }
 
 // errIdle is what a receiver returns when the client sent nothing for

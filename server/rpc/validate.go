@@ -151,3 +151,15 @@ func validateUploadHeader(h *ebv1.UploadHeader, lim config.Limits) (kind string,
 	}
 	return validateSourceKind(h.GetSource().GetKind())
 }
+
+// validateTrailer checks the checksums and snapshot facts an upload's
+// trailer carries.
+func validateTrailer(t *ebv1.UploadTrailer) error {
+	if err := validateSHA256("trailer SHA-256", t.GetSha256()); err != nil {
+		return err
+	}
+	if err := validateSHA256("trailer raw SHA-256", t.GetRawSha256()); err != nil {
+		return err
+	}
+	return validateEtcdFacts("trailer", t.GetEtcd())
+}
