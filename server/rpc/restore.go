@@ -13,6 +13,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/liveness"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // restoreTarget resolves and checks the target of a restore request.
@@ -64,8 +65,63 @@ func revisionBump(req *ebv1.RestoreBackupRequest) (int64, error) {
 	return b, nil
 }
 
-// RestoreBackup implements ebv1.BackupServiceServer.
+// RestoreBackup implements ebv1.BackupServiceServer: admit the request,
+// plan one restore per member, and unless it is a dry run, start the
+// restore Jobs once every member is seen stopped.
 func (s *Service) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequest) (*ebv1.RestoreBackupResponse, error) {
+	r, err := s.admitRestore(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	plan := s.plan(r.target, r.locName, req.GetName())
+	for _, p := range plan {
+		p.BumpRevision, p.MarkCompacted = r.bump, r.bump > 0
+	}
+	seen := liveness.Members(ctx, s.agents, r.target)
+	if req.GetDryRun() {
+		for _, p := range plan {
+			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_PENDING
+			for _, f := range seen {
+				// A finding about the whole target (pods that cannot be
+				// listed, an endpoint in doubt) concerns every member.
+				if p.Message == "" && (f.Member == p.GetMember() || (f.Member == "" && f.URL == "")) {
+					p.Message = f.DryRunMessage()
+				}
+			}
+		}
+		return &ebv1.RestoreBackupResponse{Members: plan}, nil
+	}
+	if err := liveness.RefuseUnlessStopped(s.agents, r.target, seen); err != nil {
+		return nil, err
+	}
+	created, err := s.startRestore(ctx, req, r)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range plan {
+		p.Phase = ebv1.RestorePhase_RESTORE_PHASE_RUNNING
+	}
+	s.log.Info("restore agents started", "backup", req.GetName(), "location", r.locName, "target", r.target.Name, "jobs", created, "bumpRevision", r.bump, "caller", caller(ctx))
+	return &ebv1.RestoreBackupResponse{Members: plan}, nil
+}
+
+// restore is an admitted restore request.
+type restore struct {
+	target  *config.Target
+	locName string
+	// stored is the backup's manifest: the agents may restore exactly it.
+	stored *storage.Manifest
+	bump   int64
+	// secret names the Secret holding the age identity, for an
+	// encrypted backup.
+	secret string
+}
+
+// admitRestore checks a restore request: the backup's name, the revision
+// bump, a target the server can restore (restoreTarget), the backup
+// stored, an identity Secret when it is encrypted, and data directories
+// that --move-aside can rename.
+func (s *Service) admitRestore(ctx context.Context, req *ebv1.RestoreBackupRequest) (*restore, error) {
 	if err := validateName("backup", req.GetName()); err != nil {
 		return nil, err
 	}
@@ -105,51 +161,33 @@ func (s *Service) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequ
 			}
 		}
 	}
-	plan := s.plan(t, locName, name)
-	for _, p := range plan {
-		p.BumpRevision, p.MarkCompacted = bump, bump > 0
-	}
-	seen := liveness.Members(ctx, s.agents, t)
-	if req.GetDryRun() {
-		for _, p := range plan {
-			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_PENDING
-			for _, f := range seen {
-				// A finding about the whole target (pods that cannot be
-				// listed, an endpoint in doubt) concerns every member.
-				if p.Message == "" && (f.Member == p.GetMember() || (f.Member == "" && f.URL == "")) {
-					p.Message = f.DryRunMessage()
-				}
-			}
-		}
-		return &ebv1.RestoreBackupResponse{Members: plan}, nil
-	}
-	if err := liveness.RefuseUnlessStopped(s.agents, t, seen); err != nil {
-		return nil, err
-	}
+	return &restore{target: t, locName: locName, stored: m, bump: bump, secret: secret}, nil
+}
+
+// startRestore creates the restore Jobs, one per member, and returns how
+// many it created.
+func (s *Service) startRestore(ctx context.Context, req *ebv1.RestoreBackupRequest, r *restore) (int, error) {
+	name, t := req.GetName(), r.target
 	created, err := s.agents.StartRestore(ctx, jobs.RestoreSpec{
-		Name: name, Location: locName, Target: *t, MoveAside: req.GetMoveAside(), IdentitySecret: secret,
+		Name: name, Location: r.locName, Target: *t, MoveAside: req.GetMoveAside(), IdentitySecret: r.secret,
 		// What the agents may restore: exactly the backup stored now.
-		SHA256:       m.SHA256,
-		BumpRevision: bump,
+		SHA256:       r.stored.SHA256,
+		BumpRevision: r.bump,
 	})
 	if errors.Is(err, jobs.ErrRunning) {
-		return nil, status.Errorf(codes.AlreadyExists,
+		return 0, status.Errorf(codes.AlreadyExists,
 			"a restore of backup %q into target %q is still running; wait for it with `kubectl etcdbackup restore %s --target %s --wait` after it ends, or follow `kubectl -n %s get jobs -l app.kubernetes.io/component=restore-agent`",
 			name, t.Name, name, t.Name, s.agents.RestoreNamespace(*t))
 	}
 	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
-		return nil, status.Errorf(codes.FailedPrecondition,
+		return 0, status.Errorf(codes.FailedPrecondition,
 			"start restore agents for %q in namespace %s: %v; that namespace must exist with a ServiceAccount %s and a Role letting the server manage Jobs there (manifests/restore-namespace/ for hostPath members, the Role documented in manifests/server.yaml for claims)",
 			name, s.agents.RestoreNamespace(*t), err, config.DefaultServiceAccount)
 	}
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "start restore agents for %q: %v", name, err)
+		return 0, status.Errorf(codes.Internal, "start restore agents for %q: %v", name, err)
 	}
-	for _, p := range plan {
-		p.Phase = ebv1.RestorePhase_RESTORE_PHASE_RUNNING
-	}
-	s.log.Info("restore agents started", "backup", name, "location", locName, "target", t.Name, "jobs", len(created), "bumpRevision", bump, "caller", caller(ctx))
-	return &ebv1.RestoreBackupResponse{Members: plan}, nil
+	return len(created), nil
 }
 
 // GetRestore implements ebv1.BackupServiceServer.
