@@ -16,7 +16,9 @@ import (
 	"sync"
 	"time"
 
+	grpcauth "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -186,11 +188,15 @@ func (refuseAll) Admit(context.Context, string) (context.Context, error) {
 // services whose calls g admits.
 func (s *Server) NewGRPCServer(g auth.Guard) *grpc.Server {
 	onPanic := recovery.WithRecoveryHandlerContext(s.recovered)
+	admit := auth.AuthFunc(g)
 	opts := append(GRPCServerOptions(),
 		grpc.MaxConcurrentStreams(s.limits.MaxConcurrentStreams),
-		// Recovery is outermost: a panic in the guard is caught too.
-		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(onPanic), auth.UnaryInterceptor(g)),
-		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic), auth.StreamInterceptor(g)))
+		// Recovery is outermost: a panic in the guard is caught too. The
+		// guard decides on every call but health's (auth.Guarded).
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(onPanic),
+			selector.UnaryServerInterceptor(grpcauth.UnaryServerInterceptor(admit), auth.Guarded)),
+		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic),
+			selector.StreamServerInterceptor(grpcauth.StreamServerInterceptor(admit), auth.Guarded)))
 	srv := grpc.NewServer(opts...)
 	s.register(srv)
 	return srv

@@ -104,3 +104,40 @@ func TestShutdownDrainsInFlightDownload(t *testing.T) {
 		t.Fatal("drained download has wrong bytes")
 	}
 }
+
+// refuseEveryone is a Guard that admits no call.
+type refuseEveryone struct{}
+
+func (refuseEveryone) Admit(context.Context, string) (context.Context, error) {
+	return nil, status.Error(codes.Unauthenticated, "refused by the test's guard")
+}
+
+// The guard decides on every call but grpc.health.v1's, unary and
+// streaming alike: the kubelet's probes carry no credentials.
+func TestGuardSkipsOnlyHealth(t *testing.T) {
+	srv := servertest.StartWith(t, servertest.Options{UserGuard: refuseEveryone{}, AgentGuard: refuseEveryone{}})
+	ctx := context.Background()
+	for _, conn := range []*grpc.ClientConn{srv.Conn, srv.AgentConn} {
+		h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health check past a guard that refuses all: %v %v", h, err)
+		}
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		watch, err := healthpb.NewHealthClient(conn).Watch(watchCtx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err = watch.Recv()
+		stopWatch()
+		if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("health watch past a guard that refuses all: %v %v", h, err)
+		}
+		_, err = ebv1.NewInfoServiceClient(conn).GetServerInfo(ctx, &ebv1.GetServerInfoRequest{})
+		wantCode(t, err, codes.Unauthenticated)
+		logs, err := ebv1.NewBackupServiceClient(conn).GetBackupLogs(ctx, &ebv1.GetBackupLogsRequest{Name: "b"})
+		if err == nil {
+			_, err = logs.Recv()
+		}
+		wantCode(t, err, codes.Unauthenticated)
+	}
+}
