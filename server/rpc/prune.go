@@ -50,28 +50,25 @@ func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsReques
 			return nil, s.metrics.StorageError("list", locName, "", err)
 		}
 		for _, t := range targets {
-			pruned, inUse, err := s.prune(ctx, locName, manifests, t, req.GetIncludeUnscheduled(), req.GetDryRun(), caller(ctx))
+			pruned, inUse, err := s.pruner.Prune(ctx, retention.Request{
+				Location: locName, Store: s.locations[locName], Manifests: manifests, Target: t,
+				IncludeUnscheduled: req.GetIncludeUnscheduled(), DryRun: req.GetDryRun(), By: caller(ctx),
+			})
 			if err != nil {
 				return resp, err
 			}
-			resp.Pruned = append(resp.Pruned, pruned...)
-			resp.InUse = append(resp.InUse, inUse...)
+			resp.Pruned = append(resp.Pruned, backupsFromManifests(locName, pruned)...)
+			resp.InUse = append(resp.InUse, backupsFromManifests(locName, inUse)...)
 		}
 	}
 	return resp, nil
 }
 
-// prune applies t's retention to its backups in one location.
-func (s *Service) prune(ctx context.Context, locName string, manifests []*storage.Manifest, t config.Target, includeUnscheduled, dryRun bool, by string) (pruned, inUse []*ebv1.Backup, err error) {
-	p, u, err := s.pruner.Prune(ctx, retention.Request{
-		Location: locName, Store: s.locations[locName], Manifests: manifests, Target: t,
-		IncludeUnscheduled: includeUnscheduled, DryRun: dryRun, By: by,
-	})
-	for _, m := range p {
-		pruned = append(pruned, backupFromManifest(locName, m))
+// backupsFromManifests is backupFromManifest of each of ms.
+func backupsFromManifests(loc string, ms []*storage.Manifest) []*ebv1.Backup {
+	var out []*ebv1.Backup
+	for _, m := range ms {
+		out = append(out, backupFromManifest(loc, m))
 	}
-	for _, m := range u {
-		inUse = append(inUse, backupFromManifest(locName, m))
-	}
-	return pruned, inUse, err
+	return out
 }
