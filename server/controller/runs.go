@@ -94,8 +94,12 @@ func (c *Controller) retain(ctx context.Context, target, locName string) {
 // backup's Job is replaced when it is taken again).
 func runKey(r jobs.Run) string { return r.JobName + "@" + r.StartTime.String() }
 
-// target is the configured target called name.
+// target is the configured target called name; "" is the default (the
+// first), as a request's target is.
 func (c *Controller) target(name string) (config.Target, bool) {
+	if name == "" && len(c.targets) > 0 {
+		return c.targets[0], true
+	}
 	for _, t := range c.targets {
 		if t.Name == name {
 			return t, true
