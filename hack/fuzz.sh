@@ -13,7 +13,7 @@ GO=${GO:-go}
 
 # package fuzz-target, one a line.
 targets="
-./server/ FuzzUploadStream
+./server/rpc/ FuzzUploadStream
 ./storage/filesystem/ FuzzManifest
 ./snapshot/ FuzzVerifier
 ./snapshot/ FuzzDecompress

@@ -3,7 +3,6 @@ package server_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -18,7 +17,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
@@ -40,19 +38,6 @@ func wantRefusal(t *testing.T, err error, code codes.Code, want ...string) {
 			t.Errorf("%q does not say %q", status.Convert(err).Message(), w)
 		}
 	}
-}
-
-func listNames(t *testing.T, srv *servertest.Server, location string) []string {
-	t.Helper()
-	resp, err := srv.Client.Backups.ListBackups(context.Background(), &ebv1.ListBackupsRequest{Location: location})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, b := range resp.GetBackups() {
-		names = append(names, b.GetName())
-	}
-	return names
 }
 
 // openUpload starts an upload of name that sends its header and one
@@ -101,121 +86,6 @@ func waitInProgress(t *testing.T, srv *servertest.Server, location string, n int
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-func TestUploadsPerLocationLimit(t *testing.T) {
-	srv := servertest.StartWith(t, servertest.Options{Locations: []string{"default", "other"}, Limits: config.Limits{UploadsPerLocation: 2}})
-	first, cancelFirst := openUpload(t, srv, "default", "held-1")
-	openUpload(t, srv, "default", "held-2")
-	waitInProgress(t, srv, "default", 2)
-
-	_, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "third"}, nil)
-	wantRefusal(t, err, codes.ResourceExhausted, `2 uploads to location "default" are in progress`, "limits.uploadsPerLocation")
-	// The limit is per location.
-	if _, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "elsewhere", Location: "other"}, nil); err != nil {
-		t.Fatalf("upload to another location: %v", err)
-	}
-	// A finished upload frees its slot.
-	if _, err := first.CloseAndRecv(); err != nil {
-		t.Fatal(err)
-	}
-	cancelFirst()
-	if _, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "third"}, nil); err != nil {
-		t.Fatalf("upload after one finished: %v", err)
-	}
-	if got := strings.Join(listNames(t, srv, "default"), ","); got != "third,held-1" {
-		t.Errorf("listed %s; want third,held-1 (the refused upload stored nothing)", got)
-	}
-}
-
-func TestIdleUploadIsAborted(t *testing.T) {
-	const idle = 300 * time.Millisecond
-	srv := servertest.StartWith(t, servertest.Options{Limits: config.Limits{UploadIdleTimeout: metav1.Duration{Duration: idle}}})
-	before := tree(t, srv.Dir)
-
-	stream, _ := openUpload(t, srv, "", "stalled")
-	start := time.Now()
-	err := stream.RecvMsg(&ebv1.UploadBackupResponse{})
-	wantRefusal(t, err, codes.DeadlineExceeded, `upload of "stalled"`, "300ms", "limits.uploadIdleTimeout", "nothing was stored")
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("aborted after %s; the idle limit is %s", d, idle)
-	}
-	// Its name and temporary data are released.
-	deadline := time.Now().Add(10 * time.Second)
-	for tree(t, srv.Dir) != before {
-		if time.Now().After(deadline) {
-			t.Fatalf("the aborted upload left:\n%s", tree(t, srv.Dir))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if _, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "stalled"}, nil); err != nil {
-		t.Fatalf("upload of the aborted upload's name: %v", err)
-	}
-
-	// A stream that never sends its header is ended too.
-	silent, err := srv.Client.Backups.UploadBackup(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantRefusal(t, silent.RecvMsg(&ebv1.UploadBackupResponse{}), codes.DeadlineExceeded, "no header", "limits.uploadIdleTimeout")
-
-	// The limit is between messages, not on the whole upload: a slow
-	// upload that keeps sending completes. Its seven chunks make one
-	// snapshot whole to etcd's trailer.
-	data := trailed(t, 7*512)
-	slow, _ := openUploadOf(t, srv, "", "slow", data[:512])
-	for i := 1; i <= 6; i++ {
-		time.Sleep(idle / 3)
-		end := (i + 1) * 512
-		if i == 6 {
-			end = len(data) // the last page and etcd's trailer
-		}
-		if err := slow.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: data[i*512 : end]}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := slow.CloseAndRecv(); err != nil {
-		t.Fatalf("slow upload sending every %s, for %s in all: %v", idle/3, 2*idle, err)
-	}
-}
-
-func TestLabelAndFieldLimits(t *testing.T) {
-	srv := servertest.StartWith(t, servertest.Options{Limits: config.Limits{MaxLabels: 3, MaxLabelBytes: 40, MaxFieldBytes: 16}})
-	upload := func(h *ebv1.UploadHeader) error {
-		h.Name = "b"
-		_, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), h, nil)
-		return err
-	}
-	long := strings.Repeat("x", 17)
-	for _, tc := range []struct {
-		header *ebv1.UploadHeader
-		want   []string
-	}{
-		{&ebv1.UploadHeader{Labels: map[string]string{"a": "1", "b": "2", "c": "3", "d": "4"}}, []string{"4 labels", "limit is 3", "limits.maxLabels"}},
-		{&ebv1.UploadHeader{Labels: map[string]string{"key-one": strings.Repeat("v", 20), "key-two": strings.Repeat("w", 20)}}, []string{"54 bytes", "limit is 40", "limits.maxLabelBytes"}},
-		{&ebv1.UploadHeader{Source: &ebv1.BackupSource{Description: long}}, []string{"source description is 17 bytes", "limit is 16", "limits.maxFieldBytes"}},
-		{&ebv1.UploadHeader{Source: &ebv1.BackupSource{Target: long}}, []string{"source target", "limits.maxFieldBytes"}},
-		{&ebv1.UploadHeader{Etcd: &ebv1.EtcdInfo{MemberName: long}}, []string{"etcd member name", "limits.maxFieldBytes"}},
-		{&ebv1.UploadHeader{Etcd: &ebv1.EtcdInfo{Version: long}}, []string{"etcd version", "limits.maxFieldBytes"}},
-	} {
-		wantRefusal(t, upload(tc.header), codes.InvalidArgument, tc.want...)
-	}
-	if names := listNames(t, srv, ""); len(names) != 0 {
-		t.Fatalf("refused uploads stored %v", names)
-	}
-	// At the limits is accepted.
-	if err := upload(&ebv1.UploadHeader{Labels: map[string]string{"a": "1", "b": "2", "c": strings.Repeat("v", 35)}, Source: &ebv1.BackupSource{Description: long[:16]}}); err != nil {
-		t.Fatalf("upload at the limits: %v", err)
-	}
-
-	// The defaults hold without configuration.
-	def := servertest.Start(t, "")
-	many := map[string]string{}
-	for i := range 65 {
-		many[fmt.Sprintf("l%d", i)] = "v"
-	}
-	_, err := def.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "b", Labels: many}, nil)
-	wantRefusal(t, err, codes.InvalidArgument, "65 labels", "limit is 64", "limits.maxLabels")
 }
 
 func TestMaxConcurrentStreams(t *testing.T) {
@@ -325,72 +195,4 @@ func TestPanicInHandlerIsInternal(t *testing.T) {
 			t.Errorf("the log does not say %q (panic value, method and stack):\n%s", want, logs.String())
 		}
 	}
-}
-
-func TestListBackupsPages(t *testing.T) {
-	srv := servertest.Start(t, "")
-	const n = 1203
-	names := make([]string, n)
-	for i := range names {
-		names[i] = fmt.Sprintf("b-%04d", i)
-	}
-	created := time.Now().Add(-time.Hour)
-	srv.WriteBackups(t, "default", created, names...)
-	// Two more created at one instant: the order, and so the pages, go by
-	// name among them.
-	srv.WriteBackups(t, "default", created.Add(-time.Minute), "same-b")
-	srv.WriteBackups(t, "default", created.Add(-time.Minute), "same-a")
-	ctx := context.Background()
-
-	list := func(req *ebv1.ListBackupsRequest) (pages []int, all []string) {
-		t.Helper()
-		for {
-			resp, err := srv.Client.Backups.ListBackups(ctx, req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pages = append(pages, len(resp.GetBackups()))
-			for _, b := range resp.GetBackups() {
-				all = append(all, b.GetName())
-			}
-			if resp.GetNextPageToken() == "" {
-				return pages, all
-			}
-			req.PageToken = resp.GetNextPageToken()
-		}
-	}
-	pages, all := list(&ebv1.ListBackupsRequest{})
-	if fmt.Sprint(pages) != "[500 500 205]" || len(all) != n+2 || all[0] != "b-1202" || all[n-1] != "b-0000" || all[n] != "same-a" || all[n+1] != "same-b" {
-		t.Fatalf("pages %v, %d backups, first %s, last %v", pages, len(all), all[0], all[n-1:])
-	}
-	if pages, _ := list(&ebv1.ListBackupsRequest{PageSize: 5000}); fmt.Sprint(pages) != "[1000 205]" {
-		t.Errorf("page size 5000: pages %v; want at most 1000 each", pages)
-	}
-	if pages, _ := list(&ebv1.ListBackupsRequest{PageSize: 600}); fmt.Sprint(pages) != "[600 600 5]" {
-		t.Errorf("page size 600: pages %v", pages)
-	}
-
-	// A backup deleted between pages does not shift the next page: each
-	// backup is listed once.
-	first, err := srv.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{PageSize: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := srv.Client.Backups.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "b-1200"}); err != nil {
-		t.Fatal(err)
-	}
-	next, err := srv.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{PageSize: 10, PageToken: first.GetNextPageToken()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := next.GetBackups()[0].GetName(); got != "b-1192" {
-		t.Errorf("the page after b-1193 starts at %s; want b-1192", got)
-	}
-
-	_, err = srv.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{PageToken: "not-a-token"})
-	wantRefusal(t, err, codes.InvalidArgument, "page token")
-	_, err = srv.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{PageToken: first.GetNextPageToken(), LabelSelector: "env=prod"})
-	wantRefusal(t, err, codes.InvalidArgument, "page token", "env=prod")
-	_, err = srv.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{PageSize: -1})
-	wantRefusal(t, err, codes.InvalidArgument, "page size")
 }

@@ -1,27 +1,27 @@
-// Package server is the request layer of the etcdbackup data server: it
-// validates requests, maps them onto named storage locations, enforces
-// integrity (sizes and SHA-256) and turns outcomes into gRPC status codes a
-// client can act on. Requests reach storage only through storage.Location;
-// the configured locations are opened, and their availability tracked, by
-// package storage/locations.
+// Package server wires the data server together: it checks the
+// configuration, builds the request handlers (server/rpc) and the
+// background controller (server/controller) over shared metrics and
+// retention, and serves them — the user and agent listeners, health,
+// recovery and authorization interceptors, the controller's goroutine,
+// the drain at shutdown.
 package server
 
 import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"runtime/debug"
 	"sync"
 	"time"
 
+	grpcauth "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -30,25 +30,15 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/controller"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
-)
-
-const (
-	// MaxChunkBytes is the largest chunk accepted or sent on a stream. It
-	// bounds the memory a stream holds, whatever the backup's size.
-	MaxChunkBytes = 1 << 20
-	// MaxNameLength keeps NAME.json within the 255-byte file-name limit of
-	// common file systems; S3 keys allow more, names must work everywhere.
-	MaxNameLength = 200
-	// downloadChunkBytes is what the server sends per message: just under
-	// gRPC's 1 MiB pooled buffer size, so each message takes one buffer
-	// (a 256 KiB message would take, and zero, a 1 MiB buffer anyway).
-	downloadChunkBytes = 1<<20 - 64
 )
 
 // NamedLocation is a storage location and the name clients address it by
@@ -82,7 +72,7 @@ type Config struct {
 	Limits config.Limits
 	// PollInterval is how often Serve looks at agent Jobs (to count
 	// finished runs and apply retention) and at the schedules; 0 means
-	// DefaultPollInterval.
+	// controller.DefaultPollInterval.
 	PollInterval time.Duration
 }
 
@@ -96,32 +86,20 @@ type Listeners struct {
 	Agents net.Listener
 }
 
-// Server implements the etcdbackup.v1 services.
+// Server is the data server: the etcdbackup.v1 handlers, the background
+// controller, and what serves them.
 type Server struct {
-	ebv1.UnimplementedInfoServiceServer
-	ebv1.UnimplementedBackupServiceServer
+	// Service is the handlers, embedded so that a Server implements the
+	// etcdbackup.v1 services itself (breakglass serves it in-process,
+	// tests call it directly).
+	*rpc.Service
 
-	locations map[string]storage.Location
-	order     []string
-	log       *slog.Logger
-	now       func() time.Time
-	metrics   *metrics
-	health    *health.Server
-
-	targets    []config.Target
-	agents     *jobs.Launcher
-	scratchDir string
+	controller *controller.Controller
+	health     *health.Server
+	log        *slog.Logger
+	limits     config.Limits
 	userGuard  auth.Guard
 	agentGuard auth.Guard
-
-	limits config.Limits
-
-	mu       sync.Mutex
-	inflight map[string]bool // "location/name" of uploads in progress
-	uploads  map[string]int  // uploads in progress, by location
-
-	pollInterval time.Duration
-	inUse        inUse // downloads in progress and backups being pruned
 }
 
 // New checks the configuration and returns a Server.
@@ -129,53 +107,56 @@ func New(cfg Config) (*Server, error) {
 	if len(cfg.Locations) == 0 {
 		return nil, errors.New("at least one storage location is required")
 	}
-	s := &Server{
-		locations: map[string]storage.Location{},
-		log:       cfg.Logger,
-		now:       cfg.Now,
-		health:    health.NewServer(),
-		inflight:  map[string]bool{},
-		uploads:   map[string]int{},
-	}
-	if s.log == nil {
-		s.log = slog.New(slog.DiscardHandler)
-	}
-	if s.now == nil {
-		s.now = time.Now
-	}
+	var names []string
 	for _, l := range cfg.Locations {
-		s.locations[l.Name] = l.Location
-		s.order = append(s.order, l.Name)
+		names = append(names, l.Name)
 	}
-	errs := storage.ValidateLocationNames(s.order, field.NewPath("locations"))
-	errs = append(errs, config.ValidateTargets(cfg.Targets, s.order, field.NewPath("targets"))...)
+	errs := storage.ValidateLocationNames(names, field.NewPath("locations"))
+	errs = append(errs, config.ValidateTargets(cfg.Targets, names, field.NewPath("targets"))...)
 	errs = append(errs, config.ValidateLimits(cfg.Limits, field.NewPath("limits"))...)
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
-	s.targets, s.agents, s.scratchDir = cfg.Targets, cfg.Agents, cfg.ScratchDir
-	s.limits = cfg.Limits.WithDefaults()
-	s.userGuard, s.agentGuard = cfg.UserGuard, cfg.AgentGuard
-	s.pollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
+	log := cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler))
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	m, err := metrics.New(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	inUse := retention.NewInUse(cfg.Agents, cfg.Targets)
+	pruner := &retention.Pruner{InUse: inUse, Metrics: m, Log: log, Now: now}
+	s := &Server{
+		health:     health.NewServer(),
+		log:        log,
+		limits:     cfg.Limits.WithDefaults(),
+		userGuard:  cfg.UserGuard,
+		agentGuard: cfg.AgentGuard,
+	}
 	if s.userGuard == nil {
 		s.userGuard = auth.AllowAll{}
 	}
 	if s.agentGuard == nil {
 		s.agentGuard = refuseAll{}
 	}
-	m, err := newMetrics(cfg.Registerer)
-	if err != nil {
-		return nil, err
-	}
-	s.metrics = m
+	s.Service = rpc.New(rpc.Config{
+		Locations: cfg.Locations, Logger: log, Now: now, Metrics: m,
+		Targets: cfg.Targets, Agents: cfg.Agents, ScratchDir: cfg.ScratchDir, Limits: s.limits,
+		InUse: inUse, Pruner: pruner,
+	})
+	s.controller = controller.New(controller.Config{
+		Locations: cfg.Locations, Targets: cfg.Targets, Agents: cfg.Agents, Metrics: m, Pruner: pruner,
+		StartBackup: s.StartBackup, Logger: log, Now: now, PollInterval: cfg.PollInterval,
+	})
 	return s, nil
 }
 
 // register adds the etcdbackup and grpc.health.v1 services to g, which
 // must have GRPCServerOptions (downloads need its codec).
 func (s *Server) register(g *grpc.Server) {
-	ebv1.RegisterInfoServiceServer(g, s)
-	ebv1.RegisterBackupServiceServer(g, s)
+	s.Register(g)
 	healthpb.RegisterHealthServer(g, s.health)
 	// SERVING even while a storage location is unavailable: a failing
 	// readiness probe would take the server out of its Service, cutting
@@ -186,21 +167,13 @@ func (s *Server) register(g *grpc.Server) {
 	s.health.SetServingStatus(ebv1.BackupService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 }
 
-// GRPCServerOptions are the options the server's streams need.
+// GRPCServerOptions are the options the server's streams need: the
+// handlers' (rpc.ServerOptions) and keepalive.
 func GRPCServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
-		// A chunk plus framing must fit in a message.
-		grpc.MaxRecvMsgSize(MaxChunkBytes + 64<<10),
+	return append(rpc.ServerOptions(),
 		// Clients ping every 20 s to notice a dead port-forward tunnel;
 		// the default policy would answer that with GOAWAY.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		// Download chunks go out from pooled buffers without a copy;
-		// upload chunks are copied once, into buffers the handler
-		// returns (codec.go).
-		grpc.ForceServerCodecV2(newChunkCodec()),
-		// Received frames are not cleared before they are filled.
-		experimental.BufferPool(recvBuffers),
-	}
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 }
 
 // refuseAll is the agent listener's guard when the server cannot
@@ -215,11 +188,15 @@ func (refuseAll) Admit(context.Context, string) (context.Context, error) {
 // services whose calls g admits.
 func (s *Server) NewGRPCServer(g auth.Guard) *grpc.Server {
 	onPanic := recovery.WithRecoveryHandlerContext(s.recovered)
+	admit := auth.AuthFunc(g)
 	opts := append(GRPCServerOptions(),
 		grpc.MaxConcurrentStreams(s.limits.MaxConcurrentStreams),
-		// Recovery is outermost: a panic in the guard is caught too.
-		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(onPanic), auth.UnaryInterceptor(g)),
-		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic), auth.StreamInterceptor(g)))
+		// Recovery is outermost: a panic in the guard is caught too. The
+		// guard decides on every call but health's (auth.Guarded).
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(onPanic),
+			selector.UnaryServerInterceptor(grpcauth.UnaryServerInterceptor(admit), auth.Guarded)),
+		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic),
+			selector.StreamServerInterceptor(grpcauth.StreamServerInterceptor(admit), auth.Guarded)))
 	srv := grpc.NewServer(opts...)
 	s.register(srv)
 	return srv
@@ -260,7 +237,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners, drain time.Duration) e
 	// listener fails.
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	var watch sync.WaitGroup
-	watch.Go(func() { s.watch(watchCtx) })
+	watch.Go(func() { s.controller.Run(watchCtx) })
 	defer watch.Wait()
 	defer stopWatch()
 	var err error
@@ -300,128 +277,4 @@ func (s *Server) Serve(ctx context.Context, ls Listeners, drain time.Duration) e
 		}
 	}
 	return err
-}
-
-// GetServerInfo implements ebv1.InfoServiceServer.
-func (s *Server) GetServerInfo(context.Context, *ebv1.GetServerInfoRequest) (*ebv1.GetServerInfoResponse, error) {
-	resp := &ebv1.GetServerInfoResponse{
-		Version:   version.Version,
-		GitCommit: version.Commit(),
-		Limits: &ebv1.ServerLimits{
-			MaxChunkBytes: MaxChunkBytes,
-			MaxNameLength: MaxNameLength,
-		},
-	}
-	for i, t := range s.targets {
-		resp.Targets = append(resp.Targets, &ebv1.EtcdTarget{Name: t.Name, Endpoints: t.Endpoints, Default: i == 0})
-	}
-	for i, name := range s.order {
-		l := s.locations[name]
-		sl := &ebv1.StorageLocation{
-			Name:        name,
-			Type:        l.Type(),
-			Default:     i == 0,
-			Description: l.Describe(),
-		}
-		var ue *locations.UnavailableError
-		if errors.As(unavailable(name, l), &ue) {
-			sl.Unavailable = true
-			sl.Error = fmt.Sprintf("%v (since %s)", ue.Err, ue.Since.UTC().Format(time.RFC3339))
-		}
-		resp.Locations = append(resp.Locations, sl)
-	}
-	return resp, nil
-}
-
-// location resolves a request's location name ("" is the default).
-func (s *Server) location(name string) (string, storage.Location, error) {
-	if name == "" {
-		name = s.order[0]
-	}
-	l, ok := s.locations[name]
-	if !ok {
-		return "", nil, status.Errorf(codes.NotFound,
-			"storage location %q does not exist on this server; it has %v (see `kubectl etcdbackup version`)", name, s.order)
-	}
-	if err := unavailable(name, l); err != nil {
-		return "", nil, ebv1.LocationUnavailableError(name, err.Error())
-	}
-	return name, l, nil
-}
-
-// unavailable is the UnavailableError of a location that cannot be used
-// now, or nil.
-func unavailable(name string, l storage.Location) error {
-	since, err := locations.Status(l)
-	if err == nil {
-		return nil
-	}
-	return &locations.UnavailableError{Location: name, Since: since, Err: err}
-}
-
-// claim marks an upload of name in loc as in progress, so a second upload
-// of the same name is refused at once instead of after its data arrived,
-// and counts it against limits.uploadsPerLocation.
-func (s *Server) claim(loc, name string) (release func(), err error) {
-	key := loc + "/" + name
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.inflight[key] {
-		return nil, status.Errorf(codes.AlreadyExists,
-			"an upload of backup %q to location %q is already in progress; backups are immutable, choose another name", name, loc)
-	}
-	if n := s.uploads[loc]; n >= s.limits.UploadsPerLocation {
-		return nil, status.Errorf(codes.ResourceExhausted,
-			"%d uploads to location %q are in progress, the most this server allows (limits.uploadsPerLocation); try again when one has finished", n, loc)
-	}
-	s.inflight[key] = true
-	s.uploads[loc]++
-	return func() {
-		s.mu.Lock()
-		delete(s.inflight, key)
-		if s.uploads[loc]--; s.uploads[loc] == 0 {
-			delete(s.uploads, loc)
-		}
-		s.mu.Unlock()
-	}, nil
-}
-
-// caller names who made a call, for the log: the user strict mode
-// authenticated, the agent's Job, or "port-forward" (PortForward mode
-// knows only that the caller could port-forward).
-func caller(ctx context.Context) string {
-	if u, ok := auth.UserFrom(ctx); ok {
-		return "user " + u.Username
-	}
-	if a, ok := auth.AgentFrom(ctx); ok {
-		return a.String()
-	}
-	return "port-forward"
-}
-
-// storageError turns a storage error into a status a client can act on.
-func storageError(op, loc, name string, err error) error {
-	what := op
-	if name != "" {
-		what = fmt.Sprintf("%s %q", op, name)
-	}
-	var ue *locations.UnavailableError
-	switch {
-	case errors.As(err, &ue):
-		return ebv1.LocationUnavailableError(ue.Location, fmt.Sprintf("%s: %v", what, ue))
-	case errors.Is(err, storage.ErrNoSpace):
-		return status.Errorf(codes.ResourceExhausted,
-			"%s: storage location %q is full (%v); nothing was stored: delete old backups or give the location more space", what, loc, err)
-	case errors.Is(err, storage.ErrNotFound):
-		return status.Errorf(codes.NotFound,
-			"backup %q not found in location %q; run `kubectl etcdbackup list --location %s` to see the backups", name, loc, loc)
-	case errors.Is(err, storage.ErrAlreadyExists):
-		return status.Errorf(codes.AlreadyExists,
-			"backup %q already exists in location %q; backups are immutable: choose another name or delete the old one first", name, loc)
-	case errors.Is(err, context.Canceled):
-		return status.Errorf(codes.Canceled, "%s %q: cancelled", op, name)
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Errorf(codes.DeadlineExceeded, "%s %q: deadline exceeded", op, name)
-	}
-	return status.Errorf(codes.Internal, "%s %q in location %q: %v", op, name, loc, err)
 }

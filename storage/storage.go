@@ -74,12 +74,21 @@ type Manifest struct {
 
 // Source records where a backup's data came from.
 type Source struct {
+	// Kind is SourceUpload or SourceAgent.
 	Kind        string    `json:"kind"`
 	Description string    `json:"description,omitempty"`
 	Target      string    `json:"target,omitempty"`
 	StartTime   time.Time `json:"startTime,omitzero"`
 	EndTime     time.Time `json:"endTime,omitzero"`
 }
+
+// Kinds of Source.
+const (
+	// SourceUpload: a client uploaded the data.
+	SourceUpload = "upload"
+	// SourceAgent: a backup agent of the server's took it from etcd.
+	SourceAgent = "agent"
+)
 
 // EtcdInfo records facts about a snapshot and the etcd member it was taken
 // from.

@@ -44,22 +44,44 @@ func main() {
 	}
 }
 
-func run(args []string) error {
+// options are the server's flags.
+type options struct {
+	listen, agentListen string
+	kubeconfig          string
+	storageDir          string
+	configFile          string
+	namespace, podName  string
+	metricsListen       string
+	drain               time.Duration
+	showVersion         bool
+}
+
+// parseFlags reads the command line.
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
 	fs := flag.NewFlagSet("etcdbackup-server", flag.ContinueOnError)
-	listen := fs.String("listen", "127.0.0.1:50051", "address of the user API (the plugin's): keep it on loopback, where port-forward connections arrive; never the pod IP")
-	agentListen := fs.String("agent-listen", "", "address of the agent API, the Service's only port (empty: off; agents then cannot reach the server)")
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig for the Kubernetes API (default: in-cluster service account)")
-	storageDir := fs.String("storage-dir", "/var/lib/etcdbackup", "directory of the \"default\" filesystem storage location (mount a PersistentVolumeClaim here); ignored with --config")
-	configFile := fs.String("config", "", "configuration file: storage locations, etcd targets, agents (see docs/design.md)")
-	namespace := fs.String("namespace", os.Getenv("POD_NAMESPACE"), "the server's namespace, where agent Jobs run (default $POD_NAMESPACE)")
-	podName := fs.String("pod-name", os.Getenv("POD_NAME"), "the server's own pod, whose init container \""+jobs.AgentImageContainer+"\" names the agent image when the config's agents.image does not (default $POD_NAME)")
-	metricsListen := fs.String("metrics-listen", "", "address serving Prometheus /metrics (empty: off)")
-	drain := fs.Duration("shutdown-timeout", 60*time.Second, "how long in-flight transfers may finish after SIGTERM")
-	showVersion := fs.Bool("version", false, "print the version and exit")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:50051", "address of the user API (the plugin's): keep it on loopback, where port-forward connections arrive; never the pod IP")
+	fs.StringVar(&o.agentListen, "agent-listen", "", "address of the agent API, the Service's only port (empty: off; agents then cannot reach the server)")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the Kubernetes API (default: in-cluster service account)")
+	fs.StringVar(&o.storageDir, "storage-dir", "/var/lib/etcdbackup", "directory of the \"default\" filesystem storage location (mount a PersistentVolumeClaim here); ignored with --config")
+	fs.StringVar(&o.configFile, "config", "", "configuration file: storage locations, etcd targets, agents (see docs/design.md)")
+	fs.StringVar(&o.namespace, "namespace", os.Getenv("POD_NAMESPACE"), "the server's namespace, where agent Jobs run (default $POD_NAMESPACE)")
+	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "the server's own pod, whose init container \""+jobs.AgentImageContainer+"\" names the agent image when the config's agents.image does not (default $POD_NAME)")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address serving Prometheus /metrics (empty: off)")
+	fs.DurationVar(&o.drain, "shutdown-timeout", 60*time.Second, "how long in-flight transfers may finish after SIGTERM")
+	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+func run(args []string) error {
+	o, err := parseFlags(args)
+	if err != nil {
 		return err
 	}
-	if *showVersion {
+	if o.showVersion {
 		fmt.Println(version.Version)
 		return nil
 	}
@@ -69,48 +91,25 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 
-	cfg := server.Config{Logger: log}
-	// Without --config: one filesystem location, no targets.
-	f := &config.File{Locations: []config.Location{{Name: "default", Filesystem: &config.Filesystem{Path: *storageDir}}}}
-	var err error
-	if *configFile != "" {
-		if f, err = config.Load(*configFile); err != nil {
-			return err
-		}
+	f, err := loadConfig(o)
+	if err != nil {
+		return err
 	}
+	cfg := server.Config{Logger: log, Targets: f.Targets, Limits: f.Limits}
 	if cfg.Locations, err = locations.Open(ctx, f.Locations, locations.Options{Logger: log}); err != nil {
 		return err
 	}
-	cfg.Targets, cfg.Limits = f.Targets, f.Limits
-	var kc kubernetes.Interface
-	if f.Agents.Image != "" || *podName != "" || *agentListen != "" || f.Authorization.Mode == config.AuthorizationSubjectAccessReview {
-		if kc, err = kubeClient(*kubeconfig); err != nil {
-			return err
-		}
-		if *namespace == "" {
-			if *namespace, err = inClusterNamespace(); err != nil {
-				return err
-			}
-		}
+	kc, err := kubernetesAccess(o, f)
+	if err != nil {
+		return err
 	}
-	// The agent image: the config's override, else the image kustomize
-	// wrote into this pod's init container.
-	if f.Agents.Image == "" && *podName != "" {
-		if f.Agents.Image, err = jobs.AgentImage(ctx, kc, *namespace, *podName); err != nil {
-			return err
-		}
+	if err := resolveAgentImage(ctx, o, f, kc); err != nil {
+		return err
 	}
-	if f.Agents.Image != "" && *agentListen == "" {
-		return errors.New("an agent image is configured but --agent-listen is empty: agents could not reach the server")
+	if cfg.Agents, err = agents(o, f, kc, log); err != nil {
+		return err
 	}
-	if f.Agents.Image != "" {
-		if cfg.Agents, err = jobs.New(kc, *namespace, f.Agents); err != nil {
-			return err
-		}
-	} else if len(cfg.Targets) > 0 {
-		log.Warn("targets are configured but no agent image is (agents.image, or the init container " + jobs.AgentImageContainer + " of the server's pod): on-demand backups are off")
-	}
-	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, *namespace, f, cfg.Agents); err != nil {
+	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, o.namespace, f, cfg.Agents); err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
@@ -120,25 +119,104 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-
-	var ls server.Listeners
-	if ls.Users, err = net.Listen("tcp", *listen); err != nil {
-		return fmt.Errorf("listen on %s (--listen): %w", *listen, err)
+	ls, err := listen(o)
+	if err != nil {
+		return err
 	}
-	if *agentListen != "" {
-		if ls.Agents, err = net.Listen("tcp", *agentListen); err != nil {
-			return fmt.Errorf("listen on %s (--agent-listen): %w", *agentListen, err)
+	if o.metricsListen != "" {
+		defer serveMetrics(o.metricsListen, reg, log)()
+	}
+	logServing(log, cfg, f, ls)
+	// Start-up is over: what it alone needed of the binary can go.
+	if err := releaseBinaryPages(); err != nil {
+		log.Debug("cannot release the binary's start-up pages", "error", err)
+	}
+	return srv.Serve(ctx, ls, o.drain)
+}
+
+// loadConfig reads --config; without it, the server has one filesystem
+// location in --storage-dir and no targets.
+func loadConfig(o *options) (*config.File, error) {
+	if o.configFile != "" {
+		return config.Load(o.configFile)
+	}
+	return &config.File{Locations: []config.Location{{Name: "default", Filesystem: &config.Filesystem{Path: o.storageDir}}}}, nil
+}
+
+// kubernetesAccess returns a client of the Kubernetes API when the server
+// needs one — agents, its own pod's agent image, the agent listener, or
+// strict authorization — and fills in its namespace; nil otherwise.
+func kubernetesAccess(o *options, f *config.File) (kubernetes.Interface, error) {
+	if f.Agents.Image == "" && o.podName == "" && o.agentListen == "" && f.Authorization.Mode != config.AuthorizationSubjectAccessReview {
+		return nil, nil
+	}
+	kc, err := kubeClient(o.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	if o.namespace == "" {
+		if o.namespace, err = inClusterNamespace(); err != nil {
+			return nil, err
 		}
 	}
-	if *metricsListen != "" {
-		m := &http.Server{Addr: *metricsListen, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
-		go func() {
-			if err := m.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics server stopped", "error", err)
-			}
-		}()
-		defer m.Close()
+	return kc, nil
+}
+
+// resolveAgentImage sets the agent image: the config's override, else
+// the image kustomize wrote into this pod's init container.
+func resolveAgentImage(ctx context.Context, o *options, f *config.File, kc kubernetes.Interface) error {
+	if f.Agents.Image != "" || o.podName == "" {
+		return nil
 	}
+	var err error
+	f.Agents.Image, err = jobs.AgentImage(ctx, kc, o.namespace, o.podName)
+	return err
+}
+
+// agents returns the launcher of agent Jobs, or nil when no agent image
+// is known (the server then launches none).
+func agents(o *options, f *config.File, kc kubernetes.Interface, log *slog.Logger) (*jobs.Launcher, error) {
+	if f.Agents.Image != "" && o.agentListen == "" {
+		return nil, errors.New("an agent image is configured but --agent-listen is empty: agents could not reach the server")
+	}
+	if f.Agents.Image != "" {
+		return jobs.New(kc, o.namespace, f.Agents)
+	}
+	if len(f.Targets) > 0 {
+		log.Warn("targets are configured but no agent image is (agents.image, or the init container " + jobs.AgentImageContainer + " of the server's pod): on-demand backups are off")
+	}
+	return nil, nil
+}
+
+// listen opens the user listener and, with --agent-listen, the agents'.
+func listen(o *options) (server.Listeners, error) {
+	var ls server.Listeners
+	var err error
+	if ls.Users, err = net.Listen("tcp", o.listen); err != nil {
+		return ls, fmt.Errorf("listen on %s (--listen): %w", o.listen, err)
+	}
+	if o.agentListen != "" {
+		if ls.Agents, err = net.Listen("tcp", o.agentListen); err != nil {
+			return ls, fmt.Errorf("listen on %s (--agent-listen): %w", o.agentListen, err)
+		}
+	}
+	return ls, nil
+}
+
+// serveMetrics serves reg's /metrics on addr until the returned func
+// closes it.
+func serveMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (closeServer func()) {
+	m := &http.Server{Addr: addr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := m.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "error", err)
+		}
+	}()
+	return func() { m.Close() }
+}
+
+// logServing says what the server serves, and where.
+func logServing(log *slog.Logger, cfg server.Config, f *config.File, ls server.Listeners) {
 	var where []string
 	for _, l := range cfg.Locations {
 		where = append(where, l.Name+"="+l.Location.Describe())
@@ -149,11 +227,6 @@ func run(args []string) error {
 		attrs = append(attrs, "agentListen", ls.Agents.Addr().String())
 	}
 	log.Info("serving", attrs...)
-	// Start-up is over: what it alone needed of the binary can go.
-	if err := releaseBinaryPages(); err != nil {
-		log.Debug("cannot release the binary's start-up pages", "error", err)
-	}
-	return srv.Serve(ctx, ls, *drain)
 }
 
 // The garbage collector's soft limit is the smaller of memoryLimitRatio

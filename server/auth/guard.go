@@ -4,6 +4,9 @@ import (
 	"context"
 	"strings"
 
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	grpcauth "github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/auth"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -30,40 +33,25 @@ func (AllowAll) Admit(ctx context.Context, _ string) (context.Context, error) { 
 // nothing about backups.
 const HealthService = "/grpc.health.v1.Health/"
 
-// UnaryInterceptor runs g before every unary handler.
-func UnaryInterceptor(g Guard) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if strings.HasPrefix(info.FullMethod, HealthService) {
-			return handler(ctx, req)
-		}
-		ctx, err := g.Admit(ctx, info.FullMethod)
-		if err != nil {
-			return nil, err
-		}
-		return handler(ctx, req)
+// AuthFunc runs g as go-grpc-middleware's auth interceptors run an
+// AuthFunc: on every call Guarded selects, before its handler, which
+// gets the context g returns. The method is the one gRPC serves
+// (grpc.Method).
+func AuthFunc(g Guard) grpcauth.AuthFunc {
+	return func(ctx context.Context) (context.Context, error) {
+		method, _ := grpc.Method(ctx)
+		return g.Admit(ctx, method)
 	}
 }
 
-// StreamInterceptor runs g before every streaming handler.
-func StreamInterceptor(g Guard) grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if strings.HasPrefix(info.FullMethod, HealthService) {
-			return handler(srv, ss)
-		}
-		ctx, err := g.Admit(ss.Context(), info.FullMethod)
-		if err != nil {
-			return err
-		}
-		return handler(srv, &guardedStream{ServerStream: ss, ctx: ctx})
-	}
-}
-
-type guardedStream struct {
-	grpc.ServerStream
-	ctx context.Context
-}
-
-func (s *guardedStream) Context() context.Context { return s.ctx }
+// Guarded selects the calls a Guard decides on: all but HealthService's.
+// A server chains it with AuthFunc:
+//
+//	selector.UnaryServerInterceptor(grpcauth.UnaryServerInterceptor(auth.AuthFunc(g)), auth.Guarded)
+var Guarded = selector.MatchFunc(func(ctx context.Context, _ interceptors.CallMeta) bool {
+	method, _ := grpc.Method(ctx)
+	return !strings.HasPrefix(method, HealthService)
+})
 
 // AuthorizationHeader is the gRPC metadata key that carries a bearer
 // token, as HTTP's Authorization header does.

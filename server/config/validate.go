@@ -85,7 +85,7 @@ func validateSchedule(t Target, p *field.Path) field.ErrorList {
 		if _, err := schedule.Parse(t.Schedule, ""); err != nil {
 			errs = append(errs, field.Invalid(p.Child("schedule"), t.Schedule, err.Error()))
 		}
-		// Backup names are at most 200 characters (server.MaxNameLength).
+		// Backup names are at most 200 characters (rpc.MaxNameLength).
 		if n := len(schedule.Name(t.Name, time.Time{})); n > 200 {
 			errs = append(errs, field.TooLong(p.Child("name"), t.Name, 200-(n-len(t.Name))))
 		}

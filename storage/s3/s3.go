@@ -114,72 +114,14 @@ func New(ctx context.Context, cfg Config) (*Location, error) {
 	if err != nil {
 		return nil, err
 	}
-	httpClient := awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
-		tr.TLSClientConfig = tc
-		tr.TLSHandshakeTimeout = min(tr.TLSHandshakeTimeout, cfg.ResponseTimeout)
-		tr.ResponseHeaderTimeout = cfg.ResponseTimeout
-	}).WithDialerOptions(func(d *net.Dialer) {
-		d.Timeout = min(d.Timeout, cfg.ResponseTimeout)
-	})
-	common := func(so *s3sdk.Options) {
-		so.HTTPClient = httpClient
-		so.UsePathStyle = cfg.PathStyle
-		if cfg.Endpoint != "" {
-			so.BaseEndpoint = aws.String(cfg.Endpoint)
-		}
-		so.RequestChecksumCalculation = cfg.requestChecksum()
-		so.ResponseChecksumValidation = cfg.responseChecksum()
-		// Ranged GETs and multipart objects carry no whole-object checksum
-		// to validate; without this every such GET logs a warning.
-		so.DisableLogOutputChecksumValidationSkipped = true
-		so.Retryer = newRetryer()
-		so.RetryMaxAttempts = 0
+	client, err := newClient(ctx, &cfg, newHTTPClient(cfg, tc))
+	if err != nil {
+		return nil, err
 	}
-
-	var client *s3sdk.Client
-	if cfg.DefaultCredentialChain {
-		load := []func(*awsconfig.LoadOptions) error{awsconfig.WithHTTPClient(httpClient)}
-		if cfg.Region != "" {
-			load = append(load, awsconfig.WithRegion(cfg.Region))
-		}
-		awsCfg, err := awsconfig.LoadDefaultConfig(ctx, load...)
-		if err != nil {
-			return nil, fmt.Errorf("s3 storage location s3://%s: load the default AWS configuration: %w", cfg.Bucket, err)
-		}
-		if awsCfg.Region == "" {
-			awsCfg.Region = DefaultRegion
-		}
-		cfg.Region = awsCfg.Region
-		client = s3sdk.NewFromConfig(awsCfg, common)
-	} else {
-		src := secretSource{
-			idFile: cfg.AccessKeyIDFile, secretFile: cfg.SecretAccessKeyFile, tokenFile: cfg.SessionTokenFile,
-			idEnv: cfg.AccessKeyIDEnv, secretEnv: cfg.SecretAccessKeyEnv, tokenEnv: cfg.SessionTokenEnv,
-		}
-		// s3.New, not LoadDefaultConfig: nothing from ~/.aws or AWS_* applies.
-		client = s3sdk.New(s3sdk.Options{
-			Region:      cfg.Region,
-			Credentials: aws.NewCredentialsCache(src),
-			Logger:      logging.Nop{},
-		}, common)
-	}
-
 	l := &Location{
-		cfg:    cfg,
-		client: client,
-		tm: transfermanager.New(client, func(to *transfermanager.Options) {
-			to.PartSizeBytes = cfg.partSize
-			// Below one part the data goes in a single PutObject; the
-			// first part is read into its own buffer, so a threshold above
-			// PartSize would hold more memory.
-			to.MultipartUploadThreshold = cfg.partSize
-			to.Concurrency = cfg.Concurrency
-			// The transfer manager ignores the client's setting.
-			to.RequestChecksumCalculation = cfg.requestChecksum()
-			// Abort the multipart upload with a fresh context when the
-			// upload's own context was cancelled (Abort cancels it).
-			to.FailTimeout = cleanupTimeout
-		}),
+		cfg:           cfg,
+		client:        client,
+		tm:            newTransferManager(client, cfg),
 		backupsKey:    joinKey(cfg.Prefix, "backups") + "/",
 		where:         cfg.describe(),
 		log:           cfg.Logger,
@@ -194,17 +136,105 @@ func New(ctx context.Context, cfg Config) (*Location, error) {
 		return nil, err
 	}
 	if !cfg.SkipCleanup && !cfg.ReadOnly {
-		res, err := l.CleanOrphans(ctx)
-		if err != nil {
-			l.log.Warn("s3 storage location: cleaning interrupted uploads failed; it is retried at the next start",
-				"s3", l.where, "error", err)
-		}
-		if res.any() {
-			l.log.Info("s3 storage location: cleaned interrupted uploads", "s3", l.where,
-				"abortedUploads", res.AbortedUploads, "removedOrphans", res.RemovedOrphans)
-		}
+		l.cleanAtStart(ctx)
 	}
 	return l, nil
+}
+
+// newHTTPClient is the client of every request to the store: TLS as
+// configured, and each wait (connecting, the TLS handshake, the response
+// headers) bounded by ResponseTimeout.
+func newHTTPClient(cfg Config, tc *tls.Config) *awshttp.BuildableClient {
+	return awshttp.NewBuildableClient().WithTransportOptions(func(tr *http.Transport) {
+		tr.TLSClientConfig = tc
+		tr.TLSHandshakeTimeout = min(tr.TLSHandshakeTimeout, cfg.ResponseTimeout)
+		tr.ResponseHeaderTimeout = cfg.ResponseTimeout
+	}).WithDialerOptions(func(d *net.Dialer) {
+		d.Timeout = min(d.Timeout, cfg.ResponseTimeout)
+	})
+}
+
+// newClient is the S3 client: credentials from the SDK's default chain
+// when cfg asks for it (which may set cfg.Region), else only from the
+// configured files and environment variables.
+func newClient(ctx context.Context, cfg *Config, httpClient *awshttp.BuildableClient) (*s3sdk.Client, error) {
+	common := clientOptions(*cfg, httpClient)
+	if cfg.DefaultCredentialChain {
+		load := []func(*awsconfig.LoadOptions) error{awsconfig.WithHTTPClient(httpClient)}
+		if cfg.Region != "" {
+			load = append(load, awsconfig.WithRegion(cfg.Region))
+		}
+		awsCfg, err := awsconfig.LoadDefaultConfig(ctx, load...)
+		if err != nil {
+			return nil, fmt.Errorf("s3 storage location s3://%s: load the default AWS configuration: %w", cfg.Bucket, err)
+		}
+		if awsCfg.Region == "" {
+			awsCfg.Region = DefaultRegion
+		}
+		cfg.Region = awsCfg.Region
+		return s3sdk.NewFromConfig(awsCfg, common), nil
+	}
+	src := secretSource{
+		idFile: cfg.AccessKeyIDFile, secretFile: cfg.SecretAccessKeyFile, tokenFile: cfg.SessionTokenFile,
+		idEnv: cfg.AccessKeyIDEnv, secretEnv: cfg.SecretAccessKeyEnv, tokenEnv: cfg.SessionTokenEnv,
+	}
+	// s3.New, not LoadDefaultConfig: nothing from ~/.aws or AWS_* applies.
+	return s3sdk.New(s3sdk.Options{
+		Region:      cfg.Region,
+		Credentials: aws.NewCredentialsCache(src),
+		Logger:      logging.Nop{},
+	}, common), nil
+}
+
+// clientOptions are the client's options whichever way its credentials
+// come: endpoint, addressing, checksums, retries.
+func clientOptions(cfg Config, httpClient *awshttp.BuildableClient) func(*s3sdk.Options) {
+	return func(so *s3sdk.Options) {
+		so.HTTPClient = httpClient
+		so.UsePathStyle = cfg.PathStyle
+		if cfg.Endpoint != "" {
+			so.BaseEndpoint = aws.String(cfg.Endpoint)
+		}
+		so.RequestChecksumCalculation = cfg.requestChecksum()
+		so.ResponseChecksumValidation = cfg.responseChecksum()
+		// Ranged GETs and multipart objects carry no whole-object checksum
+		// to validate; without this every such GET logs a warning.
+		so.DisableLogOutputChecksumValidationSkipped = true
+		so.Retryer = newRetryer()
+		so.RetryMaxAttempts = 0
+	}
+}
+
+// newTransferManager uploads through client in parts of cfg's size, cfg's
+// number at once.
+func newTransferManager(client *s3sdk.Client, cfg Config) *transfermanager.Client {
+	return transfermanager.New(client, func(to *transfermanager.Options) {
+		to.PartSizeBytes = cfg.partSize
+		// Below one part the data goes in a single PutObject; the
+		// first part is read into its own buffer, so a threshold above
+		// PartSize would hold more memory.
+		to.MultipartUploadThreshold = cfg.partSize
+		to.Concurrency = cfg.Concurrency
+		// The transfer manager ignores the client's setting.
+		to.RequestChecksumCalculation = cfg.requestChecksum()
+		// Abort the multipart upload with a fresh context when the
+		// upload's own context was cancelled (Abort cancels it).
+		to.FailTimeout = cleanupTimeout
+	})
+}
+
+// cleanAtStart removes what interrupted uploads left (CleanOrphans); a
+// failure is logged, and the next start tries again.
+func (l *Location) cleanAtStart(ctx context.Context) {
+	res, err := l.CleanOrphans(ctx)
+	if err != nil {
+		l.log.Warn("s3 storage location: cleaning interrupted uploads failed; it is retried at the next start",
+			"s3", l.where, "error", err)
+	}
+	if res.any() {
+		l.log.Info("s3 storage location: cleaned interrupted uploads", "s3", l.where,
+			"abortedUploads", res.AbortedUploads, "removedOrphans", res.RemovedOrphans)
+	}
 }
 
 func joinKey(prefix, rest string) string {

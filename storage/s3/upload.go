@@ -182,35 +182,68 @@ func (u *upload) Commit(ctx context.Context, m *storage.Manifest) (err error) {
 		return err
 	}
 	defer unlock()
+	if err := u.nameFree(ctx); err != nil {
+		return err
+	}
+	etag, err := u.finishData(ctx)
+	if err != nil {
+		return err
+	}
+	if testHookBeforeManifest != nil {
+		testHookBeforeManifest(u.name)
+	}
+	if err := u.writeManifest(ctx, m, etag); err != nil {
+		return err
+	}
+	if err := u.dataStillThere(ctx, etag); err != nil {
+		return err
+	}
+	u.out = nil
+	return nil
+}
+
+// nameFree checks that no backup of the upload's name is published: its
+// manifest does not exist.
+func (u *upload) nameFree(ctx context.Context) error {
+	l := u.loc
 	if _, err := l.head(ctx, l.manifestKey(u.name)); err == nil {
 		return fmt.Errorf("%q: %w", u.name, storage.ErrAlreadyExists)
 	} else if !isNotFound(err) {
 		return fmt.Errorf("check %q in %s: %w", u.name, l.where, err)
 	}
+	return nil
+}
 
+// finishData ends the data object: the transfer manager sends the last
+// part and completes the upload. It returns the object's ETag ("" when
+// the store gives none).
+func (u *upload) finishData(ctx context.Context) (etag string, err error) {
+	l := u.loc
 	// EOF for the transfer manager: it sends the last part and completes.
 	u.pw.Close()
 	select {
 	case <-u.done:
 	case <-ctx.Done():
-		return ctx.Err()
+		return "", ctx.Err()
 	}
 	if u.err != nil {
 		if isPreconditionFailed(u.err) {
 			// If-None-Match: * on the data failed: something is there.
 			if _, herr := l.head(ctx, l.manifestKey(u.name)); herr == nil {
-				return fmt.Errorf("%q: %w", u.name, storage.ErrAlreadyExists)
+				return "", fmt.Errorf("%q: %w", u.name, storage.ErrAlreadyExists)
 			}
-			return fmt.Errorf("%q: %w: data of another upload of this name is present without a manifest; use another name or retry later",
+			return "", fmt.Errorf("%q: %w: data of another upload of this name is present without a manifest; use another name or retry later",
 				u.name, storage.ErrAlreadyExists)
 		}
-		return fmt.Errorf("upload data of %q to %s: %w", u.name, l.where, u.err)
+		return "", fmt.Errorf("upload data of %q to %s: %w", u.name, l.where, u.err)
 	}
-	etag := aws.ToString(u.out.ETag)
-	if testHookBeforeManifest != nil {
-		testHookBeforeManifest(u.name)
-	}
+	return aws.ToString(u.out.ETag), nil
+}
 
+// writeManifest publishes the backup: its manifest, which names the data
+// object's etag, written only if no other writer published the name.
+func (u *upload) writeManifest(ctx context.Context, m *storage.Manifest, etag string) error {
+	l := u.loc
 	body, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode manifest of %q: %w", u.name, err)
@@ -237,18 +270,25 @@ func (u *upload) Commit(ctx context.Context, m *storage.Manifest) (err error) {
 		}
 		return fmt.Errorf("write manifest of %q to %s: %w", u.name, l.where, joinErrs(err, u.withdraw(etag)))
 	}
-	// A cleanup elsewhere may have taken the data for an orphan in the
-	// instant between the two writes: then withdraw the manifest.
-	if etag != "" {
-		if _, err := l.client.HeadObject(ctx, &s3sdk.HeadObjectInput{
-			Bucket: aws.String(l.cfg.Bucket), Key: aws.String(l.dataKey(u.name)), IfMatch: aws.String(etag),
-		}); isNotFound(err) || isPreconditionFailed(err) {
-			u.out = nil // not ours any more
-			derr := u.removeManifest()
-			return fmt.Errorf("data of %q vanished from %s while its manifest was written; upload again: %w", u.name, l.where, joinErrs(err, derr))
-		}
+	return nil
+}
+
+// dataStillThere checks, after the manifest is written, that the data
+// object is still this upload's: a cleanup elsewhere may have taken it
+// for an orphan in the instant between the two writes. Then the manifest
+// is withdrawn.
+func (u *upload) dataStillThere(ctx context.Context, etag string) error {
+	if etag == "" {
+		return nil
 	}
-	u.out = nil
+	l := u.loc
+	if _, err := l.client.HeadObject(ctx, &s3sdk.HeadObjectInput{
+		Bucket: aws.String(l.cfg.Bucket), Key: aws.String(l.dataKey(u.name)), IfMatch: aws.String(etag),
+	}); isNotFound(err) || isPreconditionFailed(err) {
+		u.out = nil // not ours any more
+		derr := u.removeManifest()
+		return fmt.Errorf("data of %q vanished from %s while its manifest was written; upload again: %w", u.name, l.where, joinErrs(err, derr))
+	}
 	return nil
 }
 

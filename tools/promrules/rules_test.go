@@ -20,7 +20,7 @@ import (
 
 const (
 	ruleFile    = "../../manifests/components/monitoring/prometheusrule.yaml"
-	metricsFile = "../../server/metrics.go"
+	metricsFile = "../../server/metrics/metrics.go"
 )
 
 // prometheusRule is the part of the Prometheus Operator's PrometheusRule

@@ -1,4 +1,4 @@
-package server
+package rpc
 
 import (
 	"encoding/hex"
@@ -123,4 +123,43 @@ func checkf(cond bool, format string, args ...any) error {
 func validateEtcdFacts(where string, e *ebv1.EtcdInfo) error {
 	return checkf(e.GetRevision() >= 0 && e.GetTotalKeys() >= 0 && e.GetDbSize() >= 0 && e.GetKeyspaceKeys() >= 0 && e.GetCompactRevision() >= 0,
 		"%s: the etcd revision (%d), key counts (%d, %d), database size (%d) and compact revision (%d) must not be negative", where, e.GetRevision(), e.GetTotalKeys(), e.GetKeyspaceKeys(), e.GetDbSize(), e.GetCompactRevision())
+}
+
+func validateUploadHeader(h *ebv1.UploadHeader, lim config.Limits) (kind string, err error) {
+	if err := validateName("backup", h.GetName()); err != nil {
+		return "", err
+	}
+	if h.ExpectedSize != nil && h.GetExpectedSize() < 0 {
+		return "", status.Errorf(codes.InvalidArgument, "expected size %d is negative", h.GetExpectedSize())
+	}
+	for _, err := range []error{
+		validateSHA256("expected SHA-256", h.GetExpectedSha256()),
+		validateSHA256("raw SHA-256", h.GetRawSha256()),
+		validateLabels(h.GetLabels(), lim),
+		validateCompression(h.GetCompression()),
+		validateEncryption(h.GetEncryption(), h.GetAgeRecipients()),
+		validateField("source description", h.GetSource().GetDescription(), lim),
+		validateField("source target", h.GetSource().GetTarget(), lim),
+		validateField("etcd member name", h.GetEtcd().GetMemberName(), lim),
+		validateField("etcd version", h.GetEtcd().GetVersion(), lim),
+		checkf(h.GetRawSize() >= 0, "raw size %d is negative", h.GetRawSize()),
+		validateEtcdFacts("header", h.GetEtcd()),
+	} {
+		if err != nil {
+			return "", err
+		}
+	}
+	return validateSourceKind(h.GetSource().GetKind())
+}
+
+// validateTrailer checks the checksums and snapshot facts an upload's
+// trailer carries.
+func validateTrailer(t *ebv1.UploadTrailer) error {
+	if err := validateSHA256("trailer SHA-256", t.GetSha256()); err != nil {
+		return err
+	}
+	if err := validateSHA256("trailer raw SHA-256", t.GetRawSha256()); err != nil {
+		return err
+	}
+	return validateEtcdFacts("trailer", t.GetEtcd())
 }

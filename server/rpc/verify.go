@@ -1,4 +1,4 @@
-package server
+package rpc
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 // VerifyBackup implements ebv1.BackupServiceServer. bolt needs random
 // access, so the snapshot is unpacked into a scratch file (disk, not
 // memory) that is removed afterwards.
-func (s *Server) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest) (*ebv1.VerifyBackupResponse, error) {
+func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest) (*ebv1.VerifyBackupResponse, error) {
 	if err := validateName("backup", req.GetName()); err != nil {
 		return nil, err
 	}
@@ -33,7 +33,7 @@ func (s *Server) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest
 	}
 	r, m, err := loc.Open(ctx, req.GetName(), 0, 0)
 	if err != nil {
-		return nil, s.storageError("verify", locName, req.GetName(), err)
+		return nil, s.metrics.StorageError("verify", locName, req.GetName(), err)
 	}
 	defer r.Close()
 	if m.Encryption != "" {
@@ -64,11 +64,11 @@ func (s *Server) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest
 		return nil, corrupt("%v", err)
 	}
 	if err != nil {
-		return nil, s.storageError("verify", locName, req.GetName(), err)
+		return nil, s.metrics.StorageError("verify", locName, req.GetName(), err)
 	}
 	// Drain what decompression did not need, so the stored hash covers it.
 	if _, err := io.Copy(stored, r); err != nil {
-		return nil, s.storageError("verify", locName, req.GetName(), err)
+		return nil, s.metrics.StorageError("verify", locName, req.GetName(), err)
 	}
 	if got := hex.EncodeToString(stored.Sum(nil)); got != m.SHA256 {
 		return nil, corrupt("its data has SHA-256 %s, but %s was recorded when it was stored", got, m.SHA256)
@@ -93,7 +93,7 @@ func (s *Server) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest
 // key it never holds: the SHA-256 of the stored bytes and the syntax of
 // the age header. The rest — age's authentication, etcd's trailer, the
 // database — needs an identity, on the client.
-func (s *Server) verifyStored(ctx context.Context, locName string, m *storage.Manifest, r io.Reader) (*ebv1.VerifyBackupResponse, error) {
+func (s *Service) verifyStored(ctx context.Context, locName string, m *storage.Manifest, r io.Reader) (*ebv1.VerifyBackupResponse, error) {
 	corrupt := func(format string, args ...any) error {
 		msg := fmt.Sprintf(format, args...)
 		s.log.Warn("backup failed verification", "location", locName, "backup", m.Name, "reason", msg)
@@ -106,10 +106,10 @@ func (s *Server) verifyStored(ctx context.Context, locName string, m *storage.Ma
 		return nil, corrupt("it is recorded as age-encrypted, but %v", err)
 	}
 	if err != nil {
-		return nil, s.storageError("verify", locName, m.Name, err)
+		return nil, s.metrics.StorageError("verify", locName, m.Name, err)
 	}
 	if _, err := io.Copy(stored, ctxio.NewReader(ctx, r)); err != nil {
-		return nil, s.storageError("verify", locName, m.Name, err)
+		return nil, s.metrics.StorageError("verify", locName, m.Name, err)
 	}
 	if got := hex.EncodeToString(stored.Sum(nil)); got != m.SHA256 {
 		return nil, corrupt("its data has SHA-256 %s, but %s was recorded when it was stored", got, m.SHA256)

@@ -1,16 +1,34 @@
-package server
+package rpc
 
 import (
 	"encoding/binary"
 	"sync"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/mem"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/grpcbuf"
 )
+
+// ServerOptions are the options of a gRPC server these handlers' streams
+// need: the message size a chunk takes, the codec that moves chunks
+// without copies, and the pool received frames come from.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		// A chunk plus framing must fit in a message.
+		grpc.MaxRecvMsgSize(MaxChunkBytes + 64<<10),
+		// Download chunks go out from pooled buffers without a copy;
+		// upload chunks are copied once, into buffers the handler
+		// returns.
+		grpc.ForceServerCodecV2(newChunkCodec()),
+		// Received frames are not cleared before they are filled.
+		experimental.BufferPool(recvBuffers),
+	}
+}
 
 // chunkOut is a DownloadBackupResponse chunk already in a gRPC buffer:
 // chunkCodec sends those bytes as they are, where proto.Marshal would
@@ -18,8 +36,8 @@ import (
 type chunkOut struct{ data mem.Buffer }
 
 // chunkCodec is gRPC's proto codec plus the two messages that carry a
-// backup's bytes, forced on this package's gRPC servers
-// (GRPCServerOptions) rather than registered globally: gRPC has no
+// backup's bytes, forced on the gRPC servers of these handlers
+// (ServerOptions) rather than registered globally: gRPC has no
 // per-method codec, and the registry is every server's and client's in
 // the process. Every other message is marshalled by the proto codec
 // unchanged.

@@ -1,4 +1,4 @@
-package server
+package rpc
 
 import (
 	"context"
@@ -10,44 +10,26 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
-// target resolves a request's target name ("" is the default).
-func (s *Server) target(name string) (*config.Target, error) {
-	if len(s.targets) == 0 {
-		return nil, status.Error(codes.FailedPrecondition,
-			"this server has no etcd targets configured; add one under `targets:` in its config file")
-	}
-	if name == "" {
-		return &s.targets[0], nil
-	}
-	var names []string
-	for i := range s.targets {
-		if s.targets[i].Name == name {
-			return &s.targets[i], nil
-		}
-		names = append(names, s.targets[i].Name)
-	}
-	return nil, status.Errorf(codes.NotFound, "etcd target %q is not configured on this server; it has %v (see `kubectl etcdbackup version`)", name, names)
-}
-
 // CreateBackup implements ebv1.BackupServiceServer.
-func (s *Server) CreateBackup(ctx context.Context, req *ebv1.CreateBackupRequest) (*ebv1.CreateBackupResponse, error) {
-	b, err := s.startBackup(ctx, req, false, caller(ctx))
+func (s *Service) CreateBackup(ctx context.Context, req *ebv1.CreateBackupRequest) (*ebv1.CreateBackupResponse, error) {
+	b, err := s.StartBackup(ctx, req, false, caller(ctx))
 	if err != nil {
 		return nil, err
 	}
 	return &ebv1.CreateBackupResponse{Backup: b}, nil
 }
 
-// startBackup launches the agent Job of a backup: what CreateBackup does,
-// and what the schedule does (scheduled, by "scheduler"), so both go
-// through the same checks and make the same Jobs, which the agent guard
-// admits.
-func (s *Server) startBackup(ctx context.Context, req *ebv1.CreateBackupRequest, scheduled bool, by string) (*ebv1.Backup, error) {
+// StartBackup launches the agent Job of a backup: what CreateBackup does,
+// and what the controller does when a schedule is due (scheduled, by
+// "scheduler"; server.New hands it this method as its
+// controller.StartBackup), so both go through the same checks and make
+// the same Jobs, which the agent guard admits. by names who asked, for
+// the log.
+func (s *Service) StartBackup(ctx context.Context, req *ebv1.CreateBackupRequest, scheduled bool, by string) (*ebv1.Backup, error) {
 	if s.agents == nil {
 		return nil, status.Error(codes.FailedPrecondition,
 			"this server cannot launch backup agents (it runs outside a cluster or without an agent image); upload snapshots with `kubectl etcdbackup upload` instead")
@@ -83,9 +65,9 @@ func (s *Server) startBackup(ctx context.Context, req *ebv1.CreateBackupRequest,
 		return nil, err
 	}
 	if _, err := loc.Stat(ctx, name); err == nil {
-		return nil, storageError("create backup", locName, name, storage.ErrAlreadyExists)
+		return nil, s.metrics.StorageError("create backup", locName, name, storage.ErrAlreadyExists)
 	} else if !errors.Is(err, storage.ErrNotFound) {
-		return nil, s.storageError("create backup", locName, name, err)
+		return nil, s.metrics.StorageError("create backup", locName, name, err)
 	}
 	if err := s.agents.CheckTarget(ctx, *t); err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
@@ -109,45 +91,8 @@ func (s *Server) startBackup(ctx context.Context, req *ebv1.CreateBackupRequest,
 	}, nil
 }
 
-// runs returns the agent runs of location whose backup is not stored, as
-// backups in phase RUNNING or FAILED. A run that succeeded has its backup
-// stored and listed from storage instead.
-func (s *Server) runs(ctx context.Context, locName string) (map[string]*ebv1.Backup, error) {
-	if s.agents == nil {
-		return nil, nil
-	}
-	runs, err := s.agents.List(ctx)
-	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "list backup agents: %v", err)
-	}
-	out := map[string]*ebv1.Backup{}
-	for _, r := range runs {
-		if r.Location != locName {
-			continue
-		}
-		b := &ebv1.Backup{
-			Name: r.Name, Location: r.Location, Message: r.Message,
-			CreateTime: timestamppb.New(r.StartTime),
-			Source:     &ebv1.BackupSource{Kind: "agent", Target: r.Target, StartTime: timestamppb.New(r.StartTime)},
-		}
-		switch r.Phase {
-		case jobs.PhaseRunning:
-			b.Phase = ebv1.BackupPhase_BACKUP_PHASE_RUNNING
-		case jobs.PhaseFailed:
-			b.Phase = ebv1.BackupPhase_BACKUP_PHASE_FAILED
-		case jobs.PhaseSucceeded:
-			// Stored, or about to be listed; if storage lacks it after the
-			// agent exited 0, something is badly wrong: say so.
-			b.Phase = ebv1.BackupPhase_BACKUP_PHASE_FAILED
-			b.Message = "the agent finished but the backup is not in storage"
-		}
-		out[r.Name] = b
-	}
-	return out, nil
-}
-
 // GetBackupLogs implements ebv1.BackupServiceServer.
-func (s *Server) GetBackupLogs(req *ebv1.GetBackupLogsRequest, stream ebv1.BackupService_GetBackupLogsServer) error {
+func (s *Service) GetBackupLogs(req *ebv1.GetBackupLogsRequest, stream ebv1.BackupService_GetBackupLogsServer) error {
 	if err := validateName("backup", req.GetName()); err != nil {
 		return err
 	}
@@ -186,7 +131,7 @@ func (w *logWriter) Write(p []byte) (int, error) {
 }
 
 // GetBackupEvents implements ebv1.BackupServiceServer.
-func (s *Server) GetBackupEvents(ctx context.Context, req *ebv1.GetBackupEventsRequest) (*ebv1.GetBackupEventsResponse, error) {
+func (s *Service) GetBackupEvents(ctx context.Context, req *ebv1.GetBackupEventsRequest) (*ebv1.GetBackupEventsResponse, error) {
 	if err := validateName("backup", req.GetName()); err != nil {
 		return nil, err
 	}

@@ -1,7 +1,8 @@
-package server
+package controller
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -17,8 +18,12 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 const testNS = "etcdbackup-system"
@@ -26,14 +31,16 @@ const testNS = "etcdbackup-system"
 // schedWorld is a server with one filesystem location, a fake cluster and
 // a clock the test moves; rounds of the scheduler are run by hand.
 type schedWorld struct {
-	t      *testing.T
-	now    time.Time
-	dir    string
-	cs     *fake.Clientset
-	loc    storage.Location
-	target config.Target
-	srv    *Server
-	w      *watcher
+	t       *testing.T
+	now     time.Time
+	dir     string
+	cs      *fake.Clientset
+	loc     storage.Location
+	target  config.Target
+	srv     *rpc.Service // the handlers, whose StartBackup the controller calls
+	c       *Controller
+	metrics *metrics.Metrics
+	w       *watcher
 }
 
 func newSchedWorld(t *testing.T, target config.Target, now time.Time) *schedWorld {
@@ -48,25 +55,28 @@ func newSchedWorld(t *testing.T, target config.Target, now time.Time) *schedWorl
 }
 
 // restart replaces the server by a new one on the same storage and
-// cluster, as a restarted pod would be.
+// cluster, as a restarted pod would be: the handlers and the controller
+// wired as server.New wires them.
 func (sw *schedWorld) restart() {
 	sw.t.Helper()
 	l, err := jobs.New(sw.cs, testNS, config.Agents{Image: "agent:dev"})
 	if err != nil {
 		sw.t.Fatal(err)
 	}
-	sw.srv, err = New(Config{
-		Locations:  []NamedLocation{{Name: "default", Location: sw.loc}},
-		Targets:    []config.Target{sw.target},
-		Agents:     l,
-		Now:        func() time.Time { return sw.now },
-		Registerer: prometheus.NewRegistry(),
-	})
-	if err != nil {
+	if sw.metrics, err = metrics.New(prometheus.NewRegistry()); err != nil {
 		sw.t.Fatal(err)
 	}
-	// What watch sets up before its loop; the test runs the rounds.
-	if sw.w = sw.srv.newWatcher(); sw.w == nil {
+	locs := []locations.Named{{Name: "default", Location: sw.loc}}
+	targets := []config.Target{sw.target}
+	now := func() time.Time { return sw.now }
+	inUse := retention.NewInUse(l, targets)
+	pruner := &retention.Pruner{InUse: inUse, Metrics: sw.metrics, Log: slog.New(slog.DiscardHandler), Now: now}
+	sw.srv = rpc.New(rpc.Config{Locations: locs, Targets: targets, Agents: l, Now: now, Metrics: sw.metrics,
+		Limits: config.Limits{}.WithDefaults(), InUse: inUse, Pruner: pruner})
+	sw.c = New(Config{Locations: locs, Targets: targets, Agents: l, Metrics: sw.metrics, Pruner: pruner,
+		StartBackup: sw.srv.StartBackup, Now: now})
+	// What Run sets up before its loop; the test runs the rounds.
+	if sw.w = sw.c.newWatcher(); sw.w == nil {
 		sw.t.Fatal("watch set up nothing")
 	}
 }
@@ -78,7 +88,7 @@ func (sw *schedWorld) at(s string) {
 	if sw.now, err = time.Parse(time.RFC3339, s); err != nil {
 		sw.t.Fatal(err)
 	}
-	sw.srv.round(context.Background(), sw.w)
+	sw.c.round(context.Background(), sw.w)
 }
 
 func (sw *schedWorld) jobs() []batchv1.Job {
@@ -111,9 +121,9 @@ func (sw *schedWorld) store(name string, scheduled bool, created time.Time) {
 		sw.t.Fatal(err)
 	}
 	m := &storage.Manifest{Name: name, Size: int64(len("data of " + name)), SHA256: strings.Repeat("0", 64), CreateTime: created,
-		Source: storage.Source{Kind: sourceAgent, Target: sw.target.Name}}
+		Source: storage.Source{Kind: storage.SourceAgent, Target: sw.target.Name}}
 	if scheduled {
-		m.Labels = map[string]string{LabelScheduled: "true", LabelTarget: sw.target.Name}
+		m.Labels = map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: sw.target.Name}
 	}
 	if err := up.Commit(ctx, m); err != nil {
 		sw.t.Fatal(err)
@@ -158,11 +168,11 @@ func (sw *schedWorld) stored() []string {
 }
 
 func (sw *schedWorld) runs(result string) float64 {
-	return testutil.ToFloat64(sw.srv.metrics.runs.WithLabelValues(sw.target.Name, "default", result))
+	return testutil.ToFloat64(sw.metrics.Runs.WithLabelValues(sw.target.Name, "default", result))
 }
 
 func (sw *schedWorld) skipped(reason string) float64 {
-	return testutil.ToFloat64(sw.srv.metrics.skipped.WithLabelValues(sw.target.Name, reason))
+	return testutil.ToFloat64(sw.metrics.Skipped.WithLabelValues(sw.target.Name, reason))
 }
 
 func scheduledTarget5m() config.Target {
@@ -202,7 +212,7 @@ func TestScheduleStartsRunsNamedAndLabelledAtTheirTime(t *testing.T) {
 			t.Errorf("agent args %q lack %q", j.Spec.Template.Spec.Containers[0].Args, want)
 		}
 	}
-	if p := testutil.ToFloat64(sw.srv.metrics.period.WithLabelValues("cp")); p != 300 {
+	if p := testutil.ToFloat64(sw.metrics.Period.WithLabelValues("cp")); p != 300 {
 		t.Errorf("schedule period metric %v, want 300", p)
 	}
 }
@@ -213,7 +223,7 @@ func TestScheduleSkipsARunWhileTheTargetsBackupRuns(t *testing.T) {
 	sw.at("2026-12-01T10:05:00Z")
 	sw.at("2026-12-01T10:10:00Z")
 	equal(t, "jobs while the first runs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
-	if n := sw.skipped(skipRunning); n != 1 {
+	if n := sw.skipped(metrics.SkipRunning); n != 1 {
 		t.Errorf("skipped (running) = %v, want 1", n)
 	}
 	// An on-demand backup of the target counts as running too.
@@ -223,13 +233,13 @@ func TestScheduleSkipsARunWhileTheTargetsBackupRuns(t *testing.T) {
 	}
 	sw.at("2026-12-01T10:15:00Z")
 	equal(t, "jobs while an on-demand one runs", sw.backupsOfJobs(), []string{"by-hand", "cp-20261201-100500"})
-	if n := sw.skipped(skipRunning); n != 2 {
+	if n := sw.skipped(metrics.SkipRunning); n != 2 {
 		t.Errorf("skipped (running) = %v, want 2", n)
 	}
 	sw.finish("by-hand", false)
 	sw.at("2026-12-01T10:20:00Z")
 	equal(t, "jobs once none runs", sw.backupsOfJobs(), []string{"by-hand", "cp-20261201-100500", "cp-20261201-102000"})
-	if s, f := sw.runs(resultSucceeded), sw.runs(resultFailed); s != 1 || f != 1 {
+	if s, f := sw.runs(metrics.ResultSucceeded), sw.runs(metrics.ResultFailed); s != 1 || f != 1 {
 		t.Errorf("runs succeeded %v failed %v, want 1 and 1", s, f)
 	}
 }
@@ -245,7 +255,7 @@ func TestScheduleAfterARestart(t *testing.T) {
 		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
 		sw.at("2026-12-01T10:10:00Z")
 		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
-		if n := sw.skipped(skipRunning); n != 1 {
+		if n := sw.skipped(metrics.SkipRunning); n != 1 {
 			t.Errorf("skipped (running) = %v, want 1", n)
 		}
 	})
@@ -257,7 +267,7 @@ func TestScheduleAfterARestart(t *testing.T) {
 		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
 		sw.at("2026-12-01T10:08:00Z")
 		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
-		if got := testutil.ToFloat64(sw.srv.metrics.lastSuccess.WithLabelValues("cp", "default")); got != float64(mustTime(t, "2026-12-01T10:00:30Z").Unix()) {
+		if got := testutil.ToFloat64(sw.metrics.LastSuccess.WithLabelValues("cp", "default")); got != float64(mustTime(t, "2026-12-01T10:00:30Z").Unix()) {
 			t.Errorf("last success after restart = %v, want the stored backup's time", got)
 		}
 	})
@@ -276,7 +286,7 @@ func TestScheduleAfterARestart(t *testing.T) {
 		sw.restart()
 		sw.at("2026-12-01T10:07:00Z")
 		equal(t, "jobs", sw.backupsOfJobs(), nil)
-		if n := sw.skipped(skipMissed); n != 1 {
+		if n := sw.skipped(metrics.SkipMissed); n != 1 {
 			t.Errorf("skipped (missed) = %v, want 1", n)
 		}
 		sw.at("2026-12-01T10:10:00Z")
@@ -290,18 +300,18 @@ func TestScheduleAfterARestart(t *testing.T) {
 		sw.finish("cp-20261201-100500", true)
 		sw.at("2026-12-01T10:07:00Z")
 		sw.at("2026-12-01T10:08:00Z")
-		if n := sw.runs(resultSucceeded); n != 1 {
+		if n := sw.runs(metrics.ResultSucceeded); n != 1 {
 			t.Fatalf("runs succeeded = %v, want 1", n)
 		}
-		if n := testutil.CollectAndCount(sw.srv.metrics.duration); n != 1 {
+		if n := testutil.CollectAndCount(sw.metrics.Duration); n != 1 {
 			t.Errorf("duration series = %d, want 1", n)
 		}
-		if got := testutil.ToFloat64(sw.srv.metrics.size.WithLabelValues("cp")); got != float64(len("data of cp-20261201-100500")) {
+		if got := testutil.ToFloat64(sw.metrics.Size.WithLabelValues("cp")); got != float64(len("data of cp-20261201-100500")) {
 			t.Errorf("size = %v", got)
 		}
 		sw.restart()
 		sw.at("2026-12-01T10:09:00Z")
-		if n := sw.runs(resultSucceeded); n != 0 {
+		if n := sw.runs(metrics.ResultSucceeded); n != 0 {
 			t.Errorf("after a restart, runs succeeded = %v, want 0 (counted before)", n)
 		}
 		// One that finished while the server was down is counted by the
@@ -310,7 +320,7 @@ func TestScheduleAfterARestart(t *testing.T) {
 		sw.restart()
 		sw.finish("cp-20261201-101000", false)
 		sw.at("2026-12-01T10:11:00Z")
-		if n := sw.runs(resultFailed); n != 1 {
+		if n := sw.runs(metrics.ResultFailed); n != 1 {
 			t.Errorf("runs failed = %v, want 1", n)
 		}
 	})
@@ -330,116 +340,4 @@ func TestRetentionAfterAScheduledBackup(t *testing.T) {
 	sw.finish("cp-20261201-100500", true)
 	sw.at("2026-12-01T10:06:00Z")
 	equal(t, "stored", sw.stored(), []string{"by-hand", "cp-20261201-100000", "cp-20261201-100500"})
-}
-
-func TestSelectPrunable(t *testing.T) {
-	base := mustTime(t, "2026-12-01T00:00:00Z")
-	m := func(name string, hoursAgo int, scheduled bool, target string) *storage.Manifest {
-		man := &storage.Manifest{Name: name, CreateTime: base.Add(-time.Duration(hoursAgo) * time.Hour), Source: storage.Source{Kind: sourceAgent, Target: target}}
-		if scheduled {
-			man.Labels = map[string]string{LabelScheduled: "true", LabelTarget: target}
-		}
-		return man
-	}
-	all := []*storage.Manifest{
-		m("s1", 1, true, "cp"), m("s2", 2, true, "cp"), m("s3", 3, true, "cp"), m("s4", 50, true, "cp"),
-		m("d1", 0, false, "cp"), m("d2", 60, false, "cp"),
-		m("other", 100, true, "app"),
-		{Name: "upload", CreateTime: base.Add(-200 * time.Hour), Source: storage.Source{Kind: sourceUpload}},
-	}
-	names := func(ms []*storage.Manifest) []string {
-		var out []string
-		for _, m := range ms {
-			out = append(out, m.Name)
-		}
-		return out
-	}
-	for _, tc := range []struct {
-		name string
-		r    config.Retention
-		all  bool
-		want []string
-	}{
-		{"keepLast 2: scheduled only", config.Retention{KeepLast: 2}, false, []string{"s3", "s4"}},
-		{"keepLast 2 with unscheduled", config.Retention{KeepLast: 2}, true, []string{"s2", "s3", "s4", "d2"}},
-		{"maxAge 24h", config.Retention{MaxAge: metav1.Duration{Duration: 24 * time.Hour}}, false, []string{"s4"}},
-		{"both: either removes", config.Retention{KeepLast: 3, MaxAge: metav1.Duration{Duration: 150 * time.Minute}}, false, []string{"s3", "s4"}},
-		{"never the newest, however old", config.Retention{KeepLast: 1, MaxAge: metav1.Duration{Duration: time.Minute}}, false, []string{"s2", "s3", "s4"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			equal(t, "prunable", names(selectPrunable(all, "cp", tc.r, tc.all, base)), tc.want)
-		})
-	}
-	// The newest of a target stays even when every one is past maxAge.
-	old := []*storage.Manifest{m("a", 100, true, "cp"), m("b", 200, true, "cp")}
-	equal(t, "prunable of old ones", names(selectPrunable(old, "cp", config.Retention{MaxAge: metav1.Duration{Duration: time.Hour}}, false, base)), []string{"b"})
-}
-
-func TestPruneBackups(t *testing.T) {
-	target := scheduledTarget5m()
-	target.Retention = &config.Retention{KeepLast: 1}
-	sw := newSchedWorld(t, target, mustTime(t, "2026-12-01T10:00:00Z"))
-	for i, n := range []string{"cp-20261201-090000", "cp-20261201-091000", "cp-20261201-092000", "cp-20261201-093000"} {
-		sw.store(n, true, mustTime(t, "2026-12-01T09:00:30Z").Add(time.Duration(i)*10*time.Minute))
-	}
-	sw.store("by-hand", false, mustTime(t, "2026-12-01T08:00:00Z"))
-	ctx := context.Background()
-	pruned := func(r *ebv1.PruneBackupsResponse) []string {
-		var out []string
-		for _, b := range r.GetPruned() {
-			out = append(out, b.GetName())
-		}
-		return out
-	}
-
-	resp, err := sw.srv.PruneBackups(ctx, &ebv1.PruneBackupsRequest{DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	equal(t, "dry run", pruned(resp), []string{"cp-20261201-092000", "cp-20261201-091000", "cp-20261201-090000"})
-	equal(t, "stored after a dry run", sw.stored(), []string{"by-hand", "cp-20261201-090000", "cp-20261201-091000", "cp-20261201-092000", "cp-20261201-093000"})
-
-	// One being downloaded, one being restored: both kept.
-	done, err := sw.srv.inUse.download("default", "cp-20261201-091000")
-	if err != nil {
-		t.Fatal(err)
-	}
-	restore := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "restore-x", Namespace: testNS,
-		Labels:      map[string]string{jobs.LabelComponent: jobs.ComponentRestore, jobs.LabelManagedBy: jobs.ManagedBy},
-		Annotations: map[string]string{jobs.AnnotationBackup: "cp-20261201-090000", jobs.AnnotationLocation: "default"}}}
-	if _, err := sw.cs.BatchV1().Jobs(testNS).Create(ctx, restore, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	resp, err = sw.srv.PruneBackups(ctx, &ebv1.PruneBackupsRequest{Target: "cp"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	equal(t, "pruned", pruned(resp), []string{"cp-20261201-092000"})
-	var inUse []string
-	for _, b := range resp.GetInUse() {
-		inUse = append(inUse, b.GetName())
-	}
-	equal(t, "in use", inUse, []string{"cp-20261201-091000", "cp-20261201-090000"})
-	done()
-	equal(t, "stored", sw.stored(), []string{"by-hand", "cp-20261201-090000", "cp-20261201-091000", "cp-20261201-093000"})
-
-	// --all takes the unscheduled one too; the newest stays.
-	if err := sw.cs.BatchV1().Jobs(testNS).Delete(ctx, "restore-x", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sw.srv.PruneBackups(ctx, &ebv1.PruneBackupsRequest{Target: "cp", IncludeUnscheduled: true}); err != nil {
-		t.Fatal(err)
-	}
-	equal(t, "stored after --all", sw.stored(), []string{"cp-20261201-093000"})
-	if n := testutil.ToFloat64(sw.srv.metrics.pruned.WithLabelValues("cp", "default")); n != 4 {
-		t.Errorf("pruned metric %v, want 4", n)
-	}
-}
-
-func TestPruneBackupsRefusesATargetWithoutRetention(t *testing.T) {
-	sw := newSchedWorld(t, scheduledTarget5m(), mustTime(t, "2026-12-01T10:00:00Z"))
-	_, err := sw.srv.PruneBackups(context.Background(), &ebv1.PruneBackupsRequest{Target: "cp"})
-	if err == nil || !strings.Contains(err.Error(), "no retention") {
-		t.Fatalf("prune of a target without retention: %v", err)
-	}
 }

@@ -1,4 +1,4 @@
-package server_test
+package rpc_test
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
@@ -202,7 +202,7 @@ func decodeUpload(o *fuzzOps, payload []byte, name, recipient string) *upload {
 	h := &ebv1.UploadHeader{Name: name}
 	u.validName = true
 	if flags&3 == 3 {
-		bad := []string{"", "Bad_Name", "../x", strings.Repeat("a", server.MaxNameLength+1)}
+		bad := []string{"", "Bad_Name", "../x", strings.Repeat("a", rpc.MaxNameLength+1)}
 		h.Name = bad[int(shaMode>>4)%len(bad)]
 		u.validName = false
 		refuse("invalid name")
@@ -270,7 +270,7 @@ func decodeUpload(o *fuzzOps, payload []byte, name, recipient string) *upload {
 			refuse("a second header")
 		case 7:
 			if o.next()%2 == 0 {
-				big := make([]byte, server.MaxChunkBytes+1)
+				big := make([]byte, rpc.MaxChunkBytes+1)
 				u.data = append(u.data, big...)
 				add(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: big}}, 0)
 				refuse("a chunk over the limit")

@@ -1,8 +1,13 @@
-package server_test
+// Tests of the liveness probe as a restore meets it: RestoreBackup refuses
+// while a member runs or cannot be told stopped, naming what it saw.
+
+package liveness_test
 
 import (
 	"context"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +26,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/liveness"
 )
 
 // hushURL accepts connections and never says a word: a member that may be
@@ -76,6 +82,55 @@ func mustSay(t *testing.T, msg string, wants ...string) {
 	}
 }
 
+func TestRestoreRefusedWhileAMemberAnswers(t *testing.T) {
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{"etcdserver":"3.7.3"}`)) }))
+	defer live.Close()
+	w := newRestoreWorld(t, closedURL(t), live.URL, silentURL(t))
+	_, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("restore while m1 answers: %v, want FailedPrecondition", err)
+	}
+	msg := status.Convert(err).Message()
+	for _, want := range []string{"m1 (" + live.URL + ")", "scale statefulset", "/etc/kubernetes/manifests"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("refusal %q does not say %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "m0") || strings.Contains(msg, "m2") {
+		t.Errorf("refusal names stopped members: %q", msg)
+	}
+	if j := w.jobs(t); len(j) != 0 {
+		t.Fatalf("a refused restore created %d jobs", len(j))
+	}
+
+	// A dry run shows the plan, marks the running member, creates nothing.
+	resp, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetMembers()) != 3 || !strings.Contains(resp.GetMembers()[1].GetMessage(), "still answers") || resp.GetMembers()[0].GetMessage() != "" {
+		t.Fatalf("dry run plan: %v", resp)
+	}
+	if j := w.jobs(t); len(j) != 0 {
+		t.Fatalf("a dry run created %d jobs", len(j))
+	}
+}
+
+func TestRestoreProbeSeesTLSMembers(t *testing.T) {
+	live := httptest.NewUnstartedServer(http.NotFoundHandler())
+	live.TLS = nil
+	live.StartTLS()
+	defer live.Close()
+	w := newRestoreWorld(t, live.URL)
+	if !strings.HasPrefix(live.URL, "https://") {
+		t.Fatalf("not a TLS URL: %s", live.URL)
+	}
+	_, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("restore while a TLS member answers: %v", err)
+	}
+}
+
 // A member whose URL refuses connections still runs when the API shows a
 // pod mounting its claim; the refusal names that pod. Finished pods and
 // the server's own restore agents do not count.
@@ -118,7 +173,7 @@ func TestRestoreRefusedWhileAPodMountsTheClaim(t *testing.T) {
 // refuses in time, leaves the member's state unknown: the restore is
 // refused, naming the member, what was seen and what to check.
 func TestRestoreRefusedWhenAMemberStateIsUnknown(t *testing.T) {
-	defer server.SetProbeTimeout(300 * time.Millisecond)()
+	defer liveness.SetProbeTimeout(300 * time.Millisecond)()
 	for _, tc := range []struct {
 		name string
 		url  string
@@ -245,61 +300,6 @@ func TestHostPathRestore(t *testing.T) {
 	for _, j := range list.Items {
 		if v := j.Spec.Template.Spec.Volumes[0]; v.HostPath == nil || v.HostPath.Path != "/var/lib" || j.Spec.Template.Spec.NodeName == "" {
 			t.Errorf("job %s: volume %+v on node %q", j.Name, v, j.Spec.Template.Spec.NodeName)
-		}
-	}
-}
-
-// A Job whose pod the API refuses (Pod Security forbids hostPath in a
-// restricted namespace) is Failed with the API's reason, not Running.
-func TestRestoreJobRefusedByTheAPIIsFailed(t *testing.T) {
-	w := newRestoreWorld(t, closedURL(t), closedURL(t))
-	ctx := context.Background()
-	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); err != nil {
-		t.Fatal(err)
-	}
-	list := w.jobs(t)
-	refused := list[0]
-	const why = `Error creating: pods "restore-m0-abc" is forbidden: violates PodSecurity "restricted:latest": hostPath volumes (volume "data")`
-	for _, e := range []*corev1.Event{
-		{ObjectMeta: metav1.ObjectMeta{Name: "e1", Namespace: "app"}, InvolvedObject: corev1.ObjectReference{Kind: "Job", Name: refused.Name, UID: refused.UID},
-			Reason: "FailedCreate", Message: why, Type: corev1.EventTypeWarning, LastTimestamp: metav1.Now()},
-		// An event of another Job: no evidence about the other member.
-		{ObjectMeta: metav1.ObjectMeta{Name: "e2", Namespace: "app"}, InvolvedObject: corev1.ObjectReference{Kind: "Job", Name: "restore-elsewhere"},
-			Reason: "FailedCreate", Message: why, Type: corev1.EventTypeWarning},
-	} {
-		if _, err := w.client.CoreV1().Events("app").Create(ctx, e, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	r, err := w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	byMember := map[string]*ebv1.MemberRestore{}
-	for _, m := range r.GetMembers() {
-		byMember[m.GetMember()] = m
-	}
-	m0, m1 := byMember[refused.Annotations[jobs.AnnotationMember]], byMember[list[1].Annotations[jobs.AnnotationMember]]
-	if m0.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_FAILED {
-		t.Fatalf("refused job: %v, want failed", m0)
-	}
-	mustSay(t, m0.GetMessage(), `violates PodSecurity "restricted:latest": hostPath volumes`, "pod-security.kubernetes.io/enforce=privileged")
-	if m1.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_RUNNING {
-		t.Fatalf("other job: %v, want running", m1)
-	}
-
-	// Once the pod exists, the old refusal is no longer evidence.
-	refused.Status.Active = 1
-	if _, err := w.client.BatchV1().Jobs("app").UpdateStatus(ctx, &refused, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	r, err = w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range r.GetMembers() {
-		if m.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_RUNNING {
-			t.Fatalf("member %s: %v once its pod runs", m.GetMember(), m)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package server_test
+package rpc_test
 
 import (
 	"bytes"

@@ -1,17 +1,14 @@
-package server_test
+package rpc_test
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -120,40 +117,6 @@ func (w *restoreWorld) jobs(t *testing.T) []batchv1.Job {
 		t.Fatal(err)
 	}
 	return list.Items
-}
-
-func TestRestoreRefusedWhileAMemberAnswers(t *testing.T) {
-	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{"etcdserver":"3.7.3"}`)) }))
-	defer live.Close()
-	w := newRestoreWorld(t, closedURL(t), live.URL, silentURL(t))
-	_, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
-	if status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("restore while m1 answers: %v, want FailedPrecondition", err)
-	}
-	msg := status.Convert(err).Message()
-	for _, want := range []string{"m1 (" + live.URL + ")", "scale statefulset", "/etc/kubernetes/manifests"} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("refusal %q does not say %q", msg, want)
-		}
-	}
-	if strings.Contains(msg, "m0") || strings.Contains(msg, "m2") {
-		t.Errorf("refusal names stopped members: %q", msg)
-	}
-	if j := w.jobs(t); len(j) != 0 {
-		t.Fatalf("a refused restore created %d jobs", len(j))
-	}
-
-	// A dry run shows the plan, marks the running member, creates nothing.
-	resp, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(resp.GetMembers()) != 3 || !strings.Contains(resp.GetMembers()[1].GetMessage(), "still answers") || resp.GetMembers()[0].GetMessage() != "" {
-		t.Fatalf("dry run plan: %v", resp)
-	}
-	if j := w.jobs(t); len(j) != 0 {
-		t.Fatalf("a dry run created %d jobs", len(j))
-	}
 }
 
 func TestRestoreStartsOneJobPerMember(t *testing.T) {
@@ -310,163 +273,6 @@ func TestRestoreRequestErrors(t *testing.T) {
 	}
 }
 
-func TestTargetMembersAreValidated(t *testing.T) {
-	loc, err := filesystem.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	pvc := config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "c"}}
-	host := config.MemberVolume{HostPath: &config.HostPathRef{Path: "/var/lib/etcd"}}
-	for _, m := range []config.Member{
-		{Name: "a", PeerURL: "etcd-0:2380", Volume: pvc},
-		{Name: "a", PeerURL: "http://a:2380", DataDir: "../x", Volume: pvc},
-		{Name: "a", PeerURL: "http://a:2380", DataDir: "/abs", Volume: pvc},
-		{Name: "a", PeerURL: "http://a:2380"},
-		{Name: "a", PeerURL: "http://a:2380", Volume: host},
-		{Name: "a", PeerURL: "http://a:2380", Volume: config.MemberVolume{PersistentVolumeClaim: pvc.PersistentVolumeClaim, HostPath: host.HostPath}, NodeName: "n"},
-	} {
-		_, err := server.New(server.Config{
-			Locations: []server.NamedLocation{{Name: "default", Location: loc}},
-			Targets:   []config.Target{{Name: "t", Endpoints: []string{"http://a:2379"}, Members: []config.Member{m}}},
-		})
-		if err == nil {
-			t.Errorf("member %+v accepted", m)
-		} else if !strings.Contains(err.Error(), "targets[0].members[0].") {
-			t.Errorf("member %+v: error %q does not name the field", m, err)
-		}
-	}
-}
-
-func TestRestoreProbeSeesTLSMembers(t *testing.T) {
-	live := httptest.NewUnstartedServer(http.NotFoundHandler())
-	live.TLS = nil
-	live.StartTLS()
-	defer live.Close()
-	w := newRestoreWorld(t, live.URL)
-	if !strings.HasPrefix(live.URL, "https://") {
-		t.Fatalf("not a TLS URL: %s", live.URL)
-	}
-	_, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
-	if status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("restore while a TLS member answers: %v", err)
-	}
-}
-
-// TestNewChecksTargets: server.New refuses what the config file would,
-// naming the field, for servers built without config.Load.
-func TestNewChecksTargets(t *testing.T) {
-	loc, err := filesystem.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ok := config.Target{Name: "t", Endpoints: []string{"http://a:2379"}}
-	with := func(edit func(*config.Target)) config.Target {
-		c := ok
-		edit(&c)
-		return c
-	}
-	for _, tc := range []struct {
-		name      string
-		locations []string
-		targets   []config.Target
-		want      string
-	}{
-		{"duplicate location", []string{"default", "default"}, nil, `locations[1].name: Duplicate value: "default"`},
-		{"location name", []string{"Default"}, nil, `locations[0].name: Invalid value: "Default"`},
-		{"duplicate target", []string{"default"}, []config.Target{ok, ok}, `targets[1].name: Duplicate value: "t"`},
-		{"no endpoints", []string{"default"}, []config.Target{with(func(c *config.Target) { c.Endpoints = nil })}, "targets[0].endpoints: Required value"},
-		{"unknown location", []string{"default"}, []config.Target{with(func(c *config.Target) { c.Location = "s3" })}, `targets[0].location: Not found: "s3"`},
-		{"compression", []string{"default"}, []config.Target{with(func(c *config.Target) { c.Compression = "gzip" })}, `targets[0].compression: Unsupported value: "gzip"`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var locs []server.NamedLocation
-			for _, n := range tc.locations {
-				locs = append(locs, server.NamedLocation{Name: n, Location: loc})
-			}
-			_, err := server.New(server.Config{Locations: locs, Targets: tc.targets})
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("New: %v, want %q", err, tc.want)
-			}
-		})
-	}
-}
-
-// TestCreateBackupUsesTargetDefaults: a request naming no location or
-// compression gets the target's, and the Job carries them.
-func TestCreateBackupUsesTargetDefaults(t *testing.T) {
-	ctx := context.Background()
-	var locs []server.NamedLocation
-	for _, n := range []string{"default", "s3"} {
-		loc, err := filesystem.New(t.TempDir())
-		if err != nil {
-			t.Fatal(err)
-		}
-		locs = append(locs, server.NamedLocation{Name: n, Location: loc})
-	}
-	cs := fake.NewClientset()
-	l, err := jobs.New(cs, "etcdbackup-system", config.Agents{Image: "agent:dev"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := server.New(server.Config{
-		Locations: locs,
-		Targets: []config.Target{
-			{Name: "cp", Endpoints: []string{"https://etcd:2379"}, TLSSecret: "etcd-client", Location: "s3", Compression: "zstd"},
-			// As the CLI and the manifests spell it.
-			{Name: "cp-none", Endpoints: []string{"https://etcd:2379"}, TLSSecret: "etcd-client", Compression: "none"},
-		},
-		Agents: l,
-		Now:    func() time.Time { return time.Date(2026, 1, 31, 12, 0, 0, 0, time.UTC) },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := srv.CreateBackup(ctx, &ebv1.CreateBackupRequest{}); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "etcdbackup-system/etcd-client does not exist") {
-		t.Fatalf("without the TLS Secret: %v", err)
-	}
-	if _, err := cs.CoreV1().Secrets("etcdbackup-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "etcd-client"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := srv.CreateBackup(ctx, &ebv1.CreateBackupRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := resp.GetBackup()
-	if b.GetName() != "cp-20260131-120000" || b.GetLocation() != "s3" || b.GetCompression() != "zstd" || b.GetSource().GetTarget() != "cp" {
-		t.Fatalf("backup %+v", b)
-	}
-	resp, err = srv.CreateBackup(ctx, &ebv1.CreateBackupRequest{Name: "plain", Location: "default", Compression: "none"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b := resp.GetBackup(); b.GetLocation() != "default" || b.GetCompression() != "" {
-		t.Fatalf("backup %+v", b)
-	}
-	resp, err = srv.CreateBackup(ctx, &ebv1.CreateBackupRequest{Name: "target-none", Target: "cp-none"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b := resp.GetBackup(); b.GetCompression() != "" {
-		t.Fatalf("backup of a target with compression: none: %+v", b)
-	}
-	list, err := cs.BatchV1().Jobs("etcdbackup-system").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	args := map[string]string{}
-	for _, j := range list.Items {
-		args[j.Annotations[jobs.AnnotationBackup]] = strings.Join(j.Spec.Template.Spec.Containers[0].Args, " ")
-	}
-	if a := args["cp-20260131-120000"]; !strings.Contains(a, "--location=s3") || !strings.Contains(a, "--compression=zstd") {
-		t.Errorf("job args %q", a)
-	}
-	for _, name := range []string{"plain", "target-none"} {
-		if a := args[name]; !strings.Contains(a, "--location=default") || strings.Contains(a, "--compression") {
-			t.Errorf("job args of %s: %q", name, a)
-		}
-	}
-}
-
 // An encrypted backup is restored only with an identity Secret, which the
 // Jobs mount; the request without one says how to make it.
 func TestRestoreOfEncryptedBackupNeedsIdentitySecret(t *testing.T) {
@@ -508,40 +314,66 @@ func TestRestoreOfEncryptedBackupNeedsIdentitySecret(t *testing.T) {
 	}
 }
 
-// A target with encryption hands its public keys to the backup Job, and
-// the running backup says it will be encrypted.
-func TestCreateBackupOfAnEncryptedTarget(t *testing.T) {
+func mustSay(t *testing.T, msg string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
+		if !strings.Contains(msg, want) {
+			t.Errorf("%q does not say %q", msg, want)
+		}
+	}
+}
+
+// A Job whose pod the API refuses (Pod Security forbids hostPath in a
+// restricted namespace) is Failed with the API's reason, not Running.
+func TestRestoreJobRefusedByTheAPIIsFailed(t *testing.T) {
+	w := newRestoreWorld(t, closedURL(t), closedURL(t))
 	ctx := context.Background()
-	loc, err := filesystem.New(t.TempDir())
+	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); err != nil {
+		t.Fatal(err)
+	}
+	list := w.jobs(t)
+	refused := list[0]
+	const why = `Error creating: pods "restore-m0-abc" is forbidden: violates PodSecurity "restricted:latest": hostPath volumes (volume "data")`
+	for _, e := range []*corev1.Event{
+		{ObjectMeta: metav1.ObjectMeta{Name: "e1", Namespace: "app"}, InvolvedObject: corev1.ObjectReference{Kind: "Job", Name: refused.Name, UID: refused.UID},
+			Reason: "FailedCreate", Message: why, Type: corev1.EventTypeWarning, LastTimestamp: metav1.Now()},
+		// An event of another Job: no evidence about the other member.
+		{ObjectMeta: metav1.ObjectMeta{Name: "e2", Namespace: "app"}, InvolvedObject: corev1.ObjectReference{Kind: "Job", Name: "restore-elsewhere"},
+			Reason: "FailedCreate", Message: why, Type: corev1.EventTypeWarning},
+	} {
+		if _, err := w.client.CoreV1().Events("app").Create(ctx, e, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs := fake.NewClientset()
-	l, err := jobs.New(cs, "etcdbackup-system", config.Agents{Image: "agent:dev"})
+	byMember := map[string]*ebv1.MemberRestore{}
+	for _, m := range r.GetMembers() {
+		byMember[m.GetMember()] = m
+	}
+	m0, m1 := byMember[refused.Annotations[jobs.AnnotationMember]], byMember[list[1].Annotations[jobs.AnnotationMember]]
+	if m0.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_FAILED {
+		t.Fatalf("refused job: %v, want failed", m0)
+	}
+	mustSay(t, m0.GetMessage(), `violates PodSecurity "restricted:latest": hostPath volumes`, "pod-security.kubernetes.io/enforce=privileged")
+	if m1.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_RUNNING {
+		t.Fatalf("other job: %v, want running", m1)
+	}
+
+	// Once the pod exists, the old refusal is no longer evidence.
+	refused.Status.Active = 1
+	if _, err := w.client.BatchV1().Jobs("app").UpdateStatus(ctx, &refused, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	const rcp = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"
-	srv, err := server.New(server.Config{
-		Locations: []server.NamedLocation{{Name: "default", Location: loc}},
-		Targets:   []config.Target{{Name: "cp", Endpoints: []string{"http://etcd:2379"}, InsecurePlaintext: true, Encryption: &config.Encryption{AgeRecipients: []string{rcp}}}},
-		Agents:    l,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := srv.CreateBackup(ctx, &ebv1.CreateBackupRequest{Name: "b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b := resp.GetBackup(); b.GetEncryption() != "age" || len(b.GetAgeRecipients()) != 1 {
-		t.Fatalf("backup %v", b)
-	}
-	list, err := cs.BatchV1().Jobs("etcdbackup-system").List(ctx, metav1.ListOptions{})
-	if err != nil || len(list.Items) != 1 {
-		t.Fatalf("%v %v", list, err)
-	}
-	if args := strings.Join(list.Items[0].Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--encrypt-to="+rcp) {
-		t.Fatalf("args %s", args)
+	for _, m := range r.GetMembers() {
+		if m.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_RUNNING {
+			t.Fatalf("member %s: %v once its pod runs", m.GetMember(), m)
+		}
 	}
 }

@@ -1,0 +1,177 @@
+// Package metrics holds the data server's Prometheus series — transfers,
+// agent runs, schedules, retention and storage failures — which the
+// request handlers and the background controller update.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
+)
+
+// Results of a backup run (etcdbackup_backup_runs_total's result label).
+const (
+	ResultSucceeded = "succeeded"
+	ResultFailed    = "failed"
+)
+
+// Reasons a scheduled run was skipped.
+const (
+	SkipRunning = "running" // a backup of the target was still running
+	SkipMissed  = "missed"  // its time was more than startingDeadline ago
+)
+
+// Metrics are the server's Prometheus series. With no registerer they are
+// still counted, just not exported, so their users need no nil checks.
+type Metrics struct {
+	BytesIn   prometheus.Counter
+	BytesOut  prometheus.Counter
+	Transfers *prometheus.HistogramVec
+	InFlight  *prometheus.GaugeVec
+
+	// Agent runs, counted once when the server sees their Job finish.
+	Runs        *prometheus.CounterVec
+	LastSuccess *prometheus.GaugeVec
+	Duration    *prometheus.HistogramVec
+	Size        *prometheus.GaugeVec
+
+	Period  *prometheus.GaugeVec
+	Skipped *prometheus.CounterVec
+	Pruned  *prometheus.CounterVec
+
+	StorageErrors *prometheus.CounterVec
+}
+
+// New makes the series and registers them with reg; nil registers none.
+func New(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		BytesIn: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "etcdbackup", Name: "received_bytes_total",
+			Help: "Backup bytes received by uploads.",
+		}),
+		BytesOut: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "etcdbackup", Name: "sent_bytes_total",
+			Help: "Backup bytes sent by downloads.",
+		}),
+		Transfers: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "etcdbackup", Name: "transfer_duration_seconds",
+			Help:    "Duration of uploads and downloads, by direction and gRPC status code.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
+		}, []string{"direction", "code"}),
+		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "etcdbackup", Name: "transfers_in_flight",
+			Help: "Uploads and downloads in progress, by direction.",
+		}, []string{"direction"}),
+		Runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "etcdbackup", Name: "backup_runs_total",
+			Help: "Backup agent runs (scheduled and on demand) that finished, by target, location and result (succeeded, failed).",
+		}, []string{"target", "location", "result"}),
+		LastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "etcdbackup", Name: "last_successful_backup_timestamp_seconds",
+			Help: "Unix time the newest stored agent backup of a target was taken, by target and location.",
+		}, []string{"target", "location"}),
+		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "etcdbackup", Name: "backup_duration_seconds",
+			Help:    "Duration of successful backup agent runs, from Job creation to completion, by target.",
+			Buckets: prometheus.ExponentialBuckets(5, 2, 12), // 5 s … ≈ 2.8 h
+		}, []string{"target"}),
+		Size: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "etcdbackup", Name: "backup_size_bytes",
+			Help: "Stored size of the last successful agent backup of a target.",
+		}, []string{"target"}),
+		Period: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "etcdbackup", Name: "backup_schedule_period_seconds",
+			Help: "The longest gap between two scheduled backups of a target: alerts allow a multiple of it.",
+		}, []string{"target"}),
+		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "etcdbackup", Name: "scheduled_runs_skipped_total",
+			Help: "Scheduled backups not started, by target and reason (running: the previous one still ran; missed: later than startingDeadline).",
+		}, []string{"target", "reason"}),
+		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "etcdbackup", Name: "pruned_backups_total",
+			Help: "Backups removed by retention, by target and location.",
+		}, []string{"target", "location"}),
+		StorageErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "etcdbackup", Name: "storage_errors_total",
+			Help: "Storage operations that failed (not: not found, already exists, cancelled), by location and operation.",
+		}, []string{"location", "operation"}),
+	}
+	for _, d := range []string{"upload", "download"} {
+		m.InFlight.WithLabelValues(d)
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.BytesIn, m.BytesOut, m.Transfers, m.InFlight, m.Runs, m.LastSuccess,
+			m.Duration, m.Size, m.Period, m.Skipped, m.Pruned, m.StorageErrors} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+// ObserveTransfer records an upload's or a download's duration under
+// the status code it ended with.
+func (m *Metrics) ObserveTransfer(direction string, start time.Time, err error) {
+	m.Transfers.WithLabelValues(direction, status.Code(err).String()).Observe(time.Since(start).Seconds())
+}
+
+// SetLastSuccess moves a target's last-success time forward, never back.
+func (m *Metrics) SetLastSuccess(target, location string, t time.Time) {
+	g := m.LastSuccess.WithLabelValues(target, location)
+	if v := float64(t.UnixNano()) / 1e9; v > gaugeValue(g) {
+		g.Set(v)
+	}
+}
+
+// gaugeValue reads a gauge back.
+func gaugeValue(g prometheus.Gauge) float64 {
+	var d dto.Metric
+	if err := g.Write(&d); err != nil {
+		return 0
+	}
+	return d.GetGauge().GetValue()
+}
+
+// StorageError turns the failure of storage operation op (on backup name,
+// "" for the location) in location loc into a status a client can act
+// on, counting in etcdbackup_storage_errors_total what is the storage's
+// fault: not a missing or existing backup, nor a caller that went away.
+func (m *Metrics) StorageError(op, loc, name string, err error) error {
+	if !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrAlreadyExists) && !errors.Is(err, context.Canceled) {
+		m.StorageErrors.WithLabelValues(loc, op).Inc()
+	}
+	what := op
+	if name != "" {
+		what = fmt.Sprintf("%s %q", op, name)
+	}
+	var ue *locations.UnavailableError
+	switch {
+	case errors.As(err, &ue):
+		return ebv1.LocationUnavailableError(ue.Location, fmt.Sprintf("%s: %v", what, ue))
+	case errors.Is(err, storage.ErrNoSpace):
+		return status.Errorf(codes.ResourceExhausted,
+			"%s: storage location %q is full (%v); nothing was stored: delete old backups or give the location more space", what, loc, err)
+	case errors.Is(err, storage.ErrNotFound):
+		return status.Errorf(codes.NotFound,
+			"backup %q not found in location %q; run `kubectl etcdbackup list --location %s` to see the backups", name, loc, loc)
+	case errors.Is(err, storage.ErrAlreadyExists):
+		return status.Errorf(codes.AlreadyExists,
+			"backup %q already exists in location %q; backups are immutable: choose another name or delete the old one first", name, loc)
+	case errors.Is(err, context.Canceled):
+		return status.Errorf(codes.Canceled, "%s %q: cancelled", op, name)
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Errorf(codes.DeadlineExceeded, "%s %q: deadline exceeded", op, name)
+	}
+	return status.Errorf(codes.Internal, "%s %q in location %q: %v", op, name, loc, err)
+}

@@ -1,0 +1,76 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+)
+
+// Pruner removes what a target's retention selects, except what is in
+// use: for PruneBackups and after each successful scheduled run.
+type Pruner struct {
+	InUse   *InUse
+	Metrics *metrics.Metrics
+	Log     *slog.Logger
+	Now     func() time.Time
+}
+
+// Request is one prune: one target's backups in one location.
+type Request struct {
+	// Location is the location's name; Store the location.
+	Location string
+	Store    storage.Location
+	// Manifests are the location's backups (Store.List).
+	Manifests []*storage.Manifest
+	// Target's Retention must be set.
+	Target config.Target
+	// IncludeUnscheduled counts the target's other agent backups, and any
+	// labelled LabelTarget, too.
+	IncludeUnscheduled bool
+	// DryRun removes nothing: pruned is what would go.
+	DryRun bool
+	// By is who asked, for the log.
+	By string
+}
+
+// Prune applies r.Target's retention to its backups in one location. It
+// returns the backups removed (with DryRun, those that would be) and
+// those kept because they are in use; the next prune takes them.
+func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage.Manifest, err error) {
+	for _, m := range Select(r.Manifests, r.Target.Name, *r.Target.Retention, r.IncludeUnscheduled, p.Now()) {
+		restores, err := p.InUse.RestoresReading(ctx, r.Location, m.Name, "removing")
+		if err != nil {
+			return pruned, inUse, err
+		}
+		if len(restores) > 0 {
+			inUse = append(inUse, m)
+			continue
+		}
+		if r.DryRun {
+			pruned = append(pruned, m)
+			continue
+		}
+		done, ok := p.InUse.remove(r.Location, m.Name)
+		if !ok {
+			inUse = append(inUse, m)
+			continue
+		}
+		err = r.Store.Delete(ctx, m.Name)
+		done()
+		if errors.Is(err, storage.ErrNotFound) {
+			continue // someone else removed it
+		}
+		if err != nil {
+			return pruned, inUse, p.Metrics.StorageError("delete", r.Location, m.Name, err)
+		}
+		p.Metrics.Pruned.WithLabelValues(r.Target.Name, r.Location).Inc()
+		p.Log.Info("backup removed by retention", "location", r.Location, "backup", m.Name, "target", r.Target.Name, "caller", r.By)
+		pruned = append(pruned, m)
+	}
+	return pruned, inUse, nil
+}

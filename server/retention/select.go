@@ -1,0 +1,58 @@
+// Package retention decides which backups a target's retention removes
+// (keepLast, maxAge, never the newest, scheduled ones only unless asked)
+// and removes them, keeping those in use: downloads in progress and
+// backups a running restore Job reads.
+package retention
+
+import (
+	"sort"
+	"time"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+)
+
+// Labels of scheduled backups: the scheduler puts them on, retention
+// selects by them.
+const (
+	LabelScheduled = "etcdbackup.io/scheduled"
+	LabelTarget    = "etcdbackup.io/target"
+)
+
+// ofTarget tells whether m is a backup of target: labelled so (scheduled
+// backups, and any a user labelled) or, when unscheduled ones count too,
+// taken by an agent of it.
+func ofTarget(m *storage.Manifest, target string, includeUnscheduled bool) bool {
+	if !includeUnscheduled {
+		return m.Labels[LabelScheduled] == "true" && m.Labels[LabelTarget] == target
+	}
+	return m.Labels[LabelTarget] == target || (m.Source.Kind == storage.SourceAgent && m.Source.Target == target)
+}
+
+// Select returns what retention r removes of target's backups among
+// manifests (one location), newest first: those beyond the newest
+// KeepLast, and those older than MaxAge — never the newest.
+func Select(manifests []*storage.Manifest, target string, r config.Retention, includeUnscheduled bool, now time.Time) []*storage.Manifest {
+	var mine []*storage.Manifest
+	for _, m := range manifests {
+		if ofTarget(m, target, includeUnscheduled) {
+			mine = append(mine, m)
+		}
+	}
+	sort.Slice(mine, func(i, j int) bool {
+		if !mine[i].CreateTime.Equal(mine[j].CreateTime) {
+			return mine[i].CreateTime.After(mine[j].CreateTime)
+		}
+		return mine[i].Name < mine[j].Name
+	})
+	var out []*storage.Manifest
+	for i, m := range mine {
+		if i == 0 {
+			continue // the newest is the one to restore from
+		}
+		if (r.KeepLast > 0 && i >= r.KeepLast) || (r.MaxAge.Duration > 0 && now.Sub(m.CreateTime) > r.MaxAge.Duration) {
+			out = append(out, m)
+		}
+	}
+	return out
+}

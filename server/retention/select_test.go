@@ -1,0 +1,72 @@
+package retention_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+)
+
+func mustTime(t *testing.T, s string) time.Time {
+	t.Helper()
+	v, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func equal(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Fatalf("%s: %q, want %q", what, got, want)
+	}
+}
+
+func TestSelectPrunable(t *testing.T) {
+	base := mustTime(t, "2026-12-01T00:00:00Z")
+	m := func(name string, hoursAgo int, scheduled bool, target string) *storage.Manifest {
+		man := &storage.Manifest{Name: name, CreateTime: base.Add(-time.Duration(hoursAgo) * time.Hour), Source: storage.Source{Kind: storage.SourceAgent, Target: target}}
+		if scheduled {
+			man.Labels = map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: target}
+		}
+		return man
+	}
+	all := []*storage.Manifest{
+		m("s1", 1, true, "cp"), m("s2", 2, true, "cp"), m("s3", 3, true, "cp"), m("s4", 50, true, "cp"),
+		m("d1", 0, false, "cp"), m("d2", 60, false, "cp"),
+		m("other", 100, true, "app"),
+		{Name: "upload", CreateTime: base.Add(-200 * time.Hour), Source: storage.Source{Kind: storage.SourceUpload}},
+	}
+	names := func(ms []*storage.Manifest) []string {
+		var out []string
+		for _, m := range ms {
+			out = append(out, m.Name)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		r    config.Retention
+		all  bool
+		want []string
+	}{
+		{"keepLast 2: scheduled only", config.Retention{KeepLast: 2}, false, []string{"s3", "s4"}},
+		{"keepLast 2 with unscheduled", config.Retention{KeepLast: 2}, true, []string{"s2", "s3", "s4", "d2"}},
+		{"maxAge 24h", config.Retention{MaxAge: metav1.Duration{Duration: 24 * time.Hour}}, false, []string{"s4"}},
+		{"both: either removes", config.Retention{KeepLast: 3, MaxAge: metav1.Duration{Duration: 150 * time.Minute}}, false, []string{"s3", "s4"}},
+		{"never the newest, however old", config.Retention{KeepLast: 1, MaxAge: metav1.Duration{Duration: time.Minute}}, false, []string{"s2", "s3", "s4"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			equal(t, "prunable", names(retention.Select(all, "cp", tc.r, tc.all, base)), tc.want)
+		})
+	}
+	// The newest of a target stays even when every one is past maxAge.
+	old := []*storage.Manifest{m("a", 100, true, "cp"), m("b", 200, true, "cp")}
+	equal(t, "prunable of old ones", names(retention.Select(old, "cp", config.Retention{MaxAge: metav1.Duration{Duration: time.Hour}}, false, base)), []string{"b"})
+}

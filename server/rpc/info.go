@@ -1,0 +1,43 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
+)
+
+// GetServerInfo implements ebv1.InfoServiceServer.
+func (s *Service) GetServerInfo(context.Context, *ebv1.GetServerInfoRequest) (*ebv1.GetServerInfoResponse, error) {
+	resp := &ebv1.GetServerInfoResponse{
+		Version:   version.Version,
+		GitCommit: version.Commit(),
+		Limits: &ebv1.ServerLimits{
+			MaxChunkBytes: MaxChunkBytes,
+			MaxNameLength: MaxNameLength,
+		},
+	}
+	for i, t := range s.targets {
+		resp.Targets = append(resp.Targets, &ebv1.EtcdTarget{Name: t.Name, Endpoints: t.Endpoints, Default: i == 0})
+	}
+	for i, name := range s.order {
+		l := s.locations[name]
+		sl := &ebv1.StorageLocation{
+			Name:        name,
+			Type:        l.Type(),
+			Default:     i == 0,
+			Description: l.Describe(),
+		}
+		var ue *locations.UnavailableError
+		if errors.As(unavailable(name, l), &ue) {
+			sl.Unavailable = true
+			sl.Error = fmt.Sprintf("%v (since %s)", ue.Err, ue.Since.UTC().Format(time.RFC3339))
+		}
+		resp.Locations = append(resp.Locations, sl)
+	}
+	return resp, nil
+}

@@ -1,0 +1,74 @@
+package rpc
+
+import (
+	"context"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+)
+
+// PruneBackups implements ebv1.BackupServiceServer.
+func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsRequest) (*ebv1.PruneBackupsResponse, error) {
+	var targets []config.Target
+	if req.GetTarget() != "" {
+		t, err := s.target(req.GetTarget())
+		if err != nil {
+			return nil, err
+		}
+		if t.Retention == nil {
+			return nil, status.Errorf(codes.FailedPrecondition,
+				"target %q has no retention configured; add `retention: {keepLast: N, maxAge: DURATION}` to it in the server's config", t.Name)
+		}
+		targets = append(targets, *t)
+	} else {
+		for _, t := range s.targets {
+			if t.Retention != nil {
+				targets = append(targets, t)
+			}
+		}
+	}
+	locs := s.order
+	if req.GetLocation() != "" {
+		name, _, err := s.location(req.GetLocation())
+		if err != nil {
+			return nil, err
+		}
+		locs = []string{name}
+	}
+	resp := &ebv1.PruneBackupsResponse{}
+	for _, locName := range locs {
+		if len(targets) == 0 {
+			break
+		}
+		manifests, err := s.locations[locName].List(ctx)
+		if err != nil {
+			return nil, s.metrics.StorageError("list", locName, "", err)
+		}
+		for _, t := range targets {
+			pruned, inUse, err := s.pruner.Prune(ctx, retention.Request{
+				Location: locName, Store: s.locations[locName], Manifests: manifests, Target: t,
+				IncludeUnscheduled: req.GetIncludeUnscheduled(), DryRun: req.GetDryRun(), By: caller(ctx),
+			})
+			if err != nil {
+				return resp, err
+			}
+			resp.Pruned = append(resp.Pruned, backupsFromManifests(locName, pruned)...)
+			resp.InUse = append(resp.InUse, backupsFromManifests(locName, inUse)...)
+		}
+	}
+	return resp, nil
+}
+
+// backupsFromManifests is backupFromManifest of each of ms.
+func backupsFromManifests(loc string, ms []*storage.Manifest) []*ebv1.Backup {
+	var out []*ebv1.Backup
+	for _, m := range ms {
+		out = append(out, backupFromManifest(loc, m))
+	}
+	return out
+}

@@ -1,0 +1,235 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/liveness"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+)
+
+// restoreTarget resolves and checks the target of a restore request.
+func (s *Service) restoreTarget(name string) (*config.Target, error) {
+	if s.agents == nil {
+		return nil, status.Error(codes.FailedPrecondition,
+			"this server cannot launch restore agents (it runs outside a cluster or without an agent image); restore each member with `kubectl etcdbackup restore NAME --local` instead")
+	}
+	if name == "" {
+		return nil, status.Error(codes.InvalidArgument, "name the etcd target to restore (--target); see `kubectl etcdbackup version` for the server's targets")
+	}
+	t, err := s.target(name)
+	if err != nil {
+		return nil, err
+	}
+	if len(t.Members) == 0 {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"target %q has no members in the server's configuration, so the server does not know where their data lives; add `members:` (name, peerURL, volume) to the target, or restore each member with `kubectl etcdbackup restore NAME --local`", t.Name)
+	}
+	return t, nil
+}
+
+// plan is one entry per member of t.
+func (s *Service) plan(t *config.Target, locName, name string) []*ebv1.MemberRestore {
+	ic := jobs.InitialCluster(*t)
+	out := make([]*ebv1.MemberRestore, 0, len(t.Members))
+	for _, m := range t.Members {
+		out = append(out, &ebv1.MemberRestore{
+			Member: m.Name, JobName: s.agents.RestoreNamespace(*t) + "/" + jobs.RestoreJobName(locName, name, t.Name, m.Name),
+			Volume: jobs.DescribeVolume(m), DataDir: m.DataDir, InitialCluster: ic, PeerUrl: m.PeerURL,
+			InitialClusterToken: t.InitialClusterToken,
+		})
+	}
+	return out
+}
+
+// revisionBump is what a restore request adds to etcd's revision: its
+// bump_revision, unset meaning snapshot.DefaultRevisionBump (a client that
+// predates the field still gets what etcd recommends for Kubernetes).
+func revisionBump(req *ebv1.RestoreBackupRequest) (int64, error) {
+	if req.BumpRevision == nil {
+		return snapshot.DefaultRevisionBump, nil
+	}
+	b := req.GetBumpRevision()
+	if b < 0 {
+		return 0, status.Errorf(codes.InvalidArgument,
+			"--bump-revision %d is negative: etcd's revision only grows; give 0 to keep the snapshot's revisions, or a positive amount (default %d)", b, snapshot.DefaultRevisionBump)
+	}
+	return b, nil
+}
+
+// RestoreBackup implements ebv1.BackupServiceServer: admit the request,
+// plan one restore per member, and unless it is a dry run, start the
+// restore Jobs once every member is seen stopped.
+func (s *Service) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequest) (*ebv1.RestoreBackupResponse, error) {
+	r, err := s.admitRestore(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	plan := s.plan(r.target, r.locName, req.GetName())
+	for _, p := range plan {
+		p.BumpRevision, p.MarkCompacted = r.bump, r.bump > 0
+	}
+	seen := liveness.Members(ctx, s.agents, r.target)
+	if req.GetDryRun() {
+		for _, p := range plan {
+			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_PENDING
+			for _, f := range seen {
+				// A finding about the whole target (pods that cannot be
+				// listed, an endpoint in doubt) concerns every member.
+				if p.Message == "" && (f.Member == p.GetMember() || (f.Member == "" && f.URL == "")) {
+					p.Message = f.DryRunMessage()
+				}
+			}
+		}
+		return &ebv1.RestoreBackupResponse{Members: plan}, nil
+	}
+	if err := liveness.RefuseUnlessStopped(s.agents, r.target, seen); err != nil {
+		return nil, err
+	}
+	created, err := s.startRestore(ctx, req, r)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range plan {
+		p.Phase = ebv1.RestorePhase_RESTORE_PHASE_RUNNING
+	}
+	s.log.Info("restore agents started", "backup", req.GetName(), "location", r.locName, "target", r.target.Name, "jobs", created, "bumpRevision", r.bump, "caller", caller(ctx))
+	return &ebv1.RestoreBackupResponse{Members: plan}, nil
+}
+
+// restore is an admitted restore request.
+type restore struct {
+	target  *config.Target
+	locName string
+	// stored is the backup's manifest: the agents may restore exactly it.
+	stored *storage.Manifest
+	bump   int64
+	// secret names the Secret holding the age identity, for an
+	// encrypted backup.
+	secret string
+}
+
+// admitRestore checks a restore request: the backup's name, the revision
+// bump, a target the server can restore (restoreTarget), the backup
+// stored, an identity Secret when it is encrypted, and data directories
+// that --move-aside can rename.
+func (s *Service) admitRestore(ctx context.Context, req *ebv1.RestoreBackupRequest) (*restore, error) {
+	if err := validateName("backup", req.GetName()); err != nil {
+		return nil, err
+	}
+	bump, err := revisionBump(req)
+	if err != nil {
+		return nil, err
+	}
+	t, err := s.restoreTarget(req.GetTarget())
+	if err != nil {
+		return nil, err
+	}
+	name := req.GetName()
+	locName, loc, err := s.location(req.GetLocation())
+	if err != nil {
+		return nil, err
+	}
+	m, err := loc.Stat(ctx, name)
+	if err != nil {
+		return nil, s.metrics.StorageError("restore backup", locName, name, err)
+	}
+	secret := req.GetIdentitySecret()
+	if secret != "" {
+		if err := validateName("identity Secret", secret); err != nil {
+			return nil, err
+		}
+	}
+	if m.Encryption != "" && secret == "" {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"backup %q is age-encrypted and the server holds no key: create a Secret with your age identity file in namespace %q (`kubectl -n %s create secret generic etcd-backup-identity --from-file=identity=KEYFILE`) and pass --identity-secret etcd-backup-identity; it is mounted only into the restore Jobs",
+			name, s.agents.RestoreNamespace(*t), s.agents.RestoreNamespace(*t))
+	}
+	if req.GetMoveAside() {
+		for _, m := range t.Members {
+			if m.DataDir == "" {
+				return nil, status.Errorf(codes.InvalidArgument,
+					"member %q's data directory is the root of its volume, which cannot be renamed: --move-aside needs a dataDir below the volume's root in the target's configuration", m.Name)
+			}
+		}
+	}
+	return &restore{target: t, locName: locName, stored: m, bump: bump, secret: secret}, nil
+}
+
+// startRestore creates the restore Jobs, one per member, and returns how
+// many it created.
+func (s *Service) startRestore(ctx context.Context, req *ebv1.RestoreBackupRequest, r *restore) (int, error) {
+	name, t := req.GetName(), r.target
+	created, err := s.agents.StartRestore(ctx, jobs.RestoreSpec{
+		Name: name, Location: r.locName, Target: *t, MoveAside: req.GetMoveAside(), IdentitySecret: r.secret,
+		// What the agents may restore: exactly the backup stored now.
+		SHA256:       r.stored.SHA256,
+		BumpRevision: r.bump,
+	})
+	if errors.Is(err, jobs.ErrRunning) {
+		return 0, status.Errorf(codes.AlreadyExists,
+			"a restore of backup %q into target %q is still running; wait for it with `kubectl etcdbackup restore %s --target %s --wait` after it ends, or follow `kubectl -n %s get jobs -l app.kubernetes.io/component=restore-agent`",
+			name, t.Name, name, t.Name, s.agents.RestoreNamespace(*t))
+	}
+	if apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+		return 0, status.Errorf(codes.FailedPrecondition,
+			"start restore agents for %q in namespace %s: %v; that namespace must exist with a ServiceAccount %s and a Role letting the server manage Jobs there (manifests/restore-namespace/ for hostPath members, the Role documented in manifests/server.yaml for claims)",
+			name, s.agents.RestoreNamespace(*t), err, config.DefaultServiceAccount)
+	}
+	if err != nil {
+		return 0, status.Errorf(codes.Internal, "start restore agents for %q: %v", name, err)
+	}
+	return len(created), nil
+}
+
+// GetRestore implements ebv1.BackupServiceServer.
+func (s *Service) GetRestore(ctx context.Context, req *ebv1.GetRestoreRequest) (*ebv1.GetRestoreResponse, error) {
+	if err := validateName("backup", req.GetName()); err != nil {
+		return nil, err
+	}
+	t, err := s.restoreTarget(req.GetTarget())
+	if err != nil {
+		return nil, err
+	}
+	locName, _, err := s.location(req.GetLocation())
+	if err != nil {
+		return nil, err
+	}
+	runs, err := s.agents.ListRestores(ctx, locName, req.GetName(), *t)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list restore agents: %v", err)
+	}
+	if len(runs) == 0 {
+		return nil, status.Errorf(codes.NotFound,
+			"no restore of backup %q from location %q into target %q: it was never started, or its Jobs were cleaned up (finished Jobs are kept for a day)", req.GetName(), locName, t.Name)
+	}
+	plan := s.plan(t, locName, req.GetName())
+	for _, p := range plan {
+		r, ok := runs[p.GetMember()]
+		if !ok {
+			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_FAILED
+			p.Message = "no restore Job for this member (deleted?); start the restore again"
+			continue
+		}
+		switch r.Phase {
+		case jobs.PhaseRunning:
+			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_RUNNING
+		case jobs.PhaseSucceeded:
+			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED
+		case jobs.PhaseFailed:
+			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_FAILED
+		}
+		p.Message = r.Message
+		// What the member's Job was started with (its annotation).
+		p.BumpRevision, p.MarkCompacted = r.BumpRevision, r.BumpRevision > 0
+	}
+	return &ebv1.GetRestoreResponse{Members: plan}, nil
+}

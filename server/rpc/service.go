@@ -1,0 +1,187 @@
+// Package rpc is the data server's request layer: the handlers of the
+// etcdbackup.v1 services, which validate each request, resolve its
+// storage location and etcd target, enforce limits and integrity (sizes
+// and SHA-256) and answer with status codes a client can act on.
+// Requests reach storage only through storage.Location.
+package rpc
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
+)
+
+const (
+	// MaxChunkBytes is the largest chunk accepted or sent on a stream. It
+	// bounds the memory a stream holds, whatever the backup's size.
+	MaxChunkBytes = 1 << 20
+	// MaxNameLength keeps NAME.json within the 255-byte file-name limit of
+	// common file systems; S3 keys allow more, names must work everywhere.
+	MaxNameLength = 200
+	// downloadChunkBytes is what the server sends per message: just under
+	// gRPC's 1 MiB pooled buffer size, so each message takes one buffer
+	// (a 256 KiB message would take, and zero, a 1 MiB buffer anyway).
+	downloadChunkBytes = 1<<20 - 64
+)
+
+// Config is what a Service needs. server.New checks it (location names,
+// targets, limits) before it builds one.
+type Config struct {
+	// Locations in order; the first is the default. At least one.
+	Locations []locations.Named
+	// Logger nil logs nothing; Now nil is time.Now.
+	Logger  *slog.Logger
+	Now     func() time.Time
+	Metrics *metrics.Metrics
+	// Targets are the etcd clusters CreateBackup can back up; the first
+	// is the default.
+	Targets []config.Target
+	// Agents launches backup and restore agents; nil refuses both.
+	Agents *jobs.Launcher
+	// ScratchDir holds temporary files of VerifyBackup; "" is os.TempDir().
+	ScratchDir string
+	// Limits, with their defaults (config.Limits.WithDefaults).
+	Limits config.Limits
+	// InUse and Pruner are retention's, shared with the controller.
+	InUse  *retention.InUse
+	Pruner *retention.Pruner
+}
+
+// Service implements the etcdbackup.v1 services.
+type Service struct {
+	ebv1.UnimplementedInfoServiceServer
+	ebv1.UnimplementedBackupServiceServer
+
+	locations map[string]storage.Location
+	order     []string
+	log       *slog.Logger
+	now       func() time.Time
+	metrics   *metrics.Metrics
+
+	targets    []config.Target
+	agents     *jobs.Launcher
+	scratchDir string
+	limits     config.Limits
+
+	uploads claims
+	inUse   *retention.InUse
+	pruner  *retention.Pruner
+}
+
+// New returns the Service cfg describes.
+func New(cfg Config) *Service {
+	s := &Service{
+		locations:  map[string]storage.Location{},
+		log:        cfg.Logger,
+		now:        cfg.Now,
+		metrics:    cfg.Metrics,
+		targets:    cfg.Targets,
+		agents:     cfg.Agents,
+		scratchDir: cfg.ScratchDir,
+		limits:     cfg.Limits,
+		uploads:    claims{inflight: map[string]bool{}, perLocation: map[string]int{}},
+		inUse:      cfg.InUse,
+		pruner:     cfg.Pruner,
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	for _, l := range cfg.Locations {
+		s.locations[l.Name] = l.Location
+		s.order = append(s.order, l.Name)
+	}
+	return s
+}
+
+// Register adds the etcdbackup.v1 services to g, which must have
+// ServerOptions (downloads need its codec).
+func (s *Service) Register(g *grpc.Server) {
+	ebv1.RegisterInfoServiceServer(g, s)
+	ebv1.RegisterBackupServiceServer(g, s)
+}
+
+// location resolves a request's location name ("" is the default).
+func (s *Service) location(name string) (string, storage.Location, error) {
+	if name == "" {
+		name = s.order[0]
+	}
+	l, ok := s.locations[name]
+	if !ok {
+		return "", nil, status.Errorf(codes.NotFound,
+			"storage location %q does not exist on this server; it has %v (see `kubectl etcdbackup version`)", name, s.order)
+	}
+	if err := unavailable(name, l); err != nil {
+		return "", nil, ebv1.LocationUnavailableError(name, err.Error())
+	}
+	return name, l, nil
+}
+
+// unavailable is the UnavailableError of a location that cannot be used
+// now, or nil.
+func unavailable(name string, l storage.Location) error {
+	since, err := locations.Status(l)
+	if err == nil {
+		return nil
+	}
+	return &locations.UnavailableError{Location: name, Since: since, Err: err}
+}
+
+// target resolves a request's target name ("" is the default).
+func (s *Service) target(name string) (*config.Target, error) {
+	if len(s.targets) == 0 {
+		return nil, status.Error(codes.FailedPrecondition,
+			"this server has no etcd targets configured; add one under `targets:` in its config file")
+	}
+	if name == "" {
+		return &s.targets[0], nil
+	}
+	var names []string
+	for i := range s.targets {
+		if s.targets[i].Name == name {
+			return &s.targets[i], nil
+		}
+		names = append(names, s.targets[i].Name)
+	}
+	return nil, status.Errorf(codes.NotFound, "etcd target %q is not configured on this server; it has %v (see `kubectl etcdbackup version`)", name, names)
+}
+
+// caller names who made a call, for the log: the user strict mode
+// authenticated, the agent's Job, or "port-forward" (PortForward mode
+// knows only that the caller could port-forward).
+func caller(ctx context.Context) string {
+	if u, ok := auth.UserFrom(ctx); ok {
+		return "user " + u.Username
+	}
+	if a, ok := auth.AgentFrom(ctx); ok {
+		return a.String()
+	}
+	return "port-forward"
+}
+
+// agentMay holds an agent to the one backup its Job was created for.
+func agentMay(a *auth.Agent, kind, verb, name, location string) error {
+	if a.Kind != kind {
+		return status.Errorf(codes.PermissionDenied, "%s may not %s: only %s agents may", a, verb, kind)
+	}
+	if a.Backup != name || a.Location != location {
+		return status.Errorf(codes.PermissionDenied,
+			"%s may %s only backup %q in location %q, not %q in location %q", a, verb, a.Backup, a.Location, name, location)
+	}
+	return nil
+}

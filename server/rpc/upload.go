@@ -1,0 +1,369 @@
+package rpc
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+)
+
+// UploadBackup implements ebv1.BackupServiceServer in three steps: admit
+// the upload (its header, the caller's right to it, its name and its
+// slot in the location), receive its data into the location, hashing it
+// on the way, and commit it if everything declared matches what arrived.
+// Nothing is stored otherwise.
+func (s *Service) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (err error) {
+	ctx := stream.Context()
+	start := s.now()
+	recv := s.receiver(stream)
+	u, err := s.admitUpload(ctx, recv)
+	if err != nil {
+		return err
+	}
+	defer u.release()
+	defer func() { s.metrics.ObserveTransfer("upload", start, err) }()
+	s.metrics.InFlight.WithLabelValues("upload").Inc()
+	defer s.metrics.InFlight.WithLabelValues("upload").Dec()
+
+	up, err := u.loc.Create(ctx, u.name())
+	if err != nil {
+		return s.metrics.StorageError("upload", u.locName, u.name(), err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			if aerr := up.Abort(); aerr != nil {
+				s.log.Error("discarding failed upload", "location", u.locName, "backup", u.name(), "error", aerr)
+			}
+		}
+	}()
+	r, err := s.receiveUpload(ctx, u, recv, up)
+	if err != nil {
+		return err
+	}
+	m, err := s.commitUpload(ctx, u, r, up)
+	if err != nil {
+		return err
+	}
+	committed = true
+	s.log.Info("backup stored", "location", u.locName, "backup", m.Name, "bytes", r.size, "sha256", r.digest, "caller", caller(ctx),
+		"seconds", s.now().Sub(start).Seconds())
+	return stream.SendAndClose(&ebv1.UploadBackupResponse{Backup: backupFromManifest(u.locName, m)})
+}
+
+// upload is an admitted upload: its header, who sends it, and where it
+// goes.
+type upload struct {
+	header *ebv1.UploadHeader
+	// kind is the stored source kind: storage.SourceAgent only for an
+	// authenticated agent.
+	kind string
+	// agent is the authenticated agent sending it, or nil.
+	agent   *auth.Agent
+	locName string
+	loc     storage.Location
+	// release frees the upload's name and its slot in the location.
+	release func()
+}
+
+func (u *upload) name() string { return u.header.GetName() }
+
+// admitUpload receives and checks the header, holds an agent to its own
+// backup, and claims the name and a slot of limits.uploadsPerLocation.
+func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBackupRequest, error)) (*upload, error) {
+	first, err := recv()
+	if errors.Is(err, errIdle) {
+		return nil, status.Errorf(codes.DeadlineExceeded, "upload: no header arrived within %s (limits.uploadIdleTimeout)", s.limits.UploadIdleTimeout.Duration)
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "upload: no header received: %v", err)
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return nil, status.Error(codes.InvalidArgument, "upload: the first message must be the header naming the backup")
+	}
+	u := &upload{header: h}
+	if u.kind, err = validateUploadHeader(h, s.limits); err != nil {
+		return nil, err
+	}
+	if u.locName, u.loc, err = s.location(h.GetLocation()); err != nil {
+		return nil, err
+	}
+	if agent, ok := auth.AgentFrom(ctx); ok {
+		if err := agentMay(agent, auth.AgentBackup, "upload", h.GetName(), u.locName); err != nil {
+			return nil, err
+		}
+		u.agent = agent
+	} else if u.kind == storage.SourceAgent {
+		// Only an authenticated agent's backup is an agent's: a user
+		// cannot make an upload look like one.
+		u.kind = storage.SourceUpload
+	}
+	if u.release, err = s.claim(u.locName, h.GetName()); err != nil {
+		return nil, err
+	}
+	return u, nil
+}
+
+// received is what arrived after an upload's header.
+type received struct {
+	size int64
+	// digest is the data's SHA-256; digestErr says why there is none (a
+	// plain upload that fails etcd's trailer check).
+	digest    string
+	digestErr error
+	// head is the first bytes, to check that data declared encrypted is
+	// an age file.
+	head    []byte
+	trailer *ebv1.UploadTrailer
+}
+
+// receiveUpload writes the chunks that follow the header to up, hashing
+// them as they pass, until the client closes its side; it refuses
+// messages out of order, oversized chunks and more data than declared.
+func (s *Service) receiveUpload(ctx context.Context, u *upload, recv func() (*ebv1.UploadBackupRequest, error), up storage.Upload) (*received, error) {
+	sum, digestOf := uploadHash(u.header)
+	w := io.MultiWriter(up, sum)
+	r := &received{head: make([]byte, 0, len(crypt.Magic))}
+	for {
+		msg, err := recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, s.uploadBroken(ctx, u, r.size, err)
+		}
+		if err := r.take(msg, u.header); err != nil {
+			return nil, err
+		}
+		if msg.GetTrailer() != nil {
+			continue
+		}
+		chunk := msg.GetChunk()
+		if _, err := w.Write(chunk); err != nil {
+			return nil, s.metrics.StorageError("upload", u.locName, u.name(), err)
+		}
+		s.metrics.BytesIn.Add(float64(len(chunk)))
+		// Stored and hashed: nothing holds the bytes any more.
+		releaseUploadChunk(chunk)
+	}
+	r.digest, r.digestErr = digestOf()
+	return r, nil
+}
+
+// uploadHash is what hashes an upload's data as it arrives. A snapshot
+// stored as is carries etcd's own SHA-256 in its last 32 bytes: the
+// server checks that, with the same single hash pass that gives what it
+// stores, so an agent need not hash at all, what is stored is what etcd
+// wrote, and no upload stores a file that is not a snapshot. Compressed
+// or encrypted data is hashed plainly: its sender checked the trailer
+// before transforming it.
+func uploadHash(h *ebv1.UploadHeader) (sum io.Writer, digestOf func() (string, error)) {
+	if h.GetCompression() == ebv1.CompressionNone && h.GetEncryption() == ebv1.EncryptionNone {
+		check := snapshot.NewTrailerCheck()
+		return check, check.Finish
+	}
+	plain := sha256.New()
+	return plain, func() (string, error) { return hex.EncodeToString(plain.Sum(nil)), nil }
+}
+
+// uploadBroken is the error of an upload whose stream ended before the
+// client closed it: idle too long, cancelled, or broken.
+func (s *Service) uploadBroken(ctx context.Context, u *upload, size int64, err error) error {
+	if errors.Is(err, errIdle) {
+		s.log.Warn("upload aborted: the client sent nothing", "location", u.locName, "backup", u.name(), "received", size,
+			"idle", s.limits.UploadIdleTimeout.Duration, "caller", caller(ctx))
+		return status.Errorf(codes.DeadlineExceeded,
+			"upload of %q: nothing arrived for %s (limits.uploadIdleTimeout) after %d bytes; the upload was aborted and nothing was stored",
+			u.name(), s.limits.UploadIdleTimeout.Duration, size)
+	}
+	s.log.Warn("upload interrupted", "location", u.locName, "backup", u.name(), "received", size, "error", err)
+	if ctx.Err() != nil {
+		return status.Errorf(codes.Canceled, "upload of %q cancelled after %d bytes; nothing was stored", u.name(), size)
+	}
+	return err
+}
+
+// take checks a message after the header against the upload's rules —
+// chunks, then at most one trailer, last; no second header; a chunk at
+// most MaxChunkBytes and never more data than declared — and records
+// it: a trailer, or a chunk's size and first bytes.
+func (r *received) take(msg *ebv1.UploadBackupRequest, h *ebv1.UploadHeader) error {
+	if r.trailer != nil {
+		return status.Error(codes.InvalidArgument, "upload: a message arrived after the trailer; the trailer must be last")
+	}
+	if msg.GetHeader() != nil {
+		return status.Error(codes.InvalidArgument, "upload: a second header arrived; only the first message is a header")
+	}
+	if t := msg.GetTrailer(); t != nil {
+		if err := validateTrailer(t); err != nil {
+			return err
+		}
+		r.trailer = t
+		return nil
+	}
+	chunk := msg.GetChunk()
+	if len(chunk) > MaxChunkBytes {
+		return status.Errorf(codes.InvalidArgument, "upload: chunk of %d bytes exceeds the %d-byte limit", len(chunk), MaxChunkBytes)
+	}
+	r.size += int64(len(chunk))
+	if len(r.head) < cap(r.head) {
+		r.head = append(r.head, chunk[:min(len(chunk), cap(r.head)-len(r.head))]...)
+	}
+	if h.ExpectedSize != nil && r.size > h.GetExpectedSize() {
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: more than the declared %d bytes arrived; nothing was stored", h.GetName(), h.GetExpectedSize())
+	}
+	return nil
+}
+
+// commitUpload checks what arrived against what was declared and
+// commits the backup's manifest, which makes it exist.
+func (s *Service) commitUpload(ctx context.Context, u *upload, r *received, up storage.Upload) (*storage.Manifest, error) {
+	if err := s.checkReceived(ctx, u, r); err != nil {
+		return nil, err
+	}
+	m := manifestFromHeader(u.header, u.kind, r.size, r.digest, s.now().UTC())
+	if a := u.agent; a != nil {
+		// The source is what the server knows, not what the agent says.
+		m.Source.Kind, m.Source.Description, m.Source.Target = storage.SourceAgent, "job "+a.JobNamespace+"/"+a.JobName, a.Target
+	}
+	if r.trailer.GetRawSha256() != "" && (m.Compression != "" || m.Encryption != "") {
+		m.RawSize, m.RawSHA256 = r.trailer.GetRawSize(), r.trailer.GetRawSha256()
+	}
+	withSnapshotStatus(m, r.trailer.GetEtcd())
+	if err := up.Commit(ctx, m); err != nil {
+		return nil, s.metrics.StorageError("upload", u.locName, u.name(), err)
+	}
+	return m, nil
+}
+
+// checkReceived holds what arrived to what was declared: a whole etcd
+// snapshot when stored as is (etcd's trailer), the header's size and
+// SHA-256, the trailer's size and SHA-256, and an age header when
+// declared encrypted. Each mismatch is DataLoss (InvalidArgument for the
+// age header).
+func (s *Service) checkReceived(ctx context.Context, u *upload, r *received) error {
+	h, name := u.header, u.name()
+	if r.digestErr != nil {
+		s.log.Warn("snapshot refused", "location", u.locName, "backup", name, "source", u.kind, "received", r.size, "error", r.digestErr, "caller", caller(ctx))
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: the data is not a whole etcd snapshot: it fails etcd's own check (%v); nothing was stored. Upload the file `etcdutl snapshot save` or `kubectl etcdbackup download` wrote", name, r.digestErr)
+	}
+	if h.ExpectedSize != nil && r.size != h.GetExpectedSize() {
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: %d bytes arrived but %d were declared; nothing was stored, upload again", name, r.size, h.GetExpectedSize())
+	}
+	if want := h.GetExpectedSha256(); want != "" && want != r.digest {
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: the data that arrived has SHA-256 %s but %s was declared; nothing was stored, upload again", name, r.digest, want)
+	}
+	if t := r.trailer; t != nil && (t.GetSize() != r.size || (t.GetSha256() != "" && t.GetSha256() != r.digest)) {
+		return status.Errorf(codes.DataLoss,
+			"upload of %q: the client sent %d bytes with SHA-256 %s but %d bytes with SHA-256 %s arrived; nothing was stored, upload again",
+			name, t.GetSize(), t.GetSha256(), r.size, r.digest)
+	}
+	if h.GetEncryption() == ebv1.EncryptionAge && !bytes.Equal(r.head, crypt.Magic) {
+		return status.Errorf(codes.InvalidArgument,
+			"upload of %q: declared age-encrypted, but the data does not start with an age header; nothing was stored", name)
+	}
+	return nil
+}
+
+// errIdle is what a receiver returns when the client sent nothing for
+// limits.uploadIdleTimeout.
+var errIdle = errors.New("upload idle")
+
+// receiver returns stream.Recv bounded by limits.uploadIdleTimeout, so an
+// upload that stops sending does not keep its name claimed, its slot of
+// limits.uploadsPerLocation and its buffers forever. Each Recv runs on a
+// goroutine owned by the handler that called it; when that gives up
+// waiting and returns, gRPC cancels the stream, which ends the Recv, and
+// the goroutine with it. The timer runs only while the handler waits, so
+// a slow storage write never counts as the client's idleness.
+//
+// It receives one message ahead: the next chunk is decoded while the
+// handler hashes and stores this one. After an error or io.EOF nothing
+// more is received, so SendAndClose never runs beside a Recv.
+func (s *Service) receiver(stream ebv1.BackupService_UploadBackupServer) func() (*ebv1.UploadBackupRequest, error) {
+	type result struct {
+		msg *ebv1.UploadBackupRequest
+		err error
+	}
+	start := func() chan result {
+		c := make(chan result, 1)
+		go func() {
+			m, err := stream.Recv()
+			c <- result{m, err}
+		}()
+		return c
+	}
+	var next chan result
+	return func() (*ebv1.UploadBackupRequest, error) {
+		if next == nil {
+			next = start()
+		}
+		t := time.NewTimer(s.limits.UploadIdleTimeout.Duration)
+		defer t.Stop()
+		select {
+		case r := <-next:
+			next = nil
+			if r.err == nil {
+				next = start()
+			}
+			return r.msg, r.err
+		case <-t.C:
+			return nil, errIdle
+		}
+	}
+}
+
+// claims are the uploads in progress: a second upload of one name is
+// refused at once, instead of after its data arrived, and each location
+// takes at most limits.uploadsPerLocation.
+type claims struct {
+	mu          sync.Mutex
+	inflight    map[string]bool // "location/name"
+	perLocation map[string]int
+}
+
+// claim marks an upload of name in loc as in progress, so a second upload
+// of the same name is refused at once instead of after its data arrived,
+// and counts it against limits.uploadsPerLocation.
+func (s *Service) claim(loc, name string) (release func(), err error) {
+	c := &s.uploads
+	key := loc + "/" + name
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inflight[key] {
+		return nil, status.Errorf(codes.AlreadyExists,
+			"an upload of backup %q to location %q is already in progress; backups are immutable, choose another name", name, loc)
+	}
+	if n := c.perLocation[loc]; n >= s.limits.UploadsPerLocation {
+		return nil, status.Errorf(codes.ResourceExhausted,
+			"%d uploads to location %q are in progress, the most this server allows (limits.uploadsPerLocation); try again when one has finished", n, loc)
+	}
+	c.inflight[key] = true
+	c.perLocation[loc]++
+	return func() {
+		c.mu.Lock()
+		delete(c.inflight, key)
+		if c.perLocation[loc]--; c.perLocation[loc] == 0 {
+			delete(c.perLocation, loc)
+		}
+		c.mu.Unlock()
+	}, nil
+}
