@@ -271,6 +271,7 @@ func TestRestoreJobRefusedByTheAPIIsFailed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	w.synced(t)
 	r, err := w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
 	if err != nil {
 		t.Fatal(err)
@@ -293,6 +294,7 @@ func TestRestoreJobRefusedByTheAPIIsFailed(t *testing.T) {
 	if _, err := w.client.BatchV1().Jobs("app").UpdateStatus(ctx, &refused, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	w.synced(t)
 	r, err = w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
 	if err != nil {
 		t.Fatal(err)

@@ -55,6 +55,9 @@ func (sw *schedWorld) restart() {
 	if err != nil {
 		sw.t.Fatal(err)
 	}
+	if err := l.Start(sw.t.Context(), []config.Target{sw.target}); err != nil {
+		sw.t.Fatal(err)
+	}
 	sw.srv, err = New(Config{
 		Locations:  []NamedLocation{{Name: "default", Location: sw.loc}},
 		Targets:    []config.Target{sw.target},
@@ -138,9 +141,19 @@ func (sw *schedWorld) finish(backup string, ok bool) {
 		if _, err := sw.cs.BatchV1().Jobs(testNS).UpdateStatus(context.Background(), &j, metav1.UpdateOptions{}); err != nil {
 			sw.t.Fatal(err)
 		}
+		sw.synced()
 		return
 	}
 	sw.t.Fatalf("no job of backup %q", backup)
+}
+
+// synced waits until the server's agent caches hold what the test
+// changed through the fake clientset.
+func (sw *schedWorld) synced() {
+	sw.t.Helper()
+	if err := sw.srv.agents.Sync(sw.t.Context()); err != nil {
+		sw.t.Fatal(err)
+	}
 }
 
 func (sw *schedWorld) stored() []string {
@@ -410,6 +423,7 @@ func TestPruneBackups(t *testing.T) {
 	if _, err := sw.cs.BatchV1().Jobs(testNS).Create(ctx, restore, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	sw.synced()
 	resp, err = sw.srv.PruneBackups(ctx, &ebv1.PruneBackupsRequest{Target: "cp"})
 	if err != nil {
 		t.Fatal(err)
@@ -427,6 +441,7 @@ func TestPruneBackups(t *testing.T) {
 	if err := sw.cs.BatchV1().Jobs(testNS).Delete(ctx, "restore-x", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	sw.synced()
 	if _, err := sw.srv.PruneBackups(ctx, &ebv1.PruneBackupsRequest{Target: "cp", IncludeUnscheduled: true}); err != nil {
 		t.Fatal(err)
 	}

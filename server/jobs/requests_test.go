@@ -1,7 +1,6 @@
 package jobs_test
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"sort"
@@ -40,18 +39,15 @@ var restoreTargets = []config.Target{
 // and returns the backups' names by phase.
 func history(t testing.TB, cs *fake.Clientset) map[jobs.Phase][]string {
 	t.Helper()
-	// Build the Jobs as StartBackup does, on a Launcher of its own.
-	builder, err := jobs.New(fake.NewClientset(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "etcd-client"}}), ns, config.Agents{Image: "agent:dev"})
+	// The Jobs StartBackup would create, from a Launcher of their own.
+	builder, err := jobs.New(fake.NewClientset(), ns, config.Agents{Image: "agent:dev"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := map[jobs.Phase][]string{}
 	for i := range historyJobs {
 		name := fmt.Sprintf("cp-%04d", i)
-		j, err := builder.StartBackup(context.Background(), jobs.BackupSpec{Name: name, Location: "default", Target: target})
-		if err != nil {
-			t.Fatal(err)
-		}
+		j := builder.BackupJobFor(jobs.BackupSpec{Name: name, Location: "default", Target: target})
 		j.CreationTimestamp = metav1.Unix(int64(1_800_000_000+60*i), 0)
 		pod := func(state corev1.ContainerState) {
 			p := &corev1.Pod{
@@ -114,9 +110,16 @@ func requests(cs *fake.Clientset) (int, string) {
 
 // TestRequestsPerRead counts the API requests of the Launcher's reads
 // over the Jobs of 500 backups: a List (every scheduler round, every
-// ListBackups, GetBackup and Download), a scheduler-like round (List,
+// ListBackups, every GetBackup and Download of a backup not stored, as
+// each poll of `backup --wait`), a scheduler-like round (List,
 // then RunningRestores for each of 10 backups retention removes, as
-// prune asks before each removal) and describe's Events.
+// prune asks before each removal), describe's Events, ListRestores and
+// Logs. Before the informers (commit 9edc694, reading the API) they were:
+// List 56 (1 list jobs, 50 list pods: one per failed Job, 5 list events:
+// one per Job without a pod), the round 76 (21 list jobs), Events 4,
+// ListRestores 1, Logs 3. Now the caches answer: Start lists and watches
+// jobs, pods and events once per namespace, then every read is free but
+// the log itself.
 func TestRequestsPerRead(t *testing.T) {
 	cs := fake.NewClientset()
 	byPhase := history(t, cs)
@@ -124,10 +127,25 @@ func TestRequestsPerRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
+	ctx := t.Context()
+	if err := l.Start(ctx, restoreTargets); err != nil {
+		t.Fatal(err)
+	}
+	// 3 namespaces (the server's, app, etcdbackup-restore) × 3 resources.
 	n, what := requests(cs)
-	t.Logf("start: %d requests (%s)", n, what)
+	t.Logf("Start: %d requests (%s)", n, what)
+	if want := "3 list events, 3 list jobs, 3 list pods, 3 watch events, 3 watch jobs, 3 watch pods"; what != want {
+		t.Errorf("Start: %s, want %s", what, want)
+	}
 
+	check := func(what string, want int) {
+		t.Helper()
+		n, which := requests(cs)
+		t.Logf("%s: %d requests (%s)", what, n, which)
+		if n != want {
+			t.Errorf("%s: %d requests (%s), want %d", what, n, which, want)
+		}
+	}
 	runs, err := l.List(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -135,8 +153,16 @@ func TestRequestsPerRead(t *testing.T) {
 	if len(runs) != historyJobs {
 		t.Fatalf("%d runs, want %d", len(runs), historyJobs)
 	}
-	n, what = requests(cs)
-	t.Logf("List of %d backups' Jobs: %d requests (%s)", historyJobs, n, what)
+	failed := 0
+	for _, r := range runs {
+		if r.Phase == jobs.PhaseFailed && r.Message == "agent exited with code 1: etcd refused" {
+			failed++
+		}
+	}
+	if failed != historyFailed {
+		t.Errorf("%d failed runs with their agent's last words, want %d", failed, historyFailed)
+	}
+	check(fmt.Sprintf("List of %d backups' Jobs", historyJobs), 0)
 
 	if _, err := l.List(ctx); err != nil {
 		t.Fatal(err)
@@ -146,24 +172,20 @@ func TestRequestsPerRead(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	n, what = requests(cs)
-	t.Logf("scheduler-like round: %d requests (%s)", n, what)
+	check("scheduler-like round", 0)
 
 	if _, _, err := l.Events(ctx, "default", byPhase[jobs.PhaseFailed][0]); err != nil {
 		t.Fatal(err)
 	}
-	n, what = requests(cs)
-	t.Logf("Events of a failed run: %d requests (%s)", n, what)
+	check("Events of a failed run", 0)
 
 	if _, err := l.ListRestores(ctx, "default", byPhase[jobs.PhaseFailed][0], restoreTarget); err != nil {
 		t.Fatal(err)
 	}
-	n, what = requests(cs)
-	t.Logf("ListRestores: %d requests (%s)", n, what)
+	check("ListRestores", 0)
 
 	if err := l.Logs(ctx, "default", byPhase[jobs.PhaseFailed][0], false, io.Discard); err != nil {
 		t.Fatal(err)
 	}
-	n, what = requests(cs)
-	t.Logf("Logs: %d requests (%s)", n, what)
+	check("Logs (the log itself)", 1)
 }
