@@ -31,8 +31,8 @@ import (
 // of the Jobs of 500 backups, the phase of each, describe's events and a
 // scheduler round cost no API request once the caches are filled. Writes
 // (create, delete, patch), pod logs and the checks that decide a write
-// (StartBackup's and StartRestore's "is one running") go
-// to the API.
+// (StartBackup's and StartRestore's "is one running", ForgetBackup's "has
+// it finished") go to the API.
 //
 // What is held: Jobs and pods labelled managed-by=etcdbackup-server
 // (label-selected by the API server), and of the namespace's events only
@@ -361,7 +361,7 @@ const ownWriteWait = 10 * time.Second
 
 // await waits until the Job cache of namespace ns shows a write of the
 // Launcher (done), so that a read right after it — the scheduler's next
-// round after StartBackup, RunningRestores after StartRestore — sees it. It
+// round after StartBackup, a listing after ForgetBackup — sees it. It
 // gives up after ownWriteWait or when ctx ends, silently: the write
 // itself succeeded. Without caches (not started, or ns not watched)
 // there is nothing to wait for.

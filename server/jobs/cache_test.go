@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +19,15 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 )
+
+func finish(t *testing.T, cs *fake.Clientset, job *batchv1.Job) {
+	t.Helper()
+	job.Status.Succeeded = 1
+	job.Status.Conditions = []batchv1.JobCondition{{Type: batchv1.JobComplete, Status: corev1.ConditionTrue}}
+	if _, err := cs.BatchV1().Jobs(job.Namespace).UpdateStatus(context.Background(), job, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
 
 func runNames(t *testing.T, l *jobs.Launcher) map[string]jobs.Run {
 	t.Helper()
@@ -59,6 +69,88 @@ func TestReadsSeeOwnWrites(t *testing.T) {
 	running, err := l.RunningRestores(ctx, "default", "b1", restoreTargets)
 	if err != nil || len(running) != 1 || running[0] != created[0].Namespace+"/"+created[0].Name {
 		t.Fatalf("running restores right after StartRestore: %v, %v", running, err)
+	}
+}
+
+// A backup removed from storage does not come back from its Job: a
+// finished Job, succeeded or failed, is deleted; a running one is left
+// running, and left out of List once it has finished. A new backup of
+// the same name is listed again.
+func TestForgetBackup(t *testing.T) {
+	l, cs := newLauncher(t, config.Agents{})
+	ctx := context.Background()
+	start := func(name string) *batchv1.Job {
+		t.Helper()
+		j, err := l.StartBackup(ctx, jobs.BackupSpec{Name: name, Location: "default", Target: target})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j
+	}
+	done, failed, running := start("done"), start("failed"), start("running")
+	finish(t, cs, done)
+	setFailed(t, cs, failed)
+	running.Status.Active = 1
+	if _, err := cs.BatchV1().Jobs(ns).UpdateStatus(ctx, running, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	synced(t, l)
+	if runs := runNames(t, l); len(runs) != 3 {
+		t.Fatalf("runs %+v", runs)
+	}
+
+	for _, name := range []string{"done", "failed", "running"} {
+		if err := l.ForgetBackup(ctx, "default", name); err != nil {
+			t.Fatalf("forget %s: %v", name, err)
+		}
+	}
+	runs := runNames(t, l)
+	if _, ok := runs["done"]; ok {
+		t.Errorf("the finished Job of a forgotten backup is listed: %+v", runs["done"])
+	}
+	if _, ok := runs["failed"]; ok {
+		t.Errorf("the failed Job of a forgotten backup is listed: %+v", runs["failed"])
+	}
+	if r := runs["running"]; r.Phase != jobs.PhaseRunning {
+		t.Errorf("the running agent of a forgotten backup: %+v, want it listed Running", r)
+	}
+	for _, j := range []*batchv1.Job{done, failed} {
+		if _, err := cs.BatchV1().Jobs(ns).Get(ctx, j.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("job %s of a forgotten backup: %v, want it deleted", j.Name, err)
+		}
+	}
+	still, err := cs.BatchV1().Jobs(ns).Get(ctx, running.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the running agent's Job was deleted: %v", err)
+	}
+	if still.DeletionTimestamp != nil || still.Status.Active != 1 || still.Annotations[jobs.AnnotationForgotten] != "true" {
+		t.Errorf("running Job: deletion %v, active %d, annotations %v", still.DeletionTimestamp, still.Status.Active, still.Annotations)
+	}
+
+	// The agent had stored the backup just before it was removed, and
+	// now ends: its Job stays out of the listing.
+	finish(t, cs, still)
+	synced(t, l)
+	if r, ok := runNames(t, l)["running"]; ok {
+		t.Errorf("the forgotten backup came back from its finished Job: %+v", r)
+	}
+	if _, err := cs.BatchV1().Jobs(ns).Get(ctx, running.Name, metav1.GetOptions{}); err != nil {
+		t.Errorf("the Job of the forgotten run is gone (its log too): %v", err)
+	}
+
+	// A new backup of a forgotten name is a new run.
+	start("done")
+	if r := runNames(t, l)["done"]; r.Phase != jobs.PhaseRunning {
+		t.Errorf("new backup of a forgotten name: %+v", r)
+	}
+
+	// Nothing to forget: not even a request.
+	cs.ClearActions()
+	if err := l.ForgetBackup(ctx, "default", "never-ran"); err != nil {
+		t.Fatal(err)
+	}
+	if a := cs.Actions(); len(a) != 0 {
+		t.Errorf("forgetting a backup without a Job made requests: %v", a)
 	}
 }
 

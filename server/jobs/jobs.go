@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -50,6 +51,10 @@ const (
 	// counted in its metrics, so a restarted server does not count it
 	// again.
 	AnnotationCounted = "etcdbackup.io/counted"
+	// AnnotationForgotten marks the Job of a backup removed from storage
+	// while its agent still ran (ForgetBackup): once it finishes, List
+	// leaves it out.
+	AnnotationForgotten = "etcdbackup.io/forgotten"
 
 	// ComponentBackup and ComponentRestore are LabelComponent's values.
 	ComponentBackup  = "backup-agent"
@@ -408,7 +413,8 @@ type Run struct {
 var backupSelector = labels.SelectorFromSet(labels.Set{LabelComponent: componentBackup, LabelManagedBy: managedBy})
 
 // List returns the runs of every backup agent Job in the namespace, by
-// Job name, from the cache. A Job being deleted is left out.
+// Job name, from the cache. A Job being deleted is left out, and so is a
+// finished Job whose backup was forgotten (ForgetBackup).
 func (l *Launcher) List(ctx context.Context) ([]Run, error) {
 	nc, err := l.watched(l.namespace)
 	if err != nil {
@@ -424,6 +430,9 @@ func (l *Launcher) List(ctx context.Context) ([]Run, error) {
 			continue
 		}
 		phase, msg := l.phase(j)
+		if phase != PhaseRunning && j.Annotations[AnnotationForgotten] == "true" {
+			continue
+		}
 		runs = append(runs, Run{
 			Name: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation], Target: j.Annotations[AnnotationTarget],
 			Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, JobName: j.Name,
@@ -456,6 +465,77 @@ func (l *Launcher) MarkCounted(ctx context.Context, jobName string) error {
 		return fmt.Errorf("mark job %s counted: %w", jobName, err)
 	}
 	l.await(ctx, l.namespace, jobName, func(j *batchv1.Job) bool { return j == nil || j.Annotations[AnnotationCounted] == "true" })
+	return nil
+}
+
+// ForgetBackup is called once backup (location, name) is removed from
+// storage — deleted, or by retention — so that its agent Job does not
+// bring it back: List shows a finished Job whose backup is not stored as
+// a failed run, and a finished Job outlives its backup by up to
+// ttlAfterFinished. A finished Job is deleted, with its pods (their
+// logs are of a backup that no longer exists). A running one is left
+// to run — deleting it would kill an agent that may be uploading — and
+// annotated (AnnotationForgotten) instead: if its agent stores the
+// backup after all, storage lists it; if the agent had stored it just
+// before the removal and is still exiting, List leaves its Job out once
+// it has finished, as it does a failed one. No Job, nothing to do.
+//
+// Whether the Job runs is asked of the API, not the cache, and the
+// delete or annotation is made on condition that the Job is still that
+// one (its UID): a Job of a new backup of the same name, started
+// meanwhile, is not touched. Without a Job in the cache the API is not
+// asked at all (a Job created since is running).
+func (l *Launcher) ForgetBackup(ctx context.Context, location, name string) error {
+	jobName := backupJobName(location, name)
+	if nc, err := l.watched(l.namespace); err == nil {
+		if j, err := nc.job(jobName); err == nil && j == nil {
+			return nil
+		}
+	}
+	jobs := l.client.BatchV1().Jobs(l.namespace)
+	j, err := jobs.Get(ctx, jobName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get backup job %s: %w", jobName, err)
+	}
+	if j.DeletionTimestamp != nil || j.Annotations[AnnotationBackup] != name || j.Annotations[AnnotationLocation] != location {
+		return nil
+	}
+	if JobPhase(j) == PhaseRunning {
+		meta := map[string]any{"annotations": map[string]string{AnnotationForgotten: "true"}}
+		if j.UID != "" {
+			meta["uid"] = j.UID // a precondition: the API refuses another Job's
+		}
+		patch, err := json.Marshal(map[string]any{"metadata": meta})
+		if err != nil {
+			return err
+		}
+		_, err = jobs.Patch(ctx, jobName, types.MergePatchType, patch, metav1.PatchOptions{})
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("mark job %s of removed backup %q: %w", jobName, name, err)
+		}
+		l.await(ctx, l.namespace, jobName, func(c *batchv1.Job) bool {
+			return c == nil || c.UID != j.UID || c.Annotations[AnnotationForgotten] == "true"
+		})
+		return nil
+	}
+	opts := metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}
+	if j.UID != "" {
+		opts.Preconditions = &metav1.Preconditions{UID: &j.UID}
+	}
+	err = jobs.Delete(ctx, jobName, opts)
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete job %s of removed backup %q: %w", jobName, name, err)
+	}
+	l.await(ctx, l.namespace, jobName, gone(j))
 	return nil
 }
 
