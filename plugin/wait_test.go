@@ -29,9 +29,10 @@ const serverNS = "etcdbackup-system"
 // clientset: the test plays the agents (and the Job controller) by
 // uploading what an agent would and setting the Jobs' status.
 type agentWorld struct {
-	srv  *servertest.Server
-	addr string
-	cs   *fake.Clientset
+	srv    *servertest.Server
+	addr   string
+	cs     *fake.Clientset
+	agents *jobs.Launcher
 }
 
 // newAgentWorld serves locations (default: one, "default") and targets
@@ -56,12 +57,21 @@ func newAgentWorld(t *testing.T, backupTarget string, locations ...string) *agen
 			Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-" + m}},
 		})
 	}
-	srv := servertest.StartWith(t, servertest.Options{
-		Locations: locations,
-		Targets:   []config.Target{{Name: backupTarget, Endpoints: []string{"https://etcd:2379"}, TLSSecret: "etcd-client"}, app},
-		Agents:    l,
-	})
-	return &agentWorld{srv: srv, addr: "--server-address=" + srv.Addr, cs: cs}
+	targets := []config.Target{{Name: backupTarget, Endpoints: []string{"https://etcd:2379"}, TLSSecret: "etcd-client"}, app}
+	if err := l.Start(t.Context(), targets); err != nil {
+		t.Fatal(err)
+	}
+	srv := servertest.StartWith(t, servertest.Options{Locations: locations, Targets: targets, Agents: l})
+	return &agentWorld{srv: srv, addr: "--server-address=" + srv.Addr, cs: cs, agents: l}
+}
+
+// synced waits until the server's agent caches hold what the test
+// changed through the fake clientset.
+func (w *agentWorld) synced(t *testing.T) {
+	t.Helper()
+	if err := w.agents.Sync(t.Context()); err != nil {
+		t.Error(err)
+	}
 }
 
 // jobsOf waits for n Jobs of component in ns working on backup.
@@ -95,8 +105,14 @@ func (w *agentWorld) finish(t *testing.T, j batchv1.Job, ok bool, lastWords stri
 	cond := batchv1.JobCondition{Type: batchv1.JobComplete, Status: corev1.ConditionTrue}
 	if !ok {
 		cond = batchv1.JobCondition{Type: batchv1.JobFailed, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded"}
+		// Labelled as the Job controller labels it: the template's
+		// labels and the Job's name.
+		labels := map[string]string{batchv1.JobNameLabel: j.Name}
+		for k, v := range j.Spec.Template.Labels {
+			labels[k] = v
+		}
 		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: j.Name + "-x", Namespace: j.Namespace, Labels: map[string]string{batchv1.JobNameLabel: j.Name}},
+			ObjectMeta: metav1.ObjectMeta{Name: j.Name + "-x", Namespace: j.Namespace, Labels: labels},
 			Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "agent", State: corev1.ContainerState{
 				Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: lastWords},
 			}}}},
@@ -104,6 +120,8 @@ func (w *agentWorld) finish(t *testing.T, j batchv1.Job, ok bool, lastWords stri
 		if _, err := w.cs.CoreV1().Pods(j.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			t.Error(err)
 		}
+		// The pod's end before the Job's, as the Job controller sees it.
+		w.synced(t)
 	}
 	j.Status.Conditions = append(j.Status.Conditions, cond)
 	if _, err := w.cs.BatchV1().Jobs(j.Namespace).UpdateStatus(ctx, &j, metav1.UpdateOptions{}); err != nil {
@@ -185,6 +203,7 @@ func describeShowsFailure(t *testing.T, w *agentWorld) {
 			t.Fatal(err)
 		}
 	}
+	w.synced(t)
 	r := mustRun(t, w.addr, "describe", "down")
 	for _, re := range []string{
 		`(?m)^Phase:\s+Failed$`,

@@ -109,6 +109,13 @@ func run(args []string) error {
 	if cfg.Agents, err = agents(o, f, kc, log); err != nil {
 		return err
 	}
+	// The agents' Jobs, pods and events are read from informers: fill
+	// them before serving.
+	if cfg.Agents != nil {
+		if err := cfg.Agents.Start(ctx, f.Targets); err != nil {
+			return err
+		}
+	}
 	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, o.namespace, f, cfg.Agents); err != nil {
 		return err
 	}
@@ -287,13 +294,16 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the server needs the Kubernetes API (agents, or authorization of calls): %w", err)
 	}
-	// Every ListBackups reads the location's agent Jobs, and in strict
-	// mode every call is a TokenReview and a SubjectAccessReview: at
-	// client-go's default 5 requests/s (burst 10) a user running `list`
-	// a few times in a row, or a script, waited ~200 ms per call on the
-	// server's own limiter. The API server's priority and fairness
-	// protects it; this only stops the server queueing its own callers.
-	rc.QPS, rc.Burst = 50, 100
+	// Agent Jobs, pods and events come from informers (jobs.Launcher):
+	// reading them costs no request (a List of 500 backups' Jobs took 56
+	// before). What is left is per action: a TokenReview and a
+	// SubjectAccessReview per call in SubjectAccessReview mode, a
+	// TokenReview and two gets per agent call, a create, delete or patch
+	// per agent Job. Twice client-go's default rate (5/s, burst 10) keeps a
+	// script's calls in that mode from queueing on the server's own
+	// limiter; the burst takes start-up's lists and watches (3 each per
+	// namespace agents run in) at once.
+	rc.QPS, rc.Burst = 10, 30
 	return kubernetes.NewForConfig(rc)
 }
 

@@ -40,6 +40,7 @@ type schedWorld struct {
 	srv     *rpc.Service // the handlers, whose StartBackup the controller calls
 	c       *Controller
 	metrics *metrics.Metrics
+	agents  *jobs.Launcher
 	w       *watcher
 }
 
@@ -63,6 +64,10 @@ func (sw *schedWorld) restart() {
 	if err != nil {
 		sw.t.Fatal(err)
 	}
+	if err := l.Start(sw.t.Context(), []config.Target{sw.target}); err != nil {
+		sw.t.Fatal(err)
+	}
+	sw.agents = l
 	if sw.metrics, err = metrics.New(prometheus.NewRegistry()); err != nil {
 		sw.t.Fatal(err)
 	}
@@ -148,9 +153,19 @@ func (sw *schedWorld) finish(backup string, ok bool) {
 		if _, err := sw.cs.BatchV1().Jobs(testNS).UpdateStatus(context.Background(), &j, metav1.UpdateOptions{}); err != nil {
 			sw.t.Fatal(err)
 		}
+		sw.synced()
 		return
 	}
 	sw.t.Fatalf("no job of backup %q", backup)
+}
+
+// synced waits until the server's agent caches hold what the test
+// changed through the fake clientset.
+func (sw *schedWorld) synced() {
+	sw.t.Helper()
+	if err := sw.agents.Sync(sw.t.Context()); err != nil {
+		sw.t.Fatal(err)
+	}
 }
 
 func (sw *schedWorld) stored() []string {

@@ -10,19 +10,22 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -48,6 +51,10 @@ const (
 	// counted in its metrics, so a restarted server does not count it
 	// again.
 	AnnotationCounted = "etcdbackup.io/counted"
+	// AnnotationForgotten marks the Job of a backup removed from storage
+	// while its agent still ran (ForgetBackup): once it finishes, List
+	// leaves it out.
+	AnnotationForgotten = "etcdbackup.io/forgotten"
 
 	// ComponentBackup and ComponentRestore are LabelComponent's values.
 	ComponentBackup  = "backup-agent"
@@ -81,12 +88,15 @@ const (
 	TokenPath = TokenDir + "/token"
 )
 
-// Launcher creates and reads agent Jobs.
+// Launcher creates agent Jobs, and reads them, their pods and their
+// events from informers' caches (Start; see cache.go).
 type Launcher struct {
 	client kubernetes.Interface
 	// namespace is the server's own; backup Jobs are created there.
 	namespace string
 	agents    config.Agents
+	startMu   sync.Mutex
+	caches    atomic.Pointer[caches]
 }
 
 // New returns a Launcher that creates Jobs in namespace (the server's own)
@@ -189,25 +199,41 @@ func (l *Launcher) CheckTarget(ctx context.Context, t config.Target) error {
 func (l *Launcher) StartBackup(ctx context.Context, spec BackupSpec) (*batchv1.Job, error) {
 	job := l.backupJob(spec)
 	jobs := l.client.BatchV1().Jobs(l.namespace)
-	created, err := jobs.Create(ctx, job, metav1.CreateOptions{})
+	made, err := jobs.Create(ctx, job, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
+		// The API's word, not the cache's: it decides a delete.
 		old, gerr := jobs.Get(ctx, job.Name, metav1.GetOptions{})
 		if gerr != nil {
 			return nil, fmt.Errorf("get existing job %s: %w", job.Name, gerr)
 		}
-		if phase, _ := l.phase(ctx, old); phase == PhaseRunning {
+		if phase, _ := l.phase(old); phase == PhaseRunning {
 			return nil, ErrRunning
 		}
 		// An earlier attempt that ended without a stored backup: replace it.
-		if derr := jobs.Delete(ctx, job.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); derr != nil && !apierrors.IsNotFound(derr) {
-			return nil, fmt.Errorf("replace finished job %s: %w", job.Name, derr)
+		if err := l.replace(ctx, old); err != nil {
+			return nil, err
 		}
-		created, err = l.createWhenGone(ctx, job)
+		made, err = l.createWhenGone(ctx, job)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("create backup job: %w", err)
 	}
-	return created, nil
+	l.await(ctx, made.Namespace, made.Name, created(made))
+	return made, nil
+}
+
+// replace deletes a finished Job that a new one of the same name
+// replaces, and waits for the cache to see it go.
+func (l *Launcher) replace(ctx context.Context, old *batchv1.Job) error {
+	err := l.client.BatchV1().Jobs(old.Namespace).Delete(ctx, old.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("replace finished job %s: %w", old.Name, err)
+	}
+	l.await(ctx, old.Namespace, old.Name, gone(old))
+	return nil
 }
 
 // createWhenGone retries Create while a deleted Job with the same name is
@@ -383,21 +409,30 @@ type Run struct {
 	Counted bool
 }
 
-// List returns the runs of every backup agent Job in the namespace.
+// backupSelector selects the server's backup agent Jobs.
+var backupSelector = labels.SelectorFromSet(labels.Set{LabelComponent: componentBackup, LabelManagedBy: managedBy})
+
+// List returns the runs of every backup agent Job in the namespace, by
+// Job name, from the cache. A Job being deleted is left out, and so is a
+// finished Job whose backup was forgotten (ForgetBackup).
 func (l *Launcher) List(ctx context.Context) ([]Run, error) {
-	list, err := l.client.BatchV1().Jobs(l.namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: LabelComponent + "=" + componentBackup + "," + LabelManagedBy + "=" + managedBy,
-	})
+	nc, err := l.watched(l.namespace)
+	if err != nil {
+		return nil, err
+	}
+	list, err := nc.jobList(backupSelector)
 	if err != nil {
 		return nil, fmt.Errorf("list backup jobs: %w", err)
 	}
-	runs := make([]Run, 0, len(list.Items))
-	for i := range list.Items {
-		j := &list.Items[i]
+	runs := make([]Run, 0, len(list))
+	for _, j := range list {
 		if j.DeletionTimestamp != nil {
 			continue
 		}
-		phase, msg := l.phase(ctx, j)
+		phase, msg := l.phase(j)
+		if phase != PhaseRunning && j.Annotations[AnnotationForgotten] == "true" {
+			continue
+		}
 		runs = append(runs, Run{
 			Name: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation], Target: j.Annotations[AnnotationTarget],
 			Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, JobName: j.Name,
@@ -429,6 +464,78 @@ func (l *Launcher) MarkCounted(ctx context.Context, jobName string) error {
 	if err != nil {
 		return fmt.Errorf("mark job %s counted: %w", jobName, err)
 	}
+	l.await(ctx, l.namespace, jobName, func(j *batchv1.Job) bool { return j == nil || j.Annotations[AnnotationCounted] == "true" })
+	return nil
+}
+
+// ForgetBackup is called once backup (location, name) is removed from
+// storage — deleted, or by retention — so that its agent Job does not
+// bring it back: List shows a finished Job whose backup is not stored as
+// a failed run, and a finished Job outlives its backup by up to
+// ttlAfterFinished. A finished Job is deleted, with its pods (their
+// logs are of a backup that no longer exists). A running one is left
+// to run — deleting it would kill an agent that may be uploading — and
+// annotated (AnnotationForgotten) instead: if its agent stores the
+// backup after all, storage lists it; if the agent had stored it just
+// before the removal and is still exiting, List leaves its Job out once
+// it has finished, as it does a failed one. No Job, nothing to do.
+//
+// Whether the Job runs is asked of the API, not the cache, and the
+// delete or annotation is made on condition that the Job is still that
+// one (its UID): a Job of a new backup of the same name, started
+// meanwhile, is not touched. Without a Job in the cache the API is not
+// asked at all (a Job created since is running).
+func (l *Launcher) ForgetBackup(ctx context.Context, location, name string) error {
+	jobName := backupJobName(location, name)
+	if nc, err := l.watched(l.namespace); err == nil {
+		if j, err := nc.job(jobName); err == nil && j == nil {
+			return nil
+		}
+	}
+	jobs := l.client.BatchV1().Jobs(l.namespace)
+	j, err := jobs.Get(ctx, jobName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get backup job %s: %w", jobName, err)
+	}
+	if j.DeletionTimestamp != nil || j.Annotations[AnnotationBackup] != name || j.Annotations[AnnotationLocation] != location {
+		return nil
+	}
+	if JobPhase(j) == PhaseRunning {
+		meta := map[string]any{"annotations": map[string]string{AnnotationForgotten: "true"}}
+		if j.UID != "" {
+			meta["uid"] = j.UID // a precondition: the API refuses another Job's
+		}
+		patch, err := json.Marshal(map[string]any{"metadata": meta})
+		if err != nil {
+			return err
+		}
+		_, err = jobs.Patch(ctx, jobName, types.MergePatchType, patch, metav1.PatchOptions{})
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("mark job %s of removed backup %q: %w", jobName, name, err)
+		}
+		l.await(ctx, l.namespace, jobName, func(c *batchv1.Job) bool {
+			return c == nil || c.UID != j.UID || c.Annotations[AnnotationForgotten] == "true"
+		})
+		return nil
+	}
+	opts := metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)}
+	if j.UID != "" {
+		opts.Preconditions = &metav1.Preconditions{UID: &j.UID}
+	}
+	err = jobs.Delete(ctx, jobName, opts)
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete job %s of removed backup %q: %w", jobName, name, err)
+	}
+	l.await(ctx, l.namespace, jobName, gone(j))
 	return nil
 }
 
@@ -457,15 +564,15 @@ func jobPhase(j *batchv1.Job) (Phase, string) {
 // refuses to create is Failed with the API's reason (the Job controller
 // would retry until the deadline, showing it Running), and a failed Job
 // carries the agent's last words when it has them.
-func (l *Launcher) phase(ctx context.Context, j *batchv1.Job) (Phase, string) {
+func (l *Launcher) phase(j *batchv1.Job) (Phase, string) {
 	p, msg := jobPhase(j)
 	switch p {
 	case PhaseRunning:
-		if r := l.refusal(ctx, j); r != "" {
+		if r := l.refusal(j); r != "" {
 			return PhaseFailed, r
 		}
 	case PhaseFailed:
-		if m := l.failureMessage(ctx, j); m != "" {
+		if m := l.failureMessage(j); m != "" {
 			msg = m
 		}
 	}
@@ -479,22 +586,18 @@ func (l *Launcher) phase(ctx context.Context, j *batchv1.Job) (Phase, string) {
 // ServiceAccount — while the Job has no pod at all. The controller retries
 // such creates, but none of those causes goes away by itself, so the Job
 // is reported failed at once; should a retry succeed, the Job has a pod
-// and is Running again. An error listing events is no evidence.
-func (l *Launcher) refusal(ctx context.Context, j *batchv1.Job) string {
+// and is Running again. Events not (yet) cached are no evidence.
+func (l *Launcher) refusal(j *batchv1.Job) string {
 	if j.Status.Active > 0 || j.Status.Succeeded > 0 || j.Status.Failed > 0 {
 		return ""
 	}
-	list, err := l.client.CoreV1().Events(j.Namespace).List(ctx, metav1.ListOptions{
-		FieldSelector: fields.Set{"involvedObject.kind": "Job", "involvedObject.name": j.Name}.String(),
-	})
+	nc, err := l.watched(j.Namespace)
 	if err != nil {
 		return ""
 	}
 	var last *corev1.Event
-	for i := range list.Items {
-		e := &list.Items[i]
-		if e.InvolvedObject.Kind != "Job" || e.InvolvedObject.Name != j.Name || e.InvolvedObject.UID != j.UID ||
-			e.Reason != "FailedCreate" || !strings.Contains(e.Message, "forbidden") {
+	for _, e := range nc.eventsOf("Job", j.Name) {
+		if e.InvolvedObject.UID != j.UID || e.Reason != "FailedCreate" || !strings.Contains(e.Message, "forbidden") {
 			continue
 		}
 		if last == nil || eventTime(last).Before(eventTime(e)) {
@@ -513,9 +616,9 @@ func (l *Launcher) refusal(ctx context.Context, j *batchv1.Job) string {
 
 // failureMessage is the agent's own last words: its container's
 // termination message (the end of its log, by FallbackToLogsOnError).
-func (l *Launcher) failureMessage(ctx context.Context, j *batchv1.Job) string {
-	pods, err := l.pods(ctx, j)
-	if err != nil || len(pods) == 0 {
+func (l *Launcher) failureMessage(j *batchv1.Job) string {
+	pods := l.pods(j)
+	if len(pods) == 0 {
 		return ""
 	}
 	for _, cs := range pods[0].Status.ContainerStatuses {
@@ -533,15 +636,13 @@ func (l *Launcher) failureMessage(ctx context.Context, j *batchv1.Job) string {
 	return ""
 }
 
-// pods returns the Job's pods, newest first.
-func (l *Launcher) pods(ctx context.Context, j *batchv1.Job) ([]corev1.Pod, error) {
-	list, err := l.client.CoreV1().Pods(j.Namespace).List(ctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + j.Name})
+// pods returns the Job's pods, newest first, from the cache.
+func (l *Launcher) pods(j *batchv1.Job) []*corev1.Pod {
+	nc, err := l.watched(j.Namespace)
 	if err != nil {
-		return nil, err
+		return nil
 	}
-	pods := list.Items
-	sort.Slice(pods, func(a, b int) bool { return pods[b].CreationTimestamp.Before(&pods[a].CreationTimestamp) })
-	return pods, nil
+	return nc.podsOf(j.Name)
 }
 
 // ErrNoRun is returned by Logs when no agent ran for that backup.
@@ -549,24 +650,19 @@ var ErrNoRun = errors.New("no backup agent ran for this backup")
 
 // Logs writes the log of the agent of backup (location, name) to w. With
 // follow it waits for the pod to start and streams until the agent ends.
+// The Job and its pod come from the cache; the log from the API.
 func (l *Launcher) Logs(ctx context.Context, location, name string, follow bool, w io.Writer) error {
-	j, err := l.client.BatchV1().Jobs(l.namespace).Get(ctx, backupJobName(location, name), metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return ErrNoRun
-	}
+	j, err := l.cachedBackupJob(location, name)
 	if err != nil {
-		return fmt.Errorf("get backup job: %w", err)
+		return err
 	}
 	// Until the pod has started there is no log to read: wait for it
 	// when following, else there is nothing to show yet.
 	var pod *corev1.Pod
 	err = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		pods, err := l.pods(ctx, j)
-		if err != nil {
-			return false, fmt.Errorf("find agent pod: %w", err)
-		}
-		if len(pods) > 0 && podStarted(&pods[0]) {
-			pod = &pods[0]
+		pods := l.pods(j)
+		if len(pods) > 0 && podStarted(pods[0]) {
+			pod = pods[0]
 			return true, nil
 		}
 		return !follow, nil
@@ -582,6 +678,23 @@ func (l *Launcher) Logs(ctx context.Context, location, name string, follow bool,
 	defer rc.Close()
 	_, err = io.Copy(w, rc)
 	return err
+}
+
+// cachedBackupJob returns the agent Job of backup (location, name) from
+// the cache; ErrNoRun if there is none.
+func (l *Launcher) cachedBackupJob(location, name string) (*batchv1.Job, error) {
+	nc, err := l.watched(l.namespace)
+	if err != nil {
+		return nil, err
+	}
+	j, err := nc.job(backupJobName(location, name))
+	if err != nil {
+		return nil, fmt.Errorf("get backup job: %w", err)
+	}
+	if j == nil {
+		return nil, ErrNoRun
+	}
+	return j, nil
 }
 
 func podStarted(p *corev1.Pod) bool {
@@ -604,40 +717,34 @@ func sortedKeys(m map[string]string) []string {
 
 // Events returns the Kubernetes events of the agent Job of backup
 // (location, name) and of its pods, oldest first, with the Job's
-// "NAMESPACE/NAME". ErrNoRun when no such Job exists.
+// "NAMESPACE/NAME". ErrNoRun when no such Job exists. All from the cache.
 func (l *Launcher) Events(ctx context.Context, location, name string) (string, []corev1.Event, error) {
-	j, err := l.client.BatchV1().Jobs(l.namespace).Get(ctx, backupJobName(location, name), metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return "", nil, ErrNoRun
-	}
+	j, err := l.cachedBackupJob(location, name)
 	if err != nil {
-		return "", nil, fmt.Errorf("get backup job: %w", err)
+		return "", nil, err
+	}
+	nc, err := l.watched(j.Namespace)
+	if err != nil {
+		return "", nil, err
 	}
 	jobName := j.Namespace + "/" + j.Name
-	objects := []corev1.ObjectReference{{Kind: "Job", Name: j.Name}}
-	pods, err := l.pods(ctx, j)
-	if err != nil {
-		return jobName, nil, fmt.Errorf("find agent pods: %w", err)
+	if ok, _ := nc.synced(nc.events); !ok {
+		return jobName, nil, nc.unreadable(nc.events)
 	}
-	for _, p := range pods {
-		objects = append(objects, corev1.ObjectReference{Kind: "Pod", Name: p.Name})
+	found := nc.eventsOf("Job", j.Name)
+	for _, p := range l.pods(j) {
+		found = append(found, nc.eventsOf("Pod", p.Name)...)
 	}
-	var out []corev1.Event
-	for _, o := range objects {
-		list, err := l.client.CoreV1().Events(l.namespace).List(ctx, metav1.ListOptions{
-			FieldSelector: fields.Set{"involvedObject.kind": o.Kind, "involvedObject.name": o.Name}.String(),
-		})
-		if err != nil {
-			return jobName, nil, fmt.Errorf("list events of %s %s: %w", o.Kind, o.Name, err)
+	out := make([]corev1.Event, 0, len(found))
+	for _, e := range found {
+		out = append(out, *e.DeepCopy())
+	}
+	sort.Slice(out, func(a, b int) bool {
+		if ta, tb := eventTime(&out[a]), eventTime(&out[b]); !ta.Equal(tb) {
+			return ta.Before(tb)
 		}
-		for _, e := range list.Items {
-			// Field selectors are the API server's; check again.
-			if e.InvolvedObject.Kind == o.Kind && e.InvolvedObject.Name == o.Name {
-				out = append(out, e)
-			}
-		}
-	}
-	sort.SliceStable(out, func(a, b int) bool { return eventTime(&out[a]).Before(eventTime(&out[b])) })
+		return out[a].Name < out[b].Name
+	})
 	return jobName, out, nil
 }
 

@@ -40,7 +40,20 @@ func newLauncher(t *testing.T, agents config.Agents) (*jobs.Launcher, *fake.Clie
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := l.Start(t.Context(), restoreTargets); err != nil {
+		t.Fatal(err)
+	}
 	return l, cs
+}
+
+// synced waits until l's caches hold what the test changed through cs.
+func synced(t *testing.T, l *jobs.Launcher) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if err := l.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 var target = config.Target{
@@ -294,6 +307,7 @@ func TestFailedRunMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	setFailed(t, cs, job)
+	synced(t, l)
 	runs, err := l.List(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -303,7 +317,7 @@ func TestFailedRunMessage(t *testing.T) {
 	}
 	// With the agent's pod, its last words are the message.
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: job.Name + "-x", Labels: map[string]string{batchv1.JobNameLabel: job.Name}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: job.Name + "-x", Labels: podLabels(job)},
 		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "agent", State: corev1.ContainerState{
 			Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: "connecting\nsnapshot: etcd at https://10.0.0.10:2379 refused the client certificate\n"},
 		}}}},
@@ -311,6 +325,7 @@ func TestFailedRunMessage(t *testing.T) {
 	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	synced(t, l)
 	runs, err = l.List(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -353,7 +368,7 @@ func TestLogs(t *testing.T) {
 	go func() {
 		time.Sleep(300 * time.Millisecond)
 		_, _ = cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: job.Name + "-x", Labels: map[string]string{batchv1.JobNameLabel: job.Name}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: job.Name + "-x", Labels: podLabels(job)},
 			Status:     corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "agent", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
 		}, metav1.CreateOptions{})
 	}()
@@ -437,6 +452,7 @@ func TestRestoreJobs(t *testing.T) {
 		t.Fatalf("restore while running: %v, want ErrRunning", err)
 	}
 	setFailed(t, cs, created[1])
+	synced(t, l)
 	runs, err := l.ListRestores(ctx, "s3", "b1", app)
 	if err != nil {
 		t.Fatal(err)
@@ -600,6 +616,7 @@ func TestRefusedJobIsFailed(t *testing.T) {
 	}
 	phase := func() jobs.Run {
 		t.Helper()
+		synced(t, l)
 		runs, err := l.List(ctx)
 		if err != nil || len(runs) != 1 {
 			t.Fatalf("runs %v, %v", runs, err)

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
@@ -187,35 +188,41 @@ func RestoreJobName(location, name, target, member string) string {
 
 // StartRestore creates one restore agent Job per member of spec.Target.
 // Finished Jobs of an earlier attempt are replaced; if any is still
-// running, nothing is created and ErrRunning is returned.
+// running, nothing is created and ErrRunning is returned. Whether one
+// runs is asked of the API, not the cache: it decides deletes.
 func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batchv1.Job, error) {
 	jobs := l.client.BatchV1().Jobs(l.RestoreNamespace(spec.Target))
 	var want []*batchv1.Job
 	for _, m := range spec.Target.Members {
 		want = append(want, l.restoreJob(spec, m))
 	}
+	old := map[string]*batchv1.Job{}
 	for _, j := range want {
-		old, err := jobs.Get(ctx, j.Name, metav1.GetOptions{})
+		o, err := jobs.Get(ctx, j.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("get existing job %s: %w", j.Name, err)
 		}
-		if phase, _ := l.phase(ctx, old); phase == PhaseRunning && old.DeletionTimestamp == nil {
+		if phase, _ := l.phase(o); phase == PhaseRunning && o.DeletionTimestamp == nil {
 			return nil, ErrRunning
 		}
+		old[j.Name] = o
 	}
 	var out []*batchv1.Job
 	for _, j := range want {
-		if err := jobs.Delete(ctx, j.Name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)}); err != nil && !apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("replace finished job %s: %w", j.Name, err)
+		if o := old[j.Name]; o != nil {
+			if err := l.replace(ctx, o); err != nil {
+				return nil, err
+			}
 		}
-		created, err := l.createWhenGone(ctx, j)
+		made, err := l.createWhenGone(ctx, j)
 		if err != nil {
 			return nil, fmt.Errorf("create restore job for member %q: %w", j.Annotations[AnnotationMember], err)
 		}
-		out = append(out, created)
+		l.await(ctx, made.Namespace, made.Name, created(made))
+		out = append(out, made)
 	}
 	return out, nil
 }
@@ -298,23 +305,37 @@ type MemberRun struct {
 	BumpRevision int64
 }
 
+// restoreSelector selects the server's restore agent Jobs.
+var restoreSelector = labels.SelectorFromSet(labels.Set{LabelComponent: componentRestore, LabelManagedBy: managedBy})
+
+// restoreJobs returns the restore agent Jobs of namespace ns, from the
+// cache.
+func (l *Launcher) restoreJobs(ns string) ([]*batchv1.Job, error) {
+	nc, err := l.watched(ns)
+	if err != nil {
+		return nil, err
+	}
+	list, err := nc.jobList(restoreSelector)
+	if err != nil {
+		return nil, fmt.Errorf("list restore jobs in namespace %s: %w", ns, err)
+	}
+	return list, nil
+}
+
 // ListRestores returns the restore agent runs of backup (location, name)
 // into target, keyed by member name.
 func (l *Launcher) ListRestores(ctx context.Context, location, name string, target config.Target) (map[string]MemberRun, error) {
-	list, err := l.client.BatchV1().Jobs(l.RestoreNamespace(target)).List(ctx, metav1.ListOptions{
-		LabelSelector: LabelComponent + "=" + componentRestore + "," + LabelManagedBy + "=" + managedBy,
-	})
+	list, err := l.restoreJobs(l.RestoreNamespace(target))
 	if err != nil {
-		return nil, fmt.Errorf("list restore jobs: %w", err)
+		return nil, err
 	}
 	out := map[string]MemberRun{}
-	for i := range list.Items {
-		j := &list.Items[i]
+	for _, j := range list {
 		a := j.Annotations
 		if j.DeletionTimestamp != nil || a[AnnotationBackup] != name || a[AnnotationLocation] != location || a[AnnotationTarget] != target.Name {
 			continue
 		}
-		phase, msg := l.phase(ctx, j)
+		phase, msg := l.phase(j)
 		bump, _ := strconv.ParseInt(a[AnnotationBumpRevision], 10, 64)
 		out[a[AnnotationMember]] = MemberRun{Member: a[AnnotationMember], JobName: j.Name, Phase: phase, Message: msg, BumpRevision: bump}
 	}
@@ -327,16 +348,13 @@ func (l *Launcher) ListRestores(ctx context.Context, location, name string, targ
 func (l *Launcher) RunningRestores(ctx context.Context, location, name string, targets []config.Target) ([]string, error) {
 	var out []string
 	for _, ns := range l.RestoreNamespaces(targets) {
-		list, err := l.client.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{
-			LabelSelector: LabelComponent + "=" + componentRestore + "," + LabelManagedBy + "=" + managedBy,
-		})
+		list, err := l.restoreJobs(ns)
 		if err != nil {
-			return nil, fmt.Errorf("list restore jobs in namespace %s: %w", ns, err)
+			return nil, err
 		}
-		for i := range list.Items {
-			j := &list.Items[i]
+		for _, j := range list {
 			if j.Annotations[AnnotationBackup] == name && j.Annotations[AnnotationLocation] == location &&
-				JobPhase(j) == PhaseRunning && l.refusal(ctx, j) == "" {
+				JobPhase(j) == PhaseRunning && l.refusal(j) == "" {
 				out = append(out, j.Namespace+"/"+j.Name)
 			}
 		}

@@ -233,6 +233,9 @@ func hostPathWorld(t *testing.T, cs *fake.Clientset) *server.Server {
 			Volume: config.MemberVolume{HostPath: &config.HostPathRef{Path: "/var/lib"}},
 		})
 	}
+	if err := l.Start(t.Context(), []config.Target{target}); err != nil {
+		t.Fatal(err)
+	}
 	srv, err := server.New(server.Config{
 		Locations: []server.NamedLocation{{Name: "default", Location: w.loc}},
 		Targets:   []config.Target{target},

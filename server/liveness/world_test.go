@@ -94,6 +94,9 @@ func newRestoreWorld(t *testing.T, clientURLs ...string) *restoreWorld {
 			Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-" + name}},
 		})
 	}
+	if err := l.Start(t.Context(), []config.Target{target}); err != nil {
+		t.Fatal(err)
+	}
 	srv, err := server.New(server.Config{
 		Locations: []server.NamedLocation{{Name: "default", Location: loc}},
 		Targets:   []config.Target{target},

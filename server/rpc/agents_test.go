@@ -161,6 +161,7 @@ func TestDeleteRefusedWhileARestoreReadsTheBackup(t *testing.T) {
 	if _, err := w.client.BatchV1().Jobs(j.Namespace).UpdateStatus(ctx, &j, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	w.synced(t)
 	if _, err := w.srv.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "b1"}); err != nil {
 		t.Fatalf("delete after the restore finished: %v", err)
 	}

@@ -40,6 +40,7 @@ type pruneWorld struct {
 	srv     *rpc.Service
 	metrics *metrics.Metrics
 	inUse   *retention.InUse
+	agents  *jobs.Launcher
 }
 
 func newPruneWorld(t *testing.T, target config.Target, now time.Time) *pruneWorld {
@@ -53,6 +54,10 @@ func newPruneWorld(t *testing.T, target config.Target, now time.Time) *pruneWorl
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := l.Start(t.Context(), []config.Target{sw.target}); err != nil {
+		t.Fatal(err)
+	}
+	sw.agents = l
 	if sw.metrics, err = metrics.New(prometheus.NewRegistry()); err != nil {
 		t.Fatal(err)
 	}
@@ -65,6 +70,15 @@ func newPruneWorld(t *testing.T, target config.Target, now time.Time) *pruneWorl
 		Pruner: &retention.Pruner{InUse: sw.inUse, Metrics: sw.metrics, Log: slog.New(slog.DiscardHandler), Now: clock},
 	})
 	return sw
+}
+
+// synced waits until the server's agent caches hold what the test
+// changed through the fake clientset.
+func (sw *pruneWorld) synced() {
+	sw.t.Helper()
+	if err := sw.agents.Sync(sw.t.Context()); err != nil {
+		sw.t.Fatal(err)
+	}
 }
 
 // store puts a backup in storage as an agent of the target would.
@@ -157,6 +171,7 @@ func TestPruneBackups(t *testing.T) {
 	if _, err := sw.cs.BatchV1().Jobs(testNS).Create(ctx, restore, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	sw.synced()
 	resp, err = sw.srv.PruneBackups(ctx, &ebv1.PruneBackupsRequest{Target: "cp"})
 	if err != nil {
 		t.Fatal(err)
@@ -174,6 +189,7 @@ func TestPruneBackups(t *testing.T) {
 	if err := sw.cs.BatchV1().Jobs(testNS).Delete(ctx, "restore-x", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	sw.synced()
 	if _, err := sw.srv.PruneBackups(ctx, &ebv1.PruneBackupsRequest{Target: "cp", IncludeUnscheduled: true}); err != nil {
 		t.Fatal(err)
 	}

@@ -63,8 +63,18 @@ type restoreWorld struct {
 	srv    *server.Server
 	client *fake.Clientset
 	loc    storage.Location
+	agents *jobs.Launcher
 	// sha256 is backup b1's.
 	sha256 string
+}
+
+// synced waits until the server's agent caches hold what the test
+// changed through the fake clientset.
+func (w *restoreWorld) synced(t *testing.T) {
+	t.Helper()
+	if err := w.agents.Sync(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func newRestoreWorld(t *testing.T, clientURLs ...string) *restoreWorld {
@@ -99,6 +109,9 @@ func newRestoreWorld(t *testing.T, clientURLs ...string) *restoreWorld {
 			Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-" + name}},
 		})
 	}
+	if err := l.Start(t.Context(), []config.Target{target}); err != nil {
+		t.Fatal(err)
+	}
 	srv, err := server.New(server.Config{
 		Locations: []server.NamedLocation{{Name: "default", Location: loc}},
 		Targets:   []config.Target{target},
@@ -107,7 +120,7 @@ func newRestoreWorld(t *testing.T, clientURLs ...string) *restoreWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &restoreWorld{srv: srv, client: cs, loc: loc, sha256: hex.EncodeToString(sum[:])}
+	return &restoreWorld{srv: srv, client: cs, loc: loc, agents: l, sha256: hex.EncodeToString(sum[:])}
 }
 
 func (w *restoreWorld) jobs(t *testing.T) []batchv1.Job {
@@ -194,6 +207,7 @@ func TestRestoreStartsOneJobPerMember(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	w.synced(t)
 	phases := map[string]ebv1.RestorePhase{}
 	for _, m := range get() {
 		phases[m.GetMember()] = m.GetPhase()
@@ -345,6 +359,7 @@ func TestRestoreJobRefusedByTheAPIIsFailed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	w.synced(t)
 	r, err := w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
 	if err != nil {
 		t.Fatal(err)
@@ -367,6 +382,7 @@ func TestRestoreJobRefusedByTheAPIIsFailed(t *testing.T) {
 	if _, err := w.client.BatchV1().Jobs("app").UpdateStatus(ctx, &refused, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	w.synced(t)
 	r, err = w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
 	if err != nil {
 		t.Fatal(err)
