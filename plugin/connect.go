@@ -122,8 +122,9 @@ func (c *Connection) explain(op string, err error) error {
 	code := codeExit(s.Code())
 	switch s.Code() {
 	case codes.Unavailable:
-		if _, ok := ebv1.UnavailableLocation(s); ok {
-			// The server answered: one of its storage locations did not.
+		if ebv1.IsServerError(s) {
+			// The server answered: one of its storage locations, or the
+			// Kubernetes API it asks, did not.
 			return withCode(code, fmt.Errorf("%s: %s", op, s.Message()))
 		}
 		return withCode(code, fmt.Errorf("%s: cannot reach the etcdbackup server at %s: %s", op, c.Target, s.Message()))

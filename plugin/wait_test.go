@@ -36,7 +36,8 @@ type agentWorld struct {
 }
 
 // newAgentWorld serves locations (default: one, "default") and targets
-// backupTarget (backed up by agents) and "app" (two members, restorable).
+// backupTarget (backed up by agents, keeping the last one by retention)
+// and "app" (two members, restorable).
 func newAgentWorld(t *testing.T, backupTarget string, locations ...string) *agentWorld {
 	t.Helper()
 	cs := fake.NewClientset(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "etcd-client", Namespace: serverNS}})
@@ -57,7 +58,7 @@ func newAgentWorld(t *testing.T, backupTarget string, locations ...string) *agen
 			Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-" + m}},
 		})
 	}
-	targets := []config.Target{{Name: backupTarget, Endpoints: []string{"https://etcd:2379"}, TLSSecret: "etcd-client"}, app}
+	targets := []config.Target{{Name: backupTarget, Endpoints: []string{"https://etcd:2379"}, TLSSecret: "etcd-client", Retention: &config.Retention{KeepLast: 1}}, app}
 	if err := l.Start(t.Context(), targets); err != nil {
 		t.Fatal(err)
 	}
@@ -258,5 +259,47 @@ func TestRestoreWaitShowsMemberPhases(t *testing.T) {
 		if !regexp.MustCompile(re).MatchString(r.errOut) {
 			t.Errorf("stderr does not match %q:\n%s", re, r.errOut)
 		}
+	}
+}
+
+// A backup removed by delete or by retention is gone from list, though
+// its agent's finished Job is kept for its TTL: the Job must not bring it
+// back as a Failed run ("the agent finished but the backup is not in
+// storage").
+func TestRemovedBackupsDoNotReappearFromTheirJobs(t *testing.T) {
+	w := newAgentWorld(t, "cp")
+	for _, name := range []string{"old", "older", "newest"} {
+		mustRun(t, w.addr, "backup", "--target", "cp", "--name", name)
+		job := w.jobsOf(t, serverNS, "backup-agent", name, 1)[0]
+		// Stored as the target's (its label): retention --all counts it.
+		if _, err := w.srv.Client.Upload(context.Background(), bytes.NewReader(etcdtest.TrailedBytes(t, 544)),
+			&ebv1.UploadHeader{Name: name, Labels: map[string]string{"etcdbackup.io/target": "cp"}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		w.finish(t, job, true, "")
+		w.synced(t)
+	}
+	listed := func() string { return mustRun(t, w.addr, "list", "-o", "name").out }
+	if got := listed(); got != "backup/newest\nbackup/older\nbackup/old\n" {
+		t.Fatalf("list of three completed backups: %q", got)
+	}
+
+	mustRun(t, w.addr, "delete", "old", "--yes")
+	w.synced(t)
+	if got := listed(); got != "backup/newest\nbackup/older\n" {
+		t.Errorf("list after delete: %q (the deleted backup came back from its Job?)", got)
+	}
+	r := run(t, w.addr, "get", "old")
+	if ExitCode(r.err) != ExitNotFound {
+		t.Errorf("get of the deleted backup: %v (exit %d), want not found", r.err, ExitCode(r.err))
+	}
+
+	r = mustRun(t, w.addr, "prune", "--target", "cp", "--all", "-o", "name")
+	if r.out != "backup/older\n" {
+		t.Errorf("prune --all with keepLast 1 removed %q, want older", r.out)
+	}
+	w.synced(t)
+	if got := listed(); got != "backup/newest\n" {
+		t.Errorf("list after retention: %q (the pruned backup came back from its Job?)", got)
 	}
 }

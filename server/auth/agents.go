@@ -160,7 +160,7 @@ func (g *AgentGuard) agent(ctx context.Context, username string, podName, podUID
 		return nil, status.Errorf(codes.PermissionDenied, "the token's pod %s/%s does not exist", ns, podName[0])
 	}
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "cannot check the caller's pod %s/%s: %v", ns, podName[0], err)
+		return nil, ebv1.ServerErrorf(codes.Unavailable, "cannot check the caller's pod %s/%s: %v", ns, podName[0], err)
 	}
 	switch {
 	case string(pod.UID) != podUID[0]:
@@ -179,7 +179,7 @@ func (g *AgentGuard) agent(ctx context.Context, username string, podName, podUID
 		return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s belongs to Job %s, which does not exist", ns, pod.Name, ref.Name)
 	}
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "cannot check the caller's Job %s/%s: %v", ns, ref.Name, err)
+		return nil, ebv1.ServerErrorf(codes.Unavailable, "cannot check the caller's Job %s/%s: %v", ns, ref.Name, err)
 	}
 	return g.agentOfJob(pod.Name, ref.UID, job)
 }

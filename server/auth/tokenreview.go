@@ -9,6 +9,8 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
 
 // Extra keys the API server sets on a token bound to a pod (TokenRequest
@@ -32,7 +34,7 @@ func (r Reviewer) Authenticate(ctx context.Context, token string, audiences ...s
 		Spec: authnv1.TokenReviewSpec{Token: token, Audiences: audiences},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		return authnv1.UserInfo{}, status.Errorf(codes.Unavailable, "cannot authenticate the call: TokenReview failed: %v", err)
+		return authnv1.UserInfo{}, ebv1.ServerErrorf(codes.Unavailable, "cannot authenticate the call: TokenReview failed: %v", err)
 	}
 	if !review.Status.Authenticated {
 		msg := "the API server did not accept the bearer token (expired, revoked, bound to an object that is gone, or not a token of this cluster)"

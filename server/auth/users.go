@@ -134,7 +134,7 @@ func (g *SubjectAccessReviewGuard) Admit(ctx context.Context, fullMethod string)
 		},
 	}, metav1.CreateOptions{})
 	if err != nil {
-		return ctx, status.Errorf(codes.Unavailable, "cannot authorize the call: SubjectAccessReview failed: %v", err)
+		return ctx, ebv1.ServerErrorf(codes.Unavailable, "cannot authorize the call: SubjectAccessReview failed: %v", err)
 	}
 	if !sar.Status.Allowed || sar.Status.Denied {
 		return ctx, status.Error(codes.PermissionDenied, g.refusal(user.Username, perm, sar.Status.Reason))

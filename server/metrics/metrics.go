@@ -173,5 +173,5 @@ func (m *Metrics) StorageError(op, loc, name string, err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Errorf(codes.DeadlineExceeded, "%s %q: deadline exceeded", op, name)
 	}
-	return status.Errorf(codes.Internal, "%s %q in location %q: %v", op, name, loc, err)
+	return ebv1.ServerErrorf(codes.Internal, "%s %q in location %q: %v", op, name, loc, err)
 }

@@ -2,11 +2,13 @@ package retention
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 )
@@ -71,6 +73,20 @@ func (u *InUse) remove(loc, name string) (done func(), ok bool) {
 	}, true
 }
 
+// Removed tells the agent Jobs that backup name in location loc is gone
+// (deleted, or removed by retention), so that its finished Job does not
+// show it again as a Failed run. A failure is only logged: the backup is
+// gone either way.
+func (u *InUse) Removed(ctx context.Context, loc, name string, log *slog.Logger) {
+	if u.agents == nil {
+		return
+	}
+	if err := u.agents.ForgetBackup(ctx, loc, name); err != nil {
+		log.Warn("the finished agent Job of a removed backup is kept; list may show the backup as failed until the Job expires",
+			"location", loc, "backup", name, "error", err)
+	}
+}
+
 // RestoresReading returns the running restore Jobs ("namespace/name")
 // that read backup name in location loc: removing it would pull it from
 // under their agents, or, were it uploaded again, give them other
@@ -83,7 +99,7 @@ func (u *InUse) RestoresReading(ctx context.Context, loc, name, doing string) ([
 	}
 	running, err := u.agents.RunningRestores(ctx, loc, name, u.targets)
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "cannot check for restores of backup %q before %s it: %v", name, doing, err)
+		return nil, ebv1.ServerErrorf(codes.Unavailable, "cannot check for restores of backup %q before %s it: %v", name, doing, err)
 	}
 	return running, nil
 }

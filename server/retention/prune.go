@@ -68,6 +68,7 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage
 		if err != nil {
 			return pruned, inUse, p.Metrics.StorageError("delete", r.Location, m.Name, err)
 		}
+		p.InUse.Removed(ctx, r.Location, m.Name, p.Log)
 		p.Metrics.Pruned.WithLabelValues(r.Target.Name, r.Location).Inc()
 		p.Log.Info("backup removed by retention", "location", r.Location, "backup", m.Name, "target", r.Target.Name, "caller", r.By)
 		pruned = append(pruned, m)

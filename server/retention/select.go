@@ -5,9 +5,10 @@
 package retention
 
 import (
-	"sort"
+	"slices"
 	"time"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -39,11 +40,9 @@ func Select(manifests []*storage.Manifest, target string, r config.Retention, in
 			mine = append(mine, m)
 		}
 	}
-	sort.Slice(mine, func(i, j int) bool {
-		if !mine[i].CreateTime.Equal(mine[j].CreateTime) {
-			return mine[i].CreateTime.After(mine[j].CreateTime)
-		}
-		return mine[i].Name < mine[j].Name
+	// Newest first, as backups are listed.
+	slices.SortFunc(mine, func(a, b *storage.Manifest) int {
+		return ebv1.CompareListing(a.CreateTime, a.Name, b.CreateTime, b.Name)
 	})
 	var out []*storage.Manifest
 	for i, m := range mine {

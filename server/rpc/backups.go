@@ -68,20 +68,12 @@ func (s *Service) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest)
 			resp.Backups = append(resp.Backups, b)
 		}
 	}
-	sort.Slice(resp.Backups, func(i, j int) bool { return listedBefore(resp.Backups[i], resp.Backups[j]) })
+	// The listing order (ebv1.ListedBefore): names are unique in a
+	// location, so it is total, and a page token (the last backup's
+	// create time and name) says where the next page starts even when
+	// backups were added or deleted in between.
+	ebv1.SortBackups(resp.Backups)
 	return page(resp.Backups, after, locName, req)
-}
-
-// listedBefore is the order of a listing: newest first, then by name.
-// Names are unique in a location, so it is total, and a page token (the
-// last backup's create time and name) says where the next page starts
-// even when backups were added or deleted in between.
-func listedBefore(a, b *ebv1.Backup) bool {
-	ta, tb := a.GetCreateTime().AsTime(), b.GetCreateTime().AsTime()
-	if !ta.Equal(tb) {
-		return ta.After(tb)
-	}
-	return a.GetName() < b.GetName()
 }
 
 // pageToken is where a page ended, and what it listed: a token is only
@@ -114,7 +106,7 @@ func parsePageToken(s, location, selector string) (*pageToken, error) {
 func page(sorted []*ebv1.Backup, after *pageToken, location string, req *ebv1.ListBackupsRequest) (*ebv1.ListBackupsResponse, error) {
 	if after != nil {
 		last := &ebv1.Backup{Name: after.Name, CreateTime: timestamppb.New(after.Time)}
-		sorted = sorted[sort.Search(len(sorted), func(i int) bool { return listedBefore(last, sorted[i]) }):]
+		sorted = sorted[sort.Search(len(sorted), func(i int) bool { return ebv1.ListedBefore(last, sorted[i]) }):]
 	}
 	size := int(req.GetPageSize())
 	if size == 0 {
@@ -135,7 +127,7 @@ func page(sorted []*ebv1.Backup, after *pageToken, location string, req *ebv1.Li
 		last := resp.Backups[len(resp.Backups)-1]
 		b, err := json.Marshal(pageToken{Location: location, Selector: req.GetLabelSelector(), Time: last.GetCreateTime().AsTime(), Name: last.GetName()})
 		if err != nil {
-			return nil, status.Errorf(codes.Internal, "page token: %v", err)
+			return nil, ebv1.ServerErrorf(codes.Internal, "page token: %v", err)
 		}
 		resp.NextPageToken = base64.RawURLEncoding.EncodeToString(b)
 	}
@@ -178,6 +170,7 @@ func (s *Service) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupReques
 	if err := loc.Delete(ctx, req.GetName()); err != nil {
 		return nil, s.metrics.StorageError("delete", locName, req.GetName(), err)
 	}
+	s.inUse.Removed(ctx, locName, req.GetName(), s.log)
 	s.log.Info("backup deleted", "location", locName, "backup", req.GetName(), "caller", caller(ctx))
 	return &ebv1.DeleteBackupResponse{}, nil
 }
@@ -208,7 +201,7 @@ func (s *Service) runs(ctx context.Context, locName string) (map[string]*ebv1.Ba
 	}
 	runs, err := s.agents.List(ctx)
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "list backup agents: %v", err)
+		return nil, ebv1.ServerErrorf(codes.Unavailable, "list backup agents: %v", err)
 	}
 	out := map[string]*ebv1.Backup{}
 	for _, r := range runs {
@@ -218,7 +211,7 @@ func (s *Service) runs(ctx context.Context, locName string) (map[string]*ebv1.Ba
 		b := &ebv1.Backup{
 			Name: r.Name, Location: r.Location, Message: r.Message,
 			CreateTime: timestamppb.New(r.StartTime),
-			Source:     &ebv1.BackupSource{Kind: "agent", Target: r.Target, StartTime: timestamppb.New(r.StartTime)},
+			Source:     &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: r.Target, StartTime: timestamppb.New(r.StartTime)},
 		}
 		switch r.Phase {
 		case jobs.PhaseRunning:

@@ -80,14 +80,14 @@ func (s *Service) StartBackup(ctx context.Context, req *ebv1.CreateBackupRequest
 		return nil, status.Errorf(codes.AlreadyExists, "backup %q is already being taken; follow it with `kubectl etcdbackup logs %s -f`", name, name)
 	}
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "start backup agent for %q: %v", name, err)
+		return nil, ebv1.ServerErrorf(codes.Internal, "start backup agent for %q: %v", name, err)
 	}
 	s.log.Info("backup agent started", "backup", name, "location", locName, "target", t.Name, "job", job.Name, "caller", by)
 	return &ebv1.Backup{
 		Name: name, Location: locName, Phase: ebv1.BackupPhase_BACKUP_PHASE_RUNNING,
 		Labels: req.GetLabels(), Compression: compression, CreateTime: timestamppb.New(job.CreationTimestamp.Time),
 		Encryption: t.EncryptionName(), AgeRecipients: t.AgeRecipients(),
-		Source: &ebv1.BackupSource{Kind: "agent", Target: t.Name},
+		Source: &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: t.Name},
 	}, nil
 }
 
@@ -110,7 +110,7 @@ func (s *Service) GetBackupLogs(req *ebv1.GetBackupLogsRequest, stream ebv1.Back
 			"no agent log for backup %q in location %q: it was uploaded, or its agent Job was cleaned up (finished Jobs are kept for a day)", req.GetName(), locName)
 	}
 	if err != nil && stream.Context().Err() == nil {
-		return status.Errorf(codes.Unavailable, "agent log of %q: %v", req.GetName(), err)
+		return ebv1.ServerErrorf(codes.Unavailable, "agent log of %q: %v", req.GetName(), err)
 	}
 	return nil
 }
@@ -150,7 +150,7 @@ func (s *Service) GetBackupEvents(ctx context.Context, req *ebv1.GetBackupEvents
 	if err != nil {
 		// Most likely the server's Role lacks "list events" (an older
 		// manifest): say so rather than hide it.
-		return nil, status.Errorf(codes.Unavailable, "events of the agent of %q: %v", req.GetName(), err)
+		return nil, ebv1.ServerErrorf(codes.Unavailable, "events of the agent of %q: %v", req.GetName(), err)
 	}
 	resp := &ebv1.GetBackupEventsResponse{JobName: job}
 	for _, e := range events {

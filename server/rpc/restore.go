@@ -185,7 +185,7 @@ func (s *Service) startRestore(ctx context.Context, req *ebv1.RestoreBackupReque
 			name, s.agents.RestoreNamespace(*t), err, config.DefaultServiceAccount)
 	}
 	if err != nil {
-		return 0, status.Errorf(codes.Internal, "start restore agents for %q: %v", name, err)
+		return 0, ebv1.ServerErrorf(codes.Internal, "start restore agents for %q: %v", name, err)
 	}
 	return len(created), nil
 }
@@ -205,7 +205,7 @@ func (s *Service) GetRestore(ctx context.Context, req *ebv1.GetRestoreRequest) (
 	}
 	runs, err := s.agents.ListRestores(ctx, locName, req.GetName(), *t)
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "list restore agents: %v", err)
+		return nil, ebv1.ServerErrorf(codes.Unavailable, "list restore agents: %v", err)
 	}
 	if len(runs) == 0 {
 		return nil, status.Errorf(codes.NotFound,

@@ -95,11 +95,11 @@ func validateEncryption(e string, recipients []string) error {
 func validateSourceKind(kind string) (string, error) {
 	switch kind {
 	case "":
-		return "upload", nil
-	case "upload", "agent":
+		return ebv1.SourceUpload, nil
+	case ebv1.SourceUpload, ebv1.SourceAgent:
 		return kind, nil
 	}
-	return "", status.Errorf(codes.InvalidArgument, "source kind %q is not one of \"upload\", \"agent\"", kind)
+	return "", status.Errorf(codes.InvalidArgument, "source kind %q is not one of %q, %q", kind, ebv1.SourceUpload, ebv1.SourceAgent)
 }
 
 // validateField bounds a free-form metadata field: it is stored in the

@@ -41,13 +41,13 @@ func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupReques
 	}
 	dir, err := os.MkdirTemp(s.scratchDir, "verify-")
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "verify %q: scratch space: %v", req.GetName(), err)
+		return nil, ebv1.ServerErrorf(codes.Internal, "verify %q: scratch space: %v", req.GetName(), err)
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "snapshot.db")
 	f, err := os.Create(path)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "verify %q: %v", req.GetName(), err)
+		return nil, ebv1.ServerErrorf(codes.Internal, "verify %q: %v", req.GetName(), err)
 	}
 	defer f.Close()
 
@@ -77,7 +77,7 @@ func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupReques
 		return nil, corrupt("it unpacks to %d bytes, but %d were recorded", n, m.RawSize)
 	}
 	if err := f.Close(); err != nil {
-		return nil, status.Errorf(codes.Internal, "verify %q: %v", req.GetName(), err)
+		return nil, ebv1.ServerErrorf(codes.Internal, "verify %q: %v", req.GetName(), err)
 	}
 	st, err := snapshot.Check(path)
 	if err != nil {
