@@ -4,10 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 
@@ -28,37 +26,6 @@ func useBreakGlass(t *testing.T) {
 	// API server fails.
 	t.Setenv("KUBECONFIG", os.DevNull)
 	t.Setenv("HOME", t.TempDir())
-}
-
-// treeDigest describes every file under dir (path, mode, size, mtime,
-// content hash), to show that nothing under it changed.
-func treeDigest(t *testing.T, dir string) string {
-	t.Helper()
-	var lines []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		line := fmt.Sprintf("%s %s %d %d", strings.TrimPrefix(p, dir), info.Mode(), info.Size(), info.ModTime().UnixNano())
-		if info.Mode().IsRegular() {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			line += " " + sha(b)
-		}
-		lines = append(lines, line)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(lines)
-	return strings.Join(lines, "\n")
 }
 
 func writeConfig(t *testing.T, body string) string {
@@ -91,7 +58,7 @@ func TestStorageConfigReadsAFilesystemLocation(t *testing.T) {
 
 	useBreakGlass(t)
 	cfg := writeConfig(t, fmt.Sprintf("locations:\n  - name: default\n    filesystem: {path: %s}\n", srv.Dir))
-	before := treeDigest(t, srv.Dir)
+	before := servertest.TreeDigest(t, srv.Dir)
 
 	r := mustRun(t, "list", "--storage-config", cfg, "-o", "name")
 	if r.out != "backup/cp-2\nbackup/cp-1\n" && r.out != "backup/cp-1\nbackup/cp-2\n" {
@@ -141,7 +108,7 @@ func TestStorageConfigReadsAFilesystemLocation(t *testing.T) {
 		t.Fatalf("the restored member: %+v, %v", resp, err)
 	}
 
-	if after := treeDigest(t, srv.Dir); after != before {
+	if after := servertest.TreeDigest(t, srv.Dir); after != before {
 		t.Errorf("the location changed under --storage-config:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 }

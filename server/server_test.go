@@ -18,22 +18,6 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
-type testServer struct {
-	*servertest.Server
-	client *client.Client
-	dir    string
-	conn   *grpc.ClientConn
-	stop   func()
-}
-
-// startServer runs a real server on a loopback port over a real
-// filesystem location.
-func startServer(t *testing.T, dir string) *testServer {
-	t.Helper()
-	s := servertest.Start(t, dir)
-	return &testServer{Server: s, client: s.Client, dir: s.Dir, conn: s.Conn, stop: s.Stop}
-}
-
 // trailed returns random bytes of about n (rounded up to whole 512-byte
 // pages) that end in their SHA-256, as etcd ends a snapshot: the server
 // stores a plain upload only if it passes that check.
@@ -41,29 +25,13 @@ func trailed(t testing.TB, n int) []byte {
 	return etcdtest.TrailedBytes(t, etcdtest.TrailedSize(n))
 }
 
-func (ts *testServer) upload(t *testing.T, name string, data []byte) *ebv1.Backup {
-	t.Helper()
-	b, err := ts.client.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: name}, nil)
-	if err != nil {
-		t.Fatalf("upload %q: %v", name, err)
-	}
-	return b
-}
-
-func wantCode(t *testing.T, err error, code codes.Code) {
-	t.Helper()
-	if status.Code(err) != code {
-		t.Fatalf("got %v, want code %v", err, code)
-	}
-}
-
 func TestHealthAndServerInfo(t *testing.T) {
-	ts := startServer(t, "")
-	h, err := healthpb.NewHealthClient(ts.conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	ts := servertest.Start(t, "")
+	h, err := healthpb.NewHealthClient(ts.Conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
 	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health: %v %v", h, err)
 	}
-	info, err := ts.client.Info.GetServerInfo(context.Background(), &ebv1.GetServerInfoRequest{})
+	info, err := ts.Client.Info.GetServerInfo(context.Background(), &ebv1.GetServerInfoRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,14 +43,14 @@ func TestHealthAndServerInfo(t *testing.T) {
 
 // SIGTERM (Serve's context ending) lets a download in flight finish.
 func TestShutdownDrainsInFlightDownload(t *testing.T) {
-	ts := startServer(t, "")
+	ts := servertest.Start(t, "")
 	data := trailed(t, 16<<20)
-	ts.upload(t, "big", data)
+	ts.Upload(t, "big", data)
 	pr, pw := io.Pipe()
 	errc := make(chan error, 1)
 	var got bytes.Buffer
 	go func() {
-		_, err := ts.client.Download(context.Background(), io.MultiWriter(&got, pw), client.DownloadRequest{Name: "big"})
+		_, err := ts.Client.Download(context.Background(), io.MultiWriter(&got, pw), client.DownloadRequest{Name: "big"})
 		pw.CloseWithError(err)
 		errc <- err
 	}()
@@ -92,7 +60,7 @@ func TestShutdownDrainsInFlightDownload(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped := make(chan struct{})
-	go func() { ts.stop(); close(stopped) }()
+	go func() { ts.Stop(); close(stopped) }()
 	if _, err := io.Copy(io.Discard, pr); err != nil {
 		t.Fatalf("download interrupted by shutdown: %v", err)
 	}
@@ -133,11 +101,11 @@ func TestGuardSkipsOnlyHealth(t *testing.T) {
 			t.Fatalf("health watch past a guard that refuses all: %v %v", h, err)
 		}
 		_, err = ebv1.NewInfoServiceClient(conn).GetServerInfo(ctx, &ebv1.GetServerInfoRequest{})
-		wantCode(t, err, codes.Unauthenticated)
+		servertest.WantCode(t, err, codes.Unauthenticated)
 		logs, err := ebv1.NewBackupServiceClient(conn).GetBackupLogs(ctx, &ebv1.GetBackupLogsRequest{Name: "b"})
 		if err == nil {
 			_, err = logs.Recv()
 		}
-		wantCode(t, err, codes.Unauthenticated)
+		servertest.WantCode(t, err, codes.Unauthenticated)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
@@ -117,22 +117,7 @@ func (sw *schedWorld) backupsOfJobs() []string {
 // store puts a backup in storage as an agent of the target would.
 func (sw *schedWorld) store(name string, scheduled bool, created time.Time) {
 	sw.t.Helper()
-	ctx := context.Background()
-	up, err := sw.loc.Create(ctx, name)
-	if err != nil {
-		sw.t.Fatal(err)
-	}
-	if _, err := up.Write([]byte("data of " + name)); err != nil {
-		sw.t.Fatal(err)
-	}
-	m := &storage.Manifest{Name: name, Size: int64(len("data of " + name)), SHA256: strings.Repeat("0", 64), CreateTime: created,
-		Source: storage.Source{Kind: storage.SourceAgent, Target: sw.target.Name}}
-	if scheduled {
-		m.Labels = map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: sw.target.Name}
-	}
-	if err := up.Commit(ctx, m); err != nil {
-		sw.t.Fatal(err)
-	}
+	backuptest.Store(sw.t, sw.loc, sw.target.Name, name, scheduled, created)
 }
 
 // finish ends the Job of backup as the Job controller would; a
@@ -170,16 +155,7 @@ func (sw *schedWorld) synced() {
 
 func (sw *schedWorld) stored() []string {
 	sw.t.Helper()
-	ms, err := sw.loc.List(context.Background())
-	if err != nil {
-		sw.t.Fatal(err)
-	}
-	var out []string
-	for _, m := range ms {
-		out = append(out, m.Name)
-	}
-	slices.Sort(out)
-	return out
+	return backuptest.Names(sw.t, sw.loc)
 }
 
 func (sw *schedWorld) runs(result string) float64 {
@@ -194,30 +170,14 @@ func scheduledTarget5m() config.Target {
 	return config.Target{Name: "cp", Endpoints: []string{"http://127.0.0.1:1"}, InsecurePlaintext: true, Schedule: "*/5 * * * *"}
 }
 
-func mustTime(t *testing.T, s string) time.Time {
-	t.Helper()
-	v, err := time.Parse(time.RFC3339, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-func equal(t *testing.T, what string, got, want []string) {
-	t.Helper()
-	if !slices.Equal(got, want) {
-		t.Fatalf("%s: %q, want %q", what, got, want)
-	}
-}
-
 func TestScheduleStartsRunsNamedAndLabelledAtTheirTime(t *testing.T) {
-	sw := newSchedWorld(t, scheduledTarget5m(), mustTime(t, "2026-12-01T10:02:00Z"))
+	sw := newSchedWorld(t, scheduledTarget5m(), backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
 	sw.at("2026-12-01T10:02:00Z")
-	equal(t, "jobs on a fresh start (no catching up)", sw.backupsOfJobs(), nil)
+	backuptest.Equal(t, "jobs on a fresh start (no catching up)", sw.backupsOfJobs(), nil)
 	sw.at("2026-12-01T10:04:59Z")
-	equal(t, "jobs before the time", sw.backupsOfJobs(), nil)
+	backuptest.Equal(t, "jobs before the time", sw.backupsOfJobs(), nil)
 	sw.at("2026-12-01T10:05:01Z")
-	equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
+	backuptest.Equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
 	j := sw.jobs()[0]
 	if j.Labels[jobs.LabelScheduled] != "true" {
 		t.Errorf("job labels %v: want %s=true", j.Labels, jobs.LabelScheduled)
@@ -233,11 +193,11 @@ func TestScheduleStartsRunsNamedAndLabelledAtTheirTime(t *testing.T) {
 }
 
 func TestScheduleSkipsARunWhileTheTargetsBackupRuns(t *testing.T) {
-	sw := newSchedWorld(t, scheduledTarget5m(), mustTime(t, "2026-12-01T10:02:00Z"))
+	sw := newSchedWorld(t, scheduledTarget5m(), backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
 	sw.at("2026-12-01T10:02:00Z")
 	sw.at("2026-12-01T10:05:00Z")
 	sw.at("2026-12-01T10:10:00Z")
-	equal(t, "jobs while the first runs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
+	backuptest.Equal(t, "jobs while the first runs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
 	if n := sw.skipped(metrics.SkipRunning); n != 1 {
 		t.Errorf("skipped (running) = %v, want 1", n)
 	}
@@ -247,13 +207,13 @@ func TestScheduleSkipsARunWhileTheTargetsBackupRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	sw.at("2026-12-01T10:15:00Z")
-	equal(t, "jobs while an on-demand one runs", sw.backupsOfJobs(), []string{"by-hand", "cp-20261201-100500"})
+	backuptest.Equal(t, "jobs while an on-demand one runs", sw.backupsOfJobs(), []string{"by-hand", "cp-20261201-100500"})
 	if n := sw.skipped(metrics.SkipRunning); n != 2 {
 		t.Errorf("skipped (running) = %v, want 2", n)
 	}
 	sw.finish("by-hand", false)
 	sw.at("2026-12-01T10:20:00Z")
-	equal(t, "jobs once none runs", sw.backupsOfJobs(), []string{"by-hand", "cp-20261201-100500", "cp-20261201-102000"})
+	backuptest.Equal(t, "jobs once none runs", sw.backupsOfJobs(), []string{"by-hand", "cp-20261201-100500", "cp-20261201-102000"})
 	if s, f := sw.runs(metrics.ResultSucceeded), sw.runs(metrics.ResultFailed); s != 1 || f != 1 {
 		t.Errorf("runs succeeded %v failed %v, want 1 and 1", s, f)
 	}
@@ -261,57 +221,57 @@ func TestScheduleSkipsARunWhileTheTargetsBackupRuns(t *testing.T) {
 
 func TestScheduleAfterARestart(t *testing.T) {
 	t.Run("a run still going is not started again", func(t *testing.T) {
-		sw := newSchedWorld(t, scheduledTarget5m(), mustTime(t, "2026-12-01T10:02:00Z"))
+		sw := newSchedWorld(t, scheduledTarget5m(), backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
 		sw.at("2026-12-01T10:02:00Z")
 		sw.at("2026-12-01T10:05:00Z")
 		sw.restart()
 		sw.at("2026-12-01T10:06:00Z")
 		sw.at("2026-12-01T10:09:00Z")
-		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
+		backuptest.Equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
 		sw.at("2026-12-01T10:10:00Z")
-		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
+		backuptest.Equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
 		if n := sw.skipped(metrics.SkipRunning); n != 1 {
 			t.Errorf("skipped (running) = %v, want 1", n)
 		}
 	})
 	t.Run("a missed run within startingDeadline runs once, late", func(t *testing.T) {
-		sw := newSchedWorld(t, scheduledTarget5m(), mustTime(t, "2026-12-01T10:07:00Z"))
-		sw.store("cp-20261201-100000", true, mustTime(t, "2026-12-01T10:00:30Z"))
+		sw := newSchedWorld(t, scheduledTarget5m(), backuptest.MustTime(t, "2026-12-01T10:07:00Z"))
+		sw.store("cp-20261201-100000", true, backuptest.MustTime(t, "2026-12-01T10:00:30Z"))
 		sw.restart()
 		sw.at("2026-12-01T10:07:00Z") // 10:05 was missed; 2 m late < the 5 m period
-		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
+		backuptest.Equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
 		sw.at("2026-12-01T10:08:00Z")
-		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
-		if got := testutil.ToFloat64(sw.metrics.LastSuccess.WithLabelValues("cp", "default")); got != float64(mustTime(t, "2026-12-01T10:00:30Z").Unix()) {
+		backuptest.Equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
+		if got := testutil.ToFloat64(sw.metrics.LastSuccess.WithLabelValues("cp", "default")); got != float64(backuptest.MustTime(t, "2026-12-01T10:00:30Z").Unix()) {
 			t.Errorf("last success after restart = %v, want the stored backup's time", got)
 		}
 	})
 	t.Run("several missed runs start only the latest", func(t *testing.T) {
-		sw := newSchedWorld(t, scheduledTarget5m(), mustTime(t, "2026-12-01T10:00:00Z"))
-		sw.store("cp-20261201-090000", true, mustTime(t, "2026-12-01T09:00:30Z"))
+		sw := newSchedWorld(t, scheduledTarget5m(), backuptest.MustTime(t, "2026-12-01T10:00:00Z"))
+		sw.store("cp-20261201-090000", true, backuptest.MustTime(t, "2026-12-01T09:00:30Z"))
 		sw.restart()
 		sw.at("2026-12-01T10:03:00Z")
-		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100000"})
+		backuptest.Equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100000"})
 	})
 	t.Run("a run later than startingDeadline is skipped", func(t *testing.T) {
 		target := scheduledTarget5m()
 		target.StartingDeadline = &metav1.Duration{Duration: time.Minute}
-		sw := newSchedWorld(t, target, mustTime(t, "2026-12-01T10:07:00Z"))
-		sw.store("cp-20261201-100000", true, mustTime(t, "2026-12-01T10:00:30Z"))
+		sw := newSchedWorld(t, target, backuptest.MustTime(t, "2026-12-01T10:07:00Z"))
+		sw.store("cp-20261201-100000", true, backuptest.MustTime(t, "2026-12-01T10:00:30Z"))
 		sw.restart()
 		sw.at("2026-12-01T10:07:00Z")
-		equal(t, "jobs", sw.backupsOfJobs(), nil)
+		backuptest.Equal(t, "jobs", sw.backupsOfJobs(), nil)
 		if n := sw.skipped(metrics.SkipMissed); n != 1 {
 			t.Errorf("skipped (missed) = %v, want 1", n)
 		}
 		sw.at("2026-12-01T10:10:00Z")
-		equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-101000"})
+		backuptest.Equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-101000"})
 	})
 	t.Run("finished runs are counted once", func(t *testing.T) {
-		sw := newSchedWorld(t, scheduledTarget5m(), mustTime(t, "2026-12-01T10:02:00Z"))
+		sw := newSchedWorld(t, scheduledTarget5m(), backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
 		sw.at("2026-12-01T10:02:00Z")
 		sw.at("2026-12-01T10:05:00Z")
-		sw.now = mustTime(t, "2026-12-01T10:06:40Z")
+		sw.now = backuptest.MustTime(t, "2026-12-01T10:06:40Z")
 		sw.finish("cp-20261201-100500", true)
 		sw.at("2026-12-01T10:07:00Z")
 		sw.at("2026-12-01T10:08:00Z")
@@ -344,15 +304,15 @@ func TestScheduleAfterARestart(t *testing.T) {
 func TestRetentionAfterAScheduledBackup(t *testing.T) {
 	target := scheduledTarget5m()
 	target.Retention = &config.Retention{KeepLast: 2}
-	sw := newSchedWorld(t, target, mustTime(t, "2026-12-01T10:02:00Z"))
-	sw.store("cp-20261201-095000", true, mustTime(t, "2026-12-01T09:50:10Z"))
-	sw.store("cp-20261201-100000", true, mustTime(t, "2026-12-01T10:00:10Z"))
-	sw.store("by-hand", false, mustTime(t, "2026-12-01T09:20:00Z"))
+	sw := newSchedWorld(t, target, backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
+	sw.store("cp-20261201-095000", true, backuptest.MustTime(t, "2026-12-01T09:50:10Z"))
+	sw.store("cp-20261201-100000", true, backuptest.MustTime(t, "2026-12-01T10:00:10Z"))
+	sw.store("by-hand", false, backuptest.MustTime(t, "2026-12-01T09:20:00Z"))
 	sw.restart()
 	sw.at("2026-12-01T10:02:00Z")
 	sw.at("2026-12-01T10:05:00Z")
-	sw.now = mustTime(t, "2026-12-01T10:05:30Z")
+	sw.now = backuptest.MustTime(t, "2026-12-01T10:05:30Z")
 	sw.finish("cp-20261201-100500", true)
 	sw.at("2026-12-01T10:06:00Z")
-	equal(t, "stored", sw.stored(), []string{"by-hand", "cp-20261201-100000", "cp-20261201-100500"})
+	backuptest.Equal(t, "stored", sw.stored(), []string{"by-hand", "cp-20261201-100000", "cp-20261201-100500"})
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/liveness"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
 // hushURL accepts connections and never says a word: a member that may be
@@ -61,32 +62,23 @@ func claimPod(ns, name, claim string, phase corev1.PodPhase, labels map[string]s
 	}
 }
 
-func refusal(t *testing.T, w *restoreWorld) string {
+func refusal(t *testing.T, w *servertest.RestoreWorld) string {
 	t.Helper()
-	_, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
+	_, err := w.Server.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("restore: %v, want FailedPrecondition", err)
 	}
-	if j := w.jobs(t); len(j) != 0 {
+	if j := w.Jobs(t); len(j) != 0 {
 		t.Fatalf("a refused restore created %d jobs", len(j))
 	}
 	return status.Convert(err).Message()
 }
 
-func mustSay(t *testing.T, msg string, wants ...string) {
-	t.Helper()
-	for _, want := range wants {
-		if !strings.Contains(msg, want) {
-			t.Errorf("%q does not say %q", msg, want)
-		}
-	}
-}
-
 func TestRestoreRefusedWhileAMemberAnswers(t *testing.T) {
 	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{"etcdserver":"3.7.3"}`)) }))
 	defer live.Close()
-	w := newRestoreWorld(t, closedURL(t), live.URL, silentURL(t))
-	_, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
+	w := servertest.NewRestoreWorld(t, servertest.ClosedURL(t), live.URL, servertest.SilentURL(t))
+	_, err := w.Server.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("restore while m1 answers: %v, want FailedPrecondition", err)
 	}
@@ -99,19 +91,19 @@ func TestRestoreRefusedWhileAMemberAnswers(t *testing.T) {
 	if strings.Contains(msg, "m0") || strings.Contains(msg, "m2") {
 		t.Errorf("refusal names stopped members: %q", msg)
 	}
-	if j := w.jobs(t); len(j) != 0 {
+	if j := w.Jobs(t); len(j) != 0 {
 		t.Fatalf("a refused restore created %d jobs", len(j))
 	}
 
 	// A dry run shows the plan, marks the running member, creates nothing.
-	resp, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
+	resp, err := w.Server.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(resp.GetMembers()) != 3 || !strings.Contains(resp.GetMembers()[1].GetMessage(), "still answers") || resp.GetMembers()[0].GetMessage() != "" {
 		t.Fatalf("dry run plan: %v", resp)
 	}
-	if j := w.jobs(t); len(j) != 0 {
+	if j := w.Jobs(t); len(j) != 0 {
 		t.Fatalf("a dry run created %d jobs", len(j))
 	}
 }
@@ -121,11 +113,11 @@ func TestRestoreProbeSeesTLSMembers(t *testing.T) {
 	live.TLS = nil
 	live.StartTLS()
 	defer live.Close()
-	w := newRestoreWorld(t, live.URL)
+	w := servertest.NewRestoreWorld(t, live.URL)
 	if !strings.HasPrefix(live.URL, "https://") {
 		t.Fatalf("not a TLS URL: %s", live.URL)
 	}
-	_, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
+	_, err := w.Server.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("restore while a TLS member answers: %v", err)
 	}
@@ -135,7 +127,7 @@ func TestRestoreProbeSeesTLSMembers(t *testing.T) {
 // pod mounting its claim; the refusal names that pod. Finished pods and
 // the server's own restore agents do not count.
 func TestRestoreRefusedWhileAPodMountsTheClaim(t *testing.T) {
-	w := newRestoreWorld(t, closedURL(t), closedURL(t))
+	w := servertest.NewRestoreWorld(t, servertest.ClosedURL(t), servertest.ClosedURL(t))
 	ctx := context.Background()
 	agent := map[string]string{jobs.LabelManagedBy: jobs.ManagedBy, jobs.LabelComponent: jobs.ComponentRestore}
 	for _, p := range []*corev1.Pod{
@@ -144,16 +136,16 @@ func TestRestoreRefusedWhileAPodMountsTheClaim(t *testing.T) {
 		claimPod("app", "restore-m0-x", "data-m0", corev1.PodRunning, agent),
 		claimPod("other", "elsewhere", "data-m0", corev1.PodRunning, nil),
 	} {
-		if _, err := w.client.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		if _, err := w.Clientset.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	msg := refusal(t, w)
-	mustSay(t, msg, "still running", "m1 (pod app/etcd-1-abc uses pvc/data-m1)", "--replicas=0", "/etc/kubernetes/manifests")
+	servertest.MustSay(t, msg, "still running", "m1 (pod app/etcd-1-abc uses pvc/data-m1)", "--replicas=0", "/etc/kubernetes/manifests")
 	if strings.Contains(msg, "m0") {
 		t.Errorf("refusal names m0, whose only pods are finished, a restore agent, or in another namespace: %q", msg)
 	}
-	resp, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
+	resp, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,10 +153,10 @@ func TestRestoreRefusedWhileAPodMountsTheClaim(t *testing.T) {
 		t.Fatalf("dry run: %v", resp)
 	}
 
-	if err := w.client.CoreV1().Pods("app").Delete(ctx, "etcd-1-abc", metav1.DeleteOptions{}); err != nil {
+	if err := w.Clientset.CoreV1().Pods("app").Delete(ctx, "etcd-1-abc", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); err != nil {
+	if _, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); err != nil {
 		t.Fatalf("restore once the pod is gone: %v", err)
 	}
 }
@@ -183,13 +175,13 @@ func TestRestoreRefusedWhenAMemberStateIsUnknown(t *testing.T) {
 		{"silent", hushURL(t), []string{"accepts connections but sent nothing within 300ms"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newRestoreWorld(t, closedURL(t), tc.url)
+			w := servertest.NewRestoreWorld(t, servertest.ClosedURL(t), tc.url)
 			msg := refusal(t, w)
-			mustSay(t, msg, append(tc.want, `cannot tell whether etcd of target "app" is stopped`, "m1 (", "must resolve and be reachable from the server's pod", "ClusterIP Service")...)
+			servertest.MustSay(t, msg, append(tc.want, `cannot tell whether etcd of target "app" is stopped`, "m1 (", "must resolve and be reachable from the server's pod", "ClusterIP Service")...)
 			if strings.Contains(msg, "m0") || strings.Contains(msg, "still running") {
 				t.Errorf("refusal %q names m0 or calls m1 running", msg)
 			}
-			resp, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
+			resp, err := w.Server.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -203,12 +195,12 @@ func TestRestoreRefusedWhenAMemberStateIsUnknown(t *testing.T) {
 // Without pods get/list in the members' namespace the server cannot see
 // who uses a volume: unknown, and the refusal says which permission.
 func TestRestoreRefusedWhenPodsCannotBeListed(t *testing.T) {
-	w := newRestoreWorld(t, closedURL(t))
-	w.client.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+	w := servertest.NewRestoreWorld(t, servertest.ClosedURL(t))
+	w.Clientset.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", nil)
 	})
-	mustSay(t, refusal(t, w), "cannot tell", "forbidden", "pods list in namespace app")
-	resp, err := w.srv.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
+	servertest.MustSay(t, refusal(t, w), "cannot tell", "forbidden", "pods list in namespace app")
+	resp, err := w.Server.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,16 +212,16 @@ func TestRestoreRefusedWhenPodsCannotBeListed(t *testing.T) {
 // hostPathWorld is a server with a two-member control-plane target.
 func hostPathWorld(t *testing.T, cs *fake.Clientset) *server.Server {
 	t.Helper()
-	w := newRestoreWorld(t) // for backup b1 in a location
+	w := servertest.NewRestoreWorld(t) // for backup b1 in a location
 	l, err := jobs.New(cs, "etcdbackup-system", config.Agents{Image: "agent:dev"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	target := config.Target{Name: "cp", Endpoints: []string{closedURL(t)}, InsecurePlaintext: true}
+	target := config.Target{Name: "cp", Endpoints: []string{servertest.ClosedURL(t)}, InsecurePlaintext: true}
 	for i, node := range []string{"cp-1", "cp-2"} {
 		name := "m" + string(rune('0'+i))
 		target.Members = append(target.Members, config.Member{
-			Name: name, PeerURL: "https://" + node + ":2380", ClientURL: closedURL(t), DataDir: "etcd", NodeName: node,
+			Name: name, PeerURL: "https://" + node + ":2380", ClientURL: servertest.ClosedURL(t), DataDir: "etcd", NodeName: node,
 			Volume: config.MemberVolume{HostPath: &config.HostPathRef{Path: "/var/lib"}},
 		})
 	}
@@ -237,7 +229,7 @@ func hostPathWorld(t *testing.T, cs *fake.Clientset) *server.Server {
 		t.Fatal(err)
 	}
 	srv, err := server.New(server.Config{
-		Locations: []server.NamedLocation{{Name: "default", Location: w.loc}},
+		Locations: []server.NamedLocation{{Name: "default", Location: w.Location}},
 		Targets:   []config.Target{target},
 		Agents:    l,
 	})
@@ -279,7 +271,7 @@ func TestHostPathRestore(t *testing.T) {
 		t.Fatalf("restore while etcd-cp-2 runs: %v", err)
 	}
 	msg := status.Convert(err).Message()
-	mustSay(t, msg, "m1 (pod kube-system/etcd-cp-2 uses hostPath cp-2:/var/lib)", "/etc/kubernetes/manifests")
+	servertest.MustSay(t, msg, "m1 (pod kube-system/etcd-cp-2 uses hostPath cp-2:/var/lib)", "/etc/kubernetes/manifests")
 	if strings.Contains(msg, "m0") {
 		t.Errorf("refusal names m0: %q", msg)
 	}

@@ -1,7 +1,6 @@
 package retention_test
 
 import (
-	"slices"
 	"testing"
 	"time"
 
@@ -9,27 +8,12 @@ import (
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
-func mustTime(t *testing.T, s string) time.Time {
-	t.Helper()
-	v, err := time.Parse(time.RFC3339, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-func equal(t *testing.T, what string, got, want []string) {
-	t.Helper()
-	if !slices.Equal(got, want) {
-		t.Fatalf("%s: %q, want %q", what, got, want)
-	}
-}
-
 func TestSelectPrunable(t *testing.T) {
-	base := mustTime(t, "2026-12-01T00:00:00Z")
+	base := backuptest.MustTime(t, "2026-12-01T00:00:00Z")
 	m := func(name string, hoursAgo int, scheduled bool, target string) *storage.Manifest {
 		man := &storage.Manifest{Name: name, CreateTime: base.Add(-time.Duration(hoursAgo) * time.Hour), Source: storage.Source{Kind: storage.SourceAgent, Target: target}}
 		if scheduled {
@@ -63,10 +47,10 @@ func TestSelectPrunable(t *testing.T) {
 		{"never the newest, however old", config.Retention{KeepLast: 1, MaxAge: metav1.Duration{Duration: time.Minute}}, false, []string{"s2", "s3", "s4"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			equal(t, "prunable", names(retention.Select(all, "cp", tc.r, tc.all, base)), tc.want)
+			backuptest.Equal(t, "prunable", names(retention.Select(all, "cp", tc.r, tc.all, base)), tc.want)
 		})
 	}
 	// The newest of a target stays even when every one is past maxAge.
 	old := []*storage.Manifest{m("a", 100, true, "cp"), m("b", 200, true, "cp")}
-	equal(t, "prunable of old ones", names(retention.Select(old, "cp", config.Retention{MaxAge: metav1.Duration{Duration: time.Hour}}, false, base)), []string{"b"})
+	backuptest.Equal(t, "prunable of old ones", names(retention.Select(old, "cp", config.Retention{MaxAge: metav1.Duration{Duration: time.Hour}}, false, base)), []string{"b"})
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
 	"io"
 	"strings"
 	"testing"
@@ -19,11 +18,6 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
-
-func hexSum(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
-}
 
 func TestUserUploadCannotClaimToBeAnAgent(t *testing.T) {
 	srv := servertest.Start(t, "")
@@ -68,8 +62,8 @@ func TestAgentSnapshotIsCheckedAgainstEtcdsTrailer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("agent upload of a whole snapshot: %v", err)
 	}
-	if b.GetSha256() != hexSum(good) || b.GetSize() != int64(len(good)) || b.GetSource().GetKind() != "agent" {
-		t.Fatalf("stored %d bytes, SHA-256 %s, source %q; want %d, %s, agent", b.GetSize(), b.GetSha256(), b.GetSource().GetKind(), len(good), hexSum(good))
+	if b.GetSha256() != sha(good) || b.GetSize() != int64(len(good)) || b.GetSource().GetKind() != "agent" {
+		t.Fatalf("stored %d bytes, SHA-256 %s, source %q; want %d, %s, agent", b.GetSize(), b.GetSha256(), b.GetSource().GetKind(), len(good), sha(good))
 	}
 
 	// A user's plain upload is held to etcd's trailer too: the damaged
@@ -86,8 +80,8 @@ func TestAgentSnapshotIsCheckedAgainstEtcdsTrailer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("user upload of a whole snapshot: %v", err)
 	}
-	if b.GetSha256() != hexSum(good) || b.GetSize() != int64(len(good)) || b.GetSource().GetKind() != "upload" {
-		t.Fatalf("stored %d bytes, SHA-256 %s, source %q; want %d, %s, upload", b.GetSize(), b.GetSha256(), b.GetSource().GetKind(), len(good), hexSum(good))
+	if b.GetSha256() != sha(good) || b.GetSize() != int64(len(good)) || b.GetSource().GetKind() != "upload" {
+		t.Fatalf("stored %d bytes, SHA-256 %s, source %q; want %d, %s, upload", b.GetSize(), b.GetSha256(), b.GetSource().GetKind(), len(good), sha(good))
 	}
 }
 
@@ -113,16 +107,16 @@ func TestRestoreAgentDownloadsOnlyItsPinnedBackup(t *testing.T) {
 			}
 		}
 	}
-	agent := servertest.AsAgent{Kind: auth.AgentRestore, JobNamespace: "app", JobName: "restore-m0-x", Backup: "b1", Location: "default", SHA256: hexSum(data)}
+	agent := servertest.AsAgent{Kind: auth.AgentRestore, JobNamespace: "app", JobName: "restore-m0-x", Backup: "b1", Location: "default", SHA256: sha(data)}
 	if err := download(t, agent, "b1"); err != nil {
 		t.Fatalf("the restore agent of b1 downloading b1 as pinned: %v", err)
 	}
 
-	old := hexSum([]byte("what b1 was when the restore started"))
+	old := sha([]byte("what b1 was when the restore started"))
 	pinnedElsewhere := agent
 	pinnedElsewhere.SHA256 = old
 	err := download(t, pinnedElsewhere, "b1")
-	if msg := status.Convert(err).Message(); status.Code(err) != codes.PermissionDenied || !strings.Contains(msg, old) || !strings.Contains(msg, hexSum(data)) {
+	if msg := status.Convert(err).Message(); status.Code(err) != codes.PermissionDenied || !strings.Contains(msg, old) || !strings.Contains(msg, sha(data)) {
 		t.Fatalf("restore agent pinned to another SHA-256: %v; want PermissionDenied naming both hashes", err)
 	}
 
@@ -137,32 +131,32 @@ func TestRestoreAgentDownloadsOnlyItsPinnedBackup(t *testing.T) {
 }
 
 func TestDeleteRefusedWhileARestoreReadsTheBackup(t *testing.T) {
-	w := newRestoreWorld(t, closedURL(t))
+	w := servertest.NewRestoreWorld(t, servertest.ClosedURL(t))
 	ctx := context.Background()
-	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); err != nil {
+	if _, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); err != nil {
 		t.Fatal(err)
 	}
-	running := w.jobs(t)
+	running := w.Jobs(t)
 	if len(running) != 1 {
 		t.Fatalf("%d restore jobs", len(running))
 	}
-	_, err := w.srv.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "b1"})
+	_, err := w.Server.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "b1"})
 	msg := status.Convert(err).Message()
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(msg, "app/"+running[0].Name) || !strings.Contains(msg, "kubectl -n app delete job "+running[0].Name) {
 		t.Fatalf("delete while restore Job %s runs: %v; want FailedPrecondition naming the Job", running[0].Name, err)
 	}
-	if _, err := w.loc.Stat(ctx, "b1"); err != nil {
+	if _, err := w.Location.Stat(ctx, "b1"); err != nil {
 		t.Fatalf("the refused delete removed the backup: %v", err)
 	}
 
 	// Once the restore is over, the backup may go.
 	j := running[0]
 	j.Status.Conditions = []batchv1.JobCondition{{Type: batchv1.JobComplete, Status: corev1.ConditionTrue}}
-	if _, err := w.client.BatchV1().Jobs(j.Namespace).UpdateStatus(ctx, &j, metav1.UpdateOptions{}); err != nil {
+	if _, err := w.Clientset.BatchV1().Jobs(j.Namespace).UpdateStatus(ctx, &j, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w.synced(t)
-	if _, err := w.srv.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "b1"}); err != nil {
+	w.Synced(t)
+	if _, err := w.Server.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "b1"}); err != nil {
 		t.Fatalf("delete after the restore finished: %v", err)
 	}
 }

@@ -20,37 +20,37 @@ import (
 )
 
 func TestBadNamesAreInvalidArgumentAndTouchNothing(t *testing.T) {
-	ts := startServer(t, "")
-	ts.upload(t, "existing", trailed(t, 1))
-	if err := os.WriteFile(filepath.Join(filepath.Dir(ts.dir), "x.json"), []byte(`{"name":"x"}`), 0o600); err != nil {
+	ts := servertest.Start(t, "")
+	ts.Upload(t, "existing", trailed(t, 1))
+	if err := os.WriteFile(filepath.Join(filepath.Dir(ts.Dir), "x.json"), []byte(`{"name":"x"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	before := tree(t, filepath.Dir(ts.dir))
+	before := servertest.Tree(t, filepath.Dir(ts.Dir))
 	bad := []string{"../x", "/abs", "", strings.Repeat("a", 300), "UPPER", "a/b", ".", "..", "x\x00y", "-lead"}
 	ctx := context.Background()
 	for _, name := range bad {
-		_, err := ts.client.Upload(ctx, bytes.NewReader([]byte("data")), &ebv1.UploadHeader{Name: name}, nil)
-		wantCode(t, err, codes.InvalidArgument)
-		_, err = ts.client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name})
-		wantCode(t, err, codes.InvalidArgument)
-		_, err = ts.client.Backups.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: name})
-		wantCode(t, err, codes.InvalidArgument)
-		_, err = ts.client.Download(ctx, io.Discard, client.DownloadRequest{Name: name})
-		wantCode(t, err, codes.InvalidArgument)
-		_, err = ts.client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{Location: name})
+		_, err := ts.Client.Upload(ctx, bytes.NewReader([]byte("data")), &ebv1.UploadHeader{Name: name}, nil)
+		servertest.WantCode(t, err, codes.InvalidArgument)
+		_, err = ts.Client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name})
+		servertest.WantCode(t, err, codes.InvalidArgument)
+		_, err = ts.Client.Backups.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: name})
+		servertest.WantCode(t, err, codes.InvalidArgument)
+		_, err = ts.Client.Download(ctx, io.Discard, client.DownloadRequest{Name: name})
+		servertest.WantCode(t, err, codes.InvalidArgument)
+		_, err = ts.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{Location: name})
 		if name == "" {
 			if err != nil {
 				t.Fatal(err)
 			}
 		} else {
-			wantCode(t, err, codes.NotFound)
+			servertest.WantCode(t, err, codes.NotFound)
 		}
 	}
-	if after := tree(t, filepath.Dir(ts.dir)); after != before {
+	if after := servertest.Tree(t, filepath.Dir(ts.Dir)); after != before {
 		t.Fatalf("disk changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 	// The message says what is wrong.
-	_, err := ts.client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: strings.Repeat("a", 300)})
+	_, err := ts.Client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: strings.Repeat("a", 300)})
 	if !strings.Contains(status.Convert(err).Message(), "limit is 200") {
 		t.Fatalf("unhelpful message: %v", err)
 	}
@@ -62,48 +62,48 @@ func TestBadNamesAreInvalidArgumentAndTouchNothing(t *testing.T) {
 		{Name: "ok", Compression: "gzip"},
 		{Name: "ok", Source: &ebv1.BackupSource{Kind: "stolen"}},
 	} {
-		_, err := ts.client.Upload(ctx, bytes.NewReader([]byte("data")), h, nil)
-		wantCode(t, err, codes.InvalidArgument)
+		_, err := ts.Client.Upload(ctx, bytes.NewReader([]byte("data")), h, nil)
+		servertest.WantCode(t, err, codes.InvalidArgument)
 	}
-	if after := tree(t, filepath.Dir(ts.dir)); after != before {
+	if after := servertest.Tree(t, filepath.Dir(ts.Dir)); after != before {
 		t.Fatalf("disk changed by bad headers")
 	}
 }
 
 func TestImmutableAndNotFound(t *testing.T) {
-	ts := startServer(t, "")
+	ts := servertest.Start(t, "")
 	ctx := context.Background()
 	first := trailed(t, 1)
-	ts.upload(t, "a", first)
-	_, err := ts.client.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "a"}, nil)
-	wantCode(t, err, codes.AlreadyExists)
+	ts.Upload(t, "a", first)
+	_, err := ts.Client.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "a"}, nil)
+	servertest.WantCode(t, err, codes.AlreadyExists)
 	var out bytes.Buffer
-	if _, err := ts.client.Download(ctx, &out, client.DownloadRequest{Name: "a"}); err != nil || !bytes.Equal(out.Bytes(), first) {
+	if _, err := ts.Client.Download(ctx, &out, client.DownloadRequest{Name: "a"}); err != nil || !bytes.Equal(out.Bytes(), first) {
 		t.Fatalf("original changed: %d bytes, equal %v, %v", out.Len(), bytes.Equal(out.Bytes(), first), err)
 	}
-	_, err = ts.client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: "missing"})
-	wantCode(t, err, codes.NotFound)
-	_, err = ts.client.Download(ctx, io.Discard, client.DownloadRequest{Name: "missing"})
-	wantCode(t, err, codes.NotFound)
-	if _, err := ts.client.Backups.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "a"}); err != nil {
+	_, err = ts.Client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: "missing"})
+	servertest.WantCode(t, err, codes.NotFound)
+	_, err = ts.Client.Download(ctx, io.Discard, client.DownloadRequest{Name: "missing"})
+	servertest.WantCode(t, err, codes.NotFound)
+	if _, err := ts.Client.Backups.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "a"}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = ts.client.Backups.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "a"})
-	wantCode(t, err, codes.NotFound)
+	_, err = ts.Client.Backups.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "a"})
+	servertest.WantCode(t, err, codes.NotFound)
 	// Deleted names can be reused.
-	ts.upload(t, "a", trailed(t, 1))
+	ts.Upload(t, "a", trailed(t, 1))
 }
 
 func TestListFiltersAndSorts(t *testing.T) {
-	ts := startServer(t, "")
+	ts := servertest.Start(t, "")
 	ctx := context.Background()
 	for _, n := range []string{"b", "a", "c"} {
-		if _, err := ts.client.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: n, Labels: map[string]string{"env": map[bool]string{true: "prod", false: "dev"}[n != "b"]}}, nil); err != nil {
+		if _, err := ts.Client.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: n, Labels: map[string]string{"env": map[bool]string{true: "prod", false: "dev"}[n != "b"]}}, nil); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	resp, err := ts.client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{LabelSelector: "env=prod"})
+	resp, err := ts.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{LabelSelector: "env=prod"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,8 +114,8 @@ func TestListFiltersAndSorts(t *testing.T) {
 	if strings.Join(got, ",") != "c,a" {
 		t.Fatalf("list env=prod = %v, want newest first [c a]", got)
 	}
-	_, err = ts.client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{LabelSelector: "env in (("})
-	wantCode(t, err, codes.InvalidArgument)
+	_, err = ts.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{LabelSelector: "env in (("})
+	servertest.WantCode(t, err, codes.InvalidArgument)
 }
 
 func TestListBackupsPages(t *testing.T) {
@@ -179,9 +179,9 @@ func TestListBackupsPages(t *testing.T) {
 	}
 
 	_, err = srv.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{PageToken: "not-a-token"})
-	wantRefusal(t, err, codes.InvalidArgument, "page token")
+	servertest.WantRefusal(t, err, codes.InvalidArgument, "page token")
 	_, err = srv.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{PageToken: first.GetNextPageToken(), LabelSelector: "env=prod"})
-	wantRefusal(t, err, codes.InvalidArgument, "page token", "env=prod")
+	servertest.WantRefusal(t, err, codes.InvalidArgument, "page token", "env=prod")
 	_, err = srv.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{PageSize: -1})
-	wantRefusal(t, err, codes.InvalidArgument, "page size")
+	servertest.WantRefusal(t, err, codes.InvalidArgument, "page size")
 }

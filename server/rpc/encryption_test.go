@@ -3,8 +3,6 @@ package rpc_test
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"io"
 	"strings"
 	"testing"
@@ -16,6 +14,8 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
 )
@@ -46,12 +46,12 @@ func sealed(t *testing.T, plain []byte, rcp string) []byte {
 // is wrong: recipients that are no public keys, data declared encrypted
 // that is no age file.
 func TestUploadOfEncryptedData(t *testing.T) {
-	ts := startServer(t, "")
+	ts := servertest.Start(t, "")
 	ctx := context.Background()
 	id, rcp := ageKey(t)
 	plain := randomBytes(t, 100000)
 	data := sealed(t, plain, rcp)
-	b, err := ts.client.UploadWith(ctx, bytes.NewReader(data), client.UploadRequest{
+	b, err := ts.Client.UploadWith(ctx, bytes.NewReader(data), client.UploadRequest{
 		Header: &ebv1.UploadHeader{Name: "enc", Encryption: "age", AgeRecipients: []string{rcp}},
 		Raw:    func() (int64, string) { return int64(len(plain)), sha(plain) },
 	})
@@ -63,12 +63,12 @@ func TestUploadOfEncryptedData(t *testing.T) {
 		t.Fatalf("backup %v", b)
 	}
 	// The record survives a restart: the manifest holds it.
-	got, err := ts.client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: "enc"})
+	got, err := ts.Client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: "enc"})
 	if err != nil || got.GetBackup().GetEncryption() != "age" || got.GetBackup().GetAgeRecipients()[0] != rcp {
 		t.Fatalf("get: %v %v", got, err)
 	}
 
-	before := tree(t, ts.dir)
+	before := servertest.Tree(t, ts.Dir)
 	for name, h := range map[string]*ebv1.UploadHeader{
 		"secret key":      {Name: "x1", Encryption: "age", AgeRecipients: []string{id.String()}},
 		"no recipients":   {Name: "x2", Encryption: "age"},
@@ -80,13 +80,13 @@ func TestUploadOfEncryptedData(t *testing.T) {
 		if name == "not age data" {
 			body = plain
 		}
-		_, err := ts.client.Upload(ctx, bytes.NewReader(body), h, nil)
-		wantCode(t, err, codes.InvalidArgument)
+		_, err := ts.Client.Upload(ctx, bytes.NewReader(body), h, nil)
+		servertest.WantCode(t, err, codes.InvalidArgument)
 		if strings.Contains(status.Convert(err).Message(), id.String()) {
 			t.Errorf("%s: the error repeats the secret key", name)
 		}
 	}
-	if after := tree(t, ts.dir); after != before {
+	if after := servertest.Tree(t, ts.Dir); after != before {
 		t.Fatalf("refused uploads changed storage:\n%s\nvs\n%s", before, after)
 	}
 }
@@ -94,17 +94,17 @@ func TestUploadOfEncryptedData(t *testing.T) {
 // VerifyBackup of an encrypted backup checks the stored SHA-256 and the
 // age header, and says the rest needs the key.
 func TestVerifyEncryptedBackup(t *testing.T) {
-	ts := startServer(t, "")
+	ts := servertest.Start(t, "")
 	ctx := context.Background()
 	_, rcp := ageKey(t)
 	_, rcp2 := ageKey(t)
 	recs, _ := crypt.ParseRecipients([]string{rcp, rcp2})
 	r, _ := crypt.Encrypt(ctx, bytes.NewReader(randomBytes(t, 5000)), recs)
 	data, _ := io.ReadAll(r)
-	if _, err := ts.client.Upload(ctx, bytes.NewReader(data), &ebv1.UploadHeader{Name: "enc", Encryption: "age", AgeRecipients: []string{rcp, rcp2}}, nil); err != nil {
+	if _, err := ts.Client.Upload(ctx, bytes.NewReader(data), &ebv1.UploadHeader{Name: "enc", Encryption: "age", AgeRecipients: []string{rcp, rcp2}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := ts.client.Backups.VerifyBackup(ctx, &ebv1.VerifyBackupRequest{Name: "enc"})
+	resp, err := ts.Client.Backups.VerifyBackup(ctx, &ebv1.VerifyBackupRequest{Name: "enc"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,20 +114,11 @@ func TestVerifyEncryptedBackup(t *testing.T) {
 
 	// Stored bytes that are no longer what was recorded: DataLoss.
 	// A second handle on the same directory, as after a restart.
-	loc, err := filesystem.New(ts.dir)
+	loc, err := filesystem.New(ts.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	up, err := loc.Create(ctx, "fake")
-	if err != nil {
-		t.Fatal(err)
-	}
-	junk := []byte("age-encryption.org/v1\n-> X25519 garbage\n")
-	up.Write(junk)
-	sum := sha256.Sum256(junk)
-	if err := up.Commit(ctx, &storage.Manifest{Name: "fake", Size: int64(len(junk)), SHA256: hex.EncodeToString(sum[:]), Encryption: "age", AgeRecipients: []string{rcp}}); err != nil {
-		t.Fatal(err)
-	}
-	_, err = ts.client.Backups.VerifyBackup(ctx, &ebv1.VerifyBackupRequest{Name: "fake"})
-	wantCode(t, err, codes.DataLoss)
+	backuptest.Put(t, loc, &storage.Manifest{Name: "fake", Encryption: "age", AgeRecipients: []string{rcp}}, []byte("age-encryption.org/v1\n-> X25519 garbage\n"))
+	_, err = ts.Client.Backups.VerifyBackup(ctx, &ebv1.VerifyBackupRequest{Name: "fake"})
+	servertest.WantCode(t, err, codes.DataLoss)
 }

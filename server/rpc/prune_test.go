@@ -3,7 +3,6 @@ package rpc_test
 import (
 	"context"
 	"log/slog"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
@@ -84,66 +84,26 @@ func (sw *pruneWorld) synced() {
 // store puts a backup in storage as an agent of the target would.
 func (sw *pruneWorld) store(name string, scheduled bool, created time.Time) {
 	sw.t.Helper()
-	ctx := context.Background()
-	up, err := sw.loc.Create(ctx, name)
-	if err != nil {
-		sw.t.Fatal(err)
-	}
-	if _, err := up.Write([]byte("data of " + name)); err != nil {
-		sw.t.Fatal(err)
-	}
-	m := &storage.Manifest{Name: name, Size: int64(len("data of " + name)), SHA256: strings.Repeat("0", 64), CreateTime: created,
-		Source: storage.Source{Kind: storage.SourceAgent, Target: sw.target.Name}}
-	if scheduled {
-		m.Labels = map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: sw.target.Name}
-	}
-	if err := up.Commit(ctx, m); err != nil {
-		sw.t.Fatal(err)
-	}
+	backuptest.Store(sw.t, sw.loc, sw.target.Name, name, scheduled, created)
 }
 
 func (sw *pruneWorld) stored() []string {
 	sw.t.Helper()
-	ms, err := sw.loc.List(context.Background())
-	if err != nil {
-		sw.t.Fatal(err)
-	}
-	var out []string
-	for _, m := range ms {
-		out = append(out, m.Name)
-	}
-	slices.Sort(out)
-	return out
+	return backuptest.Names(sw.t, sw.loc)
 }
 
 func scheduledTarget5m() config.Target {
 	return config.Target{Name: "cp", Endpoints: []string{"http://127.0.0.1:1"}, InsecurePlaintext: true, Schedule: "*/5 * * * *"}
 }
 
-func mustTime(t *testing.T, s string) time.Time {
-	t.Helper()
-	v, err := time.Parse(time.RFC3339, s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-func equal(t *testing.T, what string, got, want []string) {
-	t.Helper()
-	if !slices.Equal(got, want) {
-		t.Fatalf("%s: %q, want %q", what, got, want)
-	}
-}
-
 func TestPruneBackups(t *testing.T) {
 	target := scheduledTarget5m()
 	target.Retention = &config.Retention{KeepLast: 1}
-	sw := newPruneWorld(t, target, mustTime(t, "2026-12-01T10:00:00Z"))
+	sw := newPruneWorld(t, target, backuptest.MustTime(t, "2026-12-01T10:00:00Z"))
 	for i, n := range []string{"cp-20261201-090000", "cp-20261201-091000", "cp-20261201-092000", "cp-20261201-093000"} {
-		sw.store(n, true, mustTime(t, "2026-12-01T09:00:30Z").Add(time.Duration(i)*10*time.Minute))
+		sw.store(n, true, backuptest.MustTime(t, "2026-12-01T09:00:30Z").Add(time.Duration(i)*10*time.Minute))
 	}
-	sw.store("by-hand", false, mustTime(t, "2026-12-01T08:00:00Z"))
+	sw.store("by-hand", false, backuptest.MustTime(t, "2026-12-01T08:00:00Z"))
 	ctx := context.Background()
 	pruned := func(r *ebv1.PruneBackupsResponse) []string {
 		var out []string
@@ -157,8 +117,8 @@ func TestPruneBackups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	equal(t, "dry run", pruned(resp), []string{"cp-20261201-092000", "cp-20261201-091000", "cp-20261201-090000"})
-	equal(t, "stored after a dry run", sw.stored(), []string{"by-hand", "cp-20261201-090000", "cp-20261201-091000", "cp-20261201-092000", "cp-20261201-093000"})
+	backuptest.Equal(t, "dry run", pruned(resp), []string{"cp-20261201-092000", "cp-20261201-091000", "cp-20261201-090000"})
+	backuptest.Equal(t, "stored after a dry run", sw.stored(), []string{"by-hand", "cp-20261201-090000", "cp-20261201-091000", "cp-20261201-092000", "cp-20261201-093000"})
 
 	// One being downloaded, one being restored: both kept.
 	done, err := sw.inUse.Download("default", "cp-20261201-091000")
@@ -176,14 +136,14 @@ func TestPruneBackups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	equal(t, "pruned", pruned(resp), []string{"cp-20261201-092000"})
+	backuptest.Equal(t, "pruned", pruned(resp), []string{"cp-20261201-092000"})
 	var inUse []string
 	for _, b := range resp.GetInUse() {
 		inUse = append(inUse, b.GetName())
 	}
-	equal(t, "in use", inUse, []string{"cp-20261201-091000", "cp-20261201-090000"})
+	backuptest.Equal(t, "in use", inUse, []string{"cp-20261201-091000", "cp-20261201-090000"})
 	done()
-	equal(t, "stored", sw.stored(), []string{"by-hand", "cp-20261201-090000", "cp-20261201-091000", "cp-20261201-093000"})
+	backuptest.Equal(t, "stored", sw.stored(), []string{"by-hand", "cp-20261201-090000", "cp-20261201-091000", "cp-20261201-093000"})
 
 	// --all takes the unscheduled one too; the newest stays.
 	if err := sw.cs.BatchV1().Jobs(testNS).Delete(ctx, "restore-x", metav1.DeleteOptions{}); err != nil {
@@ -193,14 +153,14 @@ func TestPruneBackups(t *testing.T) {
 	if _, err := sw.srv.PruneBackups(ctx, &ebv1.PruneBackupsRequest{Target: "cp", IncludeUnscheduled: true}); err != nil {
 		t.Fatal(err)
 	}
-	equal(t, "stored after --all", sw.stored(), []string{"cp-20261201-093000"})
+	backuptest.Equal(t, "stored after --all", sw.stored(), []string{"cp-20261201-093000"})
 	if n := testutil.ToFloat64(sw.metrics.Pruned.WithLabelValues("cp", "default")); n != 4 {
 		t.Errorf("pruned metric %v, want 4", n)
 	}
 }
 
 func TestPruneBackupsRefusesATargetWithoutRetention(t *testing.T) {
-	sw := newPruneWorld(t, scheduledTarget5m(), mustTime(t, "2026-12-01T10:00:00Z"))
+	sw := newPruneWorld(t, scheduledTarget5m(), backuptest.MustTime(t, "2026-12-01T10:00:00Z"))
 	_, err := sw.srv.PruneBackups(context.Background(), &ebv1.PruneBackupsRequest{Target: "cp"})
 	if err == nil || !strings.Contains(err.Error(), "no retention") {
 		t.Fatalf("prune of a target without retention: %v", err)

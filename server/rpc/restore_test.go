@@ -2,9 +2,6 @@ package rpc_test
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,126 +13,19 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
 )
 
-// closedURL is a client URL where nothing listens.
-func closedURL(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return "http://" + addr
-}
-
-// silentURL accepts connections and closes them at once, as a Service
-// without endpoints may.
-func silentURL(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	return "http://" + l.Addr().String()
-}
-
-type restoreWorld struct {
-	srv    *server.Server
-	client *fake.Clientset
-	loc    storage.Location
-	agents *jobs.Launcher
-	// sha256 is backup b1's.
-	sha256 string
-}
-
-// synced waits until the server's agent caches hold what the test
-// changed through the fake clientset.
-func (w *restoreWorld) synced(t *testing.T) {
-	t.Helper()
-	if err := w.agents.Sync(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func newRestoreWorld(t *testing.T, clientURLs ...string) *restoreWorld {
-	t.Helper()
-	loc, err := filesystem.New(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	up, err := loc.Create(ctx, "b1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	data := []byte("not really a snapshot")
-	if _, err := up.Write(data); err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(data)
-	if err := up.Commit(ctx, &storage.Manifest{Name: "b1", Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}); err != nil {
-		t.Fatal(err)
-	}
-	cs := fake.NewClientset()
-	l, err := jobs.New(cs, "etcdbackup-system", config.Agents{Image: "agent:dev"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := config.Target{Name: "app", Endpoints: []string{closedURL(t)}, InsecurePlaintext: true, Namespace: "app", InitialClusterToken: "tok"}
-	for i, u := range clientURLs {
-		name := "m" + string(rune('0'+i))
-		target.Members = append(target.Members, config.Member{
-			Name: name, PeerURL: "http://" + name + ".app.svc:2380", ClientURL: u, DataDir: "data",
-			Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-" + name}},
-		})
-	}
-	if err := l.Start(t.Context(), []config.Target{target}); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := server.New(server.Config{
-		Locations: []server.NamedLocation{{Name: "default", Location: loc}},
-		Targets:   []config.Target{target},
-		Agents:    l,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &restoreWorld{srv: srv, client: cs, loc: loc, agents: l, sha256: hex.EncodeToString(sum[:])}
-}
-
-func (w *restoreWorld) jobs(t *testing.T) []batchv1.Job {
-	t.Helper()
-	list, err := w.client.BatchV1().Jobs("app").List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return list.Items
-}
-
 func TestRestoreStartsOneJobPerMember(t *testing.T) {
-	w := newRestoreWorld(t, closedURL(t), silentURL(t))
+	w := servertest.NewRestoreWorld(t, servertest.ClosedURL(t), servertest.SilentURL(t))
 	ctx := context.Background()
-	resp, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", MoveAside: true})
+	resp, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", MoveAside: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +38,7 @@ func TestRestoreStartsOneJobPerMember(t *testing.T) {
 			t.Errorf("member %s: bump %d, mark compacted %v; want 1000000000 and marked", m.GetMember(), m.GetBumpRevision(), m.GetMarkCompacted())
 		}
 	}
-	list := w.jobs(t)
+	list := w.Jobs(t)
 	if len(list) != 2 {
 		t.Fatalf("%d jobs, want 2", len(list))
 	}
@@ -162,16 +52,16 @@ func TestRestoreStartsOneJobPerMember(t *testing.T) {
 			"--initial-cluster=m0=http://m0.app.svc:2380,m1=http://m1.app.svc:2380", "--initial-cluster-token=tok",
 			"--data-dir=/var/lib/etcd-restore/data", "--move-aside", "--server=etcdbackup.etcdbackup-system.svc:" + config.DefaultAgentPort,
 			// Pinned to the stored backup's content, authenticated by its own token.
-			"--sha256=" + w.sha256, "--token-file=" + jobs.TokenPath,
+			"--sha256=" + w.SHA256, "--token-file=" + jobs.TokenPath,
 			"--bump-revision=1000000000",
 		} {
 			if !strings.Contains(args, want) {
 				t.Errorf("job %s args %q lack %q", j.Name, args, want)
 			}
 		}
-		if j.Annotations[jobs.AnnotationSHA256] != w.sha256 || j.Spec.Template.Annotations[jobs.AnnotationSHA256] != w.sha256 {
+		if j.Annotations[jobs.AnnotationSHA256] != w.SHA256 || j.Spec.Template.Annotations[jobs.AnnotationSHA256] != w.SHA256 {
 			t.Errorf("job %s: SHA-256 annotations %q (job) and %q (pod), want %s", j.Name,
-				j.Annotations[jobs.AnnotationSHA256], j.Spec.Template.Annotations[jobs.AnnotationSHA256], w.sha256)
+				j.Annotations[jobs.AnnotationSHA256], j.Spec.Template.Annotations[jobs.AnnotationSHA256], w.SHA256)
 		}
 		if spec.Volumes[0].PersistentVolumeClaim == nil || !strings.HasPrefix(spec.Volumes[0].PersistentVolumeClaim.ClaimName, "data-m") {
 			t.Errorf("job %s does not mount the member's claim: %+v", j.Name, spec.Volumes[0])
@@ -179,11 +69,11 @@ func TestRestoreStartsOneJobPerMember(t *testing.T) {
 	}
 
 	// Running: a second restore is refused; GetRestore follows the Jobs.
-	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); status.Code(err) != codes.AlreadyExists {
+	if _, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); status.Code(err) != codes.AlreadyExists {
 		t.Fatalf("second restore while running: %v", err)
 	}
 	get := func() []*ebv1.MemberRestore {
-		r, err := w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
+		r, err := w.Server.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -203,11 +93,11 @@ func TestRestoreStartsOneJobPerMember(t *testing.T) {
 			cond = batchv1.JobFailed
 		}
 		j.Status.Conditions = []batchv1.JobCondition{{Type: cond, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded"}}
-		if _, err := w.client.BatchV1().Jobs("app").UpdateStatus(ctx, &j, metav1.UpdateOptions{}); err != nil {
+		if _, err := w.Clientset.BatchV1().Jobs("app").UpdateStatus(ctx, &j, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	w.synced(t)
+	w.Synced(t)
 	phases := map[string]ebv1.RestorePhase{}
 	for _, m := range get() {
 		phases[m.GetMember()] = m.GetPhase()
@@ -221,22 +111,22 @@ func TestRestoreStartsOneJobPerMember(t *testing.T) {
 // GetRestore; 0 turns the bump and the mark off; negative is refused
 // before anything is created.
 func TestRestoreBumpRevision(t *testing.T) {
-	w := newRestoreWorld(t, closedURL(t), closedURL(t))
+	w := servertest.NewRestoreWorld(t, servertest.ClosedURL(t), servertest.ClosedURL(t))
 	ctx := context.Background()
 	bump := func(b *ebv1.MemberRestore) string {
 		return b.GetMember() + ":" + strconv.FormatInt(b.GetBumpRevision(), 10) + ":" + strconv.FormatBool(b.GetMarkCompacted())
 	}
 
-	_, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", BumpRevision: proto.Int64(-1)})
+	_, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", BumpRevision: proto.Int64(-1)})
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "--bump-revision -1 is negative") {
 		t.Fatalf("negative bump: %v, want InvalidArgument naming --bump-revision", err)
 	}
-	if j := w.jobs(t); len(j) != 0 {
+	if j := w.Jobs(t); len(j) != 0 {
 		t.Fatalf("a refused restore created %d jobs", len(j))
 	}
 
 	// The dry run's plan says what each member would get.
-	plan, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true, BumpRevision: proto.Int64(42)})
+	plan, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", DryRun: true, BumpRevision: proto.Int64(42)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,11 +136,11 @@ func TestRestoreBumpRevision(t *testing.T) {
 		}
 	}
 
-	resp, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", BumpRevision: proto.Int64(0)})
+	resp, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app", BumpRevision: proto.Int64(0)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
+	got, err := w.Server.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +149,7 @@ func TestRestoreBumpRevision(t *testing.T) {
 			t.Errorf("members %v, want no bump and no mark", ms)
 		}
 	}
-	for _, j := range w.jobs(t) {
+	for _, j := range w.Jobs(t) {
 		if args := j.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--bump-revision=0") || j.Annotations[jobs.AnnotationBumpRevision] != "0" {
 			t.Errorf("job %s: args %q, annotations %v; want --bump-revision=0", j.Name, args, j.Annotations)
 		}
@@ -267,7 +157,7 @@ func TestRestoreBumpRevision(t *testing.T) {
 }
 
 func TestRestoreRequestErrors(t *testing.T) {
-	w := newRestoreWorld(t, closedURL(t))
+	w := servertest.NewRestoreWorld(t, servertest.ClosedURL(t))
 	ctx := context.Background()
 	for _, tc := range []struct {
 		req  *ebv1.RestoreBackupRequest
@@ -278,11 +168,11 @@ func TestRestoreRequestErrors(t *testing.T) {
 		{&ebv1.RestoreBackupRequest{Name: "missing", Target: "app"}, codes.NotFound},
 		{&ebv1.RestoreBackupRequest{Name: "../x", Target: "app"}, codes.InvalidArgument},
 	} {
-		if _, err := w.srv.RestoreBackup(ctx, tc.req); status.Code(err) != tc.code {
+		if _, err := w.Server.RestoreBackup(ctx, tc.req); status.Code(err) != tc.code {
 			t.Errorf("%v: %v, want %v", tc.req, err, tc.code)
 		}
 	}
-	if _, err := w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"}); status.Code(err) != codes.NotFound {
+	if _, err := w.Server.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"}); status.Code(err) != codes.NotFound {
 		t.Errorf("GetRestore of a restore never started: %v", err)
 	}
 }
@@ -290,33 +180,24 @@ func TestRestoreRequestErrors(t *testing.T) {
 // An encrypted backup is restored only with an identity Secret, which the
 // Jobs mount; the request without one says how to make it.
 func TestRestoreOfEncryptedBackupNeedsIdentitySecret(t *testing.T) {
-	w := newRestoreWorld(t, closedURL(t))
+	w := servertest.NewRestoreWorld(t, servertest.ClosedURL(t))
 	ctx := context.Background()
-	up, err := w.loc.Create(ctx, "enc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	data := []byte("age-encryption.org/v1\n")
-	up.Write(data)
-	sum := sha256.Sum256(data)
-	if err := up.Commit(ctx, &storage.Manifest{Name: "enc", Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:]), Encryption: "age",
-		AgeRecipients: []string{"age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"}}); err != nil {
-		t.Fatal(err)
-	}
-	_, err = w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "enc", Target: "app"})
+	backuptest.Put(t, w.Location, &storage.Manifest{Name: "enc", Encryption: "age",
+		AgeRecipients: []string{"age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"}}, []byte("age-encryption.org/v1\n"))
+	_, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "enc", Target: "app"})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "--identity-secret") || !strings.Contains(err.Error(), `namespace "app"`) {
 		t.Fatalf("without identity Secret: %v", err)
 	}
-	if len(w.jobs(t)) != 0 {
+	if len(w.Jobs(t)) != 0 {
 		t.Fatal("jobs created")
 	}
-	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "enc", Target: "app", IdentitySecret: "Bad_Name"}); status.Code(err) != codes.InvalidArgument {
+	if _, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "enc", Target: "app", IdentitySecret: "Bad_Name"}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("bad Secret name: %v", err)
 	}
-	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "enc", Target: "app", IdentitySecret: "etcd-age-key"}); err != nil {
+	if _, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "enc", Target: "app", IdentitySecret: "etcd-age-key"}); err != nil {
 		t.Fatal(err)
 	}
-	for _, j := range w.jobs(t) {
+	for _, j := range w.Jobs(t) {
 		spec := j.Spec.Template.Spec
 		mounted := false
 		for _, v := range spec.Volumes {
@@ -328,24 +209,15 @@ func TestRestoreOfEncryptedBackupNeedsIdentitySecret(t *testing.T) {
 	}
 }
 
-func mustSay(t *testing.T, msg string, wants ...string) {
-	t.Helper()
-	for _, want := range wants {
-		if !strings.Contains(msg, want) {
-			t.Errorf("%q does not say %q", msg, want)
-		}
-	}
-}
-
 // A Job whose pod the API refuses (Pod Security forbids hostPath in a
 // restricted namespace) is Failed with the API's reason, not Running.
 func TestRestoreJobRefusedByTheAPIIsFailed(t *testing.T) {
-	w := newRestoreWorld(t, closedURL(t), closedURL(t))
+	w := servertest.NewRestoreWorld(t, servertest.ClosedURL(t), servertest.ClosedURL(t))
 	ctx := context.Background()
-	if _, err := w.srv.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); err != nil {
+	if _, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); err != nil {
 		t.Fatal(err)
 	}
-	list := w.jobs(t)
+	list := w.Jobs(t)
 	refused := list[0]
 	const why = `Error creating: pods "restore-m0-abc" is forbidden: violates PodSecurity "restricted:latest": hostPath volumes (volume "data")`
 	for _, e := range []*corev1.Event{
@@ -355,12 +227,12 @@ func TestRestoreJobRefusedByTheAPIIsFailed(t *testing.T) {
 		{ObjectMeta: metav1.ObjectMeta{Name: "e2", Namespace: "app"}, InvolvedObject: corev1.ObjectReference{Kind: "Job", Name: "restore-elsewhere"},
 			Reason: "FailedCreate", Message: why, Type: corev1.EventTypeWarning},
 	} {
-		if _, err := w.client.CoreV1().Events("app").Create(ctx, e, metav1.CreateOptions{}); err != nil {
+		if _, err := w.Clientset.CoreV1().Events("app").Create(ctx, e, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	w.synced(t)
-	r, err := w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
+	w.Synced(t)
+	r, err := w.Server.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,18 +244,18 @@ func TestRestoreJobRefusedByTheAPIIsFailed(t *testing.T) {
 	if m0.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_FAILED {
 		t.Fatalf("refused job: %v, want failed", m0)
 	}
-	mustSay(t, m0.GetMessage(), `violates PodSecurity "restricted:latest": hostPath volumes`, "pod-security.kubernetes.io/enforce=privileged")
+	servertest.MustSay(t, m0.GetMessage(), `violates PodSecurity "restricted:latest": hostPath volumes`, "pod-security.kubernetes.io/enforce=privileged")
 	if m1.GetPhase() != ebv1.RestorePhase_RESTORE_PHASE_RUNNING {
 		t.Fatalf("other job: %v, want running", m1)
 	}
 
 	// Once the pod exists, the old refusal is no longer evidence.
 	refused.Status.Active = 1
-	if _, err := w.client.BatchV1().Jobs("app").UpdateStatus(ctx, &refused, metav1.UpdateOptions{}); err != nil {
+	if _, err := w.Clientset.BatchV1().Jobs("app").UpdateStatus(ctx, &refused, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w.synced(t)
-	r, err = w.srv.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
+	w.Synced(t)
+	r, err = w.Server.GetRestore(ctx, &ebv1.GetRestoreRequest{Name: "b1", Target: "app"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,51 +28,51 @@ import (
 // An empty upload is no etcd snapshot: it is refused as such, saying what
 // to upload instead, and nothing is stored.
 func TestEmptyBackup(t *testing.T) {
-	ts := startServer(t, "")
-	before := tree(t, ts.dir)
-	_, err := ts.client.Upload(context.Background(), bytes.NewReader(nil), &ebv1.UploadHeader{Name: "empty"}, nil)
-	wantCode(t, err, codes.DataLoss)
+	ts := servertest.Start(t, "")
+	before := servertest.Tree(t, ts.Dir)
+	_, err := ts.Client.Upload(context.Background(), bytes.NewReader(nil), &ebv1.UploadHeader{Name: "empty"}, nil)
+	servertest.WantCode(t, err, codes.DataLoss)
 	for _, want := range []string{`upload of "empty"`, "not a whole etcd snapshot", "ended after 0 bytes", "nothing was stored", "etcdutl snapshot save"} {
 		if !strings.Contains(status.Convert(err).Message(), want) {
 			t.Errorf("message %q does not say %q", status.Convert(err).Message(), want)
 		}
 	}
-	if names := ts.names(t); len(names) != 0 {
+	if names := ts.Names(t, ""); len(names) != 0 {
 		t.Fatalf("listed after the refused empty upload: %v", names)
 	}
-	_, err = ts.client.Download(context.Background(), io.Discard, client.DownloadRequest{Name: "empty"})
-	wantCode(t, err, codes.NotFound)
-	if after := tree(t, ts.dir); after != before {
+	_, err = ts.Client.Download(context.Background(), io.Discard, client.DownloadRequest{Name: "empty"})
+	servertest.WantCode(t, err, codes.NotFound)
+	if after := servertest.Tree(t, ts.Dir); after != before {
 		t.Fatalf("disk changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 }
 
 func TestWrongDeclaredChecksumIsDataLossAndStoresNothing(t *testing.T) {
-	ts := startServer(t, "")
+	ts := servertest.Start(t, "")
 	// Whole to etcd's trailer check: only the declared checksum or size
 	// is wrong.
 	data := trailed(t, 1<<20)
-	before := tree(t, ts.dir)
+	before := servertest.Tree(t, ts.Dir)
 	wrong := sha([]byte("something else"))
-	_, err := ts.client.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "bad", ExpectedSha256: wrong}, nil)
-	wantCode(t, err, codes.DataLoss)
+	_, err := ts.Client.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "bad", ExpectedSha256: wrong}, nil)
+	servertest.WantCode(t, err, codes.DataLoss)
 	if !strings.Contains(status.Convert(err).Message(), "nothing was stored") {
 		t.Fatalf("message does not say nothing was stored: %v", err)
 	}
 	size := int64(len(data) + 1)
-	_, err = ts.client.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "bad", ExpectedSize: &size}, nil)
-	wantCode(t, err, codes.DataLoss)
+	_, err = ts.Client.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "bad", ExpectedSize: &size}, nil)
+	servertest.WantCode(t, err, codes.DataLoss)
 	size = int64(len(data) - 1)
-	_, err = ts.client.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "bad", ExpectedSize: &size}, nil)
-	wantCode(t, err, codes.DataLoss)
-	if names := ts.names(t); len(names) != 0 {
+	_, err = ts.Client.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "bad", ExpectedSize: &size}, nil)
+	servertest.WantCode(t, err, codes.DataLoss)
+	if names := ts.Names(t, ""); len(names) != 0 {
 		t.Fatalf("listed after failed uploads: %v", names)
 	}
-	if after := tree(t, ts.dir); after != before {
+	if after := servertest.Tree(t, ts.Dir); after != before {
 		t.Fatalf("disk changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 	// The right checksum is accepted.
-	if _, err := ts.client.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "bad", ExpectedSha256: sha(data)}, nil); err != nil {
+	if _, err := ts.Client.Upload(context.Background(), bytes.NewReader(data), &ebv1.UploadHeader{Name: "bad", ExpectedSha256: sha(data)}, nil); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -82,42 +82,42 @@ func TestWrongDeclaredChecksumIsDataLossAndStoresNothing(t *testing.T) {
 // upload, nothing is listed and no temporary data is left; bytes that end
 // in their SHA-256 are stored.
 func TestUserUploadIsCheckedAgainstEtcdsTrailer(t *testing.T) {
-	ts := startServer(t, "")
+	ts := servertest.Start(t, "")
 	ctx := context.Background()
-	before := tree(t, ts.dir)
+	before := servertest.Tree(t, ts.Dir)
 	junk := randomBytes(t, 4096+32) // a snapshot's size, not its trailer
-	_, err := ts.client.Upload(ctx, bytes.NewReader(junk), &ebv1.UploadHeader{Name: "junk"}, nil)
-	wantCode(t, err, codes.DataLoss)
+	_, err := ts.Client.Upload(ctx, bytes.NewReader(junk), &ebv1.UploadHeader{Name: "junk"}, nil)
+	servertest.WantCode(t, err, codes.DataLoss)
 	for _, want := range []string{`upload of "junk"`, "not a whole etcd snapshot", "etcd's own check", "etcd's SHA-256 trailer does not match", "nothing was stored", "etcdutl snapshot save"} {
 		if !strings.Contains(status.Convert(err).Message(), want) {
 			t.Errorf("message %q does not say %q", status.Convert(err).Message(), want)
 		}
 	}
 	cut := trailed(t, 4096)
-	_, err = ts.client.Upload(ctx, bytes.NewReader(cut[:len(cut)-1]), &ebv1.UploadHeader{Name: "junk"}, nil)
-	wantCode(t, err, codes.DataLoss)
+	_, err = ts.Client.Upload(ctx, bytes.NewReader(cut[:len(cut)-1]), &ebv1.UploadHeader{Name: "junk"}, nil)
+	servertest.WantCode(t, err, codes.DataLoss)
 	if !strings.Contains(status.Convert(err).Message(), "not a whole database") {
 		t.Errorf("a cut snapshot: %v; want it said", err)
 	}
-	if names := ts.names(t); len(names) != 0 {
+	if names := ts.Names(t, ""); len(names) != 0 {
 		t.Fatalf("listed after refused uploads: %v", names)
 	}
-	if entries, err := os.ReadDir(filepath.Join(ts.dir, ".tmp")); err != nil || len(entries) != 0 {
+	if entries, err := os.ReadDir(filepath.Join(ts.Dir, ".tmp")); err != nil || len(entries) != 0 {
 		t.Fatalf("the location's temporary space holds %d files after refused uploads (%v)", len(entries), err)
 	}
-	if after := tree(t, ts.dir); after != before {
+	if after := servertest.Tree(t, ts.Dir); after != before {
 		t.Fatalf("disk changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 
-	b := ts.upload(t, "junk", cut)
+	b := ts.Upload(t, "junk", cut)
 	if b.GetSize() != int64(len(cut)) || b.GetSha256() != sha(cut) || b.GetSource().GetKind() != "upload" {
 		t.Fatalf("stored %d bytes, SHA-256 %s, source %q; want %d, %s, upload", b.GetSize(), b.GetSha256(), b.GetSource().GetKind(), len(cut), sha(cut))
 	}
 }
 
 func TestTrailerMismatchIsDataLoss(t *testing.T) {
-	ts := startServer(t, "")
-	stream, err := ts.client.Backups.UploadBackup(context.Background())
+	ts := servertest.Start(t, "")
+	stream, err := ts.Client.Backups.UploadBackup(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,11 +132,11 @@ func TestTrailerMismatchIsDataLoss(t *testing.T) {
 	send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: data}})
 	send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Trailer{Trailer: &ebv1.UploadTrailer{Size: int64(len(data)), Sha256: sha([]byte("HELLO"))}}})
 	_, err = stream.CloseAndRecv()
-	wantCode(t, err, codes.DataLoss)
+	servertest.WantCode(t, err, codes.DataLoss)
 	if !strings.Contains(status.Convert(err).Message(), "the client sent") {
 		t.Fatalf("refused, but not for the trailer's SHA-256: %v", err)
 	}
-	if names := ts.names(t); len(names) != 0 {
+	if names := ts.Names(t, ""); len(names) != 0 {
 		t.Fatalf("listed: %v", names)
 	}
 }
@@ -159,44 +159,44 @@ func (b *blockingReader) Read(p []byte) (int, error) {
 }
 
 func TestCancelledUploadLeavesNothing(t *testing.T) {
-	ts := startServer(t, "")
-	before := tree(t, ts.dir)
+	ts := servertest.Start(t, "")
+	before := servertest.Tree(t, ts.Dir)
 	r := &blockingReader{r: bytes.NewReader(randomBytes(t, 3<<20)), reached: make(chan struct{}), release: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := ts.client.Upload(ctx, r, &ebv1.UploadHeader{Name: "cancelled"}, nil)
+		_, err := ts.Client.Upload(ctx, r, &ebv1.UploadHeader{Name: "cancelled"}, nil)
 		errc <- err
 	}()
 	<-r.reached
 	// While in progress: not listed, and a second upload of the name is
 	// refused at once.
-	if names := ts.names(t); len(names) != 0 {
+	if names := ts.Names(t, ""); len(names) != 0 {
 		t.Fatalf("an upload in progress is listed: %v", names)
 	}
-	_, err := ts.client.Upload(context.Background(), bytes.NewReader([]byte("x")), &ebv1.UploadHeader{Name: "cancelled"}, nil)
-	wantCode(t, err, codes.AlreadyExists)
+	_, err := ts.Client.Upload(context.Background(), bytes.NewReader([]byte("x")), &ebv1.UploadHeader{Name: "cancelled"}, nil)
+	servertest.WantCode(t, err, codes.AlreadyExists)
 	cancel()
 	close(r.release)
-	wantCode(t, <-errc, codes.Canceled)
+	servertest.WantCode(t, <-errc, codes.Canceled)
 	// The server learns of the cancellation asynchronously.
 	deadline := time.Now().Add(10 * time.Second)
-	for tree(t, ts.dir) != before {
+	for servertest.Tree(t, ts.Dir) != before {
 		if time.Now().After(deadline) {
-			t.Fatalf("garbage left after cancelled upload:\n%s", tree(t, ts.dir))
+			t.Fatalf("garbage left after cancelled upload:\n%s", servertest.Tree(t, ts.Dir))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if names := ts.names(t); len(names) != 0 {
+	if names := ts.Names(t, ""); len(names) != 0 {
 		t.Fatalf("listed after cancel: %v", names)
 	}
 }
 
 func TestRestartCleansInterruptedUploads(t *testing.T) {
 	dir := t.TempDir()
-	ts := startServer(t, dir)
-	ts.upload(t, "kept", trailed(t, 1))
-	ts.stop()
+	ts := servertest.Start(t, dir)
+	ts.Upload(t, "kept", trailed(t, 1))
+	ts.Stop()
 	// What a crash leaves: a temporary upload, and data published without
 	// its manifest.
 	if err := os.WriteFile(filepath.Join(dir, ".tmp", "upload-123.db"), []byte("partial"), 0o600); err != nil {
@@ -205,8 +205,8 @@ func TestRestartCleansInterruptedUploads(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "backups", "orphan.db"), []byte("no manifest"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ts2 := startServer(t, dir)
-	if names := ts2.names(t); len(names) != 1 || names[0] != "kept" {
+	ts2 := servertest.Start(t, dir)
+	if names := ts2.Names(t, ""); len(names) != 1 || names[0] != "kept" {
 		t.Fatalf("list = %v", names)
 	}
 	for _, p := range []string{".tmp/upload-123.db", "backups/orphan.db"} {
@@ -215,33 +215,33 @@ func TestRestartCleansInterruptedUploads(t *testing.T) {
 		}
 	}
 	// The orphan's name is free again.
-	ts2.upload(t, "orphan", trailed(t, 1))
+	ts2.Upload(t, "orphan", trailed(t, 1))
 }
 
 // An oversized chunk is refused rather than buffered.
 func TestChunkLimit(t *testing.T) {
-	ts := startServer(t, "")
-	stream, err := ts.client.Backups.UploadBackup(context.Background())
+	ts := servertest.Start(t, "")
+	stream, err := ts.Client.Backups.UploadBackup(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	_ = stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Header{Header: &ebv1.UploadHeader{Name: "big"}}})
 	_ = stream.Send(&ebv1.UploadBackupRequest{Msg: &ebv1.UploadBackupRequest_Chunk{Chunk: make([]byte, rpc.MaxChunkBytes+1)}})
 	_, err = stream.CloseAndRecv()
-	wantCode(t, err, codes.InvalidArgument)
-	if names := ts.names(t); len(names) != 0 {
+	servertest.WantCode(t, err, codes.InvalidArgument)
+	if names := ts.Names(t, ""); len(names) != 0 {
 		t.Fatalf("listed: %v", names)
 	}
 }
 
 func TestUploadsPerLocationLimit(t *testing.T) {
 	srv := servertest.StartWith(t, servertest.Options{Locations: []string{"default", "other"}, Limits: config.Limits{UploadsPerLocation: 2}})
-	first, cancelFirst := openUpload(t, srv, "default", "held-1")
-	openUpload(t, srv, "default", "held-2")
-	waitInProgress(t, srv, "default", 2)
+	first, cancelFirst := srv.OpenUpload(t, "default", "held-1")
+	srv.OpenUpload(t, "default", "held-2")
+	srv.WaitInProgress(t, "default", 2)
 
 	_, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "third"}, nil)
-	wantRefusal(t, err, codes.ResourceExhausted, `2 uploads to location "default" are in progress`, "limits.uploadsPerLocation")
+	servertest.WantRefusal(t, err, codes.ResourceExhausted, `2 uploads to location "default" are in progress`, "limits.uploadsPerLocation")
 	// The limit is per location.
 	if _, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "elsewhere", Location: "other"}, nil); err != nil {
 		t.Fatalf("upload to another location: %v", err)
@@ -254,7 +254,7 @@ func TestUploadsPerLocationLimit(t *testing.T) {
 	if _, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "third"}, nil); err != nil {
 		t.Fatalf("upload after one finished: %v", err)
 	}
-	if got := strings.Join(listNames(t, srv, "default"), ","); got != "third,held-1" {
+	if got := strings.Join(srv.Names(t, "default"), ","); got != "third,held-1" {
 		t.Errorf("listed %s; want third,held-1 (the refused upload stored nothing)", got)
 	}
 }
@@ -262,20 +262,20 @@ func TestUploadsPerLocationLimit(t *testing.T) {
 func TestIdleUploadIsAborted(t *testing.T) {
 	const idle = 300 * time.Millisecond
 	srv := servertest.StartWith(t, servertest.Options{Limits: config.Limits{UploadIdleTimeout: metav1.Duration{Duration: idle}}})
-	before := tree(t, srv.Dir)
+	before := servertest.Tree(t, srv.Dir)
 
-	stream, _ := openUpload(t, srv, "", "stalled")
+	stream, _ := srv.OpenUpload(t, "", "stalled")
 	start := time.Now()
 	err := stream.RecvMsg(&ebv1.UploadBackupResponse{})
-	wantRefusal(t, err, codes.DeadlineExceeded, `upload of "stalled"`, "300ms", "limits.uploadIdleTimeout", "nothing was stored")
+	servertest.WantRefusal(t, err, codes.DeadlineExceeded, `upload of "stalled"`, "300ms", "limits.uploadIdleTimeout", "nothing was stored")
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("aborted after %s; the idle limit is %s", d, idle)
 	}
 	// Its name and temporary data are released.
 	deadline := time.Now().Add(10 * time.Second)
-	for tree(t, srv.Dir) != before {
+	for servertest.Tree(t, srv.Dir) != before {
 		if time.Now().After(deadline) {
-			t.Fatalf("the aborted upload left:\n%s", tree(t, srv.Dir))
+			t.Fatalf("the aborted upload left:\n%s", servertest.Tree(t, srv.Dir))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -288,13 +288,13 @@ func TestIdleUploadIsAborted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantRefusal(t, silent.RecvMsg(&ebv1.UploadBackupResponse{}), codes.DeadlineExceeded, "no header", "limits.uploadIdleTimeout")
+	servertest.WantRefusal(t, silent.RecvMsg(&ebv1.UploadBackupResponse{}), codes.DeadlineExceeded, "no header", "limits.uploadIdleTimeout")
 
 	// The limit is between messages, not on the whole upload: a slow
 	// upload that keeps sending completes. Its seven chunks make one
 	// snapshot whole to etcd's trailer.
 	data := trailed(t, 7*512)
-	slow, _ := openUploadOf(t, srv, "", "slow", data[:512])
+	slow, _ := srv.OpenUploadOf(t, "", "slow", data[:512])
 	for i := 1; i <= 6; i++ {
 		time.Sleep(idle / 3)
 		end := (i + 1) * 512
@@ -329,9 +329,9 @@ func TestLabelAndFieldLimits(t *testing.T) {
 		{&ebv1.UploadHeader{Etcd: &ebv1.EtcdInfo{MemberName: long}}, []string{"etcd member name", "limits.maxFieldBytes"}},
 		{&ebv1.UploadHeader{Etcd: &ebv1.EtcdInfo{Version: long}}, []string{"etcd version", "limits.maxFieldBytes"}},
 	} {
-		wantRefusal(t, upload(tc.header), codes.InvalidArgument, tc.want...)
+		servertest.WantRefusal(t, upload(tc.header), codes.InvalidArgument, tc.want...)
 	}
-	if names := listNames(t, srv, ""); len(names) != 0 {
+	if names := srv.Names(t, ""); len(names) != 0 {
 		t.Fatalf("refused uploads stored %v", names)
 	}
 	// At the limits is accepted.
@@ -346,5 +346,5 @@ func TestLabelAndFieldLimits(t *testing.T) {
 		many[fmt.Sprintf("l%d", i)] = "v"
 	}
 	_, err := def.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "b", Labels: many}, nil)
-	wantRefusal(t, err, codes.InvalidArgument, "65 labels", "limit is 64", "limits.maxLabels")
+	servertest.WantRefusal(t, err, codes.InvalidArgument, "65 labels", "limit is 64", "limits.maxLabels")
 }

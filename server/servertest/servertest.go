@@ -1,7 +1,12 @@
 // Package servertest runs a real data server — the request layer over
 // filesystem locations in temporary directories, and any configured
 // location — on a loopback TCP port, with a connected client, for tests
-// of the server, the client, the agents and the plugin.
+// of the server, the client, the agents and the plugin; with what those
+// tests share around it: uploads and listings through the client, the
+// checks of a refusal's status, a directory's tree (nothing changed on
+// disk), and the restore world, a server over a fake cluster whose
+// handlers restore tests call. Its package backuptest, which links no
+// server, puts backups straight into a location.
 package servertest
 
 import (
