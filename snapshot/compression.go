@@ -23,23 +23,34 @@ func Decompress(ctx context.Context, w io.Writer, r io.Reader, compression strin
 // that would expand past them fails with a *TooLargeError (matching
 // ErrTooLarge and ErrCorrupt) as soon as the first excess byte is decoded,
 // with exactly max bytes written. Pass a backup's recorded raw size; max
-// <= 0 means no limit. An error of w or of r is returned as is.
+// <= 0 (none recorded) bounds compressed data by DefaultMaxRawSize and
+// leaves data stored as is unbounded. An error of w or of r is returned
+// as is.
 func DecompressLimit(ctx context.Context, w io.Writer, r io.Reader, compression string, max int64) (int64, error) {
+	return DecompressBounded(ctx, w, r, compression, max, 0)
+}
+
+// DecompressBounded is DecompressLimit whose bound on compressed data
+// without a recorded raw size (recorded <= 0) is bound, not
+// DefaultMaxRawSize: the server passes its limits.maxRawSize.
+func DecompressBounded(ctx context.Context, w io.Writer, r io.Reader, compression string, recorded, bound int64) (int64, error) {
 	if err := ebv1.ValidateCompression(compression); err != nil {
 		return 0, err
 	}
 	src := &ctxio.Recorder{R: ctxio.NewReader(ctx, r)}
 	var plain io.Reader = src
 	if compression != ebv1.CompressionNone {
-		dec, err := zstd.NewReader(src, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+		dec, err := newZstdReader(src)
 		if err != nil {
 			return 0, err
 		}
 		defer dec.Close()
-		plain = dec
+		plain = limitRaw(dec, recorded, bound)
+	} else {
+		plain = limit(plain, recorded)
 	}
 	out := &writeRecorder{w: w}
-	n, err := io.Copy(out, limit(plain, max))
+	n, err := io.Copy(out, plain)
 	switch {
 	case err == nil, out.err != nil, ctx.Err() != nil, errors.Is(err, ErrTooLarge), compression == ebv1.CompressionNone:
 		return n, err

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 
 	"filippo.io/age"
-	"github.com/klauspost/compress/zstd"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
@@ -27,6 +26,9 @@ type Form struct {
 	// RawSize and RawSHA256, when set, are the plain snapshot's.
 	RawSize   int64
 	RawSHA256 string
+	// MaxRawSize bounds the snapshot when no RawSize is recorded;
+	// 0 is DefaultMaxRawSize.
+	MaxRawSize int64
 }
 
 // FormOf is the form a backup's record declares.
@@ -67,16 +69,17 @@ func WritePlain(ctx context.Context, w io.Writer, stored io.Reader, f Form, ids 
 		r = dr
 	}
 	if f.Compression == ebv1.CompressionZstd {
-		dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderLowmem(true))
+		dec, err := newZstdReader(r)
 		if err != nil {
 			return Plain{}, err
 		}
 		defer dec.Close()
 		r = dec
 	}
-	// A stream that expands past its recorded size is refused before the
-	// excess reaches w (a crafted zstd stream could fill the disk).
-	r = limit(r, f.RawSize)
+	// A stream that expands past its recorded size (or, with none
+	// recorded, f.MaxRawSize) is refused before the excess reaches w (a
+	// crafted zstd stream could fill the disk).
+	r = limitRaw(r, f.RawSize, f.MaxRawSize)
 	v := NewVerifier(r, VerifierOptions{HashWhole: true, Progress: progress})
 	if _, err := io.Copy(w, v); err != nil {
 		if v.Err() != nil {
