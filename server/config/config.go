@@ -57,8 +57,12 @@
 //	  scratchSizeLimit: 20Gi      # sizeLimit of an agent's emptyDir scratch volumes
 //	  restoreNamespace: etcdbackup-restore  # hostPath restores run here
 //	limits:                       # every key is optional; these are the defaults
-//	  uploadsPerLocation: 4       # uploads in flight to one location
+//	  uploadsPerLocation: 4       # users' uploads in flight to one location
+//	  agentUploadsPerLocation: 4  # backup agents' uploads in flight to one location (a pool of their own)
 //	  uploadIdleTimeout: 2m       # an upload that sends nothing this long is aborted
+//	  maxRawSize: 17179869184     # 16 GiB: the most a backup's plain snapshot may be
+//	  minTransferRate: 65536      # bytes/s an upload or download must average ...
+//	  minTransferRateWindow: 60s  # ... over each window of waiting on its client
 //	  maxLabels: 64               # labels of one backup
 //	  maxLabelBytes: 16384        # their keys and values together
 //	  maxFieldBytes: 256          # one metadata field (source description, target, ...)
@@ -106,23 +110,52 @@ type File struct {
 
 // Defaults of the limits section.
 const (
-	DefaultUploadsPerLocation   = 4
-	DefaultUploadIdleTimeout    = 2 * time.Minute
-	DefaultMaxLabels            = 64
-	DefaultMaxLabelBytes        = 16 << 10
-	DefaultMaxFieldBytes        = 256
-	DefaultMaxConcurrentStreams = 64
+	DefaultUploadsPerLocation      = 4
+	DefaultAgentUploadsPerLocation = 4
+	DefaultUploadIdleTimeout       = 2 * time.Minute
+	// DefaultMaxRawSize is 16 GiB: twice etcd's suggested maximum
+	// database size (--quota-backend-bytes, 8 GiB), and below the 20 GiB
+	// scratch volumes verify and restores unpack into, so that no backup
+	// the server accepts can fill one (snapshot.DefaultMaxRawSize).
+	DefaultMaxRawSize = 16 << 30
+	// DefaultMinTransferRate (64 KiB/s) over DefaultMinTransferRateWindow
+	// is 3.75 MiB a minute: a transfer slower than that holds a slot and
+	// its buffers for hours per GiB.
+	DefaultMinTransferRate       = 64 << 10
+	DefaultMinTransferRateWindow = time.Minute
+	DefaultMaxLabels             = 64
+	DefaultMaxLabelBytes         = 16 << 10
+	DefaultMaxFieldBytes         = 256
+	DefaultMaxConcurrentStreams  = 64
 )
 
 // Limits bound what requests can make the server hold: memory, storage
 // temp space, streams. Zero fields take their defaults (WithDefaults);
 // each refusal names its key (limits.uploadsPerLocation).
 type Limits struct {
-	// UploadsPerLocation is how many uploads to one location may be in
-	// flight; the next is refused with RESOURCE_EXHAUSTED. Each holds a
-	// temporary file or an S3 multipart upload and its buffers.
+	// UploadsPerLocation is how many users' uploads to one location may
+	// be in flight; the next is refused with RESOURCE_EXHAUSTED. Each
+	// holds a temporary file or an S3 multipart upload and its buffers.
 	// Default DefaultUploadsPerLocation.
 	UploadsPerLocation int `json:"uploadsPerLocation,omitempty"`
+	// AgentUploadsPerLocation is the same for the server's own backup
+	// agents, a pool of their own: users' uploads, however slow, never
+	// make a scheduled backup fail for want of a slot.
+	// Default DefaultAgentUploadsPerLocation.
+	AgentUploadsPerLocation int `json:"agentUploadsPerLocation,omitempty"`
+	// MaxRawSize is the most bytes a backup's plain etcd snapshot may be:
+	// a plain upload over it, or a compressed or encrypted one declaring
+	// more, is refused; verify unpacks a backup that records no raw size
+	// to at most this. Default DefaultMaxRawSize.
+	MaxRawSize int64 `json:"maxRawSize,omitempty"`
+	// MinTransferRate is the bytes per second an upload or a download
+	// must average over each MinTransferRateWindow of the server waiting
+	// on its client (time spent on storage does not count); a slower one
+	// is ended. Default DefaultMinTransferRate.
+	MinTransferRate int64 `json:"minTransferRate,omitempty"`
+	// MinTransferRateWindow is the window MinTransferRate is averaged
+	// over. Default DefaultMinTransferRateWindow.
+	MinTransferRateWindow metav1.Duration `json:"minTransferRateWindow,omitempty"`
 	// UploadIdleTimeout is how long an upload may send nothing before it
 	// is aborted, its name released and its buffers freed.
 	// Default DefaultUploadIdleTimeout.
@@ -148,8 +181,20 @@ func (l Limits) WithDefaults() Limits {
 	if l.UploadsPerLocation == 0 {
 		l.UploadsPerLocation = DefaultUploadsPerLocation
 	}
+	if l.AgentUploadsPerLocation == 0 {
+		l.AgentUploadsPerLocation = DefaultAgentUploadsPerLocation
+	}
 	if l.UploadIdleTimeout.Duration == 0 {
 		l.UploadIdleTimeout.Duration = DefaultUploadIdleTimeout
+	}
+	if l.MaxRawSize == 0 {
+		l.MaxRawSize = DefaultMaxRawSize
+	}
+	if l.MinTransferRate == 0 {
+		l.MinTransferRate = DefaultMinTransferRate
+	}
+	if l.MinTransferRateWindow.Duration == 0 {
+		l.MinTransferRateWindow.Duration = DefaultMinTransferRateWindow
 	}
 	if l.MaxLabels == 0 {
 		l.MaxLabels = DefaultMaxLabels

@@ -14,8 +14,10 @@ func TestLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := f.Limits.WithDefaults()
-	want := Limits{UploadsPerLocation: 2, MaxLabels: 8, MaxLabelBytes: 16384, MaxFieldBytes: 256, MaxConcurrentStreams: 64}
+	want := Limits{UploadsPerLocation: 2, AgentUploadsPerLocation: 4, MaxLabels: 8, MaxLabelBytes: 16384, MaxFieldBytes: 256, MaxConcurrentStreams: 64,
+		MaxRawSize: 16 << 30, MinTransferRate: 64 << 10}
 	want.UploadIdleTimeout.Duration = 30 * time.Second
+	want.MinTransferRateWindow.Duration = time.Minute
 	if l != want {
 		t.Errorf("limits %+v; want %+v", l, want)
 	}
@@ -26,6 +28,10 @@ func TestLimits(t *testing.T) {
 	for _, tc := range []struct{ yaml, want string }{
 		{"limits:\n  uploadsPerLocation: -1\n", "limits.uploadsPerLocation: Invalid value: -1: must not be negative"},
 		{"limits:\n  uploadIdleTimeout: -5s\n", `limits.uploadIdleTimeout: Invalid value: "-5s": must not be negative`},
+		{"limits:\n  agentUploadsPerLocation: -1\n", "limits.agentUploadsPerLocation: Invalid value: -1"},
+		{"limits:\n  maxRawSize: -1\n", "limits.maxRawSize: Invalid value: -1"},
+		{"limits:\n  minTransferRate: -1\n", "limits.minTransferRate: Invalid value: -1"},
+		{"limits:\n  minTransferRateWindow: -1m\n", `limits.minTransferRateWindow: Invalid value: "-1m0s"`},
 		{"limits:\n  maxLabelBytes: -1\n", "limits.maxLabelBytes: Invalid value"},
 		{"limits:\n  maxConcurrentStreams: -1\n", "limits.maxConcurrentStreams"},
 		{"limits:\n  uploadsInFlight: 3\n", `unknown field "uploadsInFlight"`},

@@ -260,15 +260,22 @@ func ValidateLimits(l Limits, p *field.Path) field.ErrorList {
 		v   int64
 	}{
 		{"uploadsPerLocation", int64(l.UploadsPerLocation)},
+		{"agentUploadsPerLocation", int64(l.AgentUploadsPerLocation)},
 		{"uploadIdleTimeout", int64(l.UploadIdleTimeout.Duration)},
+		{"maxRawSize", l.MaxRawSize},
+		{"minTransferRate", l.MinTransferRate},
+		{"minTransferRateWindow", int64(l.MinTransferRateWindow.Duration)},
 		{"maxLabels", int64(l.MaxLabels)},
 		{"maxLabelBytes", int64(l.MaxLabelBytes)},
 		{"maxFieldBytes", int64(l.MaxFieldBytes)},
 	} {
 		if f.v < 0 {
 			v := any(f.v)
-			if f.key == "uploadIdleTimeout" {
+			switch f.key {
+			case "uploadIdleTimeout":
 				v = l.UploadIdleTimeout.Duration.String()
+			case "minTransferRateWindow":
+				v = l.MinTransferRateWindow.Duration.String()
 			}
 			errs = append(errs, field.Invalid(p.Child(f.key), v, "must not be negative (0 or unset takes the default)"))
 		}

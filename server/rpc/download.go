@@ -40,7 +40,13 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Ba
 	if err != nil {
 		return s.metrics.StorageError("download", d.locName, req.GetName(), err)
 	}
-	defer r.Close()
+	// The sending goroutine closes r once it has started (sendWatched).
+	sending := false
+	defer func() {
+		if !sending {
+			r.Close()
+		}
+	}()
 	end := m.Size
 	if req.GetLength() > 0 {
 		end = min(m.Size, req.GetOffset()+req.GetLength())
@@ -61,7 +67,11 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Ba
 	}}}); err != nil {
 		return err
 	}
-	return s.sendChunks(stream, r, d, m.Size, req.GetOffset(), end)
+	sending = true
+	return s.sendWatched(ctx, stream, d, req.GetOffset(), func(w *sendWatch) error {
+		defer r.Close()
+		return s.sendChunks(w, r, d, m.Size, req.GetOffset(), end)
+	})
 }
 
 // download is an admitted download: where the backup is, and the agent
@@ -122,7 +132,7 @@ func (s *Service) admitDownload(ctx context.Context, req *ebv1.DownloadBackupReq
 // per-stream write quota bounds how many are queued. Data ending before
 // end is DataLoss: the stored data is shorter than the size its manifest
 // records.
-func (s *Service) sendChunks(stream ebv1.BackupService_DownloadBackupServer, r io.Reader, d *download, size, sent, end int64) error {
+func (s *Service) sendChunks(stream interface{ SendMsg(any) error }, r io.Reader, d *download, size, sent, end int64) error {
 	pool := chunkBuffers
 	for sent < end {
 		bp := pool.Get(int(min(downloadChunkBytes, end-sent)))

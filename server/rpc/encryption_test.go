@@ -101,7 +101,7 @@ func TestVerifyEncryptedBackup(t *testing.T) {
 	recs, _ := crypt.ParseRecipients([]string{rcp, rcp2})
 	r, _ := crypt.Encrypt(ctx, bytes.NewReader(randomBytes(t, 5000)), recs)
 	data, _ := io.ReadAll(r)
-	if _, err := ts.Client.Upload(ctx, bytes.NewReader(data), &ebv1.UploadHeader{Name: "enc", Encryption: "age", AgeRecipients: []string{rcp, rcp2}}, nil); err != nil {
+	if _, err := ts.Client.Upload(ctx, bytes.NewReader(data), &ebv1.UploadHeader{Name: "enc", Encryption: "age", AgeRecipients: []string{rcp, rcp2}, RawSize: 5000}, nil); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := ts.Client.Backups.VerifyBackup(ctx, &ebv1.VerifyBackupRequest{Name: "enc"})

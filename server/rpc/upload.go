@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"time"
@@ -99,6 +100,9 @@ func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBack
 	if u.kind, err = validateUploadHeader(h, s.limits); err != nil {
 		return nil, err
 	}
+	if err := s.admitRawSize(h); err != nil {
+		return nil, err
+	}
 	if u.locName, u.loc, err = s.location(h.GetLocation()); err != nil {
 		return nil, err
 	}
@@ -112,7 +116,7 @@ func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBack
 		// cannot make an upload look like one.
 		u.kind = storage.SourceUpload
 	}
-	if u.release, err = s.claim(u.locName, h.GetName()); err != nil {
+	if u.release, err = s.claim(u.locName, h.GetName(), u.agent != nil); err != nil {
 		return nil, err
 	}
 	return u, nil
@@ -147,6 +151,9 @@ func (s *Service) receiveUpload(ctx context.Context, u *upload, recv func() (*eb
 			return nil, s.uploadBroken(ctx, u, r.size, err)
 		}
 		if err := r.take(msg, u.header); err != nil {
+			return nil, err
+		}
+		if err := s.checkStoredSize(u.header, r.size); err != nil {
 			return nil, err
 		}
 		if msg.GetTrailer() != nil {
@@ -189,6 +196,11 @@ func (s *Service) uploadBroken(ctx context.Context, u *upload, size int64, err e
 		return status.Errorf(codes.DeadlineExceeded,
 			"upload of %q: nothing arrived for %s (limits.uploadIdleTimeout) after %d bytes; the upload was aborted and nothing was stored",
 			u.name(), s.limits.UploadIdleTimeout.Duration, size)
+	}
+	if errors.Is(err, errTooSlow) {
+		s.log.Warn("upload aborted: too slow", "location", u.locName, "backup", u.name(), "received", size,
+			"minTransferRate", s.limits.MinTransferRate, "window", s.limits.MinTransferRateWindow.Duration, "caller", caller(ctx))
+		return s.tooSlow(fmt.Sprintf("upload of %q", u.name()), size)
 	}
 	s.log.Warn("upload interrupted", "location", u.locName, "backup", u.name(), "received", size, "error", err)
 	if ctx.Err() != nil {
@@ -241,8 +253,8 @@ func (s *Service) commitUpload(ctx context.Context, u *upload, r *received, up s
 		// The source is what the server knows, not what the agent says.
 		m.Source.Kind, m.Source.Description, m.Source.Target = storage.SourceAgent, "job "+a.JobNamespace+"/"+a.JobName, a.Target
 	}
-	if r.trailer.GetRawSha256() != "" && (m.Compression != "" || m.Encryption != "") {
-		m.RawSize, m.RawSHA256 = r.trailer.GetRawSize(), r.trailer.GetRawSha256()
+	if err := s.recordRaw(u, r, m); err != nil {
+		return nil, err
 	}
 	withSnapshotStatus(m, r.trailer.GetEtcd())
 	if err := up.Commit(ctx, m); err != nil {
@@ -312,57 +324,87 @@ func (s *Service) receiver(stream ebv1.BackupService_UploadBackupServer) func() 
 		return c
 	}
 	var next chan result
+	// After the header, the chunks are held to limits.minTransferRate.
+	var watch *rateWatch
 	return func() (*ebv1.UploadBackupRequest, error) {
 		if next == nil {
 			next = start()
 		}
 		t := time.NewTimer(s.limits.UploadIdleTimeout.Duration)
 		defer t.Stop()
-		select {
-		case r := <-next:
-			next = nil
-			if r.err == nil {
-				next = start()
+		var slow <-chan time.Time
+		if watch != nil {
+			watch.wait()
+			st := time.NewTimer(watch.left())
+			defer st.Stop()
+			slow = st.C
+		}
+		for {
+			select {
+			case r := <-next:
+				next = nil
+				if r.err == nil {
+					next = start()
+				}
+				if watch == nil {
+					watch = s.newRateWatch()
+				} else if r.err == nil {
+					if err := watch.moved(len(r.msg.GetChunk())); err != nil {
+						return nil, err
+					}
+				}
+				return r.msg, r.err
+			case <-t.C:
+				return nil, errIdle
+			case <-slow:
+				if err := watch.lapsed(); err != nil {
+					return nil, err
+				}
+				slow = time.After(watch.left())
 			}
-			return r.msg, r.err
-		case <-t.C:
-			return nil, errIdle
 		}
 	}
 }
 
 // claims are the uploads in progress: a second upload of one name is
 // refused at once, instead of after its data arrived, and each location
-// takes at most limits.uploadsPerLocation.
+// takes at most limits.uploadsPerLocation users' uploads and, in a pool
+// of their own, limits.agentUploadsPerLocation agents' uploads.
 type claims struct {
 	mu          sync.Mutex
 	inflight    map[string]bool // "location/name"
-	perLocation map[string]int
+	perLocation map[string]int  // users' uploads, or "agent:location" for agents'
 }
 
 // claim marks an upload of name in loc as in progress, so a second upload
 // of the same name is refused at once instead of after its data arrived,
-// and counts it against limits.uploadsPerLocation.
-func (s *Service) claim(loc, name string) (release func(), err error) {
+// and counts it against limits.uploadsPerLocation, or
+// limits.agentUploadsPerLocation for an agent: users' uploads, however
+// slow, never take the slot of a scheduled backup.
+func (s *Service) claim(loc, name string, agent bool) (release func(), err error) {
 	c := &s.uploads
 	key := loc + "/" + name
+	pool, most, whose, limit := loc, s.limits.UploadsPerLocation, "", "limits.uploadsPerLocation"
+	if agent {
+		pool, most, whose, limit = "agent:"+loc, s.limits.AgentUploadsPerLocation, "backup agents' ", "limits.agentUploadsPerLocation"
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.inflight[key] {
 		return nil, status.Errorf(codes.AlreadyExists,
 			"an upload of backup %q to location %q is already in progress; backups are immutable, choose another name", name, loc)
 	}
-	if n := c.perLocation[loc]; n >= s.limits.UploadsPerLocation {
+	if n := c.perLocation[pool]; n >= most {
 		return nil, status.Errorf(codes.ResourceExhausted,
-			"%d uploads to location %q are in progress, the most this server allows (limits.uploadsPerLocation); try again when one has finished", n, loc)
+			"%d %suploads to location %q are in progress, the most this server allows (%s); try again when one has finished", n, whose, loc, limit)
 	}
 	c.inflight[key] = true
-	c.perLocation[loc]++
+	c.perLocation[pool]++
 	return func() {
 		c.mu.Lock()
 		delete(c.inflight, key)
-		if c.perLocation[loc]--; c.perLocation[loc] == 0 {
-			delete(c.perLocation, loc)
+		if c.perLocation[pool]--; c.perLocation[pool] == 0 {
+			delete(c.perLocation, pool)
 		}
 		c.mu.Unlock()
 	}, nil

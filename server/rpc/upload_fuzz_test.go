@@ -299,6 +299,7 @@ func decodeUpload(o *fuzzOps, payload []byte, name, recipient string) *upload {
 	if isPlain(h) && !etcdTrailerHolds(u.data) {
 		refuse("plain data that is not a whole etcd snapshot")
 	}
+	var rawSize int64
 	for i := range msgs {
 		m := msgs[i]
 		if m.trailerMode == 0 {
@@ -313,7 +314,11 @@ func decodeUpload(o *fuzzOps, payload []byte, name, recipient string) *upload {
 		tr.Sha256 = shaVariant(m.trailerMode&0x63, digest, refuse, "trailer SHA-256")
 		if m.trailerMode&0x08 != 0 {
 			tr.RawSize, tr.RawSha256 = int64(len(u.data))*3, hexSHA([]byte("raw"))
+			rawSize = tr.RawSize
 		}
+	}
+	if !isPlain(h) && rawSize == 0 {
+		refuse("compressed or encrypted without a raw size")
 	}
 
 	u.header = h

@@ -52,9 +52,10 @@ func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupReques
 	defer f.Close()
 
 	stored := sha256.New()
-	// Bounded by the recorded raw size: a crafted backup must not fill
-	// the scratch volume.
-	n, err := snapshot.DecompressLimit(ctx, f, io.TeeReader(r, stored), m.Compression, m.RawSize)
+	// Bounded by the recorded raw size, or limits.maxRawSize for a backup
+	// stored without one: a crafted backup must not fill the scratch
+	// volume.
+	n, err := snapshot.DecompressBounded(ctx, f, io.TeeReader(r, stored), m.Compression, m.RawSize, s.limits.MaxRawSize)
 	corrupt := func(format string, args ...any) error {
 		msg := fmt.Sprintf(format, args...)
 		s.log.Warn("backup failed verification", "location", locName, "backup", req.GetName(), "reason", msg)
