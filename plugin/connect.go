@@ -97,8 +97,10 @@ func (g *GlobalOptions) connectTunnel(ctx context.Context) (*Connection, error) 
 		return d.DialContext(ctx, addr)
 	}
 	target := first.(*tunnel.Conn).Endpoint().String()
+	// The kubeconfig's token goes only to a server that asks for it.
+	asked := &tokenWhenAsked{creds: token}
 	conn, err := grpc.NewClient("passthrough:///"+g.ServerService+"."+g.namespace(),
-		append(dialOptions, grpc.WithContextDialer(dial), grpc.WithPerRPCCredentials(token))...)
+		append(append(dialOptions, grpc.WithContextDialer(dial)), asked.dialOptions()...)...)
 	if err != nil {
 		first.Close()
 		return nil, err
