@@ -95,6 +95,9 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := checkUserListen(o.listen, f.Authorization.Mode); err != nil {
+		return err
+	}
 	cfg := server.Config{Logger: log, Targets: f.Targets, Limits: f.Limits}
 	if cfg.Locations, err = locations.Open(ctx, f.Locations, locations.Options{Logger: log}); err != nil {
 		return err

@@ -335,7 +335,7 @@ func testNotReady(t *testing.T, c *cluster) {
 					Name:            "server",
 					Image:           c.images.Server,
 					ImagePullPolicy: corev1.PullNever,
-					Args:            []string{"--listen=:50051", "--storage-dir=/tmp/backups"},
+					Args:            []string{"--listen=127.0.0.1:50051", "--storage-dir=/tmp/backups"},
 					Ports:           []corev1.ContainerPort{{Name: "grpc", ContainerPort: world.ServerPort}},
 					ReadinessProbe: &corev1.Probe{
 						ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(1)}},
