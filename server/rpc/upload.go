@@ -305,7 +305,9 @@ var errIdle = errors.New("upload idle")
 // goroutine owned by the handler that called it; when that gives up
 // waiting and returns, gRPC cancels the stream, which ends the Recv, and
 // the goroutine with it. The timer runs only while the handler waits, so
-// a slow storage write never counts as the client's idleness.
+// a slow storage write never counts as the client's idleness. After the
+// header, the same waits are held to limits.minTransferRate (rateWatch):
+// an upload that keeps sending, but too little, ends with errTooSlow.
 //
 // It receives one message ahead: the next chunk is decoded while the
 // handler hashes and stores this one. After an error or io.EOF nothing
