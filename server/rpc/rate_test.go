@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
@@ -190,4 +193,60 @@ func TestSlowDownloadIsEnded(t *testing.T) {
 			t.Fatalf("a download read at 100 KiB/s: %v", err)
 		}
 	})
+}
+
+// logSignal is a slog handler that closes a channel at the first record
+// whose message is msg.
+type logSignal struct {
+	msg  string
+	once sync.Once
+	seen chan struct{}
+}
+
+func (h *logSignal) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logSignal) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.once.Do(func() { close(h.seen) })
+	}
+	return nil
+}
+func (h *logSignal) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *logSignal) WithGroup(string) slog.Handler      { return h }
+
+// Through gRPC's real transport: a client that stops reading blocks the
+// server's send in flow control; the handler ends the download all the
+// same, and the client, once it reads again, gets the buffered bytes and
+// then the status saying why.
+func TestSlowDownloadIsEndedThroughTheTransport(t *testing.T) {
+	stalled := &logSignal{msg: "download aborted: too slow", seen: make(chan struct{})}
+	srv := servertest.StartWith(t, servertest.Options{Logger: slog.New(stalled), Limits: config.Limits{
+		MinTransferRateWindow: metav1.Duration{Duration: 200 * time.Millisecond},
+	}})
+	srv.Upload(t, "big", trailed(t, 64<<20))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := srv.Client.Backups.DownloadBackup(ctx, &ebv1.DownloadBackupRequest{Name: "big"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-stalled.seen:
+	case <-ctx.Done():
+		t.Fatal("the server did not end a download whose client stopped reading")
+	}
+	var got int64
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			servertest.WantRefusal(t, err, codes.ResourceExhausted, `download of "big"`, "too slow", "64 KiB/s over 200ms", "limits.minTransferRate")
+			break
+		}
+		got += int64(len(m.GetChunk()))
+	}
+	if got >= 64<<20 {
+		t.Errorf("the client received all %d bytes of the ended download", got)
+	}
 }

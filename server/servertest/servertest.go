@@ -11,6 +11,7 @@ package servertest
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"sync"
 	"testing"
@@ -75,6 +76,8 @@ type Options struct {
 	// Their background retries end with the server.
 	Configured      []storage.LocationConfig
 	LocationOptions locations.Options
+	// Logger receives the server's log; nil discards it.
+	Logger *slog.Logger
 }
 
 // AsAgent is a Guard that admits every call as the agent it is: for tests
@@ -118,7 +121,8 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 	if len(names) == 0 {
 		names = []string{"default"}
 	}
-	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents, UserGuard: opts.UserGuard, AgentGuard: opts.AgentGuard, Limits: opts.Limits}
+	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents, UserGuard: opts.UserGuard, AgentGuard: opts.AgentGuard, Limits: opts.Limits,
+		Logger: opts.Logger}
 	for _, n := range names {
 		loc, err := filesystem.New(dirs[n])
 		if err != nil {
