@@ -57,7 +57,7 @@ func newCluster(t *testing.T) *cluster {
 	c := &cluster{cs: fake.NewClientset(), tokens: map[string]token{}}
 	c.cs.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		review := a.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview).DeepCopy()
-		tok, ok := c.tokens[review.Spec.Token]
+		tok, ok := c.tokens[nameOfJWT(review.Spec.Token)]
 		if ok && slices.Contains(review.Spec.Audiences, tok.audience) {
 			review.Status = authnv1.TokenReviewStatus{Authenticated: true, User: tok.user, Audiences: []string{tok.audience}}
 		} else {
@@ -148,7 +148,7 @@ func withToken(tok string) context.Context {
 	if tok == "" {
 		return ctx
 	}
-	return metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+tok))
+	return metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+agentJWT(tok)))
 }
 
 // refused checks that Admit refuses with code and a message saying want,
@@ -284,7 +284,7 @@ func TestAgentListenerWithTokenFile(t *testing.T) {
 	bj := c.backupJob(t)
 	tok := c.tokenFor(c.pod(t, bj, "backup-pod", true))
 	file := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(file, []byte(tok+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(agentJWT(tok)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	srv := servertest.StartWith(t, servertest.Options{AgentGuard: c.guard, AgentDialOptions: []grpc.DialOption{client.WithTokenFile(file)}})
