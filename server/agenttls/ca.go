@@ -84,12 +84,13 @@ func EnsureCA(ctx context.Context, client kubernetes.Interface, namespace string
 		Type:       corev1.SecretTypeOpaque,
 		Data:       map[string][]byte{CertKey: ca.CertPEM, KeyKey: keyPEM},
 	}
-	created, err := secrets.Create(ctx, s, metav1.CreateOptions{})
+	_, err = secrets.Create(ctx, s, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
-		if created, err = secrets.Get(ctx, SecretName, metav1.GetOptions{}); err != nil {
+		theirs, err := secrets.Get(ctx, SecretName, metav1.GetOptions{})
+		if err != nil {
 			return nil, fmt.Errorf("agent CA: read Secret %s/%s: %w", namespace, SecretName, err)
 		}
-		return parseCA(created)
+		return parseCA(theirs)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("agent CA: create Secret %s/%s: %w", namespace, SecretName, err)

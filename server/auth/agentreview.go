@@ -319,9 +319,3 @@ func (c *reviewCache) remove(k [32]byte, el *list.Element) {
 	delete(c.m, k)
 	delete(c.e, k)
 }
-
-func (c *reviewCache) len() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.order.Len()
-}
