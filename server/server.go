@@ -9,6 +9,7 @@ package server
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
@@ -20,6 +21,7 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -67,6 +69,9 @@ type Config struct {
 	// AgentGuard admits calls on the agent listener; nil refuses every
 	// call there, since agents could not be told apart from anyone else.
 	AgentGuard auth.Guard
+	// AgentTLS secures the agent listener (server/agenttls); nil serves
+	// it in plaintext.
+	AgentTLS *tls.Config
 	// Limits bound what clients can make the server hold; zero fields
 	// take their defaults (config.Limits.WithDefaults).
 	Limits config.Limits
@@ -84,6 +89,9 @@ type Listeners struct {
 	// Agents is the agents' API, the only port of the Service; nil
 	// serves none.
 	Agents net.Listener
+	// Health serves grpc.health.v1 Check alone, in plaintext, for the
+	// kubelet's probes; nil serves none.
+	Health net.Listener
 }
 
 // Server is the data server: the etcdbackup.v1 handlers, the background
@@ -100,6 +108,7 @@ type Server struct {
 	limits     config.Limits
 	userGuard  auth.Guard
 	agentGuard auth.Guard
+	agentTLS   *tls.Config
 }
 
 // New checks the configuration and returns a Server.
@@ -134,6 +143,7 @@ func New(cfg Config) (*Server, error) {
 		limits:     cfg.Limits.WithDefaults(),
 		userGuard:  cfg.UserGuard,
 		agentGuard: cfg.AgentGuard,
+		agentTLS:   cfg.AgentTLS,
 	}
 	if s.userGuard == nil {
 		s.userGuard = auth.AllowAll{}
@@ -157,7 +167,7 @@ func New(cfg Config) (*Server, error) {
 // must have GRPCServerOptions (downloads need its codec).
 func (s *Server) register(g *grpc.Server) {
 	s.Register(g)
-	healthpb.RegisterHealthServer(g, s.health)
+	healthpb.RegisterHealthServer(g, checkOnly{s.health})
 	// SERVING even while a storage location is unavailable: a failing
 	// readiness probe would take the server out of its Service, cutting
 	// agents off from the locations that work, and a restart cannot bring
@@ -186,7 +196,7 @@ func (refuseAll) Admit(context.Context, string) (context.Context, error) {
 
 // NewGRPCServer returns a gRPC server with the etcdbackup and health
 // services whose calls g admits.
-func (s *Server) NewGRPCServer(g auth.Guard) *grpc.Server {
+func (s *Server) NewGRPCServer(g auth.Guard, extra ...grpc.ServerOption) *grpc.Server {
 	onPanic := recovery.WithRecoveryHandlerContext(s.recovered)
 	admit := auth.AuthFunc(g)
 	opts := append(GRPCServerOptions(),
@@ -197,7 +207,7 @@ func (s *Server) NewGRPCServer(g auth.Guard) *grpc.Server {
 			selector.UnaryServerInterceptor(grpcauth.UnaryServerInterceptor(admit), auth.Guarded)),
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic),
 			selector.StreamServerInterceptor(grpcauth.StreamServerInterceptor(admit), auth.Guarded)))
-	srv := grpc.NewServer(opts...)
+	srv := grpc.NewServer(append(opts, extra...)...)
 	s.register(srv)
 	return srv
 }
@@ -226,8 +236,12 @@ func (s *Server) Serve(ctx context.Context, ls Listeners, drain time.Duration) e
 	servers := []*grpc.Server{s.NewGRPCServer(s.userGuard)}
 	listeners := []net.Listener{ls.Users}
 	if ls.Agents != nil {
-		servers = append(servers, s.NewGRPCServer(s.agentGuard))
-		listeners = append(listeners, ls.Agents)
+		servers = append(servers, s.NewGRPCServer(s.agentGuard, s.agentServerOptions()...))
+		listeners = append(listeners, limitAgentListener(ls.Agents))
+	}
+	if ls.Health != nil {
+		servers = append(servers, s.newHealthServer())
+		listeners = append(listeners, netutil.LimitListener(ls.Health, healthMaxConnections))
 	}
 	errc := make(chan error, len(servers))
 	for i, g := range servers {

@@ -52,13 +52,27 @@ func newRoot() *cobra.Command {
 
 func newLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(os.Stderr, nil)) }
 
-// dial connects to the server, sending the token in tokenFile (if any)
+// serverFlags say how the agent reaches the server.
+type serverFlags struct {
+	addr, tokenFile, ca, name string
+}
+
+// dial connects to the server, over TLS verified with the server's CA
+// when --server-ca is set, sending the token in --token-file (if any)
 // with every call.
-func dial(serverAddr, tokenFile string) (*grpc.ClientConn, *client.Client, error) {
+func dial(f serverFlags) (*grpc.ClientConn, *client.Client, error) {
 	var opts []grpc.DialOption
-	if tokenFile != "" {
-		opts = append(opts, client.WithTokenFile(tokenFile))
+	if f.ca != "" {
+		o, err := client.WithServerCA(f.ca, f.name)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--server-ca: %w", err)
+		}
+		opts = append(opts, o)
 	}
+	if f.tokenFile != "" {
+		opts = append(opts, client.WithTokenFile(f.tokenFile))
+	}
+	serverAddr := f.addr
 	conn, c, err := client.Dial(serverAddr, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--server: %w", err)
@@ -66,14 +80,17 @@ func dial(serverAddr, tokenFile string) (*grpc.ClientConn, *client.Client, error
 	return conn, c, nil
 }
 
-func addTokenFileFlag(cmd *cobra.Command, p *string) {
-	cmd.Flags().StringVar(p, "token-file", "",
+func addServerFlags(cmd *cobra.Command, f *serverFlags) {
+	cmd.Flags().StringVar(&f.tokenFile, "token-file", "",
 		"file holding the projected ServiceAccount token (audience etcdbackup) sent to the server; read again for every call, as the kubelet rotates it")
+	cmd.Flags().StringVar(&f.ca, "server-ca", "",
+		"CA certificate(s) the server's agent port must present a certificate of (the server's Jobs mount ConfigMap etcdbackup-agent-ca here); empty: plaintext, for a server's user API reached by port-forward")
+	cmd.Flags().StringVar(&f.name, "server-name", "", "name the server's certificate must hold (default: the host of --server)")
 }
 
 func newBackupCmd() *cobra.Command {
 	var etcd backup.Etcd
-	var serverAddr, tokenFile string
+	var srv serverFlags
 	opts := backup.Options{}
 	cmd := &cobra.Command{
 		Use:   "backup --endpoint URL --server HOST:PORT --name NAME",
@@ -90,7 +107,7 @@ func newBackupCmd() *cobra.Command {
 				return err
 			}
 			defer etcdClient.Close()
-			conn, up, err := dial(serverAddr, tokenFile)
+			conn, up, err := dial(srv)
 			if err != nil {
 				return err
 			}
@@ -118,7 +135,7 @@ func newBackupCmd() *cobra.Command {
 	fl.BoolVar(&etcd.InsecurePlaintext, "insecure-plaintext", false, "allow an http:// endpoint (no TLS); only when explicitly asked for")
 	fl.BoolVar(&etcd.InsecureSkipVerify, "insecure-skip-tls-verify", false, "do not verify etcd's serving certificate")
 	fl.DurationVar(&etcd.DialTimeout, "dial-timeout", 10*time.Second, "how long to wait for etcd")
-	fl.StringVar(&serverAddr, "server", "", "data server gRPC address, e.g. etcdbackup.etcdbackup-system.svc:50052")
+	fl.StringVar(&srv.addr, "server", "", "data server gRPC address, e.g. etcdbackup.etcdbackup-system.svc:50052")
 	fl.StringVar(&opts.Name, "name", "", "name of the backup")
 	fl.StringVar(&opts.Location, "location", "", "storage location (default: the server's default)")
 	fl.StringVar(&opts.Target, "target", "", "name of the etcd target, recorded with the backup")
@@ -126,13 +143,14 @@ func newBackupCmd() *cobra.Command {
 	fl.StringToStringVar(&opts.Labels, "labels", nil, "labels of the backup")
 	fl.StringArrayVar(&opts.AgeRecipients, "encrypt-to", nil, "age public key (age1...) to encrypt the backup to, after compression; repeatable")
 	fl.StringVar(&opts.ScratchDir, "scratch-dir", "", "directory for a copy of the plain snapshot while it streams, from which its revision, keys and hash are read and recorded (as large as the database); empty records the member's revision only")
-	addTokenFileFlag(cmd, &tokenFile)
+	addServerFlags(cmd, &srv)
 	_ = cmd.MarkFlagRequired("server")
 	return cmd
 }
 
 func newRestoreCmd() *cobra.Command {
-	var serverAddr, identityDir, tokenFile string
+	var srv serverFlags
+	var identityDir string
 	var o restore.Options
 	var bump int64
 	cmd := &cobra.Command{
@@ -158,7 +176,7 @@ func newRestoreCmd() *cobra.Command {
 				}
 				o.Identities = ids
 			}
-			conn, c, err := dial(serverAddr, tokenFile)
+			conn, c, err := dial(srv)
 			if err != nil {
 				return err
 			}
@@ -183,7 +201,7 @@ func newRestoreCmd() *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&serverAddr, "server", "", "data server gRPC address")
+	fl.StringVar(&srv.addr, "server", "", "data server gRPC address")
 	fl.StringVar(&o.Name, "name", "", "backup to restore")
 	fl.StringVar(&o.Location, "location", "", "storage location (default: the server's default)")
 	fl.StringVar(&o.WorkDir, "work-dir", "", "where the download is kept until restored (default: beside the data dir)")
@@ -197,7 +215,7 @@ func newRestoreCmd() *cobra.Command {
 		"add this to etcd's revision and mark the result compacted, so that watchers and informers of the lost data relist; 0 keeps the snapshot's revisions. The same for every member")
 	fl.StringVar(&identityDir, "identity-dir", "", "directory of age identity files (a mounted Secret) to decrypt an encrypted backup")
 	fl.StringVar(&o.SHA256, "sha256", "", "SHA-256 (hex) the stored backup must have; any other content under the name is refused before it is restored")
-	addTokenFileFlag(cmd, &tokenFile)
+	addServerFlags(cmd, &srv)
 	_ = cmd.MarkFlagRequired("server")
 	return cmd
 }

@@ -6,6 +6,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/agenttls"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
@@ -47,6 +49,7 @@ func main() {
 // options are the server's flags.
 type options struct {
 	listen, agentListen string
+	healthListen        string
 	kubeconfig          string
 	storageDir          string
 	configFile          string
@@ -62,6 +65,7 @@ func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("etcdbackup-server", flag.ContinueOnError)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:50051", "address of the user API (the plugin's): keep it on loopback, where port-forward connections arrive; never the pod IP")
 	fs.StringVar(&o.agentListen, "agent-listen", "", "address of the agent API, the Service's only port (empty: off; agents then cannot reach the server)")
+	fs.StringVar(&o.healthListen, "health-listen", "", "address serving grpc.health.v1 Check alone, in plaintext, for the kubelet's gRPC probes (the agent port speaks TLS, which they do not); empty: off")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for the Kubernetes API (default: in-cluster service account)")
 	fs.StringVar(&o.storageDir, "storage-dir", "/var/lib/etcdbackup", "directory of the \"default\" filesystem storage location (mount a PersistentVolumeClaim here); ignored with --config")
 	fs.StringVar(&o.configFile, "config", "", "configuration file: storage locations, etcd targets, agents (see docs/design.md)")
@@ -119,8 +123,19 @@ func run(args []string) error {
 			return err
 		}
 	}
-	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, o.namespace, f, cfg.Agents); err != nil {
+	rc := kc
+	if kc != nil {
+		if rc, err = reviewClient(o.kubeconfig); err != nil {
+			return err
+		}
+	}
+	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, rc, o.namespace, f, cfg.Agents); err != nil {
 		return err
+	}
+	if o.agentListen != "" {
+		if cfg.AgentTLS, err = agentTLS(ctx, kc, o.namespace, f, cfg.Agents, log); err != nil {
+			return err
+		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -210,6 +225,11 @@ func listen(o *options) (server.Listeners, error) {
 			return ls, fmt.Errorf("listen on %s (--agent-listen): %w", o.agentListen, err)
 		}
 	}
+	if o.healthListen != "" {
+		if ls.Health, err = net.Listen("tcp", o.healthListen); err != nil {
+			return ls, fmt.Errorf("listen on %s (--health-listen): %w", o.healthListen, err)
+		}
+	}
 	return ls, nil
 }
 
@@ -234,7 +254,10 @@ func logServing(log *slog.Logger, cfg server.Config, f *config.File, ls server.L
 	attrs := []any{"version", version.Version, "listen", ls.Users.Addr().String(), "locations", where,
 		"authorization", cmp.Or(f.Authorization.Mode, config.AuthorizationPortForward)}
 	if ls.Agents != nil {
-		attrs = append(attrs, "agentListen", ls.Agents.Addr().String())
+		attrs = append(attrs, "agentListen", ls.Agents.Addr().String(), "agentTransport", agenttls.Describe(cfg.AgentTLS))
+	}
+	if ls.Health != nil {
+		attrs = append(attrs, "healthListen", ls.Health.Addr().String())
 	}
 	log.Info("serving", attrs...)
 }
@@ -310,6 +333,50 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(rc)
 }
 
+// reviewClient is the client of the agent listener's TokenReviews: its
+// own rate limiter, so that tokens sent to the agent port by anyone who
+// reaches it cannot use up the server's (auth.AgentReviews bounds the
+// reviews in flight, and caches their answers).
+func reviewClient(kubeconfig string) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the agent listener's TokenReview client: %w", err)
+	}
+	rc.QPS, rc.Burst = 10, 20
+	rc.Timeout = auth.DefaultReviewTimeout
+	return kubernetes.NewForConfig(rc)
+}
+
+// agentTLS makes the agent listener's TLS (server/agenttls): the CA in
+// Secret etcdbackup-agent-ca, a serving certificate for the Service's
+// names and agents.serverAddress, the CA certificate published in every
+// namespace agents run in.
+func agentTLS(ctx context.Context, kc kubernetes.Interface, namespace string, f *config.File, launcher *jobs.Launcher, log *slog.Logger) (*tls.Config, error) {
+	var others []string
+	if launcher != nil {
+		others = launcher.RestoreNamespaces(f.Targets)
+	}
+	cfg, ca, err := agenttls.Setup(ctx, agenttls.Options{
+		Client: kc, Namespace: namespace, AgentNamespaces: others,
+		ServerAddresses: []string{f.Agents.WithDefaults(namespace).ServerAddress}, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if launcher != nil {
+		launcher.SetServerCAPublisher(func(ctx context.Context, ns string) error {
+			return agenttls.Publish(ctx, kc, ns, ca.CertPEM)
+		})
+	}
+	return cfg, nil
+}
+
 func inClusterNamespace() (string, error) {
 	b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 	if err != nil {
@@ -318,8 +385,9 @@ func inClusterNamespace() (string, error) {
 	return strings.TrimSpace(string(b)), nil
 }
 
-// guards returns who may call the user and the agent listener.
-func guards(kc kubernetes.Interface, namespace string, f *config.File, launcher *jobs.Launcher) (users, agents auth.Guard, err error) {
+// guards returns who may call the user and the agent listener; rc makes
+// the agent listener's TokenReviews.
+func guards(kc, rc kubernetes.Interface, namespace string, f *config.File, launcher *jobs.Launcher) (users, agents auth.Guard, err error) {
 	if f.Authorization.Mode == config.AuthorizationSubjectAccessReview {
 		users = auth.NewSubjectAccessReviewGuard(kc, namespace)
 	}
@@ -333,6 +401,7 @@ func guards(kc kubernetes.Interface, namespace string, f *config.File, launcher 
 		Namespace:         namespace,
 		RestoreNamespaces: launcher.RestoreNamespaces(f.Targets),
 		ServiceAccount:    f.Agents.WithDefaults(namespace).ServiceAccount,
+		Reviews:           auth.AgentReviews{Client: rc},
 	})
 	if err != nil {
 		return nil, nil, err

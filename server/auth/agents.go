@@ -77,6 +77,8 @@ type AgentGuardConfig struct {
 	RestoreNamespaces []string
 	// ServiceAccount is the agents' (config.Agents.ServiceAccount).
 	ServiceAccount string
+	// Reviews bounds the TokenReviews (agentreview.go).
+	Reviews AgentReviews
 }
 
 // AgentGuard admits a call on the agent listener only from a pod of an
@@ -84,7 +86,7 @@ type AgentGuardConfig struct {
 // the method that Job's kind needs. See NewAgentGuard.
 type AgentGuard struct {
 	cfg      AgentGuardConfig
-	reviewer Reviewer
+	reviewer TokenAuthenticator
 }
 
 var _ Guard = (*AgentGuard)(nil)
@@ -108,7 +110,7 @@ func NewAgentGuard(cfg AgentGuardConfig) (*AgentGuard, error) {
 	if !slices.Contains(cfg.RestoreNamespaces, cfg.Namespace) {
 		cfg.RestoreNamespaces = append(slices.Clone(cfg.RestoreNamespaces), cfg.Namespace)
 	}
-	return &AgentGuard{cfg: cfg, reviewer: Reviewer{Client: cfg.Client}}, nil
+	return &AgentGuard{cfg: cfg, reviewer: newAgentReviewer(cfg)}, nil
 }
 
 // Admit implements Guard.

@@ -52,12 +52,12 @@ type cluster struct {
 	guard    *auth.AgentGuard
 }
 
-func newCluster(t *testing.T) *cluster {
+func newCluster(t testing.TB) *cluster {
 	t.Helper()
 	c := &cluster{cs: fake.NewClientset(), tokens: map[string]token{}}
 	c.cs.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		review := a.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview).DeepCopy()
-		tok, ok := c.tokens[review.Spec.Token]
+		tok, ok := c.tokens[nameOfJWT(review.Spec.Token)]
 		if ok && slices.Contains(review.Spec.Audiences, tok.audience) {
 			review.Status = authnv1.TokenReviewStatus{Authenticated: true, User: tok.user, Audiences: []string{tok.audience}}
 		} else {
@@ -85,7 +85,7 @@ var target = config.Target{
 
 // backupJob starts a real backup Job of b1 and gives it a UID, as the API
 // server would.
-func (c *cluster) backupJob(t *testing.T) *batchv1.Job {
+func (c *cluster) backupJob(t testing.TB) *batchv1.Job {
 	t.Helper()
 	j, err := c.launcher.StartBackup(context.Background(), jobs.BackupSpec{Name: "b1", Location: "default", Target: target})
 	if err != nil {
@@ -94,7 +94,7 @@ func (c *cluster) backupJob(t *testing.T) *batchv1.Job {
 	return c.withUID(t, j)
 }
 
-func (c *cluster) restoreJob(t *testing.T) *batchv1.Job {
+func (c *cluster) restoreJob(t testing.TB) *batchv1.Job {
 	t.Helper()
 	js, err := c.launcher.StartRestore(context.Background(), jobs.RestoreSpec{Name: "b1", Location: "default", Target: target, SHA256: sum})
 	if err != nil {
@@ -103,7 +103,7 @@ func (c *cluster) restoreJob(t *testing.T) *batchv1.Job {
 	return c.withUID(t, js[0])
 }
 
-func (c *cluster) withUID(t *testing.T, j *batchv1.Job) *batchv1.Job {
+func (c *cluster) withUID(t testing.TB, j *batchv1.Job) *batchv1.Job {
 	t.Helper()
 	j.UID = types.UID("uid-of-job-" + j.Name)
 	j, err := c.cs.BatchV1().Jobs(j.Namespace).Update(context.Background(), j, metav1.UpdateOptions{})
@@ -115,7 +115,7 @@ func (c *cluster) withUID(t *testing.T, j *batchv1.Job) *batchv1.Job {
 
 // pod creates a pod from j's template; owned says whether j controls it
 // (a copy of the template made by hand is not owned).
-func (c *cluster) pod(t *testing.T, j *batchv1.Job, name string, owned bool) *corev1.Pod {
+func (c *cluster) pod(t testing.TB, j *batchv1.Job, name string, owned bool) *corev1.Pod {
 	t.Helper()
 	p := &corev1.Pod{ObjectMeta: *j.Spec.Template.ObjectMeta.DeepCopy(), Spec: *j.Spec.Template.Spec.DeepCopy()}
 	p.Name, p.Namespace, p.UID = name, j.Namespace, types.UID("uid-of-pod-"+name)
@@ -148,7 +148,7 @@ func withToken(tok string) context.Context {
 	if tok == "" {
 		return ctx
 	}
-	return metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+tok))
+	return metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+agentJWT(tok)))
 }
 
 // refused checks that Admit refuses with code and a message saying want,
@@ -284,7 +284,7 @@ func TestAgentListenerWithTokenFile(t *testing.T) {
 	bj := c.backupJob(t)
 	tok := c.tokenFor(c.pod(t, bj, "backup-pod", true))
 	file := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(file, []byte(tok+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(agentJWT(tok)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	srv := servertest.StartWith(t, servertest.Options{AgentGuard: c.guard, AgentDialOptions: []grpc.DialOption{client.WithTokenFile(file)}})

@@ -3,6 +3,7 @@ package auth
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -28,7 +29,9 @@ type Reviewer struct {
 // Authenticate returns who token belongs to. With audiences, the token
 // must be valid for one of them (a token minted for another audience is
 // refused); without, for the API server's own. A token the API server
-// does not accept is Unauthenticated; failing to ask it is Unavailable.
+// does not accept is Unauthenticated, and so is one the API server
+// authenticates without naming one of audiences in the review's
+// status.audiences; failing to ask it is Unavailable.
 func (r Reviewer) Authenticate(ctx context.Context, token string, audiences ...string) (authnv1.UserInfo, error) {
 	review, err := r.Client.AuthenticationV1().TokenReviews().Create(ctx, &authnv1.TokenReview{
 		Spec: authnv1.TokenReviewSpec{Token: token, Audiences: audiences},
@@ -45,6 +48,12 @@ func (r Reviewer) Authenticate(ctx context.Context, token string, audiences ...s
 			msg += ": " + review.Status.Error
 		}
 		return authnv1.UserInfo{}, status.Error(codes.Unauthenticated, msg)
+	}
+	// An authenticator that ignores audiences would accept a token for
+	// anyone: the API server must say which of ours the token is for.
+	if len(audiences) > 0 && !slices.ContainsFunc(review.Status.Audiences, func(a string) bool { return slices.Contains(audiences, a) }) {
+		return authnv1.UserInfo{}, status.Errorf(codes.Unauthenticated,
+			"the API server authenticated the bearer token but not for audience %q (it answered for %q): refused", audiences, review.Status.Audiences)
 	}
 	return review.Status.User, nil
 }

@@ -97,6 +97,8 @@ type Launcher struct {
 	agents    config.Agents
 	startMu   sync.Mutex
 	caches    atomic.Pointer[caches]
+	// publishCA is SetServerCAPublisher's.
+	publishCA func(ctx context.Context, namespace string) error
 }
 
 // New returns a Launcher that creates Jobs in namespace (the server's own)
@@ -327,6 +329,7 @@ func agentSecurityContext() *corev1.PodSecurityContext {
 // sets its labels.
 func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volumes []corev1.Volume, mounts []corev1.VolumeMount) *batchv1.Job {
 	args = append(args, "--token-file="+TokenPath)
+	args, volumes, mounts = withServerCA(args, volumes, mounts)
 	volumes = append(volumes, corev1.Volume{Name: "etcdbackup-token", VolumeSource: corev1.VolumeSource{
 		Projected: &corev1.ProjectedVolumeSource{
 			// Readable by the agent's group (fsGroup) only.

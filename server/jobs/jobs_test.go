@@ -125,11 +125,11 @@ func TestBackupJobSpec(t *testing.T) {
 	if len(c.Env) != 0 || len(c.EnvFrom) != 0 {
 		t.Errorf("environment given to the agent: %v %v", c.Env, c.EnvFrom)
 	}
-	if len(pod.Volumes) != 3 || pod.Volumes[1].Secret == nil || pod.Volumes[1].Secret.SecretName != "etcd-client" {
-		t.Fatalf("volumes %+v: want only scratch space, the target's TLS Secret and the agent's token", pod.Volumes)
+	if len(pod.Volumes) != 4 || pod.Volumes[1].Secret == nil || pod.Volumes[1].Secret.SecretName != "etcd-client" {
+		t.Fatalf("volumes %+v: want only scratch space, the target's TLS Secret, the server's CA and the agent's token", pod.Volumes)
 	}
 	checkScratch(t, pod)
-	if len(c.VolumeMounts) != 3 || !c.VolumeMounts[1].ReadOnly {
+	if len(c.VolumeMounts) != 4 || !c.VolumeMounts[1].ReadOnly {
 		t.Errorf("mounts %+v", c.VolumeMounts)
 	}
 	checkAgentToken(t, pod)
@@ -172,8 +172,8 @@ func TestBackupJobAgentsConfig(t *testing.T) {
 	if !strings.Contains(args, "--server=server:1234") || !strings.Contains(args, "--insecure-plaintext") || strings.Contains(args, "--cacert") {
 		t.Errorf("args %q", args)
 	}
-	if len(job.Spec.Template.Spec.Volumes) != 2 || len(c.VolumeMounts) != 2 {
-		t.Errorf("a target without TLS Secret mounts %+v, want only scratch space and the agent's token", job.Spec.Template.Spec.Volumes)
+	if len(job.Spec.Template.Spec.Volumes) != 3 || len(c.VolumeMounts) != 3 {
+		t.Errorf("a target without TLS Secret mounts %+v, want only scratch space, the server's CA and the agent's token", job.Spec.Template.Spec.Volumes)
 	}
 	checkScratch(t, job.Spec.Template.Spec)
 	checkAgentToken(t, job.Spec.Template.Spec)

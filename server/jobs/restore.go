@@ -210,6 +210,9 @@ func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batch
 		}
 		old[j.Name] = o
 	}
+	if err := l.ensureServerCA(ctx, l.RestoreNamespace(spec.Target)); err != nil {
+		return nil, err
+	}
 	var out []*batchv1.Job
 	for _, j := range want {
 		if o := old[j.Name]; o != nil {

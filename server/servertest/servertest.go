@@ -11,6 +11,7 @@ package servertest
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"sync"
@@ -45,7 +46,9 @@ type Server struct {
 	AgentAddr   string
 	AgentConn   *grpc.ClientConn
 	AgentClient *client.Client
-	stop        func()
+	// HealthAddr is the health listener's, when Options.Health is set.
+	HealthAddr string
+	stop       func()
 }
 
 // Options configure StartWith; the zero value is what Start serves.
@@ -67,6 +70,12 @@ type Options struct {
 	// AgentDialOptions are added to the agent connection's, e.g. the
 	// token an agent sends.
 	AgentDialOptions []grpc.DialOption
+	// AgentTLS, when set, secures the agent listener
+	// (server.Config.AgentTLS); AgentDialOptions must then trust it.
+	AgentTLS *tls.Config
+	// Health, when set, serves the plaintext health listener too
+	// (Server.HealthAddr).
+	Health bool
 	// Limits are the server's (server.Config.Limits); zero fields take
 	// their defaults.
 	Limits config.Limits
@@ -122,7 +131,7 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 		names = []string{"default"}
 	}
 	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents, UserGuard: opts.UserGuard, AgentGuard: opts.AgentGuard, Limits: opts.Limits,
-		Logger: opts.Logger}
+		Logger: opts.Logger, AgentTLS: opts.AgentTLS}
 	for _, n := range names {
 		loc, err := filesystem.New(dirs[n])
 		if err != nil {
@@ -156,6 +165,12 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 			t.Fatal(err)
 		}
 	}
+	if opts.Health {
+		if ls.Health, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ls, 10*time.Second) }()
 	conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -164,6 +179,9 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 		t.Fatal(err)
 	}
 	s := &Server{Addr: lis.Addr().String(), Dir: dirs[names[0]], Dirs: dirs, Conn: conn, Client: client.New(conn)}
+	if ls.Health != nil {
+		s.HealthAddr = ls.Health.Addr().String()
+	}
 	if ls.Agents != nil {
 		s.AgentAddr = ls.Agents.Addr().String()
 		if s.AgentConn, s.AgentClient, err = client.Dial(s.AgentAddr, opts.AgentDialOptions...); err != nil {

@@ -123,6 +123,13 @@ rules:
   - apiGroups: [""]
     resources: [events]
     verbs: [list, watch]
+  - apiGroups: [""]
+    resources: [configmaps]
+    resourceNames: [etcdbackup-agent-ca]
+    verbs: [get, update]
+  - apiGroups: [""]
+    resources: [configmaps]
+    verbs: [create]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding

@@ -1,0 +1,76 @@
+package server
+
+import (
+	"net"
+	"time"
+
+	"golang.org/x/net/netutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+)
+
+// Bounds of the network-facing listeners (the agent port, the health
+// port): whoever reaches the pod can open connections and send headers
+// before any token is looked at.
+const (
+	// AgentMaxHeaderListSize bounds a call's headers (gRPC's default is
+	// 16 MiB per stream): an agent's projected token is 1–2 KB.
+	AgentMaxHeaderListSize = 16 << 10
+	// AgentMaxConnections are served at once; more wait in the kernel's
+	// backlog. Each agent holds one.
+	AgentMaxConnections = 128
+	// AgentMaxConnectionIdle closes a connection without calls for this
+	// long (agents' gRPC reconnects on its next call).
+	AgentMaxConnectionIdle = 30 * time.Second
+	// AgentConnectionTimeout bounds a connection's TLS handshake and
+	// HTTP/2 preface.
+	AgentConnectionTimeout = 10 * time.Second
+	// healthMaxConnections bounds the health port (the kubelet's probes).
+	healthMaxConnections = 16
+)
+
+// agentServerOptions are the agent listener's own: TLS when configured,
+// the header bound and the idle timeout.
+func (s *Server) agentServerOptions() []grpc.ServerOption {
+	opts := []grpc.ServerOption{
+		grpc.MaxHeaderListSize(AgentMaxHeaderListSize),
+		grpc.ConnectionTimeout(AgentConnectionTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: AgentMaxConnectionIdle}),
+	}
+	if s.agentTLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.agentTLS)))
+	}
+	return opts
+}
+
+// limitAgentListener bounds the connections the agent listener serves.
+func limitAgentListener(l net.Listener) net.Listener {
+	return netutil.LimitListener(l, AgentMaxConnections)
+}
+
+// newHealthServer serves grpc.health.v1 Check alone, in plaintext, for
+// the kubelet's gRPC probes (which speak neither TLS nor tokens).
+func (s *Server) newHealthServer() *grpc.Server {
+	g := grpc.NewServer(
+		grpc.MaxHeaderListSize(AgentMaxHeaderListSize),
+		grpc.MaxConcurrentStreams(4),
+		grpc.ConnectionTimeout(AgentConnectionTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: AgentMaxConnectionIdle}),
+	)
+	healthpb.RegisterHealthServer(g, checkOnly{s.health})
+	return g
+}
+
+// checkOnly is the health service without Watch, whose stream never ends
+// and which no probe uses: every listener serves Check only.
+type checkOnly struct{ *health.Server }
+
+// Watch implements healthpb.HealthServer by refusing.
+func (checkOnly) Watch(*healthpb.HealthCheckRequest, healthpb.Health_WatchServer) error {
+	return status.Error(codes.Unimplemented, "health Watch is not served; use Check")
+}

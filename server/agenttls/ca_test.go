@@ -1,0 +1,184 @@
+package agenttls_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/agenttls"
+)
+
+const ns = "etcdbackup-system"
+
+// The CA is made once and kept: a restarted server reads the same one, so
+// agents started before the restart still verify it.
+func TestCAIsCreatedOnceAndReused(t *testing.T) {
+	ctx := context.Background()
+	cs := fake.NewClientset()
+	now := time.Now()
+	first, err := agenttls.EnsureCA(ctx, cs, ns, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := cs.CoreV1().Secrets(ns).Get(ctx, agenttls.SecretName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Data[agenttls.CertKey]) == 0 || len(s.Data[agenttls.KeyKey]) == 0 {
+		t.Fatalf("Secret keys %v", keys(s.Data))
+	}
+	if !first.Cert.IsCA || first.Cert.NotAfter.Sub(now) < 5*365*24*time.Hour {
+		t.Fatalf("CA %v until %s", first.Cert.IsCA, first.Cert.NotAfter)
+	}
+	again, err := agenttls.EnsureCA(ctx, cs, ns, now.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Cert.Equal(first.Cert) || string(again.CertPEM) != string(first.CertPEM) {
+		t.Fatal("a restart made a new CA")
+	}
+	// What the restarted server issues verifies with the first CA.
+	cert, err := again.ServingCert(agenttls.ServerNames(ns), nil, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cert.Leaf.Verify(x509.VerifyOptions{Roots: first.Pool(), DNSName: "etcdbackup." + ns + ".svc"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDamagedCASecretIsRefused(t *testing.T) {
+	cs := fake.NewClientset(&corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: agenttls.SecretName},
+		Data:       map[string][]byte{agenttls.CertKey: []byte("junk"), agenttls.KeyKey: []byte("secret-key-material")},
+	})
+	_, err := agenttls.EnsureCA(context.Background(), cs, ns, time.Now())
+	if err == nil || !strings.Contains(err.Error(), "delete the Secret") {
+		t.Fatalf("damaged Secret: %v", err)
+	}
+	if strings.Contains(err.Error(), "secret-key-material") {
+		t.Fatalf("the error shows the key: %v", err)
+	}
+}
+
+// The serving certificate holds every name agents may dial — the
+// Service's names and agents.serverAddress's host, an IP as an IP SAN.
+func TestServingCertCoversTheNamesAgentsDial(t *testing.T) {
+	ca, err := agenttls.EnsureCA(context.Background(), fake.NewClientset(), ns, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dns, ips := agenttls.HostsFor(ns, "etcdbackup."+ns+".svc:50052", "10.96.0.42:50052", "backup.example:443")
+	cert, err := ca.ServingCert(dns, ips, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{
+		"etcdbackup", "etcdbackup." + ns, "etcdbackup." + ns + ".svc", "etcdbackup." + ns + ".svc.cluster.local", "backup.example", "10.96.0.42",
+	} {
+		if _, err := cert.Leaf.Verify(x509.VerifyOptions{Roots: ca.Pool(), DNSName: name}); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	if _, err := cert.Leaf.Verify(x509.VerifyOptions{Roots: ca.Pool(), DNSName: "etcdbackup.other.svc"}); err == nil {
+		t.Error("the certificate holds another namespace's name")
+	}
+	if cert.Leaf.NotAfter.After(time.Now().Add(agenttls.ServingValidity + time.Minute)) {
+		t.Errorf("serving certificate valid until %s", cert.Leaf.NotAfter)
+	}
+}
+
+// A TLS client with the CA and the Service's name connects; with another
+// CA, or another name, it does not.
+func TestHandshake(t *testing.T) {
+	ctx := context.Background()
+	ca, err := agenttls.EnsureCA(ctx, fake.NewClientset(), ns, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := agenttls.EnsureCA(ctx, fake.NewClientset(), ns, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := ca.ServingCert(agenttls.ServerNames(ns), nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", agenttls.ServerConfig(cert))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*tls.Conn).Handshake()
+			c.Close()
+		}
+	}()
+	dial := func(pool *x509.CertPool, name string) error {
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", lis.Addr().String(), &tls.Config{RootCAs: pool, ServerName: name, NextProtos: []string{"h2"}})
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	if err := dial(ca.Pool(), "etcdbackup."+ns+".svc"); err != nil {
+		t.Fatal(err)
+	}
+	if err := dial(other.Pool(), "etcdbackup."+ns+".svc"); err == nil {
+		t.Fatal("a client trusting another CA connected")
+	}
+	if err := dial(ca.Pool(), "intruder.example"); err == nil {
+		t.Fatal("the certificate verified for a name it does not hold")
+	}
+}
+
+// The CA certificate, never its key, reaches every agent namespace; a
+// changed CA updates the ConfigMap.
+func TestPublish(t *testing.T) {
+	ctx := context.Background()
+	cs := fake.NewClientset()
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, ca, err := agenttls.Setup(ctx, agenttls.Options{Client: cs, Namespace: ns, AgentNamespaces: []string{"app", ns}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{ns, "app"} {
+		cm, err := cs.CoreV1().ConfigMaps(n).Get(ctx, agenttls.ConfigMapName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cm.Data[agenttls.CertKey] != string(ca.CertPEM) || len(cm.Data) != 1 || strings.Contains(cm.Data[agenttls.CertKey], "PRIVATE") {
+			t.Fatalf("ConfigMap in %s: %v", n, keys(cm.Data))
+		}
+	}
+	if err := agenttls.Publish(ctx, cs, "app", []byte("rotated")); err != nil {
+		t.Fatal(err)
+	}
+	cm, err := cs.CoreV1().ConfigMaps("app").Get(ctx, agenttls.ConfigMapName, metav1.GetOptions{})
+	if err != nil || cm.Data[agenttls.CertKey] != "rotated" {
+		t.Fatalf("after rotation: %v %v", cm, err)
+	}
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
