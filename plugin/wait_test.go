@@ -75,7 +75,9 @@ func (w *agentWorld) synced(t *testing.T) {
 	}
 }
 
-// jobsOf waits for n Jobs of component in ns working on backup.
+// jobsOf waits for n Jobs of component in ns working on backup, each
+// signed by the server (so that finish does not write back a Job from
+// before its signature).
 func (w *agentWorld) jobsOf(t *testing.T, ns, component, backup string, n int) []batchv1.Job {
 	t.Helper()
 	var items []batchv1.Job
@@ -86,7 +88,7 @@ func (w *agentWorld) jobsOf(t *testing.T, ns, component, backup string, n int) [
 		}
 		items = nil
 		for _, j := range list.Items {
-			if j.Annotations[jobs.AnnotationBackup] == backup {
+			if j.Annotations[jobs.AnnotationBackup] == backup && j.Annotations[jobs.AnnotationSignature] != "" {
 				items = append(items, j)
 			}
 		}

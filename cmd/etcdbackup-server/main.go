@@ -111,7 +111,12 @@ func run(args []string) error {
 	}
 	// The agents' Jobs, pods and events are read from informers: fill
 	// them before serving.
+	// The key that signs agent Jobs is read back (or made, the first
+	// time) before any Job is created or admitted.
 	if cfg.Agents != nil {
+		if err := cfg.Agents.LoadSigningKey(ctx); err != nil {
+			return err
+		}
 		if err := cfg.Agents.Start(ctx, f.Targets); err != nil {
 			return err
 		}
@@ -330,6 +335,8 @@ func guards(kc kubernetes.Interface, namespace string, f *config.File, launcher 
 		Namespace:         namespace,
 		RestoreNamespaces: launcher.RestoreNamespaces(f.Targets),
 		ServiceAccount:    f.Agents.WithDefaults(namespace).ServiceAccount,
+		Signer:            launcher.Signer(),
+		TargetNamespaces:  launcher.TargetNamespaces(f.Targets),
 	})
 	if err != nil {
 		return nil, nil, err
