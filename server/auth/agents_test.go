@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"maps"
 	"os"
 	"path/filepath"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,7 +38,7 @@ const (
 	appNS    = "app"
 	// otherNS is the restore namespace of another target.
 	otherNS = "other"
-	sum      = "6794a8ff9654e821ba067dda207cf98ec8f022ce1c001fd07cd542530cd173f5"
+	sum     = "6794a8ff9654e821ba067dda207cf98ec8f022ce1c001fd07cd542530cd173f5"
 )
 
 // token is what the fake API server knows about one bearer token.
