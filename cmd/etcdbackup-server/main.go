@@ -114,6 +114,7 @@ func run(args []string) error {
 	// The key that signs agent Jobs is read back (or made, the first
 	// time) before any Job is created or admitted.
 	if cfg.Agents != nil {
+		cfg.Agents.SetServerPod(o.podName)
 		if err := cfg.Agents.LoadSigningKey(ctx); err != nil {
 			return err
 		}

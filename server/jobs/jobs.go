@@ -100,6 +100,8 @@ type Launcher struct {
 	// signer signs the Jobs this Launcher creates and tells its own
 	// from forged ones (sign.go).
 	signer atomic.Pointer[Signer]
+	// serverPod names the server's pod (SetServerPod).
+	serverPod atomic.Pointer[string]
 }
 
 // New returns a Launcher that creates Jobs in namespace (the server's own)
@@ -823,4 +825,31 @@ func eventTime(e *corev1.Event) time.Time {
 		return e.EventTime.Time
 	}
 	return e.CreationTimestamp.Time
+}
+
+// SetServerPod names the server's own pod, which the server's Events
+// (ServerEvent) are about; without it they are not recorded.
+func (l *Launcher) SetServerPod(name string) { l.serverPod.Store(&name) }
+
+// ServerEvent records a Warning Event about the server's pod, for what
+// went wrong in the server's own work (a scheduled run that could not
+// start): `kubectl describe pod` and `kubectl get events` show it. A
+// failure is returned for the caller to log; nothing waits on it.
+func (l *Launcher) ServerEvent(ctx context.Context, reason, message string) error {
+	p := l.serverPod.Load()
+	if p == nil || *p == "" {
+		return errors.New("the server's pod is unknown (POD_NAME), so no Event is recorded")
+	}
+	now := metav1.Now()
+	_, err := l.client.CoreV1().Events(l.namespace).Create(ctx, &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: *p + ".", Namespace: l.namespace},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: l.namespace, Name: *p},
+		Type:           corev1.EventTypeWarning, Reason: reason, Message: message,
+		Source:         corev1.EventSource{Component: managedBy},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("record event %s: %w", reason, err)
+	}
+	return nil
 }
