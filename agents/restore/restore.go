@@ -232,7 +232,7 @@ func Fetch(ctx context.Context, c *client.Client, req FetchRequest) (string, Ver
 				if req.SHA256 != "" && b.GetSha256() != req.SHA256 {
 					// Neither hash is named: the error reaches the agent's
 					// log and its Job's status.
-					return fmt.Errorf("backup %q: %w (it was replaced under the same name?); nothing was restored, start the restore again if the new content is what you want",
+					return fmt.Errorf("backup %q: %w: its SHA-256 differs (it was replaced under the same name?); nothing was restored, start the restore again if the new content is what you want",
 						name, ErrWrongBackup)
 				}
 				if b.GetEncryption() != ebv1.EncryptionNone && len(req.Identities) == 0 {
