@@ -89,7 +89,7 @@ func LoadSigner(ctx context.Context, client kubernetes.Interface, namespace stri
 	}
 	signer, err := NewSigner(s.Data[SigningKeyField])
 	if err != nil {
-		return nil, fmt.Errorf("Secret %s/%s, key %q: %w (delete the Secret to have the server make a new one; running agent Jobs then fail)",
+		return nil, fmt.Errorf("job signing key in Secret %s/%s, key %q: %w (delete the Secret to have the server make a new one; running agent Jobs then fail)",
 			namespace, SigningKeySecret, SigningKeyField, err)
 	}
 	return signer, nil
