@@ -69,6 +69,9 @@ func (o *BackupOptions) Validate() error {
 			return errors.New("--" + err.Error()) // names the flag: "--compression …"
 		}
 	}
+	if k, ok := ebv1.ReservedLabel(o.Labels); ok {
+		return fmt.Errorf("--labels: %q is under %s, which only the server writes (it marks scheduled backups); choose another key", k, ebv1.ReservedLabelPrefix)
+	}
 	return o.PrintFlags.Validate()
 }
 

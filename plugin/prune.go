@@ -30,8 +30,9 @@ func NewCmdPrune(g *GlobalOptions) *cobra.Command {
 each successful scheduled backup) and prints the backups it removed.
 
 It never removes the newest backup of a target, nor one being downloaded
-or restored (those are named and kept), and only scheduled backups
-(labelled etcdbackup.io/scheduled=true) unless --all.`,
+or restored (those are named and kept), and only the target's scheduled
+backups (those its schedule's agents stored; uploads never count) unless
+--all, which adds the target's other agent backups.`,
 		Example: examples(`
 # Show what retention would remove, remove nothing
 kubectl etcdbackup prune --dry-run

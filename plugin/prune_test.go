@@ -1,31 +1,47 @@
 package plugin
 
 import (
+	"bytes"
+	"context"
 	"slices"
 	"strings"
 	"testing"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
 func TestPrune(t *testing.T) {
+	agent := &agentAs{}
 	srv := servertest.StartWith(t, servertest.Options{Targets: []config.Target{{
 		Name: "cp", Endpoints: []string{"http://127.0.0.1:1"}, InsecurePlaintext: true, Retention: &config.Retention{KeepLast: 2},
-	}}})
+	}}, AgentGuard: agent})
 	addr := "--server-address=" + srv.Addr
-	for _, name := range []string{"cp-1", "cp-2", "cp-3", "cp-4"} {
-		f, _, _ := writeSnapshot(t, name, smallSnapshot)
-		mustRun(t, "upload", f, "--name", name, "--labels", "etcdbackup.io/scheduled=true,etcdbackup.io/target=cp", addr)
+	// Scheduled backups are what the schedule's agents store (the server
+	// marks them), an on-demand one what another agent of cp stores.
+	store := func(name string, scheduled bool) {
+		t.Helper()
+		agent.set("cp", name, scheduled)
+		if _, err := srv.AgentClient.Upload(context.Background(), bytes.NewReader(etcdtest.TrailedBytes(t, 544)),
+			&ebv1.UploadHeader{Name: name}, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
-	f, _, _ := writeSnapshot(t, "by-hand", smallSnapshot)
-	mustRun(t, "upload", f, "--name", "by-hand", "--labels", "etcdbackup.io/target=cp", addr)
+	for _, name := range []string{"cp-1", "cp-2", "cp-3", "cp-4"} {
+		store(name, true)
+	}
+	store("by-hand", false)
+	// An upload is none of cp's, whatever it is called.
+	f, _, _ := writeSnapshot(t, "cp-0", smallSnapshot)
+	mustRun(t, "upload", f, "--name", "cp-0", addr)
 	names := func() []string {
 		out := strings.Fields(mustRun(t, "list", "-o", "name", addr).out)
 		slices.Sort(out)
 		return out
 	}
-	all := []string{"backup/by-hand", "backup/cp-1", "backup/cp-2", "backup/cp-3", "backup/cp-4"}
+	all := []string{"backup/by-hand", "backup/cp-0", "backup/cp-1", "backup/cp-2", "backup/cp-3", "backup/cp-4"}
 
 	r := mustRun(t, "prune", "--dry-run", addr)
 	_, rows := parseTable(t, r.out)
@@ -44,7 +60,7 @@ func TestPrune(t *testing.T) {
 	if r.out != "backup/cp-2\nbackup/cp-1\n" {
 		t.Fatalf("prune -o name: %q", r.out)
 	}
-	if got := names(); !slices.Equal(got, []string{"backup/by-hand", "backup/cp-3", "backup/cp-4"}) {
+	if got := names(); !slices.Equal(got, []string{"backup/by-hand", "backup/cp-0", "backup/cp-3", "backup/cp-4"}) {
 		t.Fatalf("after prune: %q", got)
 	}
 	r = mustRun(t, "prune", addr)
@@ -54,7 +70,7 @@ func TestPrune(t *testing.T) {
 	// With --all the on-demand one counts too: it is the newest, so
 	// keepLast 2 now leaves it and cp-4.
 	mustRun(t, "prune", "--all", "--target", "cp", addr)
-	if got := names(); !slices.Equal(got, []string{"backup/by-hand", "backup/cp-4"}) {
+	if got := names(); !slices.Equal(got, []string{"backup/by-hand", "backup/cp-0", "backup/cp-4"}) {
 		t.Fatalf("after prune --all: %q", got)
 	}
 	mustFail(t, `etcd target "nope" is not configured`, "prune", "--target", "nope", addr)

@@ -205,3 +205,16 @@ func TestVerifyRefusesNonSnapshot(t *testing.T) {
 	}
 	mustFail(t, `backup "nope" not found`, addr, "verify", "nope")
 }
+
+// Labels under etcdbackup.io/ are the server's: upload and backup refuse
+// them before connecting, naming the flag; nothing is stored.
+func TestReservedLabelsAreRefusedEarly(t *testing.T) {
+	addr := startServer(t)
+	file, _, _ := writeSnapshot(t, "snapshot.db", 4096)
+	mustFail(t, `--labels: "etcdbackup.io/scheduled" is under etcdbackup.io/`, addr, "upload", file, "--name", "fake-scheduled",
+		"--labels", "etcdbackup.io/scheduled=true,etcdbackup.io/target=cp")
+	mustFail(t, `--labels: "etcdbackup.io/target" is under etcdbackup.io/`, addr, "backup", "--labels", "etcdbackup.io/target=cp")
+	if r := mustRun(t, addr, "list", "-o", "name"); r.out != "" {
+		t.Fatalf("stored after the refusals: %q", r.out)
+	}
+}

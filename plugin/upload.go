@@ -93,6 +93,9 @@ func (o *UploadOptions) Validate() error {
 	if errs := validation.IsDNS1123Subdomain(o.Name); len(errs) > 0 {
 		return fmt.Errorf("backup name %q is invalid (%s); pass a valid one with --name", o.Name, strings.Join(errs, "; "))
 	}
+	if k, ok := ebv1.ReservedLabel(o.Labels); ok {
+		return fmt.Errorf("--labels: %q is under %s, which only the server writes (it marks scheduled backups); choose another key", k, ebv1.ReservedLabelPrefix)
+	}
 	if len(o.EncryptTo) > 0 {
 		if _, err := crypt.ParseRecipients(o.EncryptTo); err != nil {
 			return fmt.Errorf("--encrypt-to: %w", err)

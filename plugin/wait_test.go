@@ -29,7 +29,9 @@ const serverNS = "etcdbackup-system"
 // clientset: the test plays the agents (and the Job controller) by
 // uploading what an agent would and setting the Jobs' status.
 type agentWorld struct {
-	srv    *servertest.Server
+	srv *servertest.Server
+	// agent is who the agent listener admits every call as.
+	agent  *agentAs
 	addr   string
 	cs     *fake.Clientset
 	agents *jobs.Launcher
@@ -62,8 +64,9 @@ func newAgentWorld(t *testing.T, backupTarget string, locations ...string) *agen
 	if err := l.Start(t.Context(), targets); err != nil {
 		t.Fatal(err)
 	}
-	srv := servertest.StartWith(t, servertest.Options{Locations: locations, Targets: targets, Agents: l})
-	return &agentWorld{srv: srv, addr: "--server-address=" + srv.Addr, cs: cs, agents: l}
+	agent := &agentAs{}
+	srv := servertest.StartWith(t, servertest.Options{Locations: locations, Targets: targets, Agents: l, AgentGuard: agent})
+	return &agentWorld{srv: srv, agent: agent, addr: "--server-address=" + srv.Addr, cs: cs, agents: l}
 }
 
 // synced waits until the server's agent caches hold what the test
@@ -75,7 +78,9 @@ func (w *agentWorld) synced(t *testing.T) {
 	}
 }
 
-// jobsOf waits for n Jobs of component in ns working on backup.
+// jobsOf waits for n Jobs of component in ns working on backup, each
+// signed by the server (so that finish does not write back a Job from
+// before its signature).
 func (w *agentWorld) jobsOf(t *testing.T, ns, component, backup string, n int) []batchv1.Job {
 	t.Helper()
 	var items []batchv1.Job
@@ -86,7 +91,7 @@ func (w *agentWorld) jobsOf(t *testing.T, ns, component, backup string, n int) [
 		}
 		items = nil
 		for _, j := range list.Items {
-			if j.Annotations[jobs.AnnotationBackup] == backup {
+			if j.Annotations[jobs.AnnotationBackup] == backup && j.Annotations[jobs.AnnotationSignature] != "" {
 				items = append(items, j)
 			}
 		}
@@ -271,9 +276,10 @@ func TestRemovedBackupsDoNotReappearFromTheirJobs(t *testing.T) {
 	for _, name := range []string{"old", "older", "newest"} {
 		mustRun(t, w.addr, "backup", "--target", "cp", "--name", name)
 		job := w.jobsOf(t, serverNS, "backup-agent", name, 1)[0]
-		// Stored as the target's (its label): retention --all counts it.
-		if _, err := w.srv.Client.Upload(context.Background(), bytes.NewReader(etcdtest.TrailedBytes(t, 544)),
-			&ebv1.UploadHeader{Name: name, Labels: map[string]string{"etcdbackup.io/target": "cp"}}, nil); err != nil {
+		// Stored by the target's agent: retention --all counts it.
+		w.agent.set("cp", name, false)
+		if _, err := w.srv.AgentClient.Upload(context.Background(), bytes.NewReader(etcdtest.TrailedBytes(t, 544)),
+			&ebv1.UploadHeader{Name: name}, nil); err != nil {
 			t.Fatal(err)
 		}
 		w.finish(t, job, true, "")

@@ -80,6 +80,12 @@ type Source struct {
 	Target      string    `json:"target,omitempty"`
 	StartTime   time.Time `json:"startTime,omitzero"`
 	EndTime     time.Time `json:"endTime,omitzero"`
+	// Scheduled marks one of Target's scheduled backups, ScheduledTime
+	// when its schedule was due. Only the server sets them, when the
+	// agent Job its schedule started stores the backup; retention and
+	// the schedule go by them, never by labels.
+	Scheduled     bool      `json:"scheduled,omitempty"`
+	ScheduledTime time.Time `json:"scheduledTime,omitzero"`
 }
 
 // Kinds of Source.

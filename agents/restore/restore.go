@@ -230,8 +230,10 @@ func Fetch(ctx context.Context, c *client.Client, req FetchRequest) (string, Ver
 			Name: name, Location: req.Location,
 			OnHeader: func(b *ebv1.Backup) error {
 				if req.SHA256 != "" && b.GetSha256() != req.SHA256 {
-					return fmt.Errorf("backup %q: %w: it has SHA-256 %s, the restore was started for SHA-256 %s (it was replaced under the same name?); nothing was restored, start the restore again if the new content is what you want",
-						name, ErrWrongBackup, b.GetSha256(), req.SHA256)
+					// Neither hash is named: the error reaches the agent's
+					// log and its Job's status.
+					return fmt.Errorf("backup %q: %w: its SHA-256 differs (it was replaced under the same name?); nothing was restored, start the restore again if the new content is what you want",
+						name, ErrWrongBackup)
 				}
 				if b.GetEncryption() != ebv1.EncryptionNone && len(req.Identities) == 0 {
 					return fmt.Errorf("backup %q: %w", name, crypt.ErrIdentityRequired)
@@ -258,7 +260,9 @@ func Fetch(ctx context.Context, c *client.Client, req FetchRequest) (string, Ver
 	// The header was checked; the bytes are what the header says (the
 	// download verified them against it), so they are the pinned backup.
 	if req.SHA256 != "" && b.GetSha256() != req.SHA256 {
-		return "", Verified{}, fmt.Errorf("backup %q: %w: downloaded SHA-256 %s, want %s", name, ErrWrongBackup, b.GetSha256(), req.SHA256)
+		// Neither hash is named: the error reaches the agent's log and
+		// its Job's status.
+		return "", Verified{}, fmt.Errorf("backup %q: %w: its SHA-256 is not the one the restore was started for", name, ErrWrongBackup)
 	}
 	path := stored
 	// A plain stored backup was checked against its SHA-256 only; a packed

@@ -118,7 +118,13 @@ func run(args []string) error {
 	}
 	// The agents' Jobs, pods and events are read from informers: fill
 	// them before serving.
+	// The key that signs agent Jobs is read back (or made, the first
+	// time) before any Job is created or admitted.
 	if cfg.Agents != nil {
+		cfg.Agents.SetServerPod(o.podName)
+		if err := cfg.Agents.LoadSigningKey(ctx); err != nil {
+			return err
+		}
 		if err := cfg.Agents.Start(ctx, f.Targets); err != nil {
 			return err
 		}
@@ -402,6 +408,8 @@ func guards(kc, rc kubernetes.Interface, namespace string, f *config.File, launc
 		RestoreNamespaces: launcher.RestoreNamespaces(f.Targets),
 		ServiceAccount:    f.Agents.WithDefaults(namespace).ServiceAccount,
 		Reviews:           auth.AgentReviews{Client: rc},
+		Signer:            launcher.Signer(),
+		TargetNamespaces:  launcher.TargetNamespaces(f.Targets),
 	})
 	if err != nil {
 		return nil, nil, err

@@ -50,6 +50,9 @@ type Agent struct {
 	// SHA256 is the stored backup a restore Job was started for; empty
 	// for backup Jobs.
 	SHA256 string
+	// Scheduled is a backup Job the server's schedule started: its
+	// upload is stored as a scheduled backup of Target.
+	Scheduled bool
 }
 
 type agentKey struct{}
@@ -79,6 +82,13 @@ type AgentGuardConfig struct {
 	ServiceAccount string
 	// Reviews bounds the TokenReviews (agentreview.go).
 	Reviews AgentReviews
+	// Signer checks that a Job is one the server created
+	// (jobs.Launcher.Signer): its signature fits what it says it is.
+	Signer *jobs.Signer
+	// TargetNamespaces maps each target's name to the namespace its
+	// restore Jobs run in (jobs.Launcher.RestoreNamespace): a restore
+	// Job elsewhere is refused.
+	TargetNamespaces map[string]string
 }
 
 // AgentGuard admits a call on the agent listener only from a pod of an
@@ -94,8 +104,9 @@ var _ Guard = (*AgentGuard)(nil)
 // NewAgentGuard returns the agent listener's Guard. Every call must carry
 // a pod-bound ServiceAccount token for AgentAudience, of cfg's
 // ServiceAccount in the server's namespace or a restore namespace, whose
-// pod still exists and is controlled by a Job labelled as managed by the
-// server, not finished. Backup Jobs may UploadBackup, restore Jobs
+// pod still exists and is controlled by a Job the server created (its
+// signature, cfg.Signer, fits the Job's namespace, name, UID and what
+// it is for), in the namespace its kind and target run in, not finished. Backup Jobs may UploadBackup, restore Jobs
 // DownloadBackup, both GetServerInfo; the handlers then hold each call to
 // the Job's own backup (AgentFrom).
 func NewAgentGuard(cfg AgentGuardConfig) (*AgentGuard, error) {
@@ -106,6 +117,8 @@ func NewAgentGuard(cfg AgentGuardConfig) (*AgentGuard, error) {
 		return nil, errors.New("agent guard: the server's namespace is unknown")
 	case cfg.ServiceAccount == "":
 		return nil, errors.New("agent guard: the agents' ServiceAccount is not set")
+	case cfg.Signer == nil:
+		return nil, errors.New("agent guard: no Job signer, so no Job could be told from a forged one")
 	}
 	if !slices.Contains(cfg.RestoreNamespaces, cfg.Namespace) {
 		cfg.RestoreNamespaces = append(slices.Clone(cfg.RestoreNamespaces), cfg.Namespace)
@@ -194,23 +207,35 @@ func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*A
 	if job.Labels[jobs.LabelManagedBy] != jobs.ManagedBy {
 		return nil, status.Errorf(codes.PermissionDenied, "Job %s is not managed by the server (label %s=%s missing)", name, jobs.LabelManagedBy, jobs.ManagedBy)
 	}
+	// Labels and annotations anyone who may create Jobs here can copy;
+	// the signature only the server can make, and it fits one Job (UID).
+	if err := g.cfg.Signer.Verify(job); err != nil {
+		return nil, status.Errorf(codes.PermissionDenied, "Job %s is not one the server created: %v", name, err)
+	}
 	if job.DeletionTimestamp != nil || jobs.JobPhase(job) != jobs.PhaseRunning {
 		return nil, status.Errorf(codes.PermissionDenied, "Job %s has finished; its pods may call the server no more", name)
 	}
+	c := jobs.ClaimsOf(job)
 	a := &Agent{
 		JobNamespace: job.Namespace, JobName: job.Name,
-		Backup: job.Annotations[jobs.AnnotationBackup], Location: job.Annotations[jobs.AnnotationLocation],
-		Target: job.Annotations[jobs.AnnotationTarget], SHA256: job.Annotations[jobs.AnnotationSHA256],
+		Backup: c.Backup, Location: c.Location, Target: c.Target, SHA256: c.SHA256, Scheduled: c.Scheduled,
 	}
-	switch job.Labels[jobs.LabelComponent] {
-	case jobs.ComponentBackup:
+	restoreNS, known := g.cfg.TargetNamespaces[c.Target]
+	if !known {
+		return nil, status.Errorf(codes.PermissionDenied, "Job %s is for target %q, which the server does not have", name, c.Target)
+	}
+	switch c.Kind {
+	case jobs.KindBackup:
 		a.Kind = AgentBackup
 		// Backup Jobs run in the server's namespace only.
 		if job.Namespace != g.cfg.Namespace {
 			return nil, status.Errorf(codes.PermissionDenied, "backup Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
 		}
-	case jobs.ComponentRestore:
+	case jobs.KindRestore:
 		a.Kind = AgentRestore
+		if job.Namespace != restoreNS {
+			return nil, status.Errorf(codes.PermissionDenied, "restore Job %s is not in namespace %s, where restores of target %q run", name, restoreNS, c.Target)
+		}
 		if a.SHA256 == "" {
 			return nil, status.Errorf(codes.PermissionDenied, "restore Job %s carries no %s annotation; start the restore again", name, jobs.AnnotationSHA256)
 		}

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -34,7 +36,9 @@ import (
 const (
 	serverNS = "etcdbackup-system"
 	appNS    = "app"
-	sum      = "6794a8ff9654e821ba067dda207cf98ec8f022ce1c001fd07cd542530cd173f5"
+	// otherNS is the restore namespace of another target.
+	otherNS = "other"
+	sum     = "6794a8ff9654e821ba067dda207cf98ec8f022ce1c001fd07cd542530cd173f5"
 )
 
 // token is what the fake API server knows about one bearer token.
@@ -65,16 +69,34 @@ func newCluster(t testing.TB) *cluster {
 		}
 		return true, review, nil
 	})
+	// The API server gives every object a UID when it is created.
+	c.cs.PrependReactor("create", "jobs", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		j := a.(k8stesting.CreateAction).GetObject().(*batchv1.Job)
+		j.UID = types.UID("uid-of-job-" + j.Namespace + "-" + j.Name + "-" + strconv.Itoa(len(j.Annotations)))
+		return false, nil, nil
+	})
 	var err error
 	if c.launcher, err = jobs.New(c.cs, serverNS, config.Agents{Image: "agent:dev"}); err != nil {
 		t.Fatal(err)
 	}
-	if c.guard, err = auth.NewAgentGuard(auth.AgentGuardConfig{
-		Client: c.cs, Namespace: serverNS, RestoreNamespaces: []string{appNS}, ServiceAccount: config.DefaultServiceAccount,
-	}); err != nil {
+	if err := c.launcher.LoadSigningKey(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	c.guard = c.newGuard(t, c.launcher)
 	return c
+}
+
+// newGuard is the agent guard of a server whose Launcher is l.
+func (c *cluster) newGuard(t testing.TB, l *jobs.Launcher) *auth.AgentGuard {
+	t.Helper()
+	g, err := auth.NewAgentGuard(auth.AgentGuardConfig{
+		Client: c.cs, Namespace: serverNS, RestoreNamespaces: []string{appNS, otherNS}, ServiceAccount: config.DefaultServiceAccount,
+		Signer: l.Signer(), TargetNamespaces: map[string]string{"app": appNS, "other": otherNS},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
 }
 
 var target = config.Target{
@@ -91,7 +113,7 @@ func (c *cluster) backupJob(t testing.TB) *batchv1.Job {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c.withUID(t, j)
+	return j
 }
 
 func (c *cluster) restoreJob(t testing.TB) *batchv1.Job {
@@ -100,17 +122,7 @@ func (c *cluster) restoreJob(t testing.TB) *batchv1.Job {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c.withUID(t, js[0])
-}
-
-func (c *cluster) withUID(t testing.TB, j *batchv1.Job) *batchv1.Job {
-	t.Helper()
-	j.UID = types.UID("uid-of-job-" + j.Name)
-	j, err := c.cs.BatchV1().Jobs(j.Namespace).Update(context.Background(), j, metav1.UpdateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return j
+	return js[0]
 }
 
 // pod creates a pod from j's template; owned says whether j controls it
@@ -325,4 +337,152 @@ func TestAgentListenerWithTokenFile(t *testing.T) {
 	if _, err := srv.AgentClient.Info.GetServerInfo(ctx, &ebv1.GetServerInfoRequest{}); status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("GetServerInfo with a token the API server rejects: %v", err)
 	}
+}
+
+// copyJob creates, in namespace ns, a Job with every label and
+// annotation of j (its signature too) and j's spec: what someone who may
+// create Jobs there can make from a real agent Job. The API server gives
+// it a UID of its own.
+func (c *cluster) copyJob(t *testing.T, j *batchv1.Job, ns, name string) *batchv1.Job {
+	t.Helper()
+	cp := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{
+		Name: name, Namespace: ns, Labels: maps.Clone(j.Labels), Annotations: maps.Clone(j.Annotations),
+	}, Spec: *j.Spec.DeepCopy()}
+	cp, err := c.cs.BatchV1().Jobs(ns).Create(context.Background(), cp, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp.UID == j.UID {
+		t.Fatalf("the copy has the original's UID %s", cp.UID)
+	}
+	return cp
+}
+
+// Labels and annotations can be copied; the server's signature of one
+// Job fits no other, and only the server can make one.
+func TestAgentGuardAdmitsOnlyJobsTheServerSigned(t *testing.T) {
+	c := newCluster(t)
+	rj := c.restoreJob(t)
+	if rj.Annotations[jobs.AnnotationSignature] == "" || rj.Spec.Suspend == nil || *rj.Spec.Suspend {
+		t.Fatalf("restore Job %s: annotations %v, suspend %v; want signed and let run", rj.Name, rj.Annotations, rj.Spec.Suspend)
+	}
+	real := c.tokenFor(c.pod(t, rj, "restore-pod", true))
+	if _, err := c.guard.Admit(withToken(real), auth.MethodDownloadBackup); err != nil {
+		t.Fatalf("the server's own restore Job: %v", err)
+	}
+
+	t.Run("copy with every label and annotation", func(t *testing.T) {
+		forged := c.copyJob(t, rj, appNS, "restore-forged-0123456789")
+		tok := c.tokenFor(c.pod(t, forged, "forged-pod", true))
+		refused(t, c.guard, tok, auth.MethodDownloadBackup, codes.PermissionDenied, "is not one the server created")
+	})
+	t.Run("copy without the signature", func(t *testing.T) {
+		forged := c.copyJob(t, rj, appNS, "restore-unsigned-0123456789")
+		delete(forged.Annotations, jobs.AnnotationSignature)
+		if _, err := c.cs.BatchV1().Jobs(appNS).Update(context.Background(), forged, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		tok := c.tokenFor(c.pod(t, forged, "unsigned-pod", true))
+		refused(t, c.guard, tok, auth.MethodDownloadBackup, codes.PermissionDenied, "carries no "+jobs.AnnotationSignature)
+	})
+	t.Run("tampered annotation", func(t *testing.T) {
+		// The server's own Job, pointed at another backup afterwards.
+		js, err := c.launcher.StartRestore(context.Background(), jobs.RestoreSpec{Name: "b2", Location: "default", Target: target, SHA256: sum})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j := js[0]
+		tok := c.tokenFor(c.pod(t, j, "tampered-pod", true))
+		for _, ann := range []string{jobs.AnnotationBackup, jobs.AnnotationLocation, jobs.AnnotationSHA256, jobs.AnnotationTarget} {
+			tampered := j.DeepCopy()
+			tampered.Annotations[ann] += "x"
+			if ann == jobs.AnnotationSHA256 {
+				tampered.Annotations[ann] = strings.Repeat("0", 64)
+			}
+			if _, err := c.cs.BatchV1().Jobs(appNS).Update(context.Background(), tampered, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			refused(t, c.guard, tok, auth.MethodDownloadBackup, codes.PermissionDenied, "does not match what the Job says it is")
+		}
+	})
+	t.Run("signed, but not in its target's restore namespace", func(t *testing.T) {
+		// Only the key makes such a Job: say a target's namespace
+		// changed in the config while its restore ran.
+		moved := c.copyJob(t, rj, otherNS, "restore-moved-0123456789")
+		moved.Annotations[jobs.AnnotationSignature] = c.launcher.Signer().Sign(jobs.ClaimsOf(moved))
+		moved, err := c.cs.BatchV1().Jobs(otherNS).Update(context.Background(), moved, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok := c.tokenFor(c.pod(t, moved, "moved-pod", true))
+		refused(t, c.guard, tok, auth.MethodDownloadBackup, codes.PermissionDenied, "is not in namespace app, where restores of target \"app\" run")
+	})
+	t.Run("signed backup Job outside the server's namespace", func(t *testing.T) {
+		bj := c.backupJob(t)
+		moved := c.copyJob(t, bj, appNS, "backup-moved-0123456789")
+		moved.Annotations[jobs.AnnotationSignature] = c.launcher.Signer().Sign(jobs.ClaimsOf(moved))
+		moved, err := c.cs.BatchV1().Jobs(appNS).Update(context.Background(), moved, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok := c.tokenFor(c.pod(t, moved, "moved-backup-pod", true))
+		refused(t, c.guard, tok, auth.MethodUploadBackup, codes.PermissionDenied, "is not in the server's namespace")
+	})
+	t.Run("signed for a target the server does not have", func(t *testing.T) {
+		gone := c.copyJob(t, rj, appNS, "restore-gone-0123456789")
+		gone.Annotations[jobs.AnnotationTarget] = "removed-target"
+		gone.Annotations[jobs.AnnotationSignature] = c.launcher.Signer().Sign(jobs.ClaimsOf(gone))
+		gone, err := c.cs.BatchV1().Jobs(appNS).Update(context.Background(), gone, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok := c.tokenFor(c.pod(t, gone, "gone-pod", true))
+		refused(t, c.guard, tok, auth.MethodDownloadBackup, codes.PermissionDenied, `target "removed-target", which the server does not have`)
+	})
+	t.Run("signed by another key", func(t *testing.T) {
+		other, err := jobs.NewSigner(bytes.Repeat([]byte{1}, 32))
+		if err != nil {
+			t.Fatal(err)
+		}
+		alien := c.copyJob(t, rj, appNS, "restore-alien-0123456789")
+		alien.Annotations[jobs.AnnotationSignature] = other.Sign(jobs.ClaimsOf(alien))
+		alien, err = c.cs.BatchV1().Jobs(appNS).Update(context.Background(), alien, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok := c.tokenFor(c.pod(t, alien, "alien-pod", true))
+		refused(t, c.guard, tok, auth.MethodDownloadBackup, codes.PermissionDenied, "is not one the server created")
+	})
+}
+
+// The key lives in a Secret: a restarted server (a new Launcher and
+// guard over the same API server) admits the Jobs the earlier one made;
+// one that lost the key does not.
+func TestAgentGuardAdmitsJobsOfAnEarlierServer(t *testing.T) {
+	c := newCluster(t)
+	rj := c.restoreJob(t)
+	tok := c.tokenFor(c.pod(t, rj, "restore-pod", true))
+
+	restarted, err := jobs.New(c.cs, serverNS, config.Agents{Image: "agent:dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := restarted.LoadSigningKey(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.newGuard(t, restarted).Admit(withToken(tok), auth.MethodDownloadBackup); err != nil {
+		t.Fatalf("after a restart: %v", err)
+	}
+
+	if err := c.cs.CoreV1().Secrets(serverNS).Delete(context.Background(), jobs.SigningKeySecret, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	keyless, err := jobs.New(c.cs, serverNS, config.Agents{Image: "agent:dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := keyless.LoadSigningKey(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	refused(t, c.newGuard(t, keyless), tok, auth.MethodDownloadBackup, codes.PermissionDenied, "is not one the server created")
 }

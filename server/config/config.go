@@ -277,8 +277,9 @@ type Target struct {
 	// Schedule is a cron expression (minute hour day-of-month month
 	// day-of-week, or @hourly, @daily, @every 6h, ...): the server takes a
 	// backup of the target at those times, named TARGET-YYYYMMDD-HHMMSS
-	// (the scheduled time in UTC) and labelled etcdbackup.io/scheduled=true
-	// and etcdbackup.io/target=TARGET. "" takes none.
+	// (the scheduled time in UTC), marked scheduled in its manifest's
+	// source by the server (and labelled etcdbackup.io/scheduled=true and
+	// etcdbackup.io/target=TARGET, for list -l). "" takes none.
 	Schedule string `json:"schedule,omitempty"`
 	// TimeZone is the IANA zone Schedule is read in ("" = UTC).
 	TimeZone string `json:"timeZone,omitempty"`

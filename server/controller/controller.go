@@ -160,6 +160,7 @@ func (c *Controller) newWatcher() *watcher {
 		c.metrics.Period.WithLabelValues(t.Name).Set(period.Seconds())
 		c.metrics.Skipped.WithLabelValues(t.Name, metrics.SkipRunning)
 		c.metrics.Skipped.WithLabelValues(t.Name, metrics.SkipMissed)
+		c.metrics.Skipped.WithLabelValues(t.Name, metrics.SkipNameTaken)
 		w.targets = append(w.targets, &scheduledTarget{target: t, sched: sched, deadline: deadline})
 	}
 	if c.agents == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,7 +27,10 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
-const testNS = "etcdbackup-system"
+const (
+	testNS    = "etcdbackup-system"
+	serverPod = "etcdbackup-server-0"
+)
 
 // schedWorld is a server with one filesystem location, a fake cluster and
 // a clock the test moves; rounds of the scheduler are run by hand.
@@ -62,6 +66,10 @@ func (sw *schedWorld) restart() {
 	sw.t.Helper()
 	l, err := jobs.New(sw.cs, testNS, config.Agents{Image: "agent:dev"})
 	if err != nil {
+		sw.t.Fatal(err)
+	}
+	l.SetServerPod(serverPod)
+	if err := l.LoadSigningKey(sw.t.Context()); err != nil {
 		sw.t.Fatal(err)
 	}
 	if err := l.Start(sw.t.Context(), []config.Target{sw.target}); err != nil {
@@ -182,9 +190,14 @@ func TestScheduleStartsRunsNamedAndLabelledAtTheirTime(t *testing.T) {
 	if j.Labels[jobs.LabelScheduled] != "true" {
 		t.Errorf("job labels %v: want %s=true", j.Labels, jobs.LabelScheduled)
 	}
-	for _, want := range []string{"--labels=etcdbackup.io/scheduled=true", "--labels=etcdbackup.io/target=cp", "--name=cp-20261201-100500"} {
-		if !slices.Contains(j.Spec.Template.Spec.Containers[0].Args, want) {
-			t.Errorf("agent args %q lack %q", j.Spec.Template.Spec.Containers[0].Args, want)
+	if !slices.Contains(j.Spec.Template.Spec.Containers[0].Args, "--name=cp-20261201-100500") {
+		t.Errorf("agent args %q lack the scheduled name", j.Spec.Template.Spec.Containers[0].Args)
+	}
+	// The agent sends no etcdbackup.io labels: the server writes what
+	// the signed Job says into the manifest.
+	for _, a := range j.Spec.Template.Spec.Containers[0].Args {
+		if strings.HasPrefix(a, "--labels=etcdbackup.io/") {
+			t.Errorf("agent arg %q: the server's labels are not the agent's to send", a)
 		}
 	}
 	if p := testutil.ToFloat64(sw.metrics.Period.WithLabelValues("cp")); p != 300 {
@@ -315,4 +328,70 @@ func TestRetentionAfterAScheduledBackup(t *testing.T) {
 	sw.finish("cp-20261201-100500", true)
 	sw.at("2026-12-01T10:06:00Z")
 	backuptest.Equal(t, "stored", sw.stored(), []string{"by-hand", "cp-20261201-100000", "cp-20261201-100500"})
+}
+
+// A backup whose scheduled time lies ahead of now — an upload named so
+// before uploads could not pass for scheduled ones, or a wrong clock —
+// is not the last run: the schedule does not pass over the runs until
+// then.
+func TestScheduleIgnoresScheduledTimesInTheFuture(t *testing.T) {
+	sw := newSchedWorld(t, scheduledTarget5m(), backuptest.MustTime(t, "2026-12-01T10:07:00Z"))
+	sw.store("cp-20261201-100000", true, backuptest.MustTime(t, "2026-12-01T10:00:30Z"))
+	sw.store("cp-20271231-235500", true, backuptest.MustTime(t, "2026-12-01T10:01:00Z"))
+	sw.restart()
+	sw.at("2026-12-01T10:07:00Z")
+	backuptest.Equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
+}
+
+// A scheduled run whose name another backup holds fails where it can be
+// seen — the failed-run and name-taken counters, an Event on the
+// server's pod — and the next run goes on under its own name.
+func TestScheduledRunWhoseNameIsTakenFailsVisibly(t *testing.T) {
+	sw := newSchedWorld(t, scheduledTarget5m(), backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
+	sw.at("2026-12-01T10:02:00Z")
+	// Someone uploads under the next run's name.
+	backuptest.Put(t, sw.loc, &storage.Manifest{Name: "cp-20261201-100500", SHA256: strings.Repeat("0", 64),
+		CreateTime: sw.now, Source: storage.Source{Kind: storage.SourceUpload}}, []byte("someone else's"))
+	sw.at("2026-12-01T10:05:00Z")
+	backuptest.Equal(t, "jobs", sw.backupsOfJobs(), nil)
+	if n := sw.skipped(metrics.SkipNameTaken); n != 1 {
+		t.Errorf("skipped (name-taken) = %v, want 1", n)
+	}
+	if n := sw.runs(metrics.ResultFailed); n != 1 {
+		t.Errorf("runs failed = %v, want 1", n)
+	}
+	events, err := sw.cs.CoreV1().Events(testNS).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, e := range events.Items {
+		if e.Reason == EventNameTaken && e.Type == corev1.EventTypeWarning && e.InvolvedObject.Kind == "Pod" && e.InvolvedObject.Name == serverPod &&
+			strings.Contains(e.Message, `"cp-20261201-100500"`) {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no %s Event about pod %s naming the backup: %+v", EventNameTaken, serverPod, events.Items)
+	}
+	// The upload is left as it was.
+	backuptest.Equal(t, "stored", sw.stored(), []string{"cp-20261201-100500"})
+
+	sw.at("2026-12-01T10:10:00Z")
+	backuptest.Equal(t, "jobs of the next run", sw.backupsOfJobs(), []string{"cp-20261201-101000"})
+	if n := sw.skipped(metrics.SkipNameTaken); n != 1 {
+		t.Errorf("skipped (name-taken) after the next run = %v, want 1", n)
+	}
+}
+
+// A name held by this schedule's own backup (an earlier server stored
+// it) is no failure.
+func TestScheduledRunStoredByAnEarlierServerIsNoFailure(t *testing.T) {
+	sw := newSchedWorld(t, scheduledTarget5m(), backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
+	sw.at("2026-12-01T10:02:00Z")
+	sw.store("cp-20261201-100500", true, backuptest.MustTime(t, "2026-12-01T10:04:00Z"))
+	sw.at("2026-12-01T10:05:00Z")
+	if n, f := sw.skipped(metrics.SkipNameTaken), sw.runs(metrics.ResultFailed); n != 0 || f != 0 {
+		t.Errorf("skipped (name-taken) %v, failed %v: want 0 and 0", n, f)
+	}
 }

@@ -3,6 +3,7 @@ package controller
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -26,19 +27,28 @@ func (c *Controller) recall(ctx context.Context, w *watcher, runs []jobs.Run) er
 	for _, st := range w.targets {
 		st.last = time.Time{}
 	}
-	note := func(target, name string) {
+	// note takes t as target's last handled time, unless it lies ahead
+	// of now: a backup or Job whose scheduled time is still to come
+	// (a name someone chose, a clock that was wrong) does not make the
+	// schedule pass over the runs until then.
+	note := func(target string, t time.Time) {
+		if t.After(now) {
+			c.log.Warn("scheduler: a scheduled backup's time is in the future; not taken as the last run",
+				"target", target, "scheduled", t, "now", now)
+			return
+		}
 		for _, st := range w.targets {
-			if st.target.Name != target {
-				continue
-			}
-			if t, ok := schedule.TimeOf(target, name); ok && t.After(st.last) {
+			if st.target.Name == target && t.After(st.last) {
 				st.last = t
 			}
 		}
 	}
 	for _, r := range runs {
-		if r.Scheduled {
-			note(r.Target, r.Name)
+		if !r.Scheduled {
+			continue
+		}
+		if t, ok := schedule.TimeOf(r.Target, r.Name); ok {
+			note(r.Target, t)
 		}
 	}
 	for _, locName := range c.order {
@@ -48,8 +58,14 @@ func (c *Controller) recall(ctx context.Context, w *watcher, runs []jobs.Run) er
 			return err
 		}
 		for _, m := range manifests {
-			if m.Labels[retention.LabelScheduled] == "true" {
-				note(m.Labels[retention.LabelTarget], m.Name)
+			if target, ok := retention.ScheduledOf(m); ok {
+				t := m.Source.ScheduledTime
+				if t.IsZero() { // stored before the source had the time
+					t, ok = schedule.TimeOf(target, m.Name)
+				}
+				if ok {
+					note(target, t)
+				}
 			}
 			if m.Source.Kind == storage.SourceAgent && m.Source.Target != "" {
 				c.metrics.SetLastSuccess(m.Source.Target, locName, m.CreateTime)
@@ -86,15 +102,58 @@ func (c *Controller) startScheduled(ctx context.Context, st *scheduledTarget, du
 			return
 		}
 	}
-	_, err := c.startBackup(ctx, &ebv1.CreateBackupRequest{
-		Name: name, Target: t.Name,
-		Labels: map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: t.Name},
-	}, true, "scheduler")
-	if status.Code(err) == codes.AlreadyExists {
+	// No labels: that the backup is scheduled is the Job's (signed)
+	// label, which the server writes into the manifest's source.
+	_, err := c.startBackup(ctx, &ebv1.CreateBackupRequest{Name: name, Target: t.Name}, true, "scheduler")
+	if status.Code(err) == codes.AlreadyExists && c.ownScheduled(ctx, t.Name, cmp.Or(t.Location, c.order[0]), name) {
 		return // an earlier server started or stored it
+	}
+	if status.Code(err) == codes.AlreadyExists {
+		c.nameTaken(ctx, st, due, now, name)
+		return
 	}
 	if err != nil {
 		c.metrics.Runs.WithLabelValues(t.Name, cmp.Or(t.Location, c.order[0]), metrics.ResultFailed).Inc()
 		c.log.Error("scheduled backup could not start", "target", t.Name, "backup", name, "error", err)
 	}
 }
+
+// ownScheduled says whether the backup stored as name in location loc is
+// target's scheduled backup (an earlier server's run), rather than one
+// that took its name.
+func (c *Controller) ownScheduled(ctx context.Context, target, loc, name string) bool {
+	l, ok := c.locations[loc]
+	if !ok {
+		return false
+	}
+	m, err := l.Stat(ctx, name)
+	if err != nil {
+		return false
+	}
+	got, ok := retention.ScheduledOf(m)
+	return ok && got == target
+}
+
+// nameTaken fails a scheduled run whose name another backup holds (an
+// upload, an on-demand backup named so): visibly — a log line, the
+// failed-run and skipped-run counters, and an Event on the server's pod.
+// The schedule goes on: the next run has another name.
+func (c *Controller) nameTaken(ctx context.Context, st *scheduledTarget, due, now time.Time, name string) {
+	t := st.target
+	loc := cmp.Or(t.Location, c.order[0])
+	c.metrics.Runs.WithLabelValues(t.Name, loc, metrics.ResultFailed).Inc()
+	c.metrics.Skipped.WithLabelValues(t.Name, metrics.SkipNameTaken).Inc()
+	msg := fmt.Sprintf("scheduled backup %q of target %q (due %s) was not taken: a backup that is not this schedule's already has the name in location %q; rename or delete it. The next run is at %s",
+		name, t.Name, due.UTC().Format(time.RFC3339), loc, st.sched.Next(now).UTC().Format(time.RFC3339))
+	c.log.Error("scheduled backup failed: its name is taken", "target", t.Name, "backup", name, "location", loc, "scheduled", due, "next", st.sched.Next(now))
+	if c.agents == nil {
+		return
+	}
+	if err := c.agents.ServerEvent(ctx, EventNameTaken, msg); err != nil {
+		c.log.Warn("scheduler: no Event for the failed run", "target", t.Name, "backup", name, "error", err)
+	}
+}
+
+// EventNameTaken is the reason of the Event a scheduled run whose name
+// was taken records.
+const EventNameTaken = "ScheduledBackupNameTaken"

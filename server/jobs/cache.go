@@ -391,11 +391,6 @@ func (l *Launcher) await(ctx context.Context, ns, name string, done func(j *batc
 	}
 }
 
-// created is the await condition of a Create that returned j.
-func created(j *batchv1.Job) func(*batchv1.Job) bool {
-	return func(c *batchv1.Job) bool { return c != nil && c.UID == j.UID }
-}
-
 // gone is the await condition of deleting j: the cache no longer has it,
 // or has it being deleted, or has another Job of that name.
 func gone(j *batchv1.Job) func(*batchv1.Job) bool {

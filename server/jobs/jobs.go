@@ -99,6 +99,11 @@ type Launcher struct {
 	caches    atomic.Pointer[caches]
 	// publishCA is SetServerCAPublisher's.
 	publishCA func(ctx context.Context, namespace string) error
+	// signer signs the Jobs this Launcher creates and tells its own
+	// from forged ones (sign.go).
+	signer atomic.Pointer[Signer]
+	// serverPod names the server's pod (SetServerPod).
+	serverPod atomic.Pointer[string]
 }
 
 // New returns a Launcher that creates Jobs in namespace (the server's own)
@@ -110,7 +115,64 @@ func New(client kubernetes.Interface, namespace string, agents config.Agents) (*
 	case agents.Image == "":
 		return nil, errors.New("agent jobs: no agent image configured")
 	}
-	return &Launcher{client: client, namespace: namespace, agents: agents.WithDefaults(namespace)}, nil
+	l := &Launcher{client: client, namespace: namespace, agents: agents.WithDefaults(namespace)}
+	// Until LoadSigningKey, a key of this process's own: its Jobs are
+	// signed, but another process does not recognise them.
+	l.signer.Store(newRandomSigner())
+	return l, nil
+}
+
+// LoadSigningKey makes the Launcher sign and check Jobs with the key in
+// Secret SigningKeySecret of the server's namespace, creating it if need
+// be (LoadSigner): Jobs signed before a restart keep working after it.
+// The server calls it once at start, before it creates or admits any.
+func (l *Launcher) LoadSigningKey(ctx context.Context) error {
+	s, err := LoadSigner(ctx, l.client, l.namespace)
+	if err != nil {
+		return err
+	}
+	l.signer.Store(s)
+	return nil
+}
+
+// Signer is what signs and checks the Launcher's Jobs.
+func (l *Launcher) Signer() *Signer { return l.signer.Load() }
+
+// Signed says whether j carries the server's signature (Signer.Verify).
+func (l *Launcher) Signed(j *batchv1.Job) bool { return l.Signer().Verify(j) == nil }
+
+// sign annotates made, a Job just created suspended, with its signature
+// and lets it run: no pod of it exists before it is signed, so none
+// calls the server before the guard can admit it. The patch is bound to
+// made's UID. A Job that cannot be signed is deleted, since it could
+// never run.
+func (l *Launcher) sign(ctx context.Context, made *batchv1.Job) (*batchv1.Job, error) {
+	sig := l.Signer().Sign(ClaimsOf(made))
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": made.UID, "annotations": map[string]string{AnnotationSignature: sig}},
+		"spec":     map[string]any{"suspend": false},
+	})
+	if err != nil {
+		return nil, err
+	}
+	signed, err := l.client.BatchV1().Jobs(made.Namespace).Patch(ctx, made.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		derr := l.client.BatchV1().Jobs(made.Namespace).Delete(context.WithoutCancel(ctx), made.Name,
+			metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &made.UID}, PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+		if derr != nil && !apierrors.IsNotFound(derr) {
+			return nil, fmt.Errorf("sign job %s/%s: %w (and deleting the unsigned, suspended Job failed: %v)", made.Namespace, made.Name, err, derr)
+		}
+		return nil, fmt.Errorf("sign job %s/%s: %w", made.Namespace, made.Name, err)
+	}
+	return signed, nil
+}
+
+// signedVersion is the await condition of signing j: the cache has j
+// with its signature.
+func signedVersion(j *batchv1.Job) func(*batchv1.Job) bool {
+	return func(c *batchv1.Job) bool {
+		return c != nil && c.UID == j.UID && c.Annotations[AnnotationSignature] == j.Annotations[AnnotationSignature]
+	}
 }
 
 // NewInCluster returns a Launcher that talks to the API server with the
@@ -220,7 +282,10 @@ func (l *Launcher) StartBackup(ctx context.Context, spec BackupSpec) (*batchv1.J
 	if err != nil {
 		return nil, fmt.Errorf("create backup job: %w", err)
 	}
-	l.await(ctx, made.Namespace, made.Name, created(made))
+	if made, err = l.sign(ctx, made); err != nil {
+		return nil, err
+	}
+	l.await(ctx, made.Namespace, made.Name, signedVersion(made))
 	return made, nil
 }
 
@@ -357,7 +422,10 @@ func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volume
 			// One attempt: a retry would upload the same backup name again,
 			// or find a restore's half-written data directory. The user (or
 			// the schedule) decides to try again.
-			BackoffLimit:            ptr.To[int32](0),
+			BackoffLimit: ptr.To[int32](0),
+			// Created suspended: sign lets it run once it carries the
+			// server's signature.
+			Suspend:                 ptr.To(true),
 			ActiveDeadlineSeconds:   ptr.To(int64(l.agents.Deadline.Seconds())),
 			TTLSecondsAfterFinished: ptr.To(int32(l.agents.TTLAfterFinished.Seconds())),
 			Template: corev1.PodTemplateSpec{
@@ -760,4 +828,31 @@ func eventTime(e *corev1.Event) time.Time {
 		return e.EventTime.Time
 	}
 	return e.CreationTimestamp.Time
+}
+
+// SetServerPod names the server's own pod, which the server's Events
+// (ServerEvent) are about; without it they are not recorded.
+func (l *Launcher) SetServerPod(name string) { l.serverPod.Store(&name) }
+
+// ServerEvent records a Warning Event about the server's pod, for what
+// went wrong in the server's own work (a scheduled run that could not
+// start): `kubectl describe pod` and `kubectl get events` show it. A
+// failure is returned for the caller to log; nothing waits on it.
+func (l *Launcher) ServerEvent(ctx context.Context, reason, message string) error {
+	p := l.serverPod.Load()
+	if p == nil || *p == "" {
+		return errors.New("the server's pod is unknown (POD_NAME), so no Event is recorded")
+	}
+	now := metav1.Now()
+	_, err := l.client.CoreV1().Events(l.namespace).Create(ctx, &corev1.Event{
+		ObjectMeta:     metav1.ObjectMeta{GenerateName: *p + ".", Namespace: l.namespace},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: l.namespace, Name: *p},
+		Type:           corev1.EventTypeWarning, Reason: reason, Message: message,
+		Source:         corev1.EventSource{Component: managedBy},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("record event %s: %w", reason, err)
+	}
+	return nil
 }

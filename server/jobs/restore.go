@@ -150,6 +150,16 @@ func (l *Launcher) RestoreNamespaces(targets []config.Target) []string {
 	return out
 }
 
+// TargetNamespaces maps the name of each of targets to the namespace its
+// restore Jobs run in (RestoreNamespace).
+func (l *Launcher) TargetNamespaces(targets []config.Target) map[string]string {
+	out := make(map[string]string, len(targets))
+	for _, t := range targets {
+		out[t.Name] = l.RestoreNamespace(t)
+	}
+	return out
+}
+
 // InitialCluster is NAME=PEER-URL,... of every member of t.
 func InitialCluster(t config.Target) string {
 	parts := make([]string, 0, len(t.Members))
@@ -224,7 +234,10 @@ func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batch
 		if err != nil {
 			return nil, fmt.Errorf("create restore job for member %q: %w", j.Annotations[AnnotationMember], err)
 		}
-		l.await(ctx, made.Namespace, made.Name, created(made))
+		if made, err = l.sign(ctx, made); err != nil {
+			return nil, err
+		}
+		l.await(ctx, made.Namespace, made.Name, signedVersion(made))
 		out = append(out, made)
 	}
 	return out, nil
@@ -335,6 +348,9 @@ func (l *Launcher) ListRestores(ctx context.Context, location, name string, targ
 	out := map[string]MemberRun{}
 	for _, j := range list {
 		a := j.Annotations
+		if !l.Signed(j) {
+			continue // not the server's: someone else's Job with its labels
+		}
 		if j.DeletionTimestamp != nil || a[AnnotationBackup] != name || a[AnnotationLocation] != location || a[AnnotationTarget] != target.Name {
 			continue
 		}
@@ -356,8 +372,10 @@ func (l *Launcher) RunningRestores(ctx context.Context, location, name string, t
 			return nil, err
 		}
 		for _, j := range list {
+			// Only the server's own Jobs hold a backup: a forged one
+			// (labels copied, no valid signature) must not block delete.
 			if j.Annotations[AnnotationBackup] == name && j.Annotations[AnnotationLocation] == location &&
-				JobPhase(j) == PhaseRunning && l.refusal(j) == "" {
+				JobPhase(j) == PhaseRunning && l.refusal(j) == "" && l.Signed(j) {
 				out = append(out, j.Namespace+"/"+j.Name)
 			}
 		}

@@ -29,6 +29,9 @@ const (
 const (
 	SkipRunning = "running" // a backup of the target was still running
 	SkipMissed  = "missed"  // its time was more than startingDeadline ago
+	// SkipNameTaken: a backup not of this schedule had the run's name;
+	// the run also counts as failed.
+	SkipNameTaken = "name-taken"
 )
 
 // Metrics are the server's Prometheus series. With no registerer they are
@@ -95,7 +98,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"target"}),
 		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "etcdbackup", Name: "scheduled_runs_skipped_total",
-			Help: "Scheduled backups not started, by target and reason (running: the previous one still ran; missed: later than startingDeadline).",
+			Help: "Scheduled backups not started, by target and reason (running: the previous one still ran; missed: later than startingDeadline; name-taken: another backup had the run's name).",
 		}, []string{"target", "reason"}),
 		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "etcdbackup", Name: "pruned_backups_total",

@@ -29,8 +29,7 @@ type Request struct {
 	Manifests []*storage.Manifest
 	// Target's Retention must be set.
 	Target config.Target
-	// IncludeUnscheduled counts the target's other agent backups, and any
-	// labelled LabelTarget, too.
+	// IncludeUnscheduled counts the target's other agent backups too.
 	IncludeUnscheduled bool
 	// DryRun removes nothing: pruned is what would go.
 	DryRun bool

@@ -13,21 +13,44 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
-// Labels of scheduled backups: the scheduler puts them on, retention
-// selects by them.
+// Labels the server puts on scheduled backups, for `list -l`. They say
+// what the manifest's source says (storage.Source.Scheduled, Target);
+// nothing is decided by them, and clients may not set any label under
+// etcdbackup.io/ (ReservedLabelPrefix).
 const (
 	LabelScheduled = "etcdbackup.io/scheduled"
 	LabelTarget    = "etcdbackup.io/target"
+	// ReservedLabelPrefix is the prefix of the labels only the server
+	// writes.
+	ReservedLabelPrefix = ebv1.ReservedLabelPrefix
 )
 
-// ofTarget tells whether m is a backup of target: labelled so (scheduled
-// backups, and any a user labelled) or, when unscheduled ones count too,
-// taken by an agent of it.
-func ofTarget(m *storage.Manifest, target string, includeUnscheduled bool) bool {
-	if !includeUnscheduled {
-		return m.Labels[LabelScheduled] == "true" && m.Labels[LabelTarget] == target
+// ScheduledOf tells whether m is a scheduled backup, and of which target.
+// The server's word is the manifest's source (Scheduled, written when a
+// scheduled agent's upload commits). Backups stored by servers before it
+// had that field say so in their labels, which then came from the agent
+// Job; those are believed only for an agent's backup of that very
+// target.
+func ScheduledOf(m *storage.Manifest) (target string, ok bool) {
+	switch {
+	case m.Source.Kind != storage.SourceAgent || m.Source.Target == "":
+		return "", false
+	case m.Source.Scheduled:
+		return m.Source.Target, true
+	case m.Source.ScheduledTime.IsZero() && m.Labels[LabelScheduled] == "true" && m.Labels[LabelTarget] == m.Source.Target:
+		return m.Source.Target, true // written before Source.Scheduled
 	}
-	return m.Labels[LabelTarget] == target || (m.Source.Kind == storage.SourceAgent && m.Source.Target == target)
+	return "", false
+}
+
+// ofTarget tells whether m is a backup of target: one of its scheduled
+// backups or, when unscheduled ones count too, any an agent took of it.
+func ofTarget(m *storage.Manifest, target string, includeUnscheduled bool) bool {
+	if includeUnscheduled {
+		return m.Source.Kind == storage.SourceAgent && m.Source.Target == target
+	}
+	t, ok := ScheduledOf(m)
+	return ok && t == target
 }
 
 // Select returns what retention r removes of target's backups among

@@ -16,9 +16,7 @@ func TestSelectPrunable(t *testing.T) {
 	base := backuptest.MustTime(t, "2026-12-01T00:00:00Z")
 	m := func(name string, hoursAgo int, scheduled bool, target string) *storage.Manifest {
 		man := &storage.Manifest{Name: name, CreateTime: base.Add(-time.Duration(hoursAgo) * time.Hour), Source: storage.Source{Kind: storage.SourceAgent, Target: target}}
-		if scheduled {
-			man.Labels = map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: target}
-		}
+		man.Source.Scheduled = scheduled
 		return man
 	}
 	all := []*storage.Manifest{
@@ -26,6 +24,13 @@ func TestSelectPrunable(t *testing.T) {
 		m("d1", 0, false, "cp"), m("d2", 60, false, "cp"),
 		m("other", 100, true, "app"),
 		{Name: "upload", CreateTime: base.Add(-200 * time.Hour), Source: storage.Source{Kind: storage.SourceUpload}},
+		// Labels decide nothing: an upload that carries the server's
+		// labels (stored before they were refused) is no scheduled backup,
+		// nor is another target's agent backup labelled as cp's.
+		{Name: "upload-labelled", CreateTime: base.Add(-300 * time.Hour), Source: storage.Source{Kind: storage.SourceUpload},
+			Labels: map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: "cp"}},
+		{Name: "app-labelled", CreateTime: base.Add(-300 * time.Hour), Source: storage.Source{Kind: storage.SourceAgent, Target: "app"},
+			Labels: map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: "cp"}},
 	}
 	names := func(ms []*storage.Manifest) []string {
 		var out []string
@@ -53,4 +58,30 @@ func TestSelectPrunable(t *testing.T) {
 	// The newest of a target stays even when every one is past maxAge.
 	old := []*storage.Manifest{m("a", 100, true, "cp"), m("b", 200, true, "cp")}
 	backuptest.Equal(t, "prunable of old ones", names(retention.Select(old, "cp", config.Retention{MaxAge: metav1.Duration{Duration: time.Hour}}, false, base)), []string{"b"})
+}
+
+// Which manifests are scheduled backups: the source's word; labels only
+// on an agent's backup of that target stored before the source said it.
+func TestScheduledOf(t *testing.T) {
+	labels := map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: "cp"}
+	at := backuptest.MustTime(t, "2026-12-01T09:00:00Z")
+	for _, tc := range []struct {
+		name string
+		m    storage.Manifest
+		want string
+	}{
+		{"scheduled agent backup", storage.Manifest{Source: storage.Source{Kind: storage.SourceAgent, Target: "cp", Scheduled: true, ScheduledTime: at}}, "cp"},
+		{"on-demand agent backup", storage.Manifest{Source: storage.Source{Kind: storage.SourceAgent, Target: "cp"}}, ""},
+		{"agent backup labelled by an earlier server", storage.Manifest{Labels: labels, Source: storage.Source{Kind: storage.SourceAgent, Target: "cp"}}, "cp"},
+		{"agent backup of another target labelled cp", storage.Manifest{Labels: labels, Source: storage.Source{Kind: storage.SourceAgent, Target: "app"}}, ""},
+		{"upload labelled as scheduled", storage.Manifest{Labels: labels, Source: storage.Source{Kind: storage.SourceUpload}}, ""},
+		{"upload claiming the field", storage.Manifest{Source: storage.Source{Kind: storage.SourceUpload, Target: "cp", Scheduled: true}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := retention.ScheduledOf(&tc.m)
+			if got != tc.want || ok != (tc.want != "") {
+				t.Fatalf("ScheduledOf: %q %v, want %q", got, ok, tc.want)
+			}
+		})
+	}
 }

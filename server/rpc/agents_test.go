@@ -116,8 +116,10 @@ func TestRestoreAgentDownloadsOnlyItsPinnedBackup(t *testing.T) {
 	pinnedElsewhere := agent
 	pinnedElsewhere.SHA256 = old
 	err := download(t, pinnedElsewhere, "b1")
-	if msg := status.Convert(err).Message(); status.Code(err) != codes.PermissionDenied || !strings.Contains(msg, old) || !strings.Contains(msg, sha(data)) {
-		t.Fatalf("restore agent pinned to another SHA-256: %v; want PermissionDenied naming both hashes", err)
+	// The hashes stay out of the refusal: the agent logs it.
+	if msg := status.Convert(err).Message(); status.Code(err) != codes.PermissionDenied || !strings.Contains(msg, "another SHA-256") ||
+		strings.Contains(msg, old) || strings.Contains(msg, sha(data)) {
+		t.Fatalf("restore agent pinned to another SHA-256: %v; want PermissionDenied naming neither hash", err)
 	}
 
 	if err := download(t, agent, "b2"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `not "b2"`) {
@@ -158,5 +160,61 @@ func TestDeleteRefusedWhileARestoreReadsTheBackup(t *testing.T) {
 	w.Synced(t)
 	if _, err := w.Server.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: "b1"}); err != nil {
 		t.Fatalf("delete after the restore finished: %v", err)
+	}
+}
+
+// Labels under etcdbackup.io/ are the server's: an upload carrying one
+// (a user's or an agent's) is refused naming the label, and nothing is
+// stored.
+func TestUploadWithTheServersLabelsIsRefused(t *testing.T) {
+	ctx := context.Background()
+	srv := servertest.StartWith(t, servertest.Options{AgentGuard: servertest.AsAgent{
+		Kind: auth.AgentBackup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "b1", Location: "default", Target: "cp"}})
+	for _, labels := range []map[string]string{
+		{"etcdbackup.io/scheduled": "true", "etcdbackup.io/target": "cp"},
+		{"team": "a", "etcdbackup.io/target": "cp"},
+		{"etcdbackup.io/anything": "x"},
+	} {
+		_, err := srv.Client.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "b1", Labels: labels}, nil)
+		servertest.WantRefusal(t, err, codes.InvalidArgument, "label \"etcdbackup.io/", "are the server's own")
+		_, err = srv.AgentClient.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "b1", Labels: labels}, nil)
+		servertest.WantRefusal(t, err, codes.InvalidArgument, "label \"etcdbackup.io/")
+	}
+	if names := srv.Names(t, "default"); len(names) != 0 {
+		t.Fatalf("stored after the refused uploads: %v", names)
+	}
+	// A user's upload is never a scheduled backup, whatever its header says.
+	b, err := srv.Client.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{
+		Name: "cp-20261201-100000", Source: &ebv1.BackupSource{Kind: "agent", Target: "cp", Scheduled: true}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := b.GetSource(); s.GetScheduled() || s.GetKind() != "upload" || len(b.GetLabels()) != 0 {
+		t.Fatalf("a user's upload claiming to be scheduled: source %v labels %v", s, b.GetLabels())
+	}
+}
+
+// The server, not the agent, says a backup is scheduled: an agent of a
+// Job the schedule started (the signed Job says so) stores a backup
+// whose source is scheduled at the time in its name, and GetBackup says
+// so.
+func TestScheduledAgentsBackupIsMarkedByTheServer(t *testing.T) {
+	ctx := context.Background()
+	srv := servertest.StartWith(t, servertest.Options{AgentGuard: servertest.AsAgent{
+		Kind: auth.AgentBackup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "cp-20261201-100500", Location: "default",
+		Target: "cp", Scheduled: true}})
+	if _, err := srv.AgentClient.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "cp-20261201-100500"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	got, err := srv.Client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: "cp-20261201-100500"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := got.GetBackup().GetSource()
+	if !s.GetScheduled() || s.GetTarget() != "cp" || s.GetScheduledTime().AsTime().Format("2006-01-02T15:04:05Z") != "2026-12-01T10:05:00Z" {
+		t.Fatalf("source %v: want scheduled for cp at 2026-12-01T10:05:00Z", s)
+	}
+	if l := got.GetBackup().GetLabels(); l["etcdbackup.io/scheduled"] != "true" || l["etcdbackup.io/target"] != "cp" {
+		t.Fatalf("labels %v: want the server's scheduled labels, for list -l", l)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
 )
 
@@ -130,5 +131,33 @@ func TestCreateBackupOfAnEncryptedTarget(t *testing.T) {
 	}
 	if args := strings.Join(list.Items[0].Spec.Template.Spec.Containers[0].Args, " "); !strings.Contains(args, "--encrypt-to="+rcp) {
 		t.Fatalf("args %s", args)
+	}
+}
+
+// An on-demand backup cannot carry the server's labels either: its agent
+// would upload them.
+func TestCreateBackupWithTheServersLabelsIsRefused(t *testing.T) {
+	ctx := context.Background()
+	loc, err := filesystem.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := fake.NewClientset()
+	l, err := jobs.New(cs, "etcdbackup-system", config.Agents{Image: "agent:dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{
+		Locations: []server.NamedLocation{{Name: "default", Location: loc}},
+		Targets:   []config.Target{{Name: "cp", Endpoints: []string{"http://etcd:2379"}, InsecurePlaintext: true}},
+		Agents:    l,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = srv.CreateBackup(ctx, &ebv1.CreateBackupRequest{Name: "b", Labels: map[string]string{"etcdbackup.io/scheduled": "true"}})
+	servertest.WantRefusal(t, err, codes.InvalidArgument, `label "etcdbackup.io/scheduled"`)
+	if list, err := cs.BatchV1().Jobs("etcdbackup-system").List(ctx, metav1.ListOptions{}); err != nil || len(list.Items) != 0 {
+		t.Fatalf("jobs after the refusal: %v %v", list, err)
 	}
 }

@@ -94,7 +94,11 @@ func backupFromManifest(loc string, m *storage.Manifest) *ebv1.Backup {
 			Kind:        m.Source.Kind,
 			Description: m.Source.Description,
 			Target:      m.Source.Target,
+			Scheduled:   m.Source.Scheduled,
 		},
+	}
+	if !m.Source.ScheduledTime.IsZero() {
+		b.Source.ScheduledTime = timestamppb.New(m.Source.ScheduledTime)
 	}
 	if !m.Source.StartTime.IsZero() {
 		b.Source.StartTime = timestamppb.New(m.Source.StartTime)

@@ -128,6 +128,8 @@ func TestPruneBackups(t *testing.T) {
 	restore := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "restore-x", Namespace: testNS,
 		Labels:      map[string]string{jobs.LabelComponent: jobs.ComponentRestore, jobs.LabelManagedBy: jobs.ManagedBy},
 		Annotations: map[string]string{jobs.AnnotationBackup: "cp-20261201-090000", jobs.AnnotationLocation: "default"}}}
+	// Signed as the server signs its own: only those hold a backup.
+	restore.Annotations[jobs.AnnotationSignature] = sw.agents.Signer().Sign(jobs.ClaimsOf(restore))
 	if _, err := sw.cs.BatchV1().Jobs(testNS).Create(ctx, restore, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

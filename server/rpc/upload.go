@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"sync"
 	"time"
 
@@ -17,6 +18,8 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -252,6 +255,18 @@ func (s *Service) commitUpload(ctx context.Context, u *upload, r *received, up s
 	if a := u.agent; a != nil {
 		// The source is what the server knows, not what the agent says.
 		m.Source.Kind, m.Source.Description, m.Source.Target = storage.SourceAgent, "job "+a.JobNamespace+"/"+a.JobName, a.Target
+		if a.Scheduled {
+			// A scheduled run: the server's signed Job says so, and its
+			// name holds the time it was due. The labels are for `list
+			// -l`; retention and the schedule read the source.
+			m.Source.Scheduled = true
+			m.Source.ScheduledTime, _ = schedule.TimeOf(a.Target, a.Backup)
+			m.Labels = maps.Clone(m.Labels)
+			if m.Labels == nil {
+				m.Labels = map[string]string{}
+			}
+			m.Labels[retention.LabelScheduled], m.Labels[retention.LabelTarget] = "true", a.Target
+		}
 	}
 	if err := s.recordRaw(u, r, m); err != nil {
 		return nil, err

@@ -33,8 +33,14 @@ func validateName(what, name string) error {
 
 // validateLabels checks each label as Kubernetes would, and their number
 // and bytes against lim: labels are stored in every manifest and sent in
-// every listing.
+// every listing. No label may be under etcdbackup.io/: those are the
+// server's (a scheduled backup's), and a client's would pass its backup
+// off as one.
 func validateLabels(labels map[string]string, lim config.Limits) error {
+	if k, ok := ebv1.ReservedLabel(labels); ok {
+		return status.Errorf(codes.InvalidArgument,
+			"label %q: labels under %s are the server's own (it marks scheduled backups with them); choose another key", k, ebv1.ReservedLabelPrefix)
+	}
 	if len(labels) > lim.MaxLabels {
 		return status.Errorf(codes.InvalidArgument, "%d labels were given; the limit is %d (limits.maxLabels)", len(labels), lim.MaxLabels)
 	}

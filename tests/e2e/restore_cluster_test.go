@@ -113,7 +113,7 @@ metadata:
 rules:
   - apiGroups: [batch]
     resources: [jobs]
-    verbs: [create, get, list, watch, delete]
+    verbs: [create, get, list, watch, delete, patch]
   - apiGroups: [""]
     resources: [pods]
     verbs: [get, list, watch]

@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -271,6 +273,89 @@ func TestSecurity(t *testing.T) {
 			t.Fatalf("the forged agent stored a backup: %s", r)
 		}
 	})
+
+	// A Job that carries every label and annotation of a real agent Job
+	// of the server (its signature too), made by someone who may create
+	// Jobs where restores of a target run, and pinned to the real
+	// backup's SHA-256: everything the guard once trusted. The sandbox's
+	// target has no members to restore, so the copy is of the real backup
+	// Job, turned into a restore Job; the unit tests (server/auth) copy a
+	// real restore Job.
+	t.Run("copy-of-an-agent-job", func(t *testing.T) {
+		list, err := sb.Client().BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=backup-agent"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var real *batchv1.Job
+		for i := range list.Items {
+			if list.Items[i].Annotations["etcdbackup.io/backup"] == "real-1" {
+				real = &list.Items[i]
+			}
+		}
+		if real == nil || real.Annotations["etcdbackup.io/signature"] == "" {
+			t.Fatalf("the real, signed agent Job of real-1: %+v", real)
+		}
+		got := mustSucceed(t, run(as["admin"], "get", "real-1", "-o", "json"), "admin: get real-1")
+		m := regexp.MustCompile(`"sha256":\s*"([0-9a-f]{64})"`).FindStringSubmatch(got.Stdout)
+		if m == nil {
+			t.Fatalf("no SHA-256 in get -o json: %s", got.Stdout)
+		}
+		labels := maps.Clone(real.Labels)
+		labels["app.kubernetes.io/component"] = "restore-agent"
+		delete(labels, "etcdbackup.io/scheduled")
+		annotations := maps.Clone(real.Annotations)
+		annotations["etcdbackup.io/sha256"] = m[1]
+		delete(annotations, "etcdbackup.io/counted")
+		spec := real.Spec.DeepCopy()
+		spec.Selector, spec.ManualSelector, spec.Suspend = nil, nil, nil
+		tmpl := &spec.Template
+		tmpl.Labels = map[string]string{"app.kubernetes.io/managed-by": "etcdbackup-server", "app.kubernetes.io/component": "restore-agent"}
+		var server, token string
+		for _, a := range tmpl.Spec.Containers[0].Args {
+			if v, ok := strings.CutPrefix(a, "--server="); ok {
+				server = v
+			}
+			if v, ok := strings.CutPrefix(a, "--token-file="); ok {
+				token = v
+			}
+		}
+		tmpl.Spec.Containers[0].Args = []string{"restore", "--server=" + server, "--token-file=" + token,
+			"--name=real-1", "--location=" + real.Annotations["etcdbackup.io/location"], "--sha256=" + m[1],
+			"--data-dir=/var/lib/etcdbackup-work/data", "--work-dir=/var/lib/etcdbackup-work/download",
+			"--member-name=m0", "--initial-cluster=m0=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380"}
+		forged := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "restore-forged", Namespace: ns, Labels: labels, Annotations: annotations}, Spec: *spec}
+		if _, err := sb.Client().BatchV1().Jobs(ns).Create(ctx, forged, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pods, err := waitJobPod(ctx, sb, ns, forged.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		phase, logs := waitPodDone(ctx, t, sb, ns, pods)
+		if phase != corev1.PodFailed {
+			t.Fatalf("the forged restore Job's pod ended %s: %s", phase, logs)
+		}
+		if !strings.Contains(logs, "is not one the server created") {
+			t.Errorf("the forged restore's download was not refused as a Job the server did not create: %s", lastLines(logs, 5))
+		}
+		if strings.Contains(logs, m[1]) {
+			t.Errorf("the agent logged the backup's SHA-256: %s", logs)
+		}
+	})
+
+	t.Run("upload-with-the-servers-labels", func(t *testing.T) {
+		file := filepath.Join(t.TempDir(), "fake.db")
+		if err := os.WriteFile(file, make([]byte, 4096), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := run(as["operator"], "upload", file, "--name", "cp-20991231-000000", "--labels", "etcdbackup.io/scheduled=true,etcdbackup.io/target=plain")
+		if r.ExitCode == 0 || !strings.Contains(r.Stderr, `--labels: "etcdbackup.io/scheduled"`) {
+			t.Fatalf("upload with etcdbackup.io labels: %s; want refused naming the flag", r)
+		}
+		if r := mustSucceed(t, run(as["admin"], "list"), "admin: list"); strings.Contains(r.Stdout, "cp-20991231-000000") {
+			t.Fatalf("the upload was stored: %s", r)
+		}
+	})
 }
 
 type tokenOptions struct {
@@ -453,4 +538,21 @@ func noSnapshotBytesOnThePodNetwork(ctx context.Context, t *testing.T, sb *sandb
 		t.Fatal("the capture never saw the marker, not even in the agent's plaintext etcd traffic: it cannot tell")
 	}
 	t.Logf("the marker was seen in plaintext etcd traffic (ports %v) and not on the agent port", control)
+}
+
+// waitJobPod waits for the pod of Job ns/name and returns its name.
+func waitJobPod(ctx context.Context, sb *sandbox.Sandbox, ns, name string) (string, error) {
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for {
+		pods, err := sb.Client().CoreV1().Pods(ns).List(wctx, metav1.ListOptions{LabelSelector: batchv1.JobNameLabel + "=" + name})
+		if err == nil && len(pods.Items) > 0 {
+			return pods.Items[0].Name, nil
+		}
+		select {
+		case <-wctx.Done():
+			return "", fmt.Errorf("no pod of Job %s/%s: %v", ns, name, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

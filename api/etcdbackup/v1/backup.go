@@ -14,6 +14,27 @@ const (
 	SourceAgent = "agent"
 )
 
+// ReservedLabelPrefix is the prefix of the labels only the server writes
+// (it marks scheduled backups with etcdbackup.io/scheduled and
+// etcdbackup.io/target): an upload or backup request carrying one is
+// refused.
+const ReservedLabelPrefix = "etcdbackup.io/"
+
+// ReservedLabel returns the first key of labels, in sorted order, under
+// ReservedLabelPrefix, and whether there is one.
+func ReservedLabel(labels map[string]string) (string, bool) {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		if strings.HasPrefix(k, ReservedLabelPrefix) {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return "", false
+	}
+	return slices.Min(keys), true
+}
+
 // CompareListing is the order of a listing — newest first, then by name —
 // as a comparison of a backup created at aTime named aName with one
 // created at bTime named bName: negative when a comes first. Names are

@@ -645,9 +645,17 @@ type BackupSource struct {
 	// original file name. At most 256 bytes.
 	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
 	// The etcd target the agent snapshotted, for kind "agent".
-	Target        string                 `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
-	StartTime     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
-	EndTime       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	Target    string                 `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	EndTime   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// The backup is one of target's scheduled backups: only the server
+	// sets it, when the agent Job its schedule started stores the backup
+	// (a client's upload cannot). Retention and the schedule count only
+	// these. Ignored in an upload's header.
+	Scheduled bool `protobuf:"varint,6,opt,name=scheduled,proto3" json:"scheduled,omitempty"`
+	// When the schedule was due (the time in the backup's name), for a
+	// scheduled backup.
+	ScheduledTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=scheduled_time,json=scheduledTime,proto3" json:"scheduled_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -713,6 +721,20 @@ func (x *BackupSource) GetStartTime() *timestamppb.Timestamp {
 func (x *BackupSource) GetEndTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.EndTime
+	}
+	return nil
+}
+
+func (x *BackupSource) GetScheduled() bool {
+	if x != nil {
+		return x.Scheduled
+	}
+	return false
+}
+
+func (x *BackupSource) GetScheduledTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ScheduledTime
 	}
 	return nil
 }
@@ -2945,14 +2967,16 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x0eage_recipients\x18\x0f \x03(\tR\rageRecipients\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xce\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaf\x02\n" +
 	"\fBackupSource\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x16\n" +
 	"\x06target\x18\x03 \x01(\tR\x06target\x129\n" +
 	"\n" +
 	"start_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
-	"\bend_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"\x97\x03\n" +
+	"\bend_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x1c\n" +
+	"\tscheduled\x18\x06 \x01(\bR\tscheduled\x12A\n" +
+	"\x0escheduled_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rscheduledTime\"\x97\x03\n" +
 	"\bEtcdInfo\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\x04R\tclusterId\x12\x1b\n" +
@@ -3221,59 +3245,60 @@ var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	9,  // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
 	42, // 8: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
 	42, // 9: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
-	7,  // 10: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
-	7,  // 11: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	17, // 12: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
-	18, // 13: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	40, // 14: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
-	8,  // 15: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
-	9,  // 16: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	9,  // 17: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	7,  // 18: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	22, // 19: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
-	7,  // 20: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	41, // 21: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	7,  // 22: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	7,  // 23: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	31, // 24: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	1,  // 25: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
-	31, // 26: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	36, // 27: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
-	42, // 28: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
-	42, // 29: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
-	7,  // 30: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
-	7,  // 31: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
-	2,  // 32: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	10, // 33: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	12, // 34: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	14, // 35: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	16, // 36: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	20, // 37: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	23, // 38: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	25, // 39: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	27, // 40: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	29, // 41: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
-	32, // 42: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
-	34, // 43: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
-	37, // 44: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
-	3,  // 45: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	11, // 46: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	13, // 47: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	15, // 48: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	19, // 49: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	21, // 50: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	24, // 51: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	26, // 52: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	28, // 53: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	30, // 54: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
-	33, // 55: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
-	35, // 56: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
-	38, // 57: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
-	45, // [45:58] is the sub-list for method output_type
-	32, // [32:45] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	42, // 10: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
+	7,  // 11: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
+	7,  // 12: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	17, // 13: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
+	18, // 14: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
+	40, // 15: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	8,  // 16: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
+	9,  // 17: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	9,  // 18: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	7,  // 19: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	22, // 20: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
+	7,  // 21: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
+	41, // 22: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	7,  // 23: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	7,  // 24: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	31, // 25: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	1,  // 26: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
+	31, // 27: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	36, // 28: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
+	42, // 29: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
+	42, // 30: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
+	7,  // 31: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
+	7,  // 32: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
+	2,  // 33: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	10, // 34: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	12, // 35: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	14, // 36: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	16, // 37: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	20, // 38: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	23, // 39: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	25, // 40: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	27, // 41: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	29, // 42: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	32, // 43: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	34, // 44: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
+	37, // 45: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
+	3,  // 46: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	11, // 47: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	13, // 48: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	15, // 49: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	19, // 50: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	21, // 51: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	24, // 52: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	26, // 53: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	28, // 54: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	30, // 55: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	33, // 56: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	35, // 57: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
+	38, // 58: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
+	46, // [46:59] is the sub-list for method output_type
+	33, // [33:46] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }

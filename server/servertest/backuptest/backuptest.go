@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
@@ -50,6 +51,10 @@ func Store(t testing.TB, loc storage.Location, target, name string, scheduled bo
 	m := &storage.Manifest{Name: name, SHA256: strings.Repeat("0", 64), CreateTime: created,
 		Source: storage.Source{Kind: storage.SourceAgent, Target: target}}
 	if scheduled {
+		// As the server stores a scheduled agent's backup: the source
+		// says so, the labels repeat it.
+		m.Source.Scheduled = true
+		m.Source.ScheduledTime, _ = schedule.TimeOf(target, name)
 		m.Labels = map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: target}
 	}
 	Put(t, loc, m, []byte("data of "+name))

@@ -1,0 +1,176 @@
+package jobs
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Agent Jobs are vouched for by the server: after creating one it
+// annotates it with an HMAC-SHA256, under a key only the server holds,
+// of what the Job is for (JobClaims) — its namespace, name and UID among
+// them. Labels and other annotations anyone who may create Jobs can
+// copy; the signature of one Job does not fit another (its UID differs),
+// and no other can be made without the key. The agent guard, the
+// in-use check of delete and retention, and the restore listing count
+// only Jobs whose signature fits.
+const (
+	// AnnotationSignature holds a Job's signature (base64url, no padding).
+	AnnotationSignature = "etcdbackup.io/signature"
+	// SigningKeySecret is the Secret, in the server's namespace, that
+	// holds the key (data key SigningKeyField), so that Jobs signed before
+	// a restart are recognised after it.
+	SigningKeySecret = "etcdbackup-job-signing-key"
+	// SigningKeyField is the Secret's data key.
+	SigningKeyField = "key"
+	// signingKeySize is the key's length in bytes.
+	signingKeySize = 32
+	// signatureDomain starts what is signed, so that the key signs
+	// nothing else by accident.
+	signatureDomain = "etcdbackup.io/agent-job/v1"
+)
+
+// Signer signs agent Jobs and checks their signatures. Its key never
+// appears in a log, an error or a response.
+type Signer struct {
+	key []byte
+}
+
+// NewSigner returns a Signer with key (at least 32 bytes).
+func NewSigner(key []byte) (*Signer, error) {
+	if len(key) < signingKeySize {
+		return nil, fmt.Errorf("job signing key: %d bytes, at least %d are needed", len(key), signingKeySize)
+	}
+	return &Signer{key: append([]byte(nil), key...)}, nil
+}
+
+// newRandomSigner returns a Signer with a fresh key that lives only in
+// memory: Jobs it signs are not recognised by another process.
+func newRandomSigner() *Signer {
+	key := make([]byte, signingKeySize)
+	_, _ = rand.Read(key) // crypto/rand.Read never fails
+	return &Signer{key: key}
+}
+
+// LoadSigner reads the signing key from Secret SigningKeySecret in
+// namespace, creating it with a new random key when it does not exist.
+// Two servers starting at once agree: the one whose create loses reads
+// the winner's key.
+func LoadSigner(ctx context.Context, client kubernetes.Interface, namespace string) (*Signer, error) {
+	secrets := client.CoreV1().Secrets(namespace)
+	s, err := secrets.Get(ctx, SigningKeySecret, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		fresh := newRandomSigner()
+		s, err = secrets.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: SigningKeySecret, Namespace: namespace,
+				Labels: map[string]string{LabelManagedBy: managedBy}},
+			Type: corev1.SecretTypeOpaque,
+			Data: map[string][]byte{SigningKeyField: fresh.key},
+		}, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			s, err = secrets.Get(ctx, SigningKeySecret, metav1.GetOptions{})
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("job signing key: Secret %s/%s: %w", namespace, SigningKeySecret, err)
+	}
+	signer, err := NewSigner(s.Data[SigningKeyField])
+	if err != nil {
+		return nil, fmt.Errorf("job signing key in Secret %s/%s, key %q: %w (delete the Secret to have the server make a new one; running agent Jobs then fail)",
+			namespace, SigningKeySecret, SigningKeyField, err)
+	}
+	return signer, nil
+}
+
+// Kinds of agent Job, as JobClaims name them.
+const (
+	KindBackup  = "backup"
+	KindRestore = "restore"
+)
+
+// JobClaims is what a Job's signature vouches for.
+type JobClaims struct {
+	Namespace, Name string
+	UID             types.UID
+	// Kind is KindBackup or KindRestore (from the component label).
+	Kind                     string
+	Backup, Location, Target string
+	// SHA256 is the backup a restore Job restores; "" for backups.
+	SHA256 string
+	// Scheduled is a backup the server's schedule started.
+	Scheduled bool
+}
+
+// ClaimsOf reads what j says it is: its identity, the component label and
+// the etcdbackup.io annotations. Whether the server said so too is what
+// Verify checks.
+func ClaimsOf(j *batchv1.Job) JobClaims {
+	c := JobClaims{
+		Namespace: j.Namespace, Name: j.Name, UID: j.UID,
+		Backup: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation],
+		Target: j.Annotations[AnnotationTarget], SHA256: j.Annotations[AnnotationSHA256],
+		Scheduled: j.Labels[LabelScheduled] == "true",
+	}
+	switch j.Labels[LabelComponent] {
+	case componentBackup:
+		c.Kind = KindBackup
+	case componentRestore:
+		c.Kind = KindRestore
+	}
+	return c
+}
+
+// canonical is the one encoding of c that is signed: a JSON array of
+// strings, whose encoding of each element is unambiguous.
+func (c JobClaims) canonical() []byte {
+	b, _ := json.Marshal([]string{
+		signatureDomain, c.Namespace, c.Name, string(c.UID), c.Kind,
+		c.Backup, c.Location, c.Target, c.SHA256, strconv.FormatBool(c.Scheduled),
+	})
+	return b
+}
+
+// Sign returns the signature of c.
+func (s *Signer) Sign(c JobClaims) string {
+	mac := hmac.New(sha256.New, s.key)
+	mac.Write(c.canonical())
+	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// ErrUnsigned and ErrBadSignature are Verify's refusals.
+var (
+	ErrUnsigned     = errors.New("the Job carries no " + AnnotationSignature + " annotation: the server did not create it")
+	ErrBadSignature = errors.New("the Job's " + AnnotationSignature + " annotation does not match what the Job says it is (its namespace, name, UID, kind, backup, location, target, SHA-256): the server did not create it as it is")
+)
+
+// Verify checks that j carries the server's signature of what it says
+// it is.
+func (s *Signer) Verify(j *batchv1.Job) error {
+	got := j.Annotations[AnnotationSignature]
+	if got == "" {
+		return ErrUnsigned
+	}
+	sig, err := base64.RawURLEncoding.DecodeString(got)
+	if err != nil {
+		return ErrBadSignature
+	}
+	mac := hmac.New(sha256.New, s.key)
+	mac.Write(ClaimsOf(j).canonical())
+	if !hmac.Equal(sig, mac.Sum(nil)) {
+		return ErrBadSignature
+	}
+	return nil
+}
