@@ -22,6 +22,7 @@ import (
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 )
 
 // reviewCounter is a fake API server that counts TokenReviews and
@@ -54,8 +55,13 @@ func newReviewCounter() *reviewCounter {
 
 func (r *reviewCounter) guard(t *testing.T, reviews auth.AgentReviews) *auth.AgentGuard {
 	t.Helper()
+	signer, err := jobs.NewSigner(make([]byte, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
 	g, err := auth.NewAgentGuard(auth.AgentGuardConfig{
 		Client: r.cs, Namespace: serverNS, RestoreNamespaces: []string{appNS}, ServiceAccount: config.DefaultServiceAccount, Reviews: reviews,
+		Signer: signer,
 	})
 	if err != nil {
 		t.Fatal(err)
