@@ -262,6 +262,11 @@ type Drill struct {
 	// encrypted target's drills need it (the identities reach only the
 	// drill agent's pod, never the server).
 	IdentitySecret string `json:"identitySecret,omitempty"`
+	// VerifiedWithin is how old the target's newest verified backup may
+	// get before the PrometheusRule's EtcdBackupNotVerified alert fires
+	// (exported as etcdbackup_drill_verified_within_seconds). Default:
+	// three periods of the drill schedule.
+	VerifiedWithin *metav1.Duration `json:"verifiedWithin,omitempty"`
 }
 
 // Retention is how many scheduled backups of a target are kept. A backup

@@ -93,6 +93,9 @@ func validateDrill(d *Drill, p *field.Path) field.ErrorList {
 	if d.IdentitySecret != "" {
 		errs = append(errs, validateDNS(d.IdentitySecret, p.Child("identitySecret"), validation.IsDNS1123Subdomain)...)
 	}
+	if v := d.VerifiedWithin; v != nil && v.Duration <= 0 {
+		errs = append(errs, field.Invalid(p.Child("verifiedWithin"), v.Duration.String(), "must be positive"))
+	}
 	return errs
 }
 

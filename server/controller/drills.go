@@ -49,6 +49,11 @@ func (c *Controller) newDrills(now time.Time) []*drillTarget {
 			c.metrics.DrillRuns.WithLabelValues(t.Name, r)
 		}
 		c.metrics.LastVerified.WithLabelValues(t.Name, loc)
+		within := 3 * sched.Period(now)
+		if t.Drill.VerifiedWithin != nil {
+			within = t.Drill.VerifiedWithin.Duration
+		}
+		c.metrics.VerifiedWithin.WithLabelValues(t.Name).Set(within.Seconds())
 		out = append(out, &drillTarget{target: t, sched: sched, last: now})
 	}
 	return out

@@ -52,8 +52,9 @@ type Metrics struct {
 	StorageErrors *prometheus.CounterVec
 
 	// Restore drills, counted once when the server records their verdict.
-	DrillRuns    *prometheus.CounterVec
-	LastVerified *prometheus.GaugeVec
+	DrillRuns      *prometheus.CounterVec
+	LastVerified   *prometheus.GaugeVec
+	VerifiedWithin *prometheus.GaugeVec
 }
 
 // Results of a drill (etcdbackup_drill_runs_total's result label): its
@@ -125,13 +126,17 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: "etcdbackup", Name: "last_verified_backup_timestamp_seconds",
 			Help: "Unix time the newest backup of a target that a restore drill verified was taken, by target and location.",
 		}, []string{"target", "location"}),
+		VerifiedWithin: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "etcdbackup", Name: "drill_verified_within_seconds",
+			Help: "How old a drilled target's newest verified backup may get before alerting (its drill.verifiedWithin), by target.",
+		}, []string{"target"}),
 	}
 	for _, d := range []string{"upload", "download"} {
 		m.InFlight.WithLabelValues(d)
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.BytesIn, m.BytesOut, m.Transfers, m.InFlight, m.Runs, m.LastSuccess,
-			m.Duration, m.Size, m.Period, m.Skipped, m.Pruned, m.StorageErrors, m.DrillRuns, m.LastVerified} {
+			m.Duration, m.Size, m.Period, m.Skipped, m.Pruned, m.StorageErrors, m.DrillRuns, m.LastVerified, m.VerifiedWithin} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
