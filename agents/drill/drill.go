@@ -25,6 +25,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -50,6 +51,10 @@ type Result struct {
 	// Succeeded is true when the restored member answered and every
 	// recorded fact matched.
 	Succeeded bool `json:"succeeded"`
+	// NoVerdict is true when the drill learned nothing about the backup
+	// (it could not be decrypted here, the server did not serve it):
+	// Message says what to do.
+	NoVerdict bool `json:"noVerdict,omitempty"`
 	// Revision, Keys and HashKV are what the restored member answered
 	// (zero when it was not reached).
 	Revision int64  `json:"revision"`
@@ -94,6 +99,9 @@ func run(ctx context.Context, c *client.Client, o Options) (Result, error) {
 	})
 	var dl *restore.DownloadError
 	switch {
+	case errors.Is(err, crypt.ErrIdentityRequired):
+		return Result{NoVerdict: true, Message: "the backup is encrypted and this drill has no identity to decrypt it: " +
+			"give the target's drill an identitySecret (a Secret in the server's namespace holding an age identity file) and drill it again"}, nil
 	case errors.As(err, &dl):
 		// No verdict about the backup: the server, not the backup, failed.
 		return Result{}, fmt.Errorf("drill %q: %w", o.Name, err)

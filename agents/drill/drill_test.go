@@ -8,8 +8,11 @@ import (
 	"path/filepath"
 	"testing"
 
+	"filippo.io/age"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
+
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/drill"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/agetest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
@@ -17,7 +20,7 @@ import (
 // backUp writes keys into a real etcd, deletes one (so the keyspace has
 // history) and stores a backup of it through a real data server with the
 // backup agent, which records what the member answered for HashKV.
-func backUp(t *testing.T, name string) (*servertest.Server, string) {
+func backUp(t *testing.T, name string, recipients ...string) (*servertest.Server, string) {
 	t.Helper()
 	te := etcdtest.Start(t, false)
 	c := te.Client(t)
@@ -31,7 +34,7 @@ func backUp(t *testing.T, name string) (*servertest.Server, string) {
 		t.Fatal(err)
 	}
 	srv := servertest.Start(t, "")
-	b, err := backup.Run(ctx, c, srv.Client, backup.Options{Endpoint: te.Endpoint, Name: name, ScratchDir: t.TempDir()})
+	b, err := backup.Run(ctx, c, srv.Client, backup.Options{Endpoint: te.Endpoint, Name: name, ScratchDir: t.TempDir(), Compression: "zstd", AgeRecipients: recipients})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,4 +101,27 @@ func TestDrillOfAReplacedBackupFails(t *testing.T) {
 		t.Fatalf("drill of a replaced backup: %+v", res)
 	}
 	servertest.MustSay(t, res.Message, "does not restore", "not the one")
+}
+
+// An encrypted backup is drilled with the target's identity; without one
+// the drill says it learned nothing and what to configure, rather than
+// calling the backup bad.
+func TestDrillOfAnEncryptedBackup(t *testing.T) {
+	key := agetest.NewKey(t)
+	srv, sum := backUp(t, "enc", key.Recipient)
+	res, err := drill.Run(context.Background(), srv.Client, drill.Options{Name: "enc", SHA256: sum, ScratchDir: t.TempDir(), Identities: []age.Identity{key.Identity}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Succeeded || res.Keys != 49 {
+		t.Fatalf("drill with the identity: %+v", res)
+	}
+	res, err = drill.Run(context.Background(), srv.Client, drill.Options{Name: "enc", SHA256: sum, ScratchDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Succeeded || !res.NoVerdict {
+		t.Fatalf("drill without the identity: %+v", res)
+	}
+	servertest.MustSay(t, res.Message, "encrypted", "identitySecret")
 }

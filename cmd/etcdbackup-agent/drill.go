@@ -57,7 +57,10 @@ func newDrillCmd() *cobra.Command {
 			}
 			log.Info("drill finished", "backup", o.Name, "succeeded", res.Succeeded, "revision", res.Revision, "keys", res.Keys,
 				"hashKV", res.HashKV, "seconds", res.Duration.Seconds(), "message", res.Message)
-			if !res.Succeeded {
+			switch {
+			case res.NoVerdict:
+				return errors.New("the drill reached no verdict: " + res.Message)
+			case !res.Succeeded:
 				return errDrillFailed
 			}
 			return nil

@@ -179,9 +179,13 @@ func verification(d jobs.DrillRun, now time.Time) *storage.Verification {
 	v := &storage.Verification{Time: cmp.Or(d.FinishTime, now).UTC(), Job: d.JobName}
 	if a := d.Verdict; a != nil {
 		v.Revision, v.Keys, v.HashKV, v.Duration, v.Message = a.Revision, a.Keys, a.HashKV, a.Duration, a.Message
-		v.Result = storage.VerificationFailed
-		if a.Succeeded {
+		switch {
+		case a.NoVerdict:
+			v.Result = storage.VerificationError
+		case a.Succeeded:
 			v.Result = storage.VerificationSucceeded
+		default:
+			v.Result = storage.VerificationFailed
 		}
 		return v
 	}

@@ -104,6 +104,7 @@ func (l *Launcher) drillJob(spec DrillSpec) *batchv1.Job {
 // (agents/drill.Result).
 type DrillVerdict struct {
 	Succeeded bool          `json:"succeeded"`
+	NoVerdict bool          `json:"noVerdict"`
 	Revision  int64         `json:"revision"`
 	Keys      int64         `json:"keys"`
 	HashKV    uint32        `json:"hashKV"`
