@@ -371,7 +371,10 @@ func TestRestoreIntoCluster(t *testing.T) {
 	product, err := world.InstallProductWith(ctx, sb, k, dir, &testLog{t: t, prefix: "install: "}, world.ProductOptions{
 		Images: im,
 		ClusterTargets: []world.ClusterTarget{{Name: appTarget, Namespace: appNS, InitialClusterToken: appToken, Location: "s3", Members: members,
-			AgeRecipients: []string{identity.Recipient().String()}}},
+			AgeRecipients: []string{identity.Recipient().String()},
+			// Drilled on demand here (drill_test.go); the schedule is
+			// far off so that no drill runs by itself meanwhile.
+			DrillSchedule: "@yearly", DrillIdentitySecret: drillIdentitySecret}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -402,6 +405,8 @@ func TestRestoreIntoCluster(t *testing.T) {
 	// app-2 is what a writer of the bucket will try to slip in under
 	// app-1's name (pinned-to-content).
 	mustSucceed(t, c.run(t, nil, "etcdbackup", "backup", "--target", appTarget, "--name", "app-2", "--wait"), "backup app-2 --wait")
+
+	t.Run("drill", func(t *testing.T) { testDrills(ctx, t, c, product, identity.String()) })
 
 	t.Run("refused-without-identity", func(t *testing.T) {
 		r := mustFail(t, c.run(t, nil, "etcdbackup", "restore", "app-1", "--location", "s3", "--target", appTarget, "--dry-run"), "restore of an encrypted backup without its identity")
