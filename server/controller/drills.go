@@ -169,6 +169,9 @@ func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs
 			if m, err := loc.Stat(ctx, d.Backup); err == nil {
 				c.metrics.SetLastVerified(d.Target, d.Location, m.CreateTime)
 			}
+			// The backup retention kept as the newest verified one may
+			// now go.
+			c.retain(ctx, d.Target, d.Location)
 		}
 	}
 }
