@@ -135,6 +135,7 @@ func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
 		describeEtcd(w, b, e)
 	}
 	describeData(w, b)
+	describeVerification(w, b, now)
 	if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_FAILED {
 		fmt.Fprintf(w, "Next:\tkubectl etcdbackup logs %s --location %s\n", b.GetName(), b.GetLocation())
 	}
@@ -221,6 +222,33 @@ func describeData(w io.Writer, b *ebv1.Backup) {
 	subfield(w, "SHA256", orNone(b.GetSha256()))
 	if b.GetRawSha256() != "" {
 		subfield(w, "Raw SHA256", b.GetRawSha256())
+	}
+}
+
+// describeVerification writes the newest restore drill's verdict: its
+// Verification section.
+func describeVerification(w io.Writer, b *ebv1.Backup, now time.Time) {
+	v := b.GetVerification()
+	if v == nil {
+		if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_COMPLETED {
+			field(w, "Verification", "<none> (no restore drill ran; `kubectl etcdbackup drill "+b.GetName()+"` runs one)")
+		}
+		return
+	}
+	fmt.Fprintln(w, "Verification:")
+	subfield(w, "Result", verificationResultString(v.GetResult()))
+	if knownTime(v.GetTime()) {
+		subfield(w, "Time", fmt.Sprintf("%s (%s ago)", v.GetTime().AsTime().UTC().Format(time.RFC3339), duration.HumanDuration(now.Sub(v.GetTime().AsTime()))))
+	}
+	if v.GetRevision() != 0 {
+		subfield(w, "Restored", fmt.Sprintf("revision %d, %d keys, HashKV %d", v.GetRevision(), v.GetKeys(), v.GetHashKv()))
+	}
+	if d := v.GetDurationSeconds(); d > 0 {
+		subfield(w, "Duration", (time.Duration(d * float64(time.Second))).Round(time.Millisecond))
+	}
+	subfield(w, "Message", orNone(v.GetMessage()))
+	if v.GetJob() != "" {
+		subfield(w, "Job", v.GetJob())
 	}
 }
 

@@ -30,7 +30,7 @@ func TestListAndGetTable(t *testing.T) {
 	mustRun(t, addr, "upload", file, "--labels", "env=test,team=etcd")
 
 	header, rows := parseTable(t, mustRun(t, addr, "list").out)
-	if want := []string{"NAME", "LOCATION", "PHASE", "SIZE", "AGE"}; !reflect.DeepEqual(header, want) {
+	if want := []string{"NAME", "LOCATION", "PHASE", "SIZE", "AGE", "VERIFIED"}; !reflect.DeepEqual(header, want) {
 		t.Fatalf("list header %v, want %v", header, want)
 	}
 	if len(rows) != 1 {
@@ -47,7 +47,7 @@ func TestListAndGetTable(t *testing.T) {
 	}
 
 	header, rows = parseTable(t, mustRun(t, addr, "list", "-o", "wide").out)
-	if want := []string{"NAME", "LOCATION", "PHASE", "SIZE", "AGE", "SOURCE", "REVISION", "KEYS", "HASH", "COMPRESSION", "SHA256", "LABELS"}; !reflect.DeepEqual(header, want) {
+	if want := []string{"NAME", "LOCATION", "PHASE", "SIZE", "AGE", "VERIFIED", "SOURCE", "REVISION", "KEYS", "HASH", "COMPRESSION", "SHA256", "LABELS"}; !reflect.DeepEqual(header, want) {
 		t.Fatalf("list -o wide header %v, want %v", header, want)
 	}
 	// upload records what it read from the snapshot: its revision, keys

@@ -53,7 +53,7 @@ func TestListShowsWhatItCanWhenALocationFails(t *testing.T) {
 func TestListSpansEveryLocation(t *testing.T) {
 	addr := startTwo(t)
 	header, rows := parseTable(t, mustRun(t, addr, "list").out)
-	if want := []string{"NAME", "LOCATION", "PHASE", "SIZE", "AGE"}; !reflect.DeepEqual(header, want) {
+	if want := []string{"NAME", "LOCATION", "PHASE", "SIZE", "AGE", "VERIFIED"}; !reflect.DeepEqual(header, want) {
 		t.Fatalf("list header %v, want %v", header, want)
 	}
 	var got []string

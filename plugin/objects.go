@@ -67,6 +67,22 @@ type BackupStatus struct {
 	RawSizeBytes int64     `json:"rawSizeBytes,omitempty"`
 	RawSHA256    string    `json:"rawSha256,omitempty"`
 	Etcd         *EtcdInfo `json:"etcd,omitempty"`
+	// Verification is the newest restore drill's verdict.
+	Verification *Verification `json:"verification,omitempty"`
+}
+
+// Verification is what a restore drill found: Result is Succeeded (the
+// backup restored, served by etcd, equal to what it recorded), Failed
+// (it did not) or Error (the drill reached no verdict).
+type Verification struct {
+	Time            *metav1.Time `json:"time,omitempty"`
+	Result          string       `json:"result"`
+	Revision        int64        `json:"revision,omitempty"`
+	Keys            int64        `json:"keys,omitempty"`
+	HashKV          uint32       `json:"hashKV,omitempty"`
+	DurationSeconds float64      `json:"durationSeconds,omitempty"`
+	Message         string       `json:"message,omitempty"`
+	Job             string       `json:"job,omitempty"`
 }
 
 // EtcdInfo are facts about the etcd a snapshot came from. IDs are in hex,
@@ -294,6 +310,13 @@ func backupObject(b *ebv1.Backup) Backup {
 		}
 		if e.GetKeyspace() {
 			o.Status.Etcd.Keyspace = &Keyspace{Keys: e.GetKeyspaceKeys(), HashKV: e.GetHashKv(), CompactRevision: e.GetCompactRevision()}
+		}
+	}
+	if v := b.GetVerification(); v != nil {
+		o.Status.Verification = &Verification{
+			Time: timeOf(v.GetTime()), Result: verificationResultString(v.GetResult()),
+			Revision: v.GetRevision(), Keys: v.GetKeys(), HashKV: v.GetHashKv(),
+			DurationSeconds: v.GetDurationSeconds(), Message: v.GetMessage(), Job: v.GetJob(),
 		}
 	}
 	return o

@@ -22,6 +22,7 @@ var backupColumns = []metav1.TableColumnDefinition{
 	{Name: "Phase", Type: "string"},
 	{Name: "Size", Type: "string"},
 	{Name: "Age", Type: "string"},
+	{Name: "Verified", Type: "string"},
 	{Name: "Source", Type: "string", Priority: 1},
 	{Name: "Revision", Type: "string", Priority: 1},
 	{Name: "Keys", Type: "string", Priority: 1},
@@ -54,6 +55,7 @@ func printBackupTable(out io.Writer, bs []*ebv1.Backup, wide, noHeaders bool, no
 			phaseString(b.GetPhase()),
 			humanize.IBytes(uint64(b.GetSize())),
 			age(b, now),
+			verifiedString(b.GetVerification(), now),
 			sourceString(b.GetSource()),
 			revisionString(b),
 			keysString(b),
@@ -71,6 +73,33 @@ func age(b *ebv1.Backup, now time.Time) string {
 		return "<unknown>"
 	}
 	return duration.HumanDuration(now.Sub(b.GetCreateTime().AsTime()))
+}
+
+// verifiedString is how long ago a restore drill last proved the backup
+// restores, or Failed (it did not) or Error (the drill reached no
+// verdict), or <none>.
+func verifiedString(v *ebv1.Verification, now time.Time) string {
+	switch v.GetResult() {
+	case ebv1.VerificationResult_VERIFICATION_RESULT_SUCCEEDED:
+		return duration.HumanDuration(now.Sub(v.GetTime().AsTime()))
+	case ebv1.VerificationResult_VERIFICATION_RESULT_FAILED:
+		return "Failed"
+	case ebv1.VerificationResult_VERIFICATION_RESULT_ERROR:
+		return "Error"
+	}
+	return "<none>"
+}
+
+func verificationResultString(r ebv1.VerificationResult) string {
+	switch r {
+	case ebv1.VerificationResult_VERIFICATION_RESULT_SUCCEEDED:
+		return "Succeeded"
+	case ebv1.VerificationResult_VERIFICATION_RESULT_FAILED:
+		return "Failed"
+	case ebv1.VerificationResult_VERIFICATION_RESULT_ERROR:
+		return "Error"
+	}
+	return "Unknown"
 }
 
 func phaseString(p ebv1.BackupPhase) string {

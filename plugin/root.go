@@ -108,6 +108,7 @@ backups.etcdbackup.io and restores.etcdbackup.io. With --server-address only
 		NewCmdBackup(g),
 		NewCmdLogs(g),
 		NewCmdVerify(g),
+		NewCmdDrill(g),
 		NewCmdRestore(g),
 		NewCmdPrune(g),
 		NewCmdInspect(g),

@@ -158,7 +158,7 @@ func New(cfg Config) (*Server, error) {
 	})
 	s.controller = controller.New(controller.Config{
 		Locations: cfg.Locations, Targets: cfg.Targets, Agents: cfg.Agents, Metrics: m, Pruner: pruner,
-		StartBackup: s.StartBackup, Logger: log, Now: now, PollInterval: cfg.PollInterval,
+		StartBackup: s.StartBackup, StartDrill: s.StartDrill, Logger: log, Now: now, PollInterval: cfg.PollInterval,
 	})
 	return s, nil
 }

@@ -70,6 +70,47 @@ type Manifest struct {
 	AgeRecipients []string  `json:"ageRecipients,omitempty"`
 	Source        Source    `json:"source"`
 	Etcd          *EtcdInfo `json:"etcd,omitempty"`
+	// Verification is the newest restore drill's verdict: the one part
+	// of a manifest written after the backup was stored
+	// (VerificationWriter), never a fact about the data.
+	Verification *Verification `json:"verification,omitempty"`
+}
+
+// Verification is what a restore drill found: the backup restored with
+// etcd's restore code, served by etcd and compared with its keyspace
+// fingerprint.
+type Verification struct {
+	Time time.Time `json:"time"`
+	// Result is VerificationSucceeded, VerificationFailed or
+	// VerificationError.
+	Result string `json:"result"`
+	// Revision, Keys and HashKV are what the restored member answered.
+	Revision int64  `json:"revision,omitempty"`
+	Keys     int64  `json:"keys,omitempty"`
+	HashKV   uint32 `json:"hashKV,omitempty"`
+	// Duration is the drill's wall time, download included.
+	Duration time.Duration `json:"duration,omitempty"`
+	Message  string        `json:"message,omitempty"`
+	// Job is the drill agent's Job.
+	Job string `json:"job,omitempty"`
+}
+
+// Results of a Verification.
+const (
+	// VerificationSucceeded: the restore equals what the backup recorded.
+	VerificationSucceeded = "Succeeded"
+	// VerificationFailed: it did not restore, or not to what it recorded.
+	VerificationFailed = "Failed"
+	// VerificationError: the drill reached no verdict.
+	VerificationError = "Error"
+)
+
+// VerificationWriter is a Location that can record a drill's verdict in a
+// stored backup's manifest. It changes nothing else in the manifest and
+// never makes a deleted backup reappear: ErrNotFound when the backup is
+// gone.
+type VerificationWriter interface {
+	SetVerification(ctx context.Context, name string, v *Verification) error
 }
 
 // Source records where a backup's data came from.

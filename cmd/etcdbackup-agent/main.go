@@ -34,6 +34,9 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
+		if errors.Is(err, errDrillFailed) {
+			os.Exit(exitDrillFailed)
+		}
 		os.Exit(1)
 	}
 }
@@ -46,7 +49,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newBackupCmd(), newRestoreCmd())
+	root.AddCommand(newBackupCmd(), newRestoreCmd(), newDrillCmd())
 	return root
 }
 

@@ -34,7 +34,13 @@ const (
 const (
 	AgentBackup  = "backup"
 	AgentRestore = "restore"
+	// AgentDrill downloads like a restore agent, into scratch space.
+	AgentDrill = "drill"
 )
+
+// Downloads says whether a's kind reads a backup: restore and drill
+// agents, each only the one its Job pins.
+func (a *Agent) Downloads() bool { return a.Kind == AgentRestore || a.Kind == AgentDrill }
 
 // Agent is the caller on the agent listener, as the guard established it
 // from the API server: the Job its pod belongs to and what that Job was
@@ -149,8 +155,8 @@ func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Cont
 	switch {
 	case fullMethod == MethodUploadBackup && a.Kind != AgentBackup:
 		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only backup agents may upload", a.JobNamespace, a.JobName, a.Kind)
-	case fullMethod == MethodDownloadBackup && a.Kind != AgentRestore:
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only restore agents may download", a.JobNamespace, a.JobName, a.Kind)
+	case fullMethod == MethodDownloadBackup && !a.Downloads():
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only restore and drill agents may download", a.JobNamespace, a.JobName, a.Kind)
 	}
 	return WithAgent(ctx, a), nil
 }
@@ -221,7 +227,8 @@ func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*A
 		Backup: c.Backup, Location: c.Location, Target: c.Target, SHA256: c.SHA256, Scheduled: c.Scheduled,
 	}
 	restoreNS, known := g.cfg.TargetNamespaces[c.Target]
-	if !known {
+	// A drill needs no target: an uploaded backup is drilled too.
+	if !known && c.Kind != jobs.KindDrill {
 		return nil, status.Errorf(codes.PermissionDenied, "Job %s is for target %q, which the server does not have", name, c.Target)
 	}
 	switch c.Kind {
@@ -239,8 +246,17 @@ func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*A
 		if a.SHA256 == "" {
 			return nil, status.Errorf(codes.PermissionDenied, "restore Job %s carries no %s annotation; start the restore again", name, jobs.AnnotationSHA256)
 		}
+	case jobs.KindDrill:
+		a.Kind = AgentDrill
+		// Drill Jobs run in the server's namespace only.
+		if job.Namespace != g.cfg.Namespace {
+			return nil, status.Errorf(codes.PermissionDenied, "drill Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
+		}
+		if a.SHA256 == "" {
+			return nil, status.Errorf(codes.PermissionDenied, "drill Job %s carries no %s annotation; start the drill again", name, jobs.AnnotationSHA256)
+		}
 	default:
-		return nil, status.Errorf(codes.PermissionDenied, "Job %s is neither a backup nor a restore agent (label %s=%q)", name, jobs.LabelComponent, job.Labels[jobs.LabelComponent])
+		return nil, status.Errorf(codes.PermissionDenied, "Job %s is not a backup, restore or drill agent (label %s=%q)", name, jobs.LabelComponent, job.Labels[jobs.LabelComponent])
 	}
 	if a.Backup == "" || a.Location == "" {
 		return nil, status.Errorf(codes.PermissionDenied, "Job %s does not say which backup it is for (annotations %s, %s)", name, jobs.AnnotationBackup, jobs.AnnotationLocation)

@@ -66,6 +66,11 @@ var UserPermissions = map[string]Permission{
 	// volumes, so they take what the log takes.
 	ebv1.BackupService_GetBackupEvents_FullMethodName: {ResourceBackups, "logs"},
 
+	// A drill downloads the backup into an agent of the server's, never
+	// to the caller, and records only a verdict: a verb of its own, which
+	// operators have.
+	ebv1.BackupService_DrillBackup_FullMethodName: {ResourceBackups, "drill"},
+
 	ebv1.BackupService_RestoreBackup_FullMethodName: {ResourceRestores, "create"},
 	ebv1.BackupService_GetRestore_FullMethodName:    {ResourceRestores, "get"},
 }
@@ -76,7 +81,7 @@ func roleGranting(p Permission) string {
 	switch {
 	case p.Resource == ResourceBackups && (p.Verb == "list" || p.Verb == "get" || p.Verb == "download" || p.Verb == "logs"):
 		return "etcdbackup-viewer"
-	case p.Resource == ResourceBackups && (p.Verb == "create" || p.Verb == "upload"),
+	case p.Resource == ResourceBackups && (p.Verb == "create" || p.Verb == "upload" || p.Verb == "drill"),
 		p.Resource == ResourceRestores && p.Verb == "get":
 		return "etcdbackup-operator"
 	}

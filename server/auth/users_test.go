@@ -93,6 +93,7 @@ func TestEveryRPCHasItsDocumentedVerb(t *testing.T) {
 		"/etcdbackup.v1.BackupService/GetRestore":      "get restores",
 		"/etcdbackup.v1.BackupService/GetBackupEvents": "logs backups",
 		"/etcdbackup.v1.BackupService/PruneBackups":    "delete backups",
+		"/etcdbackup.v1.BackupService/DrillBackup":     "drill backups",
 	}
 	for _, sd := range []grpc.ServiceDesc{ebv1.InfoService_ServiceDesc, ebv1.BackupService_ServiceDesc} {
 		var names []string

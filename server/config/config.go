@@ -290,6 +290,29 @@ type Target struct {
 	// Retention, applied after each successful scheduled backup and by
 	// `kubectl etcdbackup prune`.
 	Retention *Retention `json:"retention,omitempty"`
+	// Drill, when set, runs restore drills of the target's newest backup
+	// on a schedule: each proves a backup restores and equals the cluster
+	// at its revision (docs/disaster-recovery.md).
+	Drill *Drill `json:"drill,omitempty"`
+}
+
+// Drill is when a target's newest backup is drilled, and what a drill
+// needs.
+type Drill struct {
+	// Schedule is a cron expression, as the target's own.
+	Schedule string `json:"schedule"`
+	// TimeZone is the IANA zone Schedule is read in ("" = UTC).
+	TimeZone string `json:"timeZone,omitempty"`
+	// IdentitySecret names a Secret in the server's namespace holding
+	// the age identity files that decrypt the target's backups: an
+	// encrypted target's drills need it (the identities reach only the
+	// drill agent's pod, never the server).
+	IdentitySecret string `json:"identitySecret,omitempty"`
+	// VerifiedWithin is how old the target's newest verified backup may
+	// get before the PrometheusRule's EtcdBackupNotVerified alert fires
+	// (exported as etcdbackup_drill_verified_within_seconds). Default:
+	// three periods of the drill schedule.
+	VerifiedWithin *metav1.Duration `json:"verifiedWithin,omitempty"`
 }
 
 // Retention is how many scheduled backups of a target are kept. A backup

@@ -74,6 +74,27 @@ func ValidateTargets(targets []Target, locations []string, fldPath *field.Path) 
 		errs = append(errs, validateID(t.RestoreRunAsGroup, p.Child("restoreRunAsGroup"))...)
 		errs = append(errs, validateMembers(t.Members, p.Child("members"))...)
 		errs = append(errs, validateSchedule(t, p)...)
+		errs = append(errs, validateDrill(t.Drill, p.Child("drill"))...)
+	}
+	return errs
+}
+
+// validateDrill checks a target's drill schedule.
+func validateDrill(d *Drill, p *field.Path) field.ErrorList {
+	if d == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if d.Schedule == "" {
+		errs = append(errs, field.Required(p.Child("schedule"), "when to drill the target's newest backup, e.g. \"@daily\""))
+	} else if _, err := schedule.Parse(d.Schedule, d.TimeZone); err != nil {
+		errs = append(errs, field.Invalid(p.Child("schedule"), d.Schedule, err.Error()))
+	}
+	if d.IdentitySecret != "" {
+		errs = append(errs, validateDNS(d.IdentitySecret, p.Child("identitySecret"), validation.IsDNS1123Subdomain)...)
+	}
+	if v := d.VerifiedWithin; v != nil && v.Duration <= 0 {
+		errs = append(errs, field.Invalid(p.Child("verifiedWithin"), v.Duration.String(), "must be positive"))
 	}
 	return errs
 }

@@ -48,6 +48,8 @@ type Config struct {
 	Pruner *retention.Pruner
 	// StartBackup starts a scheduled run.
 	StartBackup StartBackup
+	// StartDrill starts a scheduled drill.
+	StartDrill StartDrill
 	// Logger nil logs nothing; Now nil is time.Now.
 	Logger *slog.Logger
 	Now    func() time.Time
@@ -65,6 +67,7 @@ type Controller struct {
 	metrics      *metrics.Metrics
 	pruner       *retention.Pruner
 	startBackup  StartBackup
+	startDrill   StartDrill
 	log          *slog.Logger
 	now          func() time.Time
 	pollInterval time.Duration
@@ -79,6 +82,7 @@ func New(cfg Config) *Controller {
 		metrics:      cfg.Metrics,
 		pruner:       cfg.Pruner,
 		startBackup:  cfg.StartBackup,
+		startDrill:   cfg.StartDrill,
 		log:          cfg.Logger,
 		now:          cfg.Now,
 		pollInterval: cmp.Or(cfg.PollInterval, DefaultPollInterval),
@@ -115,6 +119,8 @@ type watcher struct {
 	// counted holds finished Jobs counted by this process, in case
 	// marking them (jobs.AnnotationCounted) failed.
 	counted map[string]bool
+	// drills are the targets' drill schedules.
+	drills []*drillTarget
 }
 
 // Run is the server's scheduler and run observer (server.Serve runs it
@@ -169,6 +175,7 @@ func (c *Controller) newWatcher() *watcher {
 		}
 		return nil
 	}
+	w.drills = c.newDrills(c.now())
 	// Series an alert reads exist from the start, at zero.
 	for _, t := range c.targets {
 		loc := cmp.Or(t.Location, c.order[0])
@@ -190,6 +197,11 @@ func (c *Controller) untilNext(w *watcher) time.Duration {
 	for _, st := range w.targets {
 		// A little after, so the scheduled time is in the past by then.
 		if next := st.sched.Next(st.last).Sub(now) + 100*time.Millisecond; next < d {
+			d = max(next, 0)
+		}
+	}
+	if n := nextDrill(w); !n.IsZero() {
+		if next := n.Sub(now) + 100*time.Millisecond; next < d {
 			d = max(next, 0)
 		}
 	}
@@ -220,4 +232,5 @@ func (c *Controller) round(ctx context.Context, w *watcher) {
 		st.last = due
 		c.startScheduled(ctx, st, due, now, runs)
 	}
+	c.drillRound(ctx, w, now)
 }

@@ -87,7 +87,7 @@ func (sw *schedWorld) restart() {
 	sw.srv = rpc.New(rpc.Config{Locations: locs, Targets: targets, Agents: l, Now: now, Metrics: sw.metrics,
 		Limits: config.Limits{}.WithDefaults(), InUse: inUse, Pruner: pruner})
 	sw.c = New(Config{Locations: locs, Targets: targets, Agents: l, Metrics: sw.metrics, Pruner: pruner,
-		StartBackup: sw.srv.StartBackup, Now: now})
+		StartBackup: sw.srv.StartBackup, StartDrill: sw.srv.StartDrill, Now: now})
 	// What Run sets up before its loop; the test runs the rounds.
 	if sw.w = sw.c.newWatcher(); sw.w == nil {
 		sw.t.Fatal("watch set up nothing")

@@ -70,6 +70,7 @@ func (c *Controller) recall(ctx context.Context, w *watcher, runs []jobs.Run) er
 			if m.Source.Kind == storage.SourceAgent && m.Source.Target != "" {
 				c.metrics.SetLastSuccess(m.Source.Target, locName, m.CreateTime)
 			}
+			c.recallVerified(m, locName)
 		}
 	}
 	for _, st := range w.targets {

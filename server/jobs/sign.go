@@ -99,16 +99,18 @@ func LoadSigner(ctx context.Context, client kubernetes.Interface, namespace stri
 const (
 	KindBackup  = "backup"
 	KindRestore = "restore"
+	KindDrill   = "drill"
 )
 
 // JobClaims is what a Job's signature vouches for.
 type JobClaims struct {
 	Namespace, Name string
 	UID             types.UID
-	// Kind is KindBackup or KindRestore (from the component label).
+	// Kind is KindBackup, KindRestore or KindDrill (from the component
+	// label).
 	Kind                     string
 	Backup, Location, Target string
-	// SHA256 is the backup a restore Job restores; "" for backups.
+	// SHA256 is the backup a restore or drill Job reads; "" for backups.
 	SHA256 string
 	// Scheduled is a backup the server's schedule started.
 	Scheduled bool
@@ -129,6 +131,8 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 		c.Kind = KindBackup
 	case componentRestore:
 		c.Kind = KindRestore
+	case ComponentDrill:
+		c.Kind = KindDrill
 	}
 	return c
 }

@@ -53,7 +53,20 @@ type Metrics struct {
 	Pruned  *prometheus.CounterVec
 
 	StorageErrors *prometheus.CounterVec
+
+	// Restore drills, counted once when the server records their verdict.
+	DrillRuns      *prometheus.CounterVec
+	LastVerified   *prometheus.GaugeVec
+	VerifiedWithin *prometheus.GaugeVec
 }
+
+// Results of a drill (etcdbackup_drill_runs_total's result label): its
+// backup restored as recorded, did not, or the drill reached no verdict.
+const (
+	DrillSucceeded = "succeeded"
+	DrillFailed    = "failed"
+	DrillError     = "error"
+)
 
 // New makes the series and registers them with reg; nil registers none.
 func New(reg prometheus.Registerer) (*Metrics, error) {
@@ -108,13 +121,25 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: "etcdbackup", Name: "storage_errors_total",
 			Help: "Storage operations that failed (not: not found, already exists, cancelled), by location and operation.",
 		}, []string{"location", "operation"}),
+		DrillRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "etcdbackup", Name: "drill_runs_total",
+			Help: "Restore drills that finished, by target and result (succeeded: restored as recorded; failed: did not; error: no verdict).",
+		}, []string{"target", "result"}),
+		LastVerified: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "etcdbackup", Name: "last_verified_backup_timestamp_seconds",
+			Help: "Unix time the newest backup of a target that a restore drill verified was taken, by target and location.",
+		}, []string{"target", "location"}),
+		VerifiedWithin: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "etcdbackup", Name: "drill_verified_within_seconds",
+			Help: "How old a drilled target's newest verified backup may get before alerting (its drill.verifiedWithin), by target.",
+		}, []string{"target"}),
 	}
 	for _, d := range []string{"upload", "download"} {
 		m.InFlight.WithLabelValues(d)
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.BytesIn, m.BytesOut, m.Transfers, m.InFlight, m.Runs, m.LastSuccess,
-			m.Duration, m.Size, m.Period, m.Skipped, m.Pruned, m.StorageErrors} {
+			m.Duration, m.Size, m.Period, m.Skipped, m.Pruned, m.StorageErrors, m.DrillRuns, m.LastVerified, m.VerifiedWithin} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -132,6 +157,15 @@ func (m *Metrics) ObserveTransfer(direction string, start time.Time, err error) 
 // SetLastSuccess moves a target's last-success time forward, never back.
 func (m *Metrics) SetLastSuccess(target, location string, t time.Time) {
 	g := m.LastSuccess.WithLabelValues(target, location)
+	if v := float64(t.UnixNano()) / 1e9; v > gaugeValue(g) {
+		g.Set(v)
+	}
+}
+
+// SetLastVerified moves a target's last-verified backup time forward,
+// never back.
+func (m *Metrics) SetLastVerified(target, location string, t time.Time) {
+	g := m.LastVerified.WithLabelValues(target, location)
 	if v := float64(t.UnixNano()) / 1e9; v > gaugeValue(g) {
 		g.Set(v)
 	}

@@ -55,7 +55,8 @@ func ofTarget(m *storage.Manifest, target string, includeUnscheduled bool) bool 
 
 // Select returns what retention r removes of target's backups among
 // manifests (one location), newest first: those beyond the newest
-// KeepLast, and those older than MaxAge — never the newest.
+// KeepLast, and those older than MaxAge — never the newest, nor the
+// newest one a restore drill verified (the one known to restore).
 func Select(manifests []*storage.Manifest, target string, r config.Retention, includeUnscheduled bool, now time.Time) []*storage.Manifest {
 	var mine []*storage.Manifest
 	for _, m := range manifests {
@@ -67,14 +68,20 @@ func Select(manifests []*storage.Manifest, target string, r config.Retention, in
 	slices.SortFunc(mine, func(a, b *storage.Manifest) int {
 		return ebv1.CompareListing(a.CreateTime, a.Name, b.CreateTime, b.Name)
 	})
+	verified := slices.IndexFunc(mine, Verified)
 	var out []*storage.Manifest
 	for i, m := range mine {
-		if i == 0 {
-			continue // the newest is the one to restore from
+		if i == 0 || i == verified {
+			continue // the newest is the one to restore from; the newest verified one is known to restore
 		}
 		if (r.KeepLast > 0 && i >= r.KeepLast) || (r.MaxAge.Duration > 0 && now.Sub(m.CreateTime) > r.MaxAge.Duration) {
 			out = append(out, m)
 		}
 	}
 	return out
+}
+
+// Verified says whether m's newest restore drill succeeded.
+func Verified(m *storage.Manifest) bool {
+	return m.Verification != nil && m.Verification.Result == storage.VerificationSucceeded
 }

@@ -85,3 +85,26 @@ func TestScheduledOf(t *testing.T) {
 		})
 	}
 }
+
+// Retention never removes the newest backup a drill verified, however
+// many newer ones keepLast keeps; a failed drill earns nothing.
+func TestSelectKeepsTheNewestVerified(t *testing.T) {
+	base := backuptest.MustTime(t, "2026-12-01T00:00:00Z")
+	m := func(name string, hoursAgo int, result string) *storage.Manifest {
+		man := &storage.Manifest{Name: name, CreateTime: base.Add(-time.Duration(hoursAgo) * time.Hour),
+			Source: storage.Source{Kind: storage.SourceAgent, Target: "cp", Scheduled: true}}
+		if result != "" {
+			man.Verification = &storage.Verification{Result: result}
+		}
+		return man
+	}
+	all := []*storage.Manifest{
+		m("s1", 1, storage.VerificationFailed), m("s2", 2, ""), m("s3", 3, storage.VerificationSucceeded),
+		m("s4", 4, storage.VerificationSucceeded), m("s5", 5, ""),
+	}
+	var got []string
+	for _, p := range retention.Select(all, "cp", config.Retention{KeepLast: 1}, false, base) {
+		got = append(got, p.Name)
+	}
+	backuptest.Equal(t, "prunable", got, []string{"s2", "s4", "s5"})
+}

@@ -104,7 +104,11 @@ func (s *Service) admitDownload(ctx context.Context, req *ebv1.DownloadBackupReq
 		return nil, err
 	}
 	if agent, ok := auth.AgentFrom(ctx); ok {
-		if err := agentMay(agent, auth.AgentRestore, "download", req.GetName(), d.locName); err != nil {
+		kind := auth.AgentRestore
+		if agent.Kind == auth.AgentDrill {
+			kind = auth.AgentDrill
+		}
+		if err := agentMay(agent, kind, "download", req.GetName(), d.locName); err != nil {
 			return nil, err
 		}
 		d.agent = agent

@@ -122,5 +122,24 @@ func backupFromManifest(loc string, m *storage.Manifest) *ebv1.Backup {
 			b.Etcd.KeyspaceKeys, b.Etcd.HashKv, b.Etcd.CompactRevision, b.Etcd.Keyspace = e.KeyspaceKeys, e.HashKV, e.CompactRevision, true
 		}
 	}
+	if v := m.Verification; v != nil {
+		b.Verification = &ebv1.Verification{
+			Time: timestamppb.New(v.Time), Result: verificationResult(v.Result),
+			Revision: v.Revision, Keys: v.Keys, HashKv: v.HashKV,
+			DurationSeconds: v.Duration.Seconds(), Message: v.Message, Job: v.Job,
+		}
+	}
 	return b
+}
+
+func verificationResult(r string) ebv1.VerificationResult {
+	switch r {
+	case storage.VerificationSucceeded:
+		return ebv1.VerificationResult_VERIFICATION_RESULT_SUCCEEDED
+	case storage.VerificationFailed:
+		return ebv1.VerificationResult_VERIFICATION_RESULT_FAILED
+	case storage.VerificationError:
+		return ebv1.VerificationResult_VERIFICATION_RESULT_ERROR
+	}
+	return ebv1.VerificationResult_VERIFICATION_RESULT_UNSPECIFIED
 }

@@ -52,8 +52,9 @@ type Location struct {
 }
 
 var (
-	_ storage.Location = (*Location)(nil)
-	_ storage.Checker  = (*Location)(nil)
+	_ storage.Location           = (*Location)(nil)
+	_ storage.Checker            = (*Location)(nil)
+	_ storage.VerificationWriter = (*Location)(nil)
 )
 
 // New opens (creating if needed) the location rooted at dir and removes
@@ -383,6 +384,39 @@ func (l *Location) Delete(_ context.Context, name string) error {
 		return fmt.Errorf("delete data of %q: %w", name, err)
 	}
 	return nil
+}
+
+// SetVerification implements storage.VerificationWriter: the new manifest
+// is written beside the old one and renamed over it, under the lock that
+// orders publishing and deleting, so a deleted backup stays deleted.
+func (l *Location) SetVerification(ctx context.Context, name string, v *storage.Verification) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if l.readOnly {
+		return fmt.Errorf("record the verification of %q in %s: %w", name, l.root, storage.ErrReadOnly)
+	}
+	l.publish.Lock()
+	defer l.publish.Unlock()
+	m, err := l.Stat(ctx, name)
+	if err != nil {
+		return err
+	}
+	m.Verification = v
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode manifest of %q: %w", name, err)
+	}
+	tmp := filepath.Join(l.tmpDir, name+".verification"+manifestSuffix)
+	_ = os.Remove(tmp)
+	if err := writeFileSync(tmp, b); err != nil {
+		return fmt.Errorf("write manifest of %q: %w", name, noSpace(err))
+	}
+	if err := os.Rename(tmp, l.manifestPath(name)); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("replace manifest of %q: %w", name, err)
+	}
+	return syncDir(l.backupsDir)
 }
 
 func writeFileSync(path string, b []byte) error {

@@ -328,6 +328,25 @@ func (l *managed) Delete(ctx context.Context, name string) error {
 	return l.failed(ctx, loc.Delete(b.ctx, name), b.passed())
 }
 
+// SetVerification implements storage.VerificationWriter, within the call
+// bound, for a store that can.
+func (l *managed) SetVerification(ctx context.Context, name string, v *storage.Verification) error {
+	if err := l.readOnly("record the verification of", name); err != nil {
+		return err
+	}
+	loc, err := l.get()
+	if err != nil {
+		return err
+	}
+	w, ok := loc.(storage.VerificationWriter)
+	if !ok {
+		return fmt.Errorf("storage location %q (%s) cannot record a drill's verdict", l.name, l.typ)
+	}
+	b := l.bound(ctx, l.opts.CallTimeout, "record the verification of "+strconv.Quote(name))
+	defer b.release()
+	return l.failed(ctx, w.SetVerification(b.ctx, name, v), b.passed())
+}
+
 // Check implements storage.Checker: the store answers now, within the
 // call bound. A location that is unavailable says so at once; the
 // background retries are what find out it is back.

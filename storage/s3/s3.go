@@ -97,8 +97,9 @@ type Location struct {
 }
 
 var (
-	_ storage.Location = (*Location)(nil)
-	_ storage.Checker  = (*Location)(nil)
+	_ storage.Location           = (*Location)(nil)
+	_ storage.Checker            = (*Location)(nil)
+	_ storage.VerificationWriter = (*Location)(nil)
 )
 
 // New validates cfg, builds a client isolated from ~/.aws and AWS_*
@@ -539,4 +540,64 @@ func (l *Location) deleteObject(ctx context.Context, key string) error {
 		return nil
 	}
 	return err
+}
+
+// SetVerification implements storage.VerificationWriter: the manifest is
+// read, changed and written back with If-Match on the ETag it was read
+// with, so a backup deleted (or replaced) meanwhile is not brought back;
+// its other metadata (the data's ETag) is kept.
+func (l *Location) SetVerification(ctx context.Context, name string, v *storage.Verification) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if l.cfg.ReadOnly {
+		return fmt.Errorf("record the verification of %q in %s: %w", name, l.where, storage.ErrReadOnly)
+	}
+	unlock, err := l.lockName(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	out, err := l.client.GetObject(ctx, &s3sdk.GetObjectInput{Bucket: aws.String(l.cfg.Bucket), Key: aws.String(l.manifestKey(name))})
+	if isNotFound(err) {
+		return fmt.Errorf("%q: %w", name, storage.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("read manifest of %q from %s: %w", name, l.where, err)
+	}
+	b, err := io.ReadAll(io.LimitReader(out.Body, maxManifestBytes+1))
+	out.Body.Close()
+	if err != nil {
+		return fmt.Errorf("read manifest of %q from %s: %w", name, l.where, err)
+	}
+	var m storage.Manifest
+	if err := json.Unmarshal(b, &m); err != nil || len(b) > maxManifestBytes {
+		return fmt.Errorf("%w: manifest of %q in %s cannot be read back to record its verification", errBadManifest, name, l.where)
+	}
+	if err := storage.CheckManifest(&m, name); err != nil {
+		return fmt.Errorf("%w: %s in %s: %w", errBadManifest, l.manifestKey(name), l.where, err)
+	}
+	m.Verification = v
+	body, err := json.MarshalIndent(&m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode manifest of %q: %w", name, err)
+	}
+	put := &s3sdk.PutObjectInput{
+		Bucket:        aws.String(l.cfg.Bucket),
+		Key:           aws.String(l.manifestKey(name)),
+		Body:          bytes.NewReader(body),
+		ContentLength: aws.Int64(int64(len(body))),
+		ContentType:   aws.String("application/json"),
+		Metadata:      out.Metadata,
+	}
+	if !l.cfg.NoConditionalWrites {
+		put.IfMatch = out.ETag
+	}
+	if _, err := l.client.PutObject(ctx, put); err != nil {
+		if isPreconditionFailed(err) || isNotFound(err) {
+			return fmt.Errorf("%q changed or was deleted while its verification was recorded: %w", name, storage.ErrNotFound)
+		}
+		return fmt.Errorf("write manifest of %q to %s: %w", name, l.where, err)
+	}
+	return nil
 }

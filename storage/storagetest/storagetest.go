@@ -56,6 +56,7 @@ func Run(t *testing.T, s Suite) {
 		{"InvalidNames", testInvalidNames},
 		{"ConcurrentUploads", testConcurrentUploads},
 		{"Describe", testDescribe},
+		{"Verification", testVerification},
 	}
 	if s.BigSize > 0 {
 		tests = append(tests, struct {
@@ -448,6 +449,50 @@ func testDelete(t *testing.T, s Suite) {
 	if sum, n := ReadAt(t, loc, "gone", 0); sum != m.SHA256 || n != 2000 {
 		t.Errorf("re-created backup reads back wrong")
 	}
+}
+
+// A drill's verdict is recorded in the manifest, read back by Stat, List
+// and Open, and changes nothing else; a deleted backup is not brought
+// back by recording one.
+func testVerification(t *testing.T, s Suite) {
+	loc := s.New(t)
+	w, ok := loc.(storage.VerificationWriter)
+	if !ok {
+		t.Fatalf("%T cannot record a drill's verdict (storage.VerificationWriter)", loc)
+	}
+	ctx := context.Background()
+	m := Put(t, loc, "b1", Data(1, 1000))
+	v := &storage.Verification{Time: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC), Result: storage.VerificationSucceeded,
+		Revision: 42, Keys: 7, HashKV: 99, Duration: 3 * time.Second, Message: "as recorded", Job: "drill-b1"}
+	if err := w.SetVerification(ctx, "b1", v); err != nil {
+		t.Fatal(err)
+	}
+	m.Verification = v
+	want, _ := json.Marshal(m)
+	got, err := loc.Stat(ctx, "b1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if have, _ := json.Marshal(got); !bytes.Equal(want, have) {
+		t.Errorf("manifest after recording a verification:\n got %s\nwant %s", have, want)
+	}
+	ms, err := loc.List(ctx)
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("list = %v, %v", ms, err)
+	}
+	if listed, _ := json.Marshal(ms[0]); !bytes.Equal(want, listed) {
+		t.Errorf("listed manifest:\n got %s\nwant %s", listed, want)
+	}
+	if sum, n := ReadAt(t, loc, "b1", 0); sum != m.SHA256 || n != 1000 {
+		t.Errorf("data after recording a verification: %d bytes, sha %s, want %s", n, sum, m.SHA256)
+	}
+	if err := loc.Delete(ctx, "b1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetVerification(ctx, "b1", v); !errors.Is(err, storage.ErrNotFound) {
+		t.Errorf("verification of a deleted backup = %v, want ErrNotFound", err)
+	}
+	wantNames(t, loc)
 }
 
 func testInvalidNames(t *testing.T, s Suite) {

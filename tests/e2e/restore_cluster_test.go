@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tunnel"
@@ -294,54 +292,23 @@ func scaleApp(t *testing.T, c *cluster, replicas int) {
 	mustSucceed(t, c.run(t, nil, append(args, fmt.Sprintf("--replicas=%d", replicas))...), "kubectl scale")
 }
 
-// TestRestoreIntoCluster, end to end: a 3-member etcd running
-// as pods on PVCs is backed up into S3, changed, stopped and wiped, then
-// `kubectl etcdbackup restore --target --wait` rebuilds every member's
-// volume with agent Jobs; started again, the cluster has its 3 members
-// with the configured names and peer URLs, and the backup's data.
 // replaceBackup puts backup from's content and manifest under name in the
 // product's S3 location, as a writer of the bucket could, and returns a
 // func that puts name's own content back.
 func replaceBackup(ctx context.Context, t *testing.T, product *world.Product, name, from string) (putBack func()) {
 	t.Helper()
-	loc, err := s3.New(ctx, product.S3.Config("sandbox"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	read := func(n string) ([]byte, *storage.Manifest) {
-		rc, m, err := loc.Open(ctx, n, 0, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rc.Close()
-		b, err := io.ReadAll(rc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b, m
-	}
-	write := func(b []byte, m *storage.Manifest) {
-		if err := loc.Delete(ctx, name); err != nil {
-			t.Fatal(err)
-		}
-		u, err := loc.Create(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := u.Write(b); err != nil {
-			t.Fatal(err)
-		}
-		m.Name = name
-		if err := u.Commit(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	own, ownManifest := read(name)
-	other, otherManifest := read(from)
-	write(other, otherManifest)
-	return func() { write(own, ownManifest) }
+	other, otherManifest := readStored(ctx, t, product, from)
+	return rewriteStored(ctx, t, product, name, func([]byte, *storage.Manifest) ([]byte, *storage.Manifest) {
+		otherManifest.Name = name
+		return other, otherManifest
+	})
 }
 
+// TestRestoreIntoCluster, end to end: a 3-member etcd running
+// as pods on PVCs is backed up into S3, changed, stopped and wiped, then
+// `kubectl etcdbackup restore --target --wait` rebuilds every member's
+// volume with agent Jobs; started again, the cluster has its 3 members
+// with the configured names and peer URLs, and the backup's data.
 func TestRestoreIntoCluster(t *testing.T) {
 	etcd := etcdBinary(t)
 	// Its restore agents run in the members' namespace: the shipped
@@ -378,7 +345,10 @@ func TestRestoreIntoCluster(t *testing.T) {
 	product, err := world.InstallProductWith(ctx, sb, k, dir, &testLog{t: t, prefix: "install: "}, world.ProductOptions{
 		Images: im,
 		ClusterTargets: []world.ClusterTarget{{Name: appTarget, Namespace: appNS, InitialClusterToken: appToken, Location: "s3", Members: members,
-			AgeRecipients: []string{identity.Recipient().String()}}},
+			AgeRecipients: []string{identity.Recipient().String()},
+			// Drilled on demand here (drill_test.go); the schedule is
+			// far off so that no drill runs by itself meanwhile.
+			DrillSchedule: "@yearly", DrillIdentitySecret: drillIdentitySecret}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -409,6 +379,8 @@ func TestRestoreIntoCluster(t *testing.T) {
 	// app-2 is what a writer of the bucket will try to slip in under
 	// app-1's name (pinned-to-content).
 	mustSucceed(t, c.run(t, nil, "etcdbackup", "backup", "--target", appTarget, "--name", "app-2", "--wait"), "backup app-2 --wait")
+
+	t.Run("drill", func(t *testing.T) { testDrills(ctx, t, c, product, identity.String()) })
 
 	t.Run("refused-without-identity", func(t *testing.T) {
 		r := mustFail(t, c.run(t, nil, "etcdbackup", "restore", "app-1", "--location", "s3", "--target", appTarget, "--dry-run"), "restore of an encrypted backup without its identity")

@@ -53,7 +53,7 @@ func TestSchedule(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	product, err := world.InstallProduct(ctx, sb, k, im, t.TempDir(), &testLog{t: t, prefix: "install: "},
-		world.PlainTarget{Name: "sched", Addr: quiet[0].clientURL.Host, Schedule: "* * * * *", KeepLast: 2},
+		world.PlainTarget{Name: "sched", Addr: quiet[0].clientURL.Host, Schedule: "* * * * *", KeepLast: 2, Drill: "* * * * *"},
 		world.PlainTarget{Name: "slow", Addr: proxy, Schedule: "* * * * *"})
 	if err != nil {
 		t.Fatal(err)
@@ -79,14 +79,39 @@ func TestSchedule(t *testing.T) {
 		time.Sleep(5 * time.Second)
 	}
 
+	t.Run("scheduled-drill", func(t *testing.T) {
+		// The per-minute drill proves the newest backup restores.
+		pollUntil(ctx, t, "a scheduled backup of sched verified by a drill", func() bool {
+			r := mustSucceed(t, c.run(t, nil, "etcdbackup", "list", "-l", "etcdbackup.io/target=sched",
+				"-o", `jsonpath={range .items[?(@.status.verification.result=="Succeeded")]}{.metadata.name}{"\n"}{end}`), "list")
+			return strings.TrimSpace(r.Stdout) != ""
+		})
+		if v, ok := metricValue(t, metrics, `etcdbackup_drill_runs_total{result="succeeded",target="sched"}`); !ok || v < 1 {
+			t.Errorf("succeeded drills of sched: %v (present %v)", v, ok)
+		}
+	})
+
 	t.Run("keepLast-2", func(t *testing.T) {
 		var names []string
 		// Retention runs right after the run is counted: allow it a round.
-		pollUntil(ctx, t, "two scheduled backups of sched", func() bool {
+		// keepLast 2 keeps the two newest, and the newest verified one
+		// when it is older (a drill of the newest may not have ended).
+		pollUntil(ctx, t, "two scheduled backups of sched, and at most the newest verified one besides", func() bool {
 			r := mustSucceed(t, c.run(t, nil, "etcdbackup", "list", "-l", "etcdbackup.io/scheduled=true,etcdbackup.io/target=sched",
-				"-o", `jsonpath={range .items[?(@.status.phase=="Completed")]}{.metadata.name}{"\n"}{end}`), "list")
-			names = strings.Fields(r.Stdout)
-			return len(names) == 2
+				"-o", `jsonpath={range .items[?(@.status.phase=="Completed")]}{.metadata.name} {.status.verification.result}{"\n"}{end}`), "list")
+			names = nil
+			var beyond []string
+			for i, l := range strings.Split(strings.TrimSpace(r.Stdout), "\n") {
+				f := strings.Fields(l)
+				if len(f) == 0 {
+					continue
+				}
+				names = append(names, f[0])
+				if i >= 2 {
+					beyond = append(beyond, l)
+				}
+			}
+			return len(names) >= 2 && (len(beyond) == 0 || (len(beyond) == 1 && strings.HasSuffix(beyond[0], " Succeeded")))
 		})
 		for _, n := range names {
 			if !regexp.MustCompile(`^sched-\d{8}-\d{4}00$`).MatchString(n) {

@@ -67,6 +67,9 @@ type ClusterTarget struct {
 	Members  []ClusterMember
 	// AgeRecipients, when set, encrypt its backups (public keys only).
 	AgeRecipients []string
+	// DrillSchedule and DrillIdentitySecret, when set, are its
+	// drill.schedule and drill.identitySecret.
+	DrillSchedule, DrillIdentitySecret string
 }
 
 // ClusterMember is one member of a ClusterTarget: its data is DataDir in
@@ -178,6 +181,8 @@ type PlainTarget struct {
 	Schedule string
 	// KeepLast, when set, is its retention.keepLast.
 	KeepLast int
+	// Drill, when set, is its drill.schedule.
+	Drill string
 }
 
 func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, opts ProductOptions) error {
@@ -342,6 +347,9 @@ func plainTargets(ts []PlainTarget) string {
 		if t.KeepLast > 0 {
 			fmt.Fprintf(&b, "        retention: {keepLast: %d}\n", t.KeepLast)
 		}
+		if t.Drill != "" {
+			fmt.Fprintf(&b, "        drill: {schedule: %q}\n", t.Drill)
+		}
 	}
 	return b.String()
 }
@@ -359,6 +367,9 @@ func clusterTargets(ts []ClusterTarget) string {
 		}
 		if len(t.AgeRecipients) > 0 {
 			fmt.Fprintf(&b, "        encryption: {ageRecipients: [%s]}\n", strings.Join(t.AgeRecipients, ", "))
+		}
+		if t.DrillSchedule != "" {
+			fmt.Fprintf(&b, "        drill: {schedule: %q, identitySecret: %q}\n", t.DrillSchedule, t.DrillIdentitySecret)
 		}
 		fmt.Fprintf(&b, "        namespace: %s\n        initialClusterToken: %s\n        members:\n", t.Namespace, t.InitialClusterToken)
 		for _, m := range t.Members {

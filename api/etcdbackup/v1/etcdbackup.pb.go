@@ -83,6 +83,65 @@ func (BackupPhase) EnumDescriptor() ([]byte, []int) {
 	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{0}
 }
 
+// What a restore drill found.
+type VerificationResult int32
+
+const (
+	VerificationResult_VERIFICATION_RESULT_UNSPECIFIED VerificationResult = 0
+	// The restored member served the recorded revision, key count and
+	// HashKV: the backup restores to the cluster's state at its revision.
+	VerificationResult_VERIFICATION_RESULT_SUCCEEDED VerificationResult = 1
+	// The backup did not restore, or restored to something other than
+	// what it recorded: do not rely on it.
+	VerificationResult_VERIFICATION_RESULT_FAILED VerificationResult = 2
+	// The drill reached no verdict (its agent could not run or reach the
+	// server): nothing was learned about the backup.
+	VerificationResult_VERIFICATION_RESULT_ERROR VerificationResult = 3
+)
+
+// Enum value maps for VerificationResult.
+var (
+	VerificationResult_name = map[int32]string{
+		0: "VERIFICATION_RESULT_UNSPECIFIED",
+		1: "VERIFICATION_RESULT_SUCCEEDED",
+		2: "VERIFICATION_RESULT_FAILED",
+		3: "VERIFICATION_RESULT_ERROR",
+	}
+	VerificationResult_value = map[string]int32{
+		"VERIFICATION_RESULT_UNSPECIFIED": 0,
+		"VERIFICATION_RESULT_SUCCEEDED":   1,
+		"VERIFICATION_RESULT_FAILED":      2,
+		"VERIFICATION_RESULT_ERROR":       3,
+	}
+)
+
+func (x VerificationResult) Enum() *VerificationResult {
+	p := new(VerificationResult)
+	*p = x
+	return p
+}
+
+func (x VerificationResult) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (VerificationResult) Descriptor() protoreflect.EnumDescriptor {
+	return file_etcdbackup_v1_etcdbackup_proto_enumTypes[1].Descriptor()
+}
+
+func (VerificationResult) Type() protoreflect.EnumType {
+	return &file_etcdbackup_v1_etcdbackup_proto_enumTypes[1]
+}
+
+func (x VerificationResult) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use VerificationResult.Descriptor instead.
+func (VerificationResult) EnumDescriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{1}
+}
+
 // RestorePhase is where one member's restore agent is.
 type RestorePhase int32
 
@@ -124,11 +183,11 @@ func (x RestorePhase) String() string {
 }
 
 func (RestorePhase) Descriptor() protoreflect.EnumDescriptor {
-	return file_etcdbackup_v1_etcdbackup_proto_enumTypes[1].Descriptor()
+	return file_etcdbackup_v1_etcdbackup_proto_enumTypes[2].Descriptor()
 }
 
 func (RestorePhase) Type() protoreflect.EnumType {
-	return &file_etcdbackup_v1_etcdbackup_proto_enumTypes[1]
+	return &file_etcdbackup_v1_etcdbackup_proto_enumTypes[2]
 }
 
 func (x RestorePhase) Number() protoreflect.EnumNumber {
@@ -137,7 +196,7 @@ func (x RestorePhase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RestorePhase.Descriptor instead.
 func (RestorePhase) EnumDescriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{1}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{2}
 }
 
 type GetServerInfoRequest struct {
@@ -497,6 +556,11 @@ type Backup struct {
 	// The age recipients (public keys, "age1...") the backup is encrypted
 	// to: any one of their identities decrypts it. Never a secret.
 	AgeRecipients []string `protobuf:"bytes,15,rep,name=age_recipients,json=ageRecipients,proto3" json:"age_recipients,omitempty"`
+	// The newest restore drill of this backup, if one ran: the backup
+	// restored with etcd's restore code into scratch space, served by an
+	// etcd on loopback and compared with the keyspace fingerprint it
+	// recorded. Written by the server only.
+	Verification  *Verification `protobuf:"bytes,20,opt,name=verification,proto3" json:"verification,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -636,6 +700,118 @@ func (x *Backup) GetAgeRecipients() []string {
 	return nil
 }
 
+func (x *Backup) GetVerification() *Verification {
+	if x != nil {
+		return x.Verification
+	}
+	return nil
+}
+
+type Verification struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When the drill finished.
+	Time   *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	Result VerificationResult     `protobuf:"varint,2,opt,name=result,proto3,enum=etcdbackup.v1.VerificationResult" json:"result,omitempty"`
+	// What the restored member answered (zero when it was not reached).
+	Revision int64  `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	Keys     int64  `protobuf:"varint,4,opt,name=keys,proto3" json:"keys,omitempty"`
+	HashKv   uint32 `protobuf:"varint,5,opt,name=hash_kv,json=hashKv,proto3" json:"hash_kv,omitempty"`
+	// The drill's wall time, download included, in seconds.
+	DurationSeconds float64 `protobuf:"fixed64,6,opt,name=duration_seconds,json=durationSeconds,proto3" json:"duration_seconds,omitempty"`
+	// What was compared, or why the drill failed and what that means.
+	Message string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	// The drill agent's Job.
+	Job           string `protobuf:"bytes,8,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Verification) Reset() {
+	*x = Verification{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Verification) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Verification) ProtoMessage() {}
+
+func (x *Verification) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Verification.ProtoReflect.Descriptor instead.
+func (*Verification) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Verification) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *Verification) GetResult() VerificationResult {
+	if x != nil {
+		return x.Result
+	}
+	return VerificationResult_VERIFICATION_RESULT_UNSPECIFIED
+}
+
+func (x *Verification) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *Verification) GetKeys() int64 {
+	if x != nil {
+		return x.Keys
+	}
+	return 0
+}
+
+func (x *Verification) GetHashKv() uint32 {
+	if x != nil {
+		return x.HashKv
+	}
+	return 0
+}
+
+func (x *Verification) GetDurationSeconds() float64 {
+	if x != nil {
+		return x.DurationSeconds
+	}
+	return 0
+}
+
+func (x *Verification) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Verification) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
 type BackupSource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// How the backup arrived: "upload" (a client uploaded a file) or "agent"
@@ -662,7 +838,7 @@ type BackupSource struct {
 
 func (x *BackupSource) Reset() {
 	*x = BackupSource{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +850,7 @@ func (x *BackupSource) String() string {
 func (*BackupSource) ProtoMessage() {}
 
 func (x *BackupSource) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +863,7 @@ func (x *BackupSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupSource.ProtoReflect.Descriptor instead.
 func (*BackupSource) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{6}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BackupSource) GetKind() string {
@@ -777,7 +953,7 @@ type EtcdInfo struct {
 
 func (x *EtcdInfo) Reset() {
 	*x = EtcdInfo{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +965,7 @@ func (x *EtcdInfo) String() string {
 func (*EtcdInfo) ProtoMessage() {}
 
 func (x *EtcdInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +978,7 @@ func (x *EtcdInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EtcdInfo.ProtoReflect.Descriptor instead.
 func (*EtcdInfo) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{7}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EtcdInfo) GetClusterId() uint64 {
@@ -914,7 +1090,7 @@ type ListBackupsRequest struct {
 
 func (x *ListBackupsRequest) Reset() {
 	*x = ListBackupsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -926,7 +1102,7 @@ func (x *ListBackupsRequest) String() string {
 func (*ListBackupsRequest) ProtoMessage() {}
 
 func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -939,7 +1115,7 @@ func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsRequest.ProtoReflect.Descriptor instead.
 func (*ListBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{8}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListBackupsRequest) GetLocation() string {
@@ -982,7 +1158,7 @@ type ListBackupsResponse struct {
 
 func (x *ListBackupsResponse) Reset() {
 	*x = ListBackupsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1170,7 @@ func (x *ListBackupsResponse) String() string {
 func (*ListBackupsResponse) ProtoMessage() {}
 
 func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1183,7 @@ func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsResponse.ProtoReflect.Descriptor instead.
 func (*ListBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{9}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListBackupsResponse) GetBackups() []*Backup {
@@ -1034,7 +1210,7 @@ type GetBackupRequest struct {
 
 func (x *GetBackupRequest) Reset() {
 	*x = GetBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1046,7 +1222,7 @@ func (x *GetBackupRequest) String() string {
 func (*GetBackupRequest) ProtoMessage() {}
 
 func (x *GetBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1059,7 +1235,7 @@ func (x *GetBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{10}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetBackupRequest) GetName() string {
@@ -1085,7 +1261,7 @@ type GetBackupResponse struct {
 
 func (x *GetBackupResponse) Reset() {
 	*x = GetBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1097,7 +1273,7 @@ func (x *GetBackupResponse) String() string {
 func (*GetBackupResponse) ProtoMessage() {}
 
 func (x *GetBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1286,7 @@ func (x *GetBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{11}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetBackupResponse) GetBackup() *Backup {
@@ -1130,7 +1306,7 @@ type DeleteBackupRequest struct {
 
 func (x *DeleteBackupRequest) Reset() {
 	*x = DeleteBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1318,7 @@ func (x *DeleteBackupRequest) String() string {
 func (*DeleteBackupRequest) ProtoMessage() {}
 
 func (x *DeleteBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1331,7 @@ func (x *DeleteBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackupRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{12}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteBackupRequest) GetName() string {
@@ -1180,7 +1356,7 @@ type DeleteBackupResponse struct {
 
 func (x *DeleteBackupResponse) Reset() {
 	*x = DeleteBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1368,7 @@ func (x *DeleteBackupResponse) String() string {
 func (*DeleteBackupResponse) ProtoMessage() {}
 
 func (x *DeleteBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1381,7 @@ func (x *DeleteBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackupResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{13}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{14}
 }
 
 type UploadBackupRequest struct {
@@ -1222,7 +1398,7 @@ type UploadBackupRequest struct {
 
 func (x *UploadBackupRequest) Reset() {
 	*x = UploadBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1234,7 +1410,7 @@ func (x *UploadBackupRequest) String() string {
 func (*UploadBackupRequest) ProtoMessage() {}
 
 func (x *UploadBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1247,7 +1423,7 @@ func (x *UploadBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadBackupRequest.ProtoReflect.Descriptor instead.
 func (*UploadBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{14}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UploadBackupRequest) GetMsg() isUploadBackupRequest_Msg {
@@ -1338,7 +1514,7 @@ type UploadHeader struct {
 
 func (x *UploadHeader) Reset() {
 	*x = UploadHeader{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1526,7 @@ func (x *UploadHeader) String() string {
 func (*UploadHeader) ProtoMessage() {}
 
 func (x *UploadHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1539,7 @@ func (x *UploadHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadHeader.ProtoReflect.Descriptor instead.
 func (*UploadHeader) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{15}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UploadHeader) GetName() string {
@@ -1473,7 +1649,7 @@ type UploadTrailer struct {
 
 func (x *UploadTrailer) Reset() {
 	*x = UploadTrailer{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1661,7 @@ func (x *UploadTrailer) String() string {
 func (*UploadTrailer) ProtoMessage() {}
 
 func (x *UploadTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1674,7 @@ func (x *UploadTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadTrailer.ProtoReflect.Descriptor instead.
 func (*UploadTrailer) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{16}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UploadTrailer) GetSize() int64 {
@@ -1545,7 +1721,7 @@ type UploadBackupResponse struct {
 
 func (x *UploadBackupResponse) Reset() {
 	*x = UploadBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1557,7 +1733,7 @@ func (x *UploadBackupResponse) String() string {
 func (*UploadBackupResponse) ProtoMessage() {}
 
 func (x *UploadBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1570,7 +1746,7 @@ func (x *UploadBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadBackupResponse.ProtoReflect.Descriptor instead.
 func (*UploadBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{17}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *UploadBackupResponse) GetBackup() *Backup {
@@ -1598,7 +1774,7 @@ type DownloadBackupRequest struct {
 
 func (x *DownloadBackupRequest) Reset() {
 	*x = DownloadBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +1786,7 @@ func (x *DownloadBackupRequest) String() string {
 func (*DownloadBackupRequest) ProtoMessage() {}
 
 func (x *DownloadBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +1799,7 @@ func (x *DownloadBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadBackupRequest.ProtoReflect.Descriptor instead.
 func (*DownloadBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{18}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DownloadBackupRequest) GetName() string {
@@ -1667,7 +1843,7 @@ type DownloadBackupResponse struct {
 
 func (x *DownloadBackupResponse) Reset() {
 	*x = DownloadBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1679,7 +1855,7 @@ func (x *DownloadBackupResponse) String() string {
 func (*DownloadBackupResponse) ProtoMessage() {}
 
 func (x *DownloadBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1692,7 +1868,7 @@ func (x *DownloadBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadBackupResponse.ProtoReflect.Descriptor instead.
 func (*DownloadBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{19}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DownloadBackupResponse) GetMsg() isDownloadBackupResponse_Msg {
@@ -1754,7 +1930,7 @@ type DownloadHeader struct {
 
 func (x *DownloadHeader) Reset() {
 	*x = DownloadHeader{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +1942,7 @@ func (x *DownloadHeader) String() string {
 func (*DownloadHeader) ProtoMessage() {}
 
 func (x *DownloadHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +1955,7 @@ func (x *DownloadHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadHeader.ProtoReflect.Descriptor instead.
 func (*DownloadHeader) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{20}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DownloadHeader) GetBackup() *Backup {
@@ -1803,6 +1979,114 @@ func (x *DownloadHeader) GetLength() int64 {
 	return 0
 }
 
+type DrillBackupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Storage location; empty means the server's default.
+	Location      string `protobuf:"bytes,2,opt,name=location,proto3" json:"location,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrillBackupRequest) Reset() {
+	*x = DrillBackupRequest{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrillBackupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrillBackupRequest) ProtoMessage() {}
+
+func (x *DrillBackupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrillBackupRequest.ProtoReflect.Descriptor instead.
+func (*DrillBackupRequest) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DrillBackupRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DrillBackupRequest) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
+type DrillBackupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The drill agent's Job, in the server's namespace.
+	Job string `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	// When the drill was started: a verification at or after it is its
+	// verdict.
+	StartTime     *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrillBackupResponse) Reset() {
+	*x = DrillBackupResponse{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrillBackupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrillBackupResponse) ProtoMessage() {}
+
+func (x *DrillBackupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrillBackupResponse.ProtoReflect.Descriptor instead.
+func (*DrillBackupResponse) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *DrillBackupResponse) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *DrillBackupResponse) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
 type CreateBackupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name of the new backup; empty means TARGET-YYYYMMDD-HHMMSS (UTC).
@@ -1820,7 +2104,7 @@ type CreateBackupRequest struct {
 
 func (x *CreateBackupRequest) Reset() {
 	*x = CreateBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1832,7 +2116,7 @@ func (x *CreateBackupRequest) String() string {
 func (*CreateBackupRequest) ProtoMessage() {}
 
 func (x *CreateBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1845,7 +2129,7 @@ func (x *CreateBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBackupRequest.ProtoReflect.Descriptor instead.
 func (*CreateBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{21}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CreateBackupRequest) GetName() string {
@@ -1892,7 +2176,7 @@ type CreateBackupResponse struct {
 
 func (x *CreateBackupResponse) Reset() {
 	*x = CreateBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1904,7 +2188,7 @@ func (x *CreateBackupResponse) String() string {
 func (*CreateBackupResponse) ProtoMessage() {}
 
 func (x *CreateBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1917,7 +2201,7 @@ func (x *CreateBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBackupResponse.ProtoReflect.Descriptor instead.
 func (*CreateBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{22}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreateBackupResponse) GetBackup() *Backup {
@@ -1939,7 +2223,7 @@ type GetBackupLogsRequest struct {
 
 func (x *GetBackupLogsRequest) Reset() {
 	*x = GetBackupLogsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1951,7 +2235,7 @@ func (x *GetBackupLogsRequest) String() string {
 func (*GetBackupLogsRequest) ProtoMessage() {}
 
 func (x *GetBackupLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1964,7 +2248,7 @@ func (x *GetBackupLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupLogsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{23}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetBackupLogsRequest) GetName() string {
@@ -1998,7 +2282,7 @@ type GetBackupLogsResponse struct {
 
 func (x *GetBackupLogsResponse) Reset() {
 	*x = GetBackupLogsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2010,7 +2294,7 @@ func (x *GetBackupLogsResponse) String() string {
 func (*GetBackupLogsResponse) ProtoMessage() {}
 
 func (x *GetBackupLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2023,7 +2307,7 @@ func (x *GetBackupLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupLogsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{24}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetBackupLogsResponse) GetData() []byte {
@@ -2043,7 +2327,7 @@ type VerifyBackupRequest struct {
 
 func (x *VerifyBackupRequest) Reset() {
 	*x = VerifyBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2055,7 +2339,7 @@ func (x *VerifyBackupRequest) String() string {
 func (*VerifyBackupRequest) ProtoMessage() {}
 
 func (x *VerifyBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2068,7 +2352,7 @@ func (x *VerifyBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyBackupRequest.ProtoReflect.Descriptor instead.
 func (*VerifyBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{25}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *VerifyBackupRequest) GetName() string {
@@ -2110,7 +2394,7 @@ type VerifyBackupResponse struct {
 
 func (x *VerifyBackupResponse) Reset() {
 	*x = VerifyBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2122,7 +2406,7 @@ func (x *VerifyBackupResponse) String() string {
 func (*VerifyBackupResponse) ProtoMessage() {}
 
 func (x *VerifyBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2135,7 +2419,7 @@ func (x *VerifyBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyBackupResponse.ProtoReflect.Descriptor instead.
 func (*VerifyBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{26}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *VerifyBackupResponse) GetBackup() *Backup {
@@ -2226,7 +2510,7 @@ type RestoreBackupRequest struct {
 
 func (x *RestoreBackupRequest) Reset() {
 	*x = RestoreBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2238,7 +2522,7 @@ func (x *RestoreBackupRequest) String() string {
 func (*RestoreBackupRequest) ProtoMessage() {}
 
 func (x *RestoreBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2251,7 +2535,7 @@ func (x *RestoreBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreBackupRequest.ProtoReflect.Descriptor instead.
 func (*RestoreBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{27}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RestoreBackupRequest) GetName() string {
@@ -2313,7 +2597,7 @@ type RestoreBackupResponse struct {
 
 func (x *RestoreBackupResponse) Reset() {
 	*x = RestoreBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2325,7 +2609,7 @@ func (x *RestoreBackupResponse) String() string {
 func (*RestoreBackupResponse) ProtoMessage() {}
 
 func (x *RestoreBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2338,7 +2622,7 @@ func (x *RestoreBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreBackupResponse.ProtoReflect.Descriptor instead.
 func (*RestoreBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{28}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RestoreBackupResponse) GetMembers() []*MemberRestore {
@@ -2377,7 +2661,7 @@ type MemberRestore struct {
 
 func (x *MemberRestore) Reset() {
 	*x = MemberRestore{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2389,7 +2673,7 @@ func (x *MemberRestore) String() string {
 func (*MemberRestore) ProtoMessage() {}
 
 func (x *MemberRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2402,7 +2686,7 @@ func (x *MemberRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberRestore.ProtoReflect.Descriptor instead.
 func (*MemberRestore) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{29}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *MemberRestore) GetMember() string {
@@ -2493,7 +2777,7 @@ type GetRestoreRequest struct {
 
 func (x *GetRestoreRequest) Reset() {
 	*x = GetRestoreRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2505,7 +2789,7 @@ func (x *GetRestoreRequest) String() string {
 func (*GetRestoreRequest) ProtoMessage() {}
 
 func (x *GetRestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2518,7 +2802,7 @@ func (x *GetRestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRestoreRequest.ProtoReflect.Descriptor instead.
 func (*GetRestoreRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{30}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetRestoreRequest) GetName() string {
@@ -2551,7 +2835,7 @@ type GetRestoreResponse struct {
 
 func (x *GetRestoreResponse) Reset() {
 	*x = GetRestoreResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2847,7 @@ func (x *GetRestoreResponse) String() string {
 func (*GetRestoreResponse) ProtoMessage() {}
 
 func (x *GetRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2860,7 @@ func (x *GetRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRestoreResponse.ProtoReflect.Descriptor instead.
 func (*GetRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{31}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetRestoreResponse) GetMembers() []*MemberRestore {
@@ -2596,7 +2880,7 @@ type GetBackupEventsRequest struct {
 
 func (x *GetBackupEventsRequest) Reset() {
 	*x = GetBackupEventsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2608,7 +2892,7 @@ func (x *GetBackupEventsRequest) String() string {
 func (*GetBackupEventsRequest) ProtoMessage() {}
 
 func (x *GetBackupEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2621,7 +2905,7 @@ func (x *GetBackupEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupEventsRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupEventsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{32}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetBackupEventsRequest) GetName() string {
@@ -2650,7 +2934,7 @@ type GetBackupEventsResponse struct {
 
 func (x *GetBackupEventsResponse) Reset() {
 	*x = GetBackupEventsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2662,7 +2946,7 @@ func (x *GetBackupEventsResponse) String() string {
 func (*GetBackupEventsResponse) ProtoMessage() {}
 
 func (x *GetBackupEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2675,7 +2959,7 @@ func (x *GetBackupEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupEventsResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupEventsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{33}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetBackupEventsResponse) GetJobName() string {
@@ -2710,7 +2994,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2722,7 +3006,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2735,7 +3019,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{34}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *JobEvent) GetType() string {
@@ -2805,7 +3089,7 @@ type PruneBackupsRequest struct {
 
 func (x *PruneBackupsRequest) Reset() {
 	*x = PruneBackupsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2817,7 +3101,7 @@ func (x *PruneBackupsRequest) String() string {
 func (*PruneBackupsRequest) ProtoMessage() {}
 
 func (x *PruneBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2830,7 +3114,7 @@ func (x *PruneBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneBackupsRequest.ProtoReflect.Descriptor instead.
 func (*PruneBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{35}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PruneBackupsRequest) GetLocation() string {
@@ -2874,7 +3158,7 @@ type PruneBackupsResponse struct {
 
 func (x *PruneBackupsResponse) Reset() {
 	*x = PruneBackupsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2886,7 +3170,7 @@ func (x *PruneBackupsResponse) String() string {
 func (*PruneBackupsResponse) ProtoMessage() {}
 
 func (x *PruneBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2899,7 +3183,7 @@ func (x *PruneBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneBackupsResponse.ProtoReflect.Descriptor instead.
 func (*PruneBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{36}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PruneBackupsResponse) GetPruned() []*Backup {
@@ -2943,7 +3227,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x05error\x18\x06 \x01(\tR\x05error\"^\n" +
 	"\fServerLimits\x12&\n" +
 	"\x0fmax_chunk_bytes\x18\x01 \x01(\x03R\rmaxChunkBytes\x12&\n" +
-	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\xe8\x04\n" +
+	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\xa9\x05\n" +
 	"\x06Backup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x120\n" +
@@ -2964,10 +3248,20 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\n" +
 	"encryption\x18\x0e \x01(\tR\n" +
 	"encryption\x12%\n" +
-	"\x0eage_recipients\x18\x0f \x03(\tR\rageRecipients\x1a9\n" +
+	"\x0eage_recipients\x18\x0f \x03(\tR\rageRecipients\x12?\n" +
+	"\fverification\x18\x14 \x01(\v2\x1b.etcdbackup.v1.VerificationR\fverification\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaf\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x99\x02\n" +
+	"\fVerification\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x129\n" +
+	"\x06result\x18\x02 \x01(\x0e2!.etcdbackup.v1.VerificationResultR\x06result\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x03R\brevision\x12\x12\n" +
+	"\x04keys\x18\x04 \x01(\x03R\x04keys\x12\x17\n" +
+	"\ahash_kv\x18\x05 \x01(\rR\x06hashKv\x12)\n" +
+	"\x10duration_seconds\x18\x06 \x01(\x01R\x0fdurationSeconds\x12\x18\n" +
+	"\amessage\x18\a \x01(\tR\amessage\x12\x10\n" +
+	"\x03job\x18\b \x01(\tR\x03job\"\xaf\x02\n" +
 	"\fBackupSource\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x16\n" +
@@ -3060,7 +3354,14 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x0eDownloadHeader\x12-\n" +
 	"\x06backup\x18\x01 \x01(\v2\x15.etcdbackup.v1.BackupR\x06backup\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\x12\x16\n" +
-	"\x06length\x18\x03 \x01(\x03R\x06length\"\x82\x02\n" +
+	"\x06length\x18\x03 \x01(\x03R\x06length\"D\n" +
+	"\x12DrillBackupRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\blocation\x18\x02 \x01(\tR\blocation\"b\n" +
+	"\x13DrillBackupResponse\x12\x10\n" +
+	"\x03job\x18\x01 \x01(\tR\x03job\x129\n" +
+	"\n" +
+	"start_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\"\x82\x02\n" +
 	"\x13CreateBackupRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x16\n" +
@@ -3151,7 +3452,12 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x18BACKUP_PHASE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BACKUP_PHASE_RUNNING\x10\x01\x12\x1a\n" +
 	"\x16BACKUP_PHASE_COMPLETED\x10\x02\x12\x17\n" +
-	"\x13BACKUP_PHASE_FAILED\x10\x03*\x9a\x01\n" +
+	"\x13BACKUP_PHASE_FAILED\x10\x03*\x9b\x01\n" +
+	"\x12VerificationResult\x12#\n" +
+	"\x1fVERIFICATION_RESULT_UNSPECIFIED\x10\x00\x12!\n" +
+	"\x1dVERIFICATION_RESULT_SUCCEEDED\x10\x01\x12\x1e\n" +
+	"\x1aVERIFICATION_RESULT_FAILED\x10\x02\x12\x1d\n" +
+	"\x19VERIFICATION_RESULT_ERROR\x10\x03*\x9a\x01\n" +
 	"\fRestorePhase\x12\x1d\n" +
 	"\x19RESTORE_PHASE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15RESTORE_PHASE_PENDING\x10\x01\x12\x19\n" +
@@ -3159,7 +3465,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x17RESTORE_PHASE_SUCCEEDED\x10\x03\x12\x18\n" +
 	"\x14RESTORE_PHASE_FAILED\x10\x042i\n" +
 	"\vInfoService\x12Z\n" +
-	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\xc4\b\n" +
+	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\x9a\t\n" +
 	"\rBackupService\x12T\n" +
 	"\vListBackups\x12!.etcdbackup.v1.ListBackupsRequest\x1a\".etcdbackup.v1.ListBackupsResponse\x12N\n" +
 	"\tGetBackup\x12\x1f.etcdbackup.v1.GetBackupRequest\x1a .etcdbackup.v1.GetBackupResponse\x12W\n" +
@@ -3171,7 +3477,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\fVerifyBackup\x12\".etcdbackup.v1.VerifyBackupRequest\x1a#.etcdbackup.v1.VerifyBackupResponse\x12Z\n" +
 	"\rRestoreBackup\x12#.etcdbackup.v1.RestoreBackupRequest\x1a$.etcdbackup.v1.RestoreBackupResponse\x12Q\n" +
 	"\n" +
-	"GetRestore\x12 .etcdbackup.v1.GetRestoreRequest\x1a!.etcdbackup.v1.GetRestoreResponse\x12`\n" +
+	"GetRestore\x12 .etcdbackup.v1.GetRestoreRequest\x1a!.etcdbackup.v1.GetRestoreResponse\x12T\n" +
+	"\vDrillBackup\x12!.etcdbackup.v1.DrillBackupRequest\x1a\".etcdbackup.v1.DrillBackupResponse\x12`\n" +
 	"\x0fGetBackupEvents\x12%.etcdbackup.v1.GetBackupEventsRequest\x1a&.etcdbackup.v1.GetBackupEventsResponse\x12W\n" +
 	"\fPruneBackups\x12\".etcdbackup.v1.PruneBackupsRequest\x1a#.etcdbackup.v1.PruneBackupsResponseBQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
 
@@ -3187,118 +3494,128 @@ func file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP() []byte {
 	return file_etcdbackup_v1_etcdbackup_proto_rawDescData
 }
 
-var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(BackupPhase)(0),                // 0: etcdbackup.v1.BackupPhase
-	(RestorePhase)(0),               // 1: etcdbackup.v1.RestorePhase
-	(*GetServerInfoRequest)(nil),    // 2: etcdbackup.v1.GetServerInfoRequest
-	(*GetServerInfoResponse)(nil),   // 3: etcdbackup.v1.GetServerInfoResponse
-	(*EtcdTarget)(nil),              // 4: etcdbackup.v1.EtcdTarget
-	(*StorageLocation)(nil),         // 5: etcdbackup.v1.StorageLocation
-	(*ServerLimits)(nil),            // 6: etcdbackup.v1.ServerLimits
-	(*Backup)(nil),                  // 7: etcdbackup.v1.Backup
-	(*BackupSource)(nil),            // 8: etcdbackup.v1.BackupSource
-	(*EtcdInfo)(nil),                // 9: etcdbackup.v1.EtcdInfo
-	(*ListBackupsRequest)(nil),      // 10: etcdbackup.v1.ListBackupsRequest
-	(*ListBackupsResponse)(nil),     // 11: etcdbackup.v1.ListBackupsResponse
-	(*GetBackupRequest)(nil),        // 12: etcdbackup.v1.GetBackupRequest
-	(*GetBackupResponse)(nil),       // 13: etcdbackup.v1.GetBackupResponse
-	(*DeleteBackupRequest)(nil),     // 14: etcdbackup.v1.DeleteBackupRequest
-	(*DeleteBackupResponse)(nil),    // 15: etcdbackup.v1.DeleteBackupResponse
-	(*UploadBackupRequest)(nil),     // 16: etcdbackup.v1.UploadBackupRequest
-	(*UploadHeader)(nil),            // 17: etcdbackup.v1.UploadHeader
-	(*UploadTrailer)(nil),           // 18: etcdbackup.v1.UploadTrailer
-	(*UploadBackupResponse)(nil),    // 19: etcdbackup.v1.UploadBackupResponse
-	(*DownloadBackupRequest)(nil),   // 20: etcdbackup.v1.DownloadBackupRequest
-	(*DownloadBackupResponse)(nil),  // 21: etcdbackup.v1.DownloadBackupResponse
-	(*DownloadHeader)(nil),          // 22: etcdbackup.v1.DownloadHeader
-	(*CreateBackupRequest)(nil),     // 23: etcdbackup.v1.CreateBackupRequest
-	(*CreateBackupResponse)(nil),    // 24: etcdbackup.v1.CreateBackupResponse
-	(*GetBackupLogsRequest)(nil),    // 25: etcdbackup.v1.GetBackupLogsRequest
-	(*GetBackupLogsResponse)(nil),   // 26: etcdbackup.v1.GetBackupLogsResponse
-	(*VerifyBackupRequest)(nil),     // 27: etcdbackup.v1.VerifyBackupRequest
-	(*VerifyBackupResponse)(nil),    // 28: etcdbackup.v1.VerifyBackupResponse
-	(*RestoreBackupRequest)(nil),    // 29: etcdbackup.v1.RestoreBackupRequest
-	(*RestoreBackupResponse)(nil),   // 30: etcdbackup.v1.RestoreBackupResponse
-	(*MemberRestore)(nil),           // 31: etcdbackup.v1.MemberRestore
-	(*GetRestoreRequest)(nil),       // 32: etcdbackup.v1.GetRestoreRequest
-	(*GetRestoreResponse)(nil),      // 33: etcdbackup.v1.GetRestoreResponse
-	(*GetBackupEventsRequest)(nil),  // 34: etcdbackup.v1.GetBackupEventsRequest
-	(*GetBackupEventsResponse)(nil), // 35: etcdbackup.v1.GetBackupEventsResponse
-	(*JobEvent)(nil),                // 36: etcdbackup.v1.JobEvent
-	(*PruneBackupsRequest)(nil),     // 37: etcdbackup.v1.PruneBackupsRequest
-	(*PruneBackupsResponse)(nil),    // 38: etcdbackup.v1.PruneBackupsResponse
-	nil,                             // 39: etcdbackup.v1.Backup.LabelsEntry
-	nil,                             // 40: etcdbackup.v1.UploadHeader.LabelsEntry
-	nil,                             // 41: etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),   // 42: google.protobuf.Timestamp
+	(VerificationResult)(0),         // 1: etcdbackup.v1.VerificationResult
+	(RestorePhase)(0),               // 2: etcdbackup.v1.RestorePhase
+	(*GetServerInfoRequest)(nil),    // 3: etcdbackup.v1.GetServerInfoRequest
+	(*GetServerInfoResponse)(nil),   // 4: etcdbackup.v1.GetServerInfoResponse
+	(*EtcdTarget)(nil),              // 5: etcdbackup.v1.EtcdTarget
+	(*StorageLocation)(nil),         // 6: etcdbackup.v1.StorageLocation
+	(*ServerLimits)(nil),            // 7: etcdbackup.v1.ServerLimits
+	(*Backup)(nil),                  // 8: etcdbackup.v1.Backup
+	(*Verification)(nil),            // 9: etcdbackup.v1.Verification
+	(*BackupSource)(nil),            // 10: etcdbackup.v1.BackupSource
+	(*EtcdInfo)(nil),                // 11: etcdbackup.v1.EtcdInfo
+	(*ListBackupsRequest)(nil),      // 12: etcdbackup.v1.ListBackupsRequest
+	(*ListBackupsResponse)(nil),     // 13: etcdbackup.v1.ListBackupsResponse
+	(*GetBackupRequest)(nil),        // 14: etcdbackup.v1.GetBackupRequest
+	(*GetBackupResponse)(nil),       // 15: etcdbackup.v1.GetBackupResponse
+	(*DeleteBackupRequest)(nil),     // 16: etcdbackup.v1.DeleteBackupRequest
+	(*DeleteBackupResponse)(nil),    // 17: etcdbackup.v1.DeleteBackupResponse
+	(*UploadBackupRequest)(nil),     // 18: etcdbackup.v1.UploadBackupRequest
+	(*UploadHeader)(nil),            // 19: etcdbackup.v1.UploadHeader
+	(*UploadTrailer)(nil),           // 20: etcdbackup.v1.UploadTrailer
+	(*UploadBackupResponse)(nil),    // 21: etcdbackup.v1.UploadBackupResponse
+	(*DownloadBackupRequest)(nil),   // 22: etcdbackup.v1.DownloadBackupRequest
+	(*DownloadBackupResponse)(nil),  // 23: etcdbackup.v1.DownloadBackupResponse
+	(*DownloadHeader)(nil),          // 24: etcdbackup.v1.DownloadHeader
+	(*DrillBackupRequest)(nil),      // 25: etcdbackup.v1.DrillBackupRequest
+	(*DrillBackupResponse)(nil),     // 26: etcdbackup.v1.DrillBackupResponse
+	(*CreateBackupRequest)(nil),     // 27: etcdbackup.v1.CreateBackupRequest
+	(*CreateBackupResponse)(nil),    // 28: etcdbackup.v1.CreateBackupResponse
+	(*GetBackupLogsRequest)(nil),    // 29: etcdbackup.v1.GetBackupLogsRequest
+	(*GetBackupLogsResponse)(nil),   // 30: etcdbackup.v1.GetBackupLogsResponse
+	(*VerifyBackupRequest)(nil),     // 31: etcdbackup.v1.VerifyBackupRequest
+	(*VerifyBackupResponse)(nil),    // 32: etcdbackup.v1.VerifyBackupResponse
+	(*RestoreBackupRequest)(nil),    // 33: etcdbackup.v1.RestoreBackupRequest
+	(*RestoreBackupResponse)(nil),   // 34: etcdbackup.v1.RestoreBackupResponse
+	(*MemberRestore)(nil),           // 35: etcdbackup.v1.MemberRestore
+	(*GetRestoreRequest)(nil),       // 36: etcdbackup.v1.GetRestoreRequest
+	(*GetRestoreResponse)(nil),      // 37: etcdbackup.v1.GetRestoreResponse
+	(*GetBackupEventsRequest)(nil),  // 38: etcdbackup.v1.GetBackupEventsRequest
+	(*GetBackupEventsResponse)(nil), // 39: etcdbackup.v1.GetBackupEventsResponse
+	(*JobEvent)(nil),                // 40: etcdbackup.v1.JobEvent
+	(*PruneBackupsRequest)(nil),     // 41: etcdbackup.v1.PruneBackupsRequest
+	(*PruneBackupsResponse)(nil),    // 42: etcdbackup.v1.PruneBackupsResponse
+	nil,                             // 43: etcdbackup.v1.Backup.LabelsEntry
+	nil,                             // 44: etcdbackup.v1.UploadHeader.LabelsEntry
+	nil,                             // 45: etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 46: google.protobuf.Timestamp
 }
 var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
-	5,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
-	6,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
-	4,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
+	6,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
+	7,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
+	5,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
 	0,  // 3: etcdbackup.v1.Backup.phase:type_name -> etcdbackup.v1.BackupPhase
-	42, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
-	39, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
-	8,  // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
-	9,  // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	42, // 8: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
-	42, // 9: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
-	42, // 10: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
-	7,  // 11: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
-	7,  // 12: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	17, // 13: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
-	18, // 14: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	40, // 15: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
-	8,  // 16: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
-	9,  // 17: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	9,  // 18: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	7,  // 19: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	22, // 20: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
-	7,  // 21: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	41, // 22: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	7,  // 23: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	7,  // 24: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	31, // 25: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	1,  // 26: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
-	31, // 27: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	36, // 28: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
-	42, // 29: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
-	42, // 30: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
-	7,  // 31: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
-	7,  // 32: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
-	2,  // 33: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	10, // 34: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	12, // 35: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	14, // 36: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	16, // 37: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	20, // 38: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	23, // 39: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	25, // 40: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	27, // 41: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	29, // 42: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
-	32, // 43: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
-	34, // 44: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
-	37, // 45: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
-	3,  // 46: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	11, // 47: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	13, // 48: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	15, // 49: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	19, // 50: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	21, // 51: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	24, // 52: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	26, // 53: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	28, // 54: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	30, // 55: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
-	33, // 56: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
-	35, // 57: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
-	38, // 58: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
-	46, // [46:59] is the sub-list for method output_type
-	33, // [33:46] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	46, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
+	43, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
+	10, // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
+	11, // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	9,  // 8: etcdbackup.v1.Backup.verification:type_name -> etcdbackup.v1.Verification
+	46, // 9: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
+	1,  // 10: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
+	46, // 11: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
+	46, // 12: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
+	46, // 13: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
+	8,  // 14: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
+	8,  // 15: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	19, // 16: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
+	20, // 17: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
+	44, // 18: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	10, // 19: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
+	11, // 20: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	11, // 21: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	8,  // 22: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	24, // 23: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
+	8,  // 24: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
+	46, // 25: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
+	45, // 26: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	8,  // 27: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	8,  // 28: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	35, // 29: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	2,  // 30: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
+	35, // 31: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	40, // 32: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
+	46, // 33: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
+	46, // 34: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
+	8,  // 35: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
+	8,  // 36: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
+	3,  // 37: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	12, // 38: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	14, // 39: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	16, // 40: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	18, // 41: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	22, // 42: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	27, // 43: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	29, // 44: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	31, // 45: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	33, // 46: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	36, // 47: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	25, // 48: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
+	38, // 49: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
+	41, // 50: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
+	4,  // 51: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	13, // 52: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	15, // 53: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	17, // 54: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	21, // 55: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	23, // 56: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	28, // 57: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	30, // 58: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	32, // 59: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	34, // 60: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	37, // 61: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	26, // 62: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
+	39, // 63: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
+	42, // 64: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
+	51, // [51:65] is the sub-list for method output_type
+	37, // [37:51] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -3306,24 +3623,24 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 	if File_etcdbackup_v1_etcdbackup_proto != nil {
 		return
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[14].OneofWrappers = []any{
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[15].OneofWrappers = []any{
 		(*UploadBackupRequest_Header)(nil),
 		(*UploadBackupRequest_Chunk)(nil),
 		(*UploadBackupRequest_Trailer)(nil),
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[15].OneofWrappers = []any{}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[19].OneofWrappers = []any{
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[16].OneofWrappers = []any{}
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[20].OneofWrappers = []any{
 		(*DownloadBackupResponse_Header)(nil),
 		(*DownloadBackupResponse_Chunk)(nil),
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[27].OneofWrappers = []any{}
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[30].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdbackup_v1_etcdbackup_proto_rawDesc), len(file_etcdbackup_v1_etcdbackup_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   40,
+			NumEnums:      3,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -144,6 +144,7 @@ const (
 	BackupService_VerifyBackup_FullMethodName    = "/etcdbackup.v1.BackupService/VerifyBackup"
 	BackupService_RestoreBackup_FullMethodName   = "/etcdbackup.v1.BackupService/RestoreBackup"
 	BackupService_GetRestore_FullMethodName      = "/etcdbackup.v1.BackupService/GetRestore"
+	BackupService_DrillBackup_FullMethodName     = "/etcdbackup.v1.BackupService/DrillBackup"
 	BackupService_GetBackupEvents_FullMethodName = "/etcdbackup.v1.BackupService/GetBackupEvents"
 	BackupService_PruneBackups_FullMethodName    = "/etcdbackup.v1.BackupService/PruneBackups"
 )
@@ -194,6 +195,14 @@ type BackupServiceClient interface {
 	RestoreBackup(ctx context.Context, in *RestoreBackupRequest, opts ...grpc.CallOption) (*RestoreBackupResponse, error)
 	// GetRestore returns the state of each member's restore agent.
 	GetRestore(ctx context.Context, in *GetRestoreRequest, opts ...grpc.CallOption) (*GetRestoreResponse, error)
+	// DrillBackup starts a restore drill of a stored backup: an agent Job
+	// that downloads it pinned to its SHA-256, restores it into scratch
+	// space, serves it with etcd on loopback and compares it with its
+	// keyspace fingerprint. It returns at once; the verdict is written into
+	// the backup's verification when the Job ends. FAILED_PRECONDITION for a
+	// backup that records no fingerprint, ALREADY_EXISTS while a drill of
+	// it runs.
+	DrillBackup(ctx context.Context, in *DrillBackupRequest, opts ...grpc.CallOption) (*DrillBackupResponse, error)
 	// GetBackupEvents returns the Kubernetes events of the agent Job that
 	// took (or is taking) a backup and of its pods, oldest first: what
 	// `kubectl describe job` would show, without the caller needing access
@@ -337,6 +346,16 @@ func (c *backupServiceClient) GetRestore(ctx context.Context, in *GetRestoreRequ
 	return out, nil
 }
 
+func (c *backupServiceClient) DrillBackup(ctx context.Context, in *DrillBackupRequest, opts ...grpc.CallOption) (*DrillBackupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrillBackupResponse)
+	err := c.cc.Invoke(ctx, BackupService_DrillBackup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *backupServiceClient) GetBackupEvents(ctx context.Context, in *GetBackupEventsRequest, opts ...grpc.CallOption) (*GetBackupEventsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetBackupEventsResponse)
@@ -403,6 +422,14 @@ type BackupServiceServer interface {
 	RestoreBackup(context.Context, *RestoreBackupRequest) (*RestoreBackupResponse, error)
 	// GetRestore returns the state of each member's restore agent.
 	GetRestore(context.Context, *GetRestoreRequest) (*GetRestoreResponse, error)
+	// DrillBackup starts a restore drill of a stored backup: an agent Job
+	// that downloads it pinned to its SHA-256, restores it into scratch
+	// space, serves it with etcd on loopback and compares it with its
+	// keyspace fingerprint. It returns at once; the verdict is written into
+	// the backup's verification when the Job ends. FAILED_PRECONDITION for a
+	// backup that records no fingerprint, ALREADY_EXISTS while a drill of
+	// it runs.
+	DrillBackup(context.Context, *DrillBackupRequest) (*DrillBackupResponse, error)
 	// GetBackupEvents returns the Kubernetes events of the agent Job that
 	// took (or is taking) a backup and of its pods, oldest first: what
 	// `kubectl describe job` would show, without the caller needing access
@@ -454,6 +481,9 @@ func (UnimplementedBackupServiceServer) RestoreBackup(context.Context, *RestoreB
 }
 func (UnimplementedBackupServiceServer) GetRestore(context.Context, *GetRestoreRequest) (*GetRestoreResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetRestore not implemented")
+}
+func (UnimplementedBackupServiceServer) DrillBackup(context.Context, *DrillBackupRequest) (*DrillBackupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrillBackup not implemented")
 }
 func (UnimplementedBackupServiceServer) GetBackupEvents(context.Context, *GetBackupEventsRequest) (*GetBackupEventsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetBackupEvents not implemented")
@@ -637,6 +667,24 @@ func _BackupService_GetRestore_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BackupService_DrillBackup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrillBackupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupServiceServer).DrillBackup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackupService_DrillBackup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupServiceServer).DrillBackup(ctx, req.(*DrillBackupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _BackupService_GetBackupEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetBackupEventsRequest)
 	if err := dec(in); err != nil {
@@ -707,6 +755,10 @@ var BackupService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRestore",
 			Handler:    _BackupService_GetRestore_Handler,
+		},
+		{
+			MethodName: "DrillBackup",
+			Handler:    _BackupService_DrillBackup_Handler,
 		},
 		{
 			MethodName: "GetBackupEvents",

@@ -1,0 +1,221 @@
+package controller
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+)
+
+// StartDrill launches the drill agent Job of a stored backup after the
+// checks an on-demand drill passes (rpc.Service.StartDrill).
+type StartDrill func(ctx context.Context, location, name string, scheduled bool, by string) (*ebv1.DrillBackupResponse, error)
+
+// drillTarget is one target's drill schedule and the latest drill time
+// handled.
+type drillTarget struct {
+	target config.Target
+	sched  *schedule.Schedule
+	last   time.Time
+}
+
+// newDrills parses the targets' drill schedules; the first drill of each
+// is at its next scheduled time after the server starts.
+func (c *Controller) newDrills(now time.Time) []*drillTarget {
+	var out []*drillTarget
+	for _, t := range c.targets {
+		if t.Drill == nil {
+			continue
+		}
+		sched, err := schedule.Parse(t.Drill.Schedule, t.Drill.TimeZone)
+		if err != nil { // config validation checked it
+			c.log.Error("target drill schedule", "target", t.Name, "error", err)
+			continue
+		}
+		loc := cmp.Or(t.Location, c.order[0])
+		for _, r := range []string{metrics.DrillSucceeded, metrics.DrillFailed, metrics.DrillError} {
+			c.metrics.DrillRuns.WithLabelValues(t.Name, r)
+		}
+		c.metrics.LastVerified.WithLabelValues(t.Name, loc)
+		within := 3 * sched.Period(now)
+		if t.Drill.VerifiedWithin != nil {
+			within = t.Drill.VerifiedWithin.Duration
+		}
+		c.metrics.VerifiedWithin.WithLabelValues(t.Name).Set(within.Seconds())
+		out = append(out, &drillTarget{target: t, sched: sched, last: now})
+	}
+	return out
+}
+
+// recallVerified sets the last-verified metric from what storage holds.
+func (c *Controller) recallVerified(m *storage.Manifest, loc string) {
+	if retention.Verified(m) && m.Source.Target != "" {
+		c.metrics.SetLastVerified(m.Source.Target, loc, m.CreateTime)
+	}
+}
+
+// drillRound records the verdicts of drills that finished and starts
+// the drills that are due.
+func (c *Controller) drillRound(ctx context.Context, w *watcher, now time.Time) {
+	// From the cache: on-demand drills are recorded too, with or without
+	// drill schedules.
+	drills, err := c.agents.Drills(ctx)
+	if err != nil {
+		c.log.Warn("drills: list drill agents", "error", err)
+		return
+	}
+	c.recordDrills(ctx, w, drills)
+	for _, dt := range w.drills {
+		due, ok := dt.sched.Latest(dt.last, now)
+		if !ok {
+			continue
+		}
+		dt.last = due
+		c.startScheduledDrill(ctx, dt, drills)
+	}
+}
+
+// startScheduledDrill drills the newest stored backup of the target that
+// records a keyspace fingerprint, unless a drill of the target runs.
+func (c *Controller) startScheduledDrill(ctx context.Context, dt *drillTarget, drills []jobs.DrillRun) {
+	t := dt.target
+	for _, d := range drills {
+		if d.Target == t.Name && d.Phase == jobs.PhaseRunning {
+			c.log.Warn("scheduled drill skipped: a drill of the target is still running", "target", t.Name, "running", d.Backup, "job", d.JobName)
+			return
+		}
+	}
+	locName := cmp.Or(t.Location, c.order[0])
+	loc, ok := c.locations[locName]
+	if !ok {
+		return
+	}
+	manifests, err := loc.List(ctx)
+	if err != nil {
+		c.metrics.StorageErrors.WithLabelValues(locName, "list").Inc()
+		c.log.Warn("scheduled drill: list backups", "target", t.Name, "location", locName, "error", err)
+		return
+	}
+	var newest *storage.Manifest
+	for _, m := range manifests {
+		if m.Source.Target != t.Name || m.Etcd == nil || !m.Etcd.Keyspace {
+			continue
+		}
+		if newest == nil || ebv1.CompareListing(m.CreateTime, m.Name, newest.CreateTime, newest.Name) < 0 {
+			newest = m
+		}
+	}
+	if newest == nil {
+		c.log.Warn("scheduled drill: the target has no stored backup that records a keyspace fingerprint yet", "target", t.Name, "location", locName)
+		return
+	}
+	_, err = c.startDrill(ctx, locName, newest.Name, true, "drill schedule")
+	if status.Code(err) == codes.AlreadyExists {
+		return
+	}
+	if err != nil {
+		c.metrics.DrillRuns.WithLabelValues(t.Name, metrics.DrillError).Inc()
+		c.log.Error("scheduled drill could not start", "target", t.Name, "backup", newest.Name, "error", err)
+	}
+}
+
+// recordDrills writes the verdict of every drill that finished into its
+// backup's manifest, once (the Job is then marked counted).
+func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs.DrillRun) {
+	for _, d := range drills {
+		if d.Phase == jobs.PhaseRunning || d.Counted || w.counted[d.JobName] {
+			continue
+		}
+		loc, ok := c.locations[d.Location]
+		if !ok {
+			continue
+		}
+		v := verification(d, c.now())
+		err := setVerification(ctx, loc, d.Backup, v)
+		switch {
+		case errors.Is(err, storage.ErrNotFound):
+			c.log.Info("drill finished after its backup was removed", "backup", d.Backup, "location", d.Location, "job", d.JobName)
+		case err != nil:
+			c.metrics.StorageErrors.WithLabelValues(d.Location, "verification").Inc()
+			c.log.Warn("drill: record its verdict (retrying)", "backup", d.Backup, "location", d.Location, "error", err)
+			continue
+		}
+		if err := c.agents.MarkCounted(ctx, d.JobName); err != nil {
+			c.log.Warn("drill: mark its Job counted", "job", d.JobName, "error", err)
+		}
+		w.counted[d.JobName] = true
+		result := map[string]string{
+			storage.VerificationSucceeded: metrics.DrillSucceeded, storage.VerificationFailed: metrics.DrillFailed,
+		}[v.Result]
+		c.metrics.DrillRuns.WithLabelValues(d.Target, cmp.Or(result, metrics.DrillError)).Inc()
+		if v.Result != storage.VerificationSucceeded {
+			c.log.Warn("drill failed", "backup", d.Backup, "location", d.Location, "target", d.Target, "result", v.Result, "message", v.Message)
+			continue
+		}
+		c.log.Info("drill succeeded", "backup", d.Backup, "location", d.Location, "target", d.Target, "revision", v.Revision, "keys", v.Keys)
+		if err == nil {
+			if m, err := loc.Stat(ctx, d.Backup); err == nil {
+				c.metrics.SetLastVerified(d.Target, d.Location, m.CreateTime)
+			}
+			// The backup retention kept as the newest verified one may
+			// now go.
+			c.retain(ctx, d.Target, d.Location)
+		}
+	}
+}
+
+// verification is the verdict of finished drill d: the agent's own, or,
+// when it wrote none, an error saying why nothing was learned.
+func verification(d jobs.DrillRun, now time.Time) *storage.Verification {
+	v := &storage.Verification{Time: cmp.Or(d.FinishTime, now).UTC(), Job: d.JobName}
+	if a := d.Verdict; a != nil {
+		v.Revision, v.Keys, v.HashKV, v.Duration, v.Message = a.Revision, a.Keys, a.HashKV, a.Duration, a.Message
+		switch {
+		case a.NoVerdict:
+			v.Result = storage.VerificationError
+		case a.Succeeded:
+			v.Result = storage.VerificationSucceeded
+		default:
+			v.Result = storage.VerificationFailed
+		}
+		return v
+	}
+	v.Result = storage.VerificationError
+	v.Message = fmt.Sprintf("the drill reached no verdict: its agent ended without one (%s); nothing was learned about the backup: see `kubectl etcdbackup describe` events of Job %s, or drill it again",
+		cmp.Or(d.Message, "no reason given"), d.JobName)
+	if d.Phase == jobs.PhaseSucceeded {
+		v.Message = "the drill agent finished without writing a verdict; nothing was learned about the backup: drill it again"
+	}
+	return v
+}
+
+func setVerification(ctx context.Context, loc storage.Location, name string, v *storage.Verification) error {
+	w, ok := loc.(storage.VerificationWriter)
+	if !ok {
+		return fmt.Errorf("the location cannot record a drill's verdict")
+	}
+	return w.SetVerification(ctx, name, v)
+}
+
+// nextDrill is when the earliest drill schedule fires next (zero: none).
+func nextDrill(w *watcher) time.Time {
+	var next time.Time
+	for _, dt := range w.drills {
+		if n := dt.sched.Next(dt.last); next.IsZero() || n.Before(next) {
+			next = n
+		}
+	}
+	return next
+}

@@ -1,0 +1,188 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+)
+
+func drilledTarget() config.Target {
+	return config.Target{Name: "cp", Endpoints: []string{"http://127.0.0.1:1"}, InsecurePlaintext: true,
+		Drill: &config.Drill{Schedule: "*/10 * * * *", IdentitySecret: "cp-age-identity"}}
+}
+
+// storeFingerprinted puts an agent backup of the target that records its
+// keyspace fingerprint, as every backup since it was recorded does.
+func (sw *schedWorld) storeFingerprinted(name string, created time.Time) {
+	sw.t.Helper()
+	m := &storage.Manifest{Name: name, SHA256: strings.Repeat("a", 64), CreateTime: created,
+		Source: storage.Source{Kind: storage.SourceAgent, Target: sw.target.Name},
+		Etcd:   &storage.EtcdInfo{Revision: 42, KeyspaceKeys: 7, HashKV: 99, Keyspace: true}}
+	backuptest.Put(sw.t, sw.loc, m, []byte("data of "+name))
+}
+
+func (sw *schedWorld) drillJobs() []batchv1.Job {
+	var out []batchv1.Job
+	for _, j := range sw.jobs() {
+		if j.Labels[jobs.LabelComponent] == jobs.ComponentDrill {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// endDrill ends drill Job j as the Job controller would, its pod's
+// container having written verdict (nil: none) as its termination message.
+func (sw *schedWorld) endDrill(j batchv1.Job, verdict *jobs.DrillVerdict, exitCode int32) {
+	sw.t.Helper()
+	ctx := context.Background()
+	msg := ""
+	if verdict != nil {
+		b, _ := json.Marshal(verdict)
+		msg = string(b)
+	}
+	labels := map[string]string{batchv1.JobNameLabel: j.Name}
+	for k, v := range j.Spec.Template.Labels {
+		labels[k] = v
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: j.Name + "-x", Namespace: testNS, Labels: labels,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "batch/v1", Kind: "Job", Name: j.Name, UID: j.UID, Controller: new(true)}}},
+		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "agent",
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: exitCode, Message: msg}}}}},
+	}
+	if _, err := sw.cs.CoreV1().Pods(testNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		sw.t.Fatal(err)
+	}
+	cond := batchv1.JobComplete
+	if exitCode != 0 {
+		cond = batchv1.JobFailed
+	}
+	j.Status.Conditions = append(j.Status.Conditions, batchv1.JobCondition{Type: cond, Status: corev1.ConditionTrue, Reason: "BackoffLimitExceeded"})
+	j.Status.CompletionTime = &metav1.Time{Time: sw.now}
+	if _, err := sw.cs.BatchV1().Jobs(testNS).UpdateStatus(ctx, &j, metav1.UpdateOptions{}); err != nil {
+		sw.t.Fatal(err)
+	}
+	sw.synced()
+}
+
+func (sw *schedWorld) verification(name string) *storage.Verification {
+	sw.t.Helper()
+	m, err := sw.loc.Stat(context.Background(), name)
+	if err != nil {
+		sw.t.Fatal(err)
+	}
+	return m.Verification
+}
+
+func (sw *schedWorld) drillRuns(result string) float64 {
+	return testutil.ToFloat64(sw.metrics.DrillRuns.WithLabelValues(sw.target.Name, result))
+}
+
+// A drill schedule drills the newest backup of its target that records a
+// fingerprint, pinned to its SHA-256, with the target's identity Secret;
+// the verdict lands in the manifest and the metrics.
+func TestScheduledDrillRecordsItsVerdict(t *testing.T) {
+	sw := newSchedWorld(t, drilledTarget(), backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
+	sw.storeFingerprinted("cp-old", backuptest.MustTime(t, "2026-12-01T08:00:00Z"))
+	sw.storeFingerprinted("cp-new", backuptest.MustTime(t, "2026-12-01T09:00:00Z"))
+	backuptest.Store(t, sw.loc, "cp", "cp-newest-but-no-fingerprint", false, backuptest.MustTime(t, "2026-12-01T09:30:00Z"))
+	sw.at("2026-12-01T10:02:00Z")
+	if n := len(sw.drillJobs()); n != 0 {
+		t.Fatalf("%d drill jobs before the drill's time", n)
+	}
+	sw.at("2026-12-01T10:10:01Z")
+	ds := sw.drillJobs()
+	if len(ds) != 1 || ds[0].Annotations[jobs.AnnotationBackup] != "cp-new" {
+		t.Fatalf("drill jobs %v, want one of cp-new", ds)
+	}
+	args := ds[0].Spec.Template.Spec.Containers[0].Args
+	for _, want := range []string{"drill", "--name=cp-new", "--sha256=" + strings.Repeat("a", 64), "--identity-dir=/etc/etcdbackup/age-identity"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("drill args %q lack %q", args, want)
+		}
+	}
+	if ds[0].Labels[jobs.LabelScheduled] != "true" {
+		t.Errorf("drill job labels %v", ds[0].Labels)
+	}
+	// Another round while it runs starts nothing more.
+	sw.at("2026-12-01T10:20:01Z")
+	if n := len(sw.drillJobs()); n != 1 {
+		t.Fatalf("%d drill jobs while one runs", n)
+	}
+	sw.endDrill(ds[0], &jobs.DrillVerdict{Succeeded: true, Revision: 42, Keys: 7, HashKV: 99, Message: "as recorded", Duration: 3 * time.Second}, 0)
+	sw.at("2026-12-01T10:21:00Z")
+	v := sw.verification("cp-new")
+	if v == nil || v.Result != storage.VerificationSucceeded || v.Revision != 42 || v.Keys != 7 || v.HashKV != 99 || v.Job != ds[0].Name || v.Duration != 3*time.Second {
+		t.Fatalf("verification %+v", v)
+	}
+	if got := sw.drillRuns(metrics.DrillSucceeded); got != 1 {
+		t.Errorf("drill runs succeeded = %v", got)
+	}
+	if got := testutil.ToFloat64(sw.metrics.LastVerified.WithLabelValues("cp", "default")); got != float64(backuptest.MustTime(t, "2026-12-01T09:00:00Z").Unix()) {
+		t.Errorf("last verified = %v", got)
+	}
+	// Counted once: another round records nothing again.
+	sw.at("2026-12-01T10:22:00Z")
+	if got := sw.drillRuns(metrics.DrillSucceeded); got != 1 {
+		t.Errorf("drill runs succeeded after another round = %v", got)
+	}
+	// A restarted server knows the last verified backup from storage.
+	sw.restart()
+	sw.at("2026-12-01T10:23:00Z")
+	if got := testutil.ToFloat64(sw.metrics.LastVerified.WithLabelValues("cp", "default")); got != float64(backuptest.MustTime(t, "2026-12-01T09:00:00Z").Unix()) {
+		t.Errorf("last verified after a restart = %v", got)
+	}
+}
+
+// A failed drill is recorded as failed with the agent's words; a drill
+// agent that ends without a verdict is an error that says nothing was
+// learned about the backup.
+func TestFailedDrillsAndDrillsWithoutAVerdict(t *testing.T) {
+	sw := newSchedWorld(t, drilledTarget(), backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
+	sw.storeFingerprinted("b1", backuptest.MustTime(t, "2026-12-01T08:00:00Z"))
+	sw.storeFingerprinted("b2", backuptest.MustTime(t, "2026-12-01T07:00:00Z"))
+	sw.at("2026-12-01T10:02:00Z")
+	for _, name := range []string{"b1", "b2"} {
+		if _, err := sw.srv.StartDrill(context.Background(), "", name, false, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sw.synced()
+	for _, j := range sw.drillJobs() {
+		switch j.Annotations[jobs.AnnotationBackup] {
+		case "b1":
+			sw.endDrill(j, &jobs.DrillVerdict{Revision: 42, Keys: 6, HashKV: 5, Message: "the restored keyspace differs"}, 3)
+		case "b2":
+			sw.endDrill(j, nil, 1)
+		}
+	}
+	sw.at("2026-12-01T10:03:00Z")
+	if v := sw.verification("b1"); v == nil || v.Result != storage.VerificationFailed || v.Message != "the restored keyspace differs" {
+		t.Fatalf("verification of b1 %+v", v)
+	}
+	if v := sw.verification("b2"); v == nil || v.Result != storage.VerificationError || !strings.Contains(v.Message, "nothing was learned") {
+		t.Fatalf("verification of b2 %+v", v)
+	}
+	if sw.drillRuns(metrics.DrillFailed) != 1 || sw.drillRuns(metrics.DrillError) != 1 || sw.drillRuns(metrics.DrillSucceeded) != 0 {
+		t.Errorf("drill runs: failed %v error %v succeeded %v", sw.drillRuns(metrics.DrillFailed), sw.drillRuns(metrics.DrillError), sw.drillRuns(metrics.DrillSucceeded))
+	}
+	// A drill of the same backup again replaces the finished Job.
+	if _, err := sw.srv.StartDrill(context.Background(), "", "b1", false, "test"); err != nil {
+		t.Fatal(err)
+	}
+}
