@@ -30,7 +30,7 @@ func drilledTarget() config.Target {
 func (sw *schedWorld) storeFingerprinted(name string, created time.Time) {
 	sw.t.Helper()
 	m := &storage.Manifest{Name: name, SHA256: strings.Repeat("a", 64), CreateTime: created,
-		Source: storage.Source{Kind: storage.SourceAgent, Target: sw.target.Name},
+		Source: storage.Source{Kind: storage.SourceAgent, Target: sw.target.Name, Scheduled: true, ScheduledTime: created},
 		Etcd:   &storage.EtcdInfo{Revision: 42, KeyspaceKeys: 7, HashKV: 99, Keyspace: true}}
 	backuptest.Put(sw.t, sw.loc, m, []byte("data of "+name))
 }
@@ -185,4 +185,28 @@ func TestFailedDrillsAndDrillsWithoutAVerdict(t *testing.T) {
 	if _, err := sw.srv.StartDrill(context.Background(), "", "b1", false, "test"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Retention keeps the newest verified backup beyond keepLast; once a drill
+// verifies a newer one, the older is removed at once, not at the next
+// scheduled run.
+func TestRetentionAfterASuccessfulDrill(t *testing.T) {
+	target := drilledTarget()
+	target.Retention = &config.Retention{KeepLast: 1}
+	sw := newSchedWorld(t, target, backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
+	sw.storeFingerprinted("cp-1", backuptest.MustTime(t, "2026-12-01T08:00:00Z"))
+	if err := sw.loc.(storage.VerificationWriter).SetVerification(context.Background(), "cp-1",
+		&storage.Verification{Result: storage.VerificationSucceeded, Time: sw.now}); err != nil {
+		t.Fatal(err)
+	}
+	sw.storeFingerprinted("cp-2", backuptest.MustTime(t, "2026-12-01T09:00:00Z"))
+	sw.at("2026-12-01T10:02:00Z")
+	if _, err := sw.srv.StartDrill(context.Background(), "", "cp-2", false, "test"); err != nil {
+		t.Fatal(err)
+	}
+	sw.synced()
+	backuptest.Equal(t, "stored while cp-2 is being drilled (keepLast 1 keeps the newest verified too)", sw.stored(), []string{"cp-1", "cp-2"})
+	sw.endDrill(sw.drillJobs()[0], &jobs.DrillVerdict{Succeeded: true, Revision: 42, Keys: 7, HashKV: 99}, 0)
+	sw.at("2026-12-01T10:03:00Z")
+	backuptest.Equal(t, "stored after cp-2 was verified", sw.stored(), []string{"cp-2"})
 }
