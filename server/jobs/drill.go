@@ -9,7 +9,6 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
@@ -41,30 +40,7 @@ func drillJobName(location, backup string) string {
 // namespace. A finished Job of an earlier drill of the backup is
 // replaced; a running one gives ErrRunning.
 func (l *Launcher) StartDrill(ctx context.Context, spec DrillSpec) (*batchv1.Job, error) {
-	job := l.drillJob(spec)
-	jobs := l.client.BatchV1().Jobs(l.namespace)
-	made, err := jobs.Create(ctx, job, metav1.CreateOptions{})
-	if apierrors.IsAlreadyExists(err) {
-		old, gerr := jobs.Get(ctx, job.Name, metav1.GetOptions{})
-		if gerr != nil {
-			return nil, fmt.Errorf("get existing drill job %s: %w", job.Name, gerr)
-		}
-		if JobPhase(old) == PhaseRunning {
-			return nil, ErrRunning
-		}
-		if err := l.replace(ctx, old); err != nil {
-			return nil, err
-		}
-		made, err = l.createWhenGone(ctx, job)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("create drill job: %w", err)
-	}
-	if made, err = l.sign(ctx, made); err != nil {
-		return nil, err
-	}
-	l.await(ctx, made.Namespace, made.Name, signedVersion(made))
-	return made, nil
+	return l.start(ctx, l.drillJob(spec), "drill")
 }
 
 func (l *Launcher) drillJob(spec DrillSpec) *batchv1.Job {

@@ -261,8 +261,14 @@ func (l *Launcher) CheckTarget(ctx context.Context, t config.Target) error {
 // StartBackup creates the agent Job for spec. A finished, failed Job of the
 // same backup is replaced; a running one gives ErrRunning.
 func (l *Launcher) StartBackup(ctx context.Context, spec BackupSpec) (*batchv1.Job, error) {
-	job := l.backupJob(spec)
-	jobs := l.client.BatchV1().Jobs(l.namespace)
+	return l.start(ctx, l.backupJob(spec), "backup")
+}
+
+// start creates job, signs it and waits for the cache to see it signed.
+// A finished Job of the same name (an earlier attempt that ended
+// without a result) is replaced; a running one gives ErrRunning.
+func (l *Launcher) start(ctx context.Context, job *batchv1.Job, kind string) (*batchv1.Job, error) {
+	jobs := l.client.BatchV1().Jobs(job.Namespace)
 	made, err := jobs.Create(ctx, job, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
 		// The API's word, not the cache's: it decides a delete.
@@ -273,14 +279,13 @@ func (l *Launcher) StartBackup(ctx context.Context, spec BackupSpec) (*batchv1.J
 		if phase, _ := l.phase(old); phase == PhaseRunning {
 			return nil, ErrRunning
 		}
-		// An earlier attempt that ended without a stored backup: replace it.
 		if err := l.replace(ctx, old); err != nil {
 			return nil, err
 		}
 		made, err = l.createWhenGone(ctx, job)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("create backup job: %w", err)
+		return nil, fmt.Errorf("create %s job: %w", kind, err)
 	}
 	if made, err = l.sign(ctx, made); err != nil {
 		return nil, err
