@@ -310,19 +310,20 @@ func TestSecurity(t *testing.T) {
 		spec.Selector, spec.ManualSelector, spec.Suspend = nil, nil, nil
 		tmpl := &spec.Template
 		tmpl.Labels = map[string]string{"app.kubernetes.io/managed-by": "etcdbackup-server", "app.kubernetes.io/component": "restore-agent"}
-		var server, token string
+		// How the real agent reaches the server (address, token, the
+		// server's CA and name for TLS): the copy uses the same.
+		var reach []string
 		for _, a := range tmpl.Spec.Containers[0].Args {
-			if v, ok := strings.CutPrefix(a, "--server="); ok {
-				server = v
-			}
-			if v, ok := strings.CutPrefix(a, "--token-file="); ok {
-				token = v
+			for _, flag := range []string{"--server=", "--token-file=", "--server-ca=", "--server-name="} {
+				if strings.HasPrefix(a, flag) {
+					reach = append(reach, a)
+				}
 			}
 		}
-		tmpl.Spec.Containers[0].Args = []string{"restore", "--server=" + server, "--token-file=" + token,
+		tmpl.Spec.Containers[0].Args = append(append([]string{"restore"}, reach...),
 			"--name=real-1", "--location=" + real.Annotations["etcdbackup.io/location"], "--sha256=" + m[1],
 			"--data-dir=/var/lib/etcdbackup-work/data", "--work-dir=/var/lib/etcdbackup-work/download",
-			"--member-name=m0", "--initial-cluster=m0=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380"}
+			"--member-name=m0", "--initial-cluster=m0=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380")
 		forged := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "restore-forged", Namespace: ns, Labels: labels, Annotations: annotations}, Spec: *spec}
 		if _, err := sb.Client().BatchV1().Jobs(ns).Create(ctx, forged, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
