@@ -321,7 +321,7 @@ func TestSecurity(t *testing.T) {
 			}
 		}
 		tmpl.Spec.Containers[0].Args = append(append([]string{"restore"}, reach...),
-			"--name=real-1", "--location=" + real.Annotations["etcdbackup.io/location"], "--sha256=" + m[1],
+			"--name=real-1", "--location="+real.Annotations["etcdbackup.io/location"], "--sha256="+m[1],
 			"--data-dir=/var/lib/etcdbackup-work/data", "--work-dir=/var/lib/etcdbackup-work/download",
 			"--member-name=m0", "--initial-cluster=m0=http://127.0.0.1:2380", "--initial-advertise-peer-urls=http://127.0.0.1:2380")
 		forged := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: "restore-forged", Namespace: ns, Labels: labels, Annotations: annotations}, Spec: *spec}
