@@ -82,10 +82,8 @@ func verifiedString(v *ebv1.Verification, now time.Time) string {
 	switch v.GetResult() {
 	case ebv1.VerificationResult_VERIFICATION_RESULT_SUCCEEDED:
 		return duration.HumanDuration(now.Sub(v.GetTime().AsTime()))
-	case ebv1.VerificationResult_VERIFICATION_RESULT_FAILED:
-		return "Failed"
-	case ebv1.VerificationResult_VERIFICATION_RESULT_ERROR:
-		return "Error"
+	case ebv1.VerificationResult_VERIFICATION_RESULT_FAILED, ebv1.VerificationResult_VERIFICATION_RESULT_ERROR:
+		return verificationResultString(v.GetResult())
 	}
 	return "<none>"
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/drill"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 )
 
 // exitDrillFailed is the exit code of a drill that reached a verdict and
@@ -35,13 +34,11 @@ func newDrillCmd() *cobra.Command {
 			if o.Name == "" || o.SHA256 == "" || o.ScratchDir == "" {
 				return errors.New("--name, --sha256 and --scratch-dir are required")
 			}
-			if identityDir != "" {
-				ids, err := crypt.ReadIdentityDir(identityDir)
-				if err != nil {
-					return fmt.Errorf("--identity-dir: %w", err)
-				}
-				o.Identities = ids
+			ids, err := identitiesFrom(identityDir)
+			if err != nil {
+				return err
 			}
+			o.Identities = ids
 			conn, c, err := dial(srv)
 			if err != nil {
 				return err

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"filippo.io/age"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
@@ -81,6 +82,19 @@ func dial(f serverFlags) (*grpc.ClientConn, *client.Client, error) {
 		return nil, nil, fmt.Errorf("--server: %w", err)
 	}
 	return conn, c, nil
+}
+
+// identitiesFrom reads the age identities of --identity-dir (a mounted
+// Secret); none when dir is "".
+func identitiesFrom(dir string) ([]age.Identity, error) {
+	if dir == "" {
+		return nil, nil
+	}
+	ids, err := crypt.ReadIdentityDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("--identity-dir: %w", err)
+	}
+	return ids, nil
 }
 
 func addServerFlags(cmd *cobra.Command, f *serverFlags) {
@@ -174,13 +188,11 @@ func newRestoreCmd() *cobra.Command {
 			if err := o.Validate(); err != nil {
 				return err
 			}
-			if identityDir != "" {
-				ids, err := crypt.ReadIdentityDir(identityDir)
-				if err != nil {
-					return fmt.Errorf("--identity-dir: %w", err)
-				}
-				o.Identities = ids
+			ids, err := identitiesFrom(identityDir)
+			if err != nil {
+				return err
 			}
+			o.Identities = ids
 			conn, c, err := dial(srv)
 			if err != nil {
 				return err
