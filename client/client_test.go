@@ -30,7 +30,8 @@ func startServer(t *testing.T) string {
 
 // cuttingProxy forwards TCP connections to a backend and cuts every
 // connection once cutAfter bytes went from the backend to the client, for
-// the first cuts connections: the real failure a dropped tunnel causes.
+// the first cuts connections to carry that many: the real failure a
+// dropped tunnel causes.
 // A resetting one cuts at the next HTTP/2 DATA frame instead, sending the
 // client a RST_STREAM (INTERNAL_ERROR) for that frame's stream first, as
 // an HTTP/2 intermediary that lost its upstream does: gRPC's transport
@@ -78,26 +79,38 @@ func (p *cuttingProxy) serve() {
 			c.Close()
 			continue
 		}
-		cut := p.cuts.Add(-1) >= 0
 		p.wg.Add(2)
 		go func() { defer p.wg.Done(); io.Copy(b, c); b.Close() }()
 		go func() {
 			defer p.wg.Done()
-			switch {
-			case cut && p.reset:
-				if resetStreamAfter(c, b, p.cutAfter) {
-					p.cutDone.Add(1)
-				}
-			case cut:
-				io.CopyN(c, b, p.cutAfter)
-				p.cutDone.Add(1)
-			default:
-				io.Copy(c, b)
-			}
+			p.forward(c, b)
 			c.Close()
 			b.Close()
 		}()
 	}
+}
+
+// forward copies from the backend to the client, cutting the connection
+// once cutAfter bytes went by if cuts are left. The decision is taken at
+// that point, not when the connection is accepted, so the cuts land on
+// the first connections that carry enough bytes, whatever order the
+// client happens to open them in, and cutDone counts only cuts made.
+func (p *cuttingProxy) forward(client net.Conn, backend net.Conn) {
+	take := func() bool { return p.cuts.Add(-1) >= 0 }
+	if p.reset {
+		if resetStreamAfter(client, backend, p.cutAfter, take) {
+			p.cutDone.Add(1)
+		}
+		return
+	}
+	if n, err := io.CopyN(client, backend, p.cutAfter); err != nil || n < p.cutAfter {
+		return
+	}
+	if take() {
+		p.cutDone.Add(1)
+		return
+	}
+	io.Copy(client, backend)
 }
 
 // HTTP/2 frame types and the error code resetStreamAfter sends (RFC 9113).
@@ -110,9 +123,10 @@ const (
 // resetStreamAfter copies HTTP/2 frames from server to client (the
 // server sends no preface of its own: frames from the first byte) until n
 // bytes went by, then, in place of the next DATA frame, sends the client
-// a RST_STREAM (INTERNAL_ERROR) for that frame's stream. It reports
-// whether it did before the server's side ended.
-func resetStreamAfter(client io.Writer, server io.Reader, n int64) bool {
+// a RST_STREAM (INTERNAL_ERROR) for that frame's stream, if take allows;
+// otherwise it forwards the rest unchanged. It reports whether it reset a
+// stream before the server's side ended.
+func resetStreamAfter(client io.Writer, server io.Reader, n int64, take func() bool) bool {
 	var hdr [9]byte // length (24 bits), type, flags, stream
 	var sent int64
 	for {
@@ -125,6 +139,13 @@ func resetStreamAfter(client io.Writer, server io.Reader, n int64) bool {
 		}
 		stream := binary.BigEndian.Uint32(hdr[5:]) & 0x7fffffff
 		if hdr[3] == frameData && stream != 0 && sent >= n {
+			if !take() {
+				if _, err := client.Write(append(hdr[:], payload...)); err != nil {
+					return false
+				}
+				io.Copy(client, server)
+				return false
+			}
 			rst := []byte{0, 0, 4, frameRSTStream, 0, 0, 0, 0, 0, 0, 0, 0, errCodeInternal}
 			binary.BigEndian.PutUint32(rst[5:9], stream)
 			_, err := client.Write(rst)
