@@ -74,6 +74,25 @@ type Manifest struct {
 	// of a manifest written after the backup was stored
 	// (VerificationWriter), never a fact about the data.
 	Verification *Verification `json:"verification,omitempty"`
+	// Delta is set on a delta segment (Source.Kind SourceDelta): the
+	// revisions it holds and the chain it belongs to.
+	Delta *Delta `json:"delta,omitempty"`
+}
+
+// Delta is what a delta segment holds: every event of revisions
+// FirstRevision..LastRevision of one chain, the chain being the full
+// backup named Chain and the segments after it, contiguous.
+type Delta struct {
+	Chain string `json:"chain"`
+	// Epoch is the fencing epoch of the agent that wrote it.
+	Epoch         int64     `json:"epoch"`
+	FirstRevision int64     `json:"firstRevision"`
+	LastRevision  int64     `json:"lastRevision"`
+	FirstTime     time.Time `json:"firstTime,omitzero"`
+	LastTime      time.Time `json:"lastTime,omitzero"`
+	Events        int64     `json:"events"`
+	// EndReason is set on a chain's last segment: why it ended.
+	EndReason string `json:"endReason,omitempty"`
 }
 
 // Verification is what a restore drill found: the backup restored with
@@ -135,6 +154,9 @@ const (
 	SourceUpload = "upload"
 	// SourceAgent: a backup agent of the server's took it from etcd.
 	SourceAgent = "agent"
+	// SourceDelta: a delta agent of the server's watched etcd: the
+	// manifest is a delta segment's (Manifest.Delta), not a snapshot's.
+	SourceDelta = "delta"
 )
 
 // EtcdInfo records facts about a snapshot and the etcd member it was taken

@@ -560,7 +560,11 @@ type Backup struct {
 	// restored with etcd's restore code into scratch space, served by an
 	// etcd on loopback and compared with the keyspace fingerprint it
 	// recorded. Written by the server only.
-	Verification  *Verification `protobuf:"bytes,20,opt,name=verification,proto3" json:"verification,omitempty"`
+	Verification *Verification `protobuf:"bytes,20,opt,name=verification,proto3" json:"verification,omitempty"`
+	// For a delta segment (source kind "delta"): the revisions it holds.
+	Delta *DeltaSegment `protobuf:"bytes,21,opt,name=delta,proto3" json:"delta,omitempty"`
+	// For a full backup that starts a delta chain: the chain as stored.
+	Chain         *DeltaChain `protobuf:"bytes,22,opt,name=chain,proto3" json:"chain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -707,6 +711,224 @@ func (x *Backup) GetVerification() *Verification {
 	return nil
 }
 
+func (x *Backup) GetDelta() *DeltaSegment {
+	if x != nil {
+		return x.Delta
+	}
+	return nil
+}
+
+func (x *Backup) GetChain() *DeltaChain {
+	if x != nil {
+		return x.Chain
+	}
+	return nil
+}
+
+// DeltaSegment is one stored piece of a delta chain: every event of the
+// revisions first_revision..last_revision of the etcd a target names,
+// with the wall-clock time each revision was seen. A chain's segments
+// are contiguous: the first starts at its full backup's revision + 1,
+// each next one at the previous one's last_revision + 1.
+type DeltaSegment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The full backup the chain starts from.
+	Chain string `protobuf:"bytes,1,opt,name=chain,proto3" json:"chain,omitempty"`
+	// The fencing epoch of the delta agent that wrote it: the transitions
+	// of the target's delta Lease when the agent held it.
+	Epoch         int64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	FirstRevision int64 `protobuf:"varint,3,opt,name=first_revision,json=firstRevision,proto3" json:"first_revision,omitempty"`
+	// last_revision is first_revision - 1 for a segment without events
+	// (one that only ends the chain).
+	LastRevision int64                  `protobuf:"varint,4,opt,name=last_revision,json=lastRevision,proto3" json:"last_revision,omitempty"`
+	FirstTime    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=first_time,json=firstTime,proto3" json:"first_time,omitempty"`
+	LastTime     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_time,json=lastTime,proto3" json:"last_time,omitempty"`
+	// Events in the segment.
+	Events int64 `protobuf:"varint,7,opt,name=events,proto3" json:"events,omitempty"`
+	// Set on the last segment of a chain that ended (etcd compacted past
+	// the agent's position, a revision was missing): why. No segment
+	// follows it; a new full backup starts a new chain.
+	EndReason     string `protobuf:"bytes,8,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeltaSegment) Reset() {
+	*x = DeltaSegment{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeltaSegment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeltaSegment) ProtoMessage() {}
+
+func (x *DeltaSegment) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeltaSegment.ProtoReflect.Descriptor instead.
+func (*DeltaSegment) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DeltaSegment) GetChain() string {
+	if x != nil {
+		return x.Chain
+	}
+	return ""
+}
+
+func (x *DeltaSegment) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *DeltaSegment) GetFirstRevision() int64 {
+	if x != nil {
+		return x.FirstRevision
+	}
+	return 0
+}
+
+func (x *DeltaSegment) GetLastRevision() int64 {
+	if x != nil {
+		return x.LastRevision
+	}
+	return 0
+}
+
+func (x *DeltaSegment) GetFirstTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstTime
+	}
+	return nil
+}
+
+func (x *DeltaSegment) GetLastTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastTime
+	}
+	return nil
+}
+
+func (x *DeltaSegment) GetEvents() int64 {
+	if x != nil {
+		return x.Events
+	}
+	return 0
+}
+
+func (x *DeltaSegment) GetEndReason() string {
+	if x != nil {
+		return x.EndReason
+	}
+	return ""
+}
+
+// DeltaChain is what a full backup's delta chain holds as stored.
+type DeltaChain struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Segments int64                  `protobuf:"varint,1,opt,name=segments,proto3" json:"segments,omitempty"`
+	// The chain covers the full's revision + 1 through last_revision (the
+	// full's revision when it has no events yet).
+	LastRevision int64                  `protobuf:"varint,2,opt,name=last_revision,json=lastRevision,proto3" json:"last_revision,omitempty"`
+	LastTime     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=last_time,json=lastTime,proto3" json:"last_time,omitempty"`
+	// Stored bytes of all its segments.
+	Bytes int64 `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// The newest segment's writer epoch.
+	Epoch int64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Why the chain ended; empty while it grows.
+	EndReason     string `protobuf:"bytes,6,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeltaChain) Reset() {
+	*x = DeltaChain{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeltaChain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeltaChain) ProtoMessage() {}
+
+func (x *DeltaChain) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeltaChain.ProtoReflect.Descriptor instead.
+func (*DeltaChain) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeltaChain) GetSegments() int64 {
+	if x != nil {
+		return x.Segments
+	}
+	return 0
+}
+
+func (x *DeltaChain) GetLastRevision() int64 {
+	if x != nil {
+		return x.LastRevision
+	}
+	return 0
+}
+
+func (x *DeltaChain) GetLastTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastTime
+	}
+	return nil
+}
+
+func (x *DeltaChain) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *DeltaChain) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *DeltaChain) GetEndReason() string {
+	if x != nil {
+		return x.EndReason
+	}
+	return ""
+}
+
 type Verification struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// When the drill finished.
@@ -728,7 +950,7 @@ type Verification struct {
 
 func (x *Verification) Reset() {
 	*x = Verification{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +962,7 @@ func (x *Verification) String() string {
 func (*Verification) ProtoMessage() {}
 
 func (x *Verification) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +975,7 @@ func (x *Verification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Verification.ProtoReflect.Descriptor instead.
 func (*Verification) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{6}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Verification) GetTime() *timestamppb.Timestamp {
@@ -838,7 +1060,7 @@ type BackupSource struct {
 
 func (x *BackupSource) Reset() {
 	*x = BackupSource{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +1072,7 @@ func (x *BackupSource) String() string {
 func (*BackupSource) ProtoMessage() {}
 
 func (x *BackupSource) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +1085,7 @@ func (x *BackupSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupSource.ProtoReflect.Descriptor instead.
 func (*BackupSource) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{7}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BackupSource) GetKind() string {
@@ -953,7 +1175,7 @@ type EtcdInfo struct {
 
 func (x *EtcdInfo) Reset() {
 	*x = EtcdInfo{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -965,7 +1187,7 @@ func (x *EtcdInfo) String() string {
 func (*EtcdInfo) ProtoMessage() {}
 
 func (x *EtcdInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -978,7 +1200,7 @@ func (x *EtcdInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EtcdInfo.ProtoReflect.Descriptor instead.
 func (*EtcdInfo) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{8}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *EtcdInfo) GetClusterId() uint64 {
@@ -1083,14 +1305,18 @@ type ListBackupsRequest struct {
 	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// next_page_token of the previous response, with the same location and
 	// label_selector; empty asks for the first page.
-	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// When set, list the delta segments of the chain that starts from this
+	// full backup (in revision order) instead of backups. Segments are
+	// never listed otherwise.
+	Chain         string `protobuf:"bytes,5,opt,name=chain,proto3" json:"chain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListBackupsRequest) Reset() {
 	*x = ListBackupsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1102,7 +1328,7 @@ func (x *ListBackupsRequest) String() string {
 func (*ListBackupsRequest) ProtoMessage() {}
 
 func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1115,7 +1341,7 @@ func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsRequest.ProtoReflect.Descriptor instead.
 func (*ListBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{9}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListBackupsRequest) GetLocation() string {
@@ -1146,6 +1372,13 @@ func (x *ListBackupsRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListBackupsRequest) GetChain() string {
+	if x != nil {
+		return x.Chain
+	}
+	return ""
+}
+
 type ListBackupsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Backups sorted by create_time, newest first, then by name.
@@ -1158,7 +1391,7 @@ type ListBackupsResponse struct {
 
 func (x *ListBackupsResponse) Reset() {
 	*x = ListBackupsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1403,7 @@ func (x *ListBackupsResponse) String() string {
 func (*ListBackupsResponse) ProtoMessage() {}
 
 func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1416,7 @@ func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsResponse.ProtoReflect.Descriptor instead.
 func (*ListBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{10}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListBackupsResponse) GetBackups() []*Backup {
@@ -1210,7 +1443,7 @@ type GetBackupRequest struct {
 
 func (x *GetBackupRequest) Reset() {
 	*x = GetBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1455,7 @@ func (x *GetBackupRequest) String() string {
 func (*GetBackupRequest) ProtoMessage() {}
 
 func (x *GetBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1468,7 @@ func (x *GetBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{11}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetBackupRequest) GetName() string {
@@ -1261,7 +1494,7 @@ type GetBackupResponse struct {
 
 func (x *GetBackupResponse) Reset() {
 	*x = GetBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1506,7 @@ func (x *GetBackupResponse) String() string {
 func (*GetBackupResponse) ProtoMessage() {}
 
 func (x *GetBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1519,7 @@ func (x *GetBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{12}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetBackupResponse) GetBackup() *Backup {
@@ -1306,7 +1539,7 @@ type DeleteBackupRequest struct {
 
 func (x *DeleteBackupRequest) Reset() {
 	*x = DeleteBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1551,7 @@ func (x *DeleteBackupRequest) String() string {
 func (*DeleteBackupRequest) ProtoMessage() {}
 
 func (x *DeleteBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1564,7 @@ func (x *DeleteBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackupRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{13}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DeleteBackupRequest) GetName() string {
@@ -1356,7 +1589,7 @@ type DeleteBackupResponse struct {
 
 func (x *DeleteBackupResponse) Reset() {
 	*x = DeleteBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1601,7 @@ func (x *DeleteBackupResponse) String() string {
 func (*DeleteBackupResponse) ProtoMessage() {}
 
 func (x *DeleteBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1614,7 @@ func (x *DeleteBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackupResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{14}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{16}
 }
 
 type UploadBackupRequest struct {
@@ -1398,7 +1631,7 @@ type UploadBackupRequest struct {
 
 func (x *UploadBackupRequest) Reset() {
 	*x = UploadBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +1643,7 @@ func (x *UploadBackupRequest) String() string {
 func (*UploadBackupRequest) ProtoMessage() {}
 
 func (x *UploadBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +1656,7 @@ func (x *UploadBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadBackupRequest.ProtoReflect.Descriptor instead.
 func (*UploadBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{15}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UploadBackupRequest) GetMsg() isUploadBackupRequest_Msg {
@@ -1508,13 +1741,17 @@ type UploadHeader struct {
 	// a key that decrypts it.
 	Encryption    string   `protobuf:"bytes,11,opt,name=encryption,proto3" json:"encryption,omitempty"`
 	AgeRecipients []string `protobuf:"bytes,12,rep,name=age_recipients,json=ageRecipients,proto3" json:"age_recipients,omitempty"`
+	// Set by delta agents: the upload is a delta segment of a chain, not a
+	// snapshot (source kind "delta"). The server checks it against the
+	// chain and the writer's Lease before storing it.
+	Delta         *DeltaSegment `protobuf:"bytes,13,opt,name=delta,proto3" json:"delta,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UploadHeader) Reset() {
 	*x = UploadHeader{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1526,7 +1763,7 @@ func (x *UploadHeader) String() string {
 func (*UploadHeader) ProtoMessage() {}
 
 func (x *UploadHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1539,7 +1776,7 @@ func (x *UploadHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadHeader.ProtoReflect.Descriptor instead.
 func (*UploadHeader) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{16}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *UploadHeader) GetName() string {
@@ -1626,6 +1863,13 @@ func (x *UploadHeader) GetAgeRecipients() []string {
 	return nil
 }
 
+func (x *UploadHeader) GetDelta() *DeltaSegment {
+	if x != nil {
+		return x.Delta
+	}
+	return nil
+}
+
 // UploadTrailer lets a client that hashes while it streams have the server
 // check what arrived, without reading its input twice.
 type UploadTrailer struct {
@@ -1649,7 +1893,7 @@ type UploadTrailer struct {
 
 func (x *UploadTrailer) Reset() {
 	*x = UploadTrailer{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +1905,7 @@ func (x *UploadTrailer) String() string {
 func (*UploadTrailer) ProtoMessage() {}
 
 func (x *UploadTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +1918,7 @@ func (x *UploadTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadTrailer.ProtoReflect.Descriptor instead.
 func (*UploadTrailer) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{17}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UploadTrailer) GetSize() int64 {
@@ -1721,7 +1965,7 @@ type UploadBackupResponse struct {
 
 func (x *UploadBackupResponse) Reset() {
 	*x = UploadBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1733,7 +1977,7 @@ func (x *UploadBackupResponse) String() string {
 func (*UploadBackupResponse) ProtoMessage() {}
 
 func (x *UploadBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1746,7 +1990,7 @@ func (x *UploadBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadBackupResponse.ProtoReflect.Descriptor instead.
 func (*UploadBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{18}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *UploadBackupResponse) GetBackup() *Backup {
@@ -1774,7 +2018,7 @@ type DownloadBackupRequest struct {
 
 func (x *DownloadBackupRequest) Reset() {
 	*x = DownloadBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1786,7 +2030,7 @@ func (x *DownloadBackupRequest) String() string {
 func (*DownloadBackupRequest) ProtoMessage() {}
 
 func (x *DownloadBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1799,7 +2043,7 @@ func (x *DownloadBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadBackupRequest.ProtoReflect.Descriptor instead.
 func (*DownloadBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{19}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DownloadBackupRequest) GetName() string {
@@ -1843,7 +2087,7 @@ type DownloadBackupResponse struct {
 
 func (x *DownloadBackupResponse) Reset() {
 	*x = DownloadBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +2099,7 @@ func (x *DownloadBackupResponse) String() string {
 func (*DownloadBackupResponse) ProtoMessage() {}
 
 func (x *DownloadBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +2112,7 @@ func (x *DownloadBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadBackupResponse.ProtoReflect.Descriptor instead.
 func (*DownloadBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{20}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DownloadBackupResponse) GetMsg() isDownloadBackupResponse_Msg {
@@ -1930,7 +2174,7 @@ type DownloadHeader struct {
 
 func (x *DownloadHeader) Reset() {
 	*x = DownloadHeader{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2186,7 @@ func (x *DownloadHeader) String() string {
 func (*DownloadHeader) ProtoMessage() {}
 
 func (x *DownloadHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2199,7 @@ func (x *DownloadHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadHeader.ProtoReflect.Descriptor instead.
 func (*DownloadHeader) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{21}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DownloadHeader) GetBackup() *Backup {
@@ -1990,7 +2234,7 @@ type DrillBackupRequest struct {
 
 func (x *DrillBackupRequest) Reset() {
 	*x = DrillBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2246,7 @@ func (x *DrillBackupRequest) String() string {
 func (*DrillBackupRequest) ProtoMessage() {}
 
 func (x *DrillBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2259,7 @@ func (x *DrillBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrillBackupRequest.ProtoReflect.Descriptor instead.
 func (*DrillBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{22}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DrillBackupRequest) GetName() string {
@@ -2045,7 +2289,7 @@ type DrillBackupResponse struct {
 
 func (x *DrillBackupResponse) Reset() {
 	*x = DrillBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2057,7 +2301,7 @@ func (x *DrillBackupResponse) String() string {
 func (*DrillBackupResponse) ProtoMessage() {}
 
 func (x *DrillBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2070,7 +2314,7 @@ func (x *DrillBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrillBackupResponse.ProtoReflect.Descriptor instead.
 func (*DrillBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{23}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DrillBackupResponse) GetJob() string {
@@ -2104,7 +2348,7 @@ type CreateBackupRequest struct {
 
 func (x *CreateBackupRequest) Reset() {
 	*x = CreateBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2360,7 @@ func (x *CreateBackupRequest) String() string {
 func (*CreateBackupRequest) ProtoMessage() {}
 
 func (x *CreateBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2373,7 @@ func (x *CreateBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBackupRequest.ProtoReflect.Descriptor instead.
 func (*CreateBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{24}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CreateBackupRequest) GetName() string {
@@ -2176,7 +2420,7 @@ type CreateBackupResponse struct {
 
 func (x *CreateBackupResponse) Reset() {
 	*x = CreateBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2188,7 +2432,7 @@ func (x *CreateBackupResponse) String() string {
 func (*CreateBackupResponse) ProtoMessage() {}
 
 func (x *CreateBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2201,7 +2445,7 @@ func (x *CreateBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBackupResponse.ProtoReflect.Descriptor instead.
 func (*CreateBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{25}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateBackupResponse) GetBackup() *Backup {
@@ -2223,7 +2467,7 @@ type GetBackupLogsRequest struct {
 
 func (x *GetBackupLogsRequest) Reset() {
 	*x = GetBackupLogsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2479,7 @@ func (x *GetBackupLogsRequest) String() string {
 func (*GetBackupLogsRequest) ProtoMessage() {}
 
 func (x *GetBackupLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2492,7 @@ func (x *GetBackupLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupLogsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{26}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetBackupLogsRequest) GetName() string {
@@ -2282,7 +2526,7 @@ type GetBackupLogsResponse struct {
 
 func (x *GetBackupLogsResponse) Reset() {
 	*x = GetBackupLogsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2294,7 +2538,7 @@ func (x *GetBackupLogsResponse) String() string {
 func (*GetBackupLogsResponse) ProtoMessage() {}
 
 func (x *GetBackupLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2307,7 +2551,7 @@ func (x *GetBackupLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupLogsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{27}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetBackupLogsResponse) GetData() []byte {
@@ -2327,7 +2571,7 @@ type VerifyBackupRequest struct {
 
 func (x *VerifyBackupRequest) Reset() {
 	*x = VerifyBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2339,7 +2583,7 @@ func (x *VerifyBackupRequest) String() string {
 func (*VerifyBackupRequest) ProtoMessage() {}
 
 func (x *VerifyBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2352,7 +2596,7 @@ func (x *VerifyBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyBackupRequest.ProtoReflect.Descriptor instead.
 func (*VerifyBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{28}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *VerifyBackupRequest) GetName() string {
@@ -2394,7 +2638,7 @@ type VerifyBackupResponse struct {
 
 func (x *VerifyBackupResponse) Reset() {
 	*x = VerifyBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2406,7 +2650,7 @@ func (x *VerifyBackupResponse) String() string {
 func (*VerifyBackupResponse) ProtoMessage() {}
 
 func (x *VerifyBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2419,7 +2663,7 @@ func (x *VerifyBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyBackupResponse.ProtoReflect.Descriptor instead.
 func (*VerifyBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{29}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *VerifyBackupResponse) GetBackup() *Backup {
@@ -2503,14 +2747,19 @@ type RestoreBackupRequest struct {
 	// missing changes (etcd's --bump-revision and --mark-compacted).
 	// Unset means 1000000000, etcd's recommendation; 0 restores the
 	// revisions as they are and marks nothing compacted.
-	BumpRevision  *int64 `protobuf:"varint,7,opt,name=bump_revision,json=bumpRevision,proto3,oneof" json:"bump_revision,omitempty"`
+	BumpRevision *int64 `protobuf:"varint,7,opt,name=bump_revision,json=bumpRevision,proto3,oneof" json:"bump_revision,omitempty"`
+	// Restore to a point instead of name's revision: name may then be
+	// empty, and the server picks the newest full backup of target at or
+	// before the point and the delta segments after it. At most one.
+	ToRevision    int64                  `protobuf:"varint,8,opt,name=to_revision,json=toRevision,proto3" json:"to_revision,omitempty"`
+	ToTime        *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=to_time,json=toTime,proto3" json:"to_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RestoreBackupRequest) Reset() {
 	*x = RestoreBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2522,7 +2771,7 @@ func (x *RestoreBackupRequest) String() string {
 func (*RestoreBackupRequest) ProtoMessage() {}
 
 func (x *RestoreBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2535,7 +2784,7 @@ func (x *RestoreBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreBackupRequest.ProtoReflect.Descriptor instead.
 func (*RestoreBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{30}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RestoreBackupRequest) GetName() string {
@@ -2587,17 +2836,37 @@ func (x *RestoreBackupRequest) GetBumpRevision() int64 {
 	return 0
 }
 
+func (x *RestoreBackupRequest) GetToRevision() int64 {
+	if x != nil {
+		return x.ToRevision
+	}
+	return 0
+}
+
+func (x *RestoreBackupRequest) GetToTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ToTime
+	}
+	return nil
+}
+
 type RestoreBackupResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One entry per member of the target, in the configuration's order.
-	Members       []*MemberRestore `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	Members []*MemberRestore `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	// For a restore to a point: the full backup picked, the delta segments
+	// replayed after it (in order) and the revision the keyspace is
+	// restored to (before the bump).
+	Backup        string   `protobuf:"bytes,2,opt,name=backup,proto3" json:"backup,omitempty"`
+	Segments      []string `protobuf:"bytes,3,rep,name=segments,proto3" json:"segments,omitempty"`
+	ToRevision    int64    `protobuf:"varint,4,opt,name=to_revision,json=toRevision,proto3" json:"to_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RestoreBackupResponse) Reset() {
 	*x = RestoreBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2878,7 @@ func (x *RestoreBackupResponse) String() string {
 func (*RestoreBackupResponse) ProtoMessage() {}
 
 func (x *RestoreBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2891,7 @@ func (x *RestoreBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreBackupResponse.ProtoReflect.Descriptor instead.
 func (*RestoreBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{31}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RestoreBackupResponse) GetMembers() []*MemberRestore {
@@ -2630,6 +2899,27 @@ func (x *RestoreBackupResponse) GetMembers() []*MemberRestore {
 		return x.Members
 	}
 	return nil
+}
+
+func (x *RestoreBackupResponse) GetBackup() string {
+	if x != nil {
+		return x.Backup
+	}
+	return ""
+}
+
+func (x *RestoreBackupResponse) GetSegments() []string {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
+}
+
+func (x *RestoreBackupResponse) GetToRevision() int64 {
+	if x != nil {
+		return x.ToRevision
+	}
+	return 0
 }
 
 // MemberRestore is the restore of one member's data directory.
@@ -2661,7 +2951,7 @@ type MemberRestore struct {
 
 func (x *MemberRestore) Reset() {
 	*x = MemberRestore{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2673,7 +2963,7 @@ func (x *MemberRestore) String() string {
 func (*MemberRestore) ProtoMessage() {}
 
 func (x *MemberRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2686,7 +2976,7 @@ func (x *MemberRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberRestore.ProtoReflect.Descriptor instead.
 func (*MemberRestore) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{32}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *MemberRestore) GetMember() string {
@@ -2777,7 +3067,7 @@ type GetRestoreRequest struct {
 
 func (x *GetRestoreRequest) Reset() {
 	*x = GetRestoreRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2789,7 +3079,7 @@ func (x *GetRestoreRequest) String() string {
 func (*GetRestoreRequest) ProtoMessage() {}
 
 func (x *GetRestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2802,7 +3092,7 @@ func (x *GetRestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRestoreRequest.ProtoReflect.Descriptor instead.
 func (*GetRestoreRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{33}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetRestoreRequest) GetName() string {
@@ -2835,7 +3125,7 @@ type GetRestoreResponse struct {
 
 func (x *GetRestoreResponse) Reset() {
 	*x = GetRestoreResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2847,7 +3137,7 @@ func (x *GetRestoreResponse) String() string {
 func (*GetRestoreResponse) ProtoMessage() {}
 
 func (x *GetRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2860,7 +3150,7 @@ func (x *GetRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRestoreResponse.ProtoReflect.Descriptor instead.
 func (*GetRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{34}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetRestoreResponse) GetMembers() []*MemberRestore {
@@ -2880,7 +3170,7 @@ type GetBackupEventsRequest struct {
 
 func (x *GetBackupEventsRequest) Reset() {
 	*x = GetBackupEventsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2892,7 +3182,7 @@ func (x *GetBackupEventsRequest) String() string {
 func (*GetBackupEventsRequest) ProtoMessage() {}
 
 func (x *GetBackupEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2905,7 +3195,7 @@ func (x *GetBackupEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupEventsRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupEventsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{35}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetBackupEventsRequest) GetName() string {
@@ -2934,7 +3224,7 @@ type GetBackupEventsResponse struct {
 
 func (x *GetBackupEventsResponse) Reset() {
 	*x = GetBackupEventsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2946,7 +3236,7 @@ func (x *GetBackupEventsResponse) String() string {
 func (*GetBackupEventsResponse) ProtoMessage() {}
 
 func (x *GetBackupEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2959,7 +3249,7 @@ func (x *GetBackupEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupEventsResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupEventsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{36}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetBackupEventsResponse) GetJobName() string {
@@ -2994,7 +3284,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3006,7 +3296,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3019,7 +3309,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{37}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *JobEvent) GetType() string {
@@ -3089,7 +3379,7 @@ type PruneBackupsRequest struct {
 
 func (x *PruneBackupsRequest) Reset() {
 	*x = PruneBackupsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3101,7 +3391,7 @@ func (x *PruneBackupsRequest) String() string {
 func (*PruneBackupsRequest) ProtoMessage() {}
 
 func (x *PruneBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3114,7 +3404,7 @@ func (x *PruneBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneBackupsRequest.ProtoReflect.Descriptor instead.
 func (*PruneBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{38}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *PruneBackupsRequest) GetLocation() string {
@@ -3158,7 +3448,7 @@ type PruneBackupsResponse struct {
 
 func (x *PruneBackupsResponse) Reset() {
 	*x = PruneBackupsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3170,7 +3460,7 @@ func (x *PruneBackupsResponse) String() string {
 func (*PruneBackupsResponse) ProtoMessage() {}
 
 func (x *PruneBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3183,7 +3473,7 @@ func (x *PruneBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneBackupsResponse.ProtoReflect.Descriptor instead.
 func (*PruneBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{39}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PruneBackupsResponse) GetPruned() []*Backup {
@@ -3227,7 +3517,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x05error\x18\x06 \x01(\tR\x05error\"^\n" +
 	"\fServerLimits\x12&\n" +
 	"\x0fmax_chunk_bytes\x18\x01 \x01(\x03R\rmaxChunkBytes\x12&\n" +
-	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\xa9\x05\n" +
+	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\x8d\x06\n" +
 	"\x06Backup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x120\n" +
@@ -3249,10 +3539,32 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"encryption\x18\x0e \x01(\tR\n" +
 	"encryption\x12%\n" +
 	"\x0eage_recipients\x18\x0f \x03(\tR\rageRecipients\x12?\n" +
-	"\fverification\x18\x14 \x01(\v2\x1b.etcdbackup.v1.VerificationR\fverification\x1a9\n" +
+	"\fverification\x18\x14 \x01(\v2\x1b.etcdbackup.v1.VerificationR\fverification\x121\n" +
+	"\x05delta\x18\x15 \x01(\v2\x1b.etcdbackup.v1.DeltaSegmentR\x05delta\x12/\n" +
+	"\x05chain\x18\x16 \x01(\v2\x19.etcdbackup.v1.DeltaChainR\x05chain\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x99\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x02\n" +
+	"\fDeltaSegment\x12\x14\n" +
+	"\x05chain\x18\x01 \x01(\tR\x05chain\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12%\n" +
+	"\x0efirst_revision\x18\x03 \x01(\x03R\rfirstRevision\x12#\n" +
+	"\rlast_revision\x18\x04 \x01(\x03R\flastRevision\x129\n" +
+	"\n" +
+	"first_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tfirstTime\x127\n" +
+	"\tlast_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\blastTime\x12\x16\n" +
+	"\x06events\x18\a \x01(\x03R\x06events\x12\x1d\n" +
+	"\n" +
+	"end_reason\x18\b \x01(\tR\tendReason\"\xd1\x01\n" +
+	"\n" +
+	"DeltaChain\x12\x1a\n" +
+	"\bsegments\x18\x01 \x01(\x03R\bsegments\x12#\n" +
+	"\rlast_revision\x18\x02 \x01(\x03R\flastRevision\x127\n" +
+	"\tlast_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\blastTime\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x14\n" +
+	"\x05epoch\x18\x05 \x01(\x03R\x05epoch\x12\x1d\n" +
+	"\n" +
+	"end_reason\x18\x06 \x01(\tR\tendReason\"\x99\x02\n" +
 	"\fVerification\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x129\n" +
 	"\x06result\x18\x02 \x01(\x0e2!.etcdbackup.v1.VerificationResultR\x06result\x12\x1a\n" +
@@ -3288,13 +3600,14 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	" \x01(\x03R\fkeyspaceKeys\x12\x17\n" +
 	"\ahash_kv\x18\v \x01(\rR\x06hashKv\x12)\n" +
 	"\x10compact_revision\x18\f \x01(\x03R\x0fcompactRevision\x12\x1a\n" +
-	"\bkeyspace\x18\r \x01(\bR\bkeyspace\"\x93\x01\n" +
+	"\bkeyspace\x18\r \x01(\bR\bkeyspace\"\xa9\x01\n" +
 	"\x12ListBackupsRequest\x12\x1a\n" +
 	"\blocation\x18\x01 \x01(\tR\blocation\x12%\n" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"n\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\x12\x14\n" +
+	"\x05chain\x18\x05 \x01(\tR\x05chain\"n\n" +
 	"\x13ListBackupsResponse\x12/\n" +
 	"\abackups\x18\x01 \x03(\v2\x15.etcdbackup.v1.BackupR\abackups\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"B\n" +
@@ -3311,7 +3624,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x06header\x18\x01 \x01(\v2\x1b.etcdbackup.v1.UploadHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunk\x128\n" +
 	"\atrailer\x18\x03 \x01(\v2\x1c.etcdbackup.v1.UploadTrailerH\x00R\atrailerB\x05\n" +
-	"\x03msg\"\xa4\x04\n" +
+	"\x03msg\"\xd7\x04\n" +
 	"\fUploadHeader\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12(\n" +
@@ -3328,7 +3641,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\n" +
 	"encryption\x18\v \x01(\tR\n" +
 	"encryption\x12%\n" +
-	"\x0eage_recipients\x18\f \x03(\tR\rageRecipients\x1a9\n" +
+	"\x0eage_recipients\x18\f \x03(\tR\rageRecipients\x121\n" +
+	"\x05delta\x18\r \x01(\v2\x1b.etcdbackup.v1.DeltaSegmentR\x05delta\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
@@ -3393,7 +3707,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x0fstorage_version\x18\x06 \x01(\tR\x0estorageVersion\x12\x1f\n" +
 	"\vstored_only\x18\a \x01(\bR\n" +
 	"storedOnly\x12\x18\n" +
-	"\amessage\x18\b \x01(\tR\amessage\"\xfb\x01\n" +
+	"\amessage\x18\b \x01(\tR\amessage\"\xd1\x02\n" +
 	"\x14RestoreBackupRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x16\n" +
@@ -3402,10 +3716,17 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\n" +
 	"move_aside\x18\x05 \x01(\bR\tmoveAside\x12'\n" +
 	"\x0fidentity_secret\x18\x06 \x01(\tR\x0eidentitySecret\x12(\n" +
-	"\rbump_revision\x18\a \x01(\x03H\x00R\fbumpRevision\x88\x01\x01B\x10\n" +
-	"\x0e_bump_revision\"O\n" +
+	"\rbump_revision\x18\a \x01(\x03H\x00R\fbumpRevision\x88\x01\x01\x12\x1f\n" +
+	"\vto_revision\x18\b \x01(\x03R\n" +
+	"toRevision\x123\n" +
+	"\ato_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x06toTimeB\x10\n" +
+	"\x0e_bump_revision\"\xa4\x01\n" +
 	"\x15RestoreBackupResponse\x126\n" +
-	"\amembers\x18\x01 \x03(\v2\x1c.etcdbackup.v1.MemberRestoreR\amembers\"\x86\x03\n" +
+	"\amembers\x18\x01 \x03(\v2\x1c.etcdbackup.v1.MemberRestoreR\amembers\x12\x16\n" +
+	"\x06backup\x18\x02 \x01(\tR\x06backup\x12\x1a\n" +
+	"\bsegments\x18\x03 \x03(\tR\bsegments\x12\x1f\n" +
+	"\vto_revision\x18\x04 \x01(\x03R\n" +
+	"toRevision\"\x86\x03\n" +
 	"\rMemberRestore\x12\x16\n" +
 	"\x06member\x18\x01 \x01(\tR\x06member\x12\x19\n" +
 	"\bjob_name\x18\x02 \x01(\tR\ajobName\x12\x16\n" +
@@ -3495,7 +3816,7 @@ func file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP() []byte {
 }
 
 var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(BackupPhase)(0),                // 0: etcdbackup.v1.BackupPhase
 	(VerificationResult)(0),         // 1: etcdbackup.v1.VerificationResult
@@ -3506,116 +3827,125 @@ var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(*StorageLocation)(nil),         // 6: etcdbackup.v1.StorageLocation
 	(*ServerLimits)(nil),            // 7: etcdbackup.v1.ServerLimits
 	(*Backup)(nil),                  // 8: etcdbackup.v1.Backup
-	(*Verification)(nil),            // 9: etcdbackup.v1.Verification
-	(*BackupSource)(nil),            // 10: etcdbackup.v1.BackupSource
-	(*EtcdInfo)(nil),                // 11: etcdbackup.v1.EtcdInfo
-	(*ListBackupsRequest)(nil),      // 12: etcdbackup.v1.ListBackupsRequest
-	(*ListBackupsResponse)(nil),     // 13: etcdbackup.v1.ListBackupsResponse
-	(*GetBackupRequest)(nil),        // 14: etcdbackup.v1.GetBackupRequest
-	(*GetBackupResponse)(nil),       // 15: etcdbackup.v1.GetBackupResponse
-	(*DeleteBackupRequest)(nil),     // 16: etcdbackup.v1.DeleteBackupRequest
-	(*DeleteBackupResponse)(nil),    // 17: etcdbackup.v1.DeleteBackupResponse
-	(*UploadBackupRequest)(nil),     // 18: etcdbackup.v1.UploadBackupRequest
-	(*UploadHeader)(nil),            // 19: etcdbackup.v1.UploadHeader
-	(*UploadTrailer)(nil),           // 20: etcdbackup.v1.UploadTrailer
-	(*UploadBackupResponse)(nil),    // 21: etcdbackup.v1.UploadBackupResponse
-	(*DownloadBackupRequest)(nil),   // 22: etcdbackup.v1.DownloadBackupRequest
-	(*DownloadBackupResponse)(nil),  // 23: etcdbackup.v1.DownloadBackupResponse
-	(*DownloadHeader)(nil),          // 24: etcdbackup.v1.DownloadHeader
-	(*DrillBackupRequest)(nil),      // 25: etcdbackup.v1.DrillBackupRequest
-	(*DrillBackupResponse)(nil),     // 26: etcdbackup.v1.DrillBackupResponse
-	(*CreateBackupRequest)(nil),     // 27: etcdbackup.v1.CreateBackupRequest
-	(*CreateBackupResponse)(nil),    // 28: etcdbackup.v1.CreateBackupResponse
-	(*GetBackupLogsRequest)(nil),    // 29: etcdbackup.v1.GetBackupLogsRequest
-	(*GetBackupLogsResponse)(nil),   // 30: etcdbackup.v1.GetBackupLogsResponse
-	(*VerifyBackupRequest)(nil),     // 31: etcdbackup.v1.VerifyBackupRequest
-	(*VerifyBackupResponse)(nil),    // 32: etcdbackup.v1.VerifyBackupResponse
-	(*RestoreBackupRequest)(nil),    // 33: etcdbackup.v1.RestoreBackupRequest
-	(*RestoreBackupResponse)(nil),   // 34: etcdbackup.v1.RestoreBackupResponse
-	(*MemberRestore)(nil),           // 35: etcdbackup.v1.MemberRestore
-	(*GetRestoreRequest)(nil),       // 36: etcdbackup.v1.GetRestoreRequest
-	(*GetRestoreResponse)(nil),      // 37: etcdbackup.v1.GetRestoreResponse
-	(*GetBackupEventsRequest)(nil),  // 38: etcdbackup.v1.GetBackupEventsRequest
-	(*GetBackupEventsResponse)(nil), // 39: etcdbackup.v1.GetBackupEventsResponse
-	(*JobEvent)(nil),                // 40: etcdbackup.v1.JobEvent
-	(*PruneBackupsRequest)(nil),     // 41: etcdbackup.v1.PruneBackupsRequest
-	(*PruneBackupsResponse)(nil),    // 42: etcdbackup.v1.PruneBackupsResponse
-	nil,                             // 43: etcdbackup.v1.Backup.LabelsEntry
-	nil,                             // 44: etcdbackup.v1.UploadHeader.LabelsEntry
-	nil,                             // 45: etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),   // 46: google.protobuf.Timestamp
+	(*DeltaSegment)(nil),            // 9: etcdbackup.v1.DeltaSegment
+	(*DeltaChain)(nil),              // 10: etcdbackup.v1.DeltaChain
+	(*Verification)(nil),            // 11: etcdbackup.v1.Verification
+	(*BackupSource)(nil),            // 12: etcdbackup.v1.BackupSource
+	(*EtcdInfo)(nil),                // 13: etcdbackup.v1.EtcdInfo
+	(*ListBackupsRequest)(nil),      // 14: etcdbackup.v1.ListBackupsRequest
+	(*ListBackupsResponse)(nil),     // 15: etcdbackup.v1.ListBackupsResponse
+	(*GetBackupRequest)(nil),        // 16: etcdbackup.v1.GetBackupRequest
+	(*GetBackupResponse)(nil),       // 17: etcdbackup.v1.GetBackupResponse
+	(*DeleteBackupRequest)(nil),     // 18: etcdbackup.v1.DeleteBackupRequest
+	(*DeleteBackupResponse)(nil),    // 19: etcdbackup.v1.DeleteBackupResponse
+	(*UploadBackupRequest)(nil),     // 20: etcdbackup.v1.UploadBackupRequest
+	(*UploadHeader)(nil),            // 21: etcdbackup.v1.UploadHeader
+	(*UploadTrailer)(nil),           // 22: etcdbackup.v1.UploadTrailer
+	(*UploadBackupResponse)(nil),    // 23: etcdbackup.v1.UploadBackupResponse
+	(*DownloadBackupRequest)(nil),   // 24: etcdbackup.v1.DownloadBackupRequest
+	(*DownloadBackupResponse)(nil),  // 25: etcdbackup.v1.DownloadBackupResponse
+	(*DownloadHeader)(nil),          // 26: etcdbackup.v1.DownloadHeader
+	(*DrillBackupRequest)(nil),      // 27: etcdbackup.v1.DrillBackupRequest
+	(*DrillBackupResponse)(nil),     // 28: etcdbackup.v1.DrillBackupResponse
+	(*CreateBackupRequest)(nil),     // 29: etcdbackup.v1.CreateBackupRequest
+	(*CreateBackupResponse)(nil),    // 30: etcdbackup.v1.CreateBackupResponse
+	(*GetBackupLogsRequest)(nil),    // 31: etcdbackup.v1.GetBackupLogsRequest
+	(*GetBackupLogsResponse)(nil),   // 32: etcdbackup.v1.GetBackupLogsResponse
+	(*VerifyBackupRequest)(nil),     // 33: etcdbackup.v1.VerifyBackupRequest
+	(*VerifyBackupResponse)(nil),    // 34: etcdbackup.v1.VerifyBackupResponse
+	(*RestoreBackupRequest)(nil),    // 35: etcdbackup.v1.RestoreBackupRequest
+	(*RestoreBackupResponse)(nil),   // 36: etcdbackup.v1.RestoreBackupResponse
+	(*MemberRestore)(nil),           // 37: etcdbackup.v1.MemberRestore
+	(*GetRestoreRequest)(nil),       // 38: etcdbackup.v1.GetRestoreRequest
+	(*GetRestoreResponse)(nil),      // 39: etcdbackup.v1.GetRestoreResponse
+	(*GetBackupEventsRequest)(nil),  // 40: etcdbackup.v1.GetBackupEventsRequest
+	(*GetBackupEventsResponse)(nil), // 41: etcdbackup.v1.GetBackupEventsResponse
+	(*JobEvent)(nil),                // 42: etcdbackup.v1.JobEvent
+	(*PruneBackupsRequest)(nil),     // 43: etcdbackup.v1.PruneBackupsRequest
+	(*PruneBackupsResponse)(nil),    // 44: etcdbackup.v1.PruneBackupsResponse
+	nil,                             // 45: etcdbackup.v1.Backup.LabelsEntry
+	nil,                             // 46: etcdbackup.v1.UploadHeader.LabelsEntry
+	nil,                             // 47: etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 48: google.protobuf.Timestamp
 }
 var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	6,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
 	7,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
 	5,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
 	0,  // 3: etcdbackup.v1.Backup.phase:type_name -> etcdbackup.v1.BackupPhase
-	46, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
-	43, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
-	10, // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
-	11, // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	9,  // 8: etcdbackup.v1.Backup.verification:type_name -> etcdbackup.v1.Verification
-	46, // 9: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
-	1,  // 10: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
-	46, // 11: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
-	46, // 12: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
-	46, // 13: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
-	8,  // 14: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
-	8,  // 15: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	19, // 16: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
-	20, // 17: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	44, // 18: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
-	10, // 19: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
-	11, // 20: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	11, // 21: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	8,  // 22: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	24, // 23: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
-	8,  // 24: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	46, // 25: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
-	45, // 26: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	8,  // 27: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	8,  // 28: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	35, // 29: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	2,  // 30: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
-	35, // 31: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	40, // 32: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
-	46, // 33: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
-	46, // 34: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
-	8,  // 35: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
-	8,  // 36: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
-	3,  // 37: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	12, // 38: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	14, // 39: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	16, // 40: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	18, // 41: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	22, // 42: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	27, // 43: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	29, // 44: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	31, // 45: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	33, // 46: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
-	36, // 47: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
-	25, // 48: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
-	38, // 49: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
-	41, // 50: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
-	4,  // 51: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	13, // 52: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	15, // 53: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	17, // 54: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	21, // 55: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	23, // 56: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	28, // 57: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	30, // 58: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	32, // 59: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	34, // 60: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
-	37, // 61: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
-	26, // 62: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
-	39, // 63: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
-	42, // 64: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
-	51, // [51:65] is the sub-list for method output_type
-	37, // [37:51] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	48, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
+	45, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
+	12, // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
+	13, // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	11, // 8: etcdbackup.v1.Backup.verification:type_name -> etcdbackup.v1.Verification
+	9,  // 9: etcdbackup.v1.Backup.delta:type_name -> etcdbackup.v1.DeltaSegment
+	10, // 10: etcdbackup.v1.Backup.chain:type_name -> etcdbackup.v1.DeltaChain
+	48, // 11: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
+	48, // 12: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
+	48, // 13: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
+	48, // 14: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
+	1,  // 15: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
+	48, // 16: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
+	48, // 17: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
+	48, // 18: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
+	8,  // 19: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
+	8,  // 20: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	21, // 21: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
+	22, // 22: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
+	46, // 23: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	12, // 24: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
+	13, // 25: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	9,  // 26: etcdbackup.v1.UploadHeader.delta:type_name -> etcdbackup.v1.DeltaSegment
+	13, // 27: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	8,  // 28: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	26, // 29: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
+	8,  // 30: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
+	48, // 31: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
+	47, // 32: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	8,  // 33: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	8,  // 34: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	48, // 35: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
+	37, // 36: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	2,  // 37: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
+	37, // 38: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	42, // 39: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
+	48, // 40: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
+	48, // 41: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
+	8,  // 42: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
+	8,  // 43: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
+	3,  // 44: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	14, // 45: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	16, // 46: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	18, // 47: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	20, // 48: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	24, // 49: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	29, // 50: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	31, // 51: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	33, // 52: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	35, // 53: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	38, // 54: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	27, // 55: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
+	40, // 56: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
+	43, // 57: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
+	4,  // 58: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	15, // 59: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	17, // 60: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	19, // 61: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	23, // 62: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	25, // 63: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	30, // 64: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	32, // 65: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	34, // 66: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	36, // 67: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	39, // 68: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	28, // 69: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
+	41, // 70: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
+	44, // 71: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
+	58, // [58:72] is the sub-list for method output_type
+	44, // [44:58] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -3623,24 +3953,24 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 	if File_etcdbackup_v1_etcdbackup_proto != nil {
 		return
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[15].OneofWrappers = []any{
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[17].OneofWrappers = []any{
 		(*UploadBackupRequest_Header)(nil),
 		(*UploadBackupRequest_Chunk)(nil),
 		(*UploadBackupRequest_Trailer)(nil),
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[16].OneofWrappers = []any{}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[20].OneofWrappers = []any{
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[18].OneofWrappers = []any{}
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[22].OneofWrappers = []any{
 		(*DownloadBackupResponse_Header)(nil),
 		(*DownloadBackupResponse_Chunk)(nil),
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[30].OneofWrappers = []any{}
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[32].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdbackup_v1_etcdbackup_proto_rawDesc), len(file_etcdbackup_v1_etcdbackup_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   43,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
