@@ -28,6 +28,8 @@ const (
 	MethodUploadBackup   = ebv1.BackupService_UploadBackup_FullMethodName
 	MethodDownloadBackup = ebv1.BackupService_DownloadBackup_FullMethodName
 	MethodGetServerInfo  = ebv1.InfoService_GetServerInfo_FullMethodName
+	// MethodGetBackup: a delta agent asks where its chain stands.
+	MethodGetBackup = ebv1.BackupService_GetBackup_FullMethodName
 )
 
 // Kinds of agent.
@@ -36,6 +38,11 @@ const (
 	AgentRestore = "restore"
 	// AgentDrill downloads like a restore agent, into scratch space.
 	AgentDrill = "drill"
+	// AgentDelta watches a target's etcd and stores the delta segments
+	// of one chain (the full backup its Job names): it uploads segments
+	// of that chain only, and only while it holds the target's delta
+	// Lease (the request layer checks).
+	AgentDelta = "delta"
 )
 
 // Downloads says whether a's kind reads a backup: restore and drill
@@ -59,6 +66,9 @@ type Agent struct {
 	// Scheduled is a backup Job the server's schedule started: its
 	// upload is stored as a scheduled backup of Target.
 	Scheduled bool
+	// Pod is the calling pod's name: a delta agent's Lease holder
+	// identity starts with it.
+	Pod string
 }
 
 type agentKey struct{}
@@ -135,10 +145,10 @@ func NewAgentGuard(cfg AgentGuardConfig) (*AgentGuard, error) {
 // Admit implements Guard.
 func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Context, error) {
 	switch fullMethod {
-	case MethodUploadBackup, MethodDownloadBackup, MethodGetServerInfo:
+	case MethodUploadBackup, MethodDownloadBackup, MethodGetServerInfo, MethodGetBackup:
 	default:
 		return nil, status.Errorf(codes.PermissionDenied,
-			"%s: the agent port serves only UploadBackup (backup agents), DownloadBackup (restore agents) and GetServerInfo; users reach the server through `kubectl etcdbackup` (port-forward)", fullMethod)
+			"%s: the agent port serves only UploadBackup (backup and delta agents), DownloadBackup (restore agents), GetBackup (delta agents) and GetServerInfo; users reach the server through `kubectl etcdbackup` (port-forward)", fullMethod)
 	}
 	token, err := BearerToken(ctx)
 	if err != nil {
@@ -153,8 +163,10 @@ func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Cont
 		return nil, err
 	}
 	switch {
-	case fullMethod == MethodUploadBackup && a.Kind != AgentBackup:
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only backup agents may upload", a.JobNamespace, a.JobName, a.Kind)
+	case fullMethod == MethodUploadBackup && a.Kind != AgentBackup && a.Kind != AgentDelta:
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only backup and delta agents may upload", a.JobNamespace, a.JobName, a.Kind)
+	case fullMethod == MethodGetBackup && a.Kind != AgentDelta:
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only delta agents may read a backup's record", a.JobNamespace, a.JobName, a.Kind)
 	case fullMethod == MethodDownloadBackup && !a.Downloads():
 		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only restore and drill agents may download", a.JobNamespace, a.JobName, a.Kind)
 	}
@@ -223,7 +235,7 @@ func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*A
 	}
 	c := jobs.ClaimsOf(job)
 	a := &Agent{
-		JobNamespace: job.Namespace, JobName: job.Name,
+		JobNamespace: job.Namespace, JobName: job.Name, Pod: pod,
 		Backup: c.Backup, Location: c.Location, Target: c.Target, SHA256: c.SHA256, Scheduled: c.Scheduled,
 	}
 	restoreNS, known := g.cfg.TargetNamespaces[c.Target]
@@ -245,6 +257,11 @@ func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*A
 		}
 		if a.SHA256 == "" {
 			return nil, status.Errorf(codes.PermissionDenied, "restore Job %s carries no %s annotation; start the restore again", name, jobs.AnnotationSHA256)
+		}
+	case jobs.KindDelta:
+		a.Kind = AgentDelta
+		if job.Namespace != g.cfg.Namespace {
+			return nil, status.Errorf(codes.PermissionDenied, "delta Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
 		}
 	case jobs.KindDrill:
 		a.Kind = AgentDrill

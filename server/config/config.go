@@ -294,6 +294,44 @@ type Target struct {
 	// on a schedule: each proves a backup restores and equals the cluster
 	// at its revision (docs/disaster-recovery.md).
 	Drill *Drill `json:"drill,omitempty"`
+	// Deltas, when set, keeps a delta agent watching the target's etcd
+	// between full backups: it stores every change as delta segments
+	// after the newest full backup, so that a restore can reach any
+	// revision or time up to seconds ago (`restore --to-revision`,
+	// `--to-time`). docs/design.md "Delta capture".
+	Deltas *Deltas `json:"deltas,omitempty"`
+}
+
+// Deltas is how often a target's delta agent stores what it saw.
+type Deltas struct {
+	// Period is the longest a change waits before it is stored
+	// (default 20s; 1s to 10m): the recovery point objective.
+	Period *metav1.Duration `json:"period,omitempty"`
+	// MaxBytes cuts a segment early once its events reach this size
+	// (default 8 MiB; 64 KiB to 64 MiB): it bounds the agent's memory.
+	MaxBytes int64 `json:"maxBytes,omitempty"`
+}
+
+// Defaults of Deltas.
+const (
+	DefaultDeltaPeriod   = 20 * time.Second
+	DefaultDeltaMaxBytes = 8 << 20
+)
+
+// PeriodOrDefault is Period, or DefaultDeltaPeriod.
+func (d *Deltas) PeriodOrDefault() time.Duration {
+	if d.Period == nil || d.Period.Duration == 0 {
+		return DefaultDeltaPeriod
+	}
+	return d.Period.Duration
+}
+
+// MaxBytesOrDefault is MaxBytes, or DefaultDeltaMaxBytes.
+func (d *Deltas) MaxBytesOrDefault() int64 {
+	if d.MaxBytes == 0 {
+		return DefaultDeltaMaxBytes
+	}
+	return d.MaxBytes
 }
 
 // Drill is when a target's newest backup is drilled, and what a drill

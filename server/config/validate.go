@@ -75,6 +75,22 @@ func ValidateTargets(targets []Target, locations []string, fldPath *field.Path) 
 		errs = append(errs, validateMembers(t.Members, p.Child("members"))...)
 		errs = append(errs, validateSchedule(t, p)...)
 		errs = append(errs, validateDrill(t.Drill, p.Child("drill"))...)
+		errs = append(errs, validateDeltas(t.Deltas, p.Child("deltas"))...)
+	}
+	return errs
+}
+
+// validateDeltas checks a target's delta capture.
+func validateDeltas(d *Deltas, p *field.Path) field.ErrorList {
+	if d == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if v := d.PeriodOrDefault(); v < time.Second || v > 10*time.Minute {
+		errs = append(errs, field.Invalid(p.Child("period"), v.String(), "must be between 1s and 10m"))
+	}
+	if v := d.MaxBytesOrDefault(); v < 64<<10 || v > 64<<20 {
+		errs = append(errs, field.Invalid(p.Child("maxBytes"), v, "must be between 65536 (64 KiB) and 67108864 (64 MiB)"))
 	}
 	return errs
 }

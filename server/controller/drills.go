@@ -109,6 +109,7 @@ func (c *Controller) startScheduledDrill(ctx context.Context, dt *drillTarget, d
 		return
 	}
 	var newest *storage.Manifest
+	manifests, _ = storage.SplitSegments(manifests)
 	for _, m := range manifests {
 		if m.Source.Target != t.Name || m.Etcd == nil || !m.Etcd.Keyspace {
 			continue

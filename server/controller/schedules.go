@@ -57,6 +57,7 @@ func (c *Controller) recall(ctx context.Context, w *watcher, runs []jobs.Run) er
 			c.metrics.StorageErrors.WithLabelValues(locName, "list").Inc()
 			return err
 		}
+		manifests, _ = storage.SplitSegments(manifests)
 		for _, m := range manifests {
 			if target, ok := retention.ScheduledOf(m); ok {
 				t := m.Source.ScheduledTime

@@ -334,13 +334,6 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 		"--name=" + spec.Name,
 		"--location=" + spec.Location,
 		"--target=" + t.Name,
-		"--endpoints=" + strings.Join(t.Endpoints, ","),
-	}
-	if spec.Compression != "" {
-		args = append(args, "--compression="+spec.Compression)
-	}
-	for _, r := range spec.AgeRecipients {
-		args = append(args, "--encrypt-to="+r)
 	}
 	for _, k := range sortedKeys(spec.Labels) {
 		args = append(args, "--labels="+k+"="+spec.Labels[k])
@@ -350,20 +343,7 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 	args = append(args, "--scratch-dir="+workMountPath)
 	volumes := []corev1.Volume{{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	mounts := []corev1.VolumeMount{{Name: "work", MountPath: workMountPath}}
-	if t.TLSSecret != "" {
-		args = append(args,
-			"--cacert="+tlsMountPath+"/ca.crt",
-			"--cert="+tlsMountPath+"/tls.crt",
-			"--key="+tlsMountPath+"/tls.key")
-		volumes = append(volumes, corev1.Volume{Name: "etcd-tls", VolumeSource: corev1.VolumeSource{
-			// Readable by the agent's group (fsGroup) only.
-			Secret: &corev1.SecretVolumeSource{SecretName: t.TLSSecret, DefaultMode: ptr.To[int32](0o440)},
-		}})
-		mounts = append(mounts, corev1.VolumeMount{Name: "etcd-tls", MountPath: tlsMountPath, ReadOnly: true})
-	}
-	if t.InsecurePlaintext {
-		args = append(args, "--insecure-plaintext")
-	}
+	args, volumes, mounts = withEtcdAccess(t, spec.Compression, spec.AgeRecipients, args, volumes, mounts)
 	id := runID(spec.Location, spec.Name)
 	labels := map[string]string{LabelComponent: componentBackup, LabelManagedBy: managedBy, LabelRun: id}
 	if spec.Scheduled {
@@ -382,6 +362,34 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 		AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
 	}}
 	return job
+}
+
+// withEtcdAccess adds what an agent that reads target t's etcd needs:
+// its endpoints, its client certificate (mounted from TLSSecret) and how
+// to encode what it stores.
+func withEtcdAccess(t config.Target, compression string, recipients []string, args []string, volumes []corev1.Volume, mounts []corev1.VolumeMount) ([]string, []corev1.Volume, []corev1.VolumeMount) {
+	args = append(args, "--endpoints="+strings.Join(t.Endpoints, ","))
+	if compression != "" {
+		args = append(args, "--compression="+compression)
+	}
+	for _, r := range recipients {
+		args = append(args, "--encrypt-to="+r)
+	}
+	if t.TLSSecret != "" {
+		args = append(args,
+			"--cacert="+tlsMountPath+"/ca.crt",
+			"--cert="+tlsMountPath+"/tls.crt",
+			"--key="+tlsMountPath+"/tls.key")
+		volumes = append(volumes, corev1.Volume{Name: "etcd-tls", VolumeSource: corev1.VolumeSource{
+			// Readable by the agent's group (fsGroup) only.
+			Secret: &corev1.SecretVolumeSource{SecretName: t.TLSSecret, DefaultMode: ptr.To[int32](0o440)},
+		}})
+		mounts = append(mounts, corev1.VolumeMount{Name: "etcd-tls", MountPath: tlsMountPath, ReadOnly: true})
+	}
+	if t.InsecurePlaintext {
+		args = append(args, "--insecure-plaintext")
+	}
+	return args, volumes, mounts
 }
 
 // agentSecurityContext is the agents' own: uid and gid 65532, not root.

@@ -133,6 +133,8 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 		c.Kind = KindRestore
 	case ComponentDrill:
 		c.Kind = KindDrill
+	case ComponentDelta:
+		c.Kind = KindDelta
 	}
 	return c
 }

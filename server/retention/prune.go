@@ -41,7 +41,9 @@ type Request struct {
 // returns the backups removed (with DryRun, those that would be) and
 // those kept because they are in use; the next prune takes them.
 func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage.Manifest, err error) {
-	for _, m := range Select(r.Manifests, r.Target.Name, *r.Target.Retention, r.IncludeUnscheduled, p.Now()) {
+	// Delta segments are not backups: they go only with their full.
+	backups, segments := storage.SplitSegments(r.Manifests)
+	for _, m := range Select(backups, r.Target.Name, *r.Target.Retention, r.IncludeUnscheduled, p.Now()) {
 		restores, err := p.InUse.RestoresReading(ctx, r.Location, m.Name, "removing")
 		if err != nil {
 			return pruned, inUse, err
@@ -68,6 +70,9 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage
 			return pruned, inUse, p.Metrics.StorageError("delete", r.Location, m.Name, err)
 		}
 		p.InUse.Removed(ctx, r.Location, m.Name, p.Log)
+		if n, err := storage.DeleteChain(ctx, r.Store, segments, m.Name); err != nil {
+			p.Log.Warn("removing the delta chain of a removed backup", "location", r.Location, "backup", m.Name, "removed", n, "error", err)
+		}
 		p.Metrics.Pruned.WithLabelValues(r.Target.Name, r.Location).Inc()
 		p.Log.Info("backup removed by retention", "location", r.Location, "backup", m.Name, "target", r.Target.Name, "caller", r.By)
 		pruned = append(pruned, m)

@@ -1,0 +1,200 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+)
+
+// ComponentDelta is the component label of delta agent Jobs.
+const ComponentDelta = "delta-agent"
+
+// KindDelta is a delta agent Job, as JobClaims name it.
+const KindDelta = "delta"
+
+// deltaSelector selects the server's delta agent Jobs.
+var deltaSelector = labels.SelectorFromSet(labels.Set{LabelComponent: ComponentDelta, LabelManagedBy: managedBy})
+
+// DeltaLeaseName is the Lease, in the server's namespace, that a target's
+// delta agent must hold to store segments: one writer per target, and
+// the Lease's transitions are the fencing epoch recorded in every
+// segment.
+func DeltaLeaseName(target string) string { return "etcdbackup-delta-" + target }
+
+// DeltaSpec is one chain to capture: the changes of Target's etcd after
+// the full backup Chain, whose snapshot is at FromRevision.
+type DeltaSpec struct {
+	Target          config.Target
+	Chain, Location string
+	FromRevision    int64
+	Compression     string
+	AgeRecipients   []string
+	Period          time.Duration
+	MaxBytes        int64
+}
+
+func deltaJobName(target, chain string) string {
+	return jobName("delta", target, runID("delta", target, chain))
+}
+
+// StartDelta creates the delta agent Job of spec in the server's
+// namespace. Unlike the other agents it runs until it is stopped (a new
+// chain replaces it) or its chain ends; a crashed agent is restarted in
+// its pod, and resumes where the stored chain ends.
+func (l *Launcher) StartDelta(ctx context.Context, spec DeltaSpec) (*batchv1.Job, error) {
+	return l.start(ctx, l.deltaJob(spec), "delta")
+}
+
+func (l *Launcher) deltaJob(spec DeltaSpec) *batchv1.Job {
+	t := spec.Target
+	args := []string{
+		"delta",
+		"--server=" + l.agents.ServerAddress,
+		"--target=" + t.Name,
+		"--chain=" + spec.Chain,
+		"--location=" + spec.Location,
+		"--from-revision=" + strconv.FormatInt(spec.FromRevision, 10),
+		"--period=" + spec.Period.String(),
+		"--max-bytes=" + strconv.FormatInt(spec.MaxBytes, 10),
+		"--lease-namespace=" + l.namespace,
+		"--lease-name=" + DeltaLeaseName(t.Name),
+	}
+	args, volumes, mounts := withEtcdAccess(t, spec.Compression, spec.AgeRecipients, args, nil, nil)
+	lbls := map[string]string{LabelComponent: ComponentDelta, LabelManagedBy: managedBy, LabelRun: runID("delta", t.Name, spec.Chain)}
+	ann := map[string]string{AnnotationBackup: spec.Chain, AnnotationLocation: spec.Location, AnnotationTarget: t.Name}
+	job := l.agentJob(agentSecurityContext(), args, volumes, mounts)
+	job.ObjectMeta = metav1.ObjectMeta{Name: deltaJobName(t.Name, spec.Chain), Namespace: l.namespace, Labels: lbls, Annotations: ann}
+	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: lbls, Annotations: ann}
+	// Long-running: no deadline, restarted in place when it crashes (the
+	// stored chain says where to resume), a few times.
+	job.Spec.ActiveDeadlineSeconds = nil
+	job.Spec.BackoffLimit = ptr.To[int32](6)
+	pod := &job.Spec.Template.Spec
+	pod.RestartPolicy = corev1.RestartPolicyOnFailure
+	// The agent holds its Lease through the API server with the agents'
+	// ServiceAccount (Role etcdbackup-delta-agent: Leases only).
+	pod.AutomountServiceAccountToken = ptr.To(true)
+	// Time to store what it holds when it is stopped.
+	pod.TerminationGracePeriodSeconds = ptr.To[int64](60)
+	c := &pod.Containers[0]
+	c.TerminationMessagePolicy = corev1.TerminationMessageReadFile
+	c.Env = append(c.Env, corev1.EnvVar{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}})
+	return job
+}
+
+// DeltaRun is what the cluster says about one delta agent.
+type DeltaRun struct {
+	Target, Chain, Location, JobName string
+	Phase                            Phase
+	StartTime, FinishTime            time.Time
+	// ChainEnded is why the agent ended its chain (etcd compacted past
+	// it, a revision was missing), from its termination message.
+	ChainEnded string
+	Message    string
+	// Counted is a finished run the server has acted on.
+	Counted bool
+}
+
+// Deltas returns every delta agent Job in the server's namespace, from the
+// cache.
+func (l *Launcher) Deltas(ctx context.Context) ([]DeltaRun, error) {
+	nc, err := l.watched(l.namespace)
+	if err != nil {
+		return nil, err
+	}
+	list, err := nc.jobList(deltaSelector)
+	if err != nil {
+		return nil, fmt.Errorf("list delta jobs: %w", err)
+	}
+	runs := make([]DeltaRun, 0, len(list))
+	for _, j := range list {
+		if j.DeletionTimestamp != nil {
+			continue
+		}
+		phase, msg := l.phase(j)
+		r := DeltaRun{
+			Target: j.Annotations[AnnotationTarget], Chain: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation],
+			JobName: j.Name, Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, FinishTime: finishTime(j),
+			Counted: j.Annotations[AnnotationCounted] == "true",
+		}
+		if phase != PhaseRunning {
+			r.ChainEnded = l.chainEnded(j)
+		}
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
+// chainEnded reads the reason a delta agent wrote when it ended its
+// chain ({"chainEnded": "..."}), if it did.
+func (l *Launcher) chainEnded(j *batchv1.Job) string {
+	for _, p := range l.pods(j) {
+		for _, cs := range p.Status.ContainerStatuses {
+			t := cs.State.Terminated
+			if t == nil || !strings.HasPrefix(strings.TrimSpace(t.Message), "{") {
+				continue
+			}
+			var v struct {
+				ChainEnded string `json:"chainEnded"`
+			}
+			if err := json.Unmarshal([]byte(t.Message), &v); err == nil && v.ChainEnded != "" {
+				return v.ChainEnded
+			}
+		}
+	}
+	return ""
+}
+
+// StopDelta deletes a delta agent's Job; its pod gets SIGTERM, stores what
+// it holds and releases the Lease.
+func (l *Launcher) StopDelta(ctx context.Context, jobName string) error {
+	err := l.client.BatchV1().Jobs(l.namespace).Delete(ctx, jobName, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// ErrNotDeltaWriter is a segment from an agent that does not hold its
+// target's delta Lease, or held it in an earlier epoch.
+var ErrNotDeltaWriter = errors.New("not the target's delta writer")
+
+// CheckDeltaWriter says whether the agent in pod holds target's delta
+// Lease now, in epoch: the fence that keeps a deposed or hand-started
+// agent from storing segments. It reads the Lease from the API server,
+// not a cache: a stale view would let a deposed writer through.
+func (l *Launcher) CheckDeltaWriter(ctx context.Context, target, pod string, epoch int64) error {
+	name := DeltaLeaseName(target)
+	lease, err := l.client.CoordinationV1().Leases(l.namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("%w: Lease %s/%s does not exist", ErrNotDeltaWriter, l.namespace, name)
+	}
+	if err != nil {
+		return fmt.Errorf("read Lease %s/%s: %w", l.namespace, name, err)
+	}
+	s := lease.Spec
+	holder := ptr.Deref(s.HolderIdentity, "")
+	switch {
+	case holder == "" || !strings.HasPrefix(holder, pod+"_"):
+		return fmt.Errorf("%w: Lease %s/%s is held by %q, not by pod %s", ErrNotDeltaWriter, l.namespace, name, holder, pod)
+	case int64(ptr.Deref(s.LeaseTransitions, 0)) != epoch:
+		return fmt.Errorf("%w: the segment is of epoch %d but Lease %s/%s is in epoch %d", ErrNotDeltaWriter, epoch, l.namespace, name, ptr.Deref(s.LeaseTransitions, 0))
+	case s.RenewTime == nil || s.LeaseDurationSeconds == nil ||
+		time.Now().After(s.RenewTime.Add(time.Duration(*s.LeaseDurationSeconds)*time.Second)):
+		return fmt.Errorf("%w: Lease %s/%s expired (last renewed %v)", ErrNotDeltaWriter, l.namespace, name, s.RenewTime)
+	}
+	return nil
+}

@@ -1,0 +1,90 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// SegmentInfix joins a delta segment's name: CHAIN.delta-FIRSTREVISION.
+const SegmentInfix = ".delta-"
+
+// SegmentName is the name a chain's segment starting at first is
+// stored under: one name per (chain, first revision), so that two
+// writers of the same revisions cannot both store them.
+func SegmentName(chain string, first int64) string {
+	return chain + SegmentInfix + strconv.FormatInt(first, 10)
+}
+
+// IsSegment says whether m is a delta segment rather than a backup.
+func (m *Manifest) IsSegment() bool { return m.Delta != nil || m.Source.Kind == SourceDelta }
+
+// SplitSegments separates a location's listing into backups and delta
+// segments. Everything that handles backups (listing, retention,
+// schedules, drills) sees only the first: a segment is not a backup, it
+// exists only as part of its full backup's chain.
+func SplitSegments(ms []*Manifest) (backups, segments []*Manifest) {
+	for _, m := range ms {
+		if m.IsSegment() {
+			segments = append(segments, m)
+		} else {
+			backups = append(backups, m)
+		}
+	}
+	return backups, segments
+}
+
+// Chains groups segments by the full backup they follow, each chain in
+// revision order.
+func Chains(segments []*Manifest) map[string][]*Manifest {
+	out := map[string][]*Manifest{}
+	for _, m := range segments {
+		if m.Delta == nil {
+			continue
+		}
+		out[m.Delta.Chain] = append(out[m.Delta.Chain], m)
+	}
+	for _, c := range out {
+		sort.Slice(c, func(i, j int) bool {
+			if c[i].Delta.FirstRevision != c[j].Delta.FirstRevision {
+				return c[i].Delta.FirstRevision < c[j].Delta.FirstRevision
+			}
+			return c[i].Delta.Epoch > c[j].Delta.Epoch
+		})
+	}
+	return out
+}
+
+// DeleteChain removes the delta segments of the chain that starts from
+// full, after full itself was removed: segments go only with their full.
+// It returns how many it removed.
+func DeleteChain(ctx context.Context, loc Location, segments []*Manifest, full string) (int, error) {
+	n := 0
+	var errs []error
+	for _, m := range segments {
+		if m.Delta == nil || m.Delta.Chain != full {
+			continue
+		}
+		if err := loc.Delete(ctx, m.Name); err != nil && !errors.Is(err, ErrNotFound) {
+			errs = append(errs, fmt.Errorf("delta segment %q: %w", m.Name, err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// ChainOf returns the chain a segment name belongs to, if name is one.
+func ChainOf(name string) (string, bool) {
+	i := strings.LastIndex(name, SegmentInfix)
+	if i <= 0 {
+		return "", false
+	}
+	if _, err := strconv.ParseInt(name[i+len(SegmentInfix):], 10, 64); err != nil {
+		return "", false
+	}
+	return name[:i], true
+}
