@@ -185,7 +185,7 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, ok := auth.AgentFrom(ctx)
-	want := auth.Agent{Kind: "backup", JobNamespace: serverNS, JobName: bj.Name, Backup: "b1", Location: "default", Target: "app"}
+	want := auth.Agent{Kind: "backup", JobNamespace: serverNS, JobName: bj.Name, Backup: "b1", Location: "default", Target: "app", Pod: "backup-pod"}
 	if !ok || *a != want {
 		t.Fatalf("agent %+v, want %+v", a, want)
 	}
@@ -200,7 +200,7 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, _ = auth.AgentFrom(ctx)
-	want = auth.Agent{Kind: "restore", JobNamespace: appNS, JobName: rj.Name, Backup: "b1", Location: "default", Target: "app", SHA256: sum}
+	want = auth.Agent{Kind: "restore", JobNamespace: appNS, JobName: rj.Name, Backup: "b1", Location: "default", Target: "app", SHA256: sum, Pod: "restore-pod"}
 	if *a != want {
 		t.Fatalf("agent %+v, want %+v", a, want)
 	}
@@ -211,7 +211,7 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 
 	// A drill Job downloads its pinned backup, from the server's
 	// namespace, and uploads nothing.
-	dj, err := c.launcher.StartDrill(context.Background(), jobs.DrillSpec{Backup: "b1", Location: "default", Target: "app", SHA256: sum})
+	dj, err := c.launcher.StartDrill(context.Background(), jobs.DrillSpec{Backup: "b1", Location: "default", Target: "app", SHA256: sum, Pod: "POD"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, _ = auth.AgentFrom(ctx)
-	want = auth.Agent{Kind: "drill", JobNamespace: serverNS, JobName: dj.Name, Backup: "b1", Location: "default", Target: "app", SHA256: sum}
+	want = auth.Agent{Kind: "drill", JobNamespace: serverNS, JobName: dj.Name, Backup: "b1", Location: "default", Target: "app", SHA256: sum, Pod: "drill-pod"}
 	if *a != want {
 		t.Fatalf("agent %+v, want %+v", a, want)
 	}

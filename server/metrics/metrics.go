@@ -58,6 +58,9 @@ type Metrics struct {
 	DrillRuns      *prometheus.CounterVec
 	LastVerified   *prometheus.GaugeVec
 	VerifiedWithin *prometheus.GaugeVec
+
+	// Delta capture (delta.go).
+	deltaSeries
 }
 
 // Results of a drill (etcdbackup_drill_runs_total's result label): its
@@ -133,6 +136,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: "etcdbackup", Name: "drill_verified_within_seconds",
 			Help: "How old a drilled target's newest verified backup may get before alerting (its drill.verifiedWithin), by target.",
 		}, []string{"target"}),
+		deltaSeries: newDeltaSeries(),
 	}
 	for _, d := range []string{"upload", "download"} {
 		m.InFlight.WithLabelValues(d)
@@ -140,6 +144,11 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.BytesIn, m.BytesOut, m.Transfers, m.InFlight, m.Runs, m.LastSuccess,
 			m.Duration, m.Size, m.Period, m.Skipped, m.Pruned, m.StorageErrors, m.DrillRuns, m.LastVerified, m.VerifiedWithin} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+		for _, c := range m.deltaSeries.collectors() {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -52,6 +53,11 @@ func (s *Service) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest)
 	if err != nil {
 		return nil, s.metrics.StorageError("list", locName, "", err)
 	}
+	manifests, segments := storage.SplitSegments(manifests)
+	chains := storage.Chains(segments)
+	if c := req.GetChain(); c != "" {
+		return listChain(locName, chains[c], after, req)
+	}
 	runs, err := s.runs(ctx, locName)
 	if err != nil {
 		return nil, err
@@ -60,7 +66,9 @@ func (s *Service) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest)
 	for _, m := range manifests {
 		delete(runs, m.Name)
 		if sel.Matches(labels.Set(m.Labels)) {
-			resp.Backups = append(resp.Backups, backupFromManifest(locName, m))
+			b := backupFromManifest(locName, m)
+			withChain(b, m, chains)
+			resp.Backups = append(resp.Backups, b)
 		}
 	}
 	for _, b := range runs {
@@ -152,7 +160,45 @@ func (s *Service) GetBackup(ctx context.Context, req *ebv1.GetBackupRequest) (*e
 	if err != nil {
 		return nil, s.metrics.StorageError("get", locName, req.GetName(), err)
 	}
-	return &ebv1.GetBackupResponse{Backup: backupFromManifest(locName, m)}, nil
+	if a, ok := auth.AgentFrom(ctx); ok && (a.Kind != auth.AgentDelta || a.Backup != req.GetName() || a.Location != locName) {
+		return nil, status.Errorf(codes.PermissionDenied, "%s may read only its chain's backup %q in location %q", a, a.Backup, a.Location)
+	}
+	b := backupFromManifest(locName, m)
+	if !m.IsSegment() && s.capturesDeltas(m.Source.Target) {
+		// The chain is in the listing: read it only for targets that
+		// have one.
+		all, err := loc.List(ctx)
+		if err != nil {
+			return nil, s.metrics.StorageError("list", locName, "", err)
+		}
+		_, segments := storage.SplitSegments(all)
+		withChain(b, m, storage.Chains(segments))
+	}
+	return &ebv1.GetBackupResponse{Backup: b}, nil
+}
+
+// capturesDeltas says whether target is configured with deltas.
+func (s *Service) capturesDeltas(target string) bool {
+	for _, t := range s.targets {
+		if t.Name == target && target != "" {
+			return t.Deltas != nil
+		}
+	}
+	return false
+}
+
+// listChain answers ListBackups for a chain: every stored segment that
+// names it as its full backup, contiguous or not (the caller orders them
+// by revision and keeps what follows the full: delta.Contiguous).
+func listChain(locName string, segs []*storage.Manifest, after *pageToken, req *ebv1.ListBackupsRequest) (*ebv1.ListBackupsResponse, error) {
+	var all []*ebv1.Backup
+	for _, m := range segs {
+		all = append(all, backupFromManifest(locName, m))
+	}
+	// Paged in the listing's order, as backups are; the caller orders by
+	// revision.
+	ebv1.SortBackups(all)
+	return page(all, after, locName, req)
 }
 
 // DeleteBackup implements ebv1.BackupServiceServer.
@@ -164,6 +210,12 @@ func (s *Service) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupReques
 	if err != nil {
 		return nil, err
 	}
+	if chain, ok := storage.ChainOf(req.GetName()); ok {
+		if m, err := loc.Stat(ctx, req.GetName()); err == nil && m.IsSegment() {
+			return nil, status.Errorf(codes.FailedPrecondition,
+				"%q is a delta segment of backup %q's chain: segments go only with their full backup; delete %q to remove the chain", req.GetName(), chain, chain)
+		}
+	}
 	if err := s.checkNoRestoreReads(ctx, locName, req.GetName()); err != nil {
 		return nil, err
 	}
@@ -171,6 +223,12 @@ func (s *Service) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupReques
 		return nil, s.metrics.StorageError("delete", locName, req.GetName(), err)
 	}
 	s.inUse.Removed(ctx, locName, req.GetName(), s.log)
+	if all, err := loc.List(ctx); err == nil {
+		_, segments := storage.SplitSegments(all)
+		if n, err := storage.DeleteChain(ctx, loc, segments, req.GetName()); err != nil || n > 0 {
+			s.log.Info("delta chain removed with its backup", "location", locName, "backup", req.GetName(), "segments", n, "error", err)
+		}
+	}
 	s.log.Info("backup deleted", "location", locName, "backup", req.GetName(), "caller", caller(ctx))
 	return &ebv1.DeleteBackupResponse{}, nil
 }

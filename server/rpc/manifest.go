@@ -122,6 +122,9 @@ func backupFromManifest(loc string, m *storage.Manifest) *ebv1.Backup {
 			b.Etcd.KeyspaceKeys, b.Etcd.HashKv, b.Etcd.CompactRevision, b.Etcd.Keyspace = e.KeyspaceKeys, e.HashKV, e.CompactRevision, true
 		}
 	}
+	if d := m.Delta; d != nil {
+		b.Delta = deltaOf(d)
+	}
 	if v := m.Verification; v != nil {
 		b.Verification = &ebv1.Verification{
 			Time: timestamppb.New(v.Time), Result: verificationResult(v.Result),

@@ -58,6 +58,8 @@ type Config struct {
 	// InUse and Pruner are retention's, shared with the controller.
 	InUse  *retention.InUse
 	Pruner *retention.Pruner
+	// DeltaFence admits delta segments; nil stores none.
+	DeltaFence DeltaFence
 }
 
 // Service implements the etcdbackup.v1 services.
@@ -76,9 +78,11 @@ type Service struct {
 	scratchDir string
 	limits     config.Limits
 
-	uploads claims
-	inUse   *retention.InUse
-	pruner  *retention.Pruner
+	uploads    claims
+	chains     chains
+	deltaFence DeltaFence
+	inUse      *retention.InUse
+	pruner     *retention.Pruner
 }
 
 // New returns the Service cfg describes.
@@ -95,6 +99,10 @@ func New(cfg Config) *Service {
 		uploads:    claims{inflight: map[string]bool{}, perLocation: map[string]int{}},
 		inUse:      cfg.InUse,
 		pruner:     cfg.Pruner,
+		deltaFence: cfg.DeltaFence,
+	}
+	if s.deltaFence == nil && cfg.Agents != nil {
+		s.deltaFence = cfg.Agents
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

@@ -79,8 +79,11 @@ type upload struct {
 	agent   *auth.Agent
 	locName string
 	loc     storage.Location
-	// release frees the upload's name and its slot in the location.
+	// release frees the upload's name and its slot in the location (and
+	// a delta segment's chain).
 	release func()
+	// unlockChain frees a delta segment's chain for its next segment.
+	unlockChain func()
 }
 
 func (u *upload) name() string { return u.header.GetName() }
@@ -110,17 +113,30 @@ func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBack
 		return nil, err
 	}
 	if agent, ok := auth.AgentFrom(ctx); ok {
-		if err := agentMay(agent, auth.AgentBackup, "upload", h.GetName(), u.locName); err != nil {
+		if agent.Kind == auth.AgentDelta || h.GetDelta() != nil {
+			if u.unlockChain, err = s.admitSegment(ctx, agent, h, u.locName, u.loc); err != nil {
+				return nil, err
+			}
+		} else if err := agentMay(agent, auth.AgentBackup, "upload", h.GetName(), u.locName); err != nil {
 			return nil, err
 		}
 		u.agent = agent
+	} else if h.GetDelta() != nil || u.kind == storage.SourceDelta {
+		return nil, status.Error(codes.PermissionDenied, "upload: only a target's delta agent stores delta segments")
 	} else if u.kind == storage.SourceAgent {
 		// Only an authenticated agent's backup is an agent's: a user
 		// cannot make an upload look like one.
 		u.kind = storage.SourceUpload
 	}
 	if u.release, err = s.claim(u.locName, h.GetName(), u.agent != nil); err != nil {
+		if u.unlockChain != nil {
+			u.unlockChain()
+		}
 		return nil, err
+	}
+	if unlock := u.unlockChain; unlock != nil {
+		release := u.release
+		u.release = func() { release(); unlock() }
 	}
 	return u, nil
 }
@@ -182,7 +198,7 @@ func (s *Service) receiveUpload(ctx context.Context, u *upload, recv func() (*eb
 // or encrypted data is hashed plainly: its sender checked the trailer
 // before transforming it.
 func uploadHash(h *ebv1.UploadHeader) (sum io.Writer, digestOf func() (string, error)) {
-	if h.GetCompression() == ebv1.CompressionNone && h.GetEncryption() == ebv1.EncryptionNone {
+	if h.GetCompression() == ebv1.CompressionNone && h.GetEncryption() == ebv1.EncryptionNone && h.GetDelta() == nil {
 		check := snapshot.NewTrailerCheck()
 		return check, check.Finish
 	}
@@ -255,6 +271,9 @@ func (s *Service) commitUpload(ctx context.Context, u *upload, r *received, up s
 	if a := u.agent; a != nil {
 		// The source is what the server knows, not what the agent says.
 		m.Source.Kind, m.Source.Description, m.Source.Target = storage.SourceAgent, "job "+a.JobNamespace+"/"+a.JobName, a.Target
+		if d := u.header.GetDelta(); d != nil {
+			m.Source.Kind, m.Delta = storage.SourceDelta, deltaFromHeader(d)
+		}
 		if a.Scheduled {
 			// A scheduled run: the server's signed Job says so, and its
 			// name holds the time it was due. The labels are for `list
@@ -274,6 +293,9 @@ func (s *Service) commitUpload(ctx context.Context, u *upload, r *received, up s
 	withSnapshotStatus(m, r.trailer.GetEtcd())
 	if err := up.Commit(ctx, m); err != nil {
 		return nil, s.metrics.StorageError("upload", u.locName, u.name(), err)
+	}
+	if m.Delta != nil {
+		s.segmentStored(u.locName, m)
 	}
 	return m, nil
 }

@@ -1,0 +1,100 @@
+package metrics
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// deltaSeries are the delta capture's series.
+type deltaSeries struct {
+	Segments *prometheus.CounterVec
+	Bytes    *prometheus.CounterVec
+	Events   *prometheus.CounterVec
+	// ChainEnds counts chains that ended (etcd compacted past the agent,
+	// a revision missing), by target.
+	ChainEnds   *prometheus.CounterVec
+	DeltaPeriod *prometheus.GaugeVec
+	lag         *lagCollector
+}
+
+func newDeltaSeries() deltaSeries {
+	return deltaSeries{
+		Segments: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "etcdbackup", Name: "delta_segments_total",
+			Help: "Delta segments stored, by target.",
+		}, []string{"target"}),
+		Bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "etcdbackup", Name: "delta_bytes_total",
+			Help: "Stored bytes of delta segments (compressed, encrypted), by target.",
+		}, []string{"target"}),
+		Events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "etcdbackup", Name: "delta_events_total",
+			Help: "etcd events stored in delta segments, by target.",
+		}, []string{"target"}),
+		ChainEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "etcdbackup", Name: "delta_chain_ends_total",
+			Help: "Delta chains that ended before a new full backup replaced them (etcd compacted past the agent, a revision was missing), by target: each starts a full backup.",
+		}, []string{"target"}),
+		DeltaPeriod: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "etcdbackup", Name: "delta_period_seconds",
+			Help: "A target's deltas.period: the lag alert allows a multiple of it.",
+		}, []string{"target"}),
+		lag: &lagCollector{last: map[string]time.Time{}, now: time.Now, desc: prometheus.NewDesc("etcdbackup_delta_lag_seconds",
+			"Seconds since the newest etcd event stored in a delta segment of a target was seen: how much a restore to now would lose. "+
+				"It grows when the agent stops storing, and also when etcd takes no writes (a Kubernetes cluster writes every few seconds).",
+			[]string{"target"}, nil)},
+	}
+}
+
+func (d deltaSeries) collectors() []prometheus.Collector {
+	return []prometheus.Collector{d.Segments, d.Bytes, d.Events, d.ChainEnds, d.DeltaPeriod, d.lag}
+}
+
+// DeltaStored counts a stored segment of target, of size bytes, whose
+// newest event was seen at last.
+func (m *Metrics) DeltaStored(target string, size int64, last time.Time, events int64) {
+	m.Segments.WithLabelValues(target).Inc()
+	m.Bytes.WithLabelValues(target).Add(float64(size))
+	m.Events.WithLabelValues(target).Add(float64(events))
+	if !last.IsZero() {
+		m.lag.observe(target, last)
+	}
+}
+
+// SetDeltaPosition records the newest event stored for target, as read
+// from storage (at start, or when a new chain begins).
+func (m *Metrics) SetDeltaPosition(target string, last time.Time) {
+	if !last.IsZero() {
+		m.lag.observe(target, last)
+	}
+}
+
+// lagCollector exports etcdbackup_delta_lag_seconds, computed when
+// scraped.
+type lagCollector struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+	now  func() time.Time
+	desc *prometheus.Desc
+}
+
+func (c *lagCollector) observe(target string, t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t.After(c.last[target]) {
+		c.last[target] = t
+	}
+}
+
+func (c *lagCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	for target, t := range c.last {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, now.Sub(t).Seconds(), target)
+	}
+}

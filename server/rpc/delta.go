@@ -1,0 +1,235 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+)
+
+// DeltaFence tells whether a delta agent may store segments now: it holds
+// its target's delta Lease, in the epoch its segment records
+// (jobs.Launcher.CheckDeltaWriter).
+type DeltaFence interface {
+	CheckDeltaWriter(ctx context.Context, target, pod string, epoch int64) error
+}
+
+// chains remembers where each chain stored by this server ends, so that
+// accepting a segment does not list the location. It is filled from
+// storage the first time a chain is written to, and it is only a cache
+// of what storage says: a segment is accepted only when it starts where
+// the chain ends, under the chain's lock.
+type chains struct {
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex
+	ends  map[string]chainEnd
+}
+
+type chainEnd struct {
+	next   int64
+	reason string
+}
+
+func (c *chains) lock(key string) func() {
+	c.mu.Lock()
+	if c.locks == nil {
+		c.locks, c.ends = map[string]*sync.Mutex{}, map[string]chainEnd{}
+	}
+	l, ok := c.locks[key]
+	if !ok {
+		l = &sync.Mutex{}
+		c.locks[key] = l
+	}
+	c.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+func (c *chains) get(key string) (chainEnd, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.ends[key]
+	return e, ok
+}
+
+func (c *chains) set(key string, e chainEnd) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ends[key] = e
+}
+
+// admitSegment holds a delta agent's upload to the one thing it may
+// store: the next segment of its own chain, while it holds its target's
+// delta Lease in the epoch the segment records. It returns what releases
+// the chain's lock, which the caller holds until the segment is stored
+// or dropped, so that two segments of a chain are never admitted at once.
+func (s *Service) admitSegment(ctx context.Context, a *auth.Agent, h *ebv1.UploadHeader, locName string, loc storage.Location) (func(), error) {
+	d := h.GetDelta()
+	switch {
+	case a == nil || a.Kind != auth.AgentDelta:
+		return nil, status.Error(codes.PermissionDenied, "only a target's delta agent stores delta segments")
+	case d == nil:
+		return nil, status.Errorf(codes.PermissionDenied, "%s may upload only delta segments (the header's delta)", a)
+	case d.GetChain() != a.Backup || locName != a.Location:
+		return nil, status.Errorf(codes.PermissionDenied, "%s may store segments of chain %q in location %q only, not of %q in %q", a, a.Backup, a.Location, d.GetChain(), locName)
+	case d.GetFirstRevision() <= 0 || d.GetLastRevision() < d.GetFirstRevision()-1 || d.GetEvents() < 0 || d.GetEpoch() < 0:
+		return nil, status.Errorf(codes.InvalidArgument, "delta segment of revisions %d..%d with %d events in epoch %d is not a segment any agent writes",
+			d.GetFirstRevision(), d.GetLastRevision(), d.GetEvents(), d.GetEpoch())
+	case h.GetName() != storage.SegmentName(d.GetChain(), d.GetFirstRevision()):
+		return nil, status.Errorf(codes.InvalidArgument, "a delta segment of chain %q starting at revision %d is named %q, not %q",
+			d.GetChain(), d.GetFirstRevision(), storage.SegmentName(d.GetChain(), d.GetFirstRevision()), h.GetName())
+	case h.GetCompression() == ebv1.CompressionNone && h.GetEncryption() == ebv1.EncryptionNone:
+		return nil, status.Error(codes.InvalidArgument, "a delta segment is stored compressed or encrypted, with its plain size and SHA-256 (raw_size, raw_sha256)")
+	}
+	if s.deltaFence == nil {
+		return nil, status.Error(codes.FailedPrecondition, "this server runs no delta agents, so it stores no delta segments")
+	}
+	if err := s.deltaFence.CheckDeltaWriter(ctx, a.Target, a.Pod, d.GetEpoch()); err != nil {
+		s.log.Warn("delta segment refused: not the writer", "chain", d.GetChain(), "segment", h.GetName(), "caller", a.String(), "error", err)
+		return nil, status.Errorf(codes.FailedPrecondition, "delta segment %q refused: %v; only the agent holding the Lease stores segments, stop this one", h.GetName(), err)
+	}
+	key := locName + "/" + d.GetChain()
+	unlock := s.chains.lock(key)
+	end, err := s.chainEnd(ctx, key, loc, d.GetChain())
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	switch {
+	case end.reason != "":
+		unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "chain %q ended (%s): it takes no more segments; a new full backup starts a new chain", d.GetChain(), end.reason)
+	case d.GetFirstRevision() != end.next:
+		unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "delta segment %q starts at revision %d but chain %q ends at revision %d: out of order, the next segment starts at %d",
+			h.GetName(), d.GetFirstRevision(), d.GetChain(), end.next-1, end.next)
+	}
+	return unlock, nil
+}
+
+// chainEnd is where chain (in loc, key) ends as stored: the revision its
+// next segment starts at. The caller holds the chain's lock.
+func (s *Service) chainEnd(ctx context.Context, key string, loc storage.Location, chain string) (chainEnd, error) {
+	if e, ok := s.chains.get(key); ok {
+		return e, nil
+	}
+	full, err := loc.Stat(ctx, chain)
+	if errors.Is(err, storage.ErrNotFound) {
+		return chainEnd{}, status.Errorf(codes.FailedPrecondition, "chain %q: its full backup is not stored (removed?); a delta chain follows a stored full backup", chain)
+	}
+	if err != nil {
+		return chainEnd{}, s.metrics.StorageError("get", "", chain, err)
+	}
+	if full.Etcd == nil || !full.Etcd.SnapshotStatus || full.Etcd.Revision <= 0 {
+		return chainEnd{}, status.Errorf(codes.FailedPrecondition, "backup %q records no revision read from its snapshot, so no chain can follow it; take a new backup", chain)
+	}
+	all, err := loc.List(ctx)
+	if err != nil {
+		return chainEnd{}, s.metrics.StorageError("list", "", "", err)
+	}
+	_, segments := storage.SplitSegments(all)
+	sum := chainSummary(full, storage.Chains(segments)[chain])
+	e := chainEnd{next: full.Etcd.Revision + 1, reason: ""}
+	if sum != nil {
+		e = chainEnd{next: sum.GetLastRevision() + 1, reason: sum.GetEndReason()}
+	}
+	s.chains.set(key, e)
+	return e, nil
+}
+
+// segmentStored moves the chain's end past a stored segment.
+func (s *Service) segmentStored(locName string, m *storage.Manifest) {
+	d := m.Delta
+	s.chains.set(locName+"/"+d.Chain, chainEnd{next: d.LastRevision + 1, reason: d.EndReason})
+	s.metrics.DeltaStored(m.Source.Target, m.Size, d.LastTime, d.Events)
+}
+
+// chainSummary is what full's chain holds: its segments that follow each
+// other from the full's revision on, with no gap and no overlap, from
+// writers whose epochs never go back. Segments past a gap are not part
+// of it (they cannot be replayed); nil when no segment follows full.
+func chainSummary(full *storage.Manifest, segs []*storage.Manifest) *ebv1.DeltaChain {
+	if full.Etcd == nil || len(segs) == 0 {
+		return nil
+	}
+	var c *ebv1.DeltaChain
+	for _, m := range ContiguousSegments(full.Etcd.Revision, segs) {
+		if c == nil {
+			c = &ebv1.DeltaChain{}
+		}
+		d := m.Delta
+		c.Segments++
+		c.Bytes += m.Size
+		c.LastRevision = d.LastRevision
+		if !d.LastTime.IsZero() {
+			c.LastTime = timestamppb.New(d.LastTime)
+		}
+		c.Epoch, c.EndReason = d.Epoch, d.EndReason
+	}
+	return c
+}
+
+// ContiguousSegments returns the segments (sorted by storage.Chains) that
+// follow each other from revision from+1 on: each starts where the one
+// before ended, none from a writer of an older epoch than the one before,
+// none after a chain's end.
+func ContiguousSegments(from int64, segs []*storage.Manifest) []*storage.Manifest {
+	var out []*storage.Manifest
+	next, epoch := from+1, int64(0)
+	for _, m := range segs {
+		d := m.Delta
+		if d == nil || d.FirstRevision != next || d.Epoch < epoch {
+			continue
+		}
+		out = append(out, m)
+		next, epoch = d.LastRevision+1, d.Epoch
+		if d.EndReason != "" {
+			break
+		}
+	}
+	return out
+}
+
+// withChain adds full's chain, as stored, to b.
+func withChain(b *ebv1.Backup, full *storage.Manifest, segments map[string][]*storage.Manifest) {
+	if c := chainSummary(full, segments[full.Name]); c != nil {
+		b.Chain = c
+	}
+}
+
+// deltaOf is m's segment description for the API.
+func deltaOf(d *storage.Delta) *ebv1.DeltaSegment {
+	out := &ebv1.DeltaSegment{
+		Chain: d.Chain, Epoch: d.Epoch, FirstRevision: d.FirstRevision, LastRevision: d.LastRevision,
+		Events: d.Events, EndReason: d.EndReason,
+	}
+	if !d.FirstTime.IsZero() {
+		out.FirstTime = timestamppb.New(d.FirstTime)
+	}
+	if !d.LastTime.IsZero() {
+		out.LastTime = timestamppb.New(d.LastTime)
+	}
+	return out
+}
+
+// deltaFromHeader is the manifest's record of an admitted segment.
+func deltaFromHeader(d *ebv1.DeltaSegment) *storage.Delta {
+	out := &storage.Delta{
+		Chain: d.GetChain(), Epoch: d.GetEpoch(), FirstRevision: d.GetFirstRevision(), LastRevision: d.GetLastRevision(),
+		Events: d.GetEvents(), EndReason: d.GetEndReason(),
+	}
+	if t := d.GetFirstTime(); t != nil {
+		out.FirstTime = t.AsTime()
+	}
+	if t := d.GetLastTime(); t != nil {
+		out.LastTime = t.AsTime()
+	}
+	return out
+}
