@@ -207,11 +207,11 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 
 	// Each kind only its own verb.
 	refused(t, c.guard, btok, auth.MethodDownloadBackup, codes.PermissionDenied, "only restore and drill agents may download")
-	refused(t, c.guard, rtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup agents may upload")
+	refused(t, c.guard, rtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup and delta agents may upload")
 
 	// A drill Job downloads its pinned backup, from the server's
 	// namespace, and uploads nothing.
-	dj, err := c.launcher.StartDrill(context.Background(), jobs.DrillSpec{Backup: "b1", Location: "default", Target: "app", SHA256: sum, Pod: "POD"})
+	dj, err := c.launcher.StartDrill(context.Background(), jobs.DrillSpec{Backup: "b1", Location: "default", Target: "app", SHA256: sum})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 	if *a != want {
 		t.Fatalf("agent %+v, want %+v", a, want)
 	}
-	refused(t, c.guard, dtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup agents may upload")
+	refused(t, c.guard, dtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup and delta agents may upload")
 }
 
 func TestAgentGuardRefuses(t *testing.T) {
