@@ -233,4 +233,5 @@ func (c *Controller) round(ctx context.Context, w *watcher) {
 		c.startScheduled(ctx, st, due, now, runs)
 	}
 	c.drillRound(ctx, w, now)
+	c.deltaRound(ctx, runs)
 }

@@ -1,0 +1,154 @@
+package controller
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+)
+
+// deltaRound keeps one delta agent running per target with deltas, on
+// the chain of the target's newest full backup: it starts one when none
+// runs, replaces one still on an older chain, and when a chain ended
+// (etcd compacted past the agent, a revision was missing) or there is no
+// full backup to start from, starts a full backup, whose chain the next
+// round starts.
+func (c *Controller) deltaRound(ctx context.Context, runs []jobs.Run) {
+	var deltaTargets []config.Target
+	for _, t := range c.targets {
+		if t.Deltas != nil {
+			deltaTargets = append(deltaTargets, t)
+		}
+	}
+	if len(deltaTargets) == 0 {
+		return
+	}
+	agents, err := c.agents.Deltas(ctx)
+	if err != nil {
+		c.log.Warn("delta agents: list their Jobs", "error", err)
+		return
+	}
+	for _, t := range deltaTargets {
+		if err := c.superviseDelta(ctx, t, agents, runs); err != nil {
+			c.log.Warn("delta agent", "target", t.Name, "error", err)
+		}
+	}
+}
+
+func (c *Controller) superviseDelta(ctx context.Context, t config.Target, agents []jobs.DeltaRun, runs []jobs.Run) error {
+	locName := cmp.Or(t.Location, c.order[0])
+	loc := c.locations[locName]
+	all, err := loc.List(ctx)
+	if err != nil {
+		c.metrics.StorageErrors.WithLabelValues(locName, "list").Inc()
+		return fmt.Errorf("list backups: %w", err)
+	}
+	backups, segments := storage.SplitSegments(all)
+	full := newestChainBase(backups, t.Name)
+	chains := storage.Chains(segments)
+	var ended string
+	if full != nil {
+		for _, m := range chains[full.Name] {
+			if m.Delta != nil && m.Delta.EndReason != "" {
+				ended = m.Delta.EndReason
+			}
+		}
+		if last := lastStored(chains[full.Name]); last != nil {
+			c.metrics.SetDeltaPosition(t.Name, last.Delta.LastTime)
+		}
+	}
+	running := false
+	for _, a := range agents {
+		if a.Target != t.Name {
+			continue
+		}
+		switch {
+		case a.Phase == jobs.PhaseRunning && (full == nil || a.Chain != full.Name || ended != ""):
+			// A newer full starts a new chain: the agent on the old one
+			// stores what it holds and releases the Lease.
+			c.log.Info("delta agent replaced: a newer full backup starts a new chain", "target", t.Name, "job", a.JobName, "chain", a.Chain)
+			if err := c.agents.StopDelta(ctx, a.JobName); err != nil {
+				return fmt.Errorf("stop delta agent %s: %w", a.JobName, err)
+			}
+		case a.Phase == jobs.PhaseRunning:
+			running = true
+		case a.ChainEnded != "" && !a.Counted:
+			c.metrics.ChainEnds.WithLabelValues(t.Name).Inc()
+			c.log.Warn("delta chain ended; starting a full backup for a new chain", "target", t.Name, "chain", a.Chain, "reason", a.ChainEnded)
+			if err := c.agents.MarkCounted(ctx, a.JobName); err != nil {
+				return err
+			}
+			if a.Chain == full.Name {
+				ended = a.ChainEnded
+			}
+		}
+	}
+	if running {
+		return nil
+	}
+	if full == nil || ended != "" {
+		return c.startChainBase(ctx, t, locName, runs, ended)
+	}
+	_, err = c.agents.StartDelta(ctx, jobs.DeltaSpec{
+		Target: t, Chain: full.Name, Location: locName, FromRevision: full.Etcd.Revision,
+		Compression: cmp.Or(ebv1.CompressionFromName(t.Compression), ebv1.CompressionZstd), AgeRecipients: t.AgeRecipients(),
+		Period: t.Deltas.PeriodOrDefault(), MaxBytes: t.Deltas.MaxBytesOrDefault(),
+	})
+	if errors.Is(err, jobs.ErrRunning) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("start delta agent on chain %q: %w", full.Name, err)
+	}
+	c.log.Info("delta agent started", "target", t.Name, "chain", full.Name, "fromRevision", full.Etcd.Revision)
+	return nil
+}
+
+// newestChainBase is the newest backup of target a chain can start
+// from: one an agent took, whose revision was read from the snapshot
+// itself (a chain starts at exactly that revision + 1).
+func newestChainBase(backups []*storage.Manifest, target string) *storage.Manifest {
+	var newest *storage.Manifest
+	for _, m := range backups {
+		if m.Source.Kind != storage.SourceAgent || m.Source.Target != target || m.Etcd == nil || !m.Etcd.SnapshotStatus || m.Etcd.Revision <= 0 {
+			continue
+		}
+		if newest == nil || m.Etcd.Revision > newest.Etcd.Revision {
+			newest = m
+		}
+	}
+	return newest
+}
+
+func lastStored(segs []*storage.Manifest) *storage.Manifest {
+	if len(segs) == 0 {
+		return nil
+	}
+	return segs[len(segs)-1]
+}
+
+// startChainBase starts a full backup of t to start a new chain from,
+// unless a backup of t is running already (its chain starts when it is
+// stored).
+func (c *Controller) startChainBase(ctx context.Context, t config.Target, locName string, runs []jobs.Run, why string) error {
+	for _, r := range runs {
+		if r.Target == t.Name && r.Phase == jobs.PhaseRunning {
+			return nil
+		}
+	}
+	name := fmt.Sprintf("%s-chain-%s", t.Name, c.now().UTC().Format("20060102-150405"))
+	if why == "" {
+		why = "no full backup of the target to start a chain from"
+	}
+	_, err := c.startBackup(ctx, &ebv1.CreateBackupRequest{Name: name, Location: locName, Target: t.Name}, false, "delta capture ("+why+")")
+	if err != nil {
+		return fmt.Errorf("start full backup %q for a new delta chain: %w", name, err)
+	}
+	c.log.Info("full backup started for a new delta chain", "target", t.Name, "backup", name, "reason", why)
+	return nil
+}
