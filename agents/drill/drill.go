@@ -11,22 +11,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"time"
 
 	"filippo.io/age"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/loopetcd"
 )
 
 // Options say which backup to drill and where to work.
@@ -137,56 +134,17 @@ func compare(want *ebv1.EtcdInfo, got Result) (string, bool) {
 // snapshot at path, keeping its revision (no bump: the comparison is at
 // the recorded revision), starts etcd on it on loopback and asks it.
 func restoreAndAsk(ctx context.Context, path, dataDir string, rev int64, startTimeout time.Duration) (Result, error) {
-	peer, err := freeLoopbackURL()
+	m, err := loopetcd.Start(ctx, loopetcd.Options{
+		Snapshot: path, DataDir: dataDir, StartTimeout: startTimeout,
+		// The scratch space holds one copy of the data at a time, beside
+		// the member's.
+		RemoveSnapshot: true,
+	})
 	if err != nil {
 		return Result{}, err
 	}
-	const name = "drill"
-	noBump := int64(0)
-	m := snapshot.Member{
-		Name: name, DataDir: dataDir, BumpRevision: &noBump,
-		InitialCluster:           name + "=" + peer.String(),
-		InitialAdvertisePeerURLs: []string{peer.String()},
-	}
-	if _, err := snapshot.Restore(path, m); err != nil {
-		return Result{}, err
-	}
-	// The snapshot is not needed once restored: the scratch space holds
-	// one copy of the data at a time, beside the member's.
-	_ = os.Remove(path)
-
-	clientURL, err := freeLoopbackURL()
-	if err != nil {
-		return Result{}, err
-	}
-	cfg := embed.NewConfig()
-	cfg.Name, cfg.Dir = name, dataDir
-	cfg.Logger, cfg.LogLevel = "zap", "error"
-	cfg.LogOutputs = []string{filepath.Join(filepath.Dir(dataDir), "etcd.log")}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{clientURL}, []url.URL{clientURL}
-	cfg.ListenMetricsUrls = nil
-	cfg.InitialCluster = m.InitialCluster
-	// The member is thrown away: nothing it writes needs to survive a crash.
-	cfg.UnsafeNoFsync = true
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return Result{}, fmt.Errorf("start etcd on the restored data: %w", err)
-	}
-	defer e.Close()
-	if startTimeout <= 0 {
-		startTimeout = 2 * time.Minute
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		return Result{}, fmt.Errorf("etcd on the restored data stopped: %w", err)
-	case <-time.After(startTimeout):
-		return Result{}, fmt.Errorf("etcd on the restored data did not serve within %s", startTimeout)
-	case <-ctx.Done():
-		return Result{}, ctx.Err()
-	}
-	return ask(ctx, clientURL.String(), rev)
+	defer m.Close()
+	return ask(ctx, m.Endpoint, rev)
 }
 
 // ask reads the restored member's revision, its number of keys at rev and
@@ -217,13 +175,4 @@ func ask(ctx context.Context, endpoint string, rev int64) (Result, error) {
 	}
 	got.Keys, got.HashKV = count.Count, hash.Hash
 	return got, nil
-}
-
-func freeLoopbackURL() (url.URL, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return url.URL{}, fmt.Errorf("a loopback port for the restored member: %w", err)
-	}
-	defer l.Close()
-	return url.URL{Scheme: "http", Host: l.Addr().String()}, nil
 }

@@ -20,12 +20,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"filippo.io/age"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta/replay"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -51,6 +53,10 @@ type Options struct {
 	// backup replaced under the same name is refused before any byte of
 	// it is downloaded, and again after download.
 	SHA256 string
+	// Deltas, when set, restore to a point after the backup: its chain's
+	// segments are fetched through the same server and replayed onto it
+	// before the data directory is rebuilt. Not with FromFile.
+	Deltas *Deltas
 }
 
 // Events report the flow's progress; any may be nil.
@@ -86,6 +92,13 @@ type Result struct {
 	// so that every watch from before it is cancelled and relists.
 	BumpRevision    int64
 	MarkedCompacted bool
+	// ToRevision is the revision deltas were replayed to (with Deltas;
+	// SnapshotRevision then equals it), ReplayedRevisions how many
+	// revisions that took and PointTime when the last one was seen (zero
+	// when none was replayed).
+	ToRevision        int64
+	ReplayedRevisions int64
+	PointTime         time.Time
 }
 
 // DownloadError wraps an error of fetching the backup through the server
@@ -108,11 +121,26 @@ func (o Options) Validate() error {
 		return errors.New("restore needs the name of a backup")
 	}
 	if o.SHA256 != "" {
-		if b, err := hex.DecodeString(o.SHA256); err != nil || len(b) != sha256.Size || strings.ToLower(o.SHA256) != o.SHA256 {
+		if validSHA256(o.SHA256) != nil {
 			return fmt.Errorf("--sha256 %q is not a SHA-256 in lowercase hex (64 characters)", o.SHA256)
 		}
 	}
+	if o.Deltas != nil {
+		if o.FromFile != "" {
+			return errors.New("a restore to a point in time replays delta segments fetched through the server: it cannot start from a downloaded file; restore through the server, or restore the file without a point")
+		}
+		if err := o.Deltas.validate(); err != nil {
+			return err
+		}
+	}
 	return o.Member.Validate()
+}
+
+func validSHA256(s string) error {
+	if b, err := hex.DecodeString(s); err != nil || len(b) != sha256.Size || strings.ToLower(s) != s {
+		return fmt.Errorf("%q is not a SHA-256 in lowercase hex (64 characters)", s)
+	}
+	return nil
 }
 
 // Run restores. c may be nil with FromFile. A corrupt backup wraps
@@ -158,6 +186,17 @@ func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, 
 	if ev.Verified != nil {
 		ev.Verified(v)
 	}
+	var replayed replay.Result
+	if o.Deltas != nil {
+		if path, replayed, err = replayDeltas(ctx, c, o, work, path, v); err != nil {
+			return nil, err
+		}
+		// What is restored is the replayed snapshot: its status replaces
+		// the full's (the bump starts from its revision).
+		if v.Status, err = snapshot.Check(path); err != nil {
+			return nil, fmt.Errorf("the snapshot replayed from backup %q and its deltas does not check: %w", o.Name, err)
+		}
+	}
 	bump := o.Member.RevisionBump()
 	// etcd adds the bump without checking: past int64 the revision would
 	// wrap negative and the member would not start.
@@ -179,6 +218,7 @@ func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, 
 		// reports.
 		SnapshotRevision: v.Status.Revision, Revision: v.Status.Revision + bump,
 		BumpRevision: bump, MarkedCompacted: o.Member.MarksCompacted(),
+		ToRevision: replayed.Revision, ReplayedRevisions: replayed.Revisions, PointTime: replayed.Time,
 	}, nil
 }
 

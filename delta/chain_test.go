@@ -1,0 +1,160 @@
+package delta
+
+import (
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 1, 2, 3, 0, 0, 0, time.UTC)
+
+// seg is a segment of chain c holding first..last, seen at t0 + revision
+// seconds.
+func seg(c string, epoch, first, last int64) SegmentInfo {
+	return SegmentInfo{
+		Name: c + ".delta-" + itoa(first) + "-e" + itoa(epoch), Chain: c, Epoch: epoch,
+		FirstRevision: first, LastRevision: last,
+		FirstTime: t0.Add(time.Duration(first) * time.Second), LastTime: t0.Add(time.Duration(last) * time.Second),
+	}
+}
+
+func itoa(i int64) string { return strconv.FormatInt(i, 10) }
+
+func names(ss []SegmentInfo) []string {
+	var n []string
+	for _, s := range ss {
+		n = append(n, s.Name)
+	}
+	return n
+}
+
+func TestContiguous(t *testing.T) {
+	full := FullInfo{Name: "f", Revision: 100}
+	for _, tc := range []struct {
+		name     string
+		segs     []SegmentInfo
+		want     []string
+		problems []string // substrings, one per problem, in order
+	}{
+		{name: "none"},
+		{name: "in order", segs: []SegmentInfo{seg("f", 1, 101, 150), seg("f", 1, 151, 200)}, want: []string{"f.delta-101-e1", "f.delta-151-e1"}},
+		{name: "shuffled", segs: []SegmentInfo{seg("f", 1, 151, 200), seg("f", 1, 101, 150)}, want: []string{"f.delta-101-e1", "f.delta-151-e1"}},
+		{name: "gap", segs: []SegmentInfo{seg("f", 1, 101, 150), seg("f", 1, 160, 200)}, want: []string{"f.delta-101-e1"},
+			problems: []string{"revisions 151..159 are missing"}},
+		{name: "first missing", segs: []SegmentInfo{seg("f", 1, 102, 150)},
+			problems: []string{"revisions 101..101 are missing"}},
+		{name: "higher epoch wins", segs: []SegmentInfo{seg("f", 1, 101, 200), seg("f", 2, 101, 150), seg("f", 2, 151, 170)},
+			want: []string{"f.delta-101-e2", "f.delta-151-e2"}, problems: []string{"f.delta-101-e1 (revisions 101..200, epoch 1) not used: epoch 1 is older"}},
+		{name: "deposed writer after a takeover", segs: []SegmentInfo{seg("f", 1, 101, 150), seg("f", 2, 151, 170), seg("f", 1, 171, 200)},
+			want: []string{"f.delta-101-e1", "f.delta-151-e2"}, problems: []string{"f.delta-171-e1 (revisions 171..200, epoch 1) not used: epoch 1 is older"}},
+		{name: "stale epoch exactly at the end is not used", segs: []SegmentInfo{seg("f", 2, 101, 150), seg("f", 1, 151, 200)},
+			want: []string{"f.delta-101-e2"}, problems: []string{"deposed"}},
+		{name: "overlap not at the start", segs: []SegmentInfo{seg("f", 1, 101, 150), seg("f", 1, 140, 200)},
+			want: []string{"f.delta-101-e1"}, problems: []string{"overlaps"}},
+		{name: "before the full", segs: []SegmentInfo{seg("f", 1, 90, 99), seg("f", 1, 101, 110)},
+			want: []string{"f.delta-101-e1"}, problems: []string{"at or before the full"}},
+		{name: "other chain", segs: []SegmentInfo{seg("g", 1, 101, 150)}, problems: []string{"belongs to chain g"}},
+		{name: "empty segments skipped", segs: []SegmentInfo{seg("f", 1, 101, 100), seg("f", 1, 101, 110)}, want: []string{"f.delta-101-e1"}},
+		{name: "damaged manifest", segs: []SegmentInfo{seg("f", 1, 101, 50)}, problems: []string{"damaged"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			used, problems := Contiguous(full, tc.segs)
+			if got := names(used); !slices.Equal(got, tc.want) {
+				t.Errorf("used %v, want %v", got, tc.want)
+			}
+			if len(problems) != len(tc.problems) {
+				t.Fatalf("problems %q, want ones containing %q", problems, tc.problems)
+			}
+			for i := range problems {
+				if !strings.Contains(problems[i], tc.problems[i]) {
+					t.Errorf("problem %q does not contain %q", problems[i], tc.problems[i])
+				}
+			}
+		})
+	}
+}
+
+func TestPlan(t *testing.T) {
+	fulls := []FullInfo{
+		{Name: "f100", Revision: 100, Time: t0.Add(100 * time.Second), Target: "prod"},
+		{Name: "f300", Revision: 300, Time: t0.Add(300 * time.Second), Target: "prod"},
+		{Name: "f500", Revision: 500, Time: t0.Add(500 * time.Second), Target: "prod"},
+	}
+	chains := map[string][]SegmentInfo{
+		// f100 reaches 350; f300 reaches 400 (a gap after); f500 none.
+		"f100": {seg("f100", 1, 101, 200), seg("f100", 1, 201, 350)},
+		"f300": {seg("f300", 1, 301, 400), seg("f300", 1, 420, 480)},
+	}
+	at := func(rev int64) time.Time { return t0.Add(time.Duration(rev) * time.Second) }
+	for _, tc := range []struct {
+		name    string
+		p       Point
+		full    string
+		segs    []string
+		to      int64
+		wantErr string
+	}{
+		{name: "revision in the first segment", p: Point{Revision: 150}, full: "f100", segs: []string{"f100.delta-101-e1"}, to: 150},
+		{name: "revision at a segment's end", p: Point{Revision: 200}, full: "f100", segs: []string{"f100.delta-101-e1"}, to: 200},
+		{name: "revision after a boundary", p: Point{Revision: 201}, full: "f100", segs: []string{"f100.delta-101-e1", "f100.delta-201-e1"}, to: 201},
+		{name: "the full's own revision", p: Point{Revision: 100}, full: "f100", to: 100},
+		{name: "newest full that reaches", p: Point{Revision: 320}, full: "f300", segs: []string{"f300.delta-301-e1"}, to: 320},
+		{name: "newest full itself", p: Point{Revision: 500}, full: "f500", to: 500},
+		{name: "before the oldest full", p: Point{Revision: 5}, wantErr: "revision 5 is before the oldest full backup of target prod (revision 100 at 2026-01-02T03:01:40Z, backup f100)"},
+		{name: "after the newest event", p: Point{Revision: 501}, wantErr: "revision 501 is after the newest event stored of target prod (revision 500 at"},
+		{name: "in a gap", p: Point{Revision: 410}, wantErr: "no chain of target prod covers revision 410"},
+		{name: "newest", p: Point{}, full: "f500", to: 500},
+		{name: "time in a segment", p: Point{Time: at(150).Add(time.Millisecond)}, full: "f100", segs: []string{"f100.delta-101-e1"}},
+		{name: "time at a segment's end", p: Point{Time: at(200).Add(time.Millisecond)}, full: "f100", segs: []string{"f100.delta-101-e1"}, to: 200},
+		{name: "time in the newer chain", p: Point{Time: at(350)}, full: "f300", segs: []string{"f300.delta-301-e1"}},
+		{name: "time before the oldest full", p: Point{Time: at(50)}, wantErr: "before the oldest full backup of target prod"},
+		{name: "time after the newest event", p: Point{Time: at(600)}, wantErr: "after the newest event stored of target prod (revision 500"},
+		{name: "both", p: Point{Revision: 1, Time: at(1)}, wantErr: "not both"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := Plan(fulls, chains, tc.p)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Full.Name != tc.full || !slices.Equal(names(res.Segments), tc.segs) || res.ToRevision != tc.to || res.Point != tc.p {
+				t.Fatalf("got full %s, segments %v, to %d; want %s, %v, %d", res.Full.Name, names(res.Segments), res.ToRevision, tc.full, tc.segs, tc.to)
+			}
+		})
+	}
+	if _, err := Plan(nil, nil, Point{}); !errors.Is(err, ErrNotRecoverable) {
+		t.Fatalf("no fulls: %v", err)
+	}
+}
+
+func TestWindow(t *testing.T) {
+	fulls := []FullInfo{{Name: "b", Revision: 300, Time: t0.Add(300 * time.Second)}, {Name: "a", Revision: 100, Time: t0.Add(100 * time.Second)}}
+	for _, tc := range []struct {
+		name           string
+		chains         map[string][]SegmentInfo
+		earliest, last int64
+	}{
+		{name: "fulls only", earliest: 100, last: 300},
+		{name: "newest chain", chains: map[string][]SegmentInfo{"b": {seg("b", 1, 301, 320)}}, earliest: 100, last: 320},
+		{name: "older chain reaches further", chains: map[string][]SegmentInfo{"a": {seg("a", 1, 101, 400)}}, earliest: 100, last: 400},
+		{name: "gap cuts the chain", chains: map[string][]SegmentInfo{"b": {seg("b", 1, 301, 320), seg("b", 1, 330, 340)}}, earliest: 100, last: 320},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, l, ok := Window(fulls, tc.chains)
+			if !ok || e.Revision != tc.earliest || l.Revision != tc.last || !l.Time.Equal(t0.Add(time.Duration(tc.last)*time.Second)) {
+				t.Fatalf("window %+v .. %+v (%v), want %d..%d", e, l, ok, tc.earliest, tc.last)
+			}
+		})
+	}
+	if _, _, ok := Window(nil, nil); ok {
+		t.Fatal("a window without fulls")
+	}
+}
