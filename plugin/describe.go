@@ -136,6 +136,7 @@ func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
 	}
 	describeData(w, b)
 	describeVerification(w, b, now)
+	describeChain(w, b, now)
 	if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_FAILED {
 		fmt.Fprintf(w, "Next:\tkubectl etcdbackup logs %s --location %s\n", b.GetName(), b.GetLocation())
 	}
@@ -249,6 +250,27 @@ func describeVerification(w io.Writer, b *ebv1.Backup, now time.Time) {
 	subfield(w, "Message", orNone(v.GetMessage()))
 	if v.GetJob() != "" {
 		subfield(w, "Job", v.GetJob())
+	}
+}
+
+// describeChain writes a full backup's delta chain, as stored: how far a
+// restore to a point from it reaches.
+func describeChain(w io.Writer, b *ebv1.Backup, now time.Time) {
+	c := b.GetChain()
+	if c == nil {
+		return
+	}
+	fmt.Fprintln(w, "Delta Chain:")
+	subfield(w, "Revisions", fmt.Sprintf("%d to %d", b.GetEtcd().GetRevision()+1, c.GetLastRevision()))
+	if knownTime(c.GetLastTime()) {
+		subfield(w, "Newest Event", fmt.Sprintf("%s (%s ago)", c.GetLastTime().AsTime().UTC().Format(time.RFC3339), duration.HumanDuration(now.Sub(c.GetLastTime().AsTime()))))
+	}
+	subfield(w, "Segments", fmt.Sprintf("%d, %s", c.GetSegments(), sizeString(c.GetBytes())))
+	subfield(w, "Writer Epoch", c.GetEpoch())
+	if r := c.GetEndReason(); r != "" {
+		subfield(w, "Ended", r+" (a new full backup starts a new chain)")
+	} else {
+		subfield(w, "Ended", "<no> (still growing)")
 	}
 }
 

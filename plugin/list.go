@@ -11,6 +11,9 @@ type ListOptions struct {
 	*GlobalOptions
 	PrintFlags *PrintFlags
 	Selector   string
+	// Target (--target) lists only that target's backups and, for a
+	// person, the window a restore to a point can reach.
+	Target string
 }
 
 // NewCmdList returns the list command.
@@ -30,6 +33,9 @@ kubectl etcdbackup list -o wide --location s3
 # List the backups labelled env=prod as a BackupList in JSON
 kubectl etcdbackup list -l env=prod -o json
 
+# List target app-etcd's backups and the window restore --to-revision/--to-time can reach
+kubectl etcdbackup list --target app-etcd
+
 # Print only the names of the completed backups
 kubectl etcdbackup list -o jsonpath='{range .items[?(@.status.phase=="Completed")]}{.metadata.name}{"\n"}{end}'`),
 		Args: cobra.NoArgs,
@@ -37,6 +43,7 @@ kubectl etcdbackup list -o jsonpath='{range .items[?(@.status.phase=="Completed"
 	}
 	o.PrintFlags.AddFlags(cmd, "output format")
 	cmd.Flags().StringVarP(&o.Selector, "selector", "l", "", "label selector to filter backups (e.g. env=prod)")
+	cmd.Flags().StringVar(&o.Target, "target", "", "list only this etcd target's backups, and the recoverable window of a restore to a point (earliest and latest revision and time)")
 	addStorageConfigFlag(cmd, g)
 	return cmd
 }
@@ -62,6 +69,9 @@ func (o *ListOptions) Run(ctx context.Context) error {
 	}()
 	bs, unavailable, listErr := o.listBackups(ctx, conn, o.Selector)
 	trace("backups listed")
+	if o.Target != "" {
+		bs = ofTarget(bs, o.Target)
+	}
 	if listErr != nil && len(bs) == 0 {
 		return listErr
 	}
@@ -75,6 +85,11 @@ func (o *ListOptions) Run(ctx context.Context) error {
 		return err
 	}
 	trace("backups printed")
+	if o.Target != "" && o.PrintFlags.Human() {
+		if err := o.printWindow(ctx, conn); err != nil {
+			return err
+		}
+	}
 	// What could be listed is printed. A location that failed is still
 	// an error (and the exit status), as kubectl get does; one the
 	// server cannot reach is a warning after the list, where a person

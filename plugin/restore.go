@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -41,6 +43,14 @@ type RestoreOptions struct {
 	// WaitTimeout bounds --wait; PollInterval is how often it asks.
 	WaitTimeout  time.Duration
 	PollInterval time.Duration
+	// ToRevision and ToTime (--to-revision, --to-time) restore to a
+	// point: the newest full backup before it and the delta segments
+	// after that full, replayed up to it. AllowLeaseLoss is
+	// --allow-lease-loss.
+	ToRevision     int64
+	ToTime         string
+	AllowLeaseLoss bool
+	point          delta.Point
 }
 
 // NewCmdRestore returns the restore command.
@@ -95,11 +105,14 @@ kubectl etcdbackup restore control-plane-20260131-020000 --local \
 
 # Rebuild target app-etcd from an encrypted backup, the key in Secret etcd-age-key
 kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity-secret etcd-age-key --wait`),
-		Args:              cobra.ExactArgs(1),
+		Args:              cobra.RangeArgs(0, 1),
 		ValidArgsFunction: completeBackupNames(g, 1),
 		RunE:              runE(o),
 	}
 	f := cmd.Flags()
+	f.Int64Var(&o.ToRevision, "to-revision", 0, "restore the keyspace as it was at etcd revision `R`: the newest full backup at or before it, then its delta segments replayed up to R (targets with deltas:); NAME may then be left out")
+	f.StringVar(&o.ToTime, "to-time", "", "restore the keyspace as it was at `TIME` (RFC 3339, e.g. 2026-12-02T14:05:00Z): the last revision seen at or before it")
+	f.BoolVar(&o.AllowLeaseLoss, "allow-lease-loss", false, "with --to-revision/--to-time: restore keys whose lease expired before the delta agent could read its TTL, with a 60 s lease, instead of refusing")
 	f.BoolVar(&o.Local, "local", false, "restore into a data directory on this machine")
 	f.StringVar(&o.Member.DataDir, "data-dir", "", "with --local: the member's etcd --data-dir")
 	f.StringVar(&o.Member.Name, "member-name", "", "with --local: the member's etcd --name")
@@ -126,10 +139,23 @@ kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity
 // Complete takes the backup's name from the arguments and gives
 // --bump-revision to the member layout.
 func (o *RestoreOptions) Complete(_ *cobra.Command, args []string) error {
-	o.Name = backupName(args[0])
+	if len(args) > 0 {
+		o.Name = backupName(args[0])
+	}
 	o.Member.BumpRevision = &o.BumpRevision
+	o.point = delta.Point{Revision: o.ToRevision}
+	if o.ToTime != "" {
+		t, err := time.Parse(time.RFC3339Nano, o.ToTime)
+		if err != nil {
+			return fmt.Errorf("--to-time %q is not a time in RFC 3339 (like 2026-12-02T14:05:00Z or 2026-12-02T15:05:00+01:00)", o.ToTime)
+		}
+		o.point.Time = t
+	}
 	return nil
 }
+
+// toPoint says whether the restore is to a point rather than a backup.
+func (o *RestoreOptions) toPoint() bool { return o.ToRevision != 0 || o.ToTime != "" }
 
 // Validate checks that the flags go together; it reads nothing, so the
 // data directory is checked in Run.
@@ -139,10 +165,24 @@ func (o *RestoreOptions) Validate() error {
 		storageConfig = o.StorageConfig
 	}
 	switch {
+	case o.ToRevision < 0:
+		return fmt.Errorf("--to-revision %d: etcd revisions are positive", o.ToRevision)
+	case o.ToRevision != 0 && o.ToTime != "":
+		return errors.New("give --to-revision or --to-time, not both")
+	case o.Name == "" && !o.toPoint():
+		return errors.New("say what to restore: a backup NAME, or --to-revision R / --to-time TIME with --target T")
+	case o.Name == "" && o.Target == "":
+		return errors.New("--to-revision and --to-time without a backup NAME need --target T: the point is found among that target's backups")
+	case o.toPoint() && o.FromFile != "":
+		return errors.New("--from-file restores one downloaded backup; a restore to a point (--to-revision, --to-time) reads the delta segments through the server or --storage-config")
+	case o.AllowLeaseLoss && !o.toPoint():
+		return errors.New("--allow-lease-loss goes with --to-revision or --to-time")
+	case o.toPoint() && !o.Local:
+		return errors.New("a restore to a point runs with --local for now (one member at a time, --target T names whose backups); an in-cluster restore to a point is not supported yet")
 	case o.BumpRevision < 0:
 		return fmt.Errorf("--bump-revision %d is negative: etcd's revision only grows; give 0 to keep the snapshot's revisions, or a positive amount (default %d)", o.BumpRevision, snapshot.DefaultRevisionBump)
-	case o.Local && o.Target != "":
-		return errors.New("give --local or --target, not both")
+	case o.Local && o.Target != "" && !o.toPoint():
+		return errors.New("give --local or --target, not both (with --to-revision or --to-time, --target only says whose backups)")
 	case !o.Local && o.Target == "":
 		return errors.New("say where to restore: --local (with --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls) or --target")
 	case o.FromFile != "" && !o.Local:
@@ -188,7 +228,10 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 	o.Member.DataDir = dataDir
 	work := o.WorkDir
 	if work == "" {
-		work = restore.DefaultWorkDir(dataDir, o.Name)
+		work = restore.DefaultWorkDir(dataDir, cmp.Or(o.Name, "to-point"))
+	}
+	if o.DryRun && o.toPoint() {
+		return o.restoreLocal(ctx, work)
 	}
 	if o.DryRun {
 		fmt.Fprintf(o.Out, "would download backup %q to %s, verify it, and rebuild %s for member %q of cluster %s (peer URLs %s)\n",
@@ -209,13 +252,19 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 	}
 	var conn *Connection
 	var c *client.Client
+	var deltas *restore.Deltas
+	var sha string
 	if o.FromFile == "" {
 		if conn, err = o.Connect(ctx); err != nil {
 			return err
 		}
 		defer conn.Close()
 		c = conn.Client
-		if o.Location, err = o.resolveLocation(ctx, conn, "restore "+quote(o.Name), o.Name); err != nil {
+		if o.toPoint() {
+			if deltas, sha, err = o.planPoint(ctx, conn); err != nil || o.DryRun {
+				return err
+			}
+		} else if o.Location, err = o.resolveLocation(ctx, conn, "restore "+quote(o.Name), o.Name); err != nil {
 			return err
 		}
 	}
@@ -238,7 +287,7 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 		},
 		MovedAside: func(to string) { fmt.Fprintf(o.ErrOut, "the old data directory was moved to %s\n", to) },
 	}
-	res, err := restore.Run(ctx, c, restore.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work, Identities: ids}, ev)
+	res, err := restore.Run(ctx, c, restore.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work, Identities: ids, SHA256: sha, Deltas: deltas}, ev)
 	bar.Finish(false)
 	if errors.Is(err, crypt.ErrIdentityRequired) {
 		return fmt.Errorf("restore %q: the backup is age-encrypted and no identity was given: pass --identity KEYFILE, or set %s=KEYFILE, with a secret key of one of its recipients; nothing was changed", o.Name, IdentityEnv)
@@ -252,6 +301,10 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 	}
 	if err != nil {
 		return err
+	}
+	if deltas != nil {
+		fmt.Fprintf(o.Out, "replayed %d revisions of %d delta segments after backup %q: the keyspace is as it was at revision %d%s\n",
+			res.ReplayedRevisions, len(deltas.Segments), o.Name, res.ToRevision, seenAt(res.PointTime))
 	}
 	fmt.Fprintf(o.Out, "restored %q into %s for member %q; start etcd with --data-dir %s --name %s --initial-cluster %s --initial-advertise-peer-urls %s\n",
 		o.Name, o.Member.DataDir, o.Member.Name, o.Member.DataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
