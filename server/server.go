@@ -69,6 +69,9 @@ type Config struct {
 	// AgentGuard admits calls on the agent listener; nil refuses every
 	// call there, since agents could not be told apart from anyone else.
 	AgentGuard auth.Guard
+	// DeltaFence admits delta segments (rpc.Config.DeltaFence); nil is
+	// Agents' Lease check.
+	DeltaFence rpc.DeltaFence
 	// AgentTLS secures the agent listener (server/agenttls); nil serves
 	// it in plaintext.
 	AgentTLS *tls.Config
@@ -154,7 +157,7 @@ func New(cfg Config) (*Server, error) {
 	s.Service = rpc.New(rpc.Config{
 		Locations: cfg.Locations, Logger: log, Now: now, Metrics: m,
 		Targets: cfg.Targets, Agents: cfg.Agents, ScratchDir: cfg.ScratchDir, Limits: s.limits,
-		InUse: inUse, Pruner: pruner,
+		InUse: inUse, Pruner: pruner, DeltaFence: cfg.DeltaFence,
 	})
 	s.controller = controller.New(controller.Config{
 		Locations: cfg.Locations, Targets: cfg.Targets, Agents: cfg.Agents, Metrics: m, Pruner: pruner,

@@ -23,6 +23,8 @@ func (c *Controller) deltaRound(ctx context.Context, runs []jobs.Run) {
 	for _, t := range c.targets {
 		if t.Deltas != nil {
 			deltaTargets = append(deltaTargets, t)
+			c.metrics.DeltaPeriod.WithLabelValues(t.Name).Set(t.Deltas.PeriodOrDefault().Seconds())
+			c.metrics.ChainEnds.WithLabelValues(t.Name)
 		}
 	}
 	if len(deltaTargets) == 0 {

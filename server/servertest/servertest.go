@@ -24,6 +24,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
@@ -67,6 +68,8 @@ type Options struct {
 	// admits (see server.Config.AgentGuard); AsAgent makes one that
 	// admits every call as a given agent.
 	AgentGuard auth.Guard
+	// DeltaFence admits delta segments (server.Config.DeltaFence).
+	DeltaFence rpc.DeltaFence
 	// AgentDialOptions are added to the agent connection's, e.g. the
 	// token an agent sends.
 	AgentDialOptions []grpc.DialOption
@@ -131,7 +134,7 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 		names = []string{"default"}
 	}
 	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents, UserGuard: opts.UserGuard, AgentGuard: opts.AgentGuard, Limits: opts.Limits,
-		Logger: opts.Logger, AgentTLS: opts.AgentTLS}
+		Logger: opts.Logger, AgentTLS: opts.AgentTLS, DeltaFence: opts.DeltaFence}
 	for _, n := range names {
 		loc, err := filesystem.New(dirs[n])
 		if err != nil {
