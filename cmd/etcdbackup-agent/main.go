@@ -1,10 +1,13 @@
 // Command etcdbackup-agent runs in the cluster as a Job the data server
 // creates: `backup` snapshots one etcd member into the server (package
 // agents/backup), `restore` rebuilds one member's data directory from a
-// backup fetched through the server (package agents/restore). It talks to
-// the server by its in-cluster Service address and never sees storage
-// credentials; etcd's client certificates come from files a Secret mounts.
-// This file only parses flags and wires.
+// backup fetched through the server (package agents/restore), `drill`
+// checks that a backup restores (package agents/drill), `delta` stores
+// every etcd revision as a chain's delta segments while it holds the
+// target's delta Lease (package agents/delta). It talks to the server by
+// its in-cluster Service address and never sees storage credentials;
+// etcd's client certificates come from files a Secret mounts. This file
+// only parses flags and wires.
 package main
 
 import (
@@ -50,7 +53,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newBackupCmd(), newRestoreCmd(), newDrillCmd())
+	root.AddCommand(newBackupCmd(), newRestoreCmd(), newDrillCmd(), newDeltaCmd())
 	return root
 }
 

@@ -1,0 +1,597 @@
+// Package delta is the delta agent: it watches the whole etcd keyspace
+// from where a chain ends and stores what it sees as delta segments
+// (package delta's format), cut every period or when a segment reaches
+// its size bound, compressed and encrypted as backups are, through a
+// Store (the data server). It holds at most one segment being uploaded and
+// one being filled: when both are full it stops watching until the upload
+// finished, so memory stays bounded however fast etcd is written. A gap in
+// the revisions or a compaction past its position ends the chain; a
+// refused upload (deposed writer) stops it at once. Leader election
+// (which agent may write) is its command's job.
+package delta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	deltafmt "github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
+)
+
+// Options say what to capture and where to.
+type Options struct {
+	// Etcd is watched and asked about leases.
+	Etcd *clientv3.Client
+	// Store holds the chain.
+	Store Store
+	// Chain is the full backup the chain starts from.
+	Chain string
+	// Epoch returns the writer's current fencing epoch, recorded in each
+	// segment's header (the server refuses a stale one).
+	Epoch func() int64
+	// Period is the longest a segment spans from its first revision; 0 is
+	// DefaultPeriod.
+	Period time.Duration
+	// MaxBytes bounds a plain segment: it is cut once it reaches this size
+	// (a single revision may exceed it); 0 is DefaultMaxBytes.
+	MaxBytes int64
+	// Compression is one of ebv1.Compressions.
+	Compression string
+	// AgeRecipients, when set, are the age public keys every segment is
+	// encrypted to, after compression.
+	AgeRecipients []string
+	// Now is the clock whose time is recorded with each revision; nil is
+	// time.Now.
+	Now func() time.Time
+	// FlushTimeout bounds storing what is pending once ctx is done; 0 is
+	// DefaultFlushTimeout.
+	FlushTimeout time.Duration
+	// Log receives progress; nil discards it.
+	Log *slog.Logger
+}
+
+// Defaults of Options.
+const (
+	DefaultPeriod       = time.Minute
+	DefaultMaxBytes     = 16 << 20
+	DefaultFlushTimeout = 20 * time.Second
+)
+
+// ErrNotLeader, as the cause of Run's context, says the agent lost its
+// leadership: Run stops without storing anything more, since another
+// agent may be writing the chain already.
+var ErrNotLeader = errors.New("lost leadership of the delta Lease")
+
+// ErrDeposed is wrapped by Run's error when the store refused a segment
+// as FailedPrecondition: this agent may not write the chain (it lost the
+// Lease, its epoch is stale, or the chain moved on without it).
+var ErrDeposed = errors.New("the server refused the delta segment: this agent may no longer write the chain")
+
+// Result is what one Run did.
+type Result struct {
+	// ChainEnded says why the chain ended ("" when capture stopped with
+	// ctx and the chain goes on).
+	ChainEnded string
+	// Segments is how many segments Run stored; LastRevision is the last
+	// revision they hold (0 if none).
+	Segments     int
+	LastRevision int64
+	// PeakHeldBytes is the most segment bytes (being filled plus being
+	// uploaded) Run held at once.
+	PeakHeldBytes int64
+}
+
+// Run captures until ctx is done (it then stores what it holds, within
+// FlushTimeout, unless ctx's cause is ErrNotLeader), the chain ends, or a
+// segment cannot be stored.
+func Run(ctx context.Context, o Options) (Result, error) {
+	c, err := newCapture(o)
+	if err != nil {
+		return Result{}, err
+	}
+	// No upload goroutine outlives Run.
+	defer c.abandon()
+	for {
+		if c.next == 0 {
+			next, ended, err := c.o.Store.Position(ctx)
+			switch {
+			case ctx.Err() != nil:
+				return c.res, nil
+			case err != nil:
+				return c.res, err
+			case ended != "":
+				c.res.ChainEnded = ended
+				c.log.Info("delta chain already ended", "chain", o.Chain, "reason", ended)
+				return c.res, nil
+			}
+			c.next = next
+			c.log.Info("delta capture starting", "chain", o.Chain, "revision", next)
+		}
+		err := c.session(ctx)
+		var end chainEnd
+		switch {
+		case errors.Is(err, errRewatch):
+			continue
+		case errors.Is(err, errReposition):
+			c.discard()
+			continue
+		case errors.As(err, &end):
+			return c.end(ctx, string(end))
+		case ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrNotLeader):
+			return c.res, ErrNotLeader
+		case ctx.Err() != nil:
+			return c.res, c.flush(ctx)
+		default:
+			return c.res, err
+		}
+	}
+}
+
+var (
+	// errRewatch: watch again from c.next.
+	errRewatch = errors.New("watch again")
+	// errReposition: drop what is held, ask the store where the chain is.
+	errReposition = errors.New("ask the chain's position again")
+)
+
+// chainEnd is why the chain ends.
+type chainEnd string
+
+func (e chainEnd) Error() string { return string(e) }
+
+// capture is one Run's state, used by its goroutine only (uploads report
+// through upload.done).
+type capture struct {
+	o   Options
+	log *slog.Logger
+	enc encoder
+	res Result
+
+	// next is the revision the watch must deliver next.
+	next int64
+	// fill is the segment being filled; nil until a revision arrives.
+	fill *filling
+	// cutC fires when fill's period is over.
+	cutTimer *time.Timer
+	cutC     <-chan time.Time
+	// cutDue: fill's period ended while an upload was in flight.
+	cutDue bool
+	// up is the segment being uploaded, nil if none.
+	up *upload
+	// upCtx is the uploads' context: not cancelled with Run's ctx, so
+	// that a segment in flight at shutdown is still stored.
+	upCtx    context.Context
+	upCancel context.CancelFunc
+	// watchRetries counts watches that failed in a row.
+	watchRetries int
+}
+
+type upload struct {
+	seg    Segment
+	done   chan error
+	cancel context.CancelFunc
+}
+
+func newCapture(o Options) (*capture, error) {
+	switch {
+	case o.Etcd == nil || o.Store == nil:
+		return nil, errors.New("delta capture needs an etcd client and a store")
+	case o.Chain == "":
+		return nil, errors.New("delta capture needs the chain's name (its full backup)")
+	case o.Epoch == nil:
+		return nil, errors.New("delta capture needs the fencing epoch")
+	}
+	if err := ebv1.ValidateCompression(o.Compression); err != nil {
+		return nil, err
+	}
+	if o.Period <= 0 {
+		o.Period = DefaultPeriod
+	}
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = DefaultMaxBytes
+	}
+	if o.FlushTimeout <= 0 {
+		o.FlushTimeout = DefaultFlushTimeout
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	enc := encoder{chain: o.Chain, compression: o.Compression}
+	if len(o.AgeRecipients) > 0 {
+		rs, err := crypt.ParseRecipients(o.AgeRecipients)
+		if err != nil {
+			return nil, fmt.Errorf("encryption: %w", err)
+		}
+		enc.recipients, enc.ageRecipients = rs, o.AgeRecipients
+	}
+	c := &capture{o: o, log: o.Log, enc: enc}
+	c.upCtx, c.upCancel = context.WithCancel(context.Background())
+	return c, nil
+}
+
+// session watches from c.next until the watch must be started again, the
+// chain ends, ctx is done, or storing fails.
+func (c *capture) session(ctx context.Context) error {
+	wctx, cancelWatch := context.WithCancel(ctx)
+	defer cancelWatch()
+	// WithRequireLeader: a member cut off from its cluster ends the watch
+	// rather than go silent, and the agent watches again.
+	wch := c.o.Etcd.Watch(clientv3.WithRequireLeader(wctx), "", clientv3.WithPrefix(), clientv3.WithRev(c.next),
+		clientv3.WithProgressNotify())
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.cutC:
+			c.cutC = nil
+			if c.up != nil {
+				c.cutDue = true
+				continue
+			}
+			if err := c.cut(ctx); err != nil {
+				return err
+			}
+		case err := <-c.upDone():
+			if err := c.uploaded(ctx, err); err != nil {
+				return err
+			}
+		case wr, ok := <-wch:
+			if !ok {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return c.watchFailed(ctx, errors.New("watch closed"))
+			}
+			if wr.CompactRevision != 0 || errors.Is(wr.Err(), rpctypes.ErrCompacted) {
+				return chainEnd(fmt.Sprintf("etcd compacted revision %d past the agent's position %d", wr.CompactRevision, c.next))
+			}
+			if err := wr.Err(); err != nil {
+				return c.watchFailed(ctx, err)
+			}
+			if len(wr.Events) == 0 {
+				continue // created, progress notification
+			}
+			c.watchRetries = 0
+			blocked, err := c.events(ctx, wr.Events, cancelWatch)
+			if err != nil {
+				return err
+			}
+			if blocked {
+				// The watch was cancelled to stop etcd's client from
+				// buffering while the agent could not take more.
+				return errRewatch
+			}
+		}
+	}
+}
+
+// watchFailed waits before watching again, longer each time in a row.
+func (c *capture) watchFailed(ctx context.Context, err error) error {
+	c.watchRetries++
+	wait := min(time.Duration(c.watchRetries)*time.Second, 10*time.Second)
+	c.log.Warn("etcd watch failed; watching again", "chain", c.o.Chain, "revision", c.next, "retryIn", wait.String(), "error", err.Error())
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-c.upDone():
+			if err := c.uploaded(ctx, err); err != nil {
+				return err
+			}
+		case <-t.C:
+			return errRewatch
+		}
+	}
+}
+
+// events adds a watch response's events, revision by revision. When the
+// segment being filled is full while another is being uploaded, it
+// cancels the watch (blocked) and waits for the upload: the rest of this
+// response is all that is held beyond the two segments.
+func (c *capture) events(ctx context.Context, evs []*clientv3.Event, cancelWatch context.CancelFunc) (blocked bool, err error) {
+	for i := 0; i < len(evs); {
+		rev := evs[i].Kv.ModRevision
+		j := i
+		for j < len(evs) && evs[j].Kv.ModRevision == rev {
+			j++
+		}
+		if rev != c.next {
+			return blocked, chainEnd(fmt.Sprintf("the etcd watch jumped from revision %d to %d: revisions were missed, the chain cannot go on", c.next-1, rev))
+		}
+		batch := make([]*mvccpb.Event, 0, j-i)
+		for _, ev := range evs[i:j] {
+			batch = append(batch, (*mvccpb.Event)(ev))
+		}
+		if err := c.add(ctx, rev, batch); err != nil {
+			return blocked, err
+		}
+		i = j
+		if c.fill.size() < c.o.MaxBytes {
+			continue
+		}
+		if c.up != nil {
+			if !blocked {
+				cancelWatch()
+				blocked = true
+				c.log.Info("delta segment full while the previous one uploads: pausing the watch", "chain", c.o.Chain, "revision", rev)
+			}
+			if err := c.waitUpload(ctx); err != nil {
+				return blocked, err
+			}
+			if c.fill == nil {
+				continue // a due cut took it
+			}
+		}
+		if err := c.cut(ctx); err != nil {
+			return blocked, err
+		}
+	}
+	return blocked, nil
+}
+
+// add records one revision in the filling segment, with the leases its
+// events use that the segment does not hold yet.
+func (c *capture) add(ctx context.Context, rev int64, evs []*mvccpb.Event) error {
+	now := c.o.Now()
+	if c.fill == nil {
+		f, err := newFilling(deltafmt.Header{Chain: c.o.Chain, Epoch: c.o.Epoch(), FirstRevision: rev})
+		if err != nil {
+			return err
+		}
+		c.fill = f
+		c.cutTimer = time.NewTimer(c.o.Period)
+		c.cutC = c.cutTimer.C
+	}
+	for _, ev := range evs {
+		id := ev.Kv.Lease
+		if id == 0 || c.fill.leases[id] {
+			continue
+		}
+		l, err := c.lease(ctx, id)
+		if err != nil {
+			return err
+		}
+		if err := c.fill.w.AddLease(l); err != nil {
+			return err
+		}
+		c.fill.leases[id] = true
+	}
+	if err := c.fill.w.AddRevision(deltafmt.Revision{Revision: rev, Time: now, Events: evs}); err != nil {
+		return err
+	}
+	c.next = rev + 1
+	c.held()
+	return nil
+}
+
+// lease reads a lease as it is now; one already gone has Remaining -1.
+func (c *capture) lease(ctx context.Context, id int64) (deltafmt.Lease, error) {
+	r, err := c.o.Etcd.TimeToLive(ctx, clientv3.LeaseID(id))
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return deltafmt.Lease{ID: id, Remaining: -1}, nil
+	}
+	if err != nil {
+		return deltafmt.Lease{}, fmt.Errorf("read etcd lease %x used at revision %d: %w", id, c.next, err)
+	}
+	if r.TTL < 0 {
+		return deltafmt.Lease{ID: id, TTL: r.GrantedTTL, Remaining: -1}, nil
+	}
+	return deltafmt.Lease{ID: id, TTL: r.GrantedTTL, Remaining: r.TTL}, nil
+}
+
+// held records the bytes held now.
+func (c *capture) held() {
+	var n int64
+	if c.fill != nil {
+		n += c.fill.size()
+	}
+	if c.up != nil {
+		n += int64(len(c.up.seg.Body))
+	}
+	c.res.PeakHeldBytes = max(c.res.PeakHeldBytes, n)
+}
+
+// cut ends the filling segment and starts its upload; no upload may be
+// in flight.
+func (c *capture) cut(ctx context.Context) error {
+	if c.fill == nil {
+		return nil
+	}
+	seg, err := c.enc.encode(ctx, c.fill, "")
+	if err != nil {
+		return err
+	}
+	held := c.fill.size()
+	if c.enc.copies() {
+		held += int64(len(seg.Body))
+	}
+	c.res.PeakHeldBytes = max(c.res.PeakHeldBytes, held)
+	c.stopTimer()
+	c.fill, c.cutDue = nil, false
+	c.startUpload(seg)
+	return nil
+}
+
+func (c *capture) stopTimer() {
+	if c.cutTimer != nil {
+		c.cutTimer.Stop()
+	}
+	c.cutTimer, c.cutC = nil, nil
+}
+
+func (c *capture) startUpload(seg Segment) {
+	ctx, cancel := context.WithCancel(c.upCtx)
+	u := &upload{seg: seg, done: make(chan error, 1), cancel: cancel}
+	c.up = u
+	go func() { u.done <- c.put(ctx, seg) }()
+}
+
+// put stores seg, trying again while the error may pass (the server or
+// its storage unavailable a while).
+func (c *capture) put(ctx context.Context, seg Segment) error {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		err := c.o.Store.Put(ctx, seg)
+		if err == nil || !transient(err) || ctx.Err() != nil {
+			return err
+		}
+		c.log.Warn("storing delta segment failed; trying again", "segment", seg.Name, "retryIn", wait.String(), "error", err.Error())
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
+}
+
+func transient(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted, codes.Internal, codes.Unknown:
+		return true
+	}
+	return false
+}
+
+// upDone is the in-flight upload's result channel; nil (never ready)
+// when none is.
+func (c *capture) upDone() <-chan error {
+	if c.up == nil {
+		return nil
+	}
+	return c.up.done
+}
+
+// waitUpload waits for the in-flight upload and handles its result.
+func (c *capture) waitUpload(ctx context.Context) error {
+	if c.up == nil {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case err := <-c.up.done:
+		return c.uploaded(ctx, err)
+	}
+}
+
+// uploaded handles the in-flight upload's result.
+func (c *capture) uploaded(ctx context.Context, err error) error {
+	u := c.up
+	c.up = nil
+	u.cancel()
+	sum := u.seg.Summary
+	switch {
+	case err == nil:
+		c.res.Segments++
+		c.res.LastRevision = sum.LastRevision
+		c.log.Info("delta segment stored", "segment", u.seg.Name, "firstRevision", sum.FirstRevision, "lastRevision", sum.LastRevision,
+			"events", sum.Events, "size", len(u.seg.Body), "rawSize", u.seg.RawSize, "endReason", sum.EndReason)
+	case status.Code(err) == codes.FailedPrecondition:
+		return fmt.Errorf("%w: %w; capture stopped (another agent may hold the Lease now)", ErrDeposed, err)
+	case status.Code(err) == codes.AlreadyExists:
+		c.log.Warn("delta segment already stored: asking the server where the chain ends", "segment", u.seg.Name, "error", err.Error())
+		return errReposition
+	default:
+		return fmt.Errorf("store delta segment %s (revisions %d-%d): %w", u.seg.Name, sum.FirstRevision, sum.LastRevision, err)
+	}
+	if c.cutDue {
+		return c.cut(ctx)
+	}
+	return nil
+}
+
+// discard drops what is held, to start again from the store's position.
+func (c *capture) discard() {
+	c.abandon()
+	c.stopTimer()
+	c.fill, c.cutDue, c.next = nil, false, 0
+}
+
+// abandon cancels the in-flight upload and waits for its goroutine.
+func (c *capture) abandon() {
+	if c.up != nil {
+		c.up.cancel()
+		<-c.up.done
+		c.up = nil
+	}
+}
+
+// flush stores what is held once ctx is done, within FlushTimeout.
+func (c *capture) flush(ctx context.Context) error {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.o.FlushTimeout)
+	defer cancel()
+	stop := context.AfterFunc(fctx, c.upCancel)
+	defer stop()
+	if err := c.waitUpload(fctx); err != nil {
+		return c.flushErr(err)
+	}
+	if c.fill == nil {
+		c.log.Info("delta capture stopped", "chain", c.o.Chain, "lastRevision", c.res.LastRevision)
+		return nil
+	}
+	if err := c.cut(fctx); err != nil {
+		return c.flushErr(err)
+	}
+	if err := c.waitUpload(fctx); err != nil {
+		return c.flushErr(err)
+	}
+	c.log.Info("delta capture stopped; pending revisions stored", "chain", c.o.Chain, "lastRevision", c.res.LastRevision)
+	return nil
+}
+
+func (c *capture) flushErr(err error) error {
+	if errors.Is(err, errReposition) {
+		// Someone stored it already: nothing is lost.
+		return nil
+	}
+	return fmt.Errorf("store the pending delta segment on shutdown (revisions from %d): %w", c.next, err)
+}
+
+// end stores the chain's last segment, saying why it ends: the pending
+// revisions, or none (first revision c.next, last c.next-1).
+func (c *capture) end(ctx context.Context, reason string) (Result, error) {
+	if errors.Is(context.Cause(ctx), ErrNotLeader) {
+		return c.res, ErrNotLeader
+	}
+	c.log.Warn("delta chain ends", "chain", c.o.Chain, "reason", reason)
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.o.FlushTimeout)
+	defer cancel()
+	if err := c.waitUpload(fctx); err != nil {
+		return c.res, fmt.Errorf("delta chain ends (%s), but a segment before the end could not be stored: %w", reason, err)
+	}
+	f := c.fill
+	if f == nil {
+		var err error
+		if f, err = newFilling(deltafmt.Header{Chain: c.o.Chain, Epoch: c.o.Epoch(), FirstRevision: c.next}); err != nil {
+			return c.res, err
+		}
+	}
+	seg, err := c.enc.encode(fctx, f, reason)
+	if err != nil {
+		return c.res, err
+	}
+	c.stopTimer()
+	c.fill = nil
+	c.startUpload(seg)
+	if err := c.waitUpload(fctx); err != nil {
+		return c.res, fmt.Errorf("delta chain ends (%s), but its end segment could not be stored: %w", reason, err)
+	}
+	c.res.ChainEnded = reason
+	return c.res, nil
+}
