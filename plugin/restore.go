@@ -191,7 +191,7 @@ func (o *RestoreOptions) Validate() error {
 		return errors.New("--storage-config reads a backup on this machine: it goes with --local (an in-cluster restore asks the data server)")
 	case storageConfig != "" && o.FromFile != "":
 		return errors.New("--storage-config and --from-file both say where the backup comes from: give one")
-	case o.Target != "" && (o.Member.DataDir != "" || o.Member.Name != "" || o.Member.InitialCluster != "" || len(o.Member.InitialAdvertisePeerURLs) > 0 || o.Member.InitialClusterToken != "" || o.WorkDir != ""):
+	case o.Target != "" && !o.Local && (o.Member.DataDir != "" || o.Member.Name != "" || o.Member.InitialCluster != "" || len(o.Member.InitialAdvertisePeerURLs) > 0 || o.Member.InitialClusterToken != "" || o.WorkDir != ""):
 		return errors.New("with --target the members' layout comes from the server's configuration: drop --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls, --initial-cluster-token and --work-dir")
 	case o.Wait && o.Target == "":
 		return errors.New("--wait goes with --target")
