@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"sort"
 
 	"github.com/spf13/cobra"
 )
@@ -14,6 +15,9 @@ type ListOptions struct {
 	// Target (--target) lists only that target's backups and, for a
 	// person, the window a restore to a point can reach.
 	Target string
+	// Chain (--chain) lists the delta segments of that full backup's
+	// chain instead of backups.
+	Chain string
 }
 
 // NewCmdList returns the list command.
@@ -43,6 +47,7 @@ kubectl etcdbackup list -o jsonpath='{range .items[?(@.status.phase=="Completed"
 	}
 	o.PrintFlags.AddFlags(cmd, "output format")
 	cmd.Flags().StringVarP(&o.Selector, "selector", "l", "", "label selector to filter backups (e.g. env=prod)")
+	cmd.Flags().StringVar(&o.Chain, "chain", "", "list the delta segments of the chain that starts from this full `BACKUP` (in --location, or the server's default), in the order they were stored")
 	cmd.Flags().StringVar(&o.Target, "target", "", "list only this etcd target's backups, and the recoverable window of a restore to a point (earliest and latest revision and time)")
 	addStorageConfigFlag(cmd, g)
 	return cmd
@@ -67,6 +72,14 @@ func (o *ListOptions) Run(ctx context.Context) error {
 		conn.Close()
 		trace("connection closed")
 	}()
+	if o.Chain != "" {
+		segs, err := listLocation(ctx, conn, o.Location, "", o.Chain)
+		if err != nil {
+			return conn.explain("list the delta chain of "+quote(o.Chain), err)
+		}
+		sort.Slice(segs, func(i, j int) bool { return segs[i].GetDelta().GetFirstRevision() < segs[j].GetDelta().GetFirstRevision() })
+		return printBackups(o.Out, o.PrintFlags, segs, false)
+	}
 	bs, unavailable, listErr := o.listBackups(ctx, conn, o.Selector)
 	trace("backups listed")
 	if o.Target != "" {

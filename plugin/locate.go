@@ -174,9 +174,13 @@ const listMaxRecvBytes = 16 << 20
 // listLocation lists the backups of one location, every page of them.
 // A location whose listing changes between pages still lists each
 // backup at most once: a page starts after the last one listed.
-func listLocation(ctx context.Context, conn *Connection, location, selector string) ([]*ebv1.Backup, error) {
+func listLocation(ctx context.Context, conn *Connection, location, selector string, chain ...string) ([]*ebv1.Backup, error) {
 	var all []*ebv1.Backup
 	req := &ebv1.ListBackupsRequest{Location: location, LabelSelector: selector}
+	if len(chain) > 0 {
+		// The segments of one delta chain instead of backups.
+		req.Chain = chain[0]
+	}
 	for {
 		resp, err := conn.Backups.ListBackups(ctx, req, grpc.MaxCallRecvMsgSize(listMaxRecvBytes))
 		if err != nil {

@@ -69,6 +69,34 @@ type BackupStatus struct {
 	Etcd         *EtcdInfo `json:"etcd,omitempty"`
 	// Verification is the newest restore drill's verdict.
 	Verification *Verification `json:"verification,omitempty"`
+	// Chain is a full backup's delta chain, as stored.
+	Chain *DeltaChain `json:"chain,omitempty"`
+	// Delta is what a delta segment (list --chain) holds.
+	Delta *DeltaSegment `json:"delta,omitempty"`
+}
+
+// DeltaSegment is one stored piece of a delta chain: the events of
+// revisions FirstRevision to LastRevision.
+type DeltaSegment struct {
+	Chain         string       `json:"chain"`
+	Epoch         int64        `json:"epoch"`
+	FirstRevision int64        `json:"firstRevision"`
+	LastRevision  int64        `json:"lastRevision"`
+	FirstTime     *metav1.Time `json:"firstTime,omitempty"`
+	LastTime      *metav1.Time `json:"lastTime,omitempty"`
+	Events        int64        `json:"events"`
+	EndReason     string       `json:"endReason,omitempty"`
+}
+
+// DeltaChain is what a full backup's delta chain holds: the revisions
+// after the full up to LastRevision, in Segments delta segments.
+type DeltaChain struct {
+	Segments     int64        `json:"segments"`
+	LastRevision int64        `json:"lastRevision"`
+	LastTime     *metav1.Time `json:"lastTime,omitempty"`
+	Bytes        int64        `json:"bytes"`
+	Epoch        int64        `json:"epoch"`
+	EndReason    string       `json:"endReason,omitempty"`
 }
 
 // Verification is what a restore drill found: Result is Succeeded (the
@@ -318,6 +346,14 @@ func backupObject(b *ebv1.Backup) Backup {
 			Revision: v.GetRevision(), Keys: v.GetKeys(), HashKV: v.GetHashKv(),
 			DurationSeconds: v.GetDurationSeconds(), Message: v.GetMessage(), Job: v.GetJob(),
 		}
+	}
+	if d := b.GetDelta(); d != nil {
+		o.Status.Delta = &DeltaSegment{Chain: d.GetChain(), Epoch: d.GetEpoch(), FirstRevision: d.GetFirstRevision(), LastRevision: d.GetLastRevision(),
+			FirstTime: timeOf(d.GetFirstTime()), LastTime: timeOf(d.GetLastTime()), Events: d.GetEvents(), EndReason: d.GetEndReason()}
+	}
+	if c := b.GetChain(); c != nil {
+		o.Status.Chain = &DeltaChain{Segments: c.GetSegments(), LastRevision: c.GetLastRevision(), LastTime: timeOf(c.GetLastTime()),
+			Bytes: c.GetBytes(), Epoch: c.GetEpoch(), EndReason: c.GetEndReason()}
 	}
 	return o
 }

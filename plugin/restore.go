@@ -169,10 +169,6 @@ func (o *RestoreOptions) Validate() error {
 		return fmt.Errorf("--to-revision %d: etcd revisions are positive", o.ToRevision)
 	case o.ToRevision != 0 && o.ToTime != "":
 		return errors.New("give --to-revision or --to-time, not both")
-	case o.Name == "" && !o.toPoint():
-		return errors.New("say what to restore: a backup NAME, or --to-revision R / --to-time TIME with --target T")
-	case o.Name == "" && o.Target == "":
-		return errors.New("--to-revision and --to-time without a backup NAME need --target T: the point is found among that target's backups")
 	case o.toPoint() && o.FromFile != "":
 		return errors.New("--from-file restores one downloaded backup; a restore to a point (--to-revision, --to-time) reads the delta segments through the server or --storage-config")
 	case o.AllowLeaseLoss && !o.toPoint():
@@ -201,6 +197,10 @@ func (o *RestoreOptions) Validate() error {
 		return errors.New("--identity goes with --local: the key stays on this machine; with --target name a Secret in the members' namespace with --identity-secret")
 	case o.Local && !o.PrintFlags.Human():
 		return errors.New("-o goes with --target; --local prints what it did for a person")
+	case o.Name == "" && !o.toPoint():
+		return errors.New("say what to restore: a backup NAME, or --to-revision R / --to-time TIME with --target T")
+	case o.Name == "" && o.Target == "":
+		return errors.New("--to-revision and --to-time without a backup NAME need --target T: the point is found among that target's backups")
 	case o.Local:
 		if err := o.Member.Validate(); err != nil {
 			return fmt.Errorf("%w (flags --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls)", err)

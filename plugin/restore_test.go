@@ -23,7 +23,8 @@ func TestRestoreFlagCombinations(t *testing.T) {
 		{RestoreOptions{Target: "t", FromFile: "f"}, "--from-file goes with --local"},
 		{RestoreOptions{Target: "t", WorkDir: "/w"}, "server's configuration"},
 		{RestoreOptions{Local: true, Wait: true}, "--wait goes with --target"},
-		{RestoreOptions{Target: "t", Wait: true, DryRun: true}, ""},
+		{RestoreOptions{Name: "b", Target: "t", Wait: true, DryRun: true}, ""},
+		{RestoreOptions{Target: "t", Wait: true}, "say what to restore"},
 		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Target: "t"}, "--storage-config reads a backup on this machine"},
 		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Local: true, FromFile: "f"}, "give one"},
 	} {
@@ -53,7 +54,7 @@ func TestRestoreLocalRefusesNonEmptyDataDirBeforeDownload(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dataDir, "member"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	o := RestoreOptions{Local: true, Member: snapshot.Member{
+	o := RestoreOptions{Name: "b", Local: true, Member: snapshot.Member{
 		DataDir: dataDir, Name: "m1", InitialCluster: "m1=http://10.0.0.1:2380", InitialAdvertisePeerURLs: []string{"http://10.0.0.1:2380"},
 	}}
 	if err := o.Validate(); err != nil {
@@ -102,7 +103,11 @@ func TestRestoreFlagErrorsThroughCommand(t *testing.T) {
 		{[]string{"restore", "b", "--target", "t", "--timeout", "x"}, `invalid argument "x" for "--timeout"`},
 		{[]string{"restore", "b", "--target", "t", "--bump-revision", "-5"}, "--bump-revision -5 is negative"},
 		{[]string{"restore", "b", "--target", "t", "--bump-revision", "1e9"}, `invalid argument "1e9" for "--bump-revision"`},
-		{[]string{"restore"}, "accepts 1 arg(s), received 0"},
+		{[]string{"restore"}, "say where to restore"},
+		{[]string{"restore", "--local", "--data-dir", "/d", "--member-name", "m1", "--initial-cluster", "m1=http://x:2380", "--initial-advertise-peer-urls", "http://x:2380"}, "say what to restore: a backup NAME, or --to-revision"},
+		{[]string{"restore", "--local", "--to-revision", "5", "--data-dir", "/d", "--member-name", "m1", "--initial-cluster", "m1=http://x:2380", "--initial-advertise-peer-urls", "http://x:2380"}, "need --target T"},
+		{[]string{"restore", "b", "--target", "t", "--to-revision", "5", "--to-time", "2026-01-01T00:00:00Z"}, "not both"},
+		{[]string{"restore", "b", "--local", "--to-time", "yesterday"}, "is not a time in RFC 3339"},
 	} {
 		r := run(t, append([]string{"--server-address", nowhere}, tc.args...)...)
 		if r.err == nil || !strings.Contains(r.err.Error(), tc.want) {

@@ -183,6 +183,9 @@ type PlainTarget struct {
 	KeepLast int
 	// Drill, when set, is its drill.schedule.
 	Drill string
+	// DeltaPeriod, when set, is its deltas.period: the server keeps a
+	// delta agent capturing it.
+	DeltaPeriod string
 }
 
 func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, opts ProductOptions) error {
@@ -349,6 +352,9 @@ func plainTargets(ts []PlainTarget) string {
 		}
 		if t.Drill != "" {
 			fmt.Fprintf(&b, "        drill: {schedule: %q}\n", t.Drill)
+		}
+		if t.DeltaPeriod != "" {
+			fmt.Fprintf(&b, "        deltas: {period: %q}\n", t.DeltaPeriod)
 		}
 	}
 	return b.String()
