@@ -35,7 +35,8 @@ var deltaSelector = labels.SelectorFromSet(labels.Set{LabelComponent: ComponentD
 func DeltaLeaseName(target string) string { return "etcdbackup-delta-" + target }
 
 // DeltaSpec is one chain to capture: the changes of Target's etcd after
-// the full backup Chain, whose snapshot is at FromRevision.
+// the full backup Chain, whose snapshot is at FromRevision (the agent
+// asks the server where the stored chain ends, and starts there).
 type DeltaSpec struct {
 	Target          config.Target
 	Chain, Location string
@@ -66,7 +67,6 @@ func (l *Launcher) deltaJob(spec DeltaSpec) *batchv1.Job {
 		"--target=" + t.Name,
 		"--chain=" + spec.Chain,
 		"--location=" + spec.Location,
-		"--from-revision=" + strconv.FormatInt(spec.FromRevision, 10),
 		"--period=" + spec.Period.String(),
 		"--max-bytes=" + strconv.FormatInt(spec.MaxBytes, 10),
 		"--lease-namespace=" + l.namespace,

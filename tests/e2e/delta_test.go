@@ -61,6 +61,14 @@ func TestDeltaCapture(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(product.Stop)
+	t.Cleanup(func() {
+		if t.Failed() {
+			r := c.run(t, nil, "-n", world.DefaultNamespace, "logs", "-l", "app.kubernetes.io/component=delta-agent", "--tail=40", "--prefix", "--all-containers")
+			t.Logf("delta agent logs:\n%s\n%s", r.Stdout, r.Stderr)
+			r = c.run(t, nil, "-n", world.DefaultNamespace, "logs", "deployment/etcdbackup-server", "--tail=60")
+			t.Logf("server log:\n%s", r.Stdout)
+		}
+	})
 	metrics := portForwardMetrics(ctx, t, k)
 
 	const rate = 100 // writes per second
@@ -252,7 +260,9 @@ func startWriteLoad(ctx context.Context, t *testing.T, c *clientv3.Client, perSe
 				}
 			case 1:
 				var r *clientv3.TxnResponse
-				r, err = c.Txn(ctx).Then(clientv3.OpPut(key, "t"+strconv.Itoa(i)), clientv3.OpPut(key+"/b", strings.Repeat("b", rng.IntN(300))),
+				// Keys of one transaction must differ (etcd refuses
+				// duplicates): two under key, one delete elsewhere.
+				r, err = c.Txn(ctx).Then(clientv3.OpPut(key+"/a", "t"+strconv.Itoa(i)), clientv3.OpPut(key+"/b", strings.Repeat("b", rng.IntN(300))),
 					clientv3.OpDelete(fmt.Sprintf("/registry/load/%04d", rng.IntN(500)))).Commit()
 				if err == nil {
 					rev = r.Header.Revision
