@@ -1,6 +1,8 @@
 package plugin
 
 import (
+	"time"
+
 	"fmt"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -78,14 +80,16 @@ type BackupStatus struct {
 // DeltaSegment is one stored piece of a delta chain: the events of
 // revisions FirstRevision to LastRevision.
 type DeltaSegment struct {
-	Chain         string       `json:"chain"`
-	Epoch         int64        `json:"epoch"`
-	FirstRevision int64        `json:"firstRevision"`
-	LastRevision  int64        `json:"lastRevision"`
-	FirstTime     *metav1.Time `json:"firstTime,omitempty"`
-	LastTime      *metav1.Time `json:"lastTime,omitempty"`
-	Events        int64        `json:"events"`
-	EndReason     string       `json:"endReason,omitempty"`
+	Chain         string `json:"chain"`
+	Epoch         int64  `json:"epoch"`
+	FirstRevision int64  `json:"firstRevision"`
+	LastRevision  int64  `json:"lastRevision"`
+	// FirstTime and LastTime are when the agent saw the first and last
+	// revision, in RFC 3339 with nanoseconds: what --to-time takes.
+	FirstTime string `json:"firstTime,omitempty"`
+	LastTime  string `json:"lastTime,omitempty"`
+	Events    int64  `json:"events"`
+	EndReason string `json:"endReason,omitempty"`
 }
 
 // DeltaChain is what a full backup's delta chain holds: the revisions
@@ -349,13 +353,21 @@ func backupObject(b *ebv1.Backup) Backup {
 	}
 	if d := b.GetDelta(); d != nil {
 		o.Status.Delta = &DeltaSegment{Chain: d.GetChain(), Epoch: d.GetEpoch(), FirstRevision: d.GetFirstRevision(), LastRevision: d.GetLastRevision(),
-			FirstTime: timeOf(d.GetFirstTime()), LastTime: timeOf(d.GetLastTime()), Events: d.GetEvents(), EndReason: d.GetEndReason()}
+			FirstTime: nanoTime(d.GetFirstTime()), LastTime: nanoTime(d.GetLastTime()), Events: d.GetEvents(), EndReason: d.GetEndReason()}
 	}
 	if c := b.GetChain(); c != nil {
 		o.Status.Chain = &DeltaChain{Segments: c.GetSegments(), LastRevision: c.GetLastRevision(), LastTime: timeOf(c.GetLastTime()),
 			Bytes: c.GetBytes(), Epoch: c.GetEpoch(), EndReason: c.GetEndReason()}
 	}
 	return o
+}
+
+// nanoTime is ts in RFC 3339 with nanoseconds, "" when unset.
+func nanoTime(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return ""
+	}
+	return ts.AsTime().UTC().Format(time.RFC3339Nano)
 }
 
 // backupList turns backups into a BackupList; Items is never nil, so an

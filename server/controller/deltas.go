@@ -79,21 +79,19 @@ func (c *Controller) superviseDelta(ctx context.Context, t config.Target, agents
 			}
 		case a.Phase == jobs.PhaseRunning:
 			running = true
-		case a.ChainEnded != "" && !a.Counted:
-			c.metrics.ChainEnds.WithLabelValues(t.Name).Inc()
-			c.log.Warn("delta chain ended; starting a full backup for a new chain", "target", t.Name, "chain", a.Chain, "reason", a.ChainEnded)
-			if err := c.agents.MarkCounted(ctx, a.JobName); err != nil {
-				return err
-			}
-			if a.Chain == full.Name {
-				ended = a.ChainEnded
-			}
 		}
 	}
 	if running {
 		return nil
 	}
+	// A chain's end is what storage says (its last segment's reason),
+	// not the agent's exit: an agent that ended its chain but could not
+	// store the end is started again, finds etcd compacted past it again,
+	// and stores it then.
 	if full == nil || ended != "" {
+		if ended != "" {
+			c.log.Warn("delta chain ended; a full backup starts a new one", "target", t.Name, "chain", full.Name, "reason", ended)
+		}
 		return c.startChainBase(ctx, t, locName, runs, ended)
 	}
 	_, err = c.agents.StartDelta(ctx, jobs.DeltaSpec{

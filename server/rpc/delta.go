@@ -149,6 +149,10 @@ func (s *Service) segmentStored(locName string, m *storage.Manifest) {
 	d := m.Delta
 	s.chains.set(locName+"/"+d.Chain, chainEnd{next: d.LastRevision + 1, reason: d.EndReason})
 	s.metrics.DeltaStored(m.Source.Target, m.Size, d.LastTime, d.Events)
+	if d.EndReason != "" {
+		s.metrics.ChainEnds.WithLabelValues(m.Source.Target).Inc()
+		s.log.Warn("delta chain ended", "chain", d.Chain, "target", m.Source.Target, "lastRevision", d.LastRevision, "reason", d.EndReason)
+	}
 }
 
 // chainSummary is what full's chain holds: its segments that follow each
