@@ -18,14 +18,21 @@ func TestRestoreFlagCombinations(t *testing.T) {
 		o    RestoreOptions
 		want string
 	}{
-		{RestoreOptions{}, "--local"},
-		{RestoreOptions{Local: true, Target: "t"}, "not both"},
-		{RestoreOptions{Target: "t", FromFile: "f"}, "--from-file goes with --local"},
-		{RestoreOptions{Target: "t", WorkDir: "/w"}, "server's configuration"},
-		{RestoreOptions{Local: true, Wait: true}, "--wait goes with --target"},
-		{RestoreOptions{Target: "t", Wait: true, DryRun: true}, ""},
-		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Target: "t"}, "--storage-config reads a backup on this machine"},
-		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Local: true, FromFile: "f"}, "give one"},
+		{RestoreOptions{}, "say what to restore"},
+		{RestoreOptions{Name: "b"}, "--local"},
+		{RestoreOptions{Name: "b", Local: true, Target: "t"}, "not both"},
+		{RestoreOptions{Name: "b", Target: "t", FromFile: "f"}, "--from-file goes with --local"},
+		{RestoreOptions{Name: "b", Target: "t", WorkDir: "/w"}, "server's configuration"},
+		{RestoreOptions{Name: "b", Local: true, Wait: true}, "--wait goes with --target"},
+		{RestoreOptions{Name: "b", Target: "t", Wait: true, DryRun: true}, ""},
+		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Name: "b", Target: "t"}, "--storage-config reads a backup on this machine"},
+		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Name: "b", Local: true, FromFile: "f"}, "give one"},
+		// In the cluster to a point: NAME optional, --target required.
+		{RestoreOptions{Target: "t", ToRevision: 5, AllowLeaseLoss: true}, ""},
+		{RestoreOptions{Name: "b", Target: "t", ToTime: "2026-01-01T00:00:00Z", DryRun: true}, ""},
+		{RestoreOptions{ToRevision: 5}, "need --target T"},
+		{RestoreOptions{Target: "t", AllowLeaseLoss: true, Name: "b"}, "--allow-lease-loss goes with"},
+		{RestoreOptions{Target: "t", ToRevision: 5, ToTime: "2026-01-01T00:00:00Z"}, "not both"},
 	} {
 		o := tc.o
 		err := o.Validate()
@@ -53,7 +60,7 @@ func TestRestoreLocalRefusesNonEmptyDataDirBeforeDownload(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dataDir, "member"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	o := RestoreOptions{Local: true, Member: snapshot.Member{
+	o := RestoreOptions{Name: "b", Local: true, Member: snapshot.Member{
 		DataDir: dataDir, Name: "m1", InitialCluster: "m1=http://10.0.0.1:2380", InitialAdvertisePeerURLs: []string{"http://10.0.0.1:2380"},
 	}}
 	if err := o.Validate(); err != nil {
@@ -102,7 +109,8 @@ func TestRestoreFlagErrorsThroughCommand(t *testing.T) {
 		{[]string{"restore", "b", "--target", "t", "--timeout", "x"}, `invalid argument "x" for "--timeout"`},
 		{[]string{"restore", "b", "--target", "t", "--bump-revision", "-5"}, "--bump-revision -5 is negative"},
 		{[]string{"restore", "b", "--target", "t", "--bump-revision", "1e9"}, `invalid argument "1e9" for "--bump-revision"`},
-		{[]string{"restore"}, "accepts 1 arg(s), received 0"},
+		{[]string{"restore"}, "say what to restore"},
+		{[]string{"restore", "a", "b"}, "accepts between 0 and 1 arg(s), received 2"},
 	} {
 		r := run(t, append([]string{"--server-address", nowhere}, tc.args...)...)
 		if r.err == nil || !strings.Contains(r.err.Error(), tc.want) {
