@@ -170,6 +170,13 @@ type RestoreSpec struct {
 	MoveAside bool   `json:"moveAside,omitempty"`
 	// BumpRevision is --bump-revision, asked of every member; 0 is shown.
 	BumpRevision int64 `json:"bumpRevision"`
+	// ToRevision and ToTime are a restore to a point's (--to-revision,
+	// --to-time; ToRevision the revision planned for a time, when the
+	// server could tell), Segments the delta segments replayed after
+	// Backup, in order.
+	ToRevision int64    `json:"toRevision,omitempty"`
+	ToTime     string   `json:"toTime,omitempty"`
+	Segments   []string `json:"segments,omitempty"`
 }
 
 // RestoreStatus is the state of each member's restore agent.

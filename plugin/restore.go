@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
@@ -51,6 +52,10 @@ type RestoreOptions struct {
 	ToTime         string
 	AllowLeaseLoss bool
 	point          delta.Point
+	// segments and plannedRevision are the server's plan of an in-cluster
+	// restore to a point (plannedRevision 0 when only replay can tell).
+	segments        []string
+	plannedRevision int64
 }
 
 // NewCmdRestore returns the restore command.
@@ -66,6 +71,13 @@ PersistentVolumeClaim, or a host path on the member's node). The restore is
 refused while any member still answers: stop them first (scale the
 StatefulSet or Deployment to 0), restore with --wait, then start them again.
 --dry-run prints the plan and changes nothing.
+
+With --to-revision R or --to-time T (for targets with deltas:), the backup is
+picked for you: the newest full backup of the target at or before the point
+whose delta chain reaches it (NAME, if given, names that full backup). Every
+member's Job restores it, replays the delta segments after it up to the
+point, then restores the result. With --target the server plans and the Jobs
+do the work; with --local, this machine does, one member at a time.
 
 With --local, restore downloads the backup through the API server, checks
 its SHA-256 and etcd's own hash, and rebuilds an etcd member's data directory
@@ -96,6 +108,9 @@ kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --dry-run
 
 # Rebuild every member of target app-etcd in the cluster and wait until done
 kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --wait
+
+# Rebuild target app-etcd as it was at 14:05 UTC, from its backups and deltas
+kubectl etcdbackup restore --target app-etcd --to-time 2026-01-31T14:05:00Z --wait
 
 # Rebuild member cp-1's data directory on this control-plane node
 kubectl etcdbackup restore control-plane-20260131-020000 --local \
@@ -165,6 +180,10 @@ func (o *RestoreOptions) Validate() error {
 		storageConfig = o.StorageConfig
 	}
 	switch {
+	case o.Name == "" && !o.toPoint():
+		return errors.New("say what to restore: a backup NAME, or --to-revision R / --to-time TIME with --target T")
+	case o.Name == "" && o.Target == "":
+		return errors.New("--to-revision and --to-time without a backup NAME need --target T: the point is found among that target's backups")
 	case o.ToRevision < 0:
 		return fmt.Errorf("--to-revision %d: etcd revisions are positive", o.ToRevision)
 	case o.ToRevision != 0 && o.ToTime != "":
@@ -173,8 +192,6 @@ func (o *RestoreOptions) Validate() error {
 		return errors.New("--from-file restores one downloaded backup; a restore to a point (--to-revision, --to-time) reads the delta segments through the server or --storage-config")
 	case o.AllowLeaseLoss && !o.toPoint():
 		return errors.New("--allow-lease-loss goes with --to-revision or --to-time")
-	case o.toPoint() && !o.Local:
-		return errors.New("a restore to a point runs with --local for now (one member at a time, --target T names whose backups); an in-cluster restore to a point is not supported yet")
 	case o.BumpRevision < 0:
 		return fmt.Errorf("--bump-revision %d is negative: etcd's revision only grows; give 0 to keep the snapshot's revisions, or a positive amount (default %d)", o.BumpRevision, snapshot.DefaultRevisionBump)
 	case o.Local && o.Target != "" && !o.toPoint():
@@ -197,10 +214,6 @@ func (o *RestoreOptions) Validate() error {
 		return errors.New("--identity goes with --local: the key stays on this machine; with --target name a Secret in the members' namespace with --identity-secret")
 	case o.Local && !o.PrintFlags.Human():
 		return errors.New("-o goes with --target; --local prints what it did for a person")
-	case o.Name == "" && !o.toPoint():
-		return errors.New("say what to restore: a backup NAME, or --to-revision R / --to-time TIME with --target T")
-	case o.Name == "" && o.Target == "":
-		return errors.New("--to-revision and --to-time without a backup NAME need --target T: the point is found among that target's backups")
 	case o.Local:
 		if err := o.Member.Validate(); err != nil {
 			return fmt.Errorf("%w (flags --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls)", err)
@@ -333,26 +346,48 @@ func (o *RestoreOptions) runTarget(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	// Everything below names the location that holds the backup.
-	if o.Location, err = o.resolveLocation(ctx, conn, "restore "+quote(o.Name), o.Name); err != nil {
-		return err
+	// Everything below names the location that holds the backup; to a
+	// point without a NAME, --location or the server's default is where
+	// the server plans.
+	if o.Name != "" {
+		if o.Location, err = o.resolveLocation(ctx, conn, "restore "+quote(o.Name), o.Name); err != nil {
+			return err
+		}
 	}
 	// Always set, default included: the flag's value is what the server
 	// applies, whatever its own default.
 	bump := o.BumpRevision
-	resp, err := conn.Backups.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{
+	req := &ebv1.RestoreBackupRequest{
 		Name: o.Name, Location: o.Location, Target: o.Target, DryRun: o.DryRun, MoveAside: o.Member.MoveAside,
 		IdentitySecret: o.IdentitySecret, BumpRevision: &bump,
-	})
+		ToRevision: o.point.Revision, AllowLeaseLoss: o.AllowLeaseLoss,
+	}
+	what := "restore " + quote(o.Name)
+	if o.toPoint() {
+		what = "restore to " + o.point.String()
+		if !o.point.Time.IsZero() {
+			req.ToTime = timestamppb.New(o.point.Time)
+		}
+	}
+	resp, err := conn.Backups.RestoreBackup(ctx, req)
 	if err != nil {
-		return conn.explain("restore "+quote(o.Name)+" into target "+quote(o.Target), err)
+		return conn.explain(what+" into target "+quote(o.Target), err)
+	}
+	if o.toPoint() {
+		// The full backup the server picked: what --wait follows.
+		o.Name, o.segments, o.plannedRevision = resp.GetBackup(), resp.GetSegments(), resp.GetToRevision()
 	}
 	members := resp.GetMembers()
 	if !o.PrintFlags.Human() && (o.DryRun || !o.Wait) {
 		return o.PrintFlags.Print(o.Out, o.restoreObject(members), nil)
 	}
 	if o.DryRun {
-		fmt.Fprintf(o.Out, "would restore backup %q into the %d members of target %q (nothing was changed):\n", o.Name, len(members), o.Target)
+		if o.toPoint() {
+			fmt.Fprintf(o.Out, "would restore target %q to %s: full backup %q, then %d delta segments replayed up to %s (nothing was changed):\n",
+				o.Target, o.point, o.Name, len(o.segments), o.plannedPoint())
+		} else {
+			fmt.Fprintf(o.Out, "would restore backup %q into the %d members of target %q (nothing was changed):\n", o.Name, len(members), o.Target)
+		}
 		for _, m := range members {
 			fmt.Fprintf(o.Out, "  member %s: job %s writes %s (data dir %q), peer URL %s, initial cluster %s, token %q\n",
 				m.GetMember(), m.GetJobName(), m.GetVolume(), dataDirLabel(m.GetDataDir()), m.GetPeerUrl(), m.GetInitialCluster(), tokenLabel(m.GetInitialClusterToken()))
@@ -363,8 +398,19 @@ func (o *RestoreOptions) runTarget(ctx context.Context) error {
 		}
 		return nil
 	}
+	if o.toPoint() {
+		fmt.Fprintf(o.ErrOut, "restoring target %q to %s: full backup %q, then %d delta segments replayed up to %s\n",
+			o.Target, o.point, o.Name, len(o.segments), o.plannedPoint())
+	}
 	for _, m := range members {
 		fmt.Fprintf(o.ErrOut, "restoring member %s into %s with job %s\n", m.GetMember(), m.GetVolume(), m.GetJobName())
+	}
+	if !o.Wait && o.toPoint() {
+		// Not `restore NAME --wait`: that would restore the full backup
+		// as it is once this ends.
+		fmt.Fprintf(o.Out, "restore of target %q to %s started (full backup %q, %d delta segments); follow its Jobs with `kubectl get jobs -A -l app.kubernetes.io/component=restore-agent`, or pass --wait next time\n",
+			o.Target, o.plannedPoint(), o.Name, len(o.segments))
+		return nil
 	}
 	if !o.Wait {
 		fmt.Fprintf(o.Out, "restore of %q into target %q started; follow it with `kubectl etcdbackup restore %s --target %s --wait`\n", o.Name, o.Target, o.Name, o.Target)
@@ -422,13 +468,32 @@ func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error
 	for _, m := range members {
 		fmt.Fprintf(o.Out, "member %s restored into %s (data dir %q); %s\n", m.GetMember(), m.GetVolume(), dataDirLabel(m.GetDataDir()), bumpSummary(m.GetBumpRevision()))
 	}
+	if o.toPoint() {
+		fmt.Fprintf(o.Out, "target %q restored to %s (full backup %q, %d delta segments replayed): start the members again\n", o.Target, o.plannedPoint(), o.Name, len(o.segments))
+		return nil
+	}
 	fmt.Fprintf(o.Out, "restore of %q into target %q done: start the members again\n", o.Name, o.Target)
 	return nil
 }
 
 // restoreObject is the Restore -o prints.
 func (o *RestoreOptions) restoreObject(members []*ebv1.MemberRestore) *Restore {
-	return restoreObject(RestoreSpec{Backup: o.Name, Location: o.Location, Target: o.Target, DryRun: o.DryRun, MoveAside: o.Member.MoveAside, BumpRevision: o.BumpRevision}, members)
+	spec := RestoreSpec{Backup: o.Name, Location: o.Location, Target: o.Target, DryRun: o.DryRun, MoveAside: o.Member.MoveAside, BumpRevision: o.BumpRevision}
+	if o.toPoint() {
+		spec.ToRevision, spec.Segments = o.plannedRevision, o.segments
+		if !o.point.Time.IsZero() {
+			spec.ToTime = o.point.Time.UTC().Format(time.RFC3339Nano)
+		}
+	}
+	return restoreObject(spec, members)
+}
+
+// plannedPoint says where an in-cluster restore to a point stops.
+func (o *RestoreOptions) plannedPoint() string {
+	if o.plannedRevision > 0 {
+		return fmt.Sprintf("revision %d", o.plannedRevision)
+	}
+	return "the last revision seen at or before " + o.point.String()
 }
 
 func dataDirLabel(d string) string {

@@ -18,15 +18,21 @@ func TestRestoreFlagCombinations(t *testing.T) {
 		o    RestoreOptions
 		want string
 	}{
-		{RestoreOptions{}, "--local"},
-		{RestoreOptions{Local: true, Target: "t"}, "not both"},
-		{RestoreOptions{Target: "t", FromFile: "f"}, "--from-file goes with --local"},
-		{RestoreOptions{Target: "t", WorkDir: "/w"}, "server's configuration"},
-		{RestoreOptions{Local: true, Wait: true}, "--wait goes with --target"},
+		{RestoreOptions{}, "say what to restore"},
+		{RestoreOptions{Name: "b"}, "--local"},
+		{RestoreOptions{Name: "b", Local: true, Target: "t"}, "not both"},
+		{RestoreOptions{Name: "b", Target: "t", FromFile: "f"}, "--from-file goes with --local"},
+		{RestoreOptions{Name: "b", Target: "t", WorkDir: "/w"}, "server's configuration"},
+		{RestoreOptions{Name: "b", Local: true, Wait: true}, "--wait goes with --target"},
 		{RestoreOptions{Name: "b", Target: "t", Wait: true, DryRun: true}, ""},
-		{RestoreOptions{Target: "t", Wait: true}, "say what to restore"},
-		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Target: "t"}, "--storage-config reads a backup on this machine"},
-		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Local: true, FromFile: "f"}, "give one"},
+		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Name: "b", Target: "t"}, "--storage-config reads a backup on this machine"},
+		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Name: "b", Local: true, FromFile: "f"}, "give one"},
+		// In the cluster to a point: NAME optional, --target required.
+		{RestoreOptions{Target: "t", ToRevision: 5, AllowLeaseLoss: true}, ""},
+		{RestoreOptions{Name: "b", Target: "t", ToTime: "2026-01-01T00:00:00Z", DryRun: true}, ""},
+		{RestoreOptions{ToRevision: 5}, "need --target T"},
+		{RestoreOptions{Target: "t", AllowLeaseLoss: true, Name: "b"}, "--allow-lease-loss goes with"},
+		{RestoreOptions{Target: "t", ToRevision: 5, ToTime: "2026-01-01T00:00:00Z"}, "not both"},
 	} {
 		o := tc.o
 		err := o.Validate()
@@ -103,8 +109,8 @@ func TestRestoreFlagErrorsThroughCommand(t *testing.T) {
 		{[]string{"restore", "b", "--target", "t", "--timeout", "x"}, `invalid argument "x" for "--timeout"`},
 		{[]string{"restore", "b", "--target", "t", "--bump-revision", "-5"}, "--bump-revision -5 is negative"},
 		{[]string{"restore", "b", "--target", "t", "--bump-revision", "1e9"}, `invalid argument "1e9" for "--bump-revision"`},
-		{[]string{"restore"}, "say where to restore"},
-		{[]string{"restore", "--local", "--data-dir", "/d", "--member-name", "m1", "--initial-cluster", "m1=http://x:2380", "--initial-advertise-peer-urls", "http://x:2380"}, "say what to restore: a backup NAME, or --to-revision"},
+		{[]string{"restore"}, "say what to restore"},
+		{[]string{"restore", "a", "b"}, "accepts between 0 and 1 arg(s), received 2"},
 		{[]string{"restore", "--local", "--to-revision", "5", "--data-dir", "/d", "--member-name", "m1", "--initial-cluster", "m1=http://x:2380", "--initial-advertise-peer-urls", "http://x:2380"}, "need --target T"},
 		{[]string{"restore", "b", "--target", "t", "--to-revision", "5", "--to-time", "2026-01-01T00:00:00Z"}, "not both"},
 		{[]string{"restore", "b", "--local", "--to-time", "yesterday"}, "is not a time in RFC 3339"},

@@ -29,9 +29,12 @@ type Deltas struct {
 	AllowLeaseLoss bool
 }
 
-// SegmentRef names a stored segment and the SHA-256 it must have.
+// SegmentRef names a stored segment and the SHA-256 it must have. Its
+// JSON is the list a restore Job hands its agent (the server's
+// jobs.SegmentPin).
 type SegmentRef struct {
-	Name, SHA256 string
+	Name   string `json:"name"`
+	SHA256 string `json:"sha256"`
 }
 
 func (d *Deltas) validate() error {

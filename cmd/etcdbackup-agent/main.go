@@ -175,6 +175,7 @@ func newRestoreCmd() *cobra.Command {
 	var identityDir string
 	var o restore.Options
 	var bump int64
+	var point pointFlags
 	cmd := &cobra.Command{
 		Use:   "restore --server HOST:PORT --name NAME --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U",
 		Short: "Download a backup through the data server and rebuild one etcd member's data directory",
@@ -188,6 +189,11 @@ func newRestoreCmd() *cobra.Command {
 				return fmt.Errorf("--bump-revision %d is negative: give 0 to keep the snapshot's revisions, or a positive amount", bump)
 			}
 			o.Member.BumpRevision = &bump
+			deltas, err := point.deltas()
+			if err != nil {
+				return err
+			}
+			o.Deltas = deltas
 			if err := o.Validate(); err != nil {
 				return err
 			}
@@ -201,7 +207,11 @@ func newRestoreCmd() *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			log.Info("downloading backup", "backup", o.Name, "location", o.Location)
+			if deltas != nil {
+				log.Info("downloading backup and delta segments", "backup", o.Name, "location", o.Location, "segments", len(deltas.Segments), "point", deltas.Point.String())
+			} else {
+				log.Info("downloading backup", "backup", o.Name, "location", o.Location)
+			}
 			res, err := restore.Run(cmd.Context(), c, o, restore.Events{
 				Verified: func(v restore.Verified) {
 					// No SHA-256 in the log (see the backup command).
@@ -211,6 +221,10 @@ func newRestoreCmd() *cobra.Command {
 			})
 			if err != nil {
 				return err
+			}
+			if deltas != nil {
+				log.Info("delta segments replayed", "backup", o.Name, "segments", len(deltas.Segments), "replayedRevisions", res.ReplayedRevisions,
+					"toRevision", res.ToRevision, "pointTime", res.PointTime)
 			}
 			log.Info("member data restored", "member", o.Member.Name, "dataDir", res.DataDir,
 				"snapshotRevision", res.SnapshotRevision, "revision", res.Revision, "bumpRevision", res.BumpRevision, "markedCompacted", res.MarkedCompacted)
@@ -236,6 +250,11 @@ func newRestoreCmd() *cobra.Command {
 		"add this to etcd's revision and mark the result compacted, so that watchers and informers of the lost data relist; 0 keeps the snapshot's revisions. The same for every member")
 	fl.StringVar(&identityDir, "identity-dir", "", "directory of age identity files (a mounted Secret) to decrypt an encrypted backup")
 	fl.StringVar(&o.SHA256, "sha256", "", "SHA-256 (hex) the stored backup must have; any other content under the name is refused before it is restored")
+	fl.Int64Var(&point.toRevision, "to-revision", 0, "restore to this etcd revision: replay the delta segments of --segments-file onto the backup up to it")
+	fl.StringVar(&point.toTime, "to-time", "", "restore to the last revision seen at or before this RFC 3339 time (instead of --to-revision)")
+	fl.StringVar(&point.segmentsFile, "segments-file", "", "with --to-revision/--to-time: JSON list [{\"name\",\"sha256\"}] of the delta segments to replay, in order")
+	fl.StringVar(&point.segmentsSHA256, "segments-sha256", "", "SHA-256 (hex) --segments-file must have")
+	fl.BoolVar(&point.allowLeaseLoss, "allow-lease-loss", false, "with --to-revision/--to-time: restore keys whose lease's TTL was never read with a short lease instead of refusing")
 	addServerFlags(cmd, &srv)
 	_ = cmd.MarkFlagRequired("server")
 	return cmd

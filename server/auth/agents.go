@@ -69,6 +69,33 @@ type Agent struct {
 	// Pod is the calling pod's name: a delta agent's Lease holder
 	// identity starts with it.
 	Pod string
+	// Segments are the delta segments a restore to a point replays, by
+	// name, each with the SHA-256 it must have: from its Job's signed
+	// annotation, the only other things it may download.
+	Segments map[string]string
+}
+
+// MayDownload says what a downloading agent may read under name in
+// location: the SHA-256 the content must have, or a PermissionDenied
+// error. That is its Job's backup, or one of the delta segments its Job
+// lists.
+func (a *Agent) MayDownload(name, location string) (string, error) {
+	if !a.Downloads() {
+		return "", status.Errorf(codes.PermissionDenied, "%s may not download: only restore agents and drill agents may", a)
+	}
+	if location != a.Location {
+		return "", status.Errorf(codes.PermissionDenied, "%s may download only from location %q, not %q", a, a.Location, location)
+	}
+	if name == a.Backup {
+		return a.SHA256, nil
+	}
+	if sha, ok := a.Segments[name]; ok {
+		return sha, nil
+	}
+	if len(a.Segments) > 0 {
+		return "", status.Errorf(codes.PermissionDenied, "%s may download only backup %q and the %d delta segments its Job lists, not %q", a, a.Backup, len(a.Segments), name)
+	}
+	return "", status.Errorf(codes.PermissionDenied, "%s may download only backup %q in location %q, not %q in location %q", a, a.Backup, a.Location, name, location)
 }
 
 type agentKey struct{}
@@ -257,6 +284,17 @@ func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*A
 		}
 		if a.SHA256 == "" {
 			return nil, status.Errorf(codes.PermissionDenied, "restore Job %s carries no %s annotation; start the restore again", name, jobs.AnnotationSHA256)
+		}
+		// Signed with the rest (JobClaims.Segments).
+		segs, err := jobs.DecodeSegments(job.Annotations[jobs.AnnotationDeltaSegments])
+		if err != nil {
+			return nil, status.Errorf(codes.PermissionDenied, "restore Job %s: %v; start the restore again", name, err)
+		}
+		if len(segs) > 0 {
+			a.Segments = make(map[string]string, len(segs))
+			for _, s := range segs {
+				a.Segments[s.Name] = s.SHA256
+			}
 		}
 	case jobs.KindDelta:
 		a.Kind = AgentDelta

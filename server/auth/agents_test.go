@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -186,7 +187,7 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 	}
 	a, ok := auth.AgentFrom(ctx)
 	want := auth.Agent{Kind: "backup", JobNamespace: serverNS, JobName: bj.Name, Backup: "b1", Location: "default", Target: "app", Pod: "backup-pod"}
-	if !ok || *a != want {
+	if !ok || !reflect.DeepEqual(*a, want) {
 		t.Fatalf("agent %+v, want %+v", a, want)
 	}
 	if _, err := c.guard.Admit(withToken(btok), auth.MethodGetServerInfo); err != nil {
@@ -201,7 +202,7 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 	}
 	a, _ = auth.AgentFrom(ctx)
 	want = auth.Agent{Kind: "restore", JobNamespace: appNS, JobName: rj.Name, Backup: "b1", Location: "default", Target: "app", SHA256: sum, Pod: "restore-pod"}
-	if *a != want {
+	if !reflect.DeepEqual(*a, want) {
 		t.Fatalf("agent %+v, want %+v", a, want)
 	}
 
@@ -222,7 +223,7 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 	}
 	a, _ = auth.AgentFrom(ctx)
 	want = auth.Agent{Kind: "drill", JobNamespace: serverNS, JobName: dj.Name, Backup: "b1", Location: "default", Target: "app", SHA256: sum, Pod: "drill-pod"}
-	if *a != want {
+	if !reflect.DeepEqual(*a, want) {
 		t.Fatalf("agent %+v, want %+v", a, want)
 	}
 	refused(t, c.guard, dtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup and delta agents may upload")
@@ -503,4 +504,44 @@ func TestAgentGuardAdmitsJobsOfAnEarlierServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused(t, c.newGuard(t, keyless), tok, auth.MethodDownloadBackup, codes.PermissionDenied, "is not one the server created")
+}
+
+// A restore to a point's agent may download its full backup and exactly
+// the delta segments its signed Job lists, each pinned to its SHA-256;
+// editing the list makes the Job one the server did not create.
+func TestRestoreAgentMayDownloadOnlyItsListedSegments(t *testing.T) {
+	c := newCluster(t)
+	segSum := strings.Repeat("d", 64)
+	js, err := c.launcher.StartRestore(context.Background(), jobs.RestoreSpec{Name: "b1", Location: "default", Target: target, SHA256: sum,
+		ToRevision: 30, Segments: []jobs.SegmentPin{{Name: "b1.delta-11", SHA256: segSum}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := c.tokenFor(c.pod(t, js[0], "point-pod", true))
+	ctx, err := c.guard.Admit(withToken(tok), auth.MethodDownloadBackup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := auth.AgentFrom(ctx)
+	for name, want := range map[string]string{"b1": sum, "b1.delta-11": segSum} {
+		if got, err := a.MayDownload(name, "default"); err != nil || got != want {
+			t.Errorf("MayDownload(%s): %q, %v; want %q", name, got, err, want)
+		}
+	}
+	for _, d := range []struct{ name, loc string }{{"b1.delta-21", "default"}, {"b2", "default"}, {"b1.delta-11", "s3"}} {
+		if _, err := a.MayDownload(d.name, d.loc); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("MayDownload(%s in %s): %v; want PermissionDenied", d.name, d.loc, err)
+		}
+	}
+
+	// Someone who may edit Jobs adds a segment to the list.
+	j, err := c.cs.BatchV1().Jobs(js[0].Namespace).Get(context.Background(), js[0].Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Annotations[jobs.AnnotationDeltaSegments] = `[{"name":"b1.delta-11","sha256":"` + segSum + `"},{"name":"other","sha256":"` + segSum + `"}]`
+	if _, err := c.cs.BatchV1().Jobs(j.Namespace).Update(context.Background(), j, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	refused(t, c.guard, tok, auth.MethodDownloadBackup, codes.PermissionDenied, "not one the server created")
 }

@@ -2,11 +2,16 @@ package jobs
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -33,7 +38,78 @@ const (
 	// identityMountPath is where the age identity Secret appears: the
 	// agent reads every file in it.
 	identityMountPath = "/etc/etcdbackup/age-identity"
+
+	// AnnotationToRevision and AnnotationToTime are the point a restore
+	// Job replays its backup's delta chain to (one of them, or neither
+	// for a restore of the backup as it is).
+	AnnotationToRevision = "etcdbackup.io/to-revision"
+	AnnotationToTime     = "etcdbackup.io/to-time"
+	// AnnotationDeltaSegments holds the delta segments a restore to a
+	// point replays, in order, each pinned to its SHA-256: JSON of
+	// [{"name","sha256"}] (EncodeSegments). A long chain does not fit in
+	// args, so the pod reads it as a file (segmentsMountPath) through the
+	// downward API, and the agent port lets the Job download exactly these.
+	AnnotationDeltaSegments = "etcdbackup.io/delta-segments"
+	// MaxSegmentsBytes bounds AnnotationDeltaSegments: all of an object's
+	// annotations together may take 256 KiB, and the Job carries others.
+	MaxSegmentsBytes = 200 << 10
+
+	// segmentsMountPath is where the downward API shows the segment list.
+	segmentsMountPath = "/etc/etcdbackup/delta-segments"
+	segmentsFile      = "segments.json"
 )
+
+// SegmentPin is one delta segment a restore to a point replays: the
+// agent downloads only this content under this name. Its JSON is what
+// etcdbackup-agent restore --segments-file reads.
+type SegmentPin struct {
+	Name   string `json:"name"`
+	SHA256 string `json:"sha256"`
+}
+
+// ErrTooManySegments is EncodeSegments' refusal of a list that does not
+// fit in an annotation.
+var ErrTooManySegments = errors.New("the delta segment list does not fit in a Job annotation")
+
+// EncodeSegments is segs as AnnotationDeltaSegments holds them.
+func EncodeSegments(segs []SegmentPin) (string, error) {
+	if segs == nil {
+		segs = []SegmentPin{}
+	}
+	b, err := json.Marshal(segs)
+	if err != nil {
+		return "", err
+	}
+	if len(b) > MaxSegmentsBytes {
+		return "", fmt.Errorf("%w: %d segments take %d bytes, at most %d fit", ErrTooManySegments, len(segs), len(b), MaxSegmentsBytes)
+	}
+	return string(b), nil
+}
+
+// DecodeSegments reads AnnotationDeltaSegments; "" is no segments.
+func DecodeSegments(s string) ([]SegmentPin, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []SegmentPin
+	if err := json.Unmarshal([]byte(s), &out); err != nil {
+		return nil, fmt.Errorf("annotation %s: %w", AnnotationDeltaSegments, err)
+	}
+	for _, p := range out {
+		if p.Name == "" || p.SHA256 == "" {
+			return nil, fmt.Errorf("annotation %s: a segment without a name or SHA-256", AnnotationDeltaSegments)
+		}
+	}
+	return out, nil
+}
+
+// segmentsDigest is the SHA-256 (hex) of an AnnotationDeltaSegments
+// value: what the agent checks the file it reads against, from args that
+// no one can change in a running pod (annotations they can).
+func segmentsDigest(annotation string) string {
+	sum := sha256.Sum256([]byte(annotation))
+	return hex.EncodeToString(sum[:])
+}
 
 // DescribeVolume says where m's data lives, for people.
 func DescribeVolume(m config.Member) string {
@@ -188,7 +264,18 @@ type RestoreSpec struct {
 	// the Job always carries the value, so the agent's default never
 	// decides.
 	BumpRevision int64
+	// ToRevision or ToTime, when set, restore to a point: the agent
+	// replays Segments (the backup's delta chain, in order) onto the
+	// backup and stops there. AllowLeaseLoss restores keys whose lease's
+	// TTL was never read instead of refusing.
+	ToRevision     int64
+	ToTime         time.Time
+	Segments       []SegmentPin
+	AllowLeaseLoss bool
 }
+
+// ToPoint says whether spec restores to a point.
+func (spec RestoreSpec) ToPoint() bool { return spec.ToRevision > 0 || !spec.ToTime.IsZero() }
 
 // RestoreJobName is the Job that restores member of target from backup
 // (location, name): one per member and backup.
@@ -204,7 +291,11 @@ func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batch
 	jobs := l.client.BatchV1().Jobs(l.RestoreNamespace(spec.Target))
 	var want []*batchv1.Job
 	for _, m := range spec.Target.Members {
-		want = append(want, l.restoreJob(spec, m))
+		j, err := l.restoreJob(spec, m)
+		if err != nil {
+			return nil, err
+		}
+		want = append(want, j)
 	}
 	old := map[string]*batchv1.Job{}
 	for _, j := range want {
@@ -243,7 +334,7 @@ func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batch
 	return out, nil
 }
 
-func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) *batchv1.Job {
+func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) (*batchv1.Job, error) {
 	t := spec.Target
 	args := []string{
 		"restore",
@@ -290,23 +381,54 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) *batchv1.Job {
 		}})
 		mounts = append(mounts, corev1.VolumeMount{Name: "age-identity", MountPath: identityMountPath, ReadOnly: true})
 	}
-	job := l.agentJob(sc, args, volumes, mounts)
-	bump := strconv.FormatInt(spec.BumpRevision, 10)
-	job.ObjectMeta = metav1.ObjectMeta{
-		Name:      RestoreJobName(spec.Location, spec.Name, t.Name, m.Name),
-		Namespace: l.RestoreNamespace(t),
-		Labels:    labels,
-		Annotations: map[string]string{
+	annotations := func() map[string]string {
+		return map[string]string{
 			AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
-			AnnotationSHA256: spec.SHA256, AnnotationBumpRevision: bump,
-		},
+			AnnotationSHA256: spec.SHA256, AnnotationBumpRevision: strconv.FormatInt(spec.BumpRevision, 10),
+		}
 	}
-	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{
-		AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
-		AnnotationSHA256: spec.SHA256, AnnotationBumpRevision: bump,
-	}}
+	jobAnn, podAnn := annotations(), annotations()
+	if spec.ToPoint() {
+		segs, err := EncodeSegments(spec.Segments)
+		if err != nil {
+			return nil, err
+		}
+		point := map[string]string{AnnotationDeltaSegments: segs}
+		if spec.ToRevision > 0 {
+			point[AnnotationToRevision] = strconv.FormatInt(spec.ToRevision, 10)
+			args = append(args, "--to-revision="+point[AnnotationToRevision])
+		} else {
+			point[AnnotationToTime] = spec.ToTime.UTC().Format(time.RFC3339Nano)
+			args = append(args, "--to-time="+point[AnnotationToTime])
+		}
+		for k, v := range point {
+			jobAnn[k], podAnn[k] = v, v
+		}
+		// The list reaches the agent as a file of the pod's annotation;
+		// its digest in args, which no one can edit in a running pod,
+		// makes the agent refuse an edited one.
+		args = append(args, "--segments-file="+path.Join(segmentsMountPath, segmentsFile), "--segments-sha256="+segmentsDigest(segs))
+		if spec.AllowLeaseLoss {
+			args = append(args, "--allow-lease-loss")
+		}
+		volumes = append(volumes, corev1.Volume{Name: "delta-segments", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
+			Items: []corev1.DownwardAPIVolumeFile{{
+				Path:     segmentsFile,
+				FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + AnnotationDeltaSegments + "']"},
+			}},
+		}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: "delta-segments", MountPath: segmentsMountPath, ReadOnly: true})
+	}
+	job := l.agentJob(sc, args, volumes, mounts)
+	job.ObjectMeta = metav1.ObjectMeta{
+		Name:        RestoreJobName(spec.Location, spec.Name, t.Name, m.Name),
+		Namespace:   l.RestoreNamespace(t),
+		Labels:      labels,
+		Annotations: jobAnn,
+	}
+	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: podAnn}
 	job.Spec.Template.Spec.NodeName = m.NodeName
-	return job
+	return job, nil
 }
 
 // MemberRun is what the cluster says about one member's restore agent.

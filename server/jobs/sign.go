@@ -114,6 +114,11 @@ type JobClaims struct {
 	SHA256 string
 	// Scheduled is a backup the server's schedule started.
 	Scheduled bool
+	// ToRevision and ToTime are a restore to a point's (annotations
+	// AnnotationToRevision, AnnotationToTime, as written); Segments is
+	// the SHA-256 of its AnnotationDeltaSegments: the segments the Job
+	// may download are exactly the ones signed. All "" otherwise.
+	ToRevision, ToTime, Segments string
 }
 
 // ClaimsOf reads what j says it is: its identity, the component label and
@@ -124,7 +129,11 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 		Namespace: j.Namespace, Name: j.Name, UID: j.UID,
 		Backup: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation],
 		Target: j.Annotations[AnnotationTarget], SHA256: j.Annotations[AnnotationSHA256],
-		Scheduled: j.Labels[LabelScheduled] == "true",
+		Scheduled:  j.Labels[LabelScheduled] == "true",
+		ToRevision: j.Annotations[AnnotationToRevision], ToTime: j.Annotations[AnnotationToTime],
+	}
+	if segs, ok := j.Annotations[AnnotationDeltaSegments]; ok {
+		c.Segments = segmentsDigest(segs)
 	}
 	switch j.Labels[LabelComponent] {
 	case componentBackup:
@@ -142,10 +151,17 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 // canonical is the one encoding of c that is signed: a JSON array of
 // strings, whose encoding of each element is unambiguous.
 func (c JobClaims) canonical() []byte {
-	b, _ := json.Marshal([]string{
+	fields := []string{
 		signatureDomain, c.Namespace, c.Name, string(c.UID), c.Kind,
 		c.Backup, c.Location, c.Target, c.SHA256, strconv.FormatBool(c.Scheduled),
-	})
+	}
+	// Only a restore to a point says more, so that Jobs signed before
+	// points existed keep their signatures across an upgrade; the longer
+	// array cannot be read as the shorter one.
+	if c.ToRevision != "" || c.ToTime != "" || c.Segments != "" {
+		fields = append(fields, c.ToRevision, c.ToTime, c.Segments)
+	}
+	b, _ := json.Marshal(fields)
 	return b
 }
 
@@ -159,7 +175,7 @@ func (s *Signer) Sign(c JobClaims) string {
 // ErrUnsigned and ErrBadSignature are Verify's refusals.
 var (
 	ErrUnsigned     = errors.New("the Job carries no " + AnnotationSignature + " annotation: the server did not create it")
-	ErrBadSignature = errors.New("the Job's " + AnnotationSignature + " annotation does not match what the Job says it is (its namespace, name, UID, kind, backup, location, target, SHA-256): the server did not create it as it is")
+	ErrBadSignature = errors.New("the Job's " + AnnotationSignature + " annotation does not match what the Job says it is (its namespace, name, UID, kind, backup, location, target, SHA-256, point and delta segments): the server did not create it as it is")
 )
 
 // Verify checks that j carries the server's signature of what it says

@@ -125,6 +125,23 @@ func TestRestoreAgentDownloadsOnlyItsPinnedBackup(t *testing.T) {
 	if err := download(t, agent, "b2"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `not "b2"`) {
 		t.Fatalf("restore agent of b1 downloading b2: %v", err)
 	}
+	// A restore to a point's agent reads what its Job lists besides its
+	// full backup, each under its own pin.
+	pointAgent := agent
+	pointAgent.Backup, pointAgent.SHA256 = "full", sha([]byte("the full backup"))
+	pointAgent.Segments = map[string]string{"b1": sha(data)}
+	if err := download(t, pointAgent, "b1"); err != nil {
+		t.Fatalf("the restore agent downloading a segment its Job lists: %v", err)
+	}
+	pointAgent.Segments = map[string]string{"b1": old}
+	if err := download(t, pointAgent, "b1"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "another SHA-256") {
+		t.Fatalf("the restore agent downloading a listed segment replaced since: %v; want PermissionDenied", err)
+	}
+	pointAgent.Segments = map[string]string{"b0": sha(data)}
+	if err := download(t, pointAgent, "b1"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "delta segments its Job lists") {
+		t.Fatalf("the restore agent downloading what its Job does not list: %v; want PermissionDenied", err)
+	}
+
 	backupAgent := agent
 	backupAgent.Kind, backupAgent.SHA256 = auth.AgentBackup, ""
 	if err := download(t, backupAgent, "b1"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "only restore agents") {

@@ -53,9 +53,9 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Ba
 	}
 	// Checked on what Open returned: that is what is sent. The hashes
 	// are not named: the agent logs the refusal.
-	if a := d.agent; a != nil && m.SHA256 != a.SHA256 {
+	if a := d.agent; a != nil && m.SHA256 != d.sha256 {
 		return status.Errorf(codes.PermissionDenied,
-			"%s was started for backup %q with another SHA-256 than the stored backup has (replaced under the same name?); start the restore again",
+			"%s was started for %q with another SHA-256 than the stored one has (replaced under the same name?); start the restore again",
 			a, req.GetName())
 	}
 	// Every backup holds every Secret of its cluster: say who read it.
@@ -82,10 +82,14 @@ type download struct {
 	locName string
 	loc     storage.Location
 	agent   *auth.Agent
+	// sha256 is the content the agent may read under the name: its
+	// backup's, or a delta segment's its Job lists.
+	sha256 string
 }
 
 // admitDownload checks a download request: its name and range, its
-// location, that an agent asks only for the backup it restores, and that
+// location, that an agent asks only for the backup it restores (or a
+// delta segment its Job lists), and that
 // the backup is stored (not still being taken, nor failed) and has the
 // offset.
 func (s *Service) admitDownload(ctx context.Context, req *ebv1.DownloadBackupRequest) (*download, error) {
@@ -104,11 +108,7 @@ func (s *Service) admitDownload(ctx context.Context, req *ebv1.DownloadBackupReq
 		return nil, err
 	}
 	if agent, ok := auth.AgentFrom(ctx); ok {
-		kind := auth.AgentRestore
-		if agent.Kind == auth.AgentDrill {
-			kind = auth.AgentDrill
-		}
-		if err := agentMay(agent, kind, "download", req.GetName(), d.locName); err != nil {
+		if d.sha256, err = agent.MayDownload(req.GetName(), d.locName); err != nil {
 			return nil, err
 		}
 		d.agent = agent

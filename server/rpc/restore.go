@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/liveness"
@@ -73,9 +74,13 @@ func (s *Service) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequ
 	if err != nil {
 		return nil, err
 	}
-	plan := s.plan(r.target, r.locName, req.GetName())
+	plan := s.plan(r.target, r.locName, r.name)
 	for _, p := range plan {
 		p.BumpRevision, p.MarkCompacted = r.bump, r.bump > 0
+	}
+	resp := &ebv1.RestoreBackupResponse{Members: plan}
+	if r.point != nil {
+		resp.Backup, resp.Segments, resp.ToRevision = r.name, r.point.names(), r.point.toRevision
 	}
 	seen := liveness.Members(ctx, s.agents, r.target)
 	if req.GetDryRun() {
@@ -89,7 +94,7 @@ func (s *Service) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequ
 				}
 			}
 		}
-		return &ebv1.RestoreBackupResponse{Members: plan}, nil
+		return resp, nil
 	}
 	if err := liveness.RefuseUnlessStopped(s.agents, r.target, seen); err != nil {
 		return nil, err
@@ -101,13 +106,17 @@ func (s *Service) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequ
 	for _, p := range plan {
 		p.Phase = ebv1.RestorePhase_RESTORE_PHASE_RUNNING
 	}
-	s.log.Info("restore agents started", "backup", req.GetName(), "location", r.locName, "target", r.target.Name, "jobs", created, "bumpRevision", r.bump, "caller", caller(ctx))
-	return &ebv1.RestoreBackupResponse{Members: plan}, nil
+	s.log.Info("restore agents started", "backup", r.name, "location", r.locName, "target", r.target.Name, "jobs", created, "bumpRevision", r.bump,
+		"toRevision", resp.GetToRevision(), "toTime", r.pointAt.Time, "segments", len(resp.GetSegments()), "caller", caller(ctx))
+	return resp, nil
 }
 
 // restore is an admitted restore request.
 type restore struct {
-	target  *config.Target
+	target *config.Target
+	// name is the backup restored: the request's, or for a restore to a
+	// point the full backup planned.
+	name    string
 	locName string
 	// stored is the backup's manifest: the agents may restore exactly it.
 	stored *storage.Manifest
@@ -115,15 +124,27 @@ type restore struct {
 	// secret names the Secret holding the age identity, for an
 	// encrypted backup.
 	secret string
+	// point is a restore to a point's plan (nil otherwise), pointAt the
+	// point itself.
+	point   *pointPlan
+	pointAt delta.Point
 }
 
 // admitRestore checks a restore request: the backup's name, the revision
 // bump, a target the server can restore (restoreTarget), the backup
 // stored, an identity Secret when it is encrypted, and data directories
-// that --move-aside can rename.
+// that --move-aside can rename. A restore to a point is planned here: the
+// backup is then the full backup the plan picks (among the target's, or
+// only the request's name when given).
 func (s *Service) admitRestore(ctx context.Context, req *ebv1.RestoreBackupRequest) (*restore, error) {
-	if err := validateName("backup", req.GetName()); err != nil {
+	point, toPoint, err := pointOf(req)
+	if err != nil {
 		return nil, err
+	}
+	if req.GetName() != "" || !toPoint {
+		if err := validateName("backup", req.GetName()); err != nil {
+			return nil, err
+		}
 	}
 	bump, err := revisionBump(req)
 	if err != nil {
@@ -138,9 +159,21 @@ func (s *Service) admitRestore(ctx context.Context, req *ebv1.RestoreBackupReque
 	if err != nil {
 		return nil, err
 	}
-	m, err := loc.Stat(ctx, name)
-	if err != nil {
+	var pp *pointPlan
+	var m *storage.Manifest
+	if toPoint {
+		if pp, err = s.planPoint(ctx, locName, loc, t.Name, name, point); err != nil {
+			return nil, err
+		}
+		m, name = pp.full, pp.full.Name
+	} else if m, err = loc.Stat(ctx, name); err != nil {
 		return nil, s.metrics.StorageError("restore backup", locName, name, err)
+	}
+	encrypted := m.Encryption != ""
+	if pp != nil {
+		for _, sm := range pp.segments {
+			encrypted = encrypted || sm.Encryption != ""
+		}
 	}
 	secret := req.GetIdentitySecret()
 	if secret != "" {
@@ -148,9 +181,9 @@ func (s *Service) admitRestore(ctx context.Context, req *ebv1.RestoreBackupReque
 			return nil, err
 		}
 	}
-	if m.Encryption != "" && secret == "" {
+	if encrypted && secret == "" {
 		return nil, status.Errorf(codes.FailedPrecondition,
-			"backup %q is age-encrypted and the server holds no key: create a Secret with your age identity file in namespace %q (`kubectl -n %s create secret generic etcd-backup-identity --from-file=identity=KEYFILE`) and pass --identity-secret etcd-backup-identity; it is mounted only into the restore Jobs",
+			"backup %q (or its delta segments) is age-encrypted and the server holds no key: create a Secret with your age identity file in namespace %q (`kubectl -n %s create secret generic etcd-backup-identity --from-file=identity=KEYFILE`) and pass --identity-secret etcd-backup-identity; it is mounted only into the restore Jobs",
 			name, s.agents.RestoreNamespace(*t), s.agents.RestoreNamespace(*t))
 	}
 	if req.GetMoveAside() {
@@ -161,19 +194,24 @@ func (s *Service) admitRestore(ctx context.Context, req *ebv1.RestoreBackupReque
 			}
 		}
 	}
-	return &restore{target: t, locName: locName, stored: m, bump: bump, secret: secret}, nil
+	return &restore{target: t, name: name, locName: locName, stored: m, bump: bump, secret: secret, point: pp, pointAt: point}, nil
 }
 
 // startRestore creates the restore Jobs, one per member, and returns how
 // many it created.
 func (s *Service) startRestore(ctx context.Context, req *ebv1.RestoreBackupRequest, r *restore) (int, error) {
-	name, t := req.GetName(), r.target
-	created, err := s.agents.StartRestore(ctx, jobs.RestoreSpec{
+	name, t := r.name, r.target
+	spec := jobs.RestoreSpec{
 		Name: name, Location: r.locName, Target: *t, MoveAside: req.GetMoveAside(), IdentitySecret: r.secret,
 		// What the agents may restore: exactly the backup stored now.
 		SHA256:       r.stored.SHA256,
 		BumpRevision: r.bump,
-	})
+	}
+	if r.point != nil {
+		// And replay exactly the segments planned, each as stored now.
+		spec.ToRevision, spec.ToTime, spec.Segments, spec.AllowLeaseLoss = r.pointAt.Revision, r.pointAt.Time, r.point.pins(), req.GetAllowLeaseLoss()
+	}
+	created, err := s.agents.StartRestore(ctx, spec)
 	if errors.Is(err, jobs.ErrRunning) {
 		return 0, status.Errorf(codes.AlreadyExists,
 			"a restore of backup %q into target %q is still running; wait for it with `kubectl etcdbackup restore %s --target %s --wait` after it ends, or follow `kubectl -n %s get jobs -l app.kubernetes.io/component=restore-agent`",

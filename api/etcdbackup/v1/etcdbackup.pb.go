@@ -2751,10 +2751,14 @@ type RestoreBackupRequest struct {
 	// Restore to a point instead of name's revision: name may then be
 	// empty, and the server picks the newest full backup of target at or
 	// before the point and the delta segments after it. At most one.
-	ToRevision    int64                  `protobuf:"varint,8,opt,name=to_revision,json=toRevision,proto3" json:"to_revision,omitempty"`
-	ToTime        *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=to_time,json=toTime,proto3" json:"to_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ToRevision int64                  `protobuf:"varint,8,opt,name=to_revision,json=toRevision,proto3" json:"to_revision,omitempty"`
+	ToTime     *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=to_time,json=toTime,proto3" json:"to_time,omitempty"`
+	// With to_revision or to_time: restore keys whose lease expired before
+	// the delta agent could read its TTL, with a short lease, instead of
+	// refusing the restore.
+	AllowLeaseLoss bool `protobuf:"varint,10,opt,name=allow_lease_loss,json=allowLeaseLoss,proto3" json:"allow_lease_loss,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RestoreBackupRequest) Reset() {
@@ -2848,6 +2852,13 @@ func (x *RestoreBackupRequest) GetToTime() *timestamppb.Timestamp {
 		return x.ToTime
 	}
 	return nil
+}
+
+func (x *RestoreBackupRequest) GetAllowLeaseLoss() bool {
+	if x != nil {
+		return x.AllowLeaseLoss
+	}
+	return false
 }
 
 type RestoreBackupResponse struct {
@@ -3707,7 +3718,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x0fstorage_version\x18\x06 \x01(\tR\x0estorageVersion\x12\x1f\n" +
 	"\vstored_only\x18\a \x01(\bR\n" +
 	"storedOnly\x12\x18\n" +
-	"\amessage\x18\b \x01(\tR\amessage\"\xd1\x02\n" +
+	"\amessage\x18\b \x01(\tR\amessage\"\xfb\x02\n" +
 	"\x14RestoreBackupRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12\x16\n" +
@@ -3719,7 +3730,9 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\rbump_revision\x18\a \x01(\x03H\x00R\fbumpRevision\x88\x01\x01\x12\x1f\n" +
 	"\vto_revision\x18\b \x01(\x03R\n" +
 	"toRevision\x123\n" +
-	"\ato_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x06toTimeB\x10\n" +
+	"\ato_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x06toTime\x12(\n" +
+	"\x10allow_lease_loss\x18\n" +
+	" \x01(\bR\x0eallowLeaseLossB\x10\n" +
 	"\x0e_bump_revision\"\xa4\x01\n" +
 	"\x15RestoreBackupResponse\x126\n" +
 	"\amembers\x18\x01 \x03(\v2\x1c.etcdbackup.v1.MemberRestoreR\amembers\x12\x16\n" +
