@@ -106,14 +106,17 @@ const (
 type JobClaims struct {
 	Namespace, Name string
 	UID             types.UID
-	// Kind is KindBackup, KindRestore or KindDrill (from the component
-	// label).
+	// Kind is KindBackup, KindRestore, KindDrill, KindDelta or KindFold
+	// (from the component label).
 	Kind                     string
 	Backup, Location, Target string
 	// SHA256 is the backup a restore or drill Job reads; "" for backups.
 	SHA256 string
 	// Scheduled is a backup the server's schedule started.
 	Scheduled bool
+	// FoldInputs is a fold Job's AnnotationFoldInputs: every backup and
+	// segment it may download, pinned. "" for other kinds.
+	FoldInputs string
 }
 
 // ClaimsOf reads what j says it is: its identity, the component label and
@@ -126,6 +129,9 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 		Target: j.Annotations[AnnotationTarget], SHA256: j.Annotations[AnnotationSHA256],
 		Scheduled: j.Labels[LabelScheduled] == "true",
 	}
+	if j.Labels[LabelComponent] == ComponentFold {
+		c.FoldInputs = j.Annotations[AnnotationFoldInputs]
+	}
 	switch j.Labels[LabelComponent] {
 	case componentBackup:
 		c.Kind = KindBackup
@@ -135,6 +141,8 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 		c.Kind = KindDrill
 	case ComponentDelta:
 		c.Kind = KindDelta
+	case ComponentFold:
+		c.Kind = KindFold
 	}
 	return c
 }
@@ -142,10 +150,15 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 // canonical is the one encoding of c that is signed: a JSON array of
 // strings, whose encoding of each element is unambiguous.
 func (c JobClaims) canonical() []byte {
-	b, _ := json.Marshal([]string{
+	fields := []string{
 		signatureDomain, c.Namespace, c.Name, string(c.UID), c.Kind,
 		c.Backup, c.Location, c.Target, c.SHA256, strconv.FormatBool(c.Scheduled),
-	})
+	}
+	if c.Kind == KindFold {
+		// Only a fold's: the other kinds' signatures stay what they were.
+		fields = append(fields, c.FoldInputs)
+	}
+	b, _ := json.Marshal(fields)
 	return b
 }
 

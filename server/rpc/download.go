@@ -53,10 +53,12 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Ba
 	}
 	// Checked on what Open returned: that is what is sent. The hashes
 	// are not named: the agent logs the refusal.
-	if a := d.agent; a != nil && m.SHA256 != a.SHA256 {
-		return status.Errorf(codes.PermissionDenied,
-			"%s was started for backup %q with another SHA-256 than the stored backup has (replaced under the same name?); start the restore again",
-			a, req.GetName())
+	if a := d.agent; a != nil {
+		if pin, _ := a.Pin(req.GetName()); m.SHA256 != pin {
+			return status.Errorf(codes.PermissionDenied,
+				"%s was started for backup %q with another SHA-256 than the stored backup has (replaced under the same name?); start the %s again",
+				a, req.GetName(), a.Kind)
+		}
 	}
 	// Every backup holds every Secret of its cluster: say who read it.
 	s.log.Info("backup download", "location", d.locName, "backup", req.GetName(), "offset", req.GetOffset(), "length", end-req.GetOffset(), "caller", caller(ctx))
@@ -104,11 +106,7 @@ func (s *Service) admitDownload(ctx context.Context, req *ebv1.DownloadBackupReq
 		return nil, err
 	}
 	if agent, ok := auth.AgentFrom(ctx); ok {
-		kind := auth.AgentRestore
-		if agent.Kind == auth.AgentDrill {
-			kind = auth.AgentDrill
-		}
-		if err := agentMay(agent, kind, "download", req.GetName(), d.locName); err != nil {
+		if err := agentMayDownload(agent, req.GetName(), d.locName); err != nil {
 			return nil, err
 		}
 		d.agent = agent
@@ -129,6 +127,24 @@ func (s *Service) admitDownload(ctx context.Context, req *ebv1.DownloadBackupReq
 			req.GetOffset(), req.GetName(), m.Size)
 	}
 	return d, nil
+}
+
+// agentMayDownload holds an agent to what its Job pins: a restore or
+// drill agent to its one backup, a fold agent to its chain's full backup
+// and segments, each in the Job's location.
+func agentMayDownload(a *auth.Agent, name, location string) error {
+	if a.Kind != auth.AgentFold {
+		kind := auth.AgentRestore
+		if a.Kind == auth.AgentDrill {
+			kind = auth.AgentDrill
+		}
+		return agentMay(a, kind, "download", name, location)
+	}
+	if _, ok := a.Pin(name); !ok || a.Location != location {
+		return status.Errorf(codes.PermissionDenied,
+			"%s may download only the chain it folds (%d backups and segments) in location %q, not %q in location %q", a, len(a.Inputs), a.Location, name, location)
+	}
+	return nil
 }
 
 // sendChunks sends r's bytes from offset sent to end as chunks. Each is
