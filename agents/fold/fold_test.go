@@ -176,7 +176,9 @@ func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 	in := fold.Inputs{Full: restore.SegmentRef{Name: "cp-full", SHA256: full.GetSha256()}, ToRevision: newest}
 	pins := map[string]string{"cp-full": full.GetSha256()}
 	segs := resp.GetBackups()
-	slices.SortFunc(segs, func(a, b *ebv1.Backup) int { return cmp.Compare(a.GetDelta().GetFirstRevision(), b.GetDelta().GetFirstRevision()) })
+	slices.SortFunc(segs, func(a, b *ebv1.Backup) int {
+		return cmp.Compare(a.GetDelta().GetFirstRevision(), b.GetDelta().GetFirstRevision())
+	})
 	for _, b := range segs {
 		in.Segments = append(in.Segments, restore.SegmentRef{Name: b.GetName(), SHA256: b.GetSha256()})
 		pins[b.GetName()] = b.GetSha256()
