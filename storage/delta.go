@@ -88,3 +88,24 @@ func ChainOf(name string) (string, bool) {
 	}
 	return name[:i], true
 }
+
+// ContiguousSegments returns the segments (sorted by Chains) that
+// follow each other from revision from+1 on: each starts where the one
+// before ended, none from a writer of an older epoch than the one before,
+// none after a chain's end.
+func ContiguousSegments(from int64, segs []*Manifest) []*Manifest {
+	var out []*Manifest
+	next, epoch := from+1, int64(0)
+	for _, m := range segs {
+		d := m.Delta
+		if d == nil || d.FirstRevision != next || d.Epoch < epoch {
+			continue
+		}
+		out = append(out, m)
+		next, epoch = d.LastRevision+1, d.Epoch
+		if d.EndReason != "" {
+			break
+		}
+	}
+	return out
+}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"filippo.io/age"
+
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
@@ -157,4 +159,16 @@ func unpackSegment(ctx context.Context, stored, plain string, f snapshot.Form, o
 		return err
 	}
 	return out.Close()
+}
+
+// FetchSegment downloads the segment s names from location through c into
+// dir, pinned to its SHA-256, and returns the path of its plain form
+// (decrypted with ids, decompressed): what replay.Options.Segments takes.
+// Errors are as Fetch's: ErrWrongBackup, crypt.ErrIdentityRequired, a
+// DownloadError when the server failed, snapshot.ErrCorrupt.
+func FetchSegment(ctx context.Context, c *client.Client, location string, ids []age.Identity, dir string, s SegmentRef) (string, error) {
+	if err := validSHA256(s.SHA256); err != nil {
+		return "", fmt.Errorf("delta segment %q: %w", s.Name, err)
+	}
+	return fetchSegment(ctx, c, Options{Location: location, Identities: ids}, dir, s)
 }

@@ -4,10 +4,11 @@
 // backup fetched through the server (package agents/restore), `drill`
 // checks that a backup restores (package agents/drill), `delta` stores
 // every etcd revision as a chain's delta segments while it holds the
-// target's delta Lease (package agents/delta). It talks to the server by
-// its in-cluster Service address and never sees storage credentials;
-// etcd's client certificates come from files a Secret mounts. This file
-// only parses flags and wires.
+// target's delta Lease (package agents/delta), `fold` compacts a delta
+// chain into a new full backup (package agents/fold). It talks to the
+// server by its in-cluster Service address and never sees storage
+// credentials; etcd's client certificates come from files a Secret
+// mounts. This file only parses flags and wires.
 package main
 
 import (
@@ -38,7 +39,7 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
-		if errors.Is(err, errDrillFailed) {
+		if errors.Is(err, errDrillFailed) || errors.Is(err, errFoldFailed) {
 			os.Exit(exitDrillFailed)
 		}
 		os.Exit(1)
@@ -53,7 +54,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newBackupCmd(), newRestoreCmd(), newDrillCmd(), newDeltaCmd())
+	root.AddCommand(newBackupCmd(), newRestoreCmd(), newDrillCmd(), newDeltaCmd(), newFoldCmd())
 	return root
 }
 

@@ -43,11 +43,25 @@ const (
 	// of that chain only, and only while it holds the target's delta
 	// Lease (the request layer checks).
 	AgentDelta = "delta"
+	// AgentFold folds a delta chain into a new full backup: it downloads
+	// the chain's full and segments its Job pins, and uploads the one new
+	// backup its Job names.
+	AgentFold = "fold"
 )
 
 // Downloads says whether a's kind reads a backup: restore and drill
-// agents, each only the one its Job pins.
-func (a *Agent) Downloads() bool { return a.Kind == AgentRestore || a.Kind == AgentDrill }
+// agents, each only the one its Job pins, and fold agents, only the
+// chain theirs pins.
+func (a *Agent) Downloads() bool {
+	return a.Kind == AgentRestore || a.Kind == AgentDrill || a.Kind == AgentFold
+}
+
+// Uploads says whether a's kind stores backups: backup and fold agents,
+// each only the one its Job names, and delta agents, only their chain's
+// segments.
+func (a *Agent) Uploads() bool {
+	return a.Kind == AgentBackup || a.Kind == AgentDelta || a.Kind == AgentFold
+}
 
 // Agent is the caller on the agent listener, as the guard established it
 // from the API server: the Job its pod belongs to and what that Job was
@@ -73,6 +87,10 @@ type Agent struct {
 	// name, each with the SHA-256 it must have: from its Job's signed
 	// annotation, the only other things it may download.
 	Segments map[string]string
+	// Inputs are what a fold agent may download (its Job's signed
+	// jobs.AnnotationFoldInputs): backup or segment name to the stored
+	// SHA-256 it must have.
+	Inputs map[string]string
 }
 
 // MayDownload says what a downloading agent may read under name in
@@ -85,6 +103,12 @@ func (a *Agent) MayDownload(name, location string) (string, error) {
 	}
 	if location != a.Location {
 		return "", status.Errorf(codes.PermissionDenied, "%s may download only from location %q, not %q", a, a.Location, location)
+	}
+	if a.Kind == AgentFold {
+		if sha, ok := a.Inputs[name]; ok && sha != "" {
+			return sha, nil
+		}
+		return "", status.Errorf(codes.PermissionDenied, "%s may download only the chain it folds (%d backups and segments), not %q", a, len(a.Inputs), name)
 	}
 	if name == a.Backup {
 		return a.SHA256, nil
@@ -175,7 +199,7 @@ func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Cont
 	case MethodUploadBackup, MethodDownloadBackup, MethodGetServerInfo, MethodGetBackup:
 	default:
 		return nil, status.Errorf(codes.PermissionDenied,
-			"%s: the agent port serves only UploadBackup (backup and delta agents), DownloadBackup (restore agents), GetBackup (delta agents) and GetServerInfo; users reach the server through `kubectl etcdbackup` (port-forward)", fullMethod)
+			"%s: the agent port serves only UploadBackup (backup, delta and fold agents), DownloadBackup (restore, drill and fold agents), GetBackup (delta agents) and GetServerInfo; users reach the server through `kubectl etcdbackup` (port-forward)", fullMethod)
 	}
 	token, err := BearerToken(ctx)
 	if err != nil {
@@ -190,12 +214,12 @@ func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Cont
 		return nil, err
 	}
 	switch {
-	case fullMethod == MethodUploadBackup && a.Kind != AgentBackup && a.Kind != AgentDelta:
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only backup and delta agents may upload", a.JobNamespace, a.JobName, a.Kind)
+	case fullMethod == MethodUploadBackup && !a.Uploads():
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only backup, delta and fold agents may upload", a.JobNamespace, a.JobName, a.Kind)
 	case fullMethod == MethodGetBackup && a.Kind != AgentDelta:
 		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only delta agents may read a backup's record", a.JobNamespace, a.JobName, a.Kind)
 	case fullMethod == MethodDownloadBackup && !a.Downloads():
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only restore and drill agents may download", a.JobNamespace, a.JobName, a.Kind)
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only restore, drill and fold agents may download", a.JobNamespace, a.JobName, a.Kind)
 	}
 	return WithAgent(ctx, a), nil
 }
@@ -310,8 +334,21 @@ func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*A
 		if a.SHA256 == "" {
 			return nil, status.Errorf(codes.PermissionDenied, "drill Job %s carries no %s annotation; start the drill again", name, jobs.AnnotationSHA256)
 		}
+	case jobs.KindFold:
+		a.Kind = AgentFold
+		if job.Namespace != g.cfg.Namespace {
+			return nil, status.Errorf(codes.PermissionDenied, "fold Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
+		}
+		in, err := jobs.ParseFoldInputs(c.FoldInputs)
+		if err != nil {
+			return nil, status.Errorf(codes.PermissionDenied, "fold Job %s does not say which chain it folds: %v", name, err)
+		}
+		a.Inputs = in.Pins()
+		if _, self := a.Inputs[a.Backup]; self {
+			return nil, status.Errorf(codes.PermissionDenied, "fold Job %s would store %q, which it also reads", name, a.Backup)
+		}
 	default:
-		return nil, status.Errorf(codes.PermissionDenied, "Job %s is not a backup, restore or drill agent (label %s=%q)", name, jobs.LabelComponent, job.Labels[jobs.LabelComponent])
+		return nil, status.Errorf(codes.PermissionDenied, "Job %s is not a backup, restore, drill, delta or fold agent (label %s=%q)", name, jobs.LabelComponent, job.Labels[jobs.LabelComponent])
 	}
 	if a.Backup == "" || a.Location == "" {
 		return nil, status.Errorf(codes.PermissionDenied, "Job %s does not say which backup it is for (annotations %s, %s)", name, jobs.AnnotationBackup, jobs.AnnotationLocation)

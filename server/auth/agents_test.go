@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"maps"
 	"os"
 	"path/filepath"
@@ -207,8 +208,8 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 	}
 
 	// Each kind only its own verb.
-	refused(t, c.guard, btok, auth.MethodDownloadBackup, codes.PermissionDenied, "only restore and drill agents may download")
-	refused(t, c.guard, rtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup and delta agents may upload")
+	refused(t, c.guard, btok, auth.MethodDownloadBackup, codes.PermissionDenied, "only restore, drill and fold agents may download")
+	refused(t, c.guard, rtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup, delta and fold agents may upload")
 
 	// A drill Job downloads its pinned backup, from the server's
 	// namespace, and uploads nothing.
@@ -226,7 +227,7 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 	if !reflect.DeepEqual(*a, want) {
 		t.Fatalf("agent %+v, want %+v", a, want)
 	}
-	refused(t, c.guard, dtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup and delta agents may upload")
+	refused(t, c.guard, dtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup, delta and fold agents may upload")
 }
 
 func TestAgentGuardRefuses(t *testing.T) {
@@ -544,4 +545,69 @@ func TestRestoreAgentMayDownloadOnlyItsListedSegments(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused(t, c.guard, tok, auth.MethodDownloadBackup, codes.PermissionDenied, "not one the server created")
+}
+
+// A fold Job downloads the chain its signed inputs pin and uploads; what
+// it may read is exactly its inputs, and a changed list is not the
+// server's.
+func TestAgentGuardFoldAgent(t *testing.T) {
+	c := newCluster(t)
+	seg := strings.Repeat("1", 64)
+	in := jobs.FoldInputs{Full: jobs.FoldRef{Name: "b1", SHA256: sum}, Segments: []jobs.FoldRef{{Name: "b1.delta-11", SHA256: seg}}, ToRevision: 20}
+	fj, err := c.launcher.StartFold(context.Background(), jobs.FoldSpec{
+		Target: target, Backup: jobs.FoldName(target.Name, 20), Location: "default", Inputs: in,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := c.tokenFor(c.pod(t, fj, "fold-pod", true))
+	for _, m := range []string{auth.MethodDownloadBackup, auth.MethodUploadBackup, auth.MethodGetServerInfo} {
+		ctx, err := c.guard.Admit(withToken(tok), m)
+		if err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
+		a, _ := auth.AgentFrom(ctx)
+		want := auth.Agent{Kind: auth.AgentFold, JobNamespace: serverNS, JobName: fj.Name, Backup: "app-fold-20", Location: "default", Target: target.Name,
+			Pod: "fold-pod", Inputs: map[string]string{"b1": sum, "b1.delta-11": seg}}
+		if !reflect.DeepEqual(*a, want) {
+			t.Fatalf("agent %+v, want %+v", a, want)
+		}
+		for name, pin := range map[string]string{"b1": sum, "b1.delta-11": seg} {
+			if got, err := a.MayDownload(name, "default"); err != nil || got != pin {
+				t.Errorf("MayDownload(%s) = %q, %v; want %q", name, got, err, pin)
+			}
+		}
+		for _, name := range []string{"app-fold-20", "b2", "b1.delta-30", ""} {
+			if _, err := a.MayDownload(name, "default"); err == nil {
+				t.Errorf("a fold agent may download %q, which its inputs do not name", name)
+			}
+		}
+	}
+	refused(t, c.guard, tok, auth.MethodGetBackup, codes.PermissionDenied, "only delta agents may read a backup's record")
+
+	// One more segment, or another pin, in the annotation: not what the
+	// server signed.
+	for i, change := range []func(*jobs.FoldInputs){
+		func(in *jobs.FoldInputs) {
+			in.Segments = append(in.Segments, jobs.FoldRef{Name: "b1.delta-21", SHA256: seg})
+		},
+		func(in *jobs.FoldInputs) { in.Full.SHA256 = seg },
+		func(in *jobs.FoldInputs) { in.Full.Name = "b2" },
+	} {
+		changed := in
+		changed.Segments = slices.Clone(in.Segments)
+		change(&changed)
+		b, err := json.Marshal(changed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tampered := fj.DeepCopy()
+		tampered.Annotations[jobs.AnnotationFoldInputs] = string(b)
+		if _, err := c.cs.BatchV1().Jobs(serverNS).Update(context.Background(), tampered, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			refused(t, c.guard, tok, auth.MethodDownloadBackup, codes.PermissionDenied, "does not match what the Job says it is")
+		})
+	}
 }

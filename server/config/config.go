@@ -310,7 +310,25 @@ type Deltas struct {
 	// MaxBytes cuts a segment early once its events reach this size
 	// (default 8 MiB; 64 KiB to 64 MiB): it bounds the agent's memory.
 	MaxBytes int64 `json:"maxBytes,omitempty"`
+	// CompactAfterRevisions folds the newest chain into a new full backup
+	// once it holds more than this many revisions (0, the default: never;
+	// at least 1000 when set): a fold agent Job restores the chain's full,
+	// replays its segments, checks the result like a drill and stores it
+	// as a full backup of the target, from which the next chain starts.
+	// A restore to a point then replays at most about this many
+	// revisions.
+	CompactAfterRevisions int64 `json:"compactAfterRevisions,omitempty"`
+	// IdentitySecret names a Secret in the server's namespace holding an
+	// age identity file, which fold Jobs mount to decrypt an encrypted
+	// target's chain; required with CompactAfterRevisions when the
+	// target encrypts.
+	IdentitySecret string `json:"identitySecret,omitempty"`
 }
+
+// MinCompactAfterRevisions is the least CompactAfterRevisions accepted:
+// a fold is a Job that downloads and rewrites a whole backup, not
+// something to run every few seconds.
+const MinCompactAfterRevisions = 1000
 
 // Defaults of Deltas.
 const (

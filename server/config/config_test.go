@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -132,6 +133,14 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"starting deadline", head + member + "    schedule: \"@daily\"\n    startingDeadline: -1m\n", `targets[0].startingDeadline: Invalid value: "-1m0s": must be positive`},
 		{"empty retention", head + member + "    retention: {}\n", "targets[0].retention: Required value: keepLast or maxAge"},
 		{"negative keepLast", head + member + "    retention: {keepLast: -2}\n", "targets[0].retention.keepLast: Invalid value: -2"},
+		{"compactAfterRevisions too small", head + member + "    deltas: {compactAfterRevisions: 999}\n",
+			"targets[0].deltas.compactAfterRevisions: Invalid value: 999: must be 0 (never fold chains) or at least 1000"},
+		{"compactAfterRevisions negative", head + member + "    deltas: {compactAfterRevisions: -1}\n", "targets[0].deltas.compactAfterRevisions: Invalid value: -1"},
+		{"fold of an encrypted target without identity", head + member +
+			"    encryption: {ageRecipients: [age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p]}\n    deltas: {compactAfterRevisions: 1000}\n",
+			"targets[0].deltas.identitySecret: Required value"},
+		{"fold identity secret name", head + member + "    deltas: {compactAfterRevisions: 1000, identitySecret: Fold_Key}\n",
+			`targets[0].deltas.identitySecret: Invalid value: "Fold_Key"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := load(t, tc.config)
@@ -230,6 +239,20 @@ func TestTargetCompressionNone(t *testing.T) {
 	for _, c := range []string{"none", "zstd", `""`} {
 		if _, err := load(t, head[:strings.Index(head, "targets:")]+"targets:\n  - name: t\n    endpoints: [http://e:2379]\n    compression: "+c+"\n"); err != nil {
 			t.Errorf("compression: %s: %v", c, err)
+		}
+	}
+}
+
+// A fold threshold is accepted from 1000 revisions on, and 0 is never.
+func TestDeltasCompactAfterRevisions(t *testing.T) {
+	base := head[:strings.Index(head, "targets:")] + "targets:\n  - name: t\n    endpoints: [http://e:2379]\n"
+	for _, v := range []string{"0", "1000", "5000000"} {
+		f, err := load(t, base+"    deltas: {compactAfterRevisions: "+v+"}\n")
+		if err != nil {
+			t.Fatalf("compactAfterRevisions %s: %v", v, err)
+		}
+		if got := f.Targets[0].Deltas.CompactAfterRevisions; fmt.Sprint(got) != v {
+			t.Fatalf("compactAfterRevisions %s read as %d", v, got)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"net/url"
 	"path"
 	"slices"
@@ -75,13 +76,13 @@ func ValidateTargets(targets []Target, locations []string, fldPath *field.Path) 
 		errs = append(errs, validateMembers(t.Members, p.Child("members"))...)
 		errs = append(errs, validateSchedule(t, p)...)
 		errs = append(errs, validateDrill(t.Drill, p.Child("drill"))...)
-		errs = append(errs, validateDeltas(t.Deltas, p.Child("deltas"))...)
+		errs = append(errs, validateDeltas(t.Deltas, len(t.AgeRecipients()) > 0, p.Child("deltas"))...)
 	}
 	return errs
 }
 
 // validateDeltas checks a target's delta capture.
-func validateDeltas(d *Deltas, p *field.Path) field.ErrorList {
+func validateDeltas(d *Deltas, encrypted bool, p *field.Path) field.ErrorList {
 	if d == nil {
 		return nil
 	}
@@ -91,6 +92,17 @@ func validateDeltas(d *Deltas, p *field.Path) field.ErrorList {
 	}
 	if v := d.MaxBytesOrDefault(); v < 64<<10 || v > 64<<20 {
 		errs = append(errs, field.Invalid(p.Child("maxBytes"), v, "must be between 65536 (64 KiB) and 67108864 (64 MiB)"))
+	}
+	switch v := d.CompactAfterRevisions; {
+	case v < 0 || v > 0 && v < MinCompactAfterRevisions:
+		errs = append(errs, field.Invalid(p.Child("compactAfterRevisions"), v,
+			fmt.Sprintf("must be 0 (never fold chains) or at least %d", MinCompactAfterRevisions)))
+	case v > 0 && encrypted && d.IdentitySecret == "":
+		errs = append(errs, field.Required(p.Child("identitySecret"),
+			"the target encrypts its backups: a fold Job needs an age identity to decrypt the chain (a Secret in the server's namespace holding an identity file)"))
+	}
+	if d.IdentitySecret != "" {
+		errs = append(errs, validateDNS(d.IdentitySecret, p.Child("identitySecret"), validation.IsDNS1123Subdomain)...)
 	}
 	return errs
 }

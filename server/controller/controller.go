@@ -3,7 +3,8 @@
 // runs that finished (metrics, the counted annotation on their Job) and
 // applies retention after a successful scheduled one. Other work the
 // server does on its own, not on request — restore drills, supervising
-// delta agents — belongs here too.
+// delta agents, folding long delta chains into new full backups —
+// belongs here too.
 package controller
 
 import (
@@ -234,4 +235,5 @@ func (c *Controller) round(ctx context.Context, w *watcher) {
 	}
 	c.drillRound(ctx, w, now)
 	c.deltaRound(ctx, runs)
+	c.foldRound(ctx, runs)
 }

@@ -49,12 +49,19 @@ func (sw *schedWorld) drillJobs() []batchv1.Job {
 // container having written verdict (nil: none) as its termination message.
 func (sw *schedWorld) endDrill(j batchv1.Job, verdict *jobs.DrillVerdict, exitCode int32) {
 	sw.t.Helper()
-	ctx := context.Background()
 	msg := ""
 	if verdict != nil {
 		b, _ := json.Marshal(verdict)
 		msg = string(b)
 	}
+	sw.endAgent(j, msg, exitCode)
+}
+
+// endAgent ends agent Job j as the Job controller would, its pod's
+// container having written msg as its termination message.
+func (sw *schedWorld) endAgent(j batchv1.Job, msg string, exitCode int32) {
+	sw.t.Helper()
+	ctx := context.Background()
 	labels := map[string]string{batchv1.JobNameLabel: j.Name}
 	for k, v := range j.Spec.Template.Labels {
 		labels[k] = v

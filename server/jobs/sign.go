@@ -106,8 +106,8 @@ const (
 type JobClaims struct {
 	Namespace, Name string
 	UID             types.UID
-	// Kind is KindBackup, KindRestore or KindDrill (from the component
-	// label).
+	// Kind is KindBackup, KindRestore, KindDrill, KindDelta or KindFold
+	// (from the component label).
 	Kind                     string
 	Backup, Location, Target string
 	// SHA256 is the backup a restore or drill Job reads; "" for backups.
@@ -119,6 +119,9 @@ type JobClaims struct {
 	// the SHA-256 of its AnnotationDeltaSegments: the segments the Job
 	// may download are exactly the ones signed. All "" otherwise.
 	ToRevision, ToTime, Segments string
+	// FoldInputs is a fold Job's AnnotationFoldInputs: every backup and
+	// segment it may download, pinned. "" for other kinds.
+	FoldInputs string
 }
 
 // ClaimsOf reads what j says it is: its identity, the component label and
@@ -135,6 +138,9 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 	if segs, ok := j.Annotations[AnnotationDeltaSegments]; ok {
 		c.Segments = segmentsDigest(segs)
 	}
+	if j.Labels[LabelComponent] == ComponentFold {
+		c.FoldInputs = j.Annotations[AnnotationFoldInputs]
+	}
 	switch j.Labels[LabelComponent] {
 	case componentBackup:
 		c.Kind = KindBackup
@@ -144,6 +150,8 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 		c.Kind = KindDrill
 	case ComponentDelta:
 		c.Kind = KindDelta
+	case ComponentFold:
+		c.Kind = KindFold
 	}
 	return c
 }
@@ -160,6 +168,10 @@ func (c JobClaims) canonical() []byte {
 	// array cannot be read as the shorter one.
 	if c.ToRevision != "" || c.ToTime != "" || c.Segments != "" {
 		fields = append(fields, c.ToRevision, c.ToTime, c.Segments)
+	}
+	if c.Kind == KindFold {
+		// Only a fold's: the other kinds' signatures stay what they were.
+		fields = append(fields, c.FoldInputs)
 	}
 	b, _ := json.Marshal(fields)
 	return b

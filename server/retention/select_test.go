@@ -108,3 +108,28 @@ func TestSelectKeepsTheNewestVerified(t *testing.T) {
 	}
 	backuptest.Equal(t, "prunable", got, []string{"s2", "s4", "s5"})
 }
+
+// A folded full (stored by a fold agent: an agent backup of its target,
+// not scheduled) is left alone by the retention that follows scheduled
+// runs, and counted with the target's other agent backups by `prune
+// --all`.
+func TestSelectFoldedFulls(t *testing.T) {
+	base := backuptest.MustTime(t, "2026-12-01T00:00:00Z")
+	fold := func(name string, hoursAgo int) *storage.Manifest {
+		return &storage.Manifest{Name: name, CreateTime: base.Add(-time.Duration(hoursAgo) * time.Hour),
+			Source: storage.Source{Kind: storage.SourceAgent, Target: "cp", Description: "job etcdbackup-system/fold-cp-fold-1200-0123456789"},
+			Etcd:   &storage.EtcdInfo{Revision: 1200, SnapshotStatus: true, Keyspace: true}}
+	}
+	all := []*storage.Manifest{
+		{Name: "s1", CreateTime: base.Add(-1 * time.Hour), Source: storage.Source{Kind: storage.SourceAgent, Target: "cp", Scheduled: true}},
+		fold("cp-fold-1200", 2), fold("cp-fold-900", 30),
+	}
+	keep1 := config.Retention{KeepLast: 1}
+	if got := retention.Select(all, "cp", keep1, false, base); len(got) != 0 {
+		t.Fatalf("scheduled retention removes %s, a folded full", got[0].Name)
+	}
+	got := retention.Select(all, "cp", keep1, true, base)
+	if len(got) != 2 || got[0].Name != "cp-fold-1200" || got[1].Name != "cp-fold-900" {
+		t.Fatalf("prune --all removes %v; want both folded fulls beyond the newest", got)
+	}
+}

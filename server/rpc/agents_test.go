@@ -235,3 +235,54 @@ func TestScheduledAgentsBackupIsMarkedByTheServer(t *testing.T) {
 		t.Fatalf("labels %v: want the server's scheduled labels, for list -l", l)
 	}
 }
+
+// A fold agent downloads only the chain its Job pins, each part at its
+// pinned SHA-256, and uploads only its one new full backup, stored as
+// an agent's backup of its target (not scheduled).
+func TestFoldAgentReadsItsChainAndStoresItsOneBackup(t *testing.T) {
+	ctx := context.Background()
+	full, other := trailed(t, 1), trailed(t, 2)
+	fold := servertest.AsAgent{Kind: auth.AgentFold, JobNamespace: "etcdbackup", JobName: "fold-cp-x", Backup: "cp-fold-20", Location: "default", Target: "cp",
+		Inputs: map[string]string{"cp-full": sha(full), "cp-other": sha([]byte("what cp-other was when the fold started"))}}
+	srv := servertest.StartWith(t, servertest.Options{AgentGuard: fold})
+	for name, data := range map[string][]byte{"cp-full": full, "cp-other": other, "cp-unlisted": other} {
+		if _, err := srv.Client.Upload(ctx, bytes.NewReader(data), &ebv1.UploadHeader{Name: name}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	download := func(name, location string) error {
+		stream, err := srv.AgentClient.Backups.DownloadBackup(ctx, &ebv1.DownloadBackupRequest{Name: name, Location: location})
+		if err != nil {
+			return err
+		}
+		for {
+			if _, err := stream.Recv(); err != nil {
+				if err == io.EOF {
+					return nil
+				}
+				return err
+			}
+		}
+	}
+	if err := download("cp-full", ""); err != nil {
+		t.Fatalf("the fold agent downloading its pinned full backup: %v", err)
+	}
+	servertest.WantRefusal(t, download("cp-other", ""), codes.PermissionDenied, "another SHA-256")
+	servertest.WantRefusal(t, download("cp-unlisted", ""), codes.PermissionDenied, "may download only the chain it folds", `not "cp-unlisted"`)
+	servertest.WantRefusal(t, download("cp-fold-20", ""), codes.PermissionDenied, "may download only the chain it folds")
+
+	// Its upload: its own name only, never a segment.
+	_, err := srv.AgentClient.Upload(ctx, bytes.NewReader(trailed(t, 3)), &ebv1.UploadHeader{Name: "cp-fold-21"}, nil)
+	servertest.WantRefusal(t, err, codes.PermissionDenied, `may upload only backup "cp-fold-20"`)
+	_, err = srv.AgentClient.Upload(ctx, bytes.NewReader(trailed(t, 3)), &ebv1.UploadHeader{Name: "cp-full.delta-11", Compression: ebv1.CompressionZstd,
+		Delta: &ebv1.DeltaSegment{Chain: "cp-full", FirstRevision: 11, LastRevision: 12}}, nil)
+	servertest.WantRefusal(t, err, codes.PermissionDenied, "only a target's delta agent stores delta segments")
+	b, err := srv.AgentClient.Upload(ctx, bytes.NewReader(trailed(t, 3)), &ebv1.UploadHeader{Name: "cp-fold-20",
+		Source: &ebv1.BackupSource{Kind: "agent", Target: "someone-else", Scheduled: true}}, nil)
+	if err != nil {
+		t.Fatalf("the fold agent storing its backup: %v", err)
+	}
+	if s := b.GetSource(); s.GetKind() != "agent" || s.GetTarget() != "cp" || s.GetScheduled() || !strings.Contains(s.GetDescription(), "fold-cp-x") {
+		t.Fatalf("the folded backup's source is %v; want an agent backup of target cp from job fold-cp-x, not scheduled", s)
+	}
+}

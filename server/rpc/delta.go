@@ -164,7 +164,7 @@ func chainSummary(full *storage.Manifest, segs []*storage.Manifest) *ebv1.DeltaC
 		return nil
 	}
 	var c *ebv1.DeltaChain
-	for _, m := range ContiguousSegments(full.Etcd.Revision, segs) {
+	for _, m := range storage.ContiguousSegments(full.Etcd.Revision, segs) {
 		if c == nil {
 			c = &ebv1.DeltaChain{}
 		}
@@ -178,27 +178,6 @@ func chainSummary(full *storage.Manifest, segs []*storage.Manifest) *ebv1.DeltaC
 		c.Epoch, c.EndReason = d.Epoch, d.EndReason
 	}
 	return c
-}
-
-// ContiguousSegments returns the segments (sorted by storage.Chains) that
-// follow each other from revision from+1 on: each starts where the one
-// before ended, none from a writer of an older epoch than the one before,
-// none after a chain's end.
-func ContiguousSegments(from int64, segs []*storage.Manifest) []*storage.Manifest {
-	var out []*storage.Manifest
-	next, epoch := from+1, int64(0)
-	for _, m := range segs {
-		d := m.Delta
-		if d == nil || d.FirstRevision != next || d.Epoch < epoch {
-			continue
-		}
-		out = append(out, m)
-		next, epoch = d.LastRevision+1, d.Epoch
-		if d.EndReason != "" {
-			break
-		}
-	}
-	return out
 }
 
 // withChain adds full's chain, as stored, to b.

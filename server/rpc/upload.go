@@ -117,7 +117,7 @@ func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBack
 			if u.unlockChain, err = s.admitSegment(ctx, agent, h, u.locName, u.loc); err != nil {
 				return nil, err
 			}
-		} else if err := agentMay(agent, auth.AgentBackup, "upload", h.GetName(), u.locName); err != nil {
+		} else if err := agentMay(agent, uploaderKind(agent), "upload", h.GetName(), u.locName); err != nil {
 			return nil, err
 		}
 		u.agent = agent
@@ -139,6 +139,17 @@ func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBack
 		u.release = func() { release(); unlock() }
 	}
 	return u, nil
+}
+
+// uploaderKind is the kind of agent a's upload is held to: a fold
+// agent stores its one new full backup as a backup agent stores its
+// snapshot; any other agent is held to a backup agent's rule (and
+// refused by it unless it is one).
+func uploaderKind(a *auth.Agent) string {
+	if a.Kind == auth.AgentFold {
+		return auth.AgentFold
+	}
+	return auth.AgentBackup
 }
 
 // received is what arrived after an upload's header.

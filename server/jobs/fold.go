@@ -1,0 +1,280 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+)
+
+// ComponentFold is the component label of chain fold Jobs.
+const ComponentFold = "fold-agent"
+
+// KindFold is a fold agent Job, as JobClaims name it.
+const KindFold = "fold"
+
+// AnnotationFoldInputs holds, as JSON (FoldInputs), the chain a fold Job
+// reads: its full backup and segments, each pinned to its SHA-256. The
+// Job's signature covers it; the agent reads it from a file the downward
+// API mounts, and the server lets the agent download exactly these.
+const AnnotationFoldInputs = "etcdbackup.io/fold-inputs"
+
+// MaxFoldSegments is the most segments one fold Job reads: the inputs
+// annotation (about 150 bytes a segment) stays well within the 256 KiB
+// a Job's annotations may hold.
+const MaxFoldSegments = 1000
+
+// foldInputsPath is where the inputs annotation appears in the agent.
+const (
+	foldInputsDir  = "/etc/etcdbackup/fold"
+	foldInputsFile = "inputs.json"
+)
+
+// foldSelector selects the server's fold agent Jobs.
+var foldSelector = labels.SelectorFromSet(labels.Set{LabelComponent: ComponentFold, LabelManagedBy: managedBy})
+
+// FoldRef is a stored backup or segment a fold reads, and the SHA-256 it
+// must have.
+type FoldRef struct {
+	Name   string `json:"name"`
+	SHA256 string `json:"sha256"`
+}
+
+// FoldInputs is the chain a fold Job replays (agents/fold.Inputs, the
+// same JSON).
+type FoldInputs struct {
+	Full       FoldRef   `json:"full"`
+	Segments   []FoldRef `json:"segments"`
+	ToRevision int64     `json:"toRevision"`
+}
+
+// ParseFoldInputs reads AnnotationFoldInputs' value and checks it.
+func ParseFoldInputs(s string) (FoldInputs, error) {
+	var in FoldInputs
+	dec := json.NewDecoder(strings.NewReader(s))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		return in, fmt.Errorf("annotation %s: %w", AnnotationFoldInputs, err)
+	}
+	if err := in.validate(); err != nil {
+		return in, fmt.Errorf("annotation %s: %w", AnnotationFoldInputs, err)
+	}
+	return in, nil
+}
+
+func (in FoldInputs) validate() error {
+	switch {
+	case in.Full.Name == "" || in.Full.SHA256 == "":
+		return errors.New("no full backup pinned to its SHA-256")
+	case len(in.Segments) == 0:
+		return errors.New("no delta segments")
+	case len(in.Segments) > MaxFoldSegments:
+		return fmt.Errorf("%d delta segments, more than one fold reads (%d)", len(in.Segments), MaxFoldSegments)
+	case in.ToRevision <= 0:
+		return fmt.Errorf("revision %d to fold to", in.ToRevision)
+	}
+	for _, s := range in.Segments {
+		if s.Name == "" || s.SHA256 == "" {
+			return fmt.Errorf("delta segment %q is not pinned to a SHA-256", s.Name)
+		}
+	}
+	return nil
+}
+
+// Pins maps every backup and segment the inputs name to its SHA-256.
+func (in FoldInputs) Pins() map[string]string {
+	m := make(map[string]string, len(in.Segments)+1)
+	m[in.Full.Name] = in.Full.SHA256
+	for _, s := range in.Segments {
+		m[s.Name] = s.SHA256
+	}
+	return m
+}
+
+// FoldSpec is one chain to fold into Backup, a new full backup of Target
+// in Location (where the chain is).
+type FoldSpec struct {
+	Target           config.Target
+	Backup, Location string
+	Inputs           FoldInputs
+	Compression      string
+	AgeRecipients    []string
+	// IdentitySecret names a Secret in the server's namespace with age
+	// identity files, for an encrypted chain.
+	IdentitySecret string
+}
+
+// FoldName is the name of the full backup a fold of target's chain to
+// revision stores.
+func FoldName(target string, revision int64) string {
+	return target + "-fold-" + strconv.FormatInt(revision, 10)
+}
+
+func foldJobName(location, backup string) string {
+	return jobName("fold", backup, runID("fold", location, backup))
+}
+
+// StartFold creates the fold agent Job of spec in the server's namespace.
+// A finished Job of an earlier fold to the same revision is replaced; a
+// running one gives ErrRunning.
+func (l *Launcher) StartFold(ctx context.Context, spec FoldSpec) (*batchv1.Job, error) {
+	job, err := l.foldJob(spec)
+	if err != nil {
+		return nil, err
+	}
+	return l.start(ctx, job, "fold")
+}
+
+func (l *Launcher) foldJob(spec FoldSpec) (*batchv1.Job, error) {
+	if err := spec.Inputs.validate(); err != nil {
+		return nil, fmt.Errorf("fold of chain %q: %w", spec.Inputs.Full.Name, err)
+	}
+	inputs, err := json.Marshal(spec.Inputs)
+	if err != nil {
+		return nil, err
+	}
+	t := spec.Target
+	args := []string{
+		"fold",
+		"--server=" + l.agents.ServerAddress,
+		"--target=" + t.Name,
+		"--name=" + spec.Backup,
+		"--location=" + spec.Location,
+		"--inputs-file=" + foldInputsDir + "/" + foldInputsFile,
+		"--scratch-dir=" + workMountPath,
+	}
+	if spec.Compression != "" {
+		args = append(args, "--compression="+spec.Compression)
+	}
+	for _, r := range spec.AgeRecipients {
+		args = append(args, "--encrypt-to="+r)
+	}
+	volumes := []corev1.Volume{
+		{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		// The inputs as the signed annotation holds them: the pod reads
+		// what the server vouched for, not a copy in its arguments.
+		{Name: "fold-inputs", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
+			DefaultMode: ptr.To[int32](0o440),
+			Items: []corev1.DownwardAPIVolumeFile{{
+				Path:     foldInputsFile,
+				FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + AnnotationFoldInputs + "']"},
+			}},
+		}}},
+	}
+	mounts := []corev1.VolumeMount{
+		{Name: "work", MountPath: workMountPath},
+		{Name: "fold-inputs", MountPath: foldInputsDir, ReadOnly: true},
+	}
+	if spec.IdentitySecret != "" {
+		args = append(args, "--identity-dir="+identityMountPath)
+		volumes = append(volumes, corev1.Volume{Name: "age-identity", VolumeSource: corev1.VolumeSource{
+			// Readable by the agent's group (fsGroup) only.
+			Secret: &corev1.SecretVolumeSource{SecretName: spec.IdentitySecret, DefaultMode: ptr.To[int32](0o440)},
+		}})
+		mounts = append(mounts, corev1.VolumeMount{Name: "age-identity", MountPath: identityMountPath, ReadOnly: true})
+	}
+	lbls := map[string]string{LabelComponent: ComponentFold, LabelManagedBy: managedBy, LabelRun: runID("fold", spec.Location, spec.Backup)}
+	ann := map[string]string{
+		AnnotationBackup: spec.Backup, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
+		AnnotationFoldInputs: string(inputs),
+	}
+	job := l.agentJob(agentSecurityContext(), args, volumes, mounts)
+	// The verdict travels in the termination message; the agent exits
+	// non-zero when the chain did not fold, so the Job shows it.
+	job.Spec.Template.Spec.Containers[0].TerminationMessagePolicy = corev1.TerminationMessageReadFile
+	job.ObjectMeta = metav1.ObjectMeta{Name: foldJobName(spec.Location, spec.Backup), Namespace: l.namespace, Labels: lbls, Annotations: ann}
+	// The pod's own annotations carry the inputs too: the downward API
+	// reads the pod's, not the Job's.
+	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: lbls, Annotations: ann}
+	return job, nil
+}
+
+// FoldVerdict is what a fold agent wrote as its termination message
+// (agents/fold.Result).
+type FoldVerdict struct {
+	Succeeded bool          `json:"succeeded"`
+	NoVerdict bool          `json:"noVerdict"`
+	Backup    string        `json:"backup"`
+	Revision  int64         `json:"revision"`
+	Keys      int64         `json:"keys"`
+	HashKV    uint32        `json:"hashKV"`
+	Revisions int64         `json:"revisions"`
+	Message   string        `json:"message"`
+	Duration  time.Duration `json:"duration"`
+}
+
+// FoldRun is what the cluster says about one fold agent.
+type FoldRun struct {
+	Target, Backup, Location, Chain, JobName string
+	ToRevision                               int64
+	Phase                                    Phase
+	StartTime, FinishTime                    time.Time
+	// Counted is a finished fold the server has logged.
+	Counted bool
+	// Verdict is the agent's, when it reached one; Message says why a
+	// finished fold has none.
+	Verdict *FoldVerdict
+	Message string
+}
+
+// Folds returns every fold agent Job in the server's namespace, from the
+// cache.
+func (l *Launcher) Folds(ctx context.Context) ([]FoldRun, error) {
+	nc, err := l.watched(l.namespace)
+	if err != nil {
+		return nil, err
+	}
+	list, err := nc.jobList(foldSelector)
+	if err != nil {
+		return nil, fmt.Errorf("list fold jobs: %w", err)
+	}
+	runs := make([]FoldRun, 0, len(list))
+	for _, j := range list {
+		if j.DeletionTimestamp != nil {
+			continue
+		}
+		phase, msg := l.phase(j)
+		r := FoldRun{
+			Target: j.Annotations[AnnotationTarget], Backup: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation],
+			JobName: j.Name, Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, FinishTime: finishTime(j),
+			Counted: j.Annotations[AnnotationCounted] == "true",
+		}
+		if in, err := ParseFoldInputs(j.Annotations[AnnotationFoldInputs]); err == nil {
+			r.Chain, r.ToRevision = in.Full.Name, in.ToRevision
+		}
+		if phase != PhaseRunning {
+			r.Verdict = l.foldVerdict(j)
+		}
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
+// foldVerdict reads the verdict the agent's container wrote as its
+// termination message; nil when it wrote none.
+func (l *Launcher) foldVerdict(j *batchv1.Job) *FoldVerdict {
+	for _, p := range l.pods(j) {
+		for _, cs := range p.Status.ContainerStatuses {
+			t := cs.State.Terminated
+			if t == nil || !strings.HasPrefix(strings.TrimSpace(t.Message), "{") {
+				continue
+			}
+			var v FoldVerdict
+			if err := json.Unmarshal([]byte(t.Message), &v); err == nil {
+				return &v
+			}
+		}
+	}
+	return nil
+}
