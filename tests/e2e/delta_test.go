@@ -16,6 +16,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
@@ -118,32 +119,29 @@ func TestDeltaCapture(t *testing.T) {
 	})
 
 	t.Run("second-agent", func(t *testing.T) {
-		job := deltaJob(ctx, t, c)
-		pods := deltaPods(ctx, t, c)
+		// A second agent as someone with the same rights could start by
+		// hand: a copy of the agent's pod, controlled by the same signed
+		// Job (so the agent port admits it), outside the Job's selector
+		// (so the Job controller leaves it alone). It never holds the
+		// Lease, so it never writes.
 		before := chainOf(t, c, full)
-		mustSucceed(t, c.run(t, nil, "-n", world.DefaultNamespace, "patch", "job", job, "--type=merge", "-p", `{"spec":{"parallelism":2}}`), "a second agent pod")
-		var second string
-		pollUntil(ctx, t, "a second delta agent pod running", func() bool {
-			for _, p := range deltaPods(ctx, t, c) {
-				if !slices.Contains(pods, p) && podRunning(ctx, t, c, p) {
-					second = p
-				}
-			}
-			return second != ""
-		})
-		// It runs beside the writer for longer than a Lease lasts: the
-		// writer keeps the Lease, the chain grows in the same epoch.
+		second := startSecondDeltaAgent(ctx, t, c)
+		pollUntil(ctx, t, "the second delta agent running", func() bool { return podRunning(ctx, t, c, second) })
+		// Beside the writer for longer than a Lease lasts.
 		time.Sleep(20 * time.Second)
 		after := chainOf(t, c, full)
 		if after.Epoch != before.Epoch || after.LastRevision <= before.LastRevision {
 			t.Errorf("with a second agent the chain went from epoch %d revision %d to epoch %d revision %d; want the same epoch, growing",
 				before.Epoch, before.LastRevision, after.Epoch, after.LastRevision)
 		}
-		holder := leaseHolder(ctx, t, c)
-		if strings.HasPrefix(holder, second+"_") {
+		if holder := leaseHolder(ctx, t, c); strings.HasPrefix(holder, second+"_") {
 			t.Errorf("the second agent %s holds the delta Lease (%s)", second, holder)
 		}
-		mustSucceed(t, c.run(t, nil, "-n", world.DefaultNamespace, "patch", "job", job, "--type=merge", "-p", `{"spec":{"parallelism":1}}`), "back to one agent")
+		logs := mustSucceed(t, c.run(t, nil, "-n", world.DefaultNamespace, "logs", second), "logs of the second agent")
+		if !strings.Contains(logs.Stdout+logs.Stderr, "another agent holds the delta Lease; waiting") {
+			t.Errorf("the second agent does not say it waits for the Lease:\n%s", logs.Stdout+logs.Stderr)
+		}
+		mustSucceed(t, c.run(t, nil, "-n", world.DefaultNamespace, "delete", "pod", second, "--wait=false"), "stop the second agent")
 	})
 
 	load.stop()
@@ -206,10 +204,13 @@ func TestDeltaCapture(t *testing.T) {
 			t.Errorf("the chain ended with %q, want it to say etcd compacted past it", ended.EndReason)
 		}
 		checkContiguous(t, full, fullRevision(t, c, full), segmentsOf(t, c, full))
-		// A full backup follows and a new chain grows from it.
-		put(t, ec, "/registry/after-compaction", "y")
+		// A full backup follows and a new chain grows from it (the
+		// writes stopped: one each time it looks).
 		var next string
+		n := 0
 		pollUntil(ctx, t, "a new full backup of live with a growing chain", func() bool {
+			n++
+			put(t, ec, fmt.Sprintf("/registry/after-compaction/%03d", n), "y")
 			next = chainGrowing(t, c)
 			return next != "" && next != full
 		})
@@ -328,7 +329,7 @@ type backupJSON struct {
 			Epoch         int64        `json:"epoch"`
 			FirstRevision int64        `json:"firstRevision"`
 			LastRevision  int64        `json:"lastRevision"`
-			LastTime      *metav1.Time `json:"lastTime"`
+			LastTime      string `json:"lastTime"`
 			EndReason     string       `json:"endReason"`
 		} `json:"delta"`
 	} `json:"status"`
@@ -400,8 +401,12 @@ func segmentsOf(t *testing.T, c *cluster, full string) []segment {
 			t.Fatalf("list --chain %s lists %s, which is not a delta segment", full, b.Metadata.Name)
 		}
 		s := segment{Name: b.Metadata.Name, Epoch: d.Epoch, FirstRevision: d.FirstRevision, LastRevision: d.LastRevision, EndReason: d.EndReason}
-		if d.LastTime != nil {
-			s.LastTime = d.LastTime.Time
+		if d.LastTime != "" {
+			lt, err := time.Parse(time.RFC3339Nano, d.LastTime)
+			if err != nil {
+				t.Fatalf("segment %s: lastTime %q: %v", b.Metadata.Name, d.LastTime, err)
+			}
+			s.LastTime = lt
 		}
 		out = append(out, s)
 	}
@@ -464,6 +469,35 @@ func restoreToPoint(t *testing.T, c *cluster, source *clientv3.Client, flag, val
 		}
 	}
 	t.Logf("restored revision %d: %d keys equal to the source's", want, len(got.Kvs))
+}
+
+// startSecondDeltaAgent copies the running delta agent's pod under a new
+// name, still controlled by its Job, without the Job's selector labels.
+func startSecondDeltaAgent(ctx context.Context, t *testing.T, c *cluster) string {
+	t.Helper()
+	pods := deltaPods(ctx, t, c)
+	if len(pods) == 0 {
+		t.Fatal("no delta agent pod to copy")
+	}
+	p, err := c.sb.Client().CoreV1().Pods(world.DefaultNamespace).Get(ctx, pods[0], metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
+		Name: "delta-by-hand", Namespace: p.Namespace, OwnerReferences: p.OwnerReferences,
+		// The component's labels (the agent port's NetworkPolicy admits
+		// them), not the Job's selector.
+		Labels: map[string]string{"app.kubernetes.io/component": "delta-agent", "app.kubernetes.io/managed-by": "etcdbackup-server"},
+	}, Spec: *p.Spec.DeepCopy()}
+	cp.Spec.NodeName = ""
+	made, err := c.sb.Client().CoreV1().Pods(world.DefaultNamespace).Create(ctx, cp, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.sb.Client().CoreV1().Pods(world.DefaultNamespace).Delete(context.Background(), made.Name, metav1.DeleteOptions{})
+	})
+	return made.Name
 }
 
 // deltaPods are the delta agent pods that are not being deleted.
