@@ -77,7 +77,9 @@ func (o *ListOptions) Run(ctx context.Context) error {
 		if err != nil {
 			return conn.explain("list the delta chain of "+quote(o.Chain), err)
 		}
-		sort.Slice(segs, func(i, j int) bool { return segs[i].GetDelta().GetFirstRevision() < segs[j].GetDelta().GetFirstRevision() })
+		sort.Slice(segs, func(i, j int) bool {
+			return segs[i].GetDelta().GetFirstRevision() < segs[j].GetDelta().GetFirstRevision()
+		})
 		return printBackups(o.Out, o.PrintFlags, segs, false)
 	}
 	bs, unavailable, listErr := o.listBackups(ctx, conn, o.Selector)

@@ -326,11 +326,11 @@ type backupJSON struct {
 		} `json:"etcd"`
 		Chain *deltaChain `json:"chain"`
 		Delta *struct {
-			Epoch         int64        `json:"epoch"`
-			FirstRevision int64        `json:"firstRevision"`
-			LastRevision  int64        `json:"lastRevision"`
+			Epoch         int64  `json:"epoch"`
+			FirstRevision int64  `json:"firstRevision"`
+			LastRevision  int64  `json:"lastRevision"`
 			LastTime      string `json:"lastTime"`
-			EndReason     string       `json:"endReason"`
+			EndReason     string `json:"endReason"`
 		} `json:"delta"`
 	} `json:"status"`
 }
