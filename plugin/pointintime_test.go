@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,81 +50,18 @@ func (f leaseFence) CheckDeltaWriter(_ context.Context, _, pod string, epoch int
 // with the source's keyspace at that revision.
 func TestRestoreToAPoint(t *testing.T) {
 	ctx := context.Background()
-	src := etcdtest.Start(t, false)
-	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{src.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { etcd.Close() })
+	w := newCaptureWorld(t)
+	etcd, srv, store := w.etcd, w.srv, w.store
+	addr := "--server-address=" + srv.Addr
+	st := w.full
 	put := func(k, v string, opts ...clientv3.OpOption) int64 {
 		t.Helper()
-		r, err := etcd.Put(ctx, k, v, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r.Header.Revision
+		return w.put(t, k, v, opts...)
 	}
-	for i := range 20 {
-		put(fmt.Sprintf("/registry/base/%02d", i), "v")
-	}
-
-	agent := &agentAs{}
-	srv := servertest.StartWith(t, servertest.Options{
-		Targets:    []config.Target{{Name: "cp", Endpoints: []string{src.Endpoint}, InsecurePlaintext: true, Deltas: &config.Deltas{}}},
-		AgentGuard: agent, DeltaFence: leaseFence{pod: "delta-pod", epoch: 3},
-	})
-	addr := "--server-address=" + srv.Addr
-
-	// The full backup: a real snapshot, stored as the target's agent
-	// stores it, with the revision read from the snapshot itself.
-	snap := filepath.Join(t.TempDir(), "full.db")
-	if _, err := etcdsnapshot.SaveWithVersion(ctx, zap.NewNop(), clientv3.Config{Endpoints: []string{src.Endpoint}, Logger: zap.NewNop()}, snap); err != nil {
-		t.Fatal(err)
-	}
-	st, err := snapshot.Check(snap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent.set("cp", "cp-full", false)
-	f, err := os.Open(snap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = srv.AgentClient.Upload(ctx, f, &ebv1.UploadHeader{Name: "cp-full", Etcd: &ebv1.EtcdInfo{Revision: st.Revision, SnapshotStatus: true}}, nil)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	// The delta agent of cp on cp-full's chain.
-	agent.mu.Lock()
-	agent.a = auth.Agent{Kind: auth.AgentDelta, JobNamespace: serverNS, JobName: "delta-cp", Backup: "cp-full", Location: "default", Target: "cp", Pod: "delta-pod"}
-	agent.mu.Unlock()
-	store := &agentdelta.ServerStore{Client: srv.AgentClient, Chain: "cp-full", Target: "cp"}
-	capCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		_, err := agentdelta.Run(capCtx, agentdelta.Options{Etcd: etcd, Store: store, Chain: "cp-full", Epoch: func() int64 { return 3 },
-			Period: 200 * time.Millisecond, Compression: ebv1.CompressionZstd})
-		done <- err
-	}()
-	t.Cleanup(func() { stop(); <-done })
+	stop, done := w.capture(t, 200*time.Millisecond)
 	storedUpTo := func(rev int64) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			next, _, err := store.Position(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if next > rev {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the chain reached only revision %d within 30s, want %d", next-1, rev)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		w.waitStored(t, rev, 30*time.Second)
 	}
 
 	// First segment: puts, a delete, a key on a lease.
@@ -163,9 +102,9 @@ func TestRestoreToAPoint(t *testing.T) {
 	// epoch, stores nothing; nor does one whose segment leaves a gap.
 	refusedPut := func(pod string, epoch, first int64, want string) {
 		t.Helper()
-		agent.mu.Lock()
-		agent.a.Pod = pod
-		agent.mu.Unlock()
+		w.agent.mu.Lock()
+		w.agent.a.Pod = pod
+		w.agent.mu.Unlock()
 		err := store.Put(ctx, agentdelta.Segment{
 			Name: agentdelta.SegmentName("cp-full", first), Body: []byte("x"), Compression: ebv1.CompressionZstd, RawSize: 1, RawSHA256: strings.Repeat("0", 64),
 			Summary: delta.Summary{Header: delta.Header{Chain: "cp-full", Epoch: epoch, FirstRevision: first}, LastRevision: first},
@@ -222,15 +161,15 @@ func TestRestoreToAPoint(t *testing.T) {
 
 	t.Run("window", func(t *testing.T) {
 		r := mustRun(t, addr, "list", "--target", "cp")
-		want := fmt.Sprintf("Recoverable window of target \"cp\": revision %d", st.Revision)
+		want := fmt.Sprintf("Recoverable window of target \"cp\": revision %d", st)
 		if !strings.Contains(r.out, want) || !strings.Contains(r.out, fmt.Sprintf("to revision %d", newest)) {
-			t.Fatalf("list --target does not show the window %d..%d:\n%s", st.Revision, newest, r.out)
+			t.Fatalf("list --target does not show the window %d..%d:\n%s", st, newest, r.out)
 		}
 		if strings.Contains(r.out, ".delta-") {
 			t.Fatalf("list shows delta segments as backups:\n%s", r.out)
 		}
 		d := mustRun(t, addr, "describe", "cp-full")
-		if !strings.Contains(d.out, "Delta Chain:") || !strings.Contains(d.out, fmt.Sprintf("%d to %d", st.Revision+1, newest)) {
+		if !strings.Contains(d.out, "Delta Chain:") || !strings.Contains(d.out, fmt.Sprintf("%d to %d", st+1, newest)) {
 			t.Fatalf("describe does not show the chain up to %d:\n%s", newest, d.out)
 		}
 	})
@@ -239,6 +178,106 @@ func TestRestoreToAPoint(t *testing.T) {
 		mustFail(t, "after the newest", addr, "restore", "--local", "--target", "cp", "--to-revision", fmt.Sprint(newest+100),
 			"--data-dir", filepath.Join(t.TempDir(), "x"), "--member-name", "m1", "--initial-cluster", "m1=http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380")
 	})
+}
+
+// captureWorld is a real etcd, a real server whose target cp has deltas,
+// a full backup of cp stored as its agent stores one, and the agent port
+// playing cp's delta agent on that full's chain, holding the Lease.
+type captureWorld struct {
+	etcd  *clientv3.Client
+	srv   *servertest.Server
+	agent *agentAs
+	store *agentdelta.ServerStore
+	// full is the full backup's revision, read from its snapshot.
+	full int64
+}
+
+func newCaptureWorld(tb testing.TB) *captureWorld {
+	tb.Helper()
+	ctx := context.Background()
+	src := etcdtest.Start(tb, false)
+	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{src.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { etcd.Close() })
+	w := &captureWorld{etcd: etcd, agent: &agentAs{}}
+	for i := range 20 {
+		w.put(tb, fmt.Sprintf("/registry/base/%02d", i), "v")
+	}
+	w.srv = servertest.StartWith(tb, servertest.Options{
+		Targets:    []config.Target{{Name: "cp", Endpoints: []string{src.Endpoint}, InsecurePlaintext: true, Deltas: &config.Deltas{}}},
+		AgentGuard: w.agent, DeltaFence: leaseFence{pod: "delta-pod", epoch: 3},
+	})
+	// The full backup: a real snapshot, stored as the target's agent
+	// stores it, with the revision read from the snapshot itself.
+	snap := filepath.Join(tb.TempDir(), "full.db")
+	if _, err := etcdsnapshot.SaveWithVersion(ctx, zap.NewNop(), clientv3.Config{Endpoints: []string{src.Endpoint}, Logger: zap.NewNop()}, snap); err != nil {
+		tb.Fatal(err)
+	}
+	st, err := snapshot.Check(snap)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w.full = st.Revision
+	w.agent.set("cp", "cp-full", false)
+	f, err := os.Open(snap)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	_, err = w.srv.AgentClient.Upload(ctx, f, &ebv1.UploadHeader{Name: "cp-full", Etcd: &ebv1.EtcdInfo{Revision: st.Revision, SnapshotStatus: true}}, nil)
+	f.Close()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	w.agent.mu.Lock()
+	w.agent.a = auth.Agent{Kind: auth.AgentDelta, JobNamespace: serverNS, JobName: "delta-cp", Backup: "cp-full", Location: "default", Target: "cp", Pod: "delta-pod"}
+	w.agent.mu.Unlock()
+	w.store = &agentdelta.ServerStore{Client: w.srv.AgentClient, Chain: "cp-full", Target: "cp"}
+	return w
+}
+
+func (w *captureWorld) put(tb testing.TB, k, v string, opts ...clientv3.OpOption) int64 {
+	tb.Helper()
+	r, err := w.etcd.Put(context.Background(), k, v, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return r.Header.Revision
+}
+
+// capture runs the real delta agent on cp-full's chain until stop; done
+// then says how it ended.
+func (w *captureWorld) capture(tb testing.TB, period time.Duration) (stop func(), done chan error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done = make(chan error, 1)
+	go func() {
+		_, err := agentdelta.Run(ctx, agentdelta.Options{Etcd: w.etcd, Store: w.store, Chain: "cp-full", Epoch: func() int64 { return 3 },
+			Period: period, Compression: ebv1.CompressionZstd})
+		done <- err
+	}()
+	var once sync.Once
+	tb.Cleanup(func() { once.Do(func() { cancel(); <-done }) })
+	return cancel, done
+}
+
+// waitStored waits until the stored chain holds rev.
+func (w *captureWorld) waitStored(tb testing.TB, rev int64, within time.Duration) {
+	tb.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		next, _, err := w.store.Position(context.Background())
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if next > rev {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("the chain reached only revision %d within %s, want %d", next-1, within, rev)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // sameKeyspace compares every key of restored with source's keyspace at
@@ -265,4 +304,79 @@ func sameKeyspace(t *testing.T, source, restored *clientv3.Client, rev int64) {
 			t.Errorf("key %d at revision %d:\n restored %s\n source   %s", i, rev, g, w)
 		}
 	}
+}
+
+// BenchmarkDeltaRecoveryPoint measures the recovery point of delta
+// capture — how long after etcd acknowledged a write it is stored in a
+// delta segment, so that a restore can reach it — with the real agent,
+// a real etcd and a real server, at steady write rates with a 1 s
+// deltas.period, side by side in one run. It reports the median and the
+// worst, their ratio to the period, and the stored bytes per 10,000
+// writes.
+func BenchmarkDeltaRecoveryPoint(b *testing.B) {
+	const period = time.Second
+	for _, rate := range []int{100, 1000} {
+		b.Run(fmt.Sprintf("writes-%d-per-second", rate), func(b *testing.B) {
+			for range b.N {
+				w := newCaptureWorld(b)
+				stop, _ := w.capture(b, period)
+				lags, writes := w.measureLag(b, rate, 10*time.Second)
+				stop()
+				slices.Sort(lags)
+				median, worst := lags[len(lags)/2], lags[len(lags)-1]
+				resp, err := w.srv.Client.Backups.GetBackup(context.Background(), &ebv1.GetBackupRequest{Name: "cp-full"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(median.Seconds(), "median-lag-s")
+				b.ReportMetric(worst.Seconds(), "worst-lag-s")
+				b.ReportMetric(worst.Seconds()/period.Seconds(), "worst/period")
+				b.ReportMetric(float64(resp.GetBackup().GetChain().GetBytes())/float64(writes)*10000, "stored-B/10k-writes")
+				if worst >= 2*period {
+					b.Errorf("at %d writes/s a write waited %s to be stored, want less than twice the period (%s)", rate, worst, period)
+				}
+			}
+		})
+	}
+}
+
+// measureLag writes at rate for d and, for a sample of the writes, how
+// long after etcd acknowledged each it was stored.
+func (w *captureWorld) measureLag(tb testing.TB, rate int, d time.Duration) (lags []time.Duration, writes int) {
+	type written struct {
+		rev int64
+		at  time.Time
+	}
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	var pending []written
+	var asked time.Time
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		<-tick.C
+		rev := w.put(tb, fmt.Sprintf("/registry/bench/%04d", writes%2000), strings.Repeat("v", 300))
+		writes++
+		if writes%max(rate/20, 1) == 0 {
+			pending = append(pending, written{rev, time.Now()})
+		}
+		if time.Since(asked) < 20*time.Millisecond {
+			continue
+		}
+		// Where the stored chain ends, every 20 ms (each ask lists the
+		// location): the lags are that much coarse at most.
+		asked = time.Now()
+		next, _, err := w.store.Position(context.Background())
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for len(pending) > 0 && pending[0].rev < next {
+			lags = append(lags, time.Since(pending[0].at))
+			pending = pending[1:]
+		}
+	}
+	for _, p := range pending {
+		w.waitStored(tb, p.rev, time.Minute)
+		lags = append(lags, time.Since(p.at))
+	}
+	return lags, writes
 }
