@@ -320,7 +320,8 @@ func BenchmarkDeltaRecoveryPoint(b *testing.B) {
 			for range b.N {
 				w := newCaptureWorld(b)
 				stop, _ := w.capture(b, period)
-				lags, writes := w.measureLag(b, rate, 10*time.Second)
+				const d = 10 * time.Second
+				lags, writes := w.measureLag(b, rate, d)
 				stop()
 				slices.Sort(lags)
 				median, worst := lags[len(lags)/2], lags[len(lags)-1]
@@ -328,6 +329,7 @@ func BenchmarkDeltaRecoveryPoint(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
+				b.ReportMetric(float64(writes)/d.Seconds(), "writes/s")
 				b.ReportMetric(median.Seconds(), "median-lag-s")
 				b.ReportMetric(worst.Seconds(), "worst-lag-s")
 				b.ReportMetric(worst.Seconds()/period.Seconds(), "worst/period")
