@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -111,19 +110,12 @@ type DeltaRun struct {
 // Deltas returns every delta agent Job in the server's namespace, from the
 // cache.
 func (l *Launcher) Deltas(ctx context.Context) ([]DeltaRun, error) {
-	nc, err := l.watched(l.namespace)
+	list, err := l.liveJobs(deltaSelector, "delta")
 	if err != nil {
 		return nil, err
 	}
-	list, err := nc.jobList(deltaSelector)
-	if err != nil {
-		return nil, fmt.Errorf("list delta jobs: %w", err)
-	}
 	runs := make([]DeltaRun, 0, len(list))
 	for _, j := range list {
-		if j.DeletionTimestamp != nil {
-			continue
-		}
 		phase, msg := l.phase(j)
 		r := DeltaRun{
 			Target: j.Annotations[AnnotationTarget], Chain: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation],
@@ -141,21 +133,11 @@ func (l *Launcher) Deltas(ctx context.Context) ([]DeltaRun, error) {
 // chainEnded reads the reason a delta agent wrote when it ended its
 // chain ({"chainEnded": "..."}), if it did.
 func (l *Launcher) chainEnded(j *batchv1.Job) string {
-	for _, p := range l.pods(j) {
-		for _, cs := range p.Status.ContainerStatuses {
-			t := cs.State.Terminated
-			if t == nil || !strings.HasPrefix(strings.TrimSpace(t.Message), "{") {
-				continue
-			}
-			var v struct {
-				ChainEnded string `json:"chainEnded"`
-			}
-			if err := json.Unmarshal([]byte(t.Message), &v); err == nil && v.ChainEnded != "" {
-				return v.ChainEnded
-			}
-		}
+	var v struct {
+		ChainEnded string `json:"chainEnded"`
 	}
-	return ""
+	l.terminationJSON(j, &v)
+	return v.ChainEnded
 }
 
 // StopDelta deletes a delta agent's Job; its pod gets SIGTERM, stores what

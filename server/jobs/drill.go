@@ -2,9 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"strings"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -108,19 +105,12 @@ type DrillRun struct {
 // Drills returns every drill agent Job in the server's namespace, from
 // the cache.
 func (l *Launcher) Drills(ctx context.Context) ([]DrillRun, error) {
-	nc, err := l.watched(l.namespace)
+	list, err := l.liveJobs(drillSelector, "drill")
 	if err != nil {
 		return nil, err
 	}
-	list, err := nc.jobList(drillSelector)
-	if err != nil {
-		return nil, fmt.Errorf("list drill jobs: %w", err)
-	}
 	runs := make([]DrillRun, 0, len(list))
 	for _, j := range list {
-		if j.DeletionTimestamp != nil {
-			continue
-		}
 		phase, msg := l.phase(j)
 		r := DrillRun{
 			Backup: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation], Target: j.Annotations[AnnotationTarget],
@@ -140,17 +130,9 @@ func (l *Launcher) Drills(ctx context.Context) ([]DrillRun, error) {
 // termination message; nil when it wrote none (it could not run, or
 // reached no verdict).
 func (l *Launcher) drillVerdict(j *batchv1.Job) *DrillVerdict {
-	for _, p := range l.pods(j) {
-		for _, cs := range p.Status.ContainerStatuses {
-			t := cs.State.Terminated
-			if t == nil || !strings.HasPrefix(strings.TrimSpace(t.Message), "{") {
-				continue
-			}
-			var v DrillVerdict
-			if err := json.Unmarshal([]byte(t.Message), &v); err == nil {
-				return &v
-			}
-		}
+	var v DrillVerdict
+	if l.terminationJSON(j, &v) {
+		return &v
 	}
 	return nil
 }

@@ -231,19 +231,12 @@ type FoldRun struct {
 // Folds returns every fold agent Job in the server's namespace, from the
 // cache.
 func (l *Launcher) Folds(ctx context.Context) ([]FoldRun, error) {
-	nc, err := l.watched(l.namespace)
+	list, err := l.liveJobs(foldSelector, "fold")
 	if err != nil {
 		return nil, err
 	}
-	list, err := nc.jobList(foldSelector)
-	if err != nil {
-		return nil, fmt.Errorf("list fold jobs: %w", err)
-	}
 	runs := make([]FoldRun, 0, len(list))
 	for _, j := range list {
-		if j.DeletionTimestamp != nil {
-			continue
-		}
 		phase, msg := l.phase(j)
 		r := FoldRun{
 			Target: j.Annotations[AnnotationTarget], Backup: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation],
@@ -264,17 +257,9 @@ func (l *Launcher) Folds(ctx context.Context) ([]FoldRun, error) {
 // foldVerdict reads the verdict the agent's container wrote as its
 // termination message; nil when it wrote none.
 func (l *Launcher) foldVerdict(j *batchv1.Job) *FoldVerdict {
-	for _, p := range l.pods(j) {
-		for _, cs := range p.Status.ContainerStatuses {
-			t := cs.State.Terminated
-			if t == nil || !strings.HasPrefix(strings.TrimSpace(t.Message), "{") {
-				continue
-			}
-			var v FoldVerdict
-			if err := json.Unmarshal([]byte(t.Message), &v); err == nil {
-				return &v
-			}
-		}
+	var v FoldVerdict
+	if l.terminationJSON(j, &v) {
+		return &v
 	}
 	return nil
 }

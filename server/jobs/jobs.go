@@ -500,19 +500,12 @@ var backupSelector = labels.SelectorFromSet(labels.Set{LabelComponent: component
 // Job name, from the cache. A Job being deleted is left out, and so is a
 // finished Job whose backup was forgotten (ForgetBackup).
 func (l *Launcher) List(ctx context.Context) ([]Run, error) {
-	nc, err := l.watched(l.namespace)
+	list, err := l.liveJobs(backupSelector, "backup")
 	if err != nil {
 		return nil, err
 	}
-	list, err := nc.jobList(backupSelector)
-	if err != nil {
-		return nil, fmt.Errorf("list backup jobs: %w", err)
-	}
 	runs := make([]Run, 0, len(list))
 	for _, j := range list {
-		if j.DeletionTimestamp != nil {
-			continue
-		}
 		phase, msg := l.phase(j)
 		if phase != PhaseRunning && j.Annotations[AnnotationForgotten] == "true" {
 			continue
