@@ -178,6 +178,22 @@ func TestRestoreToAPoint(t *testing.T) {
 		mustFail(t, "after the newest", addr, "restore", "--local", "--target", "cp", "--to-revision", fmt.Sprint(newest+100),
 			"--data-dir", filepath.Join(t.TempDir(), "x"), "--member-name", "m1", "--initial-cluster", "m1=http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380")
 	})
+
+	t.Run("segments-go-with-their-full", func(t *testing.T) {
+		segs, err := listChainSegments(ctx, &Connection{Client: srv.Client}, "", "cp-full")
+		if err != nil || len(segs) == 0 {
+			t.Fatalf("chain before the delete: %d segments, %v", len(segs), err)
+		}
+		if r := run(t, addr, "delete", segs[0].Name); r.err == nil || !strings.Contains(r.errOut, "segments go only with their full backup") {
+			t.Fatalf("delete of segment %s: %v\n%s", segs[0].Name, r.err, r.errOut)
+		}
+		mustRun(t, addr, "delete", "cp-full")
+		if segs, err := listChainSegments(ctx, &Connection{Client: srv.Client}, "", "cp-full"); err != nil || len(segs) != 0 {
+			t.Fatalf("after deleting cp-full its chain still has %d segments (%v)", len(segs), err)
+		}
+		// The agent, still running somewhere, stores nothing more.
+		refusedPut("delta-pod", 3, newest+1, "its full backup is not stored")
+	})
 }
 
 // captureWorld is a real etcd, a real server whose target cp has deltas,

@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"time"
 )
 
@@ -77,6 +79,26 @@ type Manifest struct {
 	// Delta is set on a delta segment (Source.Kind SourceDelta): the
 	// revisions it holds and the chain it belongs to.
 	Delta *Delta `json:"delta,omitempty"`
+}
+
+// Clone is a copy of m that shares nothing with it.
+func (m *Manifest) Clone() *Manifest {
+	c := *m
+	c.Labels = maps.Clone(m.Labels)
+	c.AgeRecipients = slices.Clone(m.AgeRecipients)
+	if m.Etcd != nil {
+		e := *m.Etcd
+		c.Etcd = &e
+	}
+	if m.Verification != nil {
+		v := *m.Verification
+		c.Verification = &v
+	}
+	if m.Delta != nil {
+		d := *m.Delta
+		c.Delta = &d
+	}
+	return &c
 }
 
 // Delta is what a delta segment holds: every event of revisions

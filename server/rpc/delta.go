@@ -117,15 +117,17 @@ func (s *Service) admitSegment(ctx context.Context, a *auth.Agent, h *ebv1.Uploa
 // chainEnd is where chain (in loc, key) ends as stored: the revision its
 // next segment starts at. The caller holds the chain's lock.
 func (s *Service) chainEnd(ctx context.Context, key string, loc storage.Location, chain string) (chainEnd, error) {
-	if e, ok := s.chains.get(key); ok {
-		return e, nil
-	}
+	// The full, every time: a segment whose full was removed (retention,
+	// delete) would be stored where nothing lists or removes it.
 	full, err := loc.Stat(ctx, chain)
 	if errors.Is(err, storage.ErrNotFound) {
 		return chainEnd{}, status.Errorf(codes.FailedPrecondition, "chain %q: its full backup is not stored (removed?); a delta chain follows a stored full backup", chain)
 	}
 	if err != nil {
 		return chainEnd{}, s.metrics.StorageError("get", "", chain, err)
+	}
+	if e, ok := s.chains.get(key); ok {
+		return e, nil
 	}
 	if full.Etcd == nil || !full.Etcd.SnapshotStatus || full.Etcd.Revision <= 0 {
 		return chainEnd{}, status.Errorf(codes.FailedPrecondition, "backup %q records no revision read from its snapshot, so no chain can follow it; take a new backup", chain)

@@ -74,7 +74,7 @@ func (l *Location) CleanOrphans(ctx context.Context) (CleanupResult, error) {
 	type object struct{ modified time.Time }
 	data := map[string]object{}
 	manifests := map[string]bool{}
-	err := l.listBackupKeys(ctx, func(_, rest string, modified time.Time) {
+	err := l.listBackupKeys(ctx, func(_, rest string, modified time.Time, _ string) {
 		if name, ok := strings.CutSuffix(rest, dataSuffix); ok {
 			data[name] = object{modified}
 		} else if name, ok := strings.CutSuffix(rest, manifestSuffix); ok {

@@ -94,6 +94,18 @@ type Location struct {
 	// pendingAborts are multipart uploads (ID → key) of this process whose
 	// abort failed, retried by Create and CleanOrphans.
 	pendingAborts map[string]string
+
+	// listed are the manifests List read, by name, with the ETag the
+	// listing gave their object: a List reads again only the manifests
+	// whose object is new or changed (a drill's verdict), so listing a
+	// location of thousands of backups and delta segments costs one
+	// LIST, not a GET each.
+	listed map[string]listedManifest
+}
+
+type listedManifest struct {
+	etag string
+	m    *storage.Manifest
 }
 
 var (
@@ -438,19 +450,26 @@ func (l *Location) Open(ctx context.Context, name string, offset, length int64) 
 
 // List implements storage.Location: the manifests under the prefix.
 func (l *Location) List(ctx context.Context) ([]*storage.Manifest, error) {
-	var names []string
-	err := l.listBackupKeys(ctx, func(key, name string, _ time.Time) {
+	var names, etags []string
+	err := l.listBackupKeys(ctx, func(key, name string, _ time.Time, etag string) {
 		if n, ok := strings.CutSuffix(name, manifestSuffix); ok && checkName(n) == nil {
-			names = append(names, n)
+			names, etags = append(names, n), append(etags, etag)
 		}
 	})
 	if err != nil {
 		return nil, err
 	}
 	found := make([]*storage.Manifest, len(names))
+	l.mu.Lock()
+	known := l.listed
+	l.mu.Unlock()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(listConcurrency)
 	for i, name := range names {
+		if c, ok := known[name]; ok && etags[i] != "" && c.etag == etags[i] {
+			found[i] = c.m.Clone()
+			continue
+		}
 		g.Go(func() error {
 			m, err := l.Stat(gctx, name)
 			if errors.Is(err, storage.ErrNotFound) {
@@ -470,16 +489,21 @@ func (l *Location) List(ctx context.Context) ([]*storage.Manifest, error) {
 		return nil, err
 	}
 	out := make([]*storage.Manifest, 0, len(found))
-	for _, m := range found {
+	listed := make(map[string]listedManifest, len(found))
+	for i, m := range found {
 		if m != nil {
+			listed[names[i]] = listedManifest{etag: etags[i], m: m.Clone()}
 			out = append(out, m)
 		}
 	}
+	l.mu.Lock()
+	l.listed = listed
+	l.mu.Unlock()
 	return out, nil
 }
 
 // listBackupKeys calls fn for every object directly under PREFIX/backups/.
-func (l *Location) listBackupKeys(ctx context.Context, fn func(key, name string, modified time.Time)) error {
+func (l *Location) listBackupKeys(ctx context.Context, fn func(key, name string, modified time.Time, etag string)) error {
 	p := s3sdk.NewListObjectsV2Paginator(l.client, &s3sdk.ListObjectsV2Input{
 		Bucket: aws.String(l.cfg.Bucket),
 		Prefix: aws.String(l.backupsKey),
@@ -495,7 +519,7 @@ func (l *Location) listBackupKeys(ctx context.Context, fn func(key, name string,
 			if !ok || strings.Contains(rest, "/") {
 				continue
 			}
-			fn(key, rest, aws.ToTime(o.LastModified))
+			fn(key, rest, aws.ToTime(o.LastModified), aws.ToString(o.ETag))
 		}
 	}
 	return nil

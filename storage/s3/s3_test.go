@@ -1,7 +1,9 @@
 package s3_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -891,5 +893,63 @@ func TestReadOnly(t *testing.T) {
 	cleaned := objects(t, srv)
 	if _, ok := cleaned["ro/backups/orphan.db"]; ok || len(cleaned) != 4 {
 		t.Errorf("a read-write open did not clean what the read-only one left: %q", keys(t, srv))
+	}
+}
+
+// TestListRereadsChangedManifests: List keeps the manifests it read and
+// reads again only those whose object changed (by its ETag); a changed
+// one — a drill's verdict, or someone rewriting it — is never listed as
+// it was, and a deleted one is not listed at all.
+func TestListRereadsChangedManifests(t *testing.T) {
+	srv := s3test.Start(t)
+	loc := newLocation(t, srv, "relist")
+	ctx := context.Background()
+	for _, n := range []string{"a", "b", "c"} {
+		storagetest.Put(t, loc, n, storagetest.Data(1, 10))
+	}
+	list := func() map[string]*storage.Manifest {
+		t.Helper()
+		ms, err := loc.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]*storage.Manifest{}
+		for _, m := range ms {
+			out[m.Name] = m
+		}
+		return out
+	}
+	if got := list(); len(got) != 3 {
+		t.Fatalf("first List: %v", got)
+	}
+	v := &storage.Verification{Time: time.Now().UTC().Truncate(time.Second), Result: storage.VerificationSucceeded, Revision: 7}
+	if err := loc.SetVerification(ctx, "a", v); err != nil {
+		t.Fatal(err)
+	}
+	// Someone rewrites b's manifest in the bucket (a label added).
+	m := list()["b"]
+	m.Labels = map[string]string{"edited": "yes"}
+	body, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Client().PutObject(ctx, &s3sdk.PutObjectInput{
+		Bucket: aws.String(srv.Bucket), Key: aws.String("relist/backups/b.json"), Body: bytes.NewReader(body),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := loc.Delete(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	got := list()
+	if len(got) != 2 || got["a"].Verification == nil || got["a"].Verification.Revision != 7 || got["b"].Labels["edited"] != "yes" {
+		t.Fatalf("List after changes: a %+v, b labels %v, %d listed; want a verified, b edited, c gone", got["a"].Verification, got["b"].Labels, len(got))
+	}
+	// What a caller does to a listed manifest is not what the next List
+	// returns.
+	got["b"].Labels["edited"] = "by the caller"
+	got["b"].Name = "changed"
+	if again := list(); again["b"] == nil || again["b"].Name != "b" || again["b"].Labels["edited"] != "yes" {
+		t.Fatalf("a caller's change to a listed manifest leaked into the next List: %+v", again["b"])
 	}
 }
