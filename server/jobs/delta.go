@@ -99,12 +99,7 @@ type DeltaRun struct {
 	Target, Chain, Location, JobName string
 	Phase                            Phase
 	StartTime, FinishTime            time.Time
-	// ChainEnded is why the agent ended its chain (etcd compacted past
-	// it, a revision was missing), from its termination message.
-	ChainEnded string
-	Message    string
-	// Counted is a finished run the server has acted on.
-	Counted bool
+	Message                          string
 }
 
 // Deltas returns every delta agent Job in the server's namespace, from the
@@ -120,24 +115,10 @@ func (l *Launcher) Deltas(ctx context.Context) ([]DeltaRun, error) {
 		r := DeltaRun{
 			Target: j.Annotations[AnnotationTarget], Chain: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation],
 			JobName: j.Name, Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, FinishTime: finishTime(j),
-			Counted: j.Annotations[AnnotationCounted] == "true",
-		}
-		if phase != PhaseRunning {
-			r.ChainEnded = l.chainEnded(j)
 		}
 		runs = append(runs, r)
 	}
 	return runs, nil
-}
-
-// chainEnded reads the reason a delta agent wrote when it ended its
-// chain ({"chainEnded": "..."}), if it did.
-func (l *Launcher) chainEnded(j *batchv1.Job) string {
-	var v struct {
-		ChainEnded string `json:"chainEnded"`
-	}
-	l.terminationJSON(j, &v)
-	return v.ChainEnded
 }
 
 // StopDelta deletes a delta agent's Job; its pod gets SIGTERM, stores what
