@@ -101,8 +101,8 @@ func New(cfg Config) (*Elector, error) {
 
 // Run runs lead while this replica holds the Lease, and campaigns again
 // each time it loses it, until ctx ends. lead's context ends when the
-// Lease is lost or ctx ends; Run returns once lead has returned and the
-// Lease, if held, has been released.
+// Lease is lost or ctx ends; Run returns once lead has returned and,
+// if this replica held the Lease, client-go has tried to release it.
 func (e *Elector) Run(ctx context.Context, lead func(context.Context)) {
 	for ctx.Err() == nil {
 		e.term(ctx, lead)
