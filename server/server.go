@@ -2,8 +2,8 @@
 // configuration, builds the request handlers (server/rpc) and the
 // background controller (server/controller) over shared metrics and
 // retention, and serves them — the user and agent listeners, health,
-// recovery and authorization interceptors, the controller's goroutine,
-// the drain at shutdown.
+// recovery and authorization interceptors, the controller's goroutine
+// (on the replica server/leader elects), the drain at shutdown.
 package server
 
 import (
@@ -36,6 +36,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/controller"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/leader"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc"
@@ -78,6 +79,10 @@ type Config struct {
 	// Limits bound what clients can make the server hold; zero fields
 	// take their defaults (config.Limits.WithDefaults).
 	Limits config.Limits
+	// Leader elects the replica that runs the controller; nil runs it
+	// here without an election (no Kubernetes API, or nothing for the
+	// controller to do).
+	Leader *leader.Elector
 	// PollInterval is how often Serve looks at agent Jobs (to count
 	// finished runs and apply retention) and at the schedules; 0 means
 	// controller.DefaultPollInterval.
@@ -106,6 +111,8 @@ type Server struct {
 	*rpc.Service
 
 	controller *controller.Controller
+	leader     *leader.Elector
+	metrics    *metrics.Metrics
 	health     *health.Server
 	log        *slog.Logger
 	limits     config.Limits
@@ -141,6 +148,8 @@ func New(cfg Config) (*Server, error) {
 	inUse := retention.NewInUse(cfg.Agents, cfg.Targets)
 	pruner := &retention.Pruner{InUse: inUse, Metrics: m, Log: log, Now: now}
 	s := &Server{
+		leader:     cfg.Leader,
+		metrics:    m,
 		health:     health.NewServer(),
 		log:        log,
 		limits:     cfg.Limits.WithDefaults(),
@@ -232,6 +241,14 @@ func (s *Server) recovered(ctx context.Context, p any) error {
 	return ebv1.ServerError(codes.Internal, "internal error; see the server log")
 }
 
+// runController runs the controller until ctx ends, its metric telling
+// which replica runs it.
+func (s *Server) runController(ctx context.Context) {
+	s.metrics.ControllerLeader.Set(1)
+	defer s.metrics.ControllerLeader.Set(0)
+	s.controller.Run(ctx)
+}
+
 // Serve serves ls until ctx is done, then stops accepting, reports
 // NOT_SERVING to health checks, lets in-flight streams finish for up to
 // drain, and stops. It returns when every listener has stopped.
@@ -250,11 +267,16 @@ func (s *Server) Serve(ctx context.Context, ls Listeners, drain time.Duration) e
 	for i, g := range servers {
 		go func() { errc <- g.Serve(listeners[i]) }()
 	}
-	// The scheduler and run observer stop with Serve: with ctx, or when a
-	// listener fails.
+	// The controller stops with Serve: with ctx, or when a listener
+	// fails. With an election it runs only while this replica leads;
+	// every replica serves.
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	var watch sync.WaitGroup
-	watch.Go(func() { s.controller.Run(watchCtx) })
+	if s.leader != nil {
+		watch.Go(func() { s.leader.Run(watchCtx, s.runController) })
+	} else {
+		watch.Go(func() { s.runController(watchCtx) })
+	}
 	defer watch.Wait()
 	defer stopWatch()
 	var err error

@@ -29,6 +29,11 @@ type LocationConfig struct {
 // FilesystemConfig is a directory (a mounted PersistentVolumeClaim).
 type FilesystemConfig struct {
 	Path string `json:"path"`
+	// SharedVolume says Path is on a ReadWriteMany volume that every
+	// replica of the data server mounts. Only the server's config reads
+	// it: it refuses more than one replica with a filesystem location
+	// not marked so (server/config).
+	SharedVolume bool `json:"sharedVolume,omitempty"`
 }
 
 // S3Config is a bucket of an S3-compatible store, checked by

@@ -36,6 +36,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/leader"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
@@ -129,6 +130,11 @@ func run(args []string) error {
 			return err
 		}
 	}
+	if cfg.Agents != nil {
+		if cfg.Leader, err = election(kc, o, log); err != nil {
+			return err
+		}
+	}
 	rc := kc
 	if kc != nil {
 		if rc, err = reviewClient(o.kubeconfig); err != nil {
@@ -219,6 +225,24 @@ func agents(o *options, f *config.File, kc kubernetes.Interface, log *slog.Logge
 	return nil, nil
 }
 
+// election is how the replicas choose the one that runs the controller
+// (server/leader), which only a server launching agents has work for.
+// Every server that has it takes part, one replica too: during a
+// rolling update the old pod and the new one overlap.
+func election(kc kubernetes.Interface, o *options, log *slog.Logger) (*leader.Elector, error) {
+	pod := o.podName
+	if pod == "" {
+		// Out of a pod (--kubeconfig): the host names the replica; without
+		// it the random part of the identity alone does.
+		pod, _ = os.Hostname()
+	}
+	id, err := leader.NewIdentity(pod)
+	if err != nil {
+		return nil, err
+	}
+	return leader.New(leader.Config{Client: kc, Namespace: o.namespace, Identity: id, Logger: log})
+}
+
 // listen opens the user listener and, with --agent-listen, the agents'.
 func listen(o *options) (server.Listeners, error) {
 	var ls server.Listeners
@@ -258,7 +282,7 @@ func logServing(log *slog.Logger, cfg server.Config, f *config.File, ls server.L
 		where = append(where, l.Name+"="+l.Location.Describe())
 	}
 	attrs := []any{"version", version.Version, "listen", ls.Users.Addr().String(), "locations", where,
-		"authorization", cmp.Or(f.Authorization.Mode, config.AuthorizationPortForward)}
+		"authorization", cmp.Or(f.Authorization.Mode, config.AuthorizationPortForward), "replicas", max(f.Replicas, 1)}
 	if ls.Agents != nil {
 		attrs = append(attrs, "agentListen", ls.Agents.Addr().String(), "agentTransport", agenttls.Describe(cfg.AgentTLS))
 	}

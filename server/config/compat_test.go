@@ -73,6 +73,39 @@ func TestKubeadmExampleLoads(t *testing.T) {
 	}
 }
 
+// TestHAComponentLoads loads the configuration of the component
+// manifests/components/ha, whose replicas must be its Deployment's.
+func TestHAComponentLoads(t *testing.T) {
+	b, err := os.ReadFile("../../manifests/components/ha/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm struct {
+		Data map[string]string `json:"data"`
+	}
+	if err := yaml.Unmarshal(b, &cm); err != nil {
+		t.Fatal(err)
+	}
+	f, err := load(t, cm.Data["config.yaml"])
+	if err != nil {
+		t.Fatalf("%v\n%s", err, cm.Data["config.yaml"])
+	}
+	if b, err = os.ReadFile("../../manifests/components/ha/deployment.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Spec struct {
+			Replicas int `json:"replicas"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	if f.Replicas < 2 || f.Replicas != d.Spec.Replicas {
+		t.Errorf("config.yaml has replicas %d, the Deployment %d: want the same, above 1", f.Replicas, d.Spec.Replicas)
+	}
+}
+
 // TestSandboxFormatLoads is the file tests/world writes for the sandbox
 // (with an in-cluster restore target as tests/e2e configures it): the
 // model must keep accepting every key it uses.

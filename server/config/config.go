@@ -5,9 +5,10 @@
 // as is. Secrets are never in the file: it names files (a mounted Secret)
 // or Secret objects that hold them.
 //
+//	replicas: 1                   # the server Deployment's; more than 1 needs s3 or sharedVolume
 //	locations:
 //	  - name: default
-//	    filesystem: {path: /var/lib/etcdbackup}
+//	    filesystem: {path: /var/lib/etcdbackup}  # sharedVolume: true when on a ReadWriteMany volume
 //	  - name: s3
 //	    s3:
 //	      bucket: etcd-backups
@@ -106,6 +107,11 @@ type File struct {
 	Authorization Authorization `json:"authorization,omitempty"`
 	// Limits bound what one client can make the server hold.
 	Limits Limits `json:"limits,omitempty"`
+	// Replicas is the server Deployment's replica count, which the
+	// install writes here: the server cannot see its Deployment, and more
+	// than one replica needs storage every replica can write (Validate).
+	// 0 or unset is 1.
+	Replicas int `json:"replicas,omitempty"`
 }
 
 // Defaults of the limits section.

@@ -139,6 +139,10 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"fold of an encrypted target without identity", head + member +
 			"    encryption: {ageRecipients: [age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p]}\n    deltas: {compactAfterRevisions: 1000}\n",
 			"targets[0].deltas.identitySecret: Required value"},
+		{"negative replicas", "replicas: -1\nlocations:\n  - name: a\n    s3: {bucket: b, defaultCredentialChain: true}\n",
+			"replicas: Invalid value: -1: must not be negative"},
+		{"replicas on a ReadWriteOnce volume", "replicas: 2\n" + head + member,
+			"locations[0].filesystem.sharedVolume: Invalid value: false: replicas is 2, but this location is not marked as shared: a ReadWriteOnce volume mounts on one node only"},
 		{"fold identity secret name", head + member + "    deltas: {compactAfterRevisions: 1000, identitySecret: Fold_Key}\n",
 			`targets[0].deltas.identitySecret: Invalid value: "Fold_Key"`},
 	} {
@@ -254,5 +258,23 @@ func TestDeltasCompactAfterRevisions(t *testing.T) {
 		if got := f.Targets[0].Deltas.CompactAfterRevisions; fmt.Sprint(got) != v {
 			t.Fatalf("compactAfterRevisions %s read as %d", v, got)
 		}
+	}
+}
+
+// TestReplicas: more than one replica is accepted when every location
+// is one all of them can write: S3, or a filesystem marked sharedVolume.
+func TestReplicas(t *testing.T) {
+	for _, c := range []string{
+		"locations:\n  - name: a\n    filesystem: {path: /x}\n",
+		"replicas: 1\nlocations:\n  - name: a\n    filesystem: {path: /x}\n",
+		"replicas: 3\nlocations:\n  - name: a\n    s3: {bucket: b, defaultCredentialChain: true}\n  - name: c\n    filesystem: {path: /x, sharedVolume: true}\n",
+	} {
+		if _, err := load(t, c); err != nil {
+			t.Errorf("refused %v:\n%s", err, c)
+		}
+	}
+	_, err := load(t, "replicas: 2\nlocations:\n  - name: a\n    s3: {bucket: b, defaultCredentialChain: true}\n  - name: c\n    filesystem: {path: /x}\n")
+	if err == nil || !strings.Contains(err.Error(), "locations[1].filesystem.sharedVolume") || strings.Contains(err.Error(), "locations[0]") {
+		t.Errorf("a filesystem location not shared beside an s3 one: %v", err)
 	}
 }

@@ -27,6 +27,7 @@ func Validate(f *File) field.ErrorList {
 	var errs field.ErrorList
 	locs := field.NewPath("locations")
 	errs = append(errs, storage.ValidateLocations(f.Locations, locs)...)
+	errs = append(errs, validateReplicas(f.Replicas, f.Locations, field.NewPath("replicas"), locs)...)
 	names := make([]string, 0, len(f.Locations))
 	for _, l := range f.Locations {
 		names = append(names, l.Name)
@@ -36,6 +37,29 @@ func Validate(f *File) field.ErrorList {
 	errs = append(errs, ValidateLimits(f.Limits, field.NewPath("limits"))...)
 	if m := f.Authorization.Mode; m != "" && m != AuthorizationPortForward && m != AuthorizationSubjectAccessReview {
 		errs = append(errs, field.NotSupported(field.NewPath("authorization", "mode"), m, []string{AuthorizationPortForward, AuthorizationSubjectAccessReview}))
+	}
+	return errs
+}
+
+// validateReplicas refuses more than one server replica with a
+// filesystem location that is not on a volume they all share.
+func validateReplicas(replicas int, locations []Location, p, locs *field.Path) field.ErrorList {
+	if replicas < 0 {
+		return field.ErrorList{field.Invalid(p, replicas, "must not be negative (0 or unset is 1)")}
+	}
+	if replicas <= 1 {
+		return nil
+	}
+	var errs field.ErrorList
+	for i, l := range locations {
+		if l.Filesystem == nil || l.Filesystem.SharedVolume {
+			continue
+		}
+		errs = append(errs, field.Invalid(locs.Index(i).Child("filesystem", "sharedVolume"), false, fmt.Sprintf(
+			"replicas is %d, but this location is not marked as shared: a ReadWriteOnce volume mounts on one node only, "+
+				"so a replica on another node never starts, and upload names are claimed in each server's memory, which the other "+
+				"replicas do not see; use an s3 location, or a ReadWriteMany volume that every replica mounts with sharedVolume: true "+
+				"(or replicas: 1)", replicas)))
 	}
 	return errs
 }

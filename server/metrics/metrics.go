@@ -59,6 +59,10 @@ type Metrics struct {
 	LastVerified   *prometheus.GaugeVec
 	VerifiedWithin *prometheus.GaugeVec
 
+	// ControllerLeader is 1 while this replica runs the controller (it
+	// holds the Lease of server/leader, or runs without an election).
+	ControllerLeader prometheus.Gauge
+
 	// Delta capture (delta.go).
 	deltaSeries
 }
@@ -136,6 +140,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: "etcdbackup", Name: "drill_verified_within_seconds",
 			Help: "How old a drilled target's newest verified backup may get before alerting (its drill.verifiedWithin), by target.",
 		}, []string{"target"}),
+		ControllerLeader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "etcdbackup", Name: "controller_leader",
+			Help: "1 on the replica that runs the controller (schedules, retention, drills, delta agents), 0 on the others.",
+		}),
 		deltaSeries: newDeltaSeries(),
 	}
 	for _, d := range []string{"upload", "download"} {
@@ -143,7 +151,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.BytesIn, m.BytesOut, m.Transfers, m.InFlight, m.Runs, m.LastSuccess,
-			m.Duration, m.Size, m.Period, m.Skipped, m.Pruned, m.StorageErrors, m.DrillRuns, m.LastVerified, m.VerifiedWithin} {
+			m.Duration, m.Size, m.Period, m.Skipped, m.Pruned, m.StorageErrors, m.DrillRuns, m.LastVerified, m.VerifiedWithin, m.ControllerLeader} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
