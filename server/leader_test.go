@@ -33,7 +33,7 @@ func startReplica(t *testing.T, cs *fake.Clientset, id string) *replica {
 		t.Fatal(err)
 	}
 	e, err := leader.New(leader.Config{Client: cs, Namespace: "etcdbackup-system", Identity: id,
-		LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 200 * time.Millisecond})
+		LeaseDuration: 5 * time.Second, RenewDeadline: time.Second, RetryPeriod: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestOneReplicaRunsTheController(t *testing.T) {
 		t.Error("a stopped replica still reports leading")
 	}
 	for !second.leads(t) {
-		if time.Since(stopped) > 2*time.Second {
+		if time.Since(stopped) > 4*time.Second { // the Lease lasts 5 s
 			t.Fatal("the other replica did not take over within the Lease's duration: the Lease was not released")
 		}
 		time.Sleep(20 * time.Millisecond)
