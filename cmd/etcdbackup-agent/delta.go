@@ -100,14 +100,8 @@ func newDeltaCmd() *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&etcd.Endpoint, "endpoint", "", "the etcd member to watch, https://HOST:PORT")
-	fl.StringSliceVar(&etcd.Endpoints, "endpoints", nil, "the cluster's members; the agent watches a healthy follower, else the leader")
-	fl.StringVar(&etcd.CACert, "cacert", "", "CA bundle that signed etcd's serving certificate")
-	fl.StringVar(&etcd.Cert, "cert", "", "client certificate for etcd")
-	fl.StringVar(&etcd.Key, "key", "", "client key for etcd")
-	fl.BoolVar(&etcd.InsecurePlaintext, "insecure-plaintext", false, "allow an http:// endpoint (no TLS); only when explicitly asked for")
-	fl.BoolVar(&etcd.InsecureSkipVerify, "insecure-skip-tls-verify", false, "do not verify etcd's serving certificate")
-	fl.DurationVar(&etcd.DialTimeout, "dial-timeout", 10*time.Second, "how long to wait for etcd")
+	addEtcdFlags(fl, &etcd, "the etcd member to watch, https://HOST:PORT",
+		"the cluster's members; the agent watches a healthy follower, else the leader")
 	fl.StringVar(&srv.addr, "server", "", "data server gRPC address, e.g. etcdbackup.etcdbackup-system.svc:50052")
 	fl.StringVar(&store.Target, "target", "", "name of the etcd target, recorded with each segment")
 	fl.StringVar(&store.Chain, "chain", "", "the full backup the chain starts from; segments are named CHAIN.delta-REVISION")

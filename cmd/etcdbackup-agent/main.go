@@ -23,6 +23,7 @@ import (
 
 	"filippo.io/age"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"google.golang.org/grpc"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
@@ -150,14 +151,8 @@ func newBackupCmd() *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&etcd.Endpoint, "endpoint", "", "the etcd member to use, https://HOST:PORT (a snapshot is one member's state)")
-	fl.StringSliceVar(&etcd.Endpoints, "endpoints", nil, "the cluster's members; the agent snapshots a healthy follower, else the leader")
-	fl.StringVar(&etcd.CACert, "cacert", "", "CA bundle that signed etcd's serving certificate")
-	fl.StringVar(&etcd.Cert, "cert", "", "client certificate for etcd")
-	fl.StringVar(&etcd.Key, "key", "", "client key for etcd")
-	fl.BoolVar(&etcd.InsecurePlaintext, "insecure-plaintext", false, "allow an http:// endpoint (no TLS); only when explicitly asked for")
-	fl.BoolVar(&etcd.InsecureSkipVerify, "insecure-skip-tls-verify", false, "do not verify etcd's serving certificate")
-	fl.DurationVar(&etcd.DialTimeout, "dial-timeout", 10*time.Second, "how long to wait for etcd")
+	addEtcdFlags(fl, &etcd, "the etcd member to use, https://HOST:PORT (a snapshot is one member's state)",
+		"the cluster's members; the agent snapshots a healthy follower, else the leader")
 	fl.StringVar(&srv.addr, "server", "", "data server gRPC address, e.g. etcdbackup.etcdbackup-system.svc:50052")
 	fl.StringVar(&opts.Name, "name", "", "name of the backup")
 	fl.StringVar(&opts.Location, "location", "", "storage location (default: the server's default)")
@@ -259,4 +254,18 @@ func newRestoreCmd() *cobra.Command {
 	addServerFlags(cmd, &srv)
 	_ = cmd.MarkFlagRequired("server")
 	return cmd
+}
+
+// addEtcdFlags adds the flags that say how to reach etcd, the same for
+// every agent that reads it; endpoint and endpoints say what it does with
+// the member it picks.
+func addEtcdFlags(fl *pflag.FlagSet, etcd *backup.Etcd, endpoint, endpoints string) {
+	fl.StringVar(&etcd.Endpoint, "endpoint", "", endpoint)
+	fl.StringSliceVar(&etcd.Endpoints, "endpoints", nil, endpoints)
+	fl.StringVar(&etcd.CACert, "cacert", "", "CA bundle that signed etcd's serving certificate")
+	fl.StringVar(&etcd.Cert, "cert", "", "client certificate for etcd")
+	fl.StringVar(&etcd.Key, "key", "", "client key for etcd")
+	fl.BoolVar(&etcd.InsecurePlaintext, "insecure-plaintext", false, "allow an http:// endpoint (no TLS); only when explicitly asked for")
+	fl.BoolVar(&etcd.InsecureSkipVerify, "insecure-skip-tls-verify", false, "do not verify etcd's serving certificate")
+	fl.DurationVar(&etcd.DialTimeout, "dial-timeout", 10*time.Second, "how long to wait for etcd")
 }
