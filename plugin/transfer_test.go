@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/agetest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
@@ -204,6 +206,36 @@ func TestVerifyRefusesNonSnapshot(t *testing.T) {
 		t.Fatalf("verify of junk printed %q", r.out)
 	}
 	mustFail(t, `backup "nope" not found`, addr, "verify", "nope")
+}
+
+// upload checks the file on the user's machine before it connects: with
+// no server listening at the address, what is no etcd snapshot (random
+// bytes; a snapshot cut short, so its trailer is gone) is still refused
+// as such, plain and with --encrypt-to (checked before it is encrypted),
+// and the error names the file.
+func TestUploadRefusesWhatIsNoSnapshotBeforeSending(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := "--server-address=" + l.Addr().String()
+	l.Close()
+	junk, _, _ := writeRandom(t, "junk", 4096)
+	_, snap, _ := writeSnapshot(t, "whole.db", smallSnapshot)
+	cut := filepath.Join(t.TempDir(), "cut.db")
+	if err := os.WriteFile(cut, snap[:len(snap)-100], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key := agetest.NewKey(t)
+	for _, file := range []string{junk, cut} {
+		for _, extra := range [][]string{nil, {"--encrypt-to", key.Recipient}} {
+			args := append([]string{nobody, "upload", file, "--name", "x"}, extra...)
+			r := mustFail(t, "upload: "+file+" is not an etcd snapshot", args...)
+			if !strings.Contains(r.err.Error(), "nothing was sent") {
+				t.Errorf("upload %v: the error does not say nothing was sent: %v", extra, r.err)
+			}
+		}
+	}
 }
 
 // Labels under etcdbackup.io/ are the server's: upload and backup refuse
