@@ -35,6 +35,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/controller"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/coord"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/leader"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
@@ -83,6 +84,10 @@ type Config struct {
 	// here without an election (no Kubernetes API, or nothing for the
 	// controller to do).
 	Leader *leader.Elector
+	// Coordination is what the replicas agree on: upload names, backups
+	// being sent or removed (server/coord); nil is coord.NewLocal, right
+	// for one replica. A registry with a Run method runs while Serve does.
+	Coordination coord.Registry
 	// PollInterval is how often Serve looks at agent Jobs (to count
 	// finished runs and apply retention) and at the schedules; 0 means
 	// controller.DefaultPollInterval.
@@ -112,6 +117,7 @@ type Server struct {
 
 	controller *controller.Controller
 	leader     *leader.Elector
+	coord      coord.Registry
 	metrics    *metrics.Metrics
 	health     *health.Server
 	log        *slog.Logger
@@ -145,10 +151,15 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	inUse := retention.NewInUse(cfg.Agents, cfg.Targets)
+	reg := cfg.Coordination
+	if reg == nil {
+		reg = coord.NewLocal()
+	}
+	inUse := retention.NewInUse(cfg.Agents, cfg.Targets, reg)
 	pruner := &retention.Pruner{InUse: inUse, Metrics: m, Log: log, Now: now}
 	s := &Server{
 		leader:     cfg.Leader,
+		coord:      reg,
 		metrics:    m,
 		health:     health.NewServer(),
 		log:        log,
@@ -166,7 +177,7 @@ func New(cfg Config) (*Server, error) {
 	s.Service = rpc.New(rpc.Config{
 		Locations: cfg.Locations, Logger: log, Now: now, Metrics: m,
 		Targets: cfg.Targets, Agents: cfg.Agents, ScratchDir: cfg.ScratchDir, Limits: s.limits,
-		InUse: inUse, Pruner: pruner, DeltaFence: cfg.DeltaFence,
+		Coordination: reg, InUse: inUse, Pruner: pruner, DeltaFence: cfg.DeltaFence,
 	})
 	s.controller = controller.New(controller.Config{
 		Locations: cfg.Locations, Targets: cfg.Targets, Agents: cfg.Agents, Metrics: m, Pruner: pruner,
@@ -276,6 +287,9 @@ func (s *Server) Serve(ctx context.Context, ls Listeners, drain time.Duration) e
 		watch.Go(func() { s.leader.Run(watchCtx, s.runController) })
 	} else {
 		watch.Go(func() { s.runController(watchCtx) })
+	}
+	if r, ok := s.coord.(interface{ Run(context.Context) }); ok {
+		watch.Go(func() { r.Run(watchCtx) })
 	}
 	defer watch.Wait()
 	defer stopWatch()

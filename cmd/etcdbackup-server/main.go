@@ -35,6 +35,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/agenttls"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/coord"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/leader"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
@@ -134,6 +135,9 @@ func run(args []string) error {
 		if cfg.Leader, err = election(kc, o, log); err != nil {
 			return err
 		}
+	}
+	if cfg.Coordination, err = coordination(kc, o, f, log); err != nil {
+		return err
 	}
 	rc := kc
 	if kc != nil {
@@ -241,6 +245,22 @@ func election(kc kubernetes.Interface, o *options, log *slog.Logger) (*leader.El
 		return nil, err
 	}
 	return leader.New(leader.Config{Client: kc, Namespace: o.namespace, Identity: id, Logger: log})
+}
+
+// coordination is where the replicas agree on upload names and on the
+// backups being sent or removed (server/coord): Leases in the server's
+// namespace when the config runs several replicas, this replica's memory
+// otherwise. The Leases' renewals and deletions need the Role of the HA
+// component (manifests/components/ha/role.yaml).
+func coordination(kc kubernetes.Interface, o *options, f *config.File, log *slog.Logger) (coord.Registry, error) {
+	if f.Replicas <= 1 {
+		return nil, nil
+	}
+	if kc == nil {
+		return nil, fmt.Errorf("replicas: %d needs the Kubernetes API, where the replicas agree on upload names and on the backups being sent; run the server in its pod, or with --kubeconfig", f.Replicas)
+	}
+	id := cmp.Or(o.podName, os.Getenv("HOSTNAME"))
+	return coord.NewLeases(coord.LeasesConfig{Client: kc, Namespace: o.namespace, Identity: id, Logger: log})
 }
 
 // listen opens the user listener and, with --agent-listen, the agents'.

@@ -82,7 +82,7 @@ func (sw *schedWorld) restart() {
 	locs := []locations.Named{{Name: "default", Location: sw.loc}}
 	targets := []config.Target{sw.target}
 	now := func() time.Time { return sw.now }
-	inUse := retention.NewInUse(l, targets)
+	inUse := retention.NewInUse(l, targets, nil)
 	pruner := &retention.Pruner{InUse: inUse, Metrics: sw.metrics, Log: slog.New(slog.DiscardHandler), Now: now}
 	sw.srv = rpc.New(rpc.Config{Locations: locs, Targets: targets, Agents: l, Now: now, Metrics: sw.metrics,
 		Limits: config.Limits{}.WithDefaults(), InUse: inUse, Pruner: pruner})

@@ -3,74 +3,45 @@ package retention
 import (
 	"context"
 	"log/slog"
-	"sync"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/coord"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 )
 
-// InUse knows which backups must not be removed now: those this server
-// is sending (downloads), and those a running restore Job reads. It also
-// tracks those retention is removing, so that neither happens to the
-// other: retention keeps a backup being downloaded, and a download of a
-// backup being removed is refused.
+// InUse knows which backups must not be removed now: those being sent
+// (downloads, on this replica or, with coord.Leases, on any), and those a
+// running restore Job reads. It also knows those retention is removing,
+// so that neither happens to the other: retention keeps a backup being
+// downloaded, and a download of a backup being removed is refused.
 type InUse struct {
 	agents  *jobs.Launcher // nil: no restore Jobs
 	targets []config.Target
-
-	mu        sync.Mutex
-	downloads map[string]int
-	removing  map[string]bool
+	coord   coord.Registry
 }
 
-// NewInUse returns an empty registry; agents (nil when the server
-// launches none) finds the restore Jobs of targets.
-func NewInUse(agents *jobs.Launcher, targets []config.Target) *InUse {
-	return &InUse{agents: agents, targets: targets}
+// NewInUse returns a registry on reg (nil: coord.NewLocal, this replica
+// alone); agents (nil when the server launches none) finds the restore
+// Jobs of targets.
+func NewInUse(agents *jobs.Launcher, targets []config.Target, reg coord.Registry) *InUse {
+	if reg == nil {
+		reg = coord.NewLocal()
+	}
+	return &InUse{agents: agents, targets: targets, coord: reg}
 }
 
 // Download marks a download of loc/name; done ends it.
-func (u *InUse) Download(loc, name string) (done func(), err error) {
-	key := loc + "/" + name
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.removing[key] {
-		return nil, status.Errorf(codes.NotFound, "backup %q in location %q is being removed by retention", name, loc)
-	}
-	if u.downloads == nil {
-		u.downloads = map[string]int{}
-	}
-	u.downloads[key]++
-	return func() {
-		u.mu.Lock()
-		defer u.mu.Unlock()
-		if u.downloads[key]--; u.downloads[key] == 0 {
-			delete(u.downloads, key)
-		}
-	}, nil
+func (u *InUse) Download(ctx context.Context, loc, name string) (done func(), err error) {
+	return u.coord.Send(ctx, loc, name)
 }
 
-// remove marks loc/name as being removed, unless it is being downloaded.
-func (u *InUse) remove(loc, name string) (done func(), ok bool) {
-	key := loc + "/" + name
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.downloads[key] > 0 {
-		return nil, false
-	}
-	if u.removing == nil {
-		u.removing = map[string]bool{}
-	}
-	u.removing[key] = true
-	return func() {
-		u.mu.Lock()
-		defer u.mu.Unlock()
-		delete(u.removing, key)
-	}, true
+// remove marks loc/name as being removed, unless it is being downloaded
+// (ok false); an error means that cannot be told, and the backup stays.
+func (u *InUse) remove(ctx context.Context, loc, name string) (done func(), ok bool, err error) {
+	return u.coord.Remove(ctx, loc, name)
 }
 
 // Removed tells the agent Jobs that backup name in location loc is gone

@@ -56,7 +56,10 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage
 			pruned = append(pruned, m)
 			continue
 		}
-		done, ok := p.InUse.remove(r.Location, m.Name)
+		done, ok, err := p.InUse.remove(ctx, r.Location, m.Name)
+		if err != nil {
+			return pruned, inUse, err
+		}
 		if !ok {
 			inUse = append(inUse, m)
 			continue

@@ -25,7 +25,7 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Ba
 	if err != nil {
 		return err
 	}
-	done, err := s.inUse.Download(d.locName, req.GetName())
+	done, err := s.inUse.Download(ctx, d.locName, req.GetName())
 	if err != nil {
 		return err
 	}

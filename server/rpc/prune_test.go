@@ -63,7 +63,7 @@ func newPruneWorld(t *testing.T, target config.Target, now time.Time) *pruneWorl
 	}
 	targets := []config.Target{sw.target}
 	clock := func() time.Time { return sw.now }
-	sw.inUse = retention.NewInUse(l, targets)
+	sw.inUse = retention.NewInUse(l, targets, nil)
 	sw.srv = rpc.New(rpc.Config{
 		Locations: []locations.Named{{Name: "default", Location: sw.loc}}, Targets: targets, Agents: l, Now: clock, Metrics: sw.metrics,
 		Limits: config.Limits{}.WithDefaults(), InUse: sw.inUse,
@@ -121,7 +121,7 @@ func TestPruneBackups(t *testing.T) {
 	backuptest.Equal(t, "stored after a dry run", sw.stored(), []string{"by-hand", "cp-20261201-090000", "cp-20261201-091000", "cp-20261201-092000", "cp-20261201-093000"})
 
 	// One being downloaded, one being restored: both kept.
-	done, err := sw.inUse.Download("default", "cp-20261201-091000")
+	done, err := sw.inUse.Download(t.Context(), "default", "cp-20261201-091000")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ func newBubbleService(t *testing.T, dir string) *rpc.Service {
 	}
 	return rpc.New(rpc.Config{
 		Locations: []locations.Named{{Name: "default", Location: loc}},
-		Metrics:   m, Limits: config.Limits{}.WithDefaults(), InUse: retention.NewInUse(nil, nil),
+		Metrics:   m, Limits: config.Limits{}.WithDefaults(), InUse: retention.NewInUse(nil, nil, nil),
 	})
 }
 

@@ -17,6 +17,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/coord"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
@@ -55,6 +56,10 @@ type Config struct {
 	ScratchDir string
 	// Limits, with their defaults (config.Limits.WithDefaults).
 	Limits config.Limits
+	// Coordination claims upload names where every replica sees them;
+	// nil is coord.NewLocal (this replica alone). InUse must be on the
+	// same registry.
+	Coordination coord.Registry
 	// InUse and Pruner are retention's, shared with the controller.
 	InUse  *retention.InUse
 	Pruner *retention.Pruner
@@ -79,6 +84,7 @@ type Service struct {
 	limits     config.Limits
 
 	uploads    claims
+	coord      coord.Registry
 	chains     chains
 	deltaFence DeltaFence
 	inUse      *retention.InUse
@@ -96,7 +102,8 @@ func New(cfg Config) *Service {
 		agents:     cfg.Agents,
 		scratchDir: cfg.ScratchDir,
 		limits:     cfg.Limits,
-		uploads:    claims{inflight: map[string]bool{}, perLocation: map[string]int{}},
+		uploads:    claims{perLocation: map[string]int{}},
+		coord:      cfg.Coordination,
 		inUse:      cfg.InUse,
 		pruner:     cfg.Pruner,
 		deltaFence: cfg.DeltaFence,
@@ -106,6 +113,9 @@ func New(cfg Config) *Service {
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.coord == nil {
+		s.coord = coord.NewLocal()
 	}
 	if s.now == nil {
 		s.now = time.Now

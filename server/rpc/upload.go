@@ -128,7 +128,7 @@ func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBack
 		// cannot make an upload look like one.
 		u.kind = storage.SourceUpload
 	}
-	if u.release, err = s.claim(u.locName, h.GetName(), u.agent != nil); err != nil {
+	if u.release, err = s.claim(ctx, u.locName, h.GetName(), u.agent != nil); err != nil {
 		if u.unlockChain != nil {
 			u.unlockChain()
 		}
@@ -416,46 +416,46 @@ func (s *Service) receiver(stream ebv1.BackupService_UploadBackupServer) func() 
 	}
 }
 
-// claims are the uploads in progress: a second upload of one name is
-// refused at once, instead of after its data arrived, and each location
-// takes at most limits.uploadsPerLocation users' uploads and, in a pool
-// of their own, limits.agentUploadsPerLocation agents' uploads.
+// claims are the upload slots in use: each location takes at most
+// limits.uploadsPerLocation users' uploads and, in a pool of their own,
+// limits.agentUploadsPerLocation agents' uploads. They bound what one
+// replica holds (buffers, connections to the store), so each replica
+// counts its own.
 type claims struct {
 	mu          sync.Mutex
-	inflight    map[string]bool // "location/name"
-	perLocation map[string]int  // users' uploads, or "agent:location" for agents'
+	perLocation map[string]int // users' uploads, or "agent:location" for agents'
 }
 
-// claim marks an upload of name in loc as in progress, so a second upload
-// of the same name is refused at once instead of after its data arrived,
-// and counts it against limits.uploadsPerLocation, or
-// limits.agentUploadsPerLocation for an agent: users' uploads, however
-// slow, never take the slot of a scheduled backup.
-func (s *Service) claim(loc, name string, agent bool) (release func(), err error) {
+// claim marks an upload of name in loc as in progress, on every replica
+// (Service.coord), so a second upload of the same name is refused at once
+// instead of after its data arrived, and counts it against
+// limits.uploadsPerLocation, or limits.agentUploadsPerLocation for an
+// agent: users' uploads, however slow, never take the slot of a scheduled
+// backup.
+func (s *Service) claim(ctx context.Context, loc, name string, agent bool) (release func(), err error) {
 	c := &s.uploads
-	key := loc + "/" + name
 	pool, most, whose, limit := loc, s.limits.UploadsPerLocation, "", "limits.uploadsPerLocation"
 	if agent {
 		pool, most, whose, limit = "agent:"+loc, s.limits.AgentUploadsPerLocation, "backup agents' ", "limits.agentUploadsPerLocation"
 	}
+	unclaim, err := s.coord.ClaimUpload(ctx, loc, name)
+	if err != nil {
+		return nil, err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.inflight[key] {
-		return nil, status.Errorf(codes.AlreadyExists,
-			"an upload of backup %q to location %q is already in progress; backups are immutable, choose another name", name, loc)
-	}
 	if n := c.perLocation[pool]; n >= most {
+		unclaim()
 		return nil, status.Errorf(codes.ResourceExhausted,
 			"%d %suploads to location %q are in progress, the most this server allows (%s); try again when one has finished", n, whose, loc, limit)
 	}
-	c.inflight[key] = true
 	c.perLocation[pool]++
 	return func() {
 		c.mu.Lock()
-		delete(c.inflight, key)
 		if c.perLocation[pool]--; c.perLocation[pool] == 0 {
 			delete(c.perLocation, pool)
 		}
 		c.mu.Unlock()
+		unclaim()
 	}, nil
 }
