@@ -14,6 +14,10 @@ type Conn struct {
 	data     streamhttp.Stream
 	endpoint *Endpoint
 
+	// broke, when set, is told the first time the tunnel breaks (not when
+	// it is closed).
+	broke func()
+
 	once   sync.Once
 	closed chan struct{}
 	mu     sync.Mutex
@@ -77,14 +81,18 @@ func (c *Conn) cause() error {
 // down is what makes the streams end.
 func (c *Conn) fail(err error) {
 	c.mu.Lock()
+	first := false
 	select {
 	case <-c.closed:
 	default:
 		if c.err == nil {
-			c.err = err
+			c.err, first = err, true
 		}
 	}
 	c.mu.Unlock()
+	if first && c.broke != nil {
+		c.broke()
+	}
 	c.Close()
 }
 

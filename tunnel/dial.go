@@ -9,11 +9,14 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
@@ -41,6 +44,12 @@ type Dialer struct {
 	// remember it as the next run's Hint.
 	Resolved func(*Endpoint)
 	hint     atomic.Pointer[Hint]
+	// broken are the pods whose tunnels broke lately, and when: Resolve
+	// prefers another ready replica (replicas.go).
+	brokenMu sync.Mutex
+	broken   map[types.UID]time.Time
+	// now is the clock of broken; nil is time.Now.
+	now func() time.Time
 	// dialerFor is streamDialer; tests replace it.
 	dialerFor func(pod *corev1.Pod) (streamhttp.Dialer, error)
 }
@@ -152,6 +161,7 @@ func (d *Dialer) DialEndpoint(ctx context.Context, ep *Endpoint) (net.Conn, erro
 		if ctx.Err() != nil {
 			return nil, err
 		}
+		d.markBroken(ep.Pod)
 		return nil, d.portForwardError(ctx, ep, err)
 	}
 	return d.streams(sc, ep)
@@ -256,7 +266,8 @@ func (d *Dialer) openStreams(sc streamhttp.Connection, ep *Endpoint) (*Conn, err
 	if err != nil {
 		return nil, fmt.Errorf("port-forward to %s: create data stream: %w", ep, err)
 	}
-	c := &Conn{sc: sc, data: dataStream, endpoint: ep, closed: make(chan struct{})}
+	c := &Conn{sc: sc, data: dataStream, endpoint: ep, closed: make(chan struct{}),
+		broke: func() { d.markBroken(ep.Pod) }}
 	// The error stream carries the kubelet's complaint (e.g. nothing
 	// listens on the port). When one comes, the tunnel is useless: close
 	// it so gRPC sees the failure and re-dials.

@@ -84,6 +84,7 @@ func (d *Dialer) Resolve(ctx context.Context) (*Endpoint, error) {
 	if err != nil {
 		return nil, apiError(d.config.Host, fmt.Sprintf("list pods of service %s/%s", t.Namespace, t.Service), err)
 	}
+	var ready []*corev1.Pod
 	var notReady []corev1.Pod
 	for i := range pods.Items {
 		p := &pods.Items[i]
@@ -91,15 +92,20 @@ func (d *Dialer) Resolve(ctx context.Context) (*Endpoint, error) {
 			continue
 		}
 		if p.Status.Phase == corev1.PodRunning && podReady(p) {
-			port, err := userPort(p, svc, t.PortName)
-			if err != nil {
-				return nil, err
-			}
-			return &Endpoint{Pod: p, Port: port}, nil
+			ready = append(ready, p)
+			continue
 		}
 		notReady = append(notReady, *p)
 	}
-	return nil, &NotReadyError{Namespace: t.Namespace, Service: t.Service, Pods: notReady}
+	if len(ready) == 0 {
+		return nil, &NotReadyError{Namespace: t.Namespace, Service: t.Service, Pods: notReady}
+	}
+	p := d.pick(ready)
+	port, err := userPort(p, svc, t.PortName)
+	if err != nil {
+		return nil, err
+	}
+	return &Endpoint{Pod: p, Port: port}, nil
 }
 
 // userPort is p's container port named name or, failing that, what the
