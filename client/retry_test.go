@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -211,6 +212,90 @@ func TestDownloadSurvivesServerRestart(t *testing.T) {
 		t.Fatal("backup sha256 differs from the data's")
 	}
 }
+
+// Two replicas serve one store; the one a download runs on shuts down
+// mid-transfer (a pod deleted, a node drained). It hands the download
+// off rather than draining it, and the same Download call resumes on the
+// other replica at once: every byte once, bytes equal, a pause well
+// inside one retry backoff step of a server that is gone.
+func TestDownloadMovesToAnotherReplica(t *testing.T) {
+	dir := t.TempDir()
+	first := servertest.StartWith(t, servertest.Options{Dir: dir, HandOffDownloads: true})
+	resumed := &firstDownload{}
+	second := servertest.StartWith(t, servertest.Options{Dir: dir, HandOffDownloads: true, Logger: slog.New(resumed)})
+	// As the tunnel does: the first dial reaches the first replica; once
+	// it is going, dials reach the other.
+	var going atomic.Bool
+	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
+		addr := first.Addr
+		if going.Load() {
+			addr = second.Addr
+		}
+		return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	}
+	conn, err := grpc.NewClient("passthrough:///replicas", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(dialer), client.Reconnect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c := client.New(conn)
+	var notices atomic.Int32
+	c.Retry = client.Retry{Timeout: 30 * time.Second, Flag: "--retry-timeout", OnRetry: func(err error, left time.Duration) {
+		t.Logf("retrying for up to %s after: %v", left, err)
+		notices.Add(1)
+	}}
+	data := uploadRandom(t, c, "big", 48<<20)
+
+	var out bytes.Buffer
+	var stopped time.Time
+	w := &triggerWriter{w: &out, at: 4 << 20, at1: func() {
+		going.Store(true)
+		stopped = time.Now()
+		go first.Stop()
+	}}
+	b, err := c.Download(context.Background(), w, client.DownloadRequest{Name: "big"})
+	if err != nil {
+		t.Fatalf("download across the replica's shutdown: %v", err)
+	}
+	if !w.fired {
+		t.Fatal("the replica was never stopped: the test did not exercise the hand-off")
+	}
+	if notices.Load() != 1 {
+		t.Fatalf("told about retrying %d times, want once", notices.Load())
+	}
+	if !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("downloaded %d bytes that differ from the %d uploaded", out.Len(), len(data))
+	}
+	if sum := sha256.Sum256(data); b.GetSha256() != hex.EncodeToString(sum[:]) {
+		t.Fatal("backup sha256 differs from the data's")
+	}
+	// The first replica drains for up to 10 s (servertest); handed off,
+	// the download does not wait for that.
+	at := resumed.at.Load()
+	if at == 0 {
+		t.Fatal("the other replica never served the download")
+	}
+	pause := time.Unix(0, at).Sub(stopped)
+	if pause >= 5*time.Second {
+		t.Fatalf("the download resumed on the other replica %v after the first began shutting down, want at once", pause)
+	}
+	t.Logf("the download resumed on the other replica %v after the first began shutting down", pause)
+}
+
+// firstDownload is a slog.Handler that records when the first
+// "backup download" record (a download admitted) came.
+type firstDownload struct{ at atomic.Int64 }
+
+func (h *firstDownload) Enabled(context.Context, slog.Level) bool { return true }
+func (h *firstDownload) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "backup download" {
+		h.at.CompareAndSwap(0, r.Time.UnixNano())
+	}
+	return nil
+}
+func (h *firstDownload) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *firstDownload) WithGroup(string) slog.Handler      { return h }
 
 // A server that never comes back: the download fails once the budget is
 // spent, saying what happened and which flag sets the budget.

@@ -88,6 +88,10 @@ type Config struct {
 	// being sent or removed (server/coord); nil is coord.NewLocal, right
 	// for one replica. A registry with a Run method runs while Serve does.
 	Coordination coord.Registry
+	// HandOffDownloads makes Serve end the downloads in flight when it
+	// shuts down (rpc.Service.HandOffDownloads), for their clients to
+	// resume on another replica at once; set it when several run.
+	HandOffDownloads bool
 	// PollInterval is how often Serve looks at agent Jobs (to count
 	// finished runs and apply retention) and at the schedules; 0 means
 	// controller.DefaultPollInterval.
@@ -118,6 +122,7 @@ type Server struct {
 	controller *controller.Controller
 	leader     *leader.Elector
 	coord      coord.Registry
+	handOff    bool
 	metrics    *metrics.Metrics
 	health     *health.Server
 	log        *slog.Logger
@@ -160,6 +165,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		leader:     cfg.Leader,
 		coord:      reg,
+		handOff:    cfg.HandOffDownloads,
 		metrics:    m,
 		health:     health.NewServer(),
 		log:        log,
@@ -299,8 +305,11 @@ func (s *Server) Serve(ctx context.Context, ls Listeners, drain time.Duration) e
 		// One listener failed: stop the others too.
 	case <-ctx.Done():
 	}
-	s.log.Info("shutting down: draining in-flight requests", "timeout", drain)
+	s.log.Info("shutting down: draining in-flight requests", "timeout", drain, "handOffDownloads", s.handOff)
 	s.health.Shutdown()
+	if s.handOff {
+		s.HandOffDownloads()
+	}
 	stopped := make(chan struct{})
 	go func() {
 		var wg sync.WaitGroup

@@ -139,6 +139,7 @@ func run(args []string) error {
 	if cfg.Coordination, err = coordination(kc, o, f, log); err != nil {
 		return err
 	}
+	cfg.HandOffDownloads = f.Replicas > 1
 	rc := kc
 	if kc != nil {
 		if rc, err = reviewClient(o.kubeconfig); err != nil {

@@ -9,6 +9,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
 
 // errTooSlow is what a transfer's watch returns when its client moved
@@ -181,6 +183,14 @@ func (s *Service) sendWatched(ctx context.Context, stream interface{ SendMsg(any
 			}
 			return err
 		case <-w.kick:
+		case <-s.handoff:
+			w.mu.Lock()
+			sent := w.sent
+			w.mu.Unlock()
+			s.log.Info("download handed off: this replica is shutting down, the client resumes on another",
+				"location", d.locName, "backup", d.name, "offset", offset, "sent", sent, "caller", caller(ctx))
+			return ebv1.ServerErrorf(codes.Unavailable,
+				"this server replica is shutting down after %d bytes of %q from byte %d; resume the download on another replica", sent, d.name, offset)
 		case <-timeout:
 			w.mu.Lock()
 			var err error

@@ -8,6 +8,7 @@ package rpc
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -89,6 +90,19 @@ type Service struct {
 	deltaFence DeltaFence
 	inUse      *retention.InUse
 	pruner     *retention.Pruner
+	// handoff, closed by HandOffDownloads, ends the downloads in flight;
+	// nil (never closed) until then.
+	handoff     chan struct{}
+	handoffOnce sync.Once
+}
+
+// HandOffDownloads ends every download in flight, and every one that
+// starts later, with Unavailable, so that their clients resume them at
+// once on another replica instead of waiting for this one to drain: for
+// a replica that is shutting down while others serve. Uploads are left
+// to finish.
+func (s *Service) HandOffDownloads() {
+	s.handoffOnce.Do(func() { close(s.handoff) })
 }
 
 // New returns the Service cfg describes.
@@ -104,6 +118,7 @@ func New(cfg Config) *Service {
 		limits:     cfg.Limits,
 		uploads:    claims{perLocation: map[string]int{}},
 		coord:      cfg.Coordination,
+		handoff:    make(chan struct{}),
 		inUse:      cfg.InUse,
 		pruner:     cfg.Pruner,
 		deltaFence: cfg.DeltaFence,

@@ -90,6 +90,12 @@ type Options struct {
 	LocationOptions locations.Options
 	// Logger receives the server's log; nil discards it.
 	Logger *slog.Logger
+	// HandOffDownloads ends downloads in flight at Stop
+	// (server.Config.HandOffDownloads), as a replica among several does.
+	HandOffDownloads bool
+	// Dir, when set, is the first location's root instead of a new
+	// temporary directory: several servers on one store, as replicas.
+	Dir string
 }
 
 // AsAgent is a Guard that admits every call as the agent it is: for tests
@@ -123,6 +129,9 @@ func StartWith(t testing.TB, opts Options) *Server {
 	for _, n := range names {
 		dirs[n] = t.TempDir()
 	}
+	if opts.Dir != "" {
+		dirs[names[0]] = opts.Dir
+	}
 	opts.Locations = names
 	return start(t, opts, dirs)
 }
@@ -134,7 +143,7 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 		names = []string{"default"}
 	}
 	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents, UserGuard: opts.UserGuard, AgentGuard: opts.AgentGuard, Limits: opts.Limits,
-		Logger: opts.Logger, AgentTLS: opts.AgentTLS, DeltaFence: opts.DeltaFence}
+		Logger: opts.Logger, AgentTLS: opts.AgentTLS, DeltaFence: opts.DeltaFence, HandOffDownloads: opts.HandOffDownloads}
 	for _, n := range names {
 		loc, err := filesystem.New(dirs[n])
 		if err != nil {
