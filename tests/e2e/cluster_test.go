@@ -24,7 +24,7 @@ import (
 // runs the product's images built from this repository — imported and
 // named as the manifests name them by default, as on an air-gapped node.
 func TestCluster(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	began := time.Now()
 	sb, im := startSandbox(t)
@@ -148,6 +148,8 @@ patches:
 			t.Fatalf("installs are not separate:\nteam-b: %s\n%s: %s", rb.Stdout, ns, ra.Stdout)
 		}
 	})
+
+	t.Run("replicas", func(t *testing.T) { testReplicas(ctx, t, c, root) })
 
 	t.Run("stop-leaves-no-process", func(t *testing.T) {
 		pids := sb.ContainerPIDs()

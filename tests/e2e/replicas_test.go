@@ -1,0 +1,306 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
+)
+
+// haNamespace is where testReplicas installs the HA layout.
+const haNamespace = "team-ha"
+
+// testReplicas installs the product with the HA component
+// (manifests/components/ha: two replicas, a rolling update, a
+// PodDisruptionBudget, the shared claim) in a namespace of its own, as an
+// overlay of a user would, and shows what two replicas must agree on
+// through the real API server's Leases: one upload name sent to both at
+// once is one backup, and a download whose replica is deleted mid-transfer
+// finishes on the other at once, bytes equal. The sandbox has one node, so
+// both replicas run there (spread is a preference).
+func testReplicas(ctx context.Context, t *testing.T, c *cluster, root string) {
+	overlay := t.TempDir()
+	rel := func(dir string) string {
+		r, err := filepath.Rel(overlay, filepath.Join(root, dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	kust := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: %s
+resources:
+  - %s
+components:
+  - %s
+patches:
+  - target: {kind: ClusterRoleBinding, name: etcdbackup-server-auth-delegator}
+    patch: |-
+      - op: replace
+        path: /metadata/name
+        value: etcdbackup-server-auth-delegator-%s
+`, haNamespace, rel("manifests"), rel("manifests/components/ha"), haNamespace)
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustSucceed(t, c.run(t, nil, "apply", "-k", overlay), "kubectl apply -k with components/ha")
+	waitServerAvailable(ctx, t, c.sb, haNamespace)
+	pods := readyServerPods(ctx, t, c, haNamespace)
+	if len(pods) != 2 {
+		t.Fatalf("%d ready server pods in %s, want 2", len(pods), haNamespace)
+	}
+	if pdb, err := c.sb.Client().PolicyV1().PodDisruptionBudgets(haNamespace).Get(ctx, "etcdbackup-server", metav1.GetOptions{}); err != nil || pdb.Status.DisruptionsAllowed != 1 {
+		t.Fatalf("PodDisruptionBudget: %v (allowed %d), want one disruption allowed of two replicas", err, pdb.Status.DisruptionsAllowed)
+	}
+
+	t.Run("same-upload-name", func(t *testing.T) { testSameUploadName(ctx, t, c, pods) })
+	t.Run("download-across-pod-deletion", func(t *testing.T) { testDownloadAcrossDeletion(ctx, t, c) })
+}
+
+// readyServerPods are the server's Ready pods in ns that are not being
+// deleted, by name (the order the plugin's tunnel picks from).
+func readyServerPods(ctx context.Context, t *testing.T, c *cluster, ns string) []corev1.Pod {
+	t.Helper()
+	list, err := c.sb.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=etcdbackup-server"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready []corev1.Pod
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+			return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+		}) {
+			ready = append(ready, p)
+		}
+	}
+	slices.SortFunc(ready, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	return ready
+}
+
+// portForward forwards a local port to port of target (e.g. pod/NAME)
+// in ns with the real kubectl until the test ends, and returns the local
+// address.
+func portForward(ctx context.Context, t *testing.T, k *world.Kubectl, ns, target string, port int) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	cmd := k.Command(ctx, "-n", ns, "port-forward", target, fmt.Sprintf(":%d", port), "--address", "127.0.0.1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = &testLog{t: t, prefix: "port-forward: "}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
+	sc := bufio.NewScanner(out)
+	re := regexp.MustCompile(fmt.Sprintf(`Forwarding from 127\.0\.0\.1:(\d+) -> %d`, port))
+	for sc.Scan() {
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			go func() { _, _ = io.Copy(io.Discard, out) }()
+			return "127.0.0.1:" + m[1]
+		}
+	}
+	t.Fatalf("kubectl port-forward to %s port %d ended: %v", target, port, sc.Err())
+	return ""
+}
+
+// userPort is the server's user API port (the container port "grpc").
+const userPort = 50051
+
+// gatedReader reads r, but stops after the first after bytes until open
+// is closed; reached is closed when it gets there.
+type gatedReader struct {
+	r       io.Reader
+	after   int64
+	n       int64
+	reached chan struct{}
+	open    chan struct{}
+}
+
+func (g *gatedReader) Read(p []byte) (int, error) {
+	if g.n >= g.after {
+		select {
+		case <-g.reached:
+		default:
+			close(g.reached)
+		}
+		<-g.open
+	} else if rest := g.after - g.n; int64(len(p)) > rest {
+		p = p[:rest]
+	}
+	n, err := g.r.Read(p)
+	g.n += int64(n)
+	return n, err
+}
+
+// testSameUploadName: an upload of one name to each replica at once.
+// The first is held mid-stream; the second, on the other replica, is
+// refused at once, naming the replica that has the name; the first then
+// completes, and the backup is its bytes.
+func testSameUploadName(ctx context.Context, t *testing.T, c *cluster, pods []corev1.Pod) {
+	clients := make([]*client.Client, 2)
+	for i, p := range pods {
+		conn, cl, err := client.Dial(portForward(ctx, t, c.kubectl, haNamespace, "pod/"+p.Name, userPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		clients[i] = cl
+	}
+	first, second := etcdtest.TrailedBytes(t, etcdtest.TrailedSize(8<<20)), etcdtest.TrailedBytes(t, etcdtest.TrailedSize(4<<20))
+	gate := &gatedReader{r: bytes.NewReader(first), after: 2 << 20, reached: make(chan struct{}), open: make(chan struct{})}
+	uploaded := make(chan error, 1)
+	go func() {
+		_, err := clients[0].Upload(ctx, gate, &ebv1.UploadHeader{Name: "same-name"}, nil)
+		uploaded <- err
+	}()
+	select {
+	case <-gate.reached:
+	case err := <-uploaded:
+		t.Fatalf("the first upload ended before it was held: %v", err)
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
+	_, err := clients[1].Upload(ctx, bytes.NewReader(second), &ebv1.UploadHeader{Name: "same-name"}, nil)
+	if status.Code(err) != codes.AlreadyExists || !strings.Contains(err.Error(), "in progress") || !strings.Contains(err.Error(), pods[0].Name) {
+		t.Errorf("the same name on the other replica while the first uploads: %v; want AlreadyExists naming replica %s", err, pods[0].Name)
+	}
+	close(gate.open)
+	if err := <-uploaded; err != nil {
+		t.Fatalf("the first upload: %v", err)
+	}
+	r := mustSucceed(t, c.run(t, nil, "etcdbackup", "-n", haNamespace, "list", "-o", "name"), "list")
+	if n := strings.Count(r.Stdout, "same-name"); n != 1 {
+		t.Fatalf("list shows same-name %d times:\n%s", n, r.Stdout)
+	}
+	out := filepath.Join(t.TempDir(), "same-name.db")
+	mustSucceed(t, c.run(t, nil, "etcdbackup", "-n", haNamespace, "download", "same-name", "-o", out, "--raw"), "download same-name")
+	mustEqualFile(t, out, first)
+	// Released: no coordination Lease is left behind.
+	leases, err := c.sb.Client().CoordinationV1().Leases(haNamespace).List(ctx, metav1.ListOptions{LabelSelector: "etcdbackup.io/coordination"})
+	if err != nil || len(leases.Items) != 0 {
+		t.Errorf("coordination Leases left after the uploads: %v, %v", leases, err)
+	}
+}
+
+// testDownloadAcrossDeletion: a 1 GiB download through the plugin; the
+// replica serving it is deleted mid-transfer. It hands the download off,
+// the plugin's next dial goes to the other replica, and the download
+// finishes there, bytes equal. The pause is from the delete to the other
+// replica's "backup download" of the rest.
+func testDownloadAcrossDeletion(ctx context.Context, t *testing.T, c *cluster) {
+	pods := readyServerPods(ctx, t, c, haNamespace)
+	if len(pods) != 2 {
+		t.Fatalf("%d ready server pods, want 2", len(pods))
+	}
+	conn, cl, err := client.Dial(portForward(ctx, t, c.kubectl, haNamespace, "pod/"+pods[1].Name, userPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	data := etcdtest.TrailedBytes(t, etcdtest.TrailedSize(1<<30))
+	if _, err := cl.Upload(ctx, bytes.NewReader(data), &ebv1.UploadHeader{Name: "big"}, nil); err != nil {
+		t.Fatalf("upload 1 GiB: %v", err)
+	}
+	want := sha(data)
+	data = nil
+
+	out := filepath.Join(t.TempDir(), "big.db")
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	cmd := c.kubectl.Command(dctx, "etcdbackup", "-n", haNamespace, "download", "big", "-o", out, "--raw")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The plugin takes the first ready replica by name: pods[0]. Delete it
+	// once the download is well under way.
+	serving := pods[0]
+	pollUntil(ctx, t, "the download under way", func() bool {
+		for _, p := range []string{out, out + ".part"} {
+			if fi, err := os.Stat(p); err == nil && fi.Size() >= 64<<20 {
+				return true
+			}
+		}
+		return false
+	})
+	deleted := time.Now()
+	if err := c.sb.Client().CoreV1().Pods(haNamespace).Delete(ctx, serving.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("download across the deletion of %s: %v\n%s", serving.Name, err, stderr.String())
+	}
+	t.Logf("download: %s", strings.TrimSpace(stderr.String()))
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if got := shaReader(t, f); got != want {
+		t.Fatalf("downloaded sha256 %s, want %s", got, want)
+	}
+	resumed := resumedAt(ctx, t, c, pods[1].Name)
+	if resumed.IsZero() {
+		t.Fatalf("replica %s has no download of big from past byte 0 in its log: the download did not move", pods[1].Name)
+	}
+	pause := resumed.Sub(deleted)
+	if pause > 10*time.Second {
+		t.Errorf("the download resumed on %s %v after %s was deleted, want within seconds", pods[1].Name, pause, serving.Name)
+	}
+	t.Logf("replica %s deleted mid-download: resumed on %s %v later", serving.Name, pods[1].Name, pause.Round(time.Millisecond))
+}
+
+// resumedAt is when pod logged a download of "big" from past byte 0.
+func resumedAt(ctx context.Context, t *testing.T, c *cluster, pod string) time.Time {
+	t.Helper()
+	b, err := c.sb.Client().CoreV1().Pods(haNamespace).GetLogs(pod, &corev1.PodLogOptions{Container: "server"}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var rec struct {
+			Time   time.Time `json:"time"`
+			Msg    string    `json:"msg"`
+			Backup string    `json:"backup"`
+			Offset int64     `json:"offset"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "backup download" && rec.Backup == "big" && rec.Offset > 0 {
+			return rec.Time
+		}
+	}
+	return time.Time{}
+}
+
+func shaReader(t *testing.T, r io.Reader) string {
+	t.Helper()
+	h := sha256.New()
+	if _, err := io.Copy(h, r); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
