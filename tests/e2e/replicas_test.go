@@ -248,6 +248,10 @@ func testDownloadAcrossDeletion(ctx context.Context, t *testing.T, c *cluster) {
 		}
 		return false
 	})
+	// The download is marked where the other replica's retention sees it.
+	if sends, err := c.sb.Client().CoordinationV1().Leases(haNamespace).List(ctx, metav1.ListOptions{LabelSelector: "etcdbackup.io/coordination=send"}); err != nil || len(sends.Items) == 0 {
+		t.Errorf("no send Lease while the download runs: %v, %v", sends, err)
+	}
 	deleted := time.Now()
 	if err := c.sb.Client().CoreV1().Pods(haNamespace).Delete(ctx, serving.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
