@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 
@@ -222,25 +223,19 @@ func (l *Leases) unavailable(err error, loc, name string) error {
 // stopped renewing them (a replica that died holding them), so that they
 // do not pile up in the namespace.
 func (l *Leases) Run(ctx context.Context) {
-	t := time.NewTicker(l.sweep)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		sel := labels.NewSelector()
-		req, _ := labels.NewRequirement(LabelCoordination, selection.Exists, nil)
-		all, err := l.leases.List(ctx, metav1.ListOptions{LabelSelector: sel.Add(*req).String()})
-		if err != nil {
-			l.log.Debug("cannot list coordination Leases to remove lapsed ones", "error", err)
-			continue
-		}
-		for i := range all.Items {
-			if le := &all.Items[i]; !l.fresh(le) {
-				l.deleteLapsed(ctx, le)
-			}
+	wait.UntilWithContext(ctx, l.sweepLapsed, l.sweep)
+}
+
+func (l *Leases) sweepLapsed(ctx context.Context) {
+	req, _ := labels.NewRequirement(LabelCoordination, selection.Exists, nil)
+	all, err := l.leases.List(ctx, metav1.ListOptions{LabelSelector: labels.NewSelector().Add(*req).String()})
+	if err != nil {
+		l.log.Debug("cannot list coordination Leases to remove lapsed ones", "error", err)
+		return
+	}
+	for i := range all.Items {
+		if le := &all.Items[i]; !l.fresh(le) {
+			l.deleteLapsed(ctx, le)
 		}
 	}
 }

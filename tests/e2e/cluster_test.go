@@ -111,28 +111,8 @@ func TestCluster(t *testing.T) {
 	t.Run("two-installs-same-port", func(t *testing.T) {
 		// A second install in its own namespace: a kustomize overlay of the
 		// same manifests. Both servers listen on the same ports, each in
-		// its Pod. The one cluster-scoped object bound to a namespace, the
-		// auth-delegator binding, needs a name of its own (docs/security.md).
-		overlay := t.TempDir()
-		rel, err := filepath.Rel(overlay, filepath.Join(root, "manifests"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		kust := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-namespace: team-b
-resources:
-  - %s
-patches:
-  - target: {kind: ClusterRoleBinding, name: etcdbackup-server-auth-delegator}
-    patch: |-
-      - op: replace
-        path: /metadata/name
-        value: etcdbackup-server-auth-delegator-team-b
-`, rel)
-		if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		// its Pod.
+		overlay := namespaceOverlay(t, root, "team-b")
 		mustSucceed(t, c.run(t, nil, "apply", "-k", overlay), "kubectl apply -k overlay")
 		waitServerAvailable(ctx, t, sb, "team-b")
 		a, b := installedServerPod(ctx, t, sb, ns), installedServerPod(ctx, t, sb, "team-b")
@@ -166,6 +146,46 @@ patches:
 			}
 		}
 	})
+}
+
+// namespaceOverlay writes a kustomize overlay that installs manifests/
+// in namespace ns, with components (paths under the repository root),
+// and returns its directory. The one cluster-scoped object bound to a
+// namespace, the auth-delegator binding, gets a name of its own
+// (docs/security.md).
+func namespaceOverlay(t *testing.T, root, ns string, components ...string) string {
+	t.Helper()
+	overlay := t.TempDir()
+	rel := func(dir string) string {
+		r, err := filepath.Rel(overlay, filepath.Join(root, dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	comps := ""
+	if len(components) > 0 {
+		comps = "components:\n"
+		for _, c := range components {
+			comps += "  - " + rel(c) + "\n"
+		}
+	}
+	kust := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: %[1]s
+resources:
+  - %[2]s
+%[3]spatches:
+  - target: {kind: ClusterRoleBinding, name: etcdbackup-server-auth-delegator}
+    patch: |-
+      - op: replace
+        path: /metadata/name
+        value: etcdbackup-server-auth-delegator-%[1]s
+`, ns, rel("manifests"), comps)
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return overlay
 }
 
 func waitServerAvailable(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, ns string) {

@@ -40,31 +40,7 @@ const haNamespace = "team-ha"
 // finishes on the other at once, bytes equal. The sandbox has one node, so
 // both replicas run there (spread is a preference).
 func testReplicas(ctx context.Context, t *testing.T, c *cluster, root string) {
-	overlay := t.TempDir()
-	rel := func(dir string) string {
-		r, err := filepath.Rel(overlay, filepath.Join(root, dir))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	kust := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-namespace: %s
-resources:
-  - %s
-components:
-  - %s
-patches:
-  - target: {kind: ClusterRoleBinding, name: etcdbackup-server-auth-delegator}
-    patch: |-
-      - op: replace
-        path: /metadata/name
-        value: etcdbackup-server-auth-delegator-%s
-`, haNamespace, rel("manifests"), rel("manifests/components/ha"), haNamespace)
-	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	overlay := namespaceOverlay(t, root, haNamespace, "manifests/components/ha")
 	mustSucceed(t, c.run(t, nil, "apply", "-k", overlay), "kubectl apply -k with components/ha")
 	waitServerAvailable(ctx, t, c.sb, haNamespace)
 	pods := readyServerPods(ctx, t, c, haNamespace)

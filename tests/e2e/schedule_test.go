@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -270,27 +269,7 @@ func jobFinished(j *batchv1.Job) bool {
 // with the real kubectl and returns the URL of its /metrics.
 func portForwardMetrics(ctx context.Context, t *testing.T, k *world.Kubectl) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(ctx)
-	cmd := k.Command(ctx, "-n", world.DefaultNamespace, "port-forward", "deployment/etcdbackup-server", ":9090", "--address", "127.0.0.1")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = &testLog{t: t, prefix: "port-forward: "}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
-	sc := bufio.NewScanner(out)
-	re := regexp.MustCompile(`Forwarding from 127\.0\.0\.1:(\d+) -> 9090`)
-	for sc.Scan() {
-		if m := re.FindStringSubmatch(sc.Text()); m != nil {
-			go func() { _, _ = io.Copy(io.Discard, out) }()
-			return "http://127.0.0.1:" + m[1] + "/metrics"
-		}
-	}
-	t.Fatalf("kubectl port-forward to the metrics port ended: %v", sc.Err())
-	return ""
+	return "http://" + portForward(ctx, t, k, world.DefaultNamespace, "deployment/etcdbackup-server", 9090) + "/metrics"
 }
 
 func scrape(t *testing.T, url string) string {
