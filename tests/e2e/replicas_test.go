@@ -20,11 +20,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
 
@@ -52,7 +55,9 @@ func testReplicas(ctx context.Context, t *testing.T, c *cluster, root string) {
 	}
 
 	t.Run("same-upload-name", func(t *testing.T) { testSameUploadName(ctx, t, c, pods) })
-	t.Run("download-across-pod-deletion", func(t *testing.T) { testDownloadAcrossDeletion(ctx, t, c) })
+	want := uploadBig(ctx, t, c)
+	t.Run("download-across-pod-deletion", func(t *testing.T) { testDownloadAcrossDeletion(ctx, t, c, want) })
+	t.Run("eviction-held-by-budget", func(t *testing.T) { testEvictionHeldByBudget(ctx, t, c, want) })
 }
 
 // readyServerPods are the server's Ready pods in ns that are not being
@@ -182,17 +187,11 @@ func testSameUploadName(ctx context.Context, t *testing.T, c *cluster, pods []co
 	}
 }
 
-// testDownloadAcrossDeletion: a 1 GiB download through the plugin; the
-// replica serving it is deleted mid-transfer. It hands the download off,
-// the plugin's next dial goes to the other replica, and the download
-// finishes there, bytes equal. The pause is from the delete to the other
-// replica's "backup download" of the rest.
-func testDownloadAcrossDeletion(ctx context.Context, t *testing.T, c *cluster) {
+// uploadBig stores a 1 GiB backup "big" through the second replica and
+// returns its SHA-256.
+func uploadBig(ctx context.Context, t *testing.T, c *cluster) string {
 	pods := readyServerPods(ctx, t, c, haNamespace)
-	if len(pods) != 2 {
-		t.Fatalf("%d ready server pods, want 2", len(pods))
-	}
-	conn, cl, err := client.Dial(portForward(ctx, t, c.kubectl, haNamespace, "pod/"+pods[1].Name, userPort))
+	conn, cl, err := client.Dial(portForward(ctx, t, c.kubectl, haNamespace, "pod/"+pods[len(pods)-1].Name, userPort))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,9 +200,21 @@ func testDownloadAcrossDeletion(ctx context.Context, t *testing.T, c *cluster) {
 	if _, err := cl.Upload(ctx, bytes.NewReader(data), &ebv1.UploadHeader{Name: "big"}, nil); err != nil {
 		t.Fatalf("upload 1 GiB: %v", err)
 	}
-	want := sha(data)
-	data = nil
+	return sha(data)
+}
 
+// downloadAcross downloads "big" with the plugin and, once 64 MiB have
+// arrived, calls disrupt with the replica serving it (the plugin takes the
+// first ready replica by name) and the other. The download must finish,
+// bytes equal (want is their SHA-256), on the other replica; it returns
+// how long after disrupt the other replica served the rest.
+func downloadAcross(ctx context.Context, t *testing.T, c *cluster, want string, disrupt func(serving, other corev1.Pod)) time.Duration {
+	t.Helper()
+	waitServerAvailable(ctx, t, c.sb, haNamespace)
+	pods := readyServerPods(ctx, t, c, haNamespace)
+	if len(pods) != 2 {
+		t.Fatalf("%d ready server pods, want 2", len(pods))
+	}
 	out := filepath.Join(t.TempDir(), "big.db")
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
@@ -213,9 +224,6 @@ func testDownloadAcrossDeletion(ctx context.Context, t *testing.T, c *cluster) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// The plugin takes the first ready replica by name: pods[0]. Delete it
-	// once the download is well under way.
-	serving := pods[0]
 	pollUntil(ctx, t, "the download under way", func() bool {
 		for _, p := range []string{out, out + ".part"} {
 			if fi, err := os.Stat(p); err == nil && fi.Size() >= 64<<20 {
@@ -228,12 +236,10 @@ func testDownloadAcrossDeletion(ctx context.Context, t *testing.T, c *cluster) {
 	if sends, err := c.sb.Client().CoordinationV1().Leases(haNamespace).List(ctx, metav1.ListOptions{LabelSelector: "etcdbackup.io/coordination=send"}); err != nil || len(sends.Items) == 0 {
 		t.Errorf("no send Lease while the download runs: %v, %v", sends, err)
 	}
-	deleted := time.Now()
-	if err := c.sb.Client().CoreV1().Pods(haNamespace).Delete(ctx, serving.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	disrupted := time.Now()
+	disrupt(pods[0], pods[1])
 	if err := cmd.Wait(); err != nil {
-		t.Fatalf("download across the deletion of %s: %v\n%s", serving.Name, err, stderr.String())
+		t.Fatalf("download across the disruption of %s: %v\n%s", pods[0].Name, err, stderr.String())
 	}
 	t.Logf("download: %s", strings.TrimSpace(stderr.String()))
 	f, err := os.Open(out)
@@ -244,19 +250,65 @@ func testDownloadAcrossDeletion(ctx context.Context, t *testing.T, c *cluster) {
 	if got := shaReader(t, f); got != want {
 		t.Fatalf("downloaded sha256 %s, want %s", got, want)
 	}
-	resumed := resumedAt(ctx, t, c, pods[1].Name)
+	resumed := resumedAt(ctx, t, c, pods[1].Name, disrupted)
 	if resumed.IsZero() {
 		t.Fatalf("replica %s has no download of big from past byte 0 in its log: the download did not move", pods[1].Name)
 	}
-	pause := resumed.Sub(deleted)
+	pause := resumed.Sub(disrupted)
 	if pause > 10*time.Second {
-		t.Errorf("the download resumed on %s %v after %s was deleted, want within seconds", pods[1].Name, pause, serving.Name)
+		t.Errorf("the download resumed on %s %v after %s went, want within seconds", pods[1].Name, pause, pods[0].Name)
 	}
-	t.Logf("replica %s deleted mid-download: resumed on %s %v later", serving.Name, pods[1].Name, pause.Round(time.Millisecond))
+	return pause
 }
 
-// resumedAt is when pod logged a download of "big" from past byte 0.
-func resumedAt(ctx context.Context, t *testing.T, c *cluster, pod string) time.Time {
+// testDownloadAcrossDeletion: the replica serving a 1 GiB download is
+// deleted mid-transfer. It hands the download off, the plugin's next dial
+// goes to the other replica, and the download finishes there.
+func testDownloadAcrossDeletion(ctx context.Context, t *testing.T, c *cluster, want string) {
+	pause := downloadAcross(ctx, t, c, want, func(serving, other corev1.Pod) {
+		if err := c.sb.Client().CoreV1().Pods(haNamespace).Delete(ctx, serving.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("replica deleted mid-download: resumed on the other %v later", pause.Round(time.Millisecond))
+}
+
+// testEvictionHeldByBudget: as `kubectl drain` does, with the node
+// cordoned so that no replacement can start, both replicas are evicted
+// while a download runs. The PodDisruptionBudget lets the first go — the
+// download moves to the other — and refuses the second, which serves on.
+func testEvictionHeldByBudget(ctx context.Context, t *testing.T, c *cluster, want string) {
+	mustSucceed(t, c.run(t, nil, "cordon", sandbox.NodeName), "kubectl cordon")
+	defer func() { mustSucceed(t, c.run(t, nil, "uncordon", sandbox.NodeName), "kubectl uncordon") }()
+	evict := func(p corev1.Pod) error {
+		return c.sb.Client().PolicyV1().Evictions(haNamespace).Evict(ctx, &policyv1.Eviction{
+			ObjectMeta: metav1.ObjectMeta{Namespace: haNamespace, Name: p.Name}})
+	}
+	var refused error
+	pause := downloadAcross(ctx, t, c, want, func(serving, other corev1.Pod) {
+		if err := evict(serving); err != nil {
+			t.Fatalf("evict %s, the first of two replicas: %v", serving.Name, err)
+		}
+		refused = evict(other)
+	})
+	if !apierrors.IsTooManyRequests(refused) || !strings.Contains(refused.Error(), "disruption budget") {
+		t.Errorf("evicting the second replica while the first is gone: %v, want refused by the PodDisruptionBudget", refused)
+	}
+	if pods := readyServerPods(ctx, t, c, haNamespace); len(pods) != 1 {
+		all, _ := c.sb.Client().CoreV1().Pods(haNamespace).List(ctx, metav1.ListOptions{})
+		var b strings.Builder
+		for _, p := range all.Items {
+			fmt.Fprintf(&b, "%s created %s deleting %v phase %s node %q\n", p.Name, p.CreationTimestamp, p.DeletionTimestamp, p.Status.Phase, p.Spec.NodeName)
+		}
+		node, _ := c.sb.Client().CoreV1().Nodes().Get(ctx, sandbox.NodeName, metav1.GetOptions{})
+		t.Errorf("%d ready replicas while the node is cordoned (unschedulable %v), want the one the budget kept:\n%s", len(pods), node.Spec.Unschedulable, b.String())
+	}
+	t.Logf("replica evicted mid-download (the other held by the PodDisruptionBudget): resumed %v later", pause.Round(time.Millisecond))
+}
+
+// resumedAt is when pod logged a download of "big" from past byte 0,
+// after since.
+func resumedAt(ctx context.Context, t *testing.T, c *cluster, pod string, since time.Time) time.Time {
 	t.Helper()
 	b, err := c.sb.Client().CoreV1().Pods(haNamespace).GetLogs(pod, &corev1.PodLogOptions{Container: "server"}).DoRaw(ctx)
 	if err != nil {
@@ -269,7 +321,7 @@ func resumedAt(ctx context.Context, t *testing.T, c *cluster, pod string) time.T
 			Backup string    `json:"backup"`
 			Offset int64     `json:"offset"`
 		}
-		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "backup download" && rec.Backup == "big" && rec.Offset > 0 {
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "backup download" && rec.Backup == "big" && rec.Offset > 0 && rec.Time.After(since) {
 			return rec.Time
 		}
 	}
