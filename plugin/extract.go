@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -82,11 +83,15 @@ metadata.resourceVersion, uid, creationTimestamp, managedFields,
 generation, selfLink, deletionTimestamp and deletionGracePeriodSeconds are
 removed, and status wherever the API server ignores it on create and apply
 (built-in types, custom resources with a status subresource; a custom
-resource without one keeps it, as data). metadata.ownerReferences are
-removed too, unless --keep-owner-references: they name owners by UID, which
-cannot be checked offline, and an object whose owners are all gone (or were
-re-created, with new UIDs) is deleted again by the garbage collector. Keep
-them only when the owners still exist as they were. Labels, annotations
+resource without one keeps it, as data). metadata.ownerReferences name
+owners by UID: an object whose owners are all gone (or were re-created, with
+new UIDs) would be deleted again by the garbage collector. Online (through
+the etcdbackup server) each reference is checked against the cluster of
+your kubeconfig: kept when an object of that kind and name exists there with
+the same UID (the recovered object is again its dependent, as it was),
+removed otherwise. With --storage-config or --from-file the cluster is not
+asked, and every ownerReference is removed (said on stderr).
+--keep-owner-references keeps them all unchecked. Labels, annotations
 (kubectl's last-applied-configuration too), finalizers, spec and data are
 kept as they were; so are fields a controller filled in, such as a
 Service's clusterIP (a new Service gets the same IP if it is still free).
@@ -131,7 +136,7 @@ kubectl etcdbackup extract snapshot configmaps --from-file /tmp/snapshot.db --ob
 	f.StringVar(&o.ObjectNamespace, "object-namespace", "", "the namespace of the objects to extract (default: the kubeconfig context's namespace); -n is the etcdbackup server's namespace, as for every command")
 	f.BoolVarP(&o.AllNamespaces, "all-namespaces", "A", false, "extract the objects of every namespace")
 	f.StringVarP(&o.Selector, "selector", "l", "", "only objects whose labels match this selector (e.g. app=web,tier!=db)")
-	f.BoolVar(&o.KeepOwnerReferences, "keep-owner-references", false, "keep metadata.ownerReferences: only when the owners still exist with the UIDs they had (otherwise the garbage collector deletes the recovered objects again)")
+	f.BoolVar(&o.KeepOwnerReferences, "keep-owner-references", false, "keep every metadata.ownerReferences unchecked (by default online each is kept only when its owner exists in the cluster with the same UID, and offline all are removed)")
 	o.Source.addFlags(cmd, g)
 	return cmd
 }
@@ -240,8 +245,13 @@ func (o *ExtractOptions) Run(ctx context.Context) error {
 		}
 	}
 
-	x, err := o.extract(b, resources, ns)
-	if err != nil {
+	x := &extraction{offline: o.Source.FromFile != "" || o.StorageConfig != ""}
+	if !o.KeepOwnerReferences && !x.offline {
+		if x.owners, err = newOwnerChecker(o.GlobalOptions); err != nil {
+			x.ownersErr = err
+		}
+	}
+	if err := o.extract(ctx, x, b, resources, ns); err != nil {
 		return err
 	}
 	where := "every namespace"
@@ -271,12 +281,23 @@ type extraction struct {
 	objects                  []*unstructured.Unstructured
 	skipped                  []error
 	missing, owned, deleting []string
+	// offline: the backup was read without the server (--from-file,
+	// --storage-config), and the cluster is not asked about owners.
+	offline bool
+	// owners checks ownerReferences against the cluster (online, without
+	// --keep-owner-references); ownersErr says why it could not be made.
+	owners    *ownerChecker
+	ownersErr error
+	// ownedKept have every ownerReference kept, their owners existing;
+	// orphaned lost some whose owners are gone; unchecked lost some
+	// whose owners could not be looked up (uncheckedErr, the first).
+	ownedKept, orphaned, unchecked []string
+	uncheckedErr                   error
 }
 
 // extract walks each resource's selected objects and makes them
-// manifests.
-func (o *ExtractOptions) extract(b *openedBackup, resources []kube.Resource, ns string) (*extraction, error) {
-	x := &extraction{}
+// manifests into x.
+func (o *ExtractOptions) extract(ctx context.Context, x *extraction, b *openedBackup, resources []kube.Resource, ns string) error {
 	for _, r := range resources {
 		found := map[string]bool{}
 		err := b.Objects(kube.Selection{Resource: r, Namespace: ns, Names: o.Objects, Labels: o.selector}, func(obj kube.Object, err error) error {
@@ -285,10 +306,13 @@ func (o *ExtractOptions) extract(b *openedBackup, resources []kube.Resource, ns 
 				x.skipped = append(x.skipped, err)
 				return nil
 			}
-			d := kube.Manifest(obj.Object, r, kube.ManifestOptions{KeepOwnerReferences: o.KeepOwnerReferences})
+			d := kube.Manifest(obj.Object, r, kube.ManifestOptions{KeepOwnerReferences: o.KeepOwnerReferences || x.owners != nil})
 			label := r.String() + " " + quote(objectPath(obj))
 			if len(d.OwnerReferences) > 0 {
 				x.owned = append(x.owned, label+" (owned by "+strings.Join(d.OwnerReferences, ", ")+")")
+			}
+			if x.owners != nil {
+				x.checkOwners(ctx, obj.Object, label)
 			}
 			if d.Deleting {
 				x.deleting = append(x.deleting, label)
@@ -297,7 +321,7 @@ func (o *ExtractOptions) extract(b *openedBackup, resources []kube.Resource, ns 
 			return nil
 		})
 		if err != nil {
-			return nil, fmt.Errorf("extract from %q: %w", o.Name, err)
+			return fmt.Errorf("extract from %q: %w", o.Name, err)
 		}
 		for _, n := range o.Objects {
 			if !found[n] {
@@ -305,7 +329,47 @@ func (o *ExtractOptions) extract(b *openedBackup, resources []kube.Resource, ns 
 			}
 		}
 	}
-	return x, nil
+	return nil
+}
+
+// checkOwners keeps the ownerReferences of u whose owners exist in the
+// cluster with the same UIDs and removes the others.
+func (x *extraction) checkOwners(ctx context.Context, u *unstructured.Unstructured, label string) {
+	refs := u.GetOwnerReferences()
+	if len(refs) == 0 {
+		return
+	}
+	var kept []metav1.OwnerReference
+	var gone, failed []string
+	for _, ref := range refs {
+		ok, err := x.owners.exists(ctx, u.GetNamespace(), ref)
+		switch {
+		case err != nil:
+			failed = append(failed, ref.Kind+"/"+ref.Name)
+			if x.uncheckedErr == nil {
+				x.uncheckedErr = err
+			}
+		case ok:
+			kept = append(kept, ref)
+		default:
+			gone = append(gone, ref.Kind+"/"+ref.Name)
+		}
+	}
+	if len(kept) == len(refs) {
+		x.ownedKept = append(x.ownedKept, label)
+		return
+	}
+	if len(kept) == 0 {
+		unstructured.RemoveNestedField(u.Object, "metadata", "ownerReferences")
+	} else {
+		u.SetOwnerReferences(kept)
+	}
+	if len(gone) > 0 {
+		x.orphaned = append(x.orphaned, label+" (owned by "+strings.Join(gone, ", ")+")")
+	}
+	if len(failed) > 0 {
+		x.unchecked = append(x.unchecked, label+" (owned by "+strings.Join(failed, ", ")+")")
+	}
 }
 
 // report says on stderr what was skipped or changed, and what was found
@@ -317,9 +381,30 @@ func (o *ExtractOptions) report(x *extraction, where string) {
 	for _, d := range x.deleting {
 		fmt.Fprintf(o.ErrOut, "Warning: %s was being deleted when the backup was taken (it had a deletionTimestamp, removed here)\n", d)
 	}
-	if len(x.owned) > 0 {
-		fmt.Fprintf(o.ErrOut, "ownerReferences removed from %d %s, whose owners may no longer exist with those UIDs (pass --keep-owner-references if they do): %s\n",
-			len(x.owned), plural(int64(len(x.owned)), "object", "objects"), listSome(x.owned, 5))
+	objects := func(s []string) string {
+		return fmt.Sprintf("%d %s", len(s), plural(int64(len(s)), "object", "objects"))
+	}
+	switch {
+	case o.KeepOwnerReferences:
+	case x.owners != nil:
+		if len(x.ownedKept) > 0 {
+			fmt.Fprintf(o.ErrOut, "ownerReferences kept on %s, whose owners exist in the cluster with the same UIDs: %s\n", objects(x.ownedKept), listSome(x.ownedKept, 5))
+		}
+		if len(x.orphaned) > 0 {
+			fmt.Fprintf(o.ErrOut, "ownerReferences removed from %s, whose owners no longer exist in the cluster (or were re-created, with other UIDs): %s\n",
+				objects(x.orphaned), listSome(x.orphaned, 5))
+		}
+		if len(x.unchecked) > 0 {
+			fmt.Fprintf(o.ErrOut, "Warning: ownerReferences removed from %s, whose owners could not be looked up (%v; pass --keep-owner-references if they exist with those UIDs): %s\n",
+				objects(x.unchecked), x.uncheckedErr, listSome(x.unchecked, 5))
+		}
+	case len(x.owned) == 0:
+	case x.offline:
+		fmt.Fprintf(o.ErrOut, "ownerReferences removed from %s: read offline (--from-file, --storage-config), the cluster is not asked whether their owners still exist with those UIDs (pass --keep-owner-references if they do): %s\n",
+			objects(x.owned), listSome(x.owned, 5))
+	default:
+		fmt.Fprintf(o.ErrOut, "Warning: ownerReferences removed from %s: the cluster could not be asked whether their owners still exist (%v; pass --keep-owner-references if they do): %s\n",
+			objects(x.owned), x.ownersErr, listSome(x.owned, 5))
 	}
 	if len(x.objects) == 0 && len(x.skipped) == 0 && len(x.missing) == 0 {
 		fmt.Fprintf(o.ErrOut, "No %s found in %s.\n", strings.Join(o.Resources, ","), where)

@@ -216,6 +216,7 @@ func TestExtractUsage(t *testing.T) {
 // objects as from the file.
 func TestExtractOnline(t *testing.T) {
 	_, path := kubeFixture(t)
+	fakeCluster(t, nil) // owners gone: removed, as from the file
 	srv := servertest.Start(t, "")
 	addr := "--server-address=" + srv.Addr
 	key := agetest.NewKey(t)

@@ -35,6 +35,12 @@ type Options struct {
 	SHA256 string
 	// Identities decrypt an encrypted backup.
 	Identities []age.Identity
+	// IdentityProblem says why the identities the drill was meant to
+	// have could not be read (the identity Secret does not exist, so its
+	// optional volume is empty, or it holds no age identity); "" when
+	// there was none to read or they were read. An encrypted backup then
+	// gets no verdict, with this in the message.
+	IdentityProblem string
 	// ScratchDir holds the download, the restored member and nothing
 	// else; it is emptied when the drill ends.
 	ScratchDir string
@@ -96,9 +102,17 @@ func run(ctx context.Context, c *client.Client, o Options) (Result, error) {
 	})
 	var dl *restore.DownloadError
 	switch {
+	case errors.Is(err, crypt.ErrIdentityRequired) && o.IdentityProblem != "":
+		return Result{NoVerdict: true, Message: "the backup is encrypted and this drill could not read its identity (" + o.IdentityProblem + "): " +
+			"nothing was learned about the backup; create or fix the target's drill identitySecret (a Secret in the server's namespace holding an age identity file, " +
+			"e.g. kubectl create secret generic NAME --from-file=identity.txt=KEYFILE) and drill it again"}, nil
 	case errors.Is(err, crypt.ErrIdentityRequired):
 		return Result{NoVerdict: true, Message: "the backup is encrypted and this drill has no identity to decrypt it: " +
 			"give the target's drill an identitySecret (a Secret in the server's namespace holding an age identity file) and drill it again"}, nil
+	case errors.Is(err, crypt.ErrNoMatchingIdentity):
+		// A wrong key says nothing about the backup.
+		return Result{NoVerdict: true, Message: "the drill's identity does not decrypt the backup (it is encrypted to other age recipients): " +
+			"nothing was learned about the backup; put the identity matching the target's ageRecipients into the drill's identitySecret and drill it again"}, nil
 	case errors.As(err, &dl):
 		// No verdict about the backup: the server, not the backup, failed.
 		return Result{}, fmt.Errorf("drill %q: %w", o.Name, err)

@@ -124,4 +124,28 @@ func TestDrillOfAnEncryptedBackup(t *testing.T) {
 		t.Fatalf("drill without the identity: %+v", res)
 	}
 	servertest.MustSay(t, res.Message, "encrypted", "identitySecret")
+
+	// The identity Secret's volume was empty (the Secret is missing): no
+	// verdict, and the message says what the agent could not read.
+	res, err = drill.Run(context.Background(), srv.Client, drill.Options{Name: "enc", SHA256: sum, ScratchDir: t.TempDir(),
+		IdentityProblem: "age identities: /identity holds no file"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Succeeded || !res.NoVerdict {
+		t.Fatalf("drill with an empty identity volume: %+v", res)
+	}
+	servertest.MustSay(t, res.Message, "encrypted", "/identity holds no file", "identitySecret", "nothing was learned")
+
+	// A wrong key says nothing about the backup: no verdict, not a
+	// failed drill.
+	other := agetest.NewKey(t)
+	res, err = drill.Run(context.Background(), srv.Client, drill.Options{Name: "enc", SHA256: sum, ScratchDir: t.TempDir(), Identities: []age.Identity{other.Identity}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Succeeded || !res.NoVerdict {
+		t.Fatalf("drill with the wrong identity: %+v", res)
+	}
+	servertest.MustSay(t, res.Message, "does not decrypt", "other age recipients", "identitySecret", "nothing was learned")
 }

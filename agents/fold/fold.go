@@ -70,6 +70,11 @@ type Options struct {
 	Name, Location string
 	// Identities decrypt an encrypted chain.
 	Identities []age.Identity
+	// IdentityProblem says why the identities the fold was meant to have
+	// could not be read (the identity Secret does not exist, so its
+	// optional volume is empty, or it holds no age identity); "" when
+	// there was none to read or they were read.
+	IdentityProblem string
 	// Compression (one of ebv1.Compressions) and AgeRecipients encode the
 	// new backup as the target's backups are.
 	Compression   string
@@ -178,9 +183,16 @@ func build(ctx context.Context, c *client.Client, o Options, work string) (out s
 	verdict := func(what string, err error) (string, replay.Result, Result, error) {
 		var dl *restore.DownloadError
 		switch {
+		case errors.Is(err, crypt.ErrIdentityRequired) && o.IdentityProblem != "":
+			return "", replayed, Result{NoVerdict: true, Message: "the chain is encrypted and this fold could not read its identity (" + o.IdentityProblem + "): " +
+				"create or fix the target's deltas identitySecret (a Secret in the server's namespace holding an age identity file)"}, nil
 		case errors.Is(err, crypt.ErrIdentityRequired):
 			return "", replayed, Result{NoVerdict: true, Message: "the chain is encrypted and this fold has no identity to decrypt it: " +
 				"give the target's deltas an identitySecret (a Secret in the server's namespace holding an age identity file)"}, nil
+		case errors.Is(err, crypt.ErrNoMatchingIdentity):
+			// A wrong key says nothing about the chain.
+			return "", replayed, Result{NoVerdict: true, Message: "the fold's identity does not decrypt the chain (it is encrypted to other age recipients): " +
+				"put the identity matching the target's ageRecipients into the deltas' identitySecret"}, nil
 		case errors.As(err, &dl):
 			return "", replayed, Result{}, fmt.Errorf("fold of chain %q: %s: %w", o.Full.Name, what, err)
 		}

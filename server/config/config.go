@@ -367,8 +367,11 @@ type Drill struct {
 	TimeZone string `json:"timeZone,omitempty"`
 	// IdentitySecret names a Secret in the server's namespace holding
 	// the age identity files that decrypt the target's backups: an
-	// encrypted target's drills need it (the identities reach only the
-	// drill agent's pod, never the server).
+	// encrypted target's drills need it (the identities are used only in
+	// the drill agent's pod). When the server's Role lets it get the
+	// Secret, a drill checks before it starts that the Secret exists and
+	// holds an age identity; a missing or wrong identity ends the drill
+	// as an Error (no verdict on the backup), never as Failed.
 	IdentitySecret string `json:"identitySecret,omitempty"`
 	// VerifiedWithin is how old the target's newest verified backup may
 	// get before the PrometheusRule's EtcdBackupNotVerified alert fires

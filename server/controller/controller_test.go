@@ -51,6 +51,14 @@ type schedWorld struct {
 func newSchedWorld(t *testing.T, target config.Target, now time.Time) *schedWorld {
 	t.Helper()
 	sw := &schedWorld{t: t, now: now, dir: t.TempDir(), cs: fake.NewClientset(), target: target}
+	if d := target.Drill; d != nil && d.IdentitySecret != "" {
+		// The drill's identity Secret, as the user created it.
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: testNS, Name: d.IdentitySecret},
+			Data: map[string][]byte{"identity.txt": []byte("AGE-SECRET-KEY-1QQQQ\n")}}
+		if _, err := sw.cs.CoreV1().Secrets(testNS).Create(t.Context(), s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var err error
 	if sw.loc, err = filesystem.New(sw.dir); err != nil {
 		t.Fatal(err)

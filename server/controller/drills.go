@@ -130,6 +130,25 @@ func (c *Controller) startScheduledDrill(ctx context.Context, dt *drillTarget, d
 		c.metrics.DrillRuns.WithLabelValues(t.Name, metrics.DrillError).Inc()
 		c.log.Error("scheduled drill could not start", "target", t.Name, "backup", newest.Name, "error", err)
 	}
+	if errors.Is(err, jobs.ErrIdentitySecret) {
+		c.recordNotStarted(ctx, loc, newest, err)
+	}
+}
+
+// recordNotStarted records, as the backup's verification, that its
+// scheduled drill could not start for a reason of the configuration
+// (err): an Error, not Failed — nothing was learned about the backup —
+// shown by list and describe as a drill's verdict is. A backup a drill
+// already verified keeps that verdict: a Secret deleted since says
+// nothing against it.
+func (c *Controller) recordNotStarted(ctx context.Context, loc storage.Location, m *storage.Manifest, err error) {
+	if retention.Verified(m) {
+		return
+	}
+	v := &storage.Verification{Time: c.now().UTC(), Result: storage.VerificationError, Message: err.Error()}
+	if err := setVerification(ctx, loc, m.Name, v); err != nil {
+		c.log.Warn("scheduled drill: record that it could not start", "backup", m.Name, "error", err)
+	}
 }
 
 // recordDrills writes the verdict of every drill that finished into its

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -216,4 +218,54 @@ func TestRetentionAfterASuccessfulDrill(t *testing.T) {
 	sw.endDrill(sw.drillJobs()[0], &jobs.DrillVerdict{Succeeded: true, Revision: 42, Keys: 7, HashKV: 99}, 0)
 	sw.at("2026-12-01T10:03:00Z")
 	backuptest.Equal(t, "stored after cp-2 was verified", sw.stored(), []string{"cp-2"})
+}
+
+// A drill whose identity Secret is missing or holds no identity starts no
+// Job: on demand it is a FailedPrecondition that says what to create; on
+// schedule the newest backup's verification is an Error (nothing was
+// learned about it), never Failed, and a backup already verified keeps
+// its verdict.
+func TestDrillWithoutItsIdentitySecret(t *testing.T) {
+	sw := newSchedWorld(t, drilledTarget(), backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
+	ctx := context.Background()
+	if err := sw.cs.CoreV1().Secrets(testNS).Delete(ctx, "cp-age-identity", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	sw.storeFingerprinted("cp-old", backuptest.MustTime(t, "2026-12-01T08:00:00Z"))
+	sw.storeFingerprinted("cp-new", backuptest.MustTime(t, "2026-12-01T09:00:00Z"))
+	sw.at("2026-12-01T10:02:00Z")
+
+	_, err := sw.srv.StartDrill(ctx, "", "cp-old", false, "test")
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("on-demand drill without its identity Secret: %v; want FailedPrecondition", err)
+	}
+	for _, w := range []string{"did not start", "nothing was learned", testNS + "/cp-age-identity does not exist", "create secret generic cp-age-identity"} {
+		if !strings.Contains(status.Convert(err).Message(), w) {
+			t.Errorf("on-demand drill error %q does not say %q", err, w)
+		}
+	}
+	if v := sw.verification("cp-old"); v != nil {
+		t.Errorf("an on-demand drill that did not start recorded %+v", v)
+	}
+
+	sw.at("2026-12-01T10:10:01Z")
+	if n := len(sw.drillJobs()); n != 0 {
+		t.Fatalf("%d drill jobs without the identity Secret", n)
+	}
+	v := sw.verification("cp-new")
+	if v == nil || v.Result != storage.VerificationError || !strings.Contains(v.Message, "cp-age-identity does not exist") {
+		t.Fatalf("verification of cp-new after a scheduled drill without its Secret: %+v; want Error saying the Secret is missing", v)
+	}
+	if sw.drillRuns(metrics.DrillError) != 1 || sw.drillRuns(metrics.DrillFailed) != 0 {
+		t.Errorf("drill runs: error %v failed %v", sw.drillRuns(metrics.DrillError), sw.drillRuns(metrics.DrillFailed))
+	}
+
+	// A verified backup keeps its verdict.
+	if err := setVerification(ctx, sw.loc, "cp-new", &storage.Verification{Time: sw.now, Result: storage.VerificationSucceeded, Message: "as recorded"}); err != nil {
+		t.Fatal(err)
+	}
+	sw.at("2026-12-01T10:20:01Z")
+	if v := sw.verification("cp-new"); v == nil || v.Result != storage.VerificationSucceeded {
+		t.Fatalf("verification of a verified backup after a drill that could not start: %+v", v)
+	}
 }

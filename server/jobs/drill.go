@@ -8,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/utils/ptr"
 )
 
 // ComponentDrill is the component label of restore drill Jobs.
@@ -36,7 +35,16 @@ func drillJobName(location, backup string) string {
 // StartDrill creates the drill agent Job for spec in the server's
 // namespace. A finished Job of an earlier drill of the backup is
 // replaced; a running one gives ErrRunning.
+//
+// A drill of an encrypted target's backup first checks the identity
+// Secret (CheckIdentitySecret): a missing or empty one is an error
+// wrapping ErrIdentitySecret, and no Job is created.
 func (l *Launcher) StartDrill(ctx context.Context, spec DrillSpec) (*batchv1.Job, error) {
+	if spec.IdentitySecret != "" {
+		if err := l.CheckIdentitySecret(ctx, spec.IdentitySecret, "drill"); err != nil {
+			return nil, err
+		}
+	}
 	return l.start(ctx, l.drillJob(spec), "drill")
 }
 
@@ -53,11 +61,8 @@ func (l *Launcher) drillJob(spec DrillSpec) *batchv1.Job {
 	mounts := []corev1.VolumeMount{{Name: "work", MountPath: workMountPath}}
 	if spec.IdentitySecret != "" {
 		args = append(args, "--identity-dir="+identityMountPath)
-		volumes = append(volumes, corev1.Volume{Name: "age-identity", VolumeSource: corev1.VolumeSource{
-			// Readable by the agent's group (fsGroup) only.
-			Secret: &corev1.SecretVolumeSource{SecretName: spec.IdentitySecret, DefaultMode: ptr.To[int32](0o440)},
-		}})
-		mounts = append(mounts, corev1.VolumeMount{Name: "age-identity", MountPath: identityMountPath, ReadOnly: true})
+		v, m := identityVolume(spec.IdentitySecret)
+		volumes, mounts = append(volumes, v), append(mounts, m)
 	}
 	id := runID("drill", spec.Location, spec.Backup)
 	lbls := map[string]string{LabelComponent: ComponentDrill, LabelManagedBy: managedBy, LabelRun: id}

@@ -128,7 +128,13 @@ func foldJobName(location, backup string) string {
 // StartFold creates the fold agent Job of spec in the server's namespace.
 // A finished Job of an earlier fold to the same revision is replaced; a
 // running one gives ErrRunning.
+// An identity Secret is checked first, as StartDrill checks it.
 func (l *Launcher) StartFold(ctx context.Context, spec FoldSpec) (*batchv1.Job, error) {
+	if spec.IdentitySecret != "" {
+		if err := l.CheckIdentitySecret(ctx, spec.IdentitySecret, "deltas"); err != nil {
+			return nil, err
+		}
+	}
 	job, err := l.foldJob(spec)
 	if err != nil {
 		return nil, err
@@ -178,11 +184,8 @@ func (l *Launcher) foldJob(spec FoldSpec) (*batchv1.Job, error) {
 	}
 	if spec.IdentitySecret != "" {
 		args = append(args, "--identity-dir="+identityMountPath)
-		volumes = append(volumes, corev1.Volume{Name: "age-identity", VolumeSource: corev1.VolumeSource{
-			// Readable by the agent's group (fsGroup) only.
-			Secret: &corev1.SecretVolumeSource{SecretName: spec.IdentitySecret, DefaultMode: ptr.To[int32](0o440)},
-		}})
-		mounts = append(mounts, corev1.VolumeMount{Name: "age-identity", MountPath: identityMountPath, ReadOnly: true})
+		v, m := identityVolume(spec.IdentitySecret)
+		volumes, mounts = append(volumes, v), append(mounts, m)
 	}
 	lbls := map[string]string{LabelComponent: ComponentFold, LabelManagedBy: managedBy, LabelRun: runID("fold", spec.Location, spec.Backup)}
 	ann := map[string]string{

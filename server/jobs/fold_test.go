@@ -25,7 +25,8 @@ func foldInputs(n int) jobs.FoldInputs {
 // the downward API; it stores one backup, encoded as the target's are,
 // and mounts the fold identity when one is given.
 func TestFoldJob(t *testing.T) {
-	l, _ := newLauncher(t, config.Agents{ServerAddress: "etcdbackup.etcdbackup-system.svc:50052"})
+	l, cs := newLauncher(t, config.Agents{ServerAddress: "etcdbackup.etcdbackup-system.svc:50052"})
+	putSecret(t, cs, "fold-key", map[string]string{"identity.txt": fakeAgeIdentity})
 	in := foldInputs(3)
 	j, err := l.StartFold(context.Background(), jobs.FoldSpec{
 		Target: target, Backup: jobs.FoldName(target.Name, 5000), Location: "default", Inputs: in,

@@ -3,6 +3,7 @@ package jobs_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -18,10 +19,11 @@ var restoreTarget = config.Target{
 	Members: []config.Member{{Name: "m0", PeerURL: "http://m0:2380", Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-m0"}}}},
 }
 
-// agentPods starts a backup and a restore and returns their pod specs.
+// agentPods starts an agent of each kind (backup, restore, drill, fold,
+// delta) and returns their pod specs.
 func agentPods(t *testing.T, agents config.Agents) map[string]corev1.PodSpec {
 	t.Helper()
-	l, _ := newLauncher(t, agents)
+	l, cs := newLauncher(t, agents)
 	ctx := context.Background()
 	b, err := l.StartBackup(ctx, jobs.BackupSpec{Name: "b", Location: "default", Target: target})
 	if err != nil {
@@ -32,8 +34,28 @@ func agentPods(t *testing.T, agents config.Agents) map[string]corev1.PodSpec {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return map[string]corev1.PodSpec{"backup": b.Spec.Template.Spec, "restore": r[0].Spec.Template.Spec}
+	putSecret(t, cs, "age-key", map[string]string{"identity.txt": fakeAgeIdentity})
+	d, err := l.StartDrill(ctx, jobs.DrillSpec{Backup: "b", Location: "default", Target: target.Name,
+		SHA256: "6794a8ff9654e821ba067dda207cf98ec8f022ce1c001fd07cd542530cd173f5", IdentitySecret: "age-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := l.StartFold(ctx, jobs.FoldSpec{Target: target, Backup: jobs.FoldName(target.Name, 5000), Location: "default",
+		Inputs: foldInputs(3), IdentitySecret: "age-key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := l.StartDelta(ctx, jobs.DeltaSpec{Target: target, Chain: "c", Location: "default", FromRevision: 1, Period: time.Minute, MaxBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]corev1.PodSpec{"backup": b.Spec.Template.Spec, "restore": r[0].Spec.Template.Spec,
+		"drill": d.Spec.Template.Spec, "fold": f.Spec.Template.Spec, "delta": dl.Spec.Template.Spec}
 }
+
+// scratchKinds are the agents that unpack or restore a backup into an
+// emptyDir scratch volume: each must have one, with the bound.
+var scratchKinds = map[string]bool{"restore": true, "drill": true, "fold": true}
 
 func quantity(l corev1.ResourceList, n corev1.ResourceName) string {
 	q, ok := l[n]
@@ -59,8 +81,8 @@ func TestAgentResourcesDefault(t *testing.T) {
 				t.Errorf("%s agent: emptyDir %q has sizeLimit %v; want 20Gi", kind, v.Name, v.EmptyDir.SizeLimit)
 			}
 		}
-		if kind == "restore" && scratch == 0 {
-			t.Errorf("restore agent has no emptyDir scratch volume to check: %+v", pod.Volumes)
+		if scratchKinds[kind] && scratch == 0 {
+			t.Errorf("%s agent has no emptyDir scratch volume to check: %+v", kind, pod.Volumes)
 		}
 	}
 }
@@ -82,10 +104,18 @@ func TestAgentResourcesConfigured(t *testing.T) {
 		if _, ok := r.Requests[corev1.ResourceCPU]; ok {
 			t.Errorf("%s agent: the configured resources got the default cpu request too: %v", kind, r.Requests)
 		}
+		scratch := 0
 		for _, v := range pod.Volumes {
-			if v.EmptyDir != nil && (v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.String() != "3Gi") {
+			if v.EmptyDir == nil {
+				continue
+			}
+			scratch++
+			if v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.String() != "3Gi" {
 				t.Errorf("%s agent: emptyDir %q sizeLimit %v; want 3Gi", kind, v.Name, v.EmptyDir.SizeLimit)
 			}
+		}
+		if scratchKinds[kind] && scratch == 0 {
+			t.Errorf("%s agent has no emptyDir scratch volume to check: %+v", kind, pod.Volumes)
 		}
 	}
 	// `resources: {}` asks for none.

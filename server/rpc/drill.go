@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -56,9 +57,30 @@ func (s *Service) StartDrill(ctx context.Context, location, name string, schedul
 	if errors.Is(err, jobs.ErrRunning) {
 		return nil, status.Errorf(codes.AlreadyExists, "a drill of backup %q is already running; its verdict appears in `kubectl etcdbackup describe %s`", name, name)
 	}
+	if errors.Is(err, jobs.ErrIdentitySecret) {
+		// The configuration, not the backup, is at fault; the error
+		// still wraps err for the controller's drill schedule.
+		return nil, &preconditionError{err: err, msg: fmt.Sprintf("the drill of backup %q did not start, nothing was learned about the backup: %v", name, err)}
+	}
 	if err != nil {
 		return nil, ebv1.ServerErrorf(codes.Internal, "start drill agent for %q: %v", name, err)
 	}
 	s.log.Info("drill agent started", "backup", name, "location", locName, "target", m.Source.Target, "job", job.Name, "caller", by)
 	return &ebv1.DrillBackupResponse{Job: job.Name, StartTime: timestamppb.New(job.CreationTimestamp.Time)}, nil
+}
+
+// preconditionError is a FailedPrecondition status that keeps the error
+// it reports, so that errors.Is finds it (the controller tells an
+// identity Secret problem apart by it).
+type preconditionError struct {
+	err error
+	msg string
+}
+
+func (e *preconditionError) Error() string { return e.msg }
+func (e *preconditionError) Unwrap() error { return e.err }
+
+// GRPCStatus makes e a FailedPrecondition status for gRPC.
+func (e *preconditionError) GRPCStatus() *status.Status {
+	return status.New(codes.FailedPrecondition, e.msg)
 }
