@@ -163,7 +163,10 @@ func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs
 			continue
 		}
 		v := verification(d, c.now())
-		err := setVerification(ctx, loc, d.Backup, v)
+		var err error
+		if keep := c.verifiedBefore(ctx, loc, d, v); !keep {
+			err = setVerification(ctx, loc, d.Backup, v)
+		}
 		switch {
 		case errors.Is(err, storage.ErrNotFound):
 			c.log.Info("drill finished after its backup was removed", "backup", d.Backup, "location", d.Location, "job", d.JobName)
@@ -194,6 +197,24 @@ func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs
 			c.retain(ctx, d.Target, d.Location)
 		}
 	}
+}
+
+// verifiedBefore: drill d reached no verdict (v is an Error) on a backup
+// an earlier drill verified. Its verification stays: a drill that
+// learned nothing says nothing against the backup, and retention keeps
+// the newest verified backup by it. The metric and the log still count
+// the error.
+func (c *Controller) verifiedBefore(ctx context.Context, loc storage.Location, d jobs.DrillRun, v *storage.Verification) bool {
+	if v.Result != storage.VerificationError {
+		return false
+	}
+	m, err := loc.Stat(ctx, d.Backup)
+	if err != nil || !retention.Verified(m) {
+		return false
+	}
+	c.log.Warn("drill reached no verdict; the backup keeps its earlier verification", "backup", d.Backup, "location", d.Location,
+		"job", d.JobName, "message", v.Message)
+	return true
 }
 
 // verification is the verdict of finished drill d: the agent's own, or,

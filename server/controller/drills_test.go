@@ -74,6 +74,8 @@ func (sw *schedWorld) endAgent(j batchv1.Job, msg string, exitCode int32) {
 		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "agent",
 			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: exitCode, Message: msg}}}}},
 	}
+	// A Job replaced under its name had its pods collected with it.
+	_ = sw.cs.CoreV1().Pods(testNS).Delete(ctx, pod.Name, metav1.DeleteOptions{})
 	if _, err := sw.cs.CoreV1().Pods(testNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		sw.t.Fatal(err)
 	}
@@ -193,6 +195,38 @@ func TestFailedDrillsAndDrillsWithoutAVerdict(t *testing.T) {
 	// A drill of the same backup again replaces the finished Job.
 	if _, err := sw.srv.StartDrill(context.Background(), "", "b1", false, "test"); err != nil {
 		t.Fatal(err)
+	}
+
+	// A backup a drill verified keeps that verdict when a later drill of
+	// it learns nothing (its agent evicted, say): retention counts on it.
+	if _, err := sw.srv.StartDrill(context.Background(), "", "b2", false, "test"); err != nil {
+		t.Fatal(err)
+	}
+	sw.synced()
+	for _, j := range sw.drillJobs() {
+		if j.Annotations[jobs.AnnotationBackup] == "b2" {
+			sw.endDrill(j, &jobs.DrillVerdict{Succeeded: true, Revision: 42, Keys: 6, HashKV: 5, Message: "as recorded"}, 0)
+		}
+	}
+	sw.at("2026-12-01T10:04:00Z")
+	if v := sw.verification("b2"); v == nil || v.Result != storage.VerificationSucceeded {
+		t.Fatalf("verification of b2 after a successful drill %+v", v)
+	}
+	if _, err := sw.srv.StartDrill(context.Background(), "", "b2", false, "test"); err != nil {
+		t.Fatal(err)
+	}
+	sw.synced()
+	for _, j := range sw.drillJobs() {
+		if j.Annotations[jobs.AnnotationBackup] == "b2" {
+			sw.endDrill(j, nil, 1)
+		}
+	}
+	sw.at("2026-12-01T10:05:00Z")
+	if v := sw.verification("b2"); v == nil || v.Result != storage.VerificationSucceeded || v.Message != "as recorded" {
+		t.Fatalf("verification of b2 after a drill without a verdict %+v, want the earlier success kept", v)
+	}
+	if sw.drillRuns(metrics.DrillError) != 2 {
+		t.Errorf("drill runs with an error: %v, want 2 (the one that kept the verdict counts)", sw.drillRuns(metrics.DrillError))
 	}
 }
 
