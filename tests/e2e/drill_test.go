@@ -19,22 +19,37 @@ import (
 const drillIdentitySecret = "etcdbackup-drill-identity"
 
 // testDrills drills app-1 of the encrypted app target (stored in S3)
-// through the real plugin, server and a drill agent pod: it passes; with
+// through the real plugin, server and a drill agent pod: without its
+// identity Secret it reaches no verdict and says what to create; with
+// it, it passes; with
 // its bytes swapped in the bucket for another valid snapshot (app-2's)
 // it fails, and so it does when its recorded HashKV is not the
 // keyspace's; each verdict is in get, describe and the metrics.
 func testDrills(ctx context.Context, t *testing.T, c *cluster, product *world.Product, identity string) {
+	drill := []string{"etcdbackup", "drill", "app-1", "--location", "s3", "--wait", "--timeout", "5m"}
+	verification := func(name string) string {
+		return mustSucceed(t, c.run(t, nil, "etcdbackup", "get", name, "--location", "s3", "-o",
+			`jsonpath={.status.verification.result}/{.status.verification.message}`), "get verification").Stdout
+	}
+
+	// Before its identity Secret exists the drill learns nothing: an
+	// Error that says what to create, not a verdict against the backup.
+	t.Run("without-its-identity", func(t *testing.T) {
+		r := mustFail(t, c.run(t, nil, drill...), "drill without the identity Secret")
+		if r.ExitCode != 1 || !strings.Contains(r.Stderr, "reached no verdict") || !strings.Contains(r.Stderr, "identitySecret") {
+			t.Errorf("drill without its identity: exit %d, %s", r.ExitCode, r)
+		}
+		if v := verification("app-1"); !strings.HasPrefix(v, "Error/") || !strings.Contains(v, "nothing was learned") {
+			t.Errorf("verification of app-1 without an identity: %q", v)
+		}
+	})
+
 	if _, err := c.sb.Client().CoreV1().Secrets(world.DefaultNamespace).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: drillIdentitySecret},
 		Data:       map[string][]byte{"key.txt": []byte(identity + "\n")},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	verification := func(name string) string {
-		return mustSucceed(t, c.run(t, nil, "etcdbackup", "get", name, "--location", "s3", "-o",
-			`jsonpath={.status.verification.result}/{.status.verification.message}`), "get verification").Stdout
-	}
-	drill := []string{"etcdbackup", "drill", "app-1", "--location", "s3", "--wait", "--timeout", "5m"}
 
 	t.Run("passes", func(t *testing.T) {
 		r := mustSucceed(t, c.run(t, nil, drill...), "drill --wait")
