@@ -164,6 +164,24 @@ func TestInspectAndExtract(t *testing.T) {
 		if !tableHasRow(r.Stdout, ns, "widgets.e2e.example.com", "1") || !tableHasRow(r.Stdout, ns, "secrets", "1") {
 			t.Errorf("inspect -o wide has no widget row for %s:\n%s", ns, r.Stdout)
 		}
+		r = mustSucceed(t, c.run(t, nil, "etcdbackup", "inspect", "objects"), "inspect")
+		t.Logf("kubectl etcdbackup inspect objects:\n%s", r.Stdout)
+	})
+
+	// A restore drill of the control plane's backup: restored into an
+	// etcd of its own in the drill agent's pod, its keyspace compared with
+	// the HashKV the backup agent recorded.
+	t.Run("drill", func(t *testing.T) {
+		began := time.Now()
+		r := mustSucceed(t, c.run(t, nil, "etcdbackup", "drill", "objects", "--location", "s3", "--wait", "--timeout", "5m"), "drill --wait")
+		if !strings.Contains(r.Stderr, "succeeded") {
+			t.Errorf("drill --wait: %s", r)
+		}
+		v := mustSucceed(t, c.run(t, nil, "etcdbackup", "get", "objects", "--location", "s3", "-o", "jsonpath={.status.verification.result}"), "get").Stdout
+		if strings.TrimSpace(v) != "Succeeded" {
+			t.Errorf("verification of the control plane's backup: %q", v)
+		}
+		t.Logf("drill of the control plane's backup: %s (drill --wait, Job to verdict)\n%s", time.Since(began).Round(100*time.Millisecond), r.Stderr)
 	})
 
 	t.Run("extract-and-apply", func(t *testing.T) {
