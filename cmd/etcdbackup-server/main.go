@@ -37,6 +37,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/leader"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
@@ -177,7 +178,7 @@ func loadConfig(o *options) (*config.File, error) {
 	if o.configFile != "" {
 		return config.Load(o.configFile)
 	}
-	return &config.File{Locations: []config.Location{{Name: "default", Filesystem: &config.Filesystem{Path: o.storageDir}}}}, nil
+	return &config.File{Locations: []storage.LocationConfig{{Name: "default", Filesystem: &storage.FilesystemConfig{Path: o.storageDir}}}}, nil
 }
 
 // kubernetesAccess returns a client of the Kubernetes API when the server
