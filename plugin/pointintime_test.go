@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	agentdelta "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
@@ -280,19 +281,16 @@ func (w *captureWorld) capture(tb testing.TB, period time.Duration) (stop func()
 // waitStored waits until the stored chain holds rev.
 func (w *captureWorld) waitStored(tb testing.TB, rev int64, within time.Duration) {
 	tb.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		next, _, err := w.store.Position(context.Background())
-		if err != nil {
+	var next int64
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, within, true, func(ctx context.Context) (bool, error) {
+		var err error
+		if next, _, err = w.store.Position(ctx); err != nil {
 			tb.Fatal(err)
 		}
-		if next > rev {
-			return
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("the chain reached only revision %d within %s, want %d", next-1, within, rev)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return next > rev, nil
+	})
+	if err != nil {
+		tb.Fatalf("the chain reached only revision %d within %s, want %d", next-1, within, rev)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
@@ -24,12 +25,12 @@ func TestRestoreTargetToAPoint(t *testing.T) {
 	}
 	t0 := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
 	backuptest.Put(t, loc, &storage.Manifest{Name: "f1", CreateTime: t0,
-		Source: storage.Source{Kind: storage.SourceAgent, Target: "app", StartTime: t0},
+		Source: storage.Source{Kind: ebv1.SourceAgent, Target: "app", StartTime: t0},
 		Etcd:   &storage.EtcdInfo{Revision: 10, SnapshotStatus: true}}, []byte("full"))
 	for i, first := range []int64{11, 21} {
 		from := t0.Add(time.Duration(1+10*i) * time.Minute)
 		backuptest.Put(t, loc, &storage.Manifest{Name: storage.SegmentName("f1", first), CreateTime: from, Compression: "zstd",
-			Source: storage.Source{Kind: storage.SourceDelta, Target: "app"},
+			Source: storage.Source{Kind: ebv1.SourceDelta, Target: "app"},
 			Delta:  &storage.Delta{Chain: "f1", Epoch: 1, FirstRevision: first, LastRevision: first + 9, FirstTime: from, LastTime: from.Add(9 * time.Minute)}},
 			[]byte("segment"))
 	}

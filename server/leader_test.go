@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
@@ -81,7 +82,7 @@ func TestOneReplicaRunsTheController(t *testing.T) {
 	cs := fake.NewClientset()
 	a, b := startReplica(t, cs, "a"), startReplica(t, cs, "b")
 	var first, second *replica
-	for end := time.Now().Add(10 * time.Second); first == nil; time.Sleep(20 * time.Millisecond) {
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		switch la, lb := a.leads(t), b.leads(t); {
 		case la && lb:
 			t.Fatal("both replicas run the controller")
@@ -89,9 +90,11 @@ func TestOneReplicaRunsTheController(t *testing.T) {
 			first, second = a, b
 		case lb:
 			first, second = b, a
-		case time.Now().After(end):
-			t.Fatal("no replica runs the controller")
 		}
+		return first != nil, nil
+	})
+	if err != nil {
+		t.Fatal("no replica runs the controller")
 	}
 	stopped := time.Now()
 	first.stop()
@@ -102,10 +105,12 @@ func TestOneReplicaRunsTheController(t *testing.T) {
 	if first.leads(t) {
 		t.Error("a stopped replica still reports leading")
 	}
-	for !second.leads(t) {
-		if time.Since(stopped) > 4*time.Second { // the Lease lasts 5 s
-			t.Fatal("the other replica did not take over within the Lease's duration: the Lease was not released")
-		}
-		time.Sleep(20 * time.Millisecond)
+	ctx, cancel := context.WithDeadline(t.Context(), stopped.Add(4*time.Second)) // the Lease lasts 5 s
+	defer cancel()
+	err = wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(context.Context) (bool, error) {
+		return second.leads(t), nil
+	})
+	if err != nil {
+		t.Fatal("the other replica did not take over within the Lease's duration: the Lease was not released")
 	}
 }

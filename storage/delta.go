@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
 
 // SegmentInfix joins a delta segment's name: CHAIN.delta-FIRSTREVISION.
@@ -20,7 +22,7 @@ func SegmentName(chain string, first int64) string {
 }
 
 // IsSegment says whether m is a delta segment rather than a backup.
-func (m *Manifest) IsSegment() bool { return m.Delta != nil || m.Source.Kind == SourceDelta }
+func (m *Manifest) IsSegment() bool { return m.Delta != nil || m.Source.Kind == ebv1.SourceDelta }
 
 // SplitSegments separates a location's listing into backups and delta
 // segments. Everything that handles backups (listing, retention,

@@ -76,7 +76,7 @@ type Manifest struct {
 	// of a manifest written after the backup was stored
 	// (VerificationWriter), never a fact about the data.
 	Verification *Verification `json:"verification,omitempty"`
-	// Delta is set on a delta segment (Source.Kind SourceDelta): the
+	// Delta is set on a delta segment (Source.Kind ebv1.SourceDelta): the
 	// revisions it holds and the chain it belongs to.
 	Delta *Delta `json:"delta,omitempty"`
 }
@@ -156,7 +156,7 @@ type VerificationWriter interface {
 
 // Source records where a backup's data came from.
 type Source struct {
-	// Kind is SourceUpload or SourceAgent.
+	// Kind is ebv1.SourceUpload, ebv1.SourceAgent or ebv1.SourceDelta.
 	Kind        string    `json:"kind"`
 	Description string    `json:"description,omitempty"`
 	Target      string    `json:"target,omitempty"`
@@ -169,17 +169,6 @@ type Source struct {
 	Scheduled     bool      `json:"scheduled,omitempty"`
 	ScheduledTime time.Time `json:"scheduledTime,omitzero"`
 }
-
-// Kinds of Source.
-const (
-	// SourceUpload: a client uploaded the data.
-	SourceUpload = "upload"
-	// SourceAgent: a backup agent of the server's took it from etcd.
-	SourceAgent = "agent"
-	// SourceDelta: a delta agent of the server's watched etcd: the
-	// manifest is a delta segment's (Manifest.Delta), not a snapshot's.
-	SourceDelta = "delta"
-)
 
 // EtcdInfo records facts about a snapshot and the etcd member it was taken
 // from.

@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	etcdsnapshot "go.etcd.io/etcd/client/v3/snapshot"
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	agentdelta "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/fold"
@@ -127,19 +128,16 @@ func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 	t.Cleanup(func() { stop(); <-done })
 	storedUpTo := func(rev int64) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			next, _, err := store.Position(ctx)
-			if err != nil {
+		var next int64
+		err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			var err error
+			if next, _, err = store.Position(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if next > rev {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the chain reached only revision %d within 30s, want %d", next-1, rev)
-			}
-			time.Sleep(50 * time.Millisecond)
+			return next > rev, nil
+		})
+		if err != nil {
+			t.Fatalf("the chain reached only revision %d within 30s, want %d", next-1, rev)
 		}
 	}
 	put("/registry/a", "1")

@@ -38,6 +38,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/coord"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/leader"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
@@ -108,51 +109,8 @@ func run(args []string) error {
 	if cfg.Locations, err = locations.Open(ctx, f.Locations, locations.Options{Logger: log}); err != nil {
 		return err
 	}
-	kc, err := kubernetesAccess(o, f)
-	if err != nil {
+	if err := kubernetesParts(ctx, o, f, &cfg, log); err != nil {
 		return err
-	}
-	if err := resolveAgentImage(ctx, o, f, kc); err != nil {
-		return err
-	}
-	if cfg.Agents, err = agents(o, f, kc, log); err != nil {
-		return err
-	}
-	// The agents' Jobs, pods and events are read from informers: fill
-	// them before serving.
-	// The key that signs agent Jobs is read back (or made, the first
-	// time) before any Job is created or admitted.
-	if cfg.Agents != nil {
-		cfg.Agents.SetServerPod(o.podName)
-		if err := cfg.Agents.LoadSigningKey(ctx); err != nil {
-			return err
-		}
-		if err := cfg.Agents.Start(ctx, f.Targets); err != nil {
-			return err
-		}
-	}
-	if cfg.Agents != nil {
-		if cfg.Leader, err = election(kc, o, log); err != nil {
-			return err
-		}
-	}
-	if cfg.Coordination, err = coordination(kc, o, f, log); err != nil {
-		return err
-	}
-	cfg.HandOffDownloads = f.Replicas > 1
-	rc := kc
-	if kc != nil {
-		if rc, err = reviewClient(o.kubeconfig); err != nil {
-			return err
-		}
-	}
-	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, rc, o.namespace, f, cfg.Agents); err != nil {
-		return err
-	}
-	if o.agentListen != "" {
-		if cfg.AgentTLS, err = agentTLS(ctx, kc, o.namespace, f, cfg.Agents, log); err != nil {
-			return err
-		}
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -176,13 +134,68 @@ func run(args []string) error {
 	return srv.Serve(ctx, ls, o.drain)
 }
 
+// kubernetesParts fills in the parts of cfg that use the Kubernetes API:
+// the launcher of agent Jobs (started), the election, the replicas'
+// coordination, the guards of both listeners and the agent port's TLS.
+func kubernetesParts(ctx context.Context, o *options, f *config.File, cfg *server.Config, log *slog.Logger) error {
+	kc, err := kubernetesAccess(o, f)
+	if err != nil {
+		return err
+	}
+	if err := resolveAgentImage(ctx, o, f, kc); err != nil {
+		return err
+	}
+	if cfg.Agents, err = agents(o, f, kc, log); err != nil {
+		return err
+	}
+	if cfg.Agents != nil {
+		if err := startAgents(ctx, cfg.Agents, o.podName, f.Targets); err != nil {
+			return err
+		}
+		if cfg.Leader, err = election(kc, o, log); err != nil {
+			return err
+		}
+	}
+	if cfg.Coordination, err = coordination(kc, o, f, log); err != nil {
+		return err
+	}
+	cfg.HandOffDownloads = f.Replicas > 1
+	rc := kc
+	if kc != nil {
+		if rc, err = reviewClient(o.kubeconfig); err != nil {
+			return err
+		}
+	}
+	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, rc, o.namespace, f, cfg.Agents); err != nil {
+		return err
+	}
+	if o.agentListen != "" {
+		if cfg.AgentTLS, err = agentTLS(ctx, kc, o.namespace, f, cfg.Agents, log); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startAgents readies launcher l before the server serves: the key that
+// signs agent Jobs is read back (or made, the first time) before any Job
+// is created or admitted, and the agents' Jobs, pods and events are read
+// from informers, filled here.
+func startAgents(ctx context.Context, l *jobs.Launcher, serverPod string, targets []config.Target) error {
+	l.SetServerPod(serverPod)
+	if err := l.LoadSigningKey(ctx); err != nil {
+		return err
+	}
+	return l.Start(ctx, targets)
+}
+
 // loadConfig reads --config; without it, the server has one filesystem
 // location in --storage-dir and no targets.
 func loadConfig(o *options) (*config.File, error) {
 	if o.configFile != "" {
 		return config.Load(o.configFile)
 	}
-	return &config.File{Locations: []config.Location{{Name: "default", Filesystem: &config.Filesystem{Path: o.storageDir}}}}, nil
+	return &config.File{Locations: []storage.LocationConfig{{Name: "default", Filesystem: &storage.FilesystemConfig{Path: o.storageDir}}}}, nil
 }
 
 // kubernetesAccess returns a client of the Kubernetes API when the server

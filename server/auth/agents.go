@@ -294,25 +294,38 @@ func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*A
 	if !known && c.Kind != jobs.KindDrill {
 		return nil, status.Errorf(codes.PermissionDenied, "Job %s is for target %q, which the server does not have", name, c.Target)
 	}
+	if err := g.checkKind(name, job, c, a, restoreNS); err != nil {
+		return nil, err
+	}
+	if a.Backup == "" || a.Location == "" {
+		return nil, status.Errorf(codes.PermissionDenied, "Job %s does not say which backup it is for (annotations %s, %s)", name, jobs.AnnotationBackup, jobs.AnnotationLocation)
+	}
+	return a, nil
+}
+
+// checkKind checks what Job job (named name) may do as the kind of agent
+// its claims c say, where restores of its target run in restoreNS, and
+// completes a with that kind's part.
+func (g *AgentGuard) checkKind(name string, job *batchv1.Job, c jobs.JobClaims, a *Agent, restoreNS string) error {
 	switch c.Kind {
 	case jobs.KindBackup:
 		a.Kind = AgentBackup
 		// Backup Jobs run in the server's namespace only.
 		if job.Namespace != g.cfg.Namespace {
-			return nil, status.Errorf(codes.PermissionDenied, "backup Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
+			return status.Errorf(codes.PermissionDenied, "backup Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
 		}
 	case jobs.KindRestore:
 		a.Kind = AgentRestore
 		if job.Namespace != restoreNS {
-			return nil, status.Errorf(codes.PermissionDenied, "restore Job %s is not in namespace %s, where restores of target %q run", name, restoreNS, c.Target)
+			return status.Errorf(codes.PermissionDenied, "restore Job %s is not in namespace %s, where restores of target %q run", name, restoreNS, c.Target)
 		}
 		if a.SHA256 == "" {
-			return nil, status.Errorf(codes.PermissionDenied, "restore Job %s carries no %s annotation; start the restore again", name, jobs.AnnotationSHA256)
+			return status.Errorf(codes.PermissionDenied, "restore Job %s carries no %s annotation; start the restore again", name, jobs.AnnotationSHA256)
 		}
 		// Signed with the rest (JobClaims.Segments).
 		segs, err := jobs.DecodeSegments(job.Annotations[jobs.AnnotationDeltaSegments])
 		if err != nil {
-			return nil, status.Errorf(codes.PermissionDenied, "restore Job %s: %v; start the restore again", name, err)
+			return status.Errorf(codes.PermissionDenied, "restore Job %s: %v; start the restore again", name, err)
 		}
 		if len(segs) > 0 {
 			a.Segments = make(map[string]string, len(segs))
@@ -323,37 +336,34 @@ func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*A
 	case jobs.KindDelta:
 		a.Kind = AgentDelta
 		if job.Namespace != g.cfg.Namespace {
-			return nil, status.Errorf(codes.PermissionDenied, "delta Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
+			return status.Errorf(codes.PermissionDenied, "delta Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
 		}
 	case jobs.KindDrill:
 		a.Kind = AgentDrill
 		// Drill Jobs run in the server's namespace only.
 		if job.Namespace != g.cfg.Namespace {
-			return nil, status.Errorf(codes.PermissionDenied, "drill Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
+			return status.Errorf(codes.PermissionDenied, "drill Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
 		}
 		if a.SHA256 == "" {
-			return nil, status.Errorf(codes.PermissionDenied, "drill Job %s carries no %s annotation; start the drill again", name, jobs.AnnotationSHA256)
+			return status.Errorf(codes.PermissionDenied, "drill Job %s carries no %s annotation; start the drill again", name, jobs.AnnotationSHA256)
 		}
 	case jobs.KindFold:
 		a.Kind = AgentFold
 		if job.Namespace != g.cfg.Namespace {
-			return nil, status.Errorf(codes.PermissionDenied, "fold Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
+			return status.Errorf(codes.PermissionDenied, "fold Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
 		}
 		in, err := jobs.ParseFoldInputs(c.FoldInputs)
 		if err != nil {
-			return nil, status.Errorf(codes.PermissionDenied, "fold Job %s does not say which chain it folds: %v", name, err)
+			return status.Errorf(codes.PermissionDenied, "fold Job %s does not say which chain it folds: %v", name, err)
 		}
 		a.Inputs = in.Pins()
 		if _, self := a.Inputs[a.Backup]; self {
-			return nil, status.Errorf(codes.PermissionDenied, "fold Job %s would store %q, which it also reads", name, a.Backup)
+			return status.Errorf(codes.PermissionDenied, "fold Job %s would store %q, which it also reads", name, a.Backup)
 		}
 	default:
-		return nil, status.Errorf(codes.PermissionDenied, "Job %s is not a backup, restore, drill, delta or fold agent (label %s=%q)", name, jobs.LabelComponent, job.Labels[jobs.LabelComponent])
+		return status.Errorf(codes.PermissionDenied, "Job %s is not a backup, restore, drill, delta or fold agent (label %s=%q)", name, jobs.LabelComponent, job.Labels[jobs.LabelComponent])
 	}
-	if a.Backup == "" || a.Location == "" {
-		return nil, status.Errorf(codes.PermissionDenied, "Job %s does not say which backup it is for (annotations %s, %s)", name, jobs.AnnotationBackup, jobs.AnnotationLocation)
-	}
-	return a, nil
+	return nil
 }
 
 // String names the agent for logs and errors.

@@ -98,8 +98,10 @@ const (
 
 // File is the configuration file.
 type File struct {
-	// Locations in order; the first is the default.
-	Locations []Location `json:"locations"`
+	// Locations in order; the first is the default. Their schema is the
+	// data layer's (package storage): the plugin's --storage-config reads
+	// the same list.
+	Locations []storage.LocationConfig `json:"locations"`
 	// Targets in order; the first is the default.
 	Targets []Target `json:"targets,omitempty"`
 	Agents  Agents   `json:"agents,omitempty"`
@@ -236,15 +238,6 @@ type Authorization struct {
 	// AuthorizationSubjectAccessReview.
 	Mode string `json:"mode,omitempty"`
 }
-
-// Location, Filesystem and S3 are the storage locations' schema, which
-// the data layer owns (package storage): the plugin's --storage-config
-// reads the same list.
-type (
-	Location   = storage.LocationConfig
-	Filesystem = storage.FilesystemConfig
-	S3         = storage.S3Config
-)
 
 // Target is an etcd cluster to back up and, with Members, to restore.
 type Target struct {

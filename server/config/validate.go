@@ -43,7 +43,7 @@ func Validate(f *File) field.ErrorList {
 
 // validateReplicas refuses more than one server replica with a
 // filesystem location that is not on a volume they all share.
-func validateReplicas(replicas int, locations []Location, p, locs *field.Path) field.ErrorList {
+func validateReplicas(replicas int, locations []storage.LocationConfig, p, locs *field.Path) field.ErrorList {
 	if replicas < 0 {
 		return field.ErrorList{field.Invalid(p, replicas, "must not be negative (0 or unset is 1)")}
 	}

@@ -359,7 +359,7 @@ func TestScheduledRunWhoseNameIsTakenFailsVisibly(t *testing.T) {
 	sw.at("2026-12-01T10:02:00Z")
 	// Someone uploads under the next run's name.
 	backuptest.Put(t, sw.loc, &storage.Manifest{Name: "cp-20261201-100500", SHA256: strings.Repeat("0", 64),
-		CreateTime: sw.now, Source: storage.Source{Kind: storage.SourceUpload}}, []byte("someone else's"))
+		CreateTime: sw.now, Source: storage.Source{Kind: ebv1.SourceUpload}}, []byte("someone else's"))
 	sw.at("2026-12-01T10:05:00Z")
 	backuptest.Equal(t, "jobs", sw.backupsOfJobs(), nil)
 	if n := sw.skipped(metrics.SkipNameTaken); n != 1 {

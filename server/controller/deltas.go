@@ -115,7 +115,7 @@ func (c *Controller) superviseDelta(ctx context.Context, t config.Target, agents
 func newestChainBase(backups []*storage.Manifest, target string) *storage.Manifest {
 	var newest *storage.Manifest
 	for _, m := range backups {
-		if m.Source.Kind != storage.SourceAgent || m.Source.Target != target || m.Etcd == nil || !m.Etcd.SnapshotStatus || m.Etcd.Revision <= 0 {
+		if m.Source.Kind != ebv1.SourceAgent || m.Source.Target != target || m.Etcd == nil || !m.Etcd.SnapshotStatus || m.Etcd.Revision <= 0 {
 			continue
 		}
 		if newest == nil || m.Etcd.Revision > newest.Etcd.Revision {

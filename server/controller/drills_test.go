@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
@@ -32,7 +33,7 @@ func drilledTarget() config.Target {
 func (sw *schedWorld) storeFingerprinted(name string, created time.Time) {
 	sw.t.Helper()
 	m := &storage.Manifest{Name: name, SHA256: strings.Repeat("a", 64), CreateTime: created,
-		Source: storage.Source{Kind: storage.SourceAgent, Target: sw.target.Name, Scheduled: true, ScheduledTime: created},
+		Source: storage.Source{Kind: ebv1.SourceAgent, Target: sw.target.Name, Scheduled: true, ScheduledTime: created},
 		Etcd:   &storage.EtcdInfo{Revision: 42, KeyspaceKeys: 7, HashKV: 99, Keyspace: true}}
 	backuptest.Put(sw.t, sw.loc, m, []byte("data of "+name))
 }

@@ -9,6 +9,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
@@ -25,7 +26,7 @@ func foldedTarget() config.Target {
 func (sw *schedWorld) storeChainBase(name string, rev int64) {
 	sw.t.Helper()
 	m := &storage.Manifest{Name: name, SHA256: strings.Repeat("f", 64), CreateTime: sw.now,
-		Source: storage.Source{Kind: storage.SourceAgent, Target: sw.target.Name},
+		Source: storage.Source{Kind: ebv1.SourceAgent, Target: sw.target.Name},
 		Etcd:   &storage.EtcdInfo{Revision: rev, SnapshotStatus: true}}
 	backuptest.Put(sw.t, sw.loc, m, []byte("data of "+name))
 }
@@ -34,7 +35,7 @@ func (sw *schedWorld) storeChainBase(name string, rev int64) {
 func (sw *schedWorld) storeSegment(chain string, first, last int64) {
 	sw.t.Helper()
 	m := &storage.Manifest{Name: storage.SegmentName(chain, first), SHA256: fmt.Sprintf("%064d", first), CreateTime: sw.now,
-		Source: storage.Source{Kind: storage.SourceDelta, Target: sw.target.Name},
+		Source: storage.Source{Kind: ebv1.SourceDelta, Target: sw.target.Name},
 		Delta:  &storage.Delta{Chain: chain, Epoch: 1, FirstRevision: first, LastRevision: last, Events: last - first + 1}}
 	backuptest.Put(sw.t, sw.loc, m, []byte("segment "+m.Name))
 }

@@ -68,7 +68,7 @@ func (c *Controller) recall(ctx context.Context, w *watcher, runs []jobs.Run) er
 					note(target, t)
 				}
 			}
-			if m.Source.Kind == storage.SourceAgent && m.Source.Target != "" {
+			if m.Source.Kind == ebv1.SourceAgent && m.Source.Target != "" {
 				c.metrics.SetLastSuccess(m.Source.Target, locName, m.CreateTime)
 			}
 			c.recallVerified(m, locName)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	batchv1 "k8s.io/api/batch/v1"
@@ -348,45 +349,51 @@ func TestCheckTarget(t *testing.T) {
 	}
 }
 
+// TestLogs runs in a synctest bubble: its clock moves only when every
+// goroutine waits, so the pod created 300 ms in comes after Logs' first
+// look at the cache, which following must outwait, and no real time
+// passes.
 func TestLogs(t *testing.T) {
-	l, cs := newLauncher(t, config.Agents{})
-	ctx := context.Background()
-	var out bytes.Buffer
-	if err := l.Logs(ctx, "default", "b1", false, &out); !errors.Is(err, jobs.ErrNoRun) {
-		t.Fatalf("logs of a backup without run: %v, want ErrNoRun", err)
-	}
-	job, err := l.StartBackup(ctx, jobs.BackupSpec{Name: "b1", Location: "default", Target: target})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Logs(ctx, "default", "b1", false, &out); err != nil || out.Len() != 0 {
-		t.Fatalf("logs before the pod started: %v, %q", err, out.String())
-	}
-	// Following waits for the pod to start.
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	go func() {
-		time.Sleep(300 * time.Millisecond)
-		_, _ = cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: job.Name + "-x", Labels: podLabels(job)},
-			Status:     corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "agent", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
-		}, metav1.CreateOptions{})
-	}()
-	if err := l.Logs(ctx, "default", "b1", true, &out); err != nil {
-		t.Fatal(err)
-	}
-	if out.String() != "fake logs" { // what the fake clientset streams
-		t.Errorf("logs %q", out.String())
-	}
-	// A cancelled follow ends with the context's error.
-	cctx, ccancel := context.WithCancel(context.Background())
-	ccancel()
-	if _, err := l.StartBackup(context.Background(), jobs.BackupSpec{Name: "b2", Location: "default", Target: target}); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Logs(cctx, "default", "b2", true, &out); !errors.Is(err, context.Canceled) {
-		t.Errorf("cancelled follow: %v", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		l, cs := newLauncher(t, config.Agents{})
+		ctx := context.Background()
+		var out bytes.Buffer
+		if err := l.Logs(ctx, "default", "b1", false, &out); !errors.Is(err, jobs.ErrNoRun) {
+			t.Fatalf("logs of a backup without run: %v, want ErrNoRun", err)
+		}
+		job, err := l.StartBackup(ctx, jobs.BackupSpec{Name: "b1", Location: "default", Target: target})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Logs(ctx, "default", "b1", false, &out); err != nil || out.Len() != 0 {
+			t.Fatalf("logs before the pod started: %v, %q", err, out.String())
+		}
+		// Following waits for the pod to start.
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			_, _ = cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: job.Name + "-x", Labels: podLabels(job)},
+				Status:     corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "agent", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}},
+			}, metav1.CreateOptions{})
+		}()
+		if err := l.Logs(ctx, "default", "b1", true, &out); err != nil {
+			t.Fatal(err)
+		}
+		if out.String() != "fake logs" { // what the fake clientset streams
+			t.Errorf("logs %q", out.String())
+		}
+		// A cancelled follow ends with the context's error.
+		cctx, ccancel := context.WithCancel(context.Background())
+		ccancel()
+		if _, err := l.StartBackup(context.Background(), jobs.BackupSpec{Name: "b2", Location: "default", Target: target}); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Logs(cctx, "default", "b2", true, &out); !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled follow: %v", err)
+		}
+	})
 }
 
 func TestRestoreJobs(t *testing.T) {

@@ -336,9 +336,56 @@ func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batch
 
 func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) (*batchv1.Job, error) {
 	t := spec.Target
+	pod := restorePod(spec, m, l.agents.ServerAddress)
+	if spec.IdentitySecret != "" {
+		pod.addIdentity(spec.IdentitySecret)
+	}
+	annotations := func() map[string]string {
+		return map[string]string{
+			AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
+			AnnotationSHA256: spec.SHA256, AnnotationBumpRevision: strconv.FormatInt(spec.BumpRevision, 10),
+		}
+	}
+	jobAnn, podAnn := annotations(), annotations()
+	if spec.ToPoint() {
+		point, err := pod.addPoint(spec)
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range point {
+			jobAnn[k], podAnn[k] = v, v
+		}
+	}
+	id := runID(spec.Location, spec.Name, t.Name, m.Name)
+	labels := map[string]string{LabelComponent: componentRestore, LabelManagedBy: managedBy, LabelRun: id}
+	job := l.agentJob(restoreSecurityContext(t), pod.args, pod.volumes, pod.mounts)
+	job.ObjectMeta = metav1.ObjectMeta{
+		Name:        RestoreJobName(spec.Location, spec.Name, t.Name, m.Name),
+		Namespace:   l.RestoreNamespace(t),
+		Labels:      labels,
+		Annotations: jobAnn,
+	}
+	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: podAnn}
+	job.Spec.Template.Spec.NodeName = m.NodeName
+	return job, nil
+}
+
+// restoreAgentPod is what a restore agent's container is given: its
+// arguments, and the volumes with where they are mounted.
+type restoreAgentPod struct {
+	args    []string
+	volumes []corev1.Volume
+	mounts  []corev1.VolumeMount
+}
+
+// restorePod is member m's restore agent for spec, reaching the server at
+// server: the arguments of a plain restore, the member's data volume and
+// a scratch volume.
+func restorePod(spec RestoreSpec, m config.Member, server string) *restoreAgentPod {
+	t := spec.Target
 	args := []string{
 		"restore",
-		"--server=" + l.agents.ServerAddress,
+		"--server=" + server,
 		"--name=" + spec.Name,
 		"--location=" + spec.Location,
 		"--data-dir=" + dataDirIn(m),
@@ -361,8 +408,16 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) (*batchv1.Job, 
 	} else if h := m.Volume.HostPath; h != nil {
 		data.HostPath = &corev1.HostPathVolumeSource{Path: h.Path, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}
 	}
-	id := runID(spec.Location, spec.Name, t.Name, m.Name)
-	labels := map[string]string{LabelComponent: componentRestore, LabelManagedBy: managedBy, LabelRun: id}
+	return &restoreAgentPod{
+		args:    args,
+		volumes: []corev1.Volume{data, {Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+		mounts:  []corev1.VolumeMount{{Name: "data", MountPath: restoreMountPath}, {Name: "work", MountPath: workMountPath}},
+	}
+}
+
+// restoreSecurityContext is the agent's, run as the target's restore user
+// and group when it names them.
+func restoreSecurityContext(t config.Target) *corev1.PodSecurityContext {
 	sc := agentSecurityContext()
 	if t.RestoreRunAsUser != nil {
 		sc.RunAsUser = t.RestoreRunAsUser
@@ -371,64 +426,50 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) (*batchv1.Job, 
 	if t.RestoreRunAsGroup != nil {
 		sc.RunAsGroup, sc.FSGroup = t.RestoreRunAsGroup, t.RestoreRunAsGroup
 	}
-	volumes := []corev1.Volume{data, {Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
-	mounts := []corev1.VolumeMount{{Name: "data", MountPath: restoreMountPath}, {Name: "work", MountPath: workMountPath}}
-	if spec.IdentitySecret != "" {
-		args = append(args, "--identity-dir="+identityMountPath)
-		volumes = append(volumes, corev1.Volume{Name: "age-identity", VolumeSource: corev1.VolumeSource{
-			// Readable by the agent's group (fsGroup) only.
-			Secret: &corev1.SecretVolumeSource{SecretName: spec.IdentitySecret, DefaultMode: ptr.To[int32](0o440)},
-		}})
-		mounts = append(mounts, corev1.VolumeMount{Name: "age-identity", MountPath: identityMountPath, ReadOnly: true})
+	return sc
+}
+
+// addIdentity mounts the age identities of Secret secret for decryption.
+func (p *restoreAgentPod) addIdentity(secret string) {
+	p.args = append(p.args, "--identity-dir="+identityMountPath)
+	p.volumes = append(p.volumes, corev1.Volume{Name: "age-identity", VolumeSource: corev1.VolumeSource{
+		// Readable by the agent's group (fsGroup) only.
+		Secret: &corev1.SecretVolumeSource{SecretName: secret, DefaultMode: ptr.To[int32](0o440)},
+	}})
+	p.mounts = append(p.mounts, corev1.VolumeMount{Name: "age-identity", MountPath: identityMountPath, ReadOnly: true})
+}
+
+// addPoint makes the restore one to spec's point: the point and the delta
+// segments that reach it as arguments and a mounted file. It returns the
+// annotations that record them on the Job and its pod.
+func (p *restoreAgentPod) addPoint(spec RestoreSpec) (map[string]string, error) {
+	segs, err := EncodeSegments(spec.Segments)
+	if err != nil {
+		return nil, err
 	}
-	annotations := func() map[string]string {
-		return map[string]string{
-			AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
-			AnnotationSHA256: spec.SHA256, AnnotationBumpRevision: strconv.FormatInt(spec.BumpRevision, 10),
-		}
+	point := map[string]string{AnnotationDeltaSegments: segs}
+	if spec.ToRevision > 0 {
+		point[AnnotationToRevision] = strconv.FormatInt(spec.ToRevision, 10)
+		p.args = append(p.args, "--to-revision="+point[AnnotationToRevision])
+	} else {
+		point[AnnotationToTime] = spec.ToTime.UTC().Format(time.RFC3339Nano)
+		p.args = append(p.args, "--to-time="+point[AnnotationToTime])
 	}
-	jobAnn, podAnn := annotations(), annotations()
-	if spec.ToPoint() {
-		segs, err := EncodeSegments(spec.Segments)
-		if err != nil {
-			return nil, err
-		}
-		point := map[string]string{AnnotationDeltaSegments: segs}
-		if spec.ToRevision > 0 {
-			point[AnnotationToRevision] = strconv.FormatInt(spec.ToRevision, 10)
-			args = append(args, "--to-revision="+point[AnnotationToRevision])
-		} else {
-			point[AnnotationToTime] = spec.ToTime.UTC().Format(time.RFC3339Nano)
-			args = append(args, "--to-time="+point[AnnotationToTime])
-		}
-		for k, v := range point {
-			jobAnn[k], podAnn[k] = v, v
-		}
-		// The list reaches the agent as a file of the pod's annotation;
-		// its digest in args, which no one can edit in a running pod,
-		// makes the agent refuse an edited one.
-		args = append(args, "--segments-file="+path.Join(segmentsMountPath, segmentsFile), "--segments-sha256="+segmentsDigest(segs))
-		if spec.AllowLeaseLoss {
-			args = append(args, "--allow-lease-loss")
-		}
-		volumes = append(volumes, corev1.Volume{Name: "delta-segments", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
-			Items: []corev1.DownwardAPIVolumeFile{{
-				Path:     segmentsFile,
-				FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + AnnotationDeltaSegments + "']"},
-			}},
-		}}})
-		mounts = append(mounts, corev1.VolumeMount{Name: "delta-segments", MountPath: segmentsMountPath, ReadOnly: true})
+	// The list reaches the agent as a file of the pod's annotation;
+	// its digest in args, which no one can edit in a running pod,
+	// makes the agent refuse an edited one.
+	p.args = append(p.args, "--segments-file="+path.Join(segmentsMountPath, segmentsFile), "--segments-sha256="+segmentsDigest(segs))
+	if spec.AllowLeaseLoss {
+		p.args = append(p.args, "--allow-lease-loss")
 	}
-	job := l.agentJob(sc, args, volumes, mounts)
-	job.ObjectMeta = metav1.ObjectMeta{
-		Name:        RestoreJobName(spec.Location, spec.Name, t.Name, m.Name),
-		Namespace:   l.RestoreNamespace(t),
-		Labels:      labels,
-		Annotations: jobAnn,
-	}
-	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: podAnn}
-	job.Spec.Template.Spec.NodeName = m.NodeName
-	return job, nil
+	p.volumes = append(p.volumes, corev1.Volume{Name: "delta-segments", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
+		Items: []corev1.DownwardAPIVolumeFile{{
+			Path:     segmentsFile,
+			FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['" + AnnotationDeltaSegments + "']"},
+		}},
+	}}})
+	p.mounts = append(p.mounts, corev1.VolumeMount{Name: "delta-segments", MountPath: segmentsMountPath, ReadOnly: true})
+	return point, nil
 }
 
 // MemberRun is what the cluster says about one member's restore agent.

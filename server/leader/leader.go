@@ -119,80 +119,97 @@ func (e *Elector) term(ctx context.Context, lead func(context.Context)) {
 	defer stopElection()
 	leadCtx, cancelLead := context.WithCancel(ctx)
 	defer cancelLead()
-
-	var (
-		mu       sync.Mutex
-		deadline *time.Timer // while leading: ends the term when renewals stop
-		closed   bool        // lead may no longer start
-		started  bool
-		led      = make(chan struct{}) // closed when lead has returned
-	)
-	// stepDown ends lead and, once it has returned, the election.
-	stepDown := func() {
-		mu.Lock()
-		closed = true
-		wasStarted := started
-		mu.Unlock()
-		if wasStarted {
-			cancelLead()
-			<-led
-		}
-		stopElection()
-	}
-	// renewed pushes the deadline back: the lock calls it on every
-	// successful write of the Lease naming this replica.
-	renewed := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if deadline != nil {
-			deadline.Reset(e.cfg.RenewDeadline)
-		}
-	}
-	startedLeading := func(electionCtx context.Context) {
-		mu.Lock()
-		if closed {
-			mu.Unlock()
-			return
-		}
-		started = true
-		// Renewals stopped for RenewDeadline: step down now. client-go
-		// would too, but only after trying to release the Lease, which
-		// with the API server out of reach takes another RenewDeadline,
-		// by when another replica may lead.
-		deadline = time.AfterFunc(e.cfg.RenewDeadline, func() {
-			e.log.Warn("stepping down: the controller's Lease could not be renewed", "lease", e.lease(), "for", e.cfg.RenewDeadline)
-			go stepDown()
-		})
-		mu.Unlock()
-		defer close(led)
-		defer context.AfterFunc(electionCtx, cancelLead)()
-		e.log.Info("leading: this replica runs the controller", "lease", e.lease(), "identity", e.cfg.Identity)
-		lead(leadCtx)
-		mu.Lock()
-		deadline.Stop()
-		deadline = nil
-		mu.Unlock()
-	}
-	newLeader := func(id string) {
-		if id != e.cfg.Identity {
-			e.log.Info("another replica runs the controller", "lease", e.lease(), "leader", id)
-		}
-	}
+	c := &campaign{e: e, lead: lead, leadCtx: leadCtx, cancelLead: cancelLead, stopElection: stopElection, led: make(chan struct{})}
 
 	// At shutdown lead stops first, then the election: releasing the
 	// Lease hands the controller to another replica at once.
-	defer context.AfterFunc(ctx, stepDown)()
+	defer context.AfterFunc(ctx, c.stepDown)()
 
-	le, err := leaderelection.NewLeaderElector(e.electionConfig(e.lock(renewed), startedLeading, newLeader))
+	le, err := leaderelection.NewLeaderElector(e.electionConfig(e.lock(c.renewed), c.startedLeading, c.newLeader))
 	if err != nil {
 		panic(err) // New checked this configuration
 	}
 	le.Run(electCtx)
 	// The Lease is lost, or ctx ended: lead must be over before the
 	// next campaign, which may start it again.
-	stepDown()
+	c.stepDown()
 	if ctx.Err() == nil {
 		e.log.Warn("stopped leading; campaigning again", "lease", e.lease())
+	}
+}
+
+// campaign is the state of one term: whether lead has started, may
+// still start, and when the term ends if renewals stop.
+type campaign struct {
+	e            *Elector
+	lead         func(context.Context)
+	leadCtx      context.Context
+	cancelLead   context.CancelFunc
+	stopElection context.CancelFunc
+	led          chan struct{} // closed when lead has returned
+
+	mu       sync.Mutex
+	deadline *time.Timer // while leading: ends the term when renewals stop
+	closed   bool        // lead may no longer start
+	started  bool
+}
+
+// stepDown ends lead and, once it has returned, the election.
+func (c *campaign) stepDown() {
+	c.mu.Lock()
+	c.closed = true
+	wasStarted := c.started
+	c.mu.Unlock()
+	if wasStarted {
+		c.cancelLead()
+		<-c.led
+	}
+	c.stopElection()
+}
+
+// renewed pushes the deadline back: the lock calls it on every
+// successful write of the Lease naming this replica.
+func (c *campaign) renewed() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.deadline != nil {
+		c.deadline.Reset(c.e.cfg.RenewDeadline)
+	}
+}
+
+// startedLeading runs lead, unless the term is already over; client-go
+// calls it when this replica has won the Lease.
+func (c *campaign) startedLeading(electionCtx context.Context) {
+	e := c.e
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.started = true
+	// Renewals stopped for RenewDeadline: step down now. client-go
+	// would too, but only after trying to release the Lease, which
+	// with the API server out of reach takes another RenewDeadline,
+	// by when another replica may lead.
+	c.deadline = time.AfterFunc(e.cfg.RenewDeadline, func() {
+		e.log.Warn("stepping down: the controller's Lease could not be renewed", "lease", e.lease(), "for", e.cfg.RenewDeadline)
+		go c.stepDown()
+	})
+	c.mu.Unlock()
+	defer close(c.led)
+	defer context.AfterFunc(electionCtx, c.cancelLead)()
+	e.log.Info("leading: this replica runs the controller", "lease", e.lease(), "identity", e.cfg.Identity)
+	c.lead(c.leadCtx)
+	c.mu.Lock()
+	c.deadline.Stop()
+	c.deadline = nil
+	c.mu.Unlock()
+}
+
+// newLeader logs another replica's win.
+func (c *campaign) newLeader(id string) {
+	if id != c.e.cfg.Identity {
+		c.e.log.Info("another replica runs the controller", "lease", c.e.lease(), "leader", id)
 	}
 }
 

@@ -33,7 +33,7 @@ const (
 // target.
 func ScheduledOf(m *storage.Manifest) (target string, ok bool) {
 	switch {
-	case m.Source.Kind != storage.SourceAgent || m.Source.Target == "":
+	case m.Source.Kind != ebv1.SourceAgent || m.Source.Target == "":
 		return "", false
 	case m.Source.Scheduled:
 		return m.Source.Target, true
@@ -47,7 +47,7 @@ func ScheduledOf(m *storage.Manifest) (target string, ok bool) {
 // backups or, when unscheduled ones count too, any an agent took of it.
 func ofTarget(m *storage.Manifest, target string, includeUnscheduled bool) bool {
 	if includeUnscheduled {
-		return m.Source.Kind == storage.SourceAgent && m.Source.Target == target
+		return m.Source.Kind == ebv1.SourceAgent && m.Source.Target == target
 	}
 	t, ok := ScheduledOf(m)
 	return ok && t == target

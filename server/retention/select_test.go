@@ -6,6 +6,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
@@ -15,7 +16,7 @@ import (
 func TestSelectPrunable(t *testing.T) {
 	base := backuptest.MustTime(t, "2026-12-01T00:00:00Z")
 	m := func(name string, hoursAgo int, scheduled bool, target string) *storage.Manifest {
-		man := &storage.Manifest{Name: name, CreateTime: base.Add(-time.Duration(hoursAgo) * time.Hour), Source: storage.Source{Kind: storage.SourceAgent, Target: target}}
+		man := &storage.Manifest{Name: name, CreateTime: base.Add(-time.Duration(hoursAgo) * time.Hour), Source: storage.Source{Kind: ebv1.SourceAgent, Target: target}}
 		man.Source.Scheduled = scheduled
 		return man
 	}
@@ -23,13 +24,13 @@ func TestSelectPrunable(t *testing.T) {
 		m("s1", 1, true, "cp"), m("s2", 2, true, "cp"), m("s3", 3, true, "cp"), m("s4", 50, true, "cp"),
 		m("d1", 0, false, "cp"), m("d2", 60, false, "cp"),
 		m("other", 100, true, "app"),
-		{Name: "upload", CreateTime: base.Add(-200 * time.Hour), Source: storage.Source{Kind: storage.SourceUpload}},
+		{Name: "upload", CreateTime: base.Add(-200 * time.Hour), Source: storage.Source{Kind: ebv1.SourceUpload}},
 		// Labels decide nothing: an upload that carries the server's
 		// labels (stored before they were refused) is no scheduled backup,
 		// nor is another target's agent backup labelled as cp's.
-		{Name: "upload-labelled", CreateTime: base.Add(-300 * time.Hour), Source: storage.Source{Kind: storage.SourceUpload},
+		{Name: "upload-labelled", CreateTime: base.Add(-300 * time.Hour), Source: storage.Source{Kind: ebv1.SourceUpload},
 			Labels: map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: "cp"}},
-		{Name: "app-labelled", CreateTime: base.Add(-300 * time.Hour), Source: storage.Source{Kind: storage.SourceAgent, Target: "app"},
+		{Name: "app-labelled", CreateTime: base.Add(-300 * time.Hour), Source: storage.Source{Kind: ebv1.SourceAgent, Target: "app"},
 			Labels: map[string]string{retention.LabelScheduled: "true", retention.LabelTarget: "cp"}},
 	}
 	names := func(ms []*storage.Manifest) []string {
@@ -70,12 +71,12 @@ func TestScheduledOf(t *testing.T) {
 		m    storage.Manifest
 		want string
 	}{
-		{"scheduled agent backup", storage.Manifest{Source: storage.Source{Kind: storage.SourceAgent, Target: "cp", Scheduled: true, ScheduledTime: at}}, "cp"},
-		{"on-demand agent backup", storage.Manifest{Source: storage.Source{Kind: storage.SourceAgent, Target: "cp"}}, ""},
-		{"agent backup labelled by an earlier server", storage.Manifest{Labels: labels, Source: storage.Source{Kind: storage.SourceAgent, Target: "cp"}}, "cp"},
-		{"agent backup of another target labelled cp", storage.Manifest{Labels: labels, Source: storage.Source{Kind: storage.SourceAgent, Target: "app"}}, ""},
-		{"upload labelled as scheduled", storage.Manifest{Labels: labels, Source: storage.Source{Kind: storage.SourceUpload}}, ""},
-		{"upload claiming the field", storage.Manifest{Source: storage.Source{Kind: storage.SourceUpload, Target: "cp", Scheduled: true}}, ""},
+		{"scheduled agent backup", storage.Manifest{Source: storage.Source{Kind: ebv1.SourceAgent, Target: "cp", Scheduled: true, ScheduledTime: at}}, "cp"},
+		{"on-demand agent backup", storage.Manifest{Source: storage.Source{Kind: ebv1.SourceAgent, Target: "cp"}}, ""},
+		{"agent backup labelled by an earlier server", storage.Manifest{Labels: labels, Source: storage.Source{Kind: ebv1.SourceAgent, Target: "cp"}}, "cp"},
+		{"agent backup of another target labelled cp", storage.Manifest{Labels: labels, Source: storage.Source{Kind: ebv1.SourceAgent, Target: "app"}}, ""},
+		{"upload labelled as scheduled", storage.Manifest{Labels: labels, Source: storage.Source{Kind: ebv1.SourceUpload}}, ""},
+		{"upload claiming the field", storage.Manifest{Source: storage.Source{Kind: ebv1.SourceUpload, Target: "cp", Scheduled: true}}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, ok := retention.ScheduledOf(&tc.m)
@@ -92,7 +93,7 @@ func TestSelectKeepsTheNewestVerified(t *testing.T) {
 	base := backuptest.MustTime(t, "2026-12-01T00:00:00Z")
 	m := func(name string, hoursAgo int, result string) *storage.Manifest {
 		man := &storage.Manifest{Name: name, CreateTime: base.Add(-time.Duration(hoursAgo) * time.Hour),
-			Source: storage.Source{Kind: storage.SourceAgent, Target: "cp", Scheduled: true}}
+			Source: storage.Source{Kind: ebv1.SourceAgent, Target: "cp", Scheduled: true}}
 		if result != "" {
 			man.Verification = &storage.Verification{Result: result}
 		}
@@ -117,11 +118,11 @@ func TestSelectFoldedFulls(t *testing.T) {
 	base := backuptest.MustTime(t, "2026-12-01T00:00:00Z")
 	fold := func(name string, hoursAgo int) *storage.Manifest {
 		return &storage.Manifest{Name: name, CreateTime: base.Add(-time.Duration(hoursAgo) * time.Hour),
-			Source: storage.Source{Kind: storage.SourceAgent, Target: "cp", Description: "job etcdbackup-system/fold-cp-fold-1200-0123456789"},
+			Source: storage.Source{Kind: ebv1.SourceAgent, Target: "cp", Description: "job etcdbackup-system/fold-cp-fold-1200-0123456789"},
 			Etcd:   &storage.EtcdInfo{Revision: 1200, SnapshotStatus: true, Keyspace: true}}
 	}
 	all := []*storage.Manifest{
-		{Name: "s1", CreateTime: base.Add(-1 * time.Hour), Source: storage.Source{Kind: storage.SourceAgent, Target: "cp", Scheduled: true}},
+		{Name: "s1", CreateTime: base.Add(-1 * time.Hour), Source: storage.Source{Kind: ebv1.SourceAgent, Target: "cp", Scheduled: true}},
 		fold("cp-fold-1200", 2), fold("cp-fold-900", 30),
 	}
 	keep1 := config.Retention{KeepLast: 1}

@@ -101,7 +101,7 @@ func TestListFiltersAndSorts(t *testing.T) {
 		if _, err := ts.Client.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: n, Labels: map[string]string{"env": map[bool]string{true: "prod", false: "dev"}[n != "b"]}}, nil); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // distinct creation times: the listing order by time is well defined
 	}
 	resp, err := ts.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{LabelSelector: "env=prod"})
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
@@ -94,12 +95,10 @@ func TestLocationUnavailableAtStart(t *testing.T) {
 
 func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, within, true, func(context.Context) (bool, error) {
+		return ok(), nil
+	}); err != nil {
+		t.Fatalf("%s: not within %s", what, within)
 	}
 }
 

@@ -128,7 +128,7 @@ func (s *Service) planPoint(ctx context.Context, locName string, loc storage.Loc
 // fullInfo is m as the start of a chain: a backup the server's agent
 // took whose revision was read from the snapshot itself.
 func fullInfo(m *storage.Manifest) (delta.FullInfo, bool) {
-	if m.IsSegment() || m.Source.Kind != storage.SourceAgent || m.Etcd == nil || !m.Etcd.SnapshotStatus || m.Etcd.Revision <= 0 {
+	if m.IsSegment() || m.Source.Kind != ebv1.SourceAgent || m.Etcd == nil || !m.Etcd.SnapshotStatus || m.Etcd.Revision <= 0 {
 		return delta.FullInfo{}, false
 	}
 	t := m.Source.StartTime

@@ -28,7 +28,7 @@ func pointWorld(t *testing.T) (*servertest.RestoreWorld, map[string]string) {
 	sums := map[string]string{}
 	full := func(name string, rev int64, at time.Time) {
 		m := &storage.Manifest{Name: name, CreateTime: at.Add(time.Minute),
-			Source: storage.Source{Kind: storage.SourceAgent, Target: "app", StartTime: at},
+			Source: storage.Source{Kind: ebv1.SourceAgent, Target: "app", StartTime: at},
 			Etcd:   &storage.EtcdInfo{Revision: rev, SnapshotStatus: true}}
 		backuptest.Put(t, w.Location, m, []byte("full "+name))
 		sums[name] = m.SHA256
@@ -36,7 +36,7 @@ func pointWorld(t *testing.T) (*servertest.RestoreWorld, map[string]string) {
 	segment := func(chain string, first, last int64, from time.Time) {
 		name := storage.SegmentName(chain, first)
 		m := &storage.Manifest{Name: name, CreateTime: from, Compression: "zstd",
-			Source: storage.Source{Kind: storage.SourceDelta, Target: "app"},
+			Source: storage.Source{Kind: ebv1.SourceDelta, Target: "app"},
 			Delta:  &storage.Delta{Chain: chain, Epoch: 1, FirstRevision: first, LastRevision: last, FirstTime: from, LastTime: from.Add(9 * time.Minute), Events: last - first + 1}}
 		backuptest.Put(t, w.Location, m, []byte("segment "+name))
 		sums[name] = m.SHA256
@@ -143,7 +143,7 @@ func TestRestoreToAPointRefusals(t *testing.T) {
 func TestRestoreToAPointOfEncryptedSegmentsNeedsIdentitySecret(t *testing.T) {
 	w, _ := pointWorld(t)
 	m := &storage.Manifest{Name: storage.SegmentName("f2", 101), Encryption: "age",
-		Source: storage.Source{Kind: storage.SourceDelta, Target: "app"},
+		Source: storage.Source{Kind: ebv1.SourceDelta, Target: "app"},
 		Delta:  &storage.Delta{Chain: "f2", Epoch: 1, FirstRevision: 101, LastRevision: 110, FirstTime: pointT0.Add(61 * time.Minute), LastTime: pointT0.Add(62 * time.Minute)}}
 	backuptest.Put(t, w.Location, m, []byte("encrypted segment"))
 	_, err := w.Server.RestoreBackup(context.Background(), &ebv1.RestoreBackupRequest{Target: "app", ToRevision: 105, DryRun: true})

@@ -72,7 +72,7 @@ func (s *Service) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (er
 // goes.
 type upload struct {
 	header *ebv1.UploadHeader
-	// kind is the stored source kind: storage.SourceAgent only for an
+	// kind is the stored source kind: ebv1.SourceAgent only for an
 	// authenticated agent.
 	kind string
 	// agent is the authenticated agent sending it, or nil.
@@ -121,12 +121,12 @@ func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBack
 			return nil, err
 		}
 		u.agent = agent
-	} else if h.GetDelta() != nil || u.kind == storage.SourceDelta {
+	} else if h.GetDelta() != nil || u.kind == ebv1.SourceDelta {
 		return nil, status.Error(codes.PermissionDenied, "upload: only a target's delta agent stores delta segments")
-	} else if u.kind == storage.SourceAgent {
+	} else if u.kind == ebv1.SourceAgent {
 		// Only an authenticated agent's backup is an agent's: a user
 		// cannot make an upload look like one.
-		u.kind = storage.SourceUpload
+		u.kind = ebv1.SourceUpload
 	}
 	if u.release, err = s.claim(ctx, u.locName, h.GetName(), u.agent != nil); err != nil {
 		if u.unlockChain != nil {
@@ -281,9 +281,9 @@ func (s *Service) commitUpload(ctx context.Context, u *upload, r *received, up s
 	m := manifestFromHeader(u.header, u.kind, r.size, r.digest, s.now().UTC())
 	if a := u.agent; a != nil {
 		// The source is what the server knows, not what the agent says.
-		m.Source.Kind, m.Source.Description, m.Source.Target = storage.SourceAgent, "job "+a.JobNamespace+"/"+a.JobName, a.Target
+		m.Source.Kind, m.Source.Description, m.Source.Target = ebv1.SourceAgent, "job "+a.JobNamespace+"/"+a.JobName, a.Target
 		if d := u.header.GetDelta(); d != nil {
-			m.Source.Kind, m.Delta = storage.SourceDelta, deltaFromHeader(d)
+			m.Source.Kind, m.Delta = ebv1.SourceDelta, deltaFromHeader(d)
 		}
 		if a.Scheduled {
 			// A scheduled run: the server's signed Job says so, and its

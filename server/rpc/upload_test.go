@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
@@ -180,12 +181,10 @@ func TestCancelledUploadLeavesNothing(t *testing.T) {
 	close(r.release)
 	servertest.WantCode(t, <-errc, codes.Canceled)
 	// The server learns of the cancellation asynchronously.
-	deadline := time.Now().Add(10 * time.Second)
-	for servertest.Tree(t, ts.Dir) != before {
-		if time.Now().After(deadline) {
-			t.Fatalf("garbage left after cancelled upload:\n%s", servertest.Tree(t, ts.Dir))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return servertest.Tree(t, ts.Dir) == before, nil
+	}); err != nil {
+		t.Fatalf("garbage left after cancelled upload:\n%s", servertest.Tree(t, ts.Dir))
 	}
 	if names := ts.Names(t, ""); len(names) != 0 {
 		t.Fatalf("listed after cancel: %v", names)
@@ -272,12 +271,10 @@ func TestIdleUploadIsAborted(t *testing.T) {
 		t.Errorf("aborted after %s; the idle limit is %s", d, idle)
 	}
 	// Its name and temporary data are released.
-	deadline := time.Now().Add(10 * time.Second)
-	for servertest.Tree(t, srv.Dir) != before {
-		if time.Now().After(deadline) {
-			t.Fatalf("the aborted upload left:\n%s", servertest.Tree(t, srv.Dir))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return servertest.Tree(t, srv.Dir) == before, nil
+	}); err != nil {
+		t.Fatalf("the aborted upload left:\n%s", servertest.Tree(t, srv.Dir))
 	}
 	if _, err := srv.Client.Upload(context.Background(), bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "stalled"}, nil); err != nil {
 		t.Fatalf("upload of the aborted upload's name: %v", err)
@@ -296,6 +293,9 @@ func TestIdleUploadIsAborted(t *testing.T) {
 	data := trailed(t, 7*512)
 	slow, _ := srv.OpenUploadOf(t, "", "slow", data[:512])
 	for i := 1; i <= 6; i++ {
+		// The spacing of the messages is what is under test: the server's
+		// idle timer runs on real time between real gRPC messages, with no
+		// condition to wait for and no clock to inject (100 ms).
 		time.Sleep(idle / 3)
 		end := (i + 1) * 512
 		if i == 6 {

@@ -12,7 +12,6 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // validateName checks a backup or location name: a DNS-1123 subdomain
@@ -103,7 +102,7 @@ func validateSourceKind(kind string) (string, error) {
 	switch kind {
 	case "":
 		return ebv1.SourceUpload, nil
-	case ebv1.SourceUpload, ebv1.SourceAgent, storage.SourceDelta:
+	case ebv1.SourceUpload, ebv1.SourceAgent, ebv1.SourceDelta:
 		return kind, nil
 	}
 	return "", status.Errorf(codes.InvalidArgument, "source kind %q is not one of %q, %q", kind, ebv1.SourceUpload, ebv1.SourceAgent)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
@@ -30,7 +31,7 @@ func (s *Server) WriteBackups(t testing.TB, location string, created time.Time, 
 		data := []byte(name)
 		sum := sha256.Sum256(data)
 		m := storage.Manifest{Name: name, Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:]),
-			CreateTime: created.Add(time.Duration(i) * time.Second).UTC(), Source: storage.Source{Kind: storage.SourceUpload}}
+			CreateTime: created.Add(time.Duration(i) * time.Second).UTC(), Source: storage.Source{Kind: ebv1.SourceUpload}}
 		m.RawSize, m.RawSHA256 = m.Size, m.SHA256
 		b, err := json.Marshal(m)
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
@@ -214,7 +215,7 @@ func copyStorageConfig(t *testing.T, c *cluster, product *world.Product) string 
 	if err := yaml.UnmarshalStrict([]byte(get("configmap", "etcdbackup-config", ".data.config\\.yaml")), &f); err != nil {
 		t.Fatal(err)
 	}
-	var s3 *config.Location
+	var s3 *storage.LocationConfig
 	for i := range f.Locations {
 		if f.Locations[i].S3 != nil {
 			s3 = &f.Locations[i]
@@ -239,7 +240,7 @@ func copyStorageConfig(t *testing.T, c *cluster, product *world.Product) string 
 	}
 	s3.S3.Endpoint = product.S3.Endpoint
 	s3.S3.AccessKeyIDFile, s3.S3.SecretAccessKeyFile, s3.S3.CABundleFile = "id", "secret", "ca.crt"
-	out, err := yaml.Marshal(config.File{Locations: []config.Location{*s3}})
+	out, err := yaml.Marshal(config.File{Locations: []storage.LocationConfig{*s3}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,9 @@ const (
 	SourceUpload = "upload"
 	// SourceAgent is a snapshot a backup agent took of an etcd target.
 	SourceAgent = "agent"
+	// SourceDelta is a delta segment a delta agent cut from etcd's watch:
+	// its manifest is a segment's, not a snapshot's.
+	SourceDelta = "delta"
 )
 
 // ReservedLabelPrefix is the prefix of the labels only the server writes

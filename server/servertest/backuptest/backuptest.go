@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
@@ -49,7 +50,7 @@ func Put(t testing.TB, loc storage.Location, m *storage.Manifest, data []byte) {
 func Store(t testing.TB, loc storage.Location, target, name string, scheduled bool, created time.Time) {
 	t.Helper()
 	m := &storage.Manifest{Name: name, SHA256: strings.Repeat("0", 64), CreateTime: created,
-		Source: storage.Source{Kind: storage.SourceAgent, Target: target}}
+		Source: storage.Source{Kind: ebv1.SourceAgent, Target: target}}
 	if scheduled {
 		// As the server stores a scheduled agent's backup: the source
 		// says so, the labels repeat it.
