@@ -34,15 +34,7 @@ func newDrillCmd() *cobra.Command {
 			if o.Name == "" || o.SHA256 == "" || o.ScratchDir == "" {
 				return errors.New("--name, --sha256 and --scratch-dir are required")
 			}
-			ids, err := identitiesFrom(identityDir)
-			if err != nil {
-				// The identity Secret's volume is optional: a missing
-				// Secret leaves it empty. A plain backup needs none; an
-				// encrypted one gets no verdict that says why.
-				log.Warn("drill identities unreadable", "error", err.Error())
-				o.IdentityProblem = err.Error()
-			}
-			o.Identities = ids
+			o.Identities, o.IdentityProblem = optionalIdentities(log, identityDir, "drill")
 			conn, c, err := dial(srv)
 			if err != nil {
 				return err

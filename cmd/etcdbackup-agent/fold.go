@@ -38,15 +38,7 @@ func newFoldCmd() *cobra.Command {
 				return err
 			}
 			o.Inputs = in
-			ids, err := identitiesFrom(identityDir)
-			if err != nil {
-				// The identity Secret's volume is optional: a missing
-				// Secret leaves it empty. A plain chain needs none; an
-				// encrypted one gets no verdict that says why.
-				log.Warn("fold identities unreadable", "error", err.Error())
-				o.IdentityProblem = err.Error()
-			}
-			o.Identities = ids
+			o.Identities, o.IdentityProblem = optionalIdentities(log, identityDir, "fold")
 			conn, c, err := dial(srv)
 			if err != nil {
 				return err

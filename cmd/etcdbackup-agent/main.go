@@ -102,6 +102,19 @@ func identitiesFrom(dir string) ([]age.Identity, error) {
 	return ids, nil
 }
 
+// optionalIdentities reads the identities in the volume of an optional
+// identity Secret (drill and fold Jobs): a missing Secret leaves it
+// empty. A plain backup needs none; an encrypted one gets no verdict,
+// which says why (problem).
+func optionalIdentities(log *slog.Logger, dir, what string) (ids []age.Identity, problem string) {
+	ids, err := identitiesFrom(dir)
+	if err != nil {
+		log.Warn(what+" identities unreadable", "error", err.Error())
+		return nil, err.Error()
+	}
+	return ids, ""
+}
+
 func addServerFlags(cmd *cobra.Command, f *serverFlags) {
 	cmd.Flags().StringVar(&f.tokenFile, "token-file", "",
 		"file holding the projected ServiceAccount token (audience etcdbackup) sent to the server; read again for every call, as the kubelet rotates it")

@@ -374,13 +374,7 @@ func setMemoryLimit(log *slog.Logger) {
 // kubeClient talks to the API server as the pod's service account, or as
 // kubeconfig says.
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var rc *rest.Config
-	var err error
-	if kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	rc, err := restConfig(kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("the server needs the Kubernetes API (agents, or authorization of calls): %w", err)
 	}
@@ -397,18 +391,20 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(rc)
 }
 
+// restConfig is the pod's service account's, or what kubeconfig says.
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	return rest.InClusterConfig()
+}
+
 // reviewClient is the client of the agent listener's TokenReviews: its
 // own rate limiter, so that tokens sent to the agent port by anyone who
 // reaches it cannot use up the server's (auth.AgentReviews bounds the
 // reviews in flight, and caches their answers).
 func reviewClient(kubeconfig string) (kubernetes.Interface, error) {
-	var rc *rest.Config
-	var err error
-	if kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	rc, err := restConfig(kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("the agent listener's TokenReview client: %w", err)
 	}
