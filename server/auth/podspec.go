@@ -42,6 +42,9 @@ const (
 // copy of the pod made by hand outside the Job's selector (the delta
 // e2e's second agent) runs the same thing and is admitted. The label is
 // not required because it proves nothing: whoever makes a pod sets it.
+//
+// The env comparison assumes NonIndexed Jobs, as the server makes: the Job
+// controller adds JOB_COMPLETION_INDEX to the pods of Indexed ones.
 func podFromTemplate(pod *corev1.Pod, job *batchv1.Job) error {
 	tmpl := job.Spec.Template.Spec
 	for _, l := range []string{labelControllerUID, labelLegacyControllerUID} {
