@@ -265,6 +265,13 @@ func (g *AgentGuard) agent(ctx context.Context, username string, podName, podUID
 	if err != nil {
 		return nil, ebv1.ServerErrorf(codes.Unavailable, "cannot check the caller's Job %s/%s: %v", ns, ref.Name, err)
 	}
+	// A pod made by hand under a real signed Job runs what its maker
+	// wants: admit only what the Job's template would run (podspec.go).
+	if job.UID == ref.UID {
+		if err := podFromTemplate(pod, job); err != nil {
+			return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s is not the pod Job %s/%s would run: %v; agents are started only by the server", ns, pod.Name, ns, job.Name, err)
+		}
+	}
 	return g.agentOfJob(pod.Name, ref.UID, job)
 }
 
