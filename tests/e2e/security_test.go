@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	authnv1 "k8s.io/api/authentication/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +25,9 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
@@ -352,6 +358,23 @@ func TestSecurity(t *testing.T) {
 		r := run(as["operator"], "upload", file, "--name", "cp-20991231-000000", "--labels", "etcdbackup.io/scheduled=true,etcdbackup.io/target=plain")
 		if r.ExitCode == 0 || !strings.Contains(r.Stderr, `--labels: "etcdbackup.io/scheduled"`) {
 			t.Fatalf("upload with etcdbackup.io labels: %s; want refused naming the flag", r)
+		}
+		// Past the plugin: the same upload as raw gRPC with the operator's
+		// token, through a port-forward to the server's user API. The
+		// server refuses the labels itself, before it stores a byte.
+		tokenFile := filepath.Join(t.TempDir(), "operator-token")
+		if err := os.WriteFile(tokenFile, []byte(tokens["operator"]), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		conn, cl, err := client.Dial(portForward(ctx, t, admin, ns, "deployment/etcdbackup-server", userPort), client.WithTokenFile(tokenFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_, err = cl.Upload(ctx, bytes.NewReader(etcdtest.TrailedBytes(t, etcdtest.TrailedSize(4096))), &ebv1.UploadHeader{
+			Name: "cp-20991231-000000", Labels: map[string]string{"etcdbackup.io/scheduled": "true", "etcdbackup.io/target": "plain"}}, nil)
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "etcdbackup.io/") {
+			t.Errorf("raw gRPC upload with the server's labels: %v; want InvalidArgument naming the label", err)
 		}
 		if r := mustSucceed(t, run(as["admin"], "list"), "admin: list"); strings.Contains(r.Stdout, "cp-20991231-000000") {
 			t.Fatalf("the upload was stored: %s", r)
