@@ -144,6 +144,32 @@ func TestDeltaCapture(t *testing.T) {
 		mustSucceed(t, c.run(t, nil, "-n", world.DefaultNamespace, "delete", "pod", second, "--wait=false"), "stop the second agent")
 	})
 
+	t.Run("hand-made-pod-running-otherwise", func(t *testing.T) {
+		// The same copy under the same signed Job, but running a backup
+		// of its own with the delta agent's etcd credentials and token:
+		// it is not the pod the Job runs, so the agent port refuses it
+		// and nothing is stored.
+		name := startHandMadeDeltaPod(ctx, t, c, "backup-by-hand", func(spec *corev1.PodSpec) {
+			args := []string{"backup", "--name=stolen-by-hand"}
+			for _, a := range spec.Containers[0].Args {
+				for _, keep := range []string{"--server", "--token-file", "--server-ca", "--server-name", "--endpoints", "--cacert", "--cert", "--key", "--insecure-plaintext", "--location", "--compression", "--encrypt-to"} {
+					if strings.HasPrefix(a, keep+"=") || a == keep {
+						args = append(args, a)
+					}
+				}
+			}
+			spec.Containers[0].Args = args
+			spec.RestartPolicy = corev1.RestartPolicyNever
+		})
+		phase, logs := waitPodDone(ctx, t, c.sb, world.DefaultNamespace, name)
+		if phase != corev1.PodFailed || !strings.Contains(logs, "is not the pod Job") {
+			t.Errorf("a hand-made pod under the delta Job that runs a backup ended %s: %s; want refused as not the Job's pod", phase, lastLines(logs, 5))
+		}
+		if r := mustSucceed(t, c.run(t, nil, "etcdbackup", "list", "-o", "name"), "list"); strings.Contains(r.Stdout, "stolen-by-hand") {
+			t.Errorf("the hand-made pod stored a backup: %s", r.Stdout)
+		}
+	})
+
 	load.stop()
 	newest := load.lastRevision()
 	pollUntil(ctx, t, fmt.Sprintf("the chain stored up to the last write, revision %d", newest), func() bool {
@@ -475,6 +501,14 @@ func restoreToPoint(t *testing.T, c *cluster, source *clientv3.Client, flag, val
 // name, still controlled by its Job, without the Job's selector labels.
 func startSecondDeltaAgent(ctx context.Context, t *testing.T, c *cluster) string {
 	t.Helper()
+	return startHandMadeDeltaPod(ctx, t, c, "delta-by-hand", nil)
+}
+
+// startHandMadeDeltaPod starts pod name: a copy of the running delta
+// agent's pod under its signed Job, outside the Job's selector, with
+// change (when set) made to its spec.
+func startHandMadeDeltaPod(ctx context.Context, t *testing.T, c *cluster, name string, change func(*corev1.PodSpec)) string {
+	t.Helper()
 	pods := deltaPods(ctx, t, c)
 	if len(pods) == 0 {
 		t.Fatal("no delta agent pod to copy")
@@ -484,12 +518,15 @@ func startSecondDeltaAgent(ctx context.Context, t *testing.T, c *cluster) string
 		t.Fatal(err)
 	}
 	cp := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{
-		Name: "delta-by-hand", Namespace: p.Namespace, OwnerReferences: p.OwnerReferences,
+		Name: name, Namespace: p.Namespace, OwnerReferences: p.OwnerReferences,
 		// The component's labels (the agent port's NetworkPolicy admits
 		// them), not the Job's selector.
 		Labels: map[string]string{"app.kubernetes.io/component": "delta-agent", "app.kubernetes.io/managed-by": "etcdbackup-server"},
 	}, Spec: *p.Spec.DeepCopy()}
 	cp.Spec.NodeName = ""
+	if change != nil {
+		change(&cp.Spec)
+	}
 	made, err := c.sb.Client().CoreV1().Pods(world.DefaultNamespace).Create(ctx, cp, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
