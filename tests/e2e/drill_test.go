@@ -32,6 +32,13 @@ func testDrills(ctx context.Context, t *testing.T, c *cluster, product *world.Pr
 			`jsonpath={.status.verification.result}/{.status.verification.message}`), "get verification").Stdout
 	}
 
+	// What the target's retention would remove now, its on-demand backups
+	// included (they are all this target has).
+	prunable := func() string {
+		r := mustSucceed(t, c.run(t, nil, "etcdbackup", "prune", "--target", appTarget, "--location", "s3", "--all", "--dry-run", "-o", "name"), "prune --dry-run")
+		return r.Stdout
+	}
+
 	// Before its identity Secret exists the drill learns nothing: an
 	// Error that says what to create, not a verdict against the backup.
 	t.Run("without-its-identity", func(t *testing.T) {
@@ -67,6 +74,11 @@ func testDrills(ctx context.Context, t *testing.T, c *cluster, product *world.Pr
 		if !strings.Contains(l, "VERIFIED") || strings.Contains(firstLineWith(l, "app-1"), "<none>") {
 			t.Errorf("list shows app-1 unverified:\n%s", l)
 		}
+		// The target keeps its last 1 backup (app-2), and its newest
+		// verified one although keepLast would remove it.
+		if r := prunable(); strings.Contains(r, "app-1") {
+			t.Errorf("retention (keepLast 1) would remove app-1, the newest verified backup: %s", r)
+		}
 	})
 
 	t.Run("bytes-swapped-in-the-bucket", func(t *testing.T) {
@@ -79,6 +91,10 @@ func testDrills(ctx context.Context, t *testing.T, c *cluster, product *world.Pr
 		}
 		if v := verification("app-1"); !strings.HasPrefix(v, "Failed/") || !strings.Contains(v, "does not restore") {
 			t.Errorf("verification of swapped app-1: %q", v)
+		}
+		// No longer verified, app-1 is what keepLast 1 removes.
+		if r := prunable(); !strings.Contains(r, "app-1") {
+			t.Errorf("retention (keepLast 1) of the target once app-1 failed its drill would not remove it: %s", r)
 		}
 	})
 

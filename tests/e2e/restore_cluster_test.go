@@ -348,7 +348,10 @@ func TestRestoreIntoCluster(t *testing.T) {
 			AgeRecipients: []string{identity.Recipient().String()},
 			// Drilled on demand here (drill_test.go); the schedule is
 			// far off so that no drill runs by itself meanwhile.
-			DrillSchedule: "@yearly", DrillIdentitySecret: drillIdentitySecret}},
+			DrillSchedule: "@yearly", DrillIdentitySecret: drillIdentitySecret,
+			// Applied on demand only (no schedule): drill_test.go shows
+			// that it keeps the newest verified backup.
+			KeepLast: 1}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -70,6 +70,8 @@ type ClusterTarget struct {
 	// DrillSchedule and DrillIdentitySecret, when set, are its
 	// drill.schedule and drill.identitySecret.
 	DrillSchedule, DrillIdentitySecret string
+	// KeepLast, when set, is its retention.keepLast.
+	KeepLast int
 }
 
 // ClusterMember is one member of a ClusterTarget: its data is DataDir in
@@ -376,6 +378,9 @@ func clusterTargets(ts []ClusterTarget) string {
 		}
 		if t.DrillSchedule != "" {
 			fmt.Fprintf(&b, "        drill: {schedule: %q, identitySecret: %q}\n", t.DrillSchedule, t.DrillIdentitySecret)
+		}
+		if t.KeepLast > 0 {
+			fmt.Fprintf(&b, "        retention: {keepLast: %d}\n", t.KeepLast)
 		}
 		fmt.Fprintf(&b, "        namespace: %s\n        initialClusterToken: %s\n        members:\n", t.Namespace, t.InitialClusterToken)
 		for _, m := range t.Members {
