@@ -437,6 +437,14 @@ func TestRestoreIntoCluster(t *testing.T) {
 		pods, err := sb.Client().CoreV1().Pods(appNS).List(ctx, metav1.ListOptions{LabelSelector: "app=etcd"})
 		return err == nil && len(pods.Items) == 0
 	})
+	// Until kube-proxy has dropped the members' endpoints, a connection
+	// to a member's Service goes to a pod IP that is gone and gets no
+	// answer, which the server must not count as stopped: wait until it
+	// sees what a restore will see.
+	pollUntil(ctx, t, "the server sees every member stopped", func() bool {
+		r := c.run(t, nil, append(restoreArgs, "--dry-run")...)
+		return r.ExitCode == 0 && !strings.Contains(r.Stdout+r.Stderr, "still answers") && !strings.Contains(r.Stdout+r.Stderr, "cannot tell")
+	})
 	wipe := func(ms []world.ClusterMember) {
 		t.Helper()
 		for _, m := range ms {
