@@ -58,8 +58,8 @@ type Config struct {
 	// Limits, with their defaults (config.Limits.WithDefaults).
 	Limits config.Limits
 	// Coordination claims upload names where every replica sees them;
-	// nil is coord.NewLocal (this replica alone). InUse must be on the
-	// same registry.
+	// nil is coord.NewLocal (this replica alone). server.New gives InUse
+	// the same registry, so that one replica's claims live in one place.
 	Coordination coord.Registry
 	// InUse and Pruner are retention's, shared with the controller.
 	InUse  *retention.InUse
@@ -90,8 +90,8 @@ type Service struct {
 	deltaFence DeltaFence
 	inUse      *retention.InUse
 	pruner     *retention.Pruner
-	// handoff, closed by HandOffDownloads, ends the downloads in flight;
-	// nil (never closed) until then.
+	// handoff, closed by HandOffDownloads, ends the downloads in flight
+	// and those that start after.
 	handoff     chan struct{}
 	handoffOnce sync.Once
 }
