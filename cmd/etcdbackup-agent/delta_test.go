@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
@@ -34,10 +36,33 @@ func testElection(id string) election {
 func expiredLease() *coordinationv1.Lease {
 	old := metav1.NewMicroTime(time.Now().Add(-time.Hour))
 	return &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "etcdbackup", Name: "target-delta"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "etcdbackup", Name: "target-delta", ResourceVersion: "1"},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("dead_0000"), LeaseDurationSeconds: ptr.To[int32](1),
 			AcquireTime: &old, RenewTime: &old, LeaseTransitions: ptr.To[int32](4)},
 	}
+}
+
+// conditionalLeaseUpdates makes the fake's Lease updates conditional on
+// the resourceVersion read, as the API server's are (the fake's tracker
+// stores whatever it is given): without that, a deposed agent's renewal
+// would silently overwrite the new holder. Install before the elector
+// runs: reactors are not safe to add while it calls.
+func conditionalLeaseUpdates(kube *fake.Clientset) {
+	var version atomic.Int64
+	version.Store(1)
+	kube.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease)
+		stored, err := kube.Tracker().Get(coordinationv1.SchemeGroupVersion.WithResource("leases"), l.Namespace, l.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		if l.ResourceVersion != stored.(*coordinationv1.Lease).ResourceVersion {
+			return true, nil, apierrors.NewConflict(coordinationv1.Resource("leases"), l.Name, errors.New("the object has been modified"))
+		}
+		// The default reaction stores this object, with its next version.
+		l.ResourceVersion = strconv.FormatInt(version.Add(1), 10)
+		return false, nil, nil
+	})
 }
 
 // holder is who holds the Lease; callable from any goroutine.
@@ -137,17 +162,7 @@ func TestElectedStopStoresUnderLease(t *testing.T) {
 // is not the leader, and fails saying so.
 func TestElectedLostLease(t *testing.T) {
 	kube := fake.NewClientset(expiredLease())
-	// The fake does not check resource versions: once another agent took
-	// the Lease, refuse the deposed agent's renewals as the API server
-	// would (a conflict). Installed before the elector runs: reactors are
-	// not safe to add while it calls.
-	var refuse atomic.Bool
-	kube.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if !refuse.Load() {
-			return false, nil, nil
-		}
-		return true, nil, apierrors.NewConflict(coordinationv1.Resource("leases"), "target-delta", errors.New("the object has been modified"))
-	})
+	conditionalLeaseUpdates(kube)
 	el := testElection("pod-a_03")
 	started := make(chan struct{})
 	r := startElected(context.Background(), kube, el, func(ctx context.Context, _ int64) (delta.Result, error) {
@@ -156,18 +171,24 @@ func TestElectedLostLease(t *testing.T) {
 		return delta.Result{}, context.Cause(ctx)
 	})
 	<-started
+	// Another agent takes the Lease over as one would after this agent's
+	// renewals stopped reaching the API server: its update is conditional
+	// on the version it read, so a renewal in between makes it read again.
 	leases := kube.CoordinationV1().Leases("etcdbackup")
-	l, err := leases.Get(context.Background(), "target-delta", metav1.GetOptions{})
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l, err := leases.Get(context.Background(), "target-delta", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		now := metav1.NewMicroTime(time.Now().Add(time.Hour))
+		l.Spec.HolderIdentity, l.Spec.RenewTime, l.Spec.LeaseDurationSeconds = ptr.To("pod-b_04"), &now, ptr.To[int32](3600)
+		l.Spec.LeaseTransitions = ptr.To(*l.Spec.LeaseTransitions + 1)
+		_, err = leases.Update(context.Background(), l, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := metav1.NewMicroTime(time.Now().Add(time.Hour))
-	l.Spec.HolderIdentity, l.Spec.RenewTime, l.Spec.LeaseDurationSeconds = ptr.To("pod-b_04"), &now, ptr.To[int32](3600)
-	l.Spec.LeaseTransitions = ptr.To(*l.Spec.LeaseTransitions + 1)
-	if _, err := leases.Update(context.Background(), l, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	refuse.Store(true)
 	_, err = r.wait(t)
 	if !errors.Is(err, delta.ErrNotLeader) || !strings.Contains(err.Error(), "lost the delta Lease etcdbackup/target-delta") {
 		t.Fatalf("runElected: %v", err)
