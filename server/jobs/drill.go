@@ -73,6 +73,7 @@ func (l *Launcher) drillJob(spec DrillSpec) *batchv1.Job {
 		AnnotationBackup: spec.Backup, AnnotationLocation: spec.Location, AnnotationTarget: spec.Target, AnnotationSHA256: spec.SHA256,
 	}
 	job := l.agentJob(agentSecurityContext(), args, volumes, mounts)
+	job.Spec.PodFailurePolicy = replacedWhenDisrupted()
 	// The verdict travels in the termination message; the agent exits
 	// non-zero when the backup failed the drill, so the Job shows it.
 	job.Spec.Template.Spec.Containers[0].TerminationMessagePolicy = corev1.TerminationMessageReadFile

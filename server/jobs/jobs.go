@@ -326,6 +326,20 @@ func (l *Launcher) createWhenGone(ctx context.Context, job *batchv1.Job) (*batch
 	return created, nil
 }
 
+// replacedWhenDisrupted is the pod failure policy of agents that only
+// read etcd or a backup (backups, drills): a pod that failed because
+// Kubernetes disrupted it — evicted by a node drain, preempted, its node
+// gone — does not count against the one attempt, and the Job starts
+// another pod, which takes the backup or the drill again from the start.
+// An evicted backup agent's upload was cut off and stored nothing, so its
+// name is free for the new pod. Any other failure ends the Job.
+func replacedWhenDisrupted() *batchv1.PodFailurePolicy {
+	return &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{
+		Action:          batchv1.PodFailurePolicyActionIgnore,
+		OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}},
+	}}}
+}
+
 func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 	t := spec.Target
 	args := []string{
@@ -350,6 +364,7 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 		labels[LabelScheduled] = "true"
 	}
 	job := l.agentJob(agentSecurityContext(), args, volumes, mounts)
+	job.Spec.PodFailurePolicy = replacedWhenDisrupted()
 	job.ObjectMeta = metav1.ObjectMeta{
 		Name:      backupJobName(spec.Location, spec.Name),
 		Namespace: l.namespace,
@@ -434,7 +449,8 @@ func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volume
 		Spec: batchv1.JobSpec{
 			// One attempt: a retry would upload the same backup name again,
 			// or find a restore's half-written data directory. The user (or
-			// the schedule) decides to try again.
+			// the schedule) decides to try again. Backups and drills are
+			// retried only when the pod was disrupted (replacedWhenDisrupted).
 			BackoffLimit: ptr.To[int32](0),
 			// Created suspended: sign lets it run once it carries the
 			// server's signature.

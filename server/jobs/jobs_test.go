@@ -101,6 +101,11 @@ func TestBackupJobSpec(t *testing.T) {
 	if *job.Spec.BackoffLimit != 0 {
 		t.Errorf("backoffLimit %d: a retry would upload the same name again", *job.Spec.BackoffLimit)
 	}
+	// Except after an eviction (a node drain): the upload was cut off.
+	if p := job.Spec.PodFailurePolicy; p == nil || len(p.Rules) != 1 || p.Rules[0].Action != batchv1.PodFailurePolicyActionIgnore ||
+		len(p.Rules[0].OnPodConditions) != 1 || p.Rules[0].OnPodConditions[0].Type != corev1.DisruptionTarget {
+		t.Errorf("podFailurePolicy %+v: an evicted agent's pod must be replaced", p)
+	}
 	pod := job.Spec.Template.Spec
 	if pod.ServiceAccountName != config.DefaultServiceAccount || pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
 		t.Errorf("service account %q, automount %v", pod.ServiceAccountName, pod.AutomountServiceAccountToken)

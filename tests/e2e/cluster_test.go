@@ -262,7 +262,13 @@ func createAgentJob(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, ns, 
 
 func pollUntil(ctx context.Context, t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	waitFor(ctx, t, time.Minute, what, cond)
+}
+
+// waitFor polls cond until it holds, failing the test after timeout.
+func waitFor(ctx context.Context, t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for !cond() {
 		select {

@@ -70,7 +70,7 @@ func TestDeltaCapture(t *testing.T) {
 			t.Logf("server log:\n%s", r.Stdout)
 		}
 	})
-	metrics := portForwardMetrics(ctx, t, k)
+	metrics := portForwardMetrics(ctx, t, k, "deployment/etcdbackup-server")
 
 	const rate = 100 // writes per second
 	load := startWriteLoad(ctx, t, ec, rate)

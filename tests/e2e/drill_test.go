@@ -115,7 +115,7 @@ func testDrills(ctx context.Context, t *testing.T, c *cluster, product *world.Pr
 	})
 
 	t.Run("metrics", func(t *testing.T) {
-		metrics := portForwardMetrics(ctx, t, c.kubectl)
+		metrics := portForwardMetrics(ctx, t, c.kubectl, "deployment/etcdbackup-server")
 		for result, want := range map[string]float64{"succeeded": 1, "failed": 2} {
 			if v, ok := metricValue(t, metrics, `etcdbackup_drill_runs_total{result="`+result+`",target="`+appTarget+`"}`); !ok || v != want {
 				t.Errorf("drill runs %s: %v (present %v), want %v", result, v, ok, want)

@@ -44,6 +44,7 @@ const haNamespace = "team-ha"
 // both replicas run there (spread is a preference).
 func testReplicas(ctx context.Context, t *testing.T, c *cluster, root string) {
 	overlay := namespaceOverlay(t, root, haNamespace, "manifests/components/ha")
+	slowTarget(ctx, t, c, overlay)
 	mustSucceed(t, c.run(t, nil, "apply", "-k", overlay), "kubectl apply -k with components/ha")
 	waitServerAvailable(ctx, t, c.sb, haNamespace)
 	pods := readyServerPods(ctx, t, c, haNamespace)
@@ -58,6 +59,112 @@ func testReplicas(ctx context.Context, t *testing.T, c *cluster, root string) {
 	want := uploadBig(ctx, t, c)
 	t.Run("download-across-pod-deletion", func(t *testing.T) { testDownloadAcrossDeletion(ctx, t, c, want) })
 	t.Run("eviction-held-by-budget", func(t *testing.T) { testEvictionHeldByBudget(ctx, t, c, want) })
+	t.Run("backup-agent-evicted", func(t *testing.T) { testBackupAgentEvicted(ctx, t, c) })
+}
+
+// slowKeys is how many 1 KB values the ha-slow target holds.
+const slowKeys = 1500
+
+// slowTarget gives the HA install a target, ha-slow, whose etcd sends
+// its ≈ 1.5 MB snapshot at 64 KiB/s (≈ 25 s), and writes the install's
+// config into overlay: the HA component's, with the target.
+func slowTarget(ctx context.Context, t *testing.T, c *cluster, overlay string) {
+	t.Helper()
+	ms := newMembers(t, 1)
+	startMembers(t, ms)
+	ec := etcdClient(t, ms)
+	for i := range slowKeys {
+		put(t, ec, fmt.Sprintf("/slow/%04d", i), strings.Repeat("s", 1000))
+	}
+	if err := c.sb.ExposeHostService(ctx, "kube-system", "ha-slow", 2379, startSlowProxy(t, ms[0].clientURL.Host, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	config := `apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: etcdbackup-config
+data:
+  config.yaml: |
+    replicas: 2
+    locations:
+      - name: default
+        filesystem:
+          path: /var/lib/etcdbackup
+          sharedVolume: true
+    targets:
+      - name: ha-slow
+        endpoints: [http://ha-slow.kube-system.svc:2379]
+        insecurePlaintext: true
+    agents:
+      serviceAccount: etcdbackup-agent
+`
+	if err := os.WriteFile(filepath.Join(overlay, "config.yaml"), []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(overlay, "kustomization.yaml"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("  - path: config.yaml\n"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testBackupAgentEvicted: the pod of a backup agent is evicted while it
+// uploads, as a node drain evicts it. Its Job starts another pod, which
+// takes the backup again; the backup completes with every key, and the
+// cut-off upload left no claim on the name behind.
+func testBackupAgentEvicted(ctx context.Context, t *testing.T, c *cluster) {
+	done := make(chan world.Result, 1)
+	go func() {
+		done <- c.kubectl.Run(ctx, "etcdbackup", "-n", haNamespace, "backup", "--target", "ha-slow", "--name", "evicted", "--wait")
+	}()
+	var first corev1.Pod
+	pollUntil(ctx, t, "the agent of backup evicted uploading", func() bool {
+		leases, err := c.sb.Client().CoordinationV1().Leases(haNamespace).List(ctx, metav1.ListOptions{LabelSelector: "etcdbackup.io/coordination=upload"})
+		if err != nil || len(leases.Items) == 0 {
+			return false
+		}
+		pods, err := c.sb.Client().CoreV1().Pods(haNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=backup-agent"})
+		if err != nil || len(pods.Items) != 1 || pods.Items[0].Status.Phase != corev1.PodRunning {
+			return false
+		}
+		first = pods.Items[0]
+		return true
+	})
+	if err := c.sb.Client().PolicyV1().Evictions(haNamespace).Evict(ctx, &policyv1.Eviction{
+		ObjectMeta: metav1.ObjectMeta{Namespace: haNamespace, Name: first.Name}}); err != nil {
+		t.Fatalf("evict the backup agent %s: %v", first.Name, err)
+	}
+	var res world.Result
+	select {
+	case res = <-done:
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	}
+	if res.ExitCode != 0 {
+		t.Fatalf("backup --wait across the eviction of its agent %s: %s", first.Name, res)
+	}
+	pods, err := c.sb.Client().CoreV1().Pods(haNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=backup-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var other bool
+	for _, p := range pods.Items {
+		other = other || (p.UID != first.UID && p.Status.Phase == corev1.PodSucceeded)
+	}
+	if !other {
+		t.Errorf("no other agent pod took the backup after %s was evicted: %d pods", first.Name, len(pods.Items))
+	}
+	r := mustSucceed(t, c.run(t, nil, "etcdbackup", "-n", haNamespace, "get", "evicted", "-o", "jsonpath={.status.phase} {.status.etcd.totalKeys}"), "get evicted")
+	var phase string
+	var keys int
+	if _, err := fmt.Sscan(r.Stdout, &phase, &keys); err != nil || phase != "Completed" || keys < slowKeys {
+		t.Fatalf("backup evicted: %q, want Completed with at least %d keys", r.Stdout, slowKeys)
+	}
+	mustSucceed(t, c.run(t, nil, "etcdbackup", "-n", haNamespace, "verify", "evicted"), "verify evicted")
+	t.Logf("backup agent %s evicted mid-upload; its Job's next pod took the backup: %d keys", first.Name, keys)
 }
 
 // readyServerPods are the server's Ready pods in ns that are not being

@@ -16,16 +16,22 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/controller"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/leader"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
 
-// Scheduled backups on the installed product, two targets side by side:
+// Scheduled backups on the installed product with two replicas (the HA
+// layout), two targets side by side:
 //
-//   - sched: a quiet etcd, every minute, retention keepLast 2. At least
-//     three runs succeed, two scheduled backups stay, the metrics port
-//     shows the success counter and the last-success time, and
-//     `prune --dry-run` has nothing to remove.
+//   - sched: a quiet etcd, every minute, retention keepLast 2. The leading
+//     replica is killed just before a run, twice: over five minutes every
+//     minute still has exactly one run, and it succeeds. Two scheduled
+//     backups stay, the leader's metrics port shows the last-success
+//     time, and `prune --dry-run` has nothing to remove.
 //   - slow: an etcd behind a proxy sending 8 KiB/s, every minute: its one
 //     backup takes minutes, so the runs due meanwhile are skipped and
 //     counted, and never two of its Jobs run at once.
@@ -49,34 +55,70 @@ func TestSchedule(t *testing.T) {
 	}
 	proxy := startSlowProxy(t, slow[0].clientURL.Host, 8<<10)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	product, err := world.InstallProduct(ctx, sb, k, im, t.TempDir(), &testLog{t: t, prefix: "install: "},
-		world.PlainTarget{Name: "sched", Addr: quiet[0].clientURL.Host, Schedule: "* * * * *", KeepLast: 2, Drill: "* * * * *"},
-		world.PlainTarget{Name: "slow", Addr: proxy, Schedule: "* * * * *"})
+	// Two replicas (the HA layout): one leads the controller; every
+	// replica serves.
+	product, err := world.InstallProductWith(ctx, sb, k, t.TempDir(), &testLog{t: t, prefix: "install: "}, world.ProductOptions{
+		Images: im, HA: true,
+		PlainTargets: []world.PlainTarget{
+			{Name: "sched", Addr: quiet[0].clientURL.Host, Schedule: "* * * * *", KeepLast: 2, Drill: "* * * * *"},
+			{Name: "slow", Addr: proxy, Schedule: "* * * * *"},
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(product.Stop)
-
-	// Watch the slow target's Jobs from the start: how many ran at once.
-	overlap := watchConcurrentJobs(ctx, t, c, "slow")
-	metrics := portForwardMetrics(ctx, t, k)
-
-	succeeded := `etcdbackup_backup_runs_total{location="default",result="succeeded",target="sched"}`
 	installed := time.Now()
-	deadline := installed.Add(5 * time.Minute)
-	for {
-		if v, ok := metricValue(t, metrics, succeeded); ok && v >= 3 {
-			t.Logf("%v scheduled runs of sched succeeded %s after the install", v, time.Since(installed).Round(time.Second))
-			break
-		}
-		if time.Now().After(deadline) {
-			r := c.run(t, nil, "etcdbackup", "list", "-o", "wide")
-			t.Fatalf("fewer than 3 scheduled runs of sched succeeded in 5 minutes; metrics:\n%s\nlist:\n%s", grepMetrics(t, metrics, "etcdbackup_backup_runs_total"), r)
-		}
-		time.Sleep(5 * time.Second)
+
+	// Every backup Job from the start: how many of the slow target ran at
+	// once, and which runs of sched there were.
+	jobs := watchBackupJobs(ctx, t, c)
+	// Five runs of sched, the first at the next whole minute; the leader
+	// is killed (no grace: its Lease must lapse) 15 s before the second
+	// and before the third.
+	first := installed.Truncate(time.Minute).Add(time.Minute)
+	var runs []time.Time
+	for i := range 5 {
+		runs = append(runs, first.Add(time.Duration(i)*time.Minute))
 	}
+	for _, run := range runs[1:3] {
+		sleepUntil(ctx, t, run.Add(-15*time.Second))
+		t.Logf("killed the leading replica %s 15 s before the run of %s", killLeader(ctx, t, c), run.Format("15:04"))
+	}
+
+	t.Run("one-run-a-minute-across-leader-kills", func(t *testing.T) {
+		last := schedule.Name("sched", runs[len(runs)-1])
+		waitFor(ctx, t, time.Until(runs[len(runs)-1])+90*time.Second, "the run of "+last+" to finish", func() bool {
+			j, ok := jobs.of("sched")[last]
+			return ok && len(j) > 0 && jobFinished(&j[0])
+		})
+		byName := jobs.of("sched")
+		for _, run := range runs {
+			name := schedule.Name("sched", run)
+			switch j := byName[name]; {
+			case len(j) != 1:
+				t.Errorf("scheduled run %s: %d Jobs, want exactly one", name, len(j))
+			case !jobSucceeded(&j[0]):
+				t.Errorf("scheduled run %s: Job %s did not succeed: %+v", name, j[0].Name, j[0].Status.Conditions)
+			default:
+				t.Logf("scheduled run %s: Job created %v after its time", name, j[0].CreationTimestamp.Sub(run))
+			}
+		}
+		for name, j := range byName {
+			if len(j) != 1 {
+				t.Errorf("backup %s was started by %d Jobs", name, len(j))
+			}
+		}
+		ev, err := c.sb.Client().CoreV1().Events(world.DefaultNamespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + controller.EventNameTaken})
+		if err != nil || len(ev.Items) != 0 {
+			t.Errorf("scheduled runs that found their name taken (a second replica ran them?): %v, %v", ev, err)
+		}
+	})
+
+	// The leader's counters: the replica leading now.
+	metrics := portForwardMetrics(ctx, t, k, "pod/"+leaderPod(ctx, t, c))
+	overlap := func() (int, int) { return jobs.concurrent("slow") }
 
 	t.Run("scheduled-drill", func(t *testing.T) {
 		// The per-minute drill proves the newest backup restores.
@@ -216,31 +258,35 @@ func startSlowProxy(t *testing.T, target string, bytesPerSecond int) string {
 	return l.Addr().String()
 }
 
-// watchConcurrentJobs polls the backup Jobs of target until the test
-// ends; the function it returns gives the most that ran at once and how
-// many were seen.
-func watchConcurrentJobs(ctx context.Context, t *testing.T, c *cluster, target string) func() (most, seen int) {
+// jobWatch records, polling every second until the test ends, every
+// backup Job it saw (its last state) and how many of each target's ran
+// at once.
+type jobWatch struct {
+	mu   sync.Mutex
+	most map[string]int
+	jobs map[string]batchv1.Job // by Job name
+}
+
+func watchBackupJobs(ctx context.Context, t *testing.T, c *cluster) *jobWatch {
 	ctx, cancel := context.WithCancel(ctx)
-	var mu sync.Mutex
+	w := &jobWatch{most: map[string]int{}, jobs: map[string]batchv1.Job{}}
 	var wg sync.WaitGroup
-	most, seen := 0, map[string]bool{}
 	wg.Go(func() {
 		for ctx.Err() == nil {
 			list, err := c.sb.Client().BatchV1().Jobs(world.DefaultNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=backup-agent"})
 			if err == nil {
-				running := 0
-				mu.Lock()
+				running := map[string]int{}
+				w.mu.Lock()
 				for _, j := range list.Items {
-					if j.Annotations["etcdbackup.io/target"] != target {
-						continue
-					}
-					seen[j.Name] = true
+					w.jobs[j.Name] = j
 					if !jobFinished(&j) {
-						running++
+						running[j.Annotations["etcdbackup.io/target"]]++
 					}
 				}
-				most = max(most, running)
-				mu.Unlock()
+				for target, n := range running {
+					w.most[target] = max(w.most[target], n)
+				}
+				w.mu.Unlock()
 			}
 			select {
 			case <-ctx.Done():
@@ -249,11 +295,73 @@ func watchConcurrentJobs(ctx context.Context, t *testing.T, c *cluster, target s
 		}
 	})
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	return func() (int, int) {
-		mu.Lock()
-		defer mu.Unlock()
-		return most, len(seen)
+	return w
+}
+
+// concurrent is the most Jobs of target that ran at once, and how many
+// there were.
+func (w *jobWatch) concurrent(target string) (most, seen int) {
+	return w.most[target], len(w.of(target))
+}
+
+// of is target's Jobs by the backup each makes.
+func (w *jobWatch) of(target string) map[string][]batchv1.Job {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	by := map[string][]batchv1.Job{}
+	for _, j := range w.jobs {
+		if j.Annotations["etcdbackup.io/target"] == target {
+			by[j.Annotations["etcdbackup.io/backup"]] = append(by[j.Annotations["etcdbackup.io/backup"]], j)
+		}
 	}
+	return by
+}
+
+// leaderPod is the pod of the replica holding the controller's Lease
+// (its identity is POD_RANDOM).
+func leaderPod(ctx context.Context, t *testing.T, c *cluster) string {
+	t.Helper()
+	var pod string
+	waitFor(ctx, t, time.Minute, "a replica leading", func() bool {
+		l, err := c.sb.Client().CoordinationV1().Leases(world.DefaultNamespace).Get(ctx, leader.LeaseName, metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil || l.Spec.RenewTime == nil ||
+			time.Since(l.Spec.RenewTime.Time) > time.Duration(ptr.Deref(l.Spec.LeaseDurationSeconds, 0))*time.Second {
+			return false
+		}
+		pod, _, _ = strings.Cut(*l.Spec.HolderIdentity, "_")
+		return pod != ""
+	})
+	return pod
+}
+
+// killLeader deletes the leading replica's pod with no grace period, as
+// a node's sudden death would end it, and returns its name.
+func killLeader(ctx context.Context, t *testing.T, c *cluster) string {
+	t.Helper()
+	pod := leaderPod(ctx, t, c)
+	if err := c.sb.Client().CoreV1().Pods(world.DefaultNamespace).Delete(ctx, pod, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatalf("kill the leading replica %s: %v", pod, err)
+	}
+	return pod
+}
+
+// sleepUntil waits until the clock reads at.
+func sleepUntil(ctx context.Context, t *testing.T, at time.Time) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	case <-time.After(time.Until(at)):
+	}
+}
+
+func jobSucceeded(j *batchv1.Job) bool {
+	for _, c := range j.Status.Conditions {
+		if c.Status == corev1.ConditionTrue && c.Type == batchv1.JobComplete {
+			return true
+		}
+	}
+	return false
 }
 
 func jobFinished(j *batchv1.Job) bool {
@@ -265,11 +373,12 @@ func jobFinished(j *batchv1.Job) bool {
 	return false
 }
 
-// portForwardMetrics forwards a local port to the server's metrics port
-// with the real kubectl and returns the URL of its /metrics.
-func portForwardMetrics(ctx context.Context, t *testing.T, k *world.Kubectl) string {
+// portForwardMetrics forwards a local port to the metrics port of the
+// server (deployment/etcdbackup-server, or a replica: pod/NAME) with the
+// real kubectl and returns the URL of its /metrics.
+func portForwardMetrics(ctx context.Context, t *testing.T, k *world.Kubectl, target string) string {
 	t.Helper()
-	return "http://" + portForward(ctx, t, k, world.DefaultNamespace, "deployment/etcdbackup-server", 9090) + "/metrics"
+	return "http://" + portForward(ctx, t, k, world.DefaultNamespace, target, 9090) + "/metrics"
 }
 
 func scrape(t *testing.T, url string) string {

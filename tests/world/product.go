@@ -56,6 +56,9 @@ type ProductOptions struct {
 	// Authorization is the server's authorization.mode ("" = default,
 	// PortForward).
 	Authorization string
+	// HA installs the HA layout (manifests/components/ha): two replicas
+	// electing the controller, the filesystem location on a shared claim.
+	HA bool
 }
 
 // ClusterTarget is an etcd cluster running in the sandbox without TLS,
@@ -216,6 +219,18 @@ func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, opts
 			return err
 		}
 	}
+	// The overlay's config.yaml replaces the HA component's whole: it
+	// says again what that one does (replicas, the shared claim).
+	components, replicas, shared := "", "", ""
+	if opts.HA {
+		ha, err := filepath.Rel(dir, filepath.Join(root, "manifests", "components", "ha"))
+		if err != nil {
+			return err
+		}
+		components = "components:\n  - " + ha + "\n"
+		replicas = "    replicas: 2\n"
+		shared = "          sharedVolume: true\n"
+	}
 	serverName, serverTag := nameAndTag(images.Server)
 	agentName, agentTag := nameAndTag(images.Agent)
 	files := map[string]string{
@@ -246,21 +261,21 @@ images:
   - name: etcdbackup-agent
     newName: %[5]s
     newTag: %[6]q
-patches:
+%[8]spatches:
   - path: config.yaml
   - path: deployment.yaml
-%[7]s`, DefaultNamespace, base, serverName, serverTag, agentName, agentTag, restoreNamespacesPatch(cluster)),
+%[7]s`, DefaultNamespace, base, serverName, serverTag, agentName, agentTag, restoreNamespacesPatch(cluster), components),
 		"config.yaml": fmt.Sprintf(`apiVersion: v1
 kind: ConfigMap
 metadata:
   name: etcdbackup-config
 data:
   config.yaml: |
-    locations:
+%[7]s    locations:
       - name: default
         filesystem:
           path: /var/lib/etcdbackup
-      - name: s3
+%[8]s      - name: s3
         s3:
           bucket: %[1]s
           prefix: sandbox
@@ -276,7 +291,7 @@ data:
         tlsSecret: etcd-client
 %[4]s    agents:
       serviceAccount: etcdbackup-agent
-%[5]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), authorization(opts.Authorization), EtcdServiceURL),
+%[5]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), authorization(opts.Authorization), EtcdServiceURL, replicas, shared),
 		"deployment.yaml": `apiVersion: apps/v1
 kind: Deployment
 metadata:
