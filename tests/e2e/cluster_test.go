@@ -151,8 +151,8 @@ func TestCluster(t *testing.T) {
 // namespaceOverlay writes a kustomize overlay that installs manifests/
 // in namespace ns, with components (paths under the repository root),
 // and returns its directory. The one cluster-scoped object bound to a
-// namespace, the auth-delegator binding, gets a name of its own
-// (docs/security.md).
+// namespace, the auth-delegator binding, gets a name of its own and
+// this namespace's server as its subject (docs/security.md).
 func namespaceOverlay(t *testing.T, root, ns string, components ...string) string {
 	t.Helper()
 	overlay := t.TempDir()
@@ -181,6 +181,9 @@ resources:
       - op: replace
         path: /metadata/name
         value: etcdbackup-server-auth-delegator-%[1]s
+      - op: replace
+        path: /subjects/0/namespace
+        value: %[1]s
 `, ns, rel("manifests"), comps)
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
 		t.Fatal(err)
