@@ -208,7 +208,10 @@ func newRestoreCmd() *cobra.Command {
 			}
 			ids, err := identitiesFrom(identityDir)
 			if err != nil {
-				return err
+				// The Secret's volume is optional (server/jobs): a missing
+				// Secret is an empty directory here.
+				return fmt.Errorf("%w: the Secret named by `restore --identity-secret` is missing from the members' namespace or holds no age identity file; "+
+					"nothing was restored: create it (kubectl -n NAMESPACE create secret generic NAME --from-file=identity.txt=KEYFILE) and run the restore again", err)
 			}
 			o.Identities = ids
 			conn, c, err := dial(srv)

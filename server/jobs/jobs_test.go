@@ -532,6 +532,11 @@ func TestEncryptionInJobSpecs(t *testing.T) {
 	if *vol.Secret.DefaultMode&0o007 != 0 {
 		t.Errorf("identity readable by others: %o", *vol.Secret.DefaultMode)
 	}
+	// Optional: a missing Secret fails the agent at once, not the pod's
+	// start at the Job's deadline.
+	if vol.Secret.Optional == nil || !*vol.Secret.Optional {
+		t.Error("identity Secret volume not optional")
+	}
 	c := pod.Containers[0]
 	var mount string
 	for _, m := range c.VolumeMounts {

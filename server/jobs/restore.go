@@ -430,11 +430,17 @@ func restoreSecurityContext(t config.Target) *corev1.PodSecurityContext {
 }
 
 // addIdentity mounts the age identities of Secret secret for decryption.
+// The volume is optional: the server may not read Secrets in the members'
+// namespace to check it, and a missing one would hold the pod in
+// ContainerCreating until the Job's deadline; so the pod starts with an
+// empty directory and the agent fails at once, before it touches the
+// member's data, saying that the restore's --identity-secret is missing
+// and how to create it.
 func (p *restoreAgentPod) addIdentity(secret string) {
 	p.args = append(p.args, "--identity-dir="+identityMountPath)
 	p.volumes = append(p.volumes, corev1.Volume{Name: "age-identity", VolumeSource: corev1.VolumeSource{
 		// Readable by the agent's group (fsGroup) only.
-		Secret: &corev1.SecretVolumeSource{SecretName: secret, DefaultMode: ptr.To[int32](0o440)},
+		Secret: &corev1.SecretVolumeSource{SecretName: secret, DefaultMode: ptr.To[int32](0o440), Optional: ptr.To(true)},
 	}})
 	p.mounts = append(p.mounts, corev1.VolumeMount{Name: "age-identity", MountPath: identityMountPath, ReadOnly: true})
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -472,6 +473,29 @@ func TestRestoreIntoCluster(t *testing.T) {
 			t.Fatalf("member %s wrote no data in its volume: %v", m.Name, err)
 		}
 	}
+
+	t.Run("identity-secret-missing", func(t *testing.T) {
+		// A mistyped --identity-secret: every agent fails at once, before
+		// it touches its member, saying what to create.
+		args := append(slices.Clone(restoreArgs[:len(restoreArgs)-1]), "etcd-age-kye", "--wait")
+		began := time.Now()
+		r := mustFail(t, c.run(t, nil, args...), "restore with a missing identity Secret")
+		for _, want := range []string{"--identity-secret", "create secret generic", "nothing was restored"} {
+			if !strings.Contains(r.Stderr, want) {
+				t.Errorf("failure does not say %q: %s", want, r)
+			}
+		}
+		t.Logf("restore with a missing identity Secret failed after %v", time.Since(began).Round(time.Second))
+		for _, m := range members {
+			vol, err := sb.VolumePath(ctx, appNS, m.ClaimName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(vol, appDataDir, "member")); err != nil {
+				t.Fatalf("member %s's data was touched: %v", m.Name, err)
+			}
+		}
+	})
 
 	t.Run("member-with-data-fails", func(t *testing.T) {
 		// etcd-2's old data is still there: its agent refuses to write
