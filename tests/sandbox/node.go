@@ -214,7 +214,7 @@ func setupNodeNetwork(ctx context.Context, sp nodeSpec) error {
 	return nil
 }
 
-// LimitNodeEgress makes the node's link to the host carry at most rate
+// LimitNodeEgress makes node 0's link to the switch carry at most rate
 // (tc's notation: "800mbit") from the node to the host, as a network of
 // that speed between a kubelet and its API server would: a token bucket
 // (tc's tbf) on the node's end of the veth. What crosses it that way is

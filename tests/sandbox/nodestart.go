@@ -151,19 +151,6 @@ func (s *Sandbox) writeNodeConfig(n *node) (nodeConfig, error) {
 	return cfg, nil
 }
 
-// nodeProcess is one of node 0's daemons by name, nil if not started.
-func (s *Sandbox) nodeProcess(name string) *process {
-	if s.node == nil {
-		return nil
-	}
-	for _, p := range s.node.daemons() {
-		if p.name == name {
-			return p
-		}
-	}
-	return nil
-}
-
 // launchInNode starts a daemon inside node n's namespaces, its output in
 // NAME.log (node 0) or NAME-2.log (node 2) in the sandbox dir.
 func (s *Sandbox) launchInNode(n *node, name, binary string, args ...string) (*process, error) {

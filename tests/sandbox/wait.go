@@ -155,8 +155,9 @@ func (s *Sandbox) VolumePath(ctx context.Context, ns, claim string) (string, err
 	return s.node.hostPath(pv.Spec.HostPath.Path), nil
 }
 
-// NodePath maps a path of the node's filesystem (hostPath volumes, pod
-// logs) to where it is on the host.
+// NodePath maps a path of node 0's filesystem (hostPath volumes, pod
+// logs) to where it is on the host. Volumes are the same on node 2
+// (AddNode); its pod logs are under the sandbox dir's node-2/var/log.
 func (s *Sandbox) NodePath(path string) string { return s.node.hostPath(path) }
 
 // ContainerPIDs are the processes running in the nodes' pod cgroups now:
