@@ -215,7 +215,7 @@ func setupNodeNetwork(ctx context.Context, sp nodeSpec) error {
 }
 
 // LimitNodeEgress makes node 0's link to the switch carry at most rate
-// (tc's notation: "800mbit") from the node to the host, as a network of
+// (tc's notation: "800mbit") from the node to the host (and to node 2), as a network of
 // that speed between a kubelet and its API server would: a token bucket
 // (tc's tbf) on the node's end of the veth. What crosses it that way is
 // the kubelet's side of every port-forward, so every download through the
