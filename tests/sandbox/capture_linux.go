@@ -14,8 +14,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Capture records what crosses the node's pod network: every frame on
-// every interface of the node's network namespace (the pods' veths, the
+// Capture records what crosses node 0's pod network (node 2's, after
+// AddNode, only where it crosses node 0): every frame on every interface
+// of node 0's network namespace (the pods' veths, the
 // CNI bridge), read from an AF_PACKET socket opened inside it, as a pod
 // with NET_RAW on the host network would. It keeps no payload: for each
 // TCP port it counts packets and payload bytes, and says whether a marker

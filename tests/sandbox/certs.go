@@ -82,7 +82,7 @@ func newPKI(dir string) (*pki, error) {
 		return nil, err
 	}
 	loopback := []net.IP{net.IPv4(127, 0, 0, 1)}
-	hostIP, nodeIP := net.ParseIP(HostIP), net.ParseIP(NodeIP)
+	hostIP := net.ParseIP(HostIP)
 	// The host and the node reach the API server at the host end of the
 	// veth; in-cluster clients at the `kubernetes` Service's ClusterIP and
 	// names.
@@ -102,7 +102,6 @@ func newPKI(dir string) (*pki, error) {
 	}{
 		{&p.controllerManager, "kube-controller-manager", certRequest{commonName: "system:kube-controller-manager"}},
 		{&p.scheduler, "kube-scheduler", certRequest{commonName: "system:kube-scheduler"}},
-		{&p.nodeClient, "node-client", certRequest{commonName: "system:node:" + NodeName, organizations: []string{"system:nodes"}}},
 		{&p.kubeProxy, "kube-proxy", certRequest{commonName: "system:kube-proxy"}},
 	} {
 		id.req.usage = x509.ExtKeyUsageClientAuth
@@ -166,20 +165,38 @@ func newPKI(dir string) (*pki, error) {
 	}); err != nil {
 		return nil, err
 	}
-	// The apiserver reaches the kubelet by the node's InternalIP and checks
-	// this certificate against --kubelet-certificate-authority.
-	if p.node, err = p.issue("node", p.ca, certRequest{
-		commonName: "system:node:" + NodeName,
-		dnsNames:   []string{NodeName, "localhost"},
-		ips:        []net.IP{nodeIP},
-		usage:      x509.ExtKeyUsageServerAuth,
-	}); err != nil {
+	if p.node, p.nodeClient, err = p.nodeCerts(nodeSpecs[0]); err != nil {
 		return nil, err
 	}
 	if err := p.newServiceAccountKey(); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// nodeCerts issues a node's kubelet certificates: its serving certificate
+// (the API server reaches the kubelet by the node's InternalIP and checks
+// it against --kubelet-certificate-authority) and its client certificate,
+// the identity RBAC's system:nodes and the Node authorizer know, each node
+// its own as NodeRestriction requires. Node 0's files are node.crt and
+// node-client.crt, node 2's node-2.crt and node-2-client.crt.
+func (p *pki) nodeCerts(sp nodeSpec) (serving, client *keyPair, err error) {
+	if serving, err = p.issue("node"+sp.suffix, p.ca, certRequest{
+		commonName: "system:node:" + sp.name,
+		dnsNames:   []string{sp.name, "localhost"},
+		ips:        []net.IP{net.ParseIP(sp.ip)},
+		usage:      x509.ExtKeyUsageServerAuth,
+	}); err != nil {
+		return nil, nil, err
+	}
+	if client, err = p.issue("node"+sp.suffix+"-client", p.clientCA, certRequest{
+		commonName:    "system:node:" + sp.name,
+		organizations: []string{"system:nodes"},
+		usage:         x509.ExtKeyUsageClientAuth,
+	}); err != nil {
+		return nil, nil, err
+	}
+	return serving, client, nil
 }
 
 type certRequest struct {

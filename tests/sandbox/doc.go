@@ -11,10 +11,17 @@
 //   - one node, like a kind node without a container engine: containerd
 //     and runc (Debian's packages), the kubelet and kube-proxy (nftables
 //     mode) v1.37.2, CNI plugins (bridge, host-local, loopback, portmap),
-//     all in a network namespace and a private mount namespace of its own,
-//     joined to the host by a veth pair (HostIP on the host, NodeIP on the
-//     node). Pods get addresses from PodCIDR on the node's bridge,
-//     Services ClusterIPs from ServiceCIDR;
+//     all in a network namespace and a private mount namespace of its own.
+//     The host (HostIP) and the node (NodeIP) are joined by veth pairs to
+//     a bridge in a "switch" network namespace of its own, so nodes reach
+//     each other at L2 and the host never forwards. Pods get addresses
+//     from PodCIDR on the node's bridge, Services ClusterIPs from
+//     ServiceCIDR; each node masquerades its pods' traffic leaving
+//     ClusterCIDR (towards the host services), not pod-to-pod traffic;
+//   - on demand (AddNode), a second node, Node2Name at Node2IP with pods
+//     from Node2PodCIDR, joined the same way with its own kubelet identity
+//     and cgroupRoot; it gets the same images, and node 0's volumes
+//     directory, so a hostPath volume is the same on both;
 //   - CoreDNS as a Deployment behind the kube-dns Service, so Service names
 //     resolve in pods;
 //   - a default StorageClass whose provisioner makes hostPath volumes in the
@@ -56,10 +63,11 @@
 // hard-code (/run, /var/lib, /var/log, /opt) are the node's own inside its
 // mount namespace; so are the machine-wide sysctls the kubelet writes
 // (kernel.panic, kernel.panic_on_oops, vm.overcommit_memory, …), covered
-// by plain files there. Stop kills every process of the node, removes its
-// cgroups (kubepods, k8s.io), its network namespace and link; the mounts
+// by plain files there. Stop kills every process of the nodes, removes their
+// cgroups (kubepods, k8s.io, sandbox-node-2), the network namespaces
+// (nodes' and switch's) and the host link; the mounts
 // and the nftables tables (kube-proxy's, kube-network-policies') go with
-// the namespaces. One sandbox runs per machine (the node's names are
+// the namespaces. One sandbox runs per machine (the nodes' names are
 // fixed): a second Start waits for the first to stop, or with
 // Config.NoWait fails naming it.
 package sandbox

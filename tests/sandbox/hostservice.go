@@ -77,7 +77,7 @@ func (s *Sandbox) ExposeHostService(ctx context.Context, ns, name string, port i
 	return s.WaitForServiceRouted(ctx, ns, name)
 }
 
-// WaitForServiceRouted waits until kube-proxy has programmed the node's
+// WaitForServiceRouted waits until every node's kube-proxy has programmed its
 // nftables rules for Service ns/name with every ready endpoint of its
 // EndpointSlices (at least one), so a pod started next reaches it: before
 // that, its ClusterIP refuses connections or leads to a pod that is gone.
@@ -101,17 +101,20 @@ func (s *Sandbox) WaitForServiceRouted(ctx context.Context, ns, name string) err
 		if len(ready) == 0 {
 			return false, "no ready endpoint", nil
 		}
-		out, err := s.node.exec(ctx, "nft", "list", "table", "ip", "kube-proxy")
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		var rules string
-		for _, m := range chain.FindAllStringSubmatch(out, -1) {
-			rules += m[1]
-		}
-		for _, addr := range ready {
-			if !strings.Contains(rules, "dnat") || !regexp.MustCompile(`\b`+regexp.QuoteMeta(addr)+`\b`).MatchString(rules) {
-				return false, fmt.Sprintf("endpoint %s not in kube-proxy's rules yet", addr), nil
+		// Every node's kube-proxy: a client pod may run on any.
+		for _, n := range s.allNodes() {
+			out, err := n.exec(ctx, "nft", "list", "table", "ip", "kube-proxy")
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			var rules string
+			for _, m := range chain.FindAllStringSubmatch(out, -1) {
+				rules += m[1]
+			}
+			for _, addr := range ready {
+				if !strings.Contains(rules, "dnat") || !regexp.MustCompile(`\b`+regexp.QuoteMeta(addr)+`\b`).MatchString(rules) {
+					return false, fmt.Sprintf("endpoint %s not in %s's kube-proxy rules yet", addr, n.spec.name), nil
+				}
 			}
 		}
 		return true, "", nil

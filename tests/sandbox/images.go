@@ -90,7 +90,7 @@ func PackBinary(archive, ref, binary string) (string, error) {
 }
 
 // LoadBinaryImage packs a static binary as image ref and imports it into
-// the node, for test images (podtool, etcd).
+// the nodes, for test images (podtool, etcd).
 func (s *Sandbox) LoadBinaryImage(ctx context.Context, ref, binary string) error {
 	archive := filepath.Join(s.dir, "images", filepath.Base(binary)+".tar")
 	if _, err := PackBinary(archive, ref, binary); err != nil {
@@ -116,12 +116,25 @@ func BuildBinary(ctx context.Context, pkg, dir string) (string, error) {
 	return out, nil
 }
 
-// TagImage gives an imported image another name in the node's containerd,
-// as `ctr images tag` (or `docker tag`) does: say, the name the manifests
-// use by default.
+// TagImage gives an imported image another name in every node's
+// containerd (and in a node AddNode starts later), as `ctr images tag` (or
+// `docker tag`) does: say, the name the manifests use by default.
 func (s *Sandbox) TagImage(ctx context.Context, ref, alias string) error {
-	if err := s.node.ctr(ctx, "images", "tag", "--force", normalizeRef(ref), normalizeRef(alias)); err != nil {
-		return fmt.Errorf("sandbox: tag image %s as %s: %w", ref, alias, err)
+	s.nodesMu.Lock()
+	s.tags = append(s.tags, [2]string{ref, alias})
+	nodes := s.nodes()
+	s.nodesMu.Unlock()
+	for _, n := range nodes {
+		if err := n.tag(ctx, ref, alias); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (n *node) tag(ctx context.Context, ref, alias string) error {
+	if err := n.ctr(ctx, "images", "tag", "--force", normalizeRef(ref), normalizeRef(alias)); err != nil {
+		return fmt.Errorf("sandbox: tag image %s as %s on %s: %w", ref, alias, n.spec.name, err)
 	}
 	return nil
 }

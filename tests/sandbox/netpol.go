@@ -97,7 +97,7 @@ subjects:
     namespace: kube-system
 `
 
-// startNetworkPolicy starts kube-network-policies on the node as a host
+// startNetworkPolicy starts kube-network-policies on node n as a host
 // process in the node's namespaces, as kube-proxy runs, where upstream runs
 // a hostNetwork DaemonSet. Its main only knows the in-cluster
 // configuration, so the node's /run (its own, see nodeDirs) gets the
@@ -107,8 +107,7 @@ subjects:
 // so and uses the API server's pod IPs alone. It returns once the enforcer
 // has programmed its nftables table and bound its queue: from then on
 // every NetworkPolicy is enforced.
-func (s *Sandbox) startNetworkPolicy(ctx context.Context) error {
-	n := s.node
+func (s *Sandbox) startNetworkPolicy(ctx context.Context, n *node) error {
 	if err := s.EnsureNamespace(ctx, "kube-system"); err != nil {
 		return err
 	}
@@ -138,10 +137,10 @@ func (s *Sandbox) startNetworkPolicy(ctx context.Context) error {
 	}
 	// env: exec.Cmd's environment is the node's fixed one (launch); env
 	// execs the binary, so the process stays the one Stop kills.
-	if n.netpol, err = s.launchInNode("kube-network-policies", "env",
+	if n.netpol, err = s.launchInNode(n, "kube-network-policies", "env",
 		"KUBERNETES_SERVICE_HOST="+u.Hostname(), "KUBERNETES_SERVICE_PORT="+u.Port(),
 		filepath.Join(s.nodeDir, "bin", "kube-network-policies"),
-		"--hostname-override="+NodeName,
+		"--hostname-override="+n.spec.name,
 		"--nfqueue-id="+strconv.Itoa(netpolQueueID),
 		// Its metrics stay on the node's loopback; nothing scrapes them.
 		"--metrics-bind-address=127.0.0.1:9080",

@@ -17,26 +17,39 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
-// NodeName is the name of the sandbox's single Node.
+// NodeName is the name of the sandbox's first Node, the one Start brings up.
 const NodeName = "sandbox-node"
 
-// The node's network: a network namespace joined to the host by a veth pair,
-// as a kind node is joined to its Docker network. The host side carries the
-// address the API server and the host services (etcd, S3) listen on; the
-// node side is the Node's InternalIP. Pods get addresses from PodCIDR on
-// the node's bridge; Services get ClusterIPs from ServiceCIDR, which only
-// kube-proxy's rules inside the node know. None of these is an address of
-// the machine's own network.
+// Node2Name, Node2IP and Node2PodCIDR are the second Node's, which AddNode
+// brings up on demand.
 const (
-	netnsName    = "etcdbackup-node"
+	Node2Name    = "sandbox-node-2"
+	Node2IP      = "172.30.0.3"
+	Node2PodCIDR = "10.244.1.0/24"
+)
+
+// The network: a "switch" network namespace holding a bridge, to which the
+// host and every node are joined by a veth pair each, as kind nodes are
+// joined to their Docker network. Nodes reach each other at L2, so the host
+// never routes between them (its ip_forward stays as it is). The host side
+// carries the address the API server and the host services (etcd, S3)
+// listen on; each node's side is its Node's InternalIP. Pods get addresses
+// from their node's PodCIDR on the node's bridge; Services get ClusterIPs
+// from ServiceCIDR, which only kube-proxy's rules inside the nodes know.
+// None of these is an address of the machine's own network.
+const (
+	netnsName    = "etcdbackup-node" // node 0's network namespace
+	switchNetns  = "etcdbackup-net"
+	switchBridge = "br0"
 	hostLink     = "etcdbackup0"
+	hostPort     = "host" // the host link's end on the switch
 	nodeLink     = "eth0"
-	HostIP       = "172.30.0.1" // host end of the veth
-	NodeIP       = "172.30.0.2" // node end: the Node's InternalIP
+	HostIP       = "172.30.0.1" // host end of its veth
+	NodeIP       = "172.30.0.2" // node 0's end: the Node's InternalIP
 	nodeNetPrefx = "/24"
-	PodCIDR      = "10.244.0.0/24"
+	PodCIDR      = "10.244.0.0/24" // node 0's pods
 	// ClusterCIDR is the cluster's pod range (kube-proxy tells pod traffic
-	// from other traffic by it); the one node's PodCIDR is part of it.
+	// from other traffic by it); each node's PodCIDR is part of it.
 	ClusterCIDR = "10.244.0.0/16"
 	ServiceCIDR = "10.96.0.0/16"
 	// kubernetesServiceIP is the first address of ServiceCIDR: the
@@ -44,9 +57,37 @@ const (
 	kubernetesServiceIP = "10.96.0.1"
 	// DNSServiceIP is the kube-dns Service's ClusterIP, the pods' resolver.
 	DNSServiceIP = "10.96.0.10"
-	// cniBridge is the bridge the CNI plugin makes inside the node.
+	// cniBridge is the bridge the CNI plugin makes inside each node.
 	cniBridge = "cni0"
+	// masqTable is the nftables table (family ip) that masquerades, in each
+	// node, its pods' traffic leaving the cluster's pod range.
+	masqTable = "sandbox-masquerade"
 )
+
+// nodeSpec is what tells one node from another: its names, addresses and
+// where its files are.
+type nodeSpec struct {
+	name    string // the Node's name
+	netns   string // its network namespace
+	ip      string // its InternalIP, on the switch
+	podCIDR string // its pods' range, on its bridge
+	port    string // its veth's end on the switch
+	// cgroupRoot is the kubelet's cgroupRoot: "" for the hierarchies' root
+	// (node 0, as before there were two), else a cgroup of its own so the
+	// two kubelets' kubepods trees stay apart.
+	cgroupRoot string
+	// suffix tells its files in the sandbox dir from node 0's: the root
+	// "node"+suffix, the configs "node"+suffix+"-config", "kubelet"+suffix+".log".
+	suffix string
+}
+
+// nodeSpecs are the sandbox's nodes: node 0, which Start brings up, and
+// the one AddNode does.
+var nodeSpecs = []nodeSpec{
+	{name: NodeName, netns: netnsName, ip: NodeIP, podCIDR: PodCIDR, port: "node0"},
+	{name: Node2Name, netns: "etcdbackup-node-2", ip: Node2IP, podCIDR: Node2PodCIDR, port: "node2",
+		cgroupRoot: "/" + Node2Name, suffix: "-2"},
+}
 
 // nodeSysctls are the machine-wide (not per network namespace) kernel
 // settings the kubelet sets at start. Inside the node's mount namespace a
@@ -66,14 +107,18 @@ var nodeSysctls = []string{
 // directory under the node root bind-mounted over it).
 var nodeDirs = []string{"/run", "/var/lib", "/var/log", "/opt"}
 
-// cgroupNames are the cgroups the node creates at the root of each
-// hierarchy: the kubelet's pod tree and containerd's namespace.
-var cgroupNames = []string{"kubepods", "k8s.io"}
+// cgroupNames are the cgroups the nodes create at the root of each
+// hierarchy: node 0's kubelet's pod tree, containerd's namespace, and the
+// cgroupRoot of node 2's kubelet (its pod tree under it).
+var cgroupNames = []string{"kubepods", "k8s.io", nodeSpecs[1].cgroupRoot[1:]}
 
 // node is the running node: the process holding its mount namespace and the
 // daemons started inside it.
 type node struct {
-	root       string // host directory under which the node's private dirs live
+	spec       nodeSpec
+	root       string   // host directory under which the node's private dirs live
+	serving    *keyPair // the kubelet's serving certificate
+	client     *keyPair // the kubelet's client certificate: system:node:NAME
 	holder     *exec.Cmd
 	holderDone chan struct{}
 
@@ -110,31 +155,67 @@ func (n *node) hostPath(p string) string {
 // sockPath is containerd's socket as the host sees it.
 func (n *node) sockPath() string { return n.hostPath("/run/containerd/containerd.sock") }
 
-// setupNetwork creates the node's network namespace and the veth pair, and
-// configures both ends.
+// setupNetwork creates the switch, joins the host to it, and node 0.
 func setupNetwork(ctx context.Context) error {
 	cmds := [][]string{
-		{"ip", "netns", "add", netnsName},
-		{"ip", "link", "add", hostLink, "type", "veth", "peer", "name", nodeLink, "netns", netnsName},
+		{"ip", "netns", "add", switchNetns},
+		{"ip", "-n", switchNetns, "link", "add", switchBridge, "type", "bridge"},
+		{"ip", "-n", switchNetns, "link", "set", switchBridge, "up"},
+		{"ip", "link", "add", hostLink, "type", "veth", "peer", "name", hostPort, "netns", switchNetns},
+		{"ip", "-n", switchNetns, "link", "set", hostPort, "master", switchBridge, "up"},
 		{"ip", "addr", "add", HostIP + nodeNetPrefx, "dev", hostLink},
 		{"ip", "link", "set", hostLink, "up"},
-		{"ip", "-n", netnsName, "link", "set", "lo", "up"},
-		{"ip", "-n", netnsName, "addr", "add", NodeIP + nodeNetPrefx, "dev", nodeLink},
-		{"ip", "-n", netnsName, "link", "set", nodeLink, "up"},
-		{"ip", "-n", netnsName, "route", "add", "default", "via", HostIP},
-		// The host reaches pod IPs through the node, as a kind host does.
-		{"ip", "route", "add", PodCIDR, "via", NodeIP, "dev", hostLink},
 	}
 	for _, c := range cmds {
 		if err := run(ctx, c...); err != nil {
-			return fmt.Errorf("node network: %w", err)
+			return fmt.Errorf("network switch: %w", err)
+		}
+	}
+	return setupNodeNetwork(ctx, nodeSpecs[0])
+}
+
+// setupNodeNetwork creates a node's network namespace, joins it to the
+// switch, and routes the pod ranges: the host reaches each node's pods
+// through that node, as a kind host does; a node reaches the other node's
+// pods through it directly (not through the host, which does not forward)
+// and everything else through the host. Its pods' traffic leaving the pod
+// range is masqueraded to the node's IP, as kindnet does, so the host
+// services answer it; traffic between pods keeps the pods' addresses, which
+// NetworkPolicy selects on.
+func setupNodeNetwork(ctx context.Context, sp nodeSpec) error {
+	ns := sp.netns
+	cmds := [][]string{
+		{"ip", "netns", "add", ns},
+		{"ip", "-n", switchNetns, "link", "add", sp.port, "type", "veth", "peer", "name", nodeLink, "netns", ns},
+		{"ip", "-n", switchNetns, "link", "set", sp.port, "master", switchBridge, "up"},
+		{"ip", "-n", ns, "link", "set", "lo", "up"},
+		{"ip", "-n", ns, "addr", "add", sp.ip + nodeNetPrefx, "dev", nodeLink},
+		{"ip", "-n", ns, "link", "set", nodeLink, "up"},
+		{"ip", "-n", ns, "route", "add", "default", "via", HostIP},
+		{"ip", "route", "add", sp.podCIDR, "via", sp.ip, "dev", hostLink},
+		// Per network namespace: the node routes its pods' traffic.
+		{"ip", "netns", "exec", ns, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"},
+		{"ip", "netns", "exec", ns, "nft", "add", "table", "ip", masqTable},
+		{"ip", "netns", "exec", ns, "nft", "add", "chain", "ip", masqTable, "postrouting",
+			"{ type nat hook postrouting priority srcnat; policy accept; }"},
+		{"ip", "netns", "exec", ns, "nft", "add", "rule", "ip", masqTable, "postrouting",
+			"ip", "saddr", sp.podCIDR, "ip", "daddr", "!=", ClusterCIDR, "masquerade"},
+	}
+	for _, other := range nodeSpecs {
+		if other.name != sp.name {
+			cmds = append(cmds, []string{"ip", "-n", ns, "route", "add", other.podCIDR, "via", other.ip, "dev", nodeLink})
+		}
+	}
+	for _, c := range cmds {
+		if err := run(ctx, c...); err != nil {
+			return fmt.Errorf("node %s network: %w", sp.name, err)
 		}
 	}
 	return nil
 }
 
-// LimitNodeEgress makes the node's link to the host carry at most rate
-// (tc's notation: "800mbit") from the node to the host, as a network of
+// LimitNodeEgress makes node 0's link to the switch carry at most rate
+// (tc's notation: "800mbit") from the node to the host (and to node 2), as a network of
 // that speed between a kubelet and its API server would: a token bucket
 // (tc's tbf) on the node's end of the veth. What crosses it that way is
 // the kubelet's side of every port-forward, so every download through the
@@ -156,15 +237,18 @@ func (s *Sandbox) LimitNodeEgress(ctx context.Context, rate string) (lift func()
 	}, nil
 }
 
-// teardownNetwork deletes the network namespace (the veth pair and the
-// route go with it) and, if a crashed sandbox left it, the host link. The
-// kernel destroys a namespace's devices asynchronously, after `ip netns
-// delete` returns, so it waits until the host side of the veth is gone.
+// teardownNetwork deletes the nodes' and the switch's network namespaces
+// (the veth pairs and the routes go with them) and, if a crashed sandbox
+// left it, the host link. The kernel destroys a namespace's devices
+// asynchronously, after `ip netns delete` returns, so it waits until the
+// host side of the veth is gone.
 func teardownNetwork() error {
 	var errs []error
-	if _, err := os.Stat("/run/netns/" + netnsName); err == nil {
-		if err := run(context.Background(), "ip", "netns", "delete", netnsName); err != nil {
-			errs = append(errs, err)
+	for _, ns := range netnsNames() {
+		if _, err := os.Stat("/run/netns/" + ns); err == nil {
+			if err := run(context.Background(), "ip", "netns", "delete", ns); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -186,15 +270,28 @@ func teardownNetwork() error {
 	return errors.Join(errs...)
 }
 
+// netnsNames are the network namespaces of the nodes and the switch.
+func netnsNames() []string {
+	names := []string{switchNetns}
+	for _, sp := range nodeSpecs {
+		names = append(names, sp.netns)
+	}
+	return names
+}
+
 // holderScript runs in the node's network namespace and a new private
 // mount namespace. It keeps the cgroup mounts while giving the namespace a
 // sysfs of its own network (what `ip netns exec` does, minus dropping
 // /sys/fs/cgroup), gives the node private copies of the directories the
 // kubelet and containerd hard-code, covers the machine-wide sysctls the
 // kubelet writes with plain files, then prints "ready" and waits: the
-// daemons join its namespaces with nsenter.
+// daemons join its namespaces with nsenter. With a second argument (node 2),
+// that directory of the host becomes the node's volumesRoot: node 0's, so
+// a hostPath volume is the same directory on every node, as a shared
+// filesystem would make it (ReadWriteMany claims).
 const holderScript = `set -eu
 R=$1
+V=${2:-}
 mkdir -p "$R/.cgroup" "$R/.sysctl"
 mount --rbind /sys/fs/cgroup "$R/.cgroup"
 mount -t sysfs sysfs /sys
@@ -204,6 +301,10 @@ for d in %s; do
 	mkdir -p "$R/${d#/}"
 	mount --bind "$R/${d#/}" "$d"
 done
+if [ -n "$V" ]; then
+	mkdir -p %s
+	mount --bind "$V" %s
+fi
 for s in %s; do
 	f="$R/.sysctl/$(echo "$s" | tr / _)"
 	cat "/proc/sys/$s" > "$f"
@@ -214,12 +315,13 @@ exec sleep infinity
 `
 
 // startHolder starts the process that holds the node's mount namespace and
-// returns once its mounts are in place.
-func startHolder(ctx context.Context, root string) (*exec.Cmd, chan struct{}, error) {
-	script := fmt.Sprintf(holderScript, strings.Join(nodeDirs, " "), strings.Join(nodeSysctls, " "))
-	cmd := exec.Command("nsenter", "--net=/run/netns/"+netnsName, "--",
+// returns once its mounts are in place; volumes, if not empty, is the host
+// directory to mount on volumesRoot.
+func startHolder(ctx context.Context, netns, root, volumes string) (*exec.Cmd, chan struct{}, error) {
+	script := fmt.Sprintf(holderScript, strings.Join(nodeDirs, " "), volumesRoot, volumesRoot, strings.Join(nodeSysctls, " "))
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+netns, "--",
 		"unshare", "--mount", "--propagation", "private", "--",
-		"sh", "-c", script, "holder", root)
+		"sh", "-c", script, "holder", root, volumes)
 	cmd.SysProcAttr = childSysProcAttr()
 	cmd.Env = []string{"PATH=" + nodePATH}
 	cmd.Stderr = &tailBuffer{}
@@ -275,9 +377,10 @@ func (n *node) exec(ctx context.Context, argv ...string) (string, error) {
 }
 
 // cleanupNode undoes everything a node leaves on the machine, whether it
-// stopped or crashed: processes in its cgroups, its cgroups, its network
-// namespace and link. The node's mounts live only in its mount namespace,
-// which goes with its last process.
+// stopped or crashed, for every node: processes in their network
+// namespaces and cgroups, their cgroups, the network namespaces and the
+// host link. The nodes' mounts live only in their mount namespaces, which
+// go with their last processes.
 func cleanupNode() error {
 	var errs []error
 	// After a crash (the daemons die with the process that started them,

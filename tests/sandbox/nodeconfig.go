@@ -44,12 +44,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 `, containerdSock, pauseImage, cniBinDir, cniConfDir)
 }
 
-// cniConfig is the node's pod network: a bridge with the pods' gateway on
-// it, addresses from PodCIDR, hairpin (a pod reaching itself through its
-// Service) and masquerading of traffic leaving PodCIDR (towards the host
-// services), programmed with nftables as there is no iptables here.
-// portmap serves hostPort.
-func cniConfig() string {
+// cniConfig is a node's pod network: a bridge with the pods' gateway on
+// it, addresses from the node's podCIDR and hairpin (a pod reaching itself
+// through its Service). No ipMasq: the plugin would masquerade everything
+// leaving podCIDR, pod → pod across nodes too, hiding the pods' addresses
+// from NetworkPolicy; the node's own nftables table masquerades only what
+// leaves ClusterCIDR (setupNodeNetwork). portmap serves hostPort, with
+// nftables as there is no iptables here.
+func cniConfig(podCIDR string) string {
 	return fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "sandbox",
@@ -59,8 +61,7 @@ func cniConfig() string {
       "bridge": %[1]q,
       "isGateway": true,
       "hairpinMode": true,
-      "ipMasq": true,
-      "ipMasqBackend": "nftables",
+      "ipMasq": false,
       "ipam": {
         "type": "host-local",
         "ranges": [[{"subnet": %[2]q}]],
@@ -70,7 +71,7 @@ func cniConfig() string {
     {"type": "portmap", "capabilities": {"portMappings": true}, "backend": "nftables"}
   ]
 }
-`, cniBridge, PodCIDR)
+`, cniBridge, podCIDR)
 }
 
 // kubeletConfig is the KubeletConfiguration: cgroup v1 with cgroupfs (no
@@ -79,8 +80,13 @@ func cniConfig() string {
 // client CA, then authorized by a SubjectAccessReview), the serving
 // certificate with the node's IP, cluster DNS, no host resolv.conf (pods
 // must never reach the machine's resolver) and thresholds low enough that a
-// busy test machine never evicts.
-func kubeletConfig(clientCA, cert, key, resolvConf string) string {
+// busy test machine never evicts. The node's cgroupRoot keeps a second
+// kubelet's pods apart from the first's on the machine's one cgroup tree.
+func kubeletConfig(clientCA, cert, key, resolvConf string, sp nodeSpec) string {
+	cgroupRoot := sp.cgroupRoot
+	if cgroupRoot == "" {
+		cgroupRoot = "/"
+	}
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
@@ -123,7 +129,8 @@ nodeStatusReportFrequency: 10s
 syncFrequency: 10s
 fileCheckFrequency: 10s
 maxPods: 110
-`, clientCA, cert, key, resolvConf, NodeIP, containerdSock, DNSServiceIP)
+cgroupRoot: %[8]s
+`, clientCA, cert, key, resolvConf, sp.ip, containerdSock, DNSServiceIP, cgroupRoot)
 }
 
 // kubeProxyConfig runs kube-proxy in nftables mode inside the node. The
@@ -131,7 +138,7 @@ maxPods: 110
 // nf_conntrack_max and timeouts alone. minSyncPeriod 0: rules follow each
 // change at once (the default batches them for a second, which a test
 // creating a Service and then a client pod would race).
-func kubeProxyConfig(kubeconfig string) string {
+func kubeProxyConfig(kubeconfig string, sp nodeSpec) string {
 	return fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 mode: nftables
@@ -150,5 +157,5 @@ conntrack:
   min: 0
   tcpEstablishedTimeout: 0s
   tcpCloseWaitTimeout: 0s
-`, kubeconfig, NodeName, NodeIP, ClusterCIDR)
+`, kubeconfig, sp.name, sp.ip, ClusterCIDR)
 }

@@ -99,10 +99,18 @@ type Sandbox struct {
 	// networkPolicy is whether the node enforces NetworkPolicy.
 	networkPolicy bool
 
-	lock       *machineLock
-	pki        *pki
-	etcd       *etcdServer // set once; it may be stopped and started again
-	node       *node
+	lock *machineLock
+	pki  *pki
+	etcd *etcdServer // set once; it may be stopped and started again
+	node *node       // node 0, set once by Start
+
+	// nodesMu guards node2 and what a node gets when it starts: archives,
+	// every image archive imported so far (AddNode imports them all).
+	nodesMu  sync.Mutex
+	node2    *node
+	archives []string
+	// tags are TagImage's (ref, alias) pairs, which AddNode repeats.
+	tags       [][2]string
 	forwarders *forwarders
 
 	// cpMu guards the control plane's state: StopControlPlane,
@@ -223,7 +231,8 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	sys := <-systemImages
 	nodeErr := sys.err
 	if nodeErr == nil {
-		nodeErr = s.startNode(ctx, append(sys.archives, cfg.Images...), cfg.NetworkPolicy)
+		s.archives = append(append([]string{}, sys.archives...), cfg.Images...)
+		nodeErr = s.startNode(ctx, s.archives, cfg.NetworkPolicy)
 	}
 	if err := <-controllersDone; err != nil {
 		return nil, fmt.Errorf("sandbox: %w", err)
@@ -264,10 +273,8 @@ func (s *Sandbox) Stop() error {
 		if err := s.stopControllers(15 * time.Second); err != nil {
 			errs = append(errs, err)
 		}
-		if s.node != nil {
-			if err := s.stopNode(); err != nil {
-				errs = append(errs, err)
-			}
+		if err := s.stopNodes(); err != nil {
+			errs = append(errs, err)
 		}
 		if s.forwarders != nil {
 			s.forwarders.stop()
@@ -347,7 +354,8 @@ func resetDir(dir string) error {
 		}
 	}
 	for _, name := range []string{"pki", "etcd", "apiserver-certs", "etcd.log", "kube-apiserver.log", "kubeconfig", "kubeconfigs",
-		"kube-controller-manager.log", "kube-scheduler.log", "containerd.log", "kubelet.log", "kube-proxy.log", "kube-network-policies.log", "node", "node-config"} {
+		"kube-controller-manager.log", "kube-scheduler.log", "containerd.log", "kubelet.log", "kube-proxy.log", "kube-network-policies.log", "node", "node-config",
+		"containerd-2.log", "kubelet-2.log", "kube-proxy-2.log", "kube-network-policies-2.log", "node-2", "node-2-config"} {
 		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {
 			return fmt.Errorf("clean dir: %w", err)
 		}

@@ -85,7 +85,11 @@ func StartForTestWith(t testing.TB, cfg Config) *Sandbox {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, p := range []*process{s.apiserver.process, s.nodeProcess("kubelet")} {
+			ps := []*process{s.apiserver.process}
+			for _, n := range s.allNodes() {
+				ps = append(ps, n.kubelet)
+			}
+			for _, p := range ps {
 				if p != nil {
 					t.Logf("sandbox: last lines of %s:\n%s", p.logPath, p.logTail(30))
 				}

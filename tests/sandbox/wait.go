@@ -155,20 +155,23 @@ func (s *Sandbox) VolumePath(ctx context.Context, ns, claim string) (string, err
 	return s.node.hostPath(pv.Spec.HostPath.Path), nil
 }
 
-// NodePath maps a path of the node's filesystem (hostPath volumes, pod
-// logs) to where it is on the host.
+// NodePath maps a path of node 0's filesystem (hostPath volumes, pod
+// logs) to where it is on the host. Volumes are the same on node 2
+// (AddNode); its pod logs are under the sandbox dir's node-2/var/log.
 func (s *Sandbox) NodePath(path string) string { return s.node.hostPath(path) }
 
-// ContainerPIDs are the processes running in the node's pod cgroups now:
-// every container's, the pause processes included.
+// ContainerPIDs are the processes running in the nodes' pod cgroups now:
+// every container's on every node, the pause processes included.
 func (s *Sandbox) ContainerPIDs() []int { return cgroupPIDs() }
 
-// NodePIDs are the node's daemons: containerd, the kubelet, kube-proxy and
-// kube-network-policies.
+// NodePIDs are the nodes' daemons: containerd, the kubelet, kube-proxy and
+// kube-network-policies of node 0 and, once AddNode ran, node 2.
 func (s *Sandbox) NodePIDs() []int {
 	var pids []int
-	for _, p := range s.node.daemons() {
-		pids = append(pids, p.cmd.Process.Pid)
+	for _, n := range s.allNodes() {
+		for _, p := range n.daemons() {
+			pids = append(pids, p.cmd.Process.Pid)
+		}
 	}
 	return pids
 }
