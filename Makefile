@@ -105,10 +105,10 @@ demo: node-deps node-bins s3-bins
 	$(GO) build -o $(TOOLS_BIN)/etcdbackup-sandbox ./tests/cmd/etcdbackup-sandbox
 	$(SANDBOX_ENV) $(TOOLS_BIN)/etcdbackup-sandbox -demo -dir .sandbox
 
-## sandbox: the same cluster, kept running for trying kubectl etcdbackup by hand (Ctrl-C stops)
+## sandbox: the same cluster, kept running for trying kubectl etcdbackup by hand (Ctrl-C stops); NODES=2 adds a second node, HA=1 installs two replicas (manifests/components/ha)
 sandbox: node-deps node-bins s3-bins
 	$(GO) build -o $(TOOLS_BIN)/etcdbackup-sandbox ./tests/cmd/etcdbackup-sandbox
-	$(SANDBOX_ENV) exec $(TOOLS_BIN)/etcdbackup-sandbox -dir .sandbox
+	$(SANDBOX_ENV) exec $(TOOLS_BIN)/etcdbackup-sandbox -dir .sandbox -nodes $(or $(NODES),1) $(if $(HA),-ha)
 
 ## bench: every benchmark (throughput, CPU per GiB, memory, list latency; with perf, where the CPU goes), then docs/benchmarks.md and its chart; BENCH_BASELINE_BIN / BENCH_BASELINE_PLUGIN (another build's agent+server dir / plugin) are timed in the same rounds
 BENCH_OUT := $(CACHE)/bench

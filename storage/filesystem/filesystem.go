@@ -6,11 +6,16 @@
 //	backups/NAME.db    the backup's data
 //	backups/NAME.json  its manifest, written last: its presence makes the backup exist
 //	.tmp/              uploads in progress; emptied at every start
+//	.publish.lock      flock(2)ed while names appear or disappear
 //
 // Data is written to .tmp, fsynced, and hard-linked into place (link(2)
 // never replaces an existing name, so two uploads of one name cannot both
 // win); the manifest follows the same way. Data without a manifest is what a
 // crash between the two steps leaves; it is removed when the location opens.
+// Publishing, deleting and that cleanup hold .publish.lock, so they exclude
+// each other across processes too: the server's replicas on a shared
+// (ReadWriteMany) volume (NewShared), where .tmp also holds the other
+// replicas' uploads and is only swept of what nobody wrote for an hour.
 //
 // NewReadOnly opens a location without touching it (break-glass access to
 // a directory a server owns): nothing is created, cleaned or written.
@@ -28,6 +33,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -35,6 +41,12 @@ import (
 const (
 	dataSuffix     = ".db"
 	manifestSuffix = ".json"
+	lockName       = ".publish.lock"
+	// staleUpload is how long a file in a shared location's .tmp may go
+	// unwritten before another replica takes it for a crashed one's: an
+	// upload that moves less than limits.minTransferRate for a minute is
+	// ended, and a commit takes seconds.
+	staleUpload = time.Hour
 )
 
 // Location stores backups in a directory.
@@ -45,9 +57,10 @@ type Location struct {
 	// readOnly refuses Create and Delete (NewReadOnly).
 	readOnly bool
 
-	// publish serialises the steps that make names appear and disappear, so
-	// that a commit can tell an orphan left by a crash from a concurrent
-	// commit of the same name.
+	// publish, with .publish.lock across processes (lockPublish),
+	// serialises the steps that make names appear and disappear, so that a
+	// commit can tell an orphan left by a crash from a concurrent commit of
+	// the same name.
 	publish sync.Mutex
 }
 
@@ -57,25 +70,92 @@ var (
 	_ storage.VerificationWriter = (*Location)(nil)
 )
 
-// New opens (creating if needed) the location rooted at dir and removes
-// what interrupted uploads and deletes left behind.
+// New opens (creating if needed) the location rooted at dir, which this
+// process alone writes, and removes what interrupted uploads and deletes
+// left behind.
 func New(dir string) (*Location, error) {
+	return open(dir, false)
+}
+
+// NewShared opens the location rooted at dir as New does, for a directory
+// other processes write at the same time (server replicas mounting one
+// ReadWriteMany volume: `sharedVolume: true`): their uploads in .tmp are
+// left alone, only files there that nobody wrote for staleUpload are
+// removed.
+func NewShared(dir string) (*Location, error) {
+	return open(dir, true)
+}
+
+func open(dir string, shared bool) (*Location, error) {
 	l, err := newLocation(dir)
 	if err != nil {
 		return nil, err
 	}
-	if err := os.RemoveAll(l.tmpDir); err != nil {
-		return nil, fmt.Errorf("clean interrupted uploads in %q: %w", l.tmpDir, err)
+	if !shared {
+		if err := os.RemoveAll(l.tmpDir); err != nil {
+			return nil, fmt.Errorf("clean interrupted uploads in %q: %w", l.tmpDir, err)
+		}
 	}
 	for _, d := range []string{l.backupsDir, l.tmpDir} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, fmt.Errorf("create storage directory: %w", err)
 		}
 	}
+	if shared {
+		if err := removeStale(l.tmpDir, time.Now().Add(-staleUpload)); err != nil {
+			return nil, err
+		}
+	}
 	if err := l.removeOrphans(); err != nil {
 		return nil, err
 	}
 	return l, nil
+}
+
+// removeStale removes the files in dir last written before cutoff.
+func removeStale(dir string, cutoff time.Time) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("scan %q: %w", dir, err)
+	}
+	for _, e := range entries {
+		fi, err := e.Info()
+		if err != nil || fi.ModTime().After(cutoff) {
+			continue // gone meanwhile, or another replica's upload
+		}
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return fmt.Errorf("clean interrupted upload %q: %w", e.Name(), err)
+		}
+	}
+	return nil
+}
+
+// lockPublish takes the publish lock: the mutex, for this process, and an
+// exclusive flock(2) of .publish.lock, for every process writing the
+// location. It is held for a few file operations, so it blocks.
+func (l *Location) lockPublish() (unlock func(), err error) {
+	l.publish.Lock()
+	f, err := os.OpenFile(filepath.Join(l.root, lockName), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		l.publish.Unlock()
+		return nil, fmt.Errorf("open the publish lock: %w", noSpace(err))
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		l.publish.Unlock()
+		return nil, fmt.Errorf("take the publish lock %s: %w", f.Name(), err)
+	}
+	return func() {
+		// Closing the file releases the flock.
+		f.Close()
+		l.publish.Unlock()
+	}, nil
 }
 
 // newLocation lays the location out under dir, touching nothing.
@@ -131,6 +211,11 @@ func checkName(name string) error {
 }
 
 func (l *Location) removeOrphans() error {
+	unlock, err := l.lockPublish()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	entries, err := os.ReadDir(l.backupsDir)
 	if err != nil {
 		return fmt.Errorf("scan %q: %w", l.backupsDir, err)
@@ -243,8 +328,11 @@ func (u *upload) Commit(ctx context.Context, m *storage.Manifest) error {
 	defer os.Remove(manifestTmp)
 
 	l := u.loc
-	l.publish.Lock()
-	defer l.publish.Unlock()
+	unlock, err := l.lockPublish()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if _, err := os.Stat(l.manifestPath(u.name)); err == nil {
 		return fmt.Errorf("%q: %w", u.name, storage.ErrAlreadyExists)
 	}
@@ -370,8 +458,11 @@ func (l *Location) Delete(_ context.Context, name string) error {
 	if l.readOnly {
 		return fmt.Errorf("delete %q from %s: %w", name, l.root, storage.ErrReadOnly)
 	}
-	l.publish.Lock()
-	defer l.publish.Unlock()
+	unlock, err := l.lockPublish()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if err := os.Remove(l.manifestPath(name)); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%q: %w", name, storage.ErrNotFound)
 	} else if err != nil {
@@ -396,8 +487,11 @@ func (l *Location) SetVerification(ctx context.Context, name string, v *storage.
 	if l.readOnly {
 		return fmt.Errorf("record the verification of %q in %s: %w", name, l.root, storage.ErrReadOnly)
 	}
-	l.publish.Lock()
-	defer l.publish.Unlock()
+	unlock, err := l.lockPublish()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	m, err := l.Stat(ctx, name)
 	if err != nil {
 		return err

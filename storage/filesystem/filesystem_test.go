@@ -223,3 +223,114 @@ func TestReadOnlyWrongPath(t *testing.T) {
 		t.Errorf("%s holds %d entries after read-only opens (%v): nothing may be created", dir, len(entries), err)
 	}
 }
+
+// TestSharedReplicaStarts: on a shared volume a second replica opening the
+// location while the first uploads leaves that upload alone — it commits,
+// bytes equal — and a file in .tmp nobody wrote for over an hour (a dead
+// replica's) is swept.
+func TestSharedReplicaStarts(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	first, err := filesystem.NewShared(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := io.ReadAll(storagetest.Data(3, 1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, err := first.Create(ctx, "uploading")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Abort()
+	if _, err := u.Write(data[:1000]); err != nil {
+		t.Fatal(err)
+	}
+	dead := filepath.Join(dir, ".tmp", "upload-dead.db")
+	if err := os.WriteFile(dead, []byte("a dead replica's upload"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	long := time.Now().Add(-2 * time.Hour)
+	if err := os.Chtimes(dead, long, long); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := filesystem.NewShared(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dead); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a stale upload of a dead replica was kept: %v", err)
+	}
+	if _, err := u.Write(data[1000:]); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	if err := u.Commit(ctx, storagetest.NewManifest("uploading", int64(len(data)), hex.EncodeToString(sum[:]))); err != nil {
+		t.Fatalf("commit after another replica opened the location: %v", err)
+	}
+	if got, n := storagetest.ReadAt(t, first, "uploading", 0); got != hex.EncodeToString(sum[:]) || n != int64(len(data)) {
+		t.Fatalf("read back %d bytes, sha256 %s", n, got)
+	}
+}
+
+// TestSharedCommitsOfOneName: replicas (two Locations, each its own
+// lock file descriptor, as two processes) commit one name at the same
+// moment, over and over: exactly one wins each time, and the stored data
+// is the winner's — a replica never takes another's data for a crash's
+// orphan.
+func TestSharedCommitsOfOneName(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	var locs [2]*filesystem.Location
+	for i := range locs {
+		l, err := filesystem.NewShared(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locs[i] = l
+	}
+	for round := range 50 {
+		name := fmt.Sprintf("race-%d", round)
+		var sums [2]string
+		errs := make(chan error, 2)
+		for i, l := range locs {
+			data := []byte(strings.Repeat(fmt.Sprintf("replica %d round %d\n", i, round), 1000))
+			sum := sha256.Sum256(data)
+			sums[i] = hex.EncodeToString(sum[:])
+			u, err := l.Create(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := u.Write(data); err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				err := u.Commit(ctx, storagetest.NewManifest(name, int64(len(data)), sums[i]))
+				if err != nil {
+					_ = u.Abort()
+				}
+				errs <- err
+			}()
+		}
+		won := 0
+		for range 2 {
+			switch err := <-errs; {
+			case err == nil:
+				won++
+			case !errors.Is(err, storage.ErrAlreadyExists):
+				t.Fatalf("round %d: commit: %v, want success or ErrAlreadyExists", round, err)
+			}
+		}
+		if won != 1 {
+			t.Fatalf("round %d: %d commits won", round, won)
+		}
+		m, err := locs[0].Stat(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := storagetest.ReadAt(t, locs[1], name, 0); got != m.SHA256 || (got != sums[0] && got != sums[1]) {
+			t.Fatalf("round %d: stored data sha256 %s, its manifest says %s", round, got, m.SHA256)
+		}
+	}
+}

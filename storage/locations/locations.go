@@ -141,6 +141,8 @@ func newOpener(c storage.LocationConfig, opts Options) (opener, error) {
 		o.typ, o.where = "filesystem", path
 		if opts.ReadOnly {
 			o.open = func(context.Context) (storage.Location, error) { return filesystem.NewReadOnly(path) }
+		} else if c.Filesystem.SharedVolume {
+			o.open = func(context.Context) (storage.Location, error) { return filesystem.NewShared(path) }
 		} else {
 			o.open = func(context.Context) (storage.Location, error) { return filesystem.New(path) }
 		}

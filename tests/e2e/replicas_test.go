@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -40,9 +41,15 @@ const haNamespace = "team-ha"
 // overlay of a user would, and shows what two replicas must agree on
 // through the real API server's Leases: one upload name sent to both at
 // once is one backup, and a download whose replica is deleted mid-transfer
-// finishes on the other at once, bytes equal. The sandbox has one node, so
-// both replicas run there (spread is a preference).
+// finishes on the other at once, bytes equal. The sandbox gets its second
+// node first (sandbox.AddNode): the replicas spread across the two, and a
+// drain of a node during a backup and a download costs neither.
 func testReplicas(ctx context.Context, t *testing.T, c *cluster, root string) {
+	began := time.Now()
+	if _, err := c.sb.AddNode(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("second node %s Ready in %v", sandbox.Node2Name, time.Since(began).Round(10*time.Millisecond))
 	overlay := namespaceOverlay(t, root, haNamespace, "manifests/components/ha")
 	slowTarget(ctx, t, c, overlay)
 	mustSucceed(t, c.run(t, nil, "apply", "-k", overlay), "kubectl apply -k with components/ha")
@@ -50,6 +57,9 @@ func testReplicas(ctx context.Context, t *testing.T, c *cluster, root string) {
 	pods := readyServerPods(ctx, t, c, haNamespace)
 	if len(pods) != 2 {
 		t.Fatalf("%d ready server pods in %s, want 2", len(pods), haNamespace)
+	}
+	if pods[0].Spec.NodeName == pods[1].Spec.NodeName {
+		t.Errorf("both replicas on node %s: the HA layout spreads them", pods[0].Spec.NodeName)
 	}
 	if pdb, err := c.sb.Client().PolicyV1().PodDisruptionBudgets(haNamespace).Get(ctx, "etcdbackup-server", metav1.GetOptions{}); err != nil || pdb.Status.DisruptionsAllowed != 1 {
 		t.Fatalf("PodDisruptionBudget: %v (allowed %d), want one disruption allowed of two replicas", err, pdb.Status.DisruptionsAllowed)
@@ -60,6 +70,89 @@ func testReplicas(ctx context.Context, t *testing.T, c *cluster, root string) {
 	t.Run("download-across-pod-deletion", func(t *testing.T) { testDownloadAcrossDeletion(ctx, t, c, want) })
 	t.Run("eviction-held-by-budget", func(t *testing.T) { testEvictionHeldByBudget(ctx, t, c, want) })
 	t.Run("backup-agent-evicted", func(t *testing.T) { testBackupAgentEvicted(ctx, t, c) })
+	t.Run("drain-during-backup-and-download", func(t *testing.T) { testDrain(ctx, t, c, want) })
+}
+
+// testDrain: `kubectl drain` of the node that holds the replicas — both,
+// so that the PodDisruptionBudget has one to hold — while a 1 GiB
+// download and a backup run. The drain evicts one replica, is refused the
+// other until a replacement is ready on the other node, then evicts it
+// too; the download follows the replicas and finishes, bytes equal; the
+// backup completes (its agent, if it ran there, is replaced); the node is
+// left with no replica.
+func testDrain(ctx context.Context, t *testing.T, c *cluster, want string) {
+	// Both replicas onto node 2: node 0 cordoned, its replica deleted.
+	// CoreDNS stays on node 0, which the drain leaves alone.
+	mustSucceed(t, c.run(t, nil, "cordon", sandbox.NodeName), "kubectl cordon")
+	for _, p := range readyServerPods(ctx, t, c, haNamespace) {
+		if p.Spec.NodeName == sandbox.NodeName {
+			if err := c.sb.Client().CoreV1().Pods(haNamespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitFor(ctx, t, 2*time.Minute, "both replicas ready on "+sandbox.Node2Name, func() bool {
+		pods := readyServerPods(ctx, t, c, haNamespace)
+		return len(pods) == 2 && pods[0].Spec.NodeName == sandbox.Node2Name && pods[1].Spec.NodeName == sandbox.Node2Name
+	})
+	mustSucceed(t, c.run(t, nil, "uncordon", sandbox.NodeName), "kubectl uncordon")
+	defer c.run(t, nil, "uncordon", sandbox.Node2Name)
+
+	backup := make(chan world.Result, 1)
+	go func() {
+		backup <- c.kubectl.Run(ctx, "etcdbackup", "-n", haNamespace, "backup", "--target", "ha-slow", "--name", "drained", "--wait")
+	}()
+	agent := waitAgentStreaming(ctx, t, c)
+	d := startBigDownload(ctx, t, c)
+	defer d.cancel()
+	drained := make(chan world.Result, 1)
+	began := time.Now()
+	go func() {
+		drained <- c.kubectl.Run(ctx, "drain", sandbox.Node2Name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=3m")
+	}()
+	d.finish(t, want)
+	r := <-drained
+	if r.ExitCode != 0 {
+		t.Fatalf("kubectl drain %s: %s", sandbox.Node2Name, r)
+	}
+	t.Logf("drain of %s took %v (the backup's agent ran on %s)", sandbox.Node2Name, time.Since(began).Round(time.Second), agent.Spec.NodeName)
+	if !strings.Contains(r.Stdout+r.Stderr, "disruption budget") {
+		t.Errorf("the drain was never held by the PodDisruptionBudget:\n%s", r)
+	}
+	if b := <-backup; b.ExitCode != 0 {
+		t.Fatalf("backup across the drain: %s", b)
+	}
+	mustSucceed(t, c.run(t, nil, "etcdbackup", "-n", haNamespace, "verify", "drained"), "verify drained")
+	waitServerAvailable(ctx, t, c.sb, haNamespace)
+	pods := readyServerPods(ctx, t, c, haNamespace)
+	if len(pods) != 2 || pods[0].Spec.NodeName != sandbox.NodeName || pods[1].Spec.NodeName != sandbox.NodeName {
+		t.Errorf("after the drain: %d ready replicas, want 2 on %s", len(pods), sandbox.NodeName)
+	}
+}
+
+// waitAgentStreaming waits until the one backup agent in the HA
+// namespace says its snapshot starts, and returns its pod.
+func waitAgentStreaming(ctx context.Context, t *testing.T, c *cluster) corev1.Pod {
+	t.Helper()
+	var agent corev1.Pod
+	pollUntil(ctx, t, "a backup agent streaming", func() bool {
+		pods, err := c.sb.Client().CoreV1().Pods(haNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=backup-agent"})
+		if err != nil {
+			return false
+		}
+		for _, p := range pods.Items {
+			if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+				continue
+			}
+			log, err := c.sb.Client().CoreV1().Pods(haNamespace).GetLogs(p.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+			if err == nil && bytes.Contains(log, []byte("snapshot starting")) {
+				agent = p
+				return true
+			}
+		}
+		return false
+	})
+	return agent
 }
 
 // slowKeys is how many 1 KB values the ha-slow target holds.
@@ -120,17 +213,8 @@ func testBackupAgentEvicted(ctx context.Context, t *testing.T, c *cluster) {
 	go func() {
 		done <- c.kubectl.Run(ctx, "etcdbackup", "-n", haNamespace, "backup", "--target", "ha-slow", "--name", "evicted", "--wait")
 	}()
-	var first corev1.Pod
 	// The snapshot streams for ≈ 25 s once the agent says it starts.
-	pollUntil(ctx, t, "the agent of backup evicted streaming", func() bool {
-		pods, err := c.sb.Client().CoreV1().Pods(haNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=backup-agent"})
-		if err != nil || len(pods.Items) != 1 || pods.Items[0].Status.Phase != corev1.PodRunning {
-			return false
-		}
-		first = pods.Items[0]
-		log, err := c.sb.Client().CoreV1().Pods(haNamespace).GetLogs(first.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
-		return err == nil && bytes.Contains(log, []byte("snapshot starting"))
-	})
+	first := waitAgentStreaming(ctx, t, c)
 	if err := c.sb.Client().PolicyV1().Evictions(haNamespace).Evict(ctx, &policyv1.Eviction{
 		ObjectMeta: metav1.ObjectMeta{Namespace: haNamespace, Name: first.Name}}); err != nil {
 		t.Fatalf("evict the backup agent %s: %v", first.Name, err)
@@ -318,17 +402,45 @@ func downloadAcross(ctx context.Context, t *testing.T, c *cluster, want string, 
 	if len(pods) != 2 {
 		t.Fatalf("%d ready server pods, want 2", len(pods))
 	}
-	out := filepath.Join(t.TempDir(), "big.db")
+	d := startBigDownload(ctx, t, c)
+	defer d.cancel()
+	disrupted := time.Now()
+	disrupt(pods[0], pods[1])
+	d.finish(t, want)
+	resumed := resumedAt(ctx, t, c, pods[1].Name, disrupted)
+	if resumed.IsZero() {
+		t.Fatalf("replica %s has no download of big from past byte 0 in its log: the download did not move", pods[1].Name)
+	}
+	pause := resumed.Sub(disrupted)
+	if pause > 10*time.Second {
+		t.Errorf("the download resumed on %s %v after %s went, want within seconds", pods[1].Name, pause, pods[0].Name)
+	}
+	return pause
+}
+
+// bigDownload is the plugin's download of "big" under way.
+type bigDownload struct {
+	cmd    *exec.Cmd
+	out    string
+	stderr bytes.Buffer
+	cancel context.CancelFunc
+}
+
+// startBigDownload starts `kubectl etcdbackup download big` and returns
+// once 64 MiB have arrived.
+func startBigDownload(ctx context.Context, t *testing.T, c *cluster) *bigDownload {
+	t.Helper()
+	d := &bigDownload{out: filepath.Join(t.TempDir(), "big.db")}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	cmd := c.kubectl.Command(dctx, "etcdbackup", "-n", haNamespace, "download", "big", "-o", out, "--raw")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
+	d.cancel = cancel
+	d.cmd = c.kubectl.Command(dctx, "etcdbackup", "-n", haNamespace, "download", "big", "-o", d.out, "--raw")
+	d.cmd.Stderr = &d.stderr
+	if err := d.cmd.Start(); err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	pollUntil(ctx, t, "the download under way", func() bool {
-		for _, p := range []string{out, out + ".part"} {
+		for _, p := range []string{d.out, d.out + ".part"} {
 			if fi, err := os.Stat(p); err == nil && fi.Size() >= 64<<20 {
 				return true
 			}
@@ -339,13 +451,17 @@ func downloadAcross(ctx context.Context, t *testing.T, c *cluster, want string, 
 	if sends, err := c.sb.Client().CoordinationV1().Leases(haNamespace).List(ctx, metav1.ListOptions{LabelSelector: "etcdbackup.io/coordination=send"}); err != nil || len(sends.Items) == 0 {
 		t.Errorf("no send Lease while the download runs: %v, %v", sends, err)
 	}
-	disrupted := time.Now()
-	disrupt(pods[0], pods[1])
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("download across the disruption of %s: %v\n%s", pods[0].Name, err, stderr.String())
+	return d
+}
+
+// finish waits for the download to end and checks its bytes' SHA-256.
+func (d *bigDownload) finish(t *testing.T, want string) {
+	t.Helper()
+	if err := d.cmd.Wait(); err != nil {
+		t.Fatalf("download: %v\n%s", err, d.stderr.String())
 	}
-	t.Logf("download: %s", strings.TrimSpace(stderr.String()))
-	f, err := os.Open(out)
+	t.Logf("download: %s", strings.TrimSpace(d.stderr.String()))
+	f, err := os.Open(d.out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,15 +469,6 @@ func downloadAcross(ctx context.Context, t *testing.T, c *cluster, want string, 
 	if got := shaReader(t, f); got != want {
 		t.Fatalf("downloaded sha256 %s, want %s", got, want)
 	}
-	resumed := resumedAt(ctx, t, c, pods[1].Name, disrupted)
-	if resumed.IsZero() {
-		t.Fatalf("replica %s has no download of big from past byte 0 in its log: the download did not move", pods[1].Name)
-	}
-	pause := resumed.Sub(disrupted)
-	if pause > 10*time.Second {
-		t.Errorf("the download resumed on %s %v after %s went, want within seconds", pods[1].Name, pause, pods[0].Name)
-	}
-	return pause
 }
 
 // testDownloadAcrossDeletion: the replica serving a 1 GiB download is
@@ -380,9 +487,12 @@ func testDownloadAcrossDeletion(ctx context.Context, t *testing.T, c *cluster, w
 // cordoned so that no replacement can start, both replicas are evicted
 // while a download runs. The PodDisruptionBudget lets the first go — the
 // download moves to the other — and refuses the second, which serves on.
+// Both nodes are cordoned.
 func testEvictionHeldByBudget(ctx context.Context, t *testing.T, c *cluster, want string) {
-	mustSucceed(t, c.run(t, nil, "cordon", sandbox.NodeName), "kubectl cordon")
-	defer func() { mustSucceed(t, c.run(t, nil, "uncordon", sandbox.NodeName), "kubectl uncordon") }()
+	mustSucceed(t, c.run(t, nil, "cordon", sandbox.NodeName, sandbox.Node2Name), "kubectl cordon")
+	defer func() {
+		mustSucceed(t, c.run(t, nil, "uncordon", sandbox.NodeName, sandbox.Node2Name), "kubectl uncordon")
+	}()
 	evict := func(p corev1.Pod) error {
 		return c.sb.Client().PolicyV1().Evictions(haNamespace).Evict(ctx, &policyv1.Eviction{
 			ObjectMeta: metav1.ObjectMeta{Namespace: haNamespace, Name: p.Name}})

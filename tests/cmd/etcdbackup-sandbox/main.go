@@ -4,8 +4,9 @@
 // network and mount namespaces, with the product installed from manifests/
 // and its images built from this repository.
 //
-//	etcdbackup-sandbox -demo   # `make demo`: the main job, step by step, then stop
-//	etcdbackup-sandbox         # `make sandbox`: keep it up for trying by hand
+//	etcdbackup-sandbox -demo            # `make demo`: the main job, step by step, then stop
+//	etcdbackup-sandbox                  # `make sandbox`: keep it up for trying by hand
+//	etcdbackup-sandbox -nodes 2 -ha     # `make sandbox NODES=2 HA=1`: two nodes, two replicas
 //
 // In sandbox mode it writes the admin kubeconfig to .sandbox/kubeconfig,
 // puts kubectl and kubectl-etcdbackup in .sandbox/bin, and creates
@@ -38,10 +39,16 @@ import (
 func main() {
 	demo := flag.Bool("demo", false, "run the demo (snapshot, upload, list, download through the API server, verify) and exit")
 	stateDir := flag.String("dir", ".sandbox", "where the kubeconfig, binaries, server storage and cluster state live")
+	nodes := flag.Int("nodes", 1, "nodes of the cluster: 1, or 2 (the second joins like the first)")
+	ha := flag.Bool("ha", false, "install the HA layout (manifests/components/ha): two server replicas, one leading the controller")
 	flag.Parse()
+	if *nodes != 1 && *nodes != 2 {
+		fmt.Fprintf(os.Stderr, "-nodes %d: the sandbox runs 1 or 2 nodes\n", *nodes)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *stateDir, *demo); err != nil {
+	if err := run(ctx, *stateDir, *demo, layout{nodes: *nodes, ha: *ha}); err != nil {
 		fmt.Fprintln(os.Stderr, "\nerror:", err)
 		os.Exit(1)
 	}
@@ -59,7 +66,14 @@ func step(format string, args ...any) {
 	fmt.Printf("\n==> "+format+"\n", args...)
 }
 
-func run(ctx context.Context, stateDir string, demo bool) error {
+// layout is the cluster's shape: how many nodes, and whether the product
+// runs as several replicas.
+type layout struct {
+	nodes int
+	ha    bool
+}
+
+func run(ctx context.Context, stateDir string, demo bool, lay layout) error {
 	dir, err := filepath.Abs(stateDir)
 	if err != nil {
 		return err
@@ -107,6 +121,12 @@ func run(ctx context.Context, stateDir string, demo bool) error {
 		_ = e.sb.Stop()
 		_ = os.Remove(filepath.Join(dir, "ready"))
 	}()
+	if lay.nodes == 2 {
+		step("Adding a second node, %s at %s, joined like the first", sandbox.Node2Name, sandbox.Node2IP)
+		if _, err := e.sb.AddNode(ctx); err != nil {
+			return err
+		}
+	}
 	if err := linkFile(e.sb.KubectlPath(), filepath.Join(e.binDir, "kubectl")); err != nil {
 		return err
 	}
@@ -119,7 +139,10 @@ func run(ctx context.Context, stateDir string, demo bool) error {
 	step("Installing etcdbackup from manifests/ with kubectl apply -k, as a user would")
 	fmt.Printf("    overlay %s: target control-plane = the cluster's etcd (client cert in Secret etcd-client),\n", filepath.Join(dir, "overlay"))
 	fmt.Printf("    locations default (filesystem on the PVC) and s3 (versitygw over HTTPS at %s)\n", world.S3ServiceName)
-	e.product, err = world.InstallProduct(ctx, e.sb, e.kubectl, images, dir, prefixed("  "))
+	if lay.ha {
+		fmt.Println("    with manifests/components/ha: two replicas, a PodDisruptionBudget, the claim shared (ReadWriteMany)")
+	}
+	e.product, err = world.InstallProductWith(ctx, e.sb, e.kubectl, dir, prefixed("  "), world.ProductOptions{Images: images, HA: lay.ha})
 	if err != nil {
 		return err
 	}
