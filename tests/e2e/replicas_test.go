@@ -103,14 +103,18 @@ func testDrain(ctx context.Context, t *testing.T, c *cluster, want string) {
 		backup <- c.kubectl.Run(ctx, "etcdbackup", "-n", haNamespace, "backup", "--target", "ha-slow", "--name", "drained", "--wait")
 	}()
 	agent := waitAgentStreaming(ctx, t, c)
-	d := startBigDownload(ctx, t, c)
-	defer d.cancel()
+	// Read at 24 MiB/s, the download lasts the drain.
+	d := startSlowDownload(ctx, t, c, 24<<20)
 	drained := make(chan world.Result, 1)
 	began := time.Now()
 	go func() {
 		drained <- c.kubectl.Run(ctx, "drain", sandbox.Node2Name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=3m")
 	}()
-	d.finish(t, want)
+	if got, stderr := d.wait(t); got != want {
+		t.Fatalf("downloaded sha256 %s, want %s", got, want)
+	} else if !strings.Contains(stderr, "on another replica") {
+		t.Errorf("the download did not move to another replica during the drain:\n%s", stderr)
+	}
 	r := <-drained
 	if r.ExitCode != 0 {
 		t.Fatalf("kubectl drain %s: %s", sandbox.Node2Name, r)
@@ -128,6 +132,67 @@ func testDrain(ctx context.Context, t *testing.T, c *cluster, want string) {
 	if len(pods) != 2 || pods[0].Spec.NodeName != sandbox.NodeName || pods[1].Spec.NodeName != sandbox.NodeName {
 		t.Errorf("after the drain: %d ready replicas, want 2 on %s", len(pods), sandbox.NodeName)
 	}
+}
+
+// slowDownload is `kubectl etcdbackup download big -o -` read at a set
+// rate: a download that outlasts what the test does meanwhile.
+type slowDownload struct {
+	cmd    *exec.Cmd
+	stderr bytes.Buffer
+	sum    chan string
+}
+
+// startSlowDownload starts it and returns once 64 MiB have been read.
+func startSlowDownload(ctx context.Context, t *testing.T, c *cluster, bytesPerSecond int) *slowDownload {
+	t.Helper()
+	d := &slowDownload{sum: make(chan string, 1)}
+	d.cmd = c.kubectl.Command(ctx, "etcdbackup", "-n", haNamespace, "download", "big", "-o", "-", "--raw")
+	d.cmd.Stderr = &d.stderr
+	out, err := d.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{})
+	go func() {
+		h := sha256.New()
+		buf := make([]byte, 1<<20)
+		var n int64
+		notify := started
+		for {
+			k, err := out.Read(buf)
+			h.Write(buf[:k])
+			if n += int64(k); n >= 64<<20 && notify != nil {
+				close(notify)
+				notify = nil
+			}
+			if err != nil {
+				break
+			}
+			time.Sleep(time.Duration(k) * time.Second / time.Duration(bytesPerSecond))
+		}
+		d.sum <- hex.EncodeToString(h.Sum(nil))
+	}()
+	select {
+	case <-started:
+	case <-time.After(time.Minute):
+		t.Fatalf("the download did not reach 64 MiB in a minute: %s", d.stderr.String())
+	}
+	return d
+}
+
+// wait returns the SHA-256 of what was downloaded and the plugin's
+// stderr, failing t if the plugin failed.
+func (d *slowDownload) wait(t *testing.T) (string, string) {
+	t.Helper()
+	sum := <-d.sum
+	if err := d.cmd.Wait(); err != nil {
+		t.Fatalf("download: %v\n%s", err, d.stderr.String())
+	}
+	t.Logf("download: %s", strings.TrimSpace(d.stderr.String()))
+	return sum, d.stderr.String()
 }
 
 // waitAgentStreaming waits until the one backup agent in the HA

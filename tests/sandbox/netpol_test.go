@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -35,15 +34,7 @@ func TestNetworkPolicy(t *testing.T) {
 	if err := sandbox.CheckNetworkPolicy(); errors.Is(err, sandbox.ErrNetworkPolicyUnsupported) {
 		t.Skipf("sandbox: NetworkPolicy: %v", err)
 	}
-	dir := t.TempDir()
-	podtool, err := sandbox.BuildBinary(ctx, "./tests/sandbox/podtool", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	archive := filepath.Join(dir, "podtool.tar")
-	if _, err := sandbox.PackBinary(archive, podtoolImage, podtool); err != nil {
-		t.Fatal(err)
-	}
+	archive, _ := podtoolArchive(ctx, t)
 	var before map[string]string
 	s := sandbox.StartForTestWith(t, sandbox.Config{Images: []string{archive}, NetworkPolicy: true,
 		Locked: func() { before = machineState(t) }})
@@ -232,17 +223,7 @@ func TestNetworkPolicy(t *testing.T) {
 		}
 		// Processes, mounts, cgroups, links, routes, the host's nftables
 		// ruleset, sysctls: as TestNode checks.
-		after := machineState(t)
-		for _, k := range sortedKeys(before) {
-			if before[k] != after[k] {
-				t.Errorf("%s changed:\nbefore: %s\nafter:  %s", k, before[k], after[k])
-			}
-		}
-		for _, k := range sortedKeys(after) {
-			if _, ok := before[k]; !ok {
-				t.Errorf("%s is new after Stop: %s", k, after[k])
-			}
-		}
+		machineUnchanged(t, before)
 	})
 }
 

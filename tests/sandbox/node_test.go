@@ -39,6 +39,22 @@ const (
 	ioTimeout    = 30 * time.Second
 )
 
+// podtoolArchive builds the test pods' program and packs it as image
+// podtoolImage; it returns the archive and the image's digest.
+func podtoolArchive(ctx context.Context, t *testing.T) (archive, digest string) {
+	t.Helper()
+	dir := t.TempDir()
+	podtool, err := sandbox.BuildBinary(ctx, "./tests/sandbox/podtool", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive = filepath.Join(dir, "podtool.tar")
+	if digest, err = sandbox.PackBinary(archive, podtoolImage, podtool); err != nil {
+		t.Fatal(err)
+	}
+	return archive, digest
+}
+
 // TestNode checks, through real clients only, that the sandbox is a real
 // cluster: a kubelet v1.37.2 on containerd runs pods from imported images
 // on the pod network; Services resolve by name in pods and reach pods and
@@ -47,16 +63,7 @@ const (
 func TestNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	podtool, err := sandbox.BuildBinary(ctx, "./tests/sandbox/podtool", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	archive := filepath.Join(dir, "podtool.tar")
-	digest, err := sandbox.PackBinary(archive, podtoolImage, podtool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	archive, digest := podtoolArchive(ctx, t)
 	var before map[string]string
 	began := time.Now()
 	s := sandbox.StartForTestWith(t, sandbox.Config{Images: []string{archive},
@@ -128,17 +135,7 @@ func TestNode(t *testing.T) {
 				t.Errorf("pid %d still runs after Stop", pid)
 			}
 		}
-		after := machineState(t)
-		for _, k := range sortedKeys(before) {
-			if before[k] != after[k] {
-				t.Errorf("%s changed:\nbefore: %s\nafter:  %s", k, before[k], after[k])
-			}
-		}
-		for _, k := range sortedKeys(after) {
-			if _, ok := before[k]; !ok {
-				t.Errorf("%s is new after Stop: %s", k, after[k])
-			}
-		}
+		machineUnchanged(t, before)
 	})
 }
 
@@ -418,6 +415,23 @@ var volatileSysctls = regexp.MustCompile(`^(kernel/random/|kernel/ns_last_pid$|k
 // process's children, the host's mounts, the top of every cgroup
 // hierarchy, network links and namespaces, routes, the nftables ruleset
 // and every sysctl — as a map of "what" → value.
+// machineUnchanged fails t for every part of machineState that differs
+// from before, or is new.
+func machineUnchanged(t *testing.T, before map[string]string) {
+	t.Helper()
+	after := machineState(t)
+	for _, k := range sortedKeys(before) {
+		if before[k] != after[k] {
+			t.Errorf("%s changed:\nbefore: %s\nafter:  %s", k, before[k], after[k])
+		}
+	}
+	for _, k := range sortedKeys(after) {
+		if _, ok := before[k]; !ok {
+			t.Errorf("%s is new after Stop: %s", k, after[k])
+		}
+	}
+}
+
 func machineState(t *testing.T) map[string]string {
 	t.Helper()
 	st := map[string]string{}

@@ -3,7 +3,6 @@ package sandbox_test
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,15 +25,7 @@ func TestSecondNodeNetworkPolicy(t *testing.T) {
 	if err := sandbox.CheckNetworkPolicy(); errors.Is(err, sandbox.ErrNetworkPolicyUnsupported) {
 		t.Skipf("sandbox: NetworkPolicy: %v", err)
 	}
-	dir := t.TempDir()
-	podtool, err := sandbox.BuildBinary(ctx, "./tests/sandbox/podtool", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	archive := filepath.Join(dir, "podtool.tar")
-	if _, err := sandbox.PackBinary(archive, podtoolImage, podtool); err != nil {
-		t.Fatal(err)
-	}
+	archive, _ := podtoolArchive(ctx, t)
 	s := sandbox.StartForTestWith(t, sandbox.Config{Images: []string{archive}, NetworkPolicy: true})
 	began := time.Now()
 	if _, err := s.AddNode(ctx); err != nil {
@@ -68,7 +59,7 @@ func TestSecondNodeNetworkPolicy(t *testing.T) {
 			t.Fatalf("%s → %s without a policy: %v: %s", pod, url, err, out)
 		}
 	}
-	_, err = s.Client().NetworkingV1().NetworkPolicies(secondNodeNS).Create(ctx, &networkingv1.NetworkPolicy{
+	_, err := s.Client().NetworkingV1().NetworkPolicies(secondNodeNS).Create(ctx, &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "clients-only"},
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "serve-2"}},

@@ -30,15 +30,7 @@ const secondNodeNS = "second-node"
 func TestSecondNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	dir := t.TempDir()
-	podtool, err := sandbox.BuildBinary(ctx, "./tests/sandbox/podtool", dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	archive := filepath.Join(dir, "podtool.tar")
-	if _, err := sandbox.PackBinary(archive, podtoolImage, podtool); err != nil {
-		t.Fatal(err)
-	}
+	archive, _ := podtoolArchive(ctx, t)
 	var before map[string]string
 	s := sandbox.StartForTestWith(t, sandbox.Config{Images: []string{archive},
 		Locked: func() { before = machineState(t) }})
@@ -132,17 +124,7 @@ func TestSecondNode(t *testing.T) {
 		if left = append(left, kubepods...); len(left) > 0 {
 			t.Errorf("cgroups left after Stop: %v", left)
 		}
-		after := machineState(t)
-		for _, k := range sortedKeys(before) {
-			if before[k] != after[k] {
-				t.Errorf("%s changed:\nbefore: %s\nafter:  %s", k, before[k], after[k])
-			}
-		}
-		for _, k := range sortedKeys(after) {
-			if _, ok := before[k]; !ok {
-				t.Errorf("%s is new after Stop: %s", k, after[k])
-			}
-		}
+		machineUnchanged(t, before)
 	})
 }
 
