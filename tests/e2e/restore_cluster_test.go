@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -474,6 +475,31 @@ func TestRestoreIntoCluster(t *testing.T) {
 		}
 	}
 
+	// --wait reports the first member that failed; the others' Jobs may
+	// still be ending, and the server refuses another restore of the same
+	// backup and target until they have.
+	restoreJobsEnded := func(t *testing.T) {
+		t.Helper()
+		pollUntil(ctx, t, "the earlier restore Jobs finished", func() bool {
+			jobs, err := sb.Client().BatchV1().Jobs(appNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=restore-agent"})
+			if err != nil {
+				return false
+			}
+			for _, j := range jobs.Items {
+				// The server's test: a Job has ended when its controller
+				// says so, not when a pod's count moved.
+				ended := slices.ContainsFunc(j.Status.Conditions, func(c batchv1.JobCondition) bool {
+					return c.Status == corev1.ConditionTrue && (c.Type == batchv1.JobComplete || c.Type == batchv1.JobSuccessCriteriaMet ||
+						c.Type == batchv1.JobFailed || c.Type == batchv1.JobFailureTarget)
+				})
+				if !ended {
+					return false
+				}
+			}
+			return true
+		})
+	}
+
 	t.Run("identity-secret-missing", func(t *testing.T) {
 		// A mistyped --identity-secret: every agent fails at once, before
 		// it touches its member, saying what to create.
@@ -495,6 +521,7 @@ func TestRestoreIntoCluster(t *testing.T) {
 				t.Fatalf("member %s's data was touched: %v", m.Name, err)
 			}
 		}
+		restoreJobsEnded(t)
 	})
 
 	t.Run("member-with-data-fails", func(t *testing.T) {
@@ -518,18 +545,7 @@ func TestRestoreIntoCluster(t *testing.T) {
 	})
 	// The failed restore's other members may still be finishing: wait,
 	// so none writes after the wipe.
-	pollUntil(ctx, t, "the earlier restore Jobs finished", func() bool {
-		jobs, err := sb.Client().BatchV1().Jobs(appNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=restore-agent"})
-		if err != nil {
-			return false
-		}
-		for _, j := range jobs.Items {
-			if j.Status.Succeeded == 0 && j.Status.Failed == 0 {
-				return false
-			}
-		}
-		return true
-	})
+	restoreJobsEnded(t)
 	wipe(members)
 
 	t.Run("pinned-to-content", func(t *testing.T) {
