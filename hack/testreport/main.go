@@ -1,19 +1,26 @@
 // Command testreport reads `go test -json` on standard input and prints
 // what a person needs from it: each package's result, the whole output of
-// every failing test, every skipped test with its reason, and a closing
-// line "N passed, N failed, N skipped". It exits 1 when anything failed,
+// every failing test, every skipped test with its reason, the slowest
+// top-level tests (where a run's time went), and a closing line
+// "N passed, N failed, N skipped". It exits 1 when anything failed,
 // so `go test -json ./... | testreport` can stand in for `go test ./...`
 // in make.
 package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 )
+
+// slowest is how many top-level tests the closing summary lists by time.
+const slowest = 10
 
 // event is one line of cmd/test2json's output.
 type event struct {
@@ -27,25 +34,40 @@ type event struct {
 type key struct{ pkg, test string }
 
 func main() {
+	if !report(os.Stdin, os.Stdout) {
+		os.Exit(1)
+	}
+}
+
+// timed is a top-level test that ended, and how long it took.
+type timed struct {
+	name    string
+	elapsed float64
+}
+
+// report writes the summary of the `go test -json` stream r to w and tells
+// whether everything passed.
+func report(r io.Reader, w io.Writer) bool {
 	output := map[key]*strings.Builder{}
 	var skipped []string
+	var tops []timed
 	passed, failed, nSkipped := 0, 0, 0
-	buildFailed := false
-	in := bufio.NewScanner(os.Stdin)
+	buildFailed, pkgFailed := false, false
+	in := bufio.NewScanner(r)
 	in.Buffer(make([]byte, 1<<20), 16<<20)
 	for in.Scan() {
 		line := in.Bytes()
 		var e event
 		if err := json.Unmarshal(line, &e); err != nil {
 			// Build errors and other non-JSON lines come through as is.
-			fmt.Println(string(line))
+			fmt.Fprintln(w, string(line))
 			buildFailed = true
 			continue
 		}
 		k := key{e.Package, e.Test}
 		switch e.Action {
 		case "build-output":
-			fmt.Print(e.Output)
+			fmt.Fprint(w, e.Output)
 		case "build-fail":
 			buildFailed = true
 		case "output":
@@ -57,16 +79,21 @@ func main() {
 			b.WriteString(e.Output)
 		case "pass", "fail", "skip":
 			if e.Test == "" {
-				pkgResult(e, output[k])
+				if !pkgResult(w, e, output[k]) {
+					pkgFailed = true
+				}
 				delete(output, k)
 				continue
+			}
+			if e.Action != "skip" && !strings.Contains(e.Test, "/") {
+				tops = append(tops, timed{e.Test + " (" + e.Package + ")", e.Elapsed})
 			}
 			switch e.Action {
 			case "pass":
 				passed++
 			case "fail":
 				failed++
-				fmt.Printf("--- FAIL: %s (%s)\n%s", e.Test, e.Package, text(output[k]))
+				fmt.Fprintf(w, "--- FAIL: %s (%s)\n%s", e.Test, e.Package, text(output[k]))
 			case "skip":
 				nSkipped++
 				skipped = append(skipped, fmt.Sprintf("  %s %s: %s", e.Package, e.Test, skipReason(text(output[k]))))
@@ -76,29 +103,33 @@ func main() {
 	}
 	if len(skipped) > 0 {
 		sort.Strings(skipped)
-		fmt.Printf("skipped tests and why:\n%s\n", strings.Join(skipped, "\n"))
+		fmt.Fprintf(w, "skipped tests and why:\n%s\n", strings.Join(skipped, "\n"))
 	}
-	fmt.Printf("%d passed, %d failed, %d skipped\n", passed, failed, nSkipped)
-	if failed > 0 || buildFailed || pkgFailed {
-		os.Exit(1)
+	if len(tops) > 0 {
+		slices.SortStableFunc(tops, func(a, b timed) int { return cmp.Compare(b.elapsed, a.elapsed) })
+		fmt.Fprintf(w, "slowest tests:\n")
+		for _, t := range tops[:min(slowest, len(tops))] {
+			fmt.Fprintf(w, "  %8.1fs  %s\n", t.elapsed, t.name)
+		}
 	}
+	fmt.Fprintf(w, "%d passed, %d failed, %d skipped\n", passed, failed, nSkipped)
+	return failed == 0 && !buildFailed && !pkgFailed
 }
 
-var pkgFailed bool
-
-// pkgResult prints a package's line as `go test` does; a package that
-// failed outside any test (a build error, a panic in TestMain) shows its
-// output.
-func pkgResult(e event, out *strings.Builder) {
+// pkgResult prints a package's line as `go test` does, and tells whether
+// the package passed; a package that failed outside any test (a build
+// error, a panic in TestMain) shows its output.
+func pkgResult(w io.Writer, e event, out *strings.Builder) bool {
 	switch e.Action {
 	case "pass":
-		fmt.Printf("ok  \t%s\t%.3fs\n", e.Package, e.Elapsed)
+		fmt.Fprintf(w, "ok  \t%s\t%.3fs\n", e.Package, e.Elapsed)
 	case "skip":
-		fmt.Printf("?   \t%s\t[no test files]\n", e.Package)
+		fmt.Fprintf(w, "?   \t%s\t[no test files]\n", e.Package)
 	case "fail":
-		pkgFailed = true
-		fmt.Printf("%sFAIL\t%s\t%.3fs\n", text(out), e.Package, e.Elapsed)
+		fmt.Fprintf(w, "%sFAIL\t%s\t%.3fs\n", text(out), e.Package, e.Elapsed)
+		return false
 	}
+	return true
 }
 
 func text(b *strings.Builder) string {
