@@ -465,12 +465,18 @@ func TestRestoreIntoCluster(t *testing.T) {
 			}
 		}
 	}
-	for _, m := range members {
+	// memberData tells whether member m's etcd data is on its volume.
+	memberData := func(t *testing.T, m world.ClusterMember) error {
+		t.Helper()
 		vol, err := sb.VolumePath(ctx, appNS, m.ClaimName)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := os.Stat(filepath.Join(vol, appDataDir, "member")); err != nil {
+		_, err = os.Stat(filepath.Join(vol, appDataDir, "member"))
+		return err
+	}
+	for _, m := range members {
+		if err := memberData(t, m); err != nil {
 			t.Fatalf("member %s wrote no data in its volume: %v", m.Name, err)
 		}
 	}
@@ -513,11 +519,7 @@ func TestRestoreIntoCluster(t *testing.T) {
 		}
 		t.Logf("restore with a missing identity Secret failed after %v", time.Since(began).Round(time.Second))
 		for _, m := range members {
-			vol, err := sb.VolumePath(ctx, appNS, m.ClaimName)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := os.Stat(filepath.Join(vol, appDataDir, "member")); err != nil {
+			if err := memberData(t, m); err != nil {
 				t.Fatalf("member %s's data was touched: %v", m.Name, err)
 			}
 		}
@@ -535,11 +537,7 @@ func TestRestoreIntoCluster(t *testing.T) {
 				t.Errorf("failure does not say %q: %s", want, r)
 			}
 		}
-		vol, err := sb.VolumePath(ctx, appNS, members[2].ClaimName)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := os.Stat(filepath.Join(vol, appDataDir, "member")); err != nil {
+		if err := memberData(t, members[2]); err != nil {
 			t.Fatalf("etcd-2's data was touched: %v", err)
 		}
 	})
