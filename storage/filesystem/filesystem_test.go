@@ -293,11 +293,15 @@ func TestSharedCommitsOfOneName(t *testing.T) {
 	for round := range 50 {
 		name := fmt.Sprintf("race-%d", round)
 		var sums [2]string
-		errs := make(chan error, 2)
+		var ups [2]storage.Upload
+		var sizes [2]int64
+		// Both uploads are open before either commits: Create itself
+		// refuses a name already committed, so only then do the two
+		// commits race.
 		for i, l := range locs {
 			data := []byte(strings.Repeat(fmt.Sprintf("replica %d round %d\n", i, round), 1000))
 			sum := sha256.Sum256(data)
-			sums[i] = hex.EncodeToString(sum[:])
+			sums[i], sizes[i] = hex.EncodeToString(sum[:]), int64(len(data))
 			u, err := l.Create(ctx, name)
 			if err != nil {
 				t.Fatal(err)
@@ -305,8 +309,12 @@ func TestSharedCommitsOfOneName(t *testing.T) {
 			if _, err := u.Write(data); err != nil {
 				t.Fatal(err)
 			}
+			ups[i] = u
+		}
+		errs := make(chan error, 2)
+		for i, u := range ups {
 			go func() {
-				err := u.Commit(ctx, storagetest.NewManifest(name, int64(len(data)), sums[i]))
+				err := u.Commit(ctx, storagetest.NewManifest(name, sizes[i], sums[i]))
 				if err != nil {
 					_ = u.Abort()
 				}
