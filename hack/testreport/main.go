@@ -15,7 +15,6 @@ import (
 	"io"
 	"os"
 	"slices"
-	"sort"
 	"strings"
 )
 
@@ -102,7 +101,7 @@ func report(r io.Reader, w io.Writer) bool {
 		}
 	}
 	if len(skipped) > 0 {
-		sort.Strings(skipped)
+		slices.Sort(skipped)
 		fmt.Fprintf(w, "skipped tests and why:\n%s\n", strings.Join(skipped, "\n"))
 	}
 	if len(tops) > 0 {

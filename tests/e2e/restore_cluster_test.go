@@ -18,7 +18,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -491,14 +490,11 @@ func TestRestoreIntoCluster(t *testing.T) {
 			if err != nil {
 				return false
 			}
-			for _, j := range jobs.Items {
-				// The server's test: a Job has ended when its controller
-				// says so, not when a pod's count moved.
-				ended := slices.ContainsFunc(j.Status.Conditions, func(c batchv1.JobCondition) bool {
-					return c.Status == corev1.ConditionTrue && (c.Type == batchv1.JobComplete || c.Type == batchv1.JobSuccessCriteriaMet ||
-						c.Type == batchv1.JobFailed || c.Type == batchv1.JobFailureTarget)
-				})
-				if !ended {
+			// A Job has ended when its controller says so (Complete or
+			// Failed, which follow the server's SuccessCriteriaMet and
+			// FailureTarget), not when a pod's count moved.
+			for i := range jobs.Items {
+				if !jobFinished(&jobs.Items[i]) {
 					return false
 				}
 			}
