@@ -31,7 +31,7 @@ include hack/s3.mk
 include hack/age.mk
 include hack/node.mk
 
-.PHONY: all build test unit e2e node-deps lint generate check-generate demo sandbox bench fuzz tools clean dist krew-check promrules
+.PHONY: all build test unit e2e node-deps lint cross-check windows-test generate check-generate demo sandbox bench fuzz tools clean dist krew-check promrules
 
 all: build
 
@@ -73,6 +73,23 @@ lint: $(TOOLS_BIN)/staticcheck
 	$(GO) vet ./...
 	$(TOOLS_BIN)/staticcheck ./...
 
+# The platforms the plugin is released for (hack/dist.sh reads the same file).
+KREW_PLATFORMS := $(shell cat krew/platforms)
+comma := ,
+CROSSCHECK := $(TOOLS_BIN)/crosscheck
+$(CROSSCHECK): tools/lint/go.mod tools/lint/go.sum tools/lint/crosscheck/main.go
+	cd tools/lint && $(GO) build -o $(TOOLS_BIN)/ ./crosscheck
+
+## cross-check: type-checks the plugin for every platform krew serves and the server and agent for every platform their images are built for, from source (no cross-compile; ≈ 30 s), failing with the platform that does not build; this machine's own platform is lint's (go vet)
+cross-check: $(CROSSCHECK)
+	GOGC=400 $(CROSSCHECK) $(filter-out $(HOST_PLATFORM):%, \
+		$(foreach p,$(KREW_PLATFORMS),$(p):./cmd/kubectl-etcdbackup) \
+		$(foreach p,$(subst $(comma), ,$(IMAGE_PLATFORMS)),$(p):./cmd/etcdbackup-server$(comma)./cmd/etcdbackup-agent))
+
+## windows-test: the tests of the packages with Windows-only code (locks), as Windows binaries under Wine (installs wine64 and MinGW; not part of make test)
+windows-test:
+	hack/windows-test.sh
+
 # Packages whose tests need neither root nor the Kubernetes binaries: all
 # but the end-to-end world under tests/.
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v '/tests/')
@@ -104,9 +121,10 @@ e2e: node-deps node-bins s3-bins age-bins images $(TESTREPORT)
 	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 $(SANDBOX_ENV) ETCDBACKUP_IMAGES_DIR=$(CURDIR)/dist/images \
 		$(GO) test -json -count=1 -p 1 -timeout $(E2E_TIMEOUT) $(E2E_PKGS) | $(TESTREPORT)
 
-## test: everything CI checks — generated code, lint, krew, the benchmark report's own test, the unit tests with -race, and the end-to-end tests on the sandbox
-test: check-generate lint krew-check promrules
+## test: everything CI checks — generated code, lint, every release platform builds, krew, the benchmark report's own test, the unit tests with -race, and the end-to-end tests on the sandbox
+test: check-generate lint cross-check krew-check promrules
 	cd tools/benchreport && $(GO) vet . && $(GO) test -count=1 .
+	cd tools/lint && $(GO) vet ./crosscheck && $(GO) test -count=1 ./crosscheck
 	$(MAKE) unit UNIT_FLAGS=-race
 	$(MAKE) e2e
 

@@ -9,9 +9,10 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 version=${1:-$("$root/hack/dist-version.sh")}
 dist=$root/dist
 url=${RELEASE_URL:-https://github.com/kubectl-etcdbackup/kubectl-etcdbackup/releases/download/$version}
-# DIST_PLATFORMS narrows the list (CI checks the manifest with this
-# machine's platform only, to spare four cold cross-builds).
-read -r -a platforms <<<"${DIST_PLATFORMS:-linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64}"
+# Every platform in krew/platforms; DIST_PLATFORMS narrows the list (CI
+# checks the manifest with this machine's platform only, to spare four cold
+# cross-builds; `make cross-check` type-checks the others).
+read -r -a platforms <<<"${DIST_PLATFORMS:-$(tr '\n' ' ' <"$root/krew/platforms")}"
 rm -rf "$dist" && mkdir -p "$dist"
 entries=""
 for p in "${platforms[@]}"; do

@@ -22,6 +22,14 @@ for a in "$dist"/kubectl-etcdbackup_*.tar.gz; do
 	got=$(tar -tzf "$a" | sort | tr '\n' ' ')
 	[[ $got == "$want " ]] || { echo "krew-check: $(basename "$a") holds: $got; want: $want" >&2; exit 1; }
 done
+# Each archive's SHA-256 is the one the manifest gives for its platform (krew
+# refuses an archive that differs) and the one SHA256SUMS lists.
+(cd "$dist" && sha256sum --quiet -c SHA256SUMS) || { echo "krew-check: an archive does not match SHA256SUMS" >&2; exit 1; }
+for a in "$dist"/kubectl-etcdbackup_*.tar.gz; do
+	sum=$(sha256sum "$a" | cut -d' ' -f1)
+	grep -A1 -F -- "/$(basename "$a")" "$manifest" | grep -q -- "sha256: $sum" ||
+		{ echo "krew-check: $manifest does not give $(basename "$a")'s SHA-256 $sum" >&2; exit 1; }
+done
 grep -q -- '- from: kubectl_complete-etcdbackup' "$manifest" || { echo "krew-check: $manifest does not list the completion shim in files:" >&2; exit 1; }
 version=$(sed -n 's/^  version: //p' "$manifest")
 export KREW_ROOT=$root/krew PATH=$root/bin:$root/krew/bin:$PATH

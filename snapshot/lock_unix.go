@@ -7,7 +7,13 @@ import (
 	"fmt"
 	"os"
 	"syscall"
+
+	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 )
+
+// lockFollowsPath: the flock is on the directory itself, so a directory
+// created at the same path after moving the old one aside needs its own.
+const lockFollowsPath = false
 
 // lockDir takes an exclusive, non-blocking flock on directory dir: held by
 // another restore (of this or another process, on this node or through a
@@ -40,4 +46,17 @@ func flockHeld(path string) (bool, error) {
 		return true, nil
 	}
 	return false, err
+}
+
+// walLockHeld says whether a running etcd holds WAL file path, asking
+// with etcd's own lock (fcntl's OFD locks on Linux, flock elsewhere).
+func walLockHeld(path string) (bool, error) {
+	f, err := fileutil.TryLockFile(path, os.O_WRONLY, fileutil.PrivateFileMode)
+	if errors.Is(err, fileutil.ErrLocked) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return false, f.Close()
 }

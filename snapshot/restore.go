@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	etcdutl "go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
 )
@@ -131,14 +130,13 @@ func checkNotHeld(dataDir string) error {
 	member := filepath.Join(dataDir, "member")
 	wals, _ := filepath.Glob(filepath.Join(member, "wal", "*.wal"))
 	for _, w := range wals {
-		f, err := fileutil.TryLockFile(w, os.O_WRONLY, fileutil.PrivateFileMode)
-		if errors.Is(err, fileutil.ErrLocked) {
+		held, err := walLockHeld(w)
+		if held {
 			return fmt.Errorf("%w: its WAL file %s is locked by a running etcd; stop the member and wait for its process to exit before restoring", ErrMemberRunning, w)
 		}
 		if err != nil {
 			return fmt.Errorf("check whether a running etcd holds %s: %w", w, err)
 		}
-		f.Close()
 	}
 	db := filepath.Join(member, "snap", "db")
 	if fi, err := os.Stat(db); err != nil || !fi.Mode().IsRegular() {
@@ -200,11 +198,13 @@ func Restore(path string, m Member) (movedTo string, err error) {
 		if err := os.Mkdir(m.DataDir, 0o700); err != nil {
 			return movedTo, fmt.Errorf("create data directory after moving the old one aside: %w", err)
 		}
-		unlockNew, err := lockDir(m.DataDir)
-		if err != nil {
-			return movedTo, err
+		if !lockFollowsPath {
+			unlockNew, err := lockDir(m.DataDir)
+			if err != nil {
+				return movedTo, err
+			}
+			defer unlockNew()
 		}
-		defer unlockNew()
 	default:
 		// An empty directory (a fresh volume's mount point, which cannot
 		// be removed) is used as is: etcdutl refuses only non-empty ones.

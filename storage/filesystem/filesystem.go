@@ -6,7 +6,7 @@
 //	backups/NAME.db    the backup's data
 //	backups/NAME.json  its manifest, written last: its presence makes the backup exist
 //	.tmp/              uploads in progress; emptied at every start
-//	.publish.lock      flock(2)ed while names appear or disappear
+//	.publish.lock      locked (flock(2); LockFileEx on Windows) while names appear or disappear
 //
 // Data is written to .tmp, fsynced, and hard-linked into place (link(2)
 // never replaces an existing name, so two uploads of one name cannot both
@@ -34,6 +34,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -131,8 +133,8 @@ func removeStale(dir string, cutoff time.Time) error {
 }
 
 // lockPublish takes the publish lock: the mutex, for this process, and an
-// exclusive flock(2) of .publish.lock, for every process writing the
-// location. It is held for a few file operations, so it blocks.
+// exclusive lock of .publish.lock (lockFile: flock(2), or LockFileEx on
+// Windows), for every process writing the location. It is held for a few file operations, so it blocks.
 func (l *Location) lockPublish() (unlock func(), err error) {
 	l.publish.Lock()
 	f, err := os.OpenFile(filepath.Join(l.root, lockName), os.O_CREATE|os.O_RDWR, 0o600)
@@ -140,19 +142,14 @@ func (l *Location) lockPublish() (unlock func(), err error) {
 		l.publish.Unlock()
 		return nil, fmt.Errorf("open the publish lock: %w", noSpace(err))
 	}
-	for {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
-		if !errors.Is(err, syscall.EINTR) {
-			break
-		}
-	}
+	release, err := lockFile(f)
 	if err != nil {
 		f.Close()
 		l.publish.Unlock()
 		return nil, fmt.Errorf("take the publish lock %s: %w", f.Name(), err)
 	}
 	return func() {
-		// Closing the file releases the flock.
+		release()
 		f.Close()
 		l.publish.Unlock()
 	}, nil
@@ -531,7 +528,9 @@ func writeFileSync(path string, b []byte) error {
 
 // syncDir makes a rename or link in dir durable.
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
+	// etcd's OpenDir: os.Open on Unix; on Windows a handle with write
+	// access, without which FlushFileBuffers refuses a directory.
+	d, err := fileutil.OpenDir(dir)
 	if err != nil {
 		return fmt.Errorf("open directory %q: %w", dir, err)
 	}

@@ -1,0 +1,3 @@
+module example.test/lockmod
+
+go 1.26.0
