@@ -19,6 +19,13 @@ type SegmentInfo struct {
 	FirstTime, LastTime         time.Time
 	Events                      int64
 	EndReason                   string
+	// HistoryBreak says the chain ended because etcd's history changed
+	// under it (restored or re-created): no point after its end is
+	// planned on it or on an older chain.
+	HistoryBreak bool
+	// ClockOffset is how far the server found the writing agent's clock
+	// behind its own (negative: ahead) when the segment arrived.
+	ClockOffset time.Duration
 }
 
 // empty says the segment holds no revision.
@@ -39,6 +46,10 @@ type FullInfo struct {
 type Point struct {
 	Revision int64
 	Time     time.Time
+	// MinRevision, with Time, is a revision replay reaches whatever the
+	// stamps of the segments before it say (PlanResult.MinRevision):
+	// another chain or a full shows it committed by Time.
+	MinRevision int64
 }
 
 func (p Point) String() string {
@@ -67,7 +78,14 @@ type PlanResult struct {
 	// when only replay can tell (the revision before the first one seen
 	// after the time).
 	ToRevision int64
-	Point      Point
+	// MinRevision, for a time point replayed by time, is the revision the
+	// replay reaches at least, whatever its segments' stamps: one another
+	// chain (or a full) shows committed by the time.
+	MinRevision int64
+	Point       Point
+	// Warnings are what the operator should know about the plan (a
+	// delta agent's clock found off the server's).
+	Warnings []string
 }
 
 // Contiguous orders a full's segments and returns the longest contiguous
@@ -136,6 +154,11 @@ type reach struct {
 	// last is the newest revision and the time it was seen (the full's
 	// when the chain has no segments).
 	last PointInfo
+	// history is the full's history: how many history breaks (chains
+	// ended because etcd's history changed under them) came before it.
+	history int
+	// breaks says the chain ended on a change of etcd's history.
+	breaks bool
 }
 
 func reaches(fulls []FullInfo, chains map[string][]SegmentInfo) []reach {
@@ -146,44 +169,98 @@ func reaches(fulls []FullInfo, chains map[string][]SegmentInfo) []reach {
 		if n := len(used); n > 0 {
 			r.last = PointInfo{Revision: used[n-1].LastRevision, Time: used[n-1].LastTime}
 		}
+		// The end segment holds no revision, so Contiguous leaves it out:
+		// whether the chain broke is read from any of its segments that
+		// starts right after the chain's last revision.
+		for _, s := range chains[f.Name] {
+			if s.HistoryBreak && s.FirstRevision <= r.last.Revision+1 && s.LastRevision <= r.last.Revision {
+				r.breaks = true
+			}
+		}
 		rs = append(rs, r)
+	}
+	// A history break at time B (the last time the old history was seen)
+	// puts every full taken after B in a newer history.
+	var breaks []time.Time
+	for _, r := range rs {
+		if r.breaks {
+			breaks = append(breaks, r.last.Time)
+		}
+	}
+	for i := range rs {
+		rs[i].history = historyAt(breaks, rs[i].full.Time)
 	}
 	// Newest full first: the fewest segments to replay.
 	slices.SortFunc(rs, func(a, b reach) int {
-		return cmp.Or(-cmp.Compare(a.full.Revision, b.full.Revision), -a.full.Time.Compare(b.full.Time), strings.Compare(a.full.Name, b.full.Name))
+		return cmp.Or(-cmp.Compare(a.history, b.history), -cmp.Compare(a.full.Revision, b.full.Revision), -a.full.Time.Compare(b.full.Time), strings.Compare(a.full.Name, b.full.Name))
 	})
 	return rs
 }
 
+// historyAt is how many history breaks happened before t.
+func historyAt(breaks []time.Time, t time.Time) int {
+	n := 0
+	for _, b := range breaks {
+		if b.Before(t) {
+			n++
+		}
+	}
+	return n
+}
+
 // Window is the recoverable range of a target: earliest is its oldest
-// full backup, latest the newest revision a contiguous chain reaches (a
-// full's own when it has no segments). ok is false without fulls. Points
-// inside the window may still be unrecoverable where chains have gaps:
-// Plan says so.
+// full backup, latest the newest revision a contiguous chain of the
+// newest history reaches (a full's own when it has no segments). ok is
+// false without fulls. Points inside the window may still be
+// unrecoverable where chains have gaps: Plan says so.
 func Window(fulls []FullInfo, chains map[string][]SegmentInfo) (earliest, latest PointInfo, ok bool) {
 	rs := reaches(fulls, chains)
 	if len(rs) == 0 {
 		return PointInfo{}, PointInfo{}, false
 	}
-	oldest := rs[len(rs)-1].full
-	earliest = PointInfo{Revision: oldest.Revision, Time: oldest.Time}
-	latest = rs[0].last
+	oldest := rs[0].full
 	for _, r := range rs[1:] {
-		if r.last.Revision > latest.Revision {
-			latest = r.last
+		if r.full.Time.Before(oldest.Time) {
+			oldest = r.full
 		}
 	}
-	return earliest, latest, true
+	return PointInfo{Revision: oldest.Revision, Time: oldest.Time}, newest(rs).last, true
+}
+
+// newest is the chain that reaches furthest in the newest history.
+func newest(rs []reach) reach {
+	best := rs[0]
+	for _, r := range rs[1:] {
+		if r.history == best.history && r.last.Revision > best.last.Revision {
+			best = r
+		}
+	}
+	return best
 }
 
 // ErrNotRecoverable is wrapped by Plan's errors for a point no stored
 // chain reaches.
 var ErrNotRecoverable = errors.New("point not recoverable")
 
-// Plan picks the newest full backup at or before the point whose chain
-// reaches the point, and the segments needed up to it. For a time, a
-// chain reaches it when it holds a revision seen at or after it, so no
-// write between its last revision and the time can be missing.
+// Plan picks the full backup and the segments a restore to the point
+// needs.
+//
+// A revision is restored from the newest full at or before it whose chain
+// reaches it. When chains of two histories of the target hold the
+// revision (etcd restored without a revision bump under a running chain)
+// Plan refuses and names both: which one is meant is the operator's call
+// (a restore naming the full backup decides it).
+//
+// A time T is restored to the newest revision any capture had seen by T:
+// each revision is stamped with the time its delta agent saw it, and when
+// two chains hold it (after a new full or a fold, the old chain's agent
+// runs on while the new one catches up) the earlier stamp counts. Writes
+// committed before T that no capture had seen by T (within the capture's
+// lag, or while no agent ran) are not included, and no write committed
+// after T is. The point must lie inside a chain of the history in force
+// at T, from its full's time to its newest stamp: a time after every
+// stamp is refused, since a write may have followed that no capture
+// stored yet.
 func Plan(fulls []FullInfo, chains map[string][]SegmentInfo, p Point) (PlanResult, error) {
 	if p.Revision < 0 {
 		return PlanResult{}, fmt.Errorf("revision %d: etcd revisions are positive", p.Revision)
@@ -197,60 +274,145 @@ func Plan(fulls []FullInfo, chains map[string][]SegmentInfo, p Point) (PlanResul
 	}
 	switch {
 	case p.Revision > 0:
-		for _, r := range rs {
-			if r.full.Revision <= p.Revision && p.Revision <= r.last.Revision {
-				// Segments are contiguous: those starting at or before the
-				// point are the ones it needs.
-				n := 0
-				for n < len(r.segs) && r.segs[n].FirstRevision <= p.Revision {
-					n++
-				}
-				return PlanResult{Full: r.full, Segments: r.segs[:n], ToRevision: p.Revision, Point: p}, nil
-			}
-		}
+		return planRevision(rs, p, -1)
 	case !p.Time.IsZero():
-		for _, r := range rs {
-			if r.full.Time.After(p.Time) || r.last.Time.Before(p.Time) {
-				continue
-			}
-			res := PlanResult{Full: r.full, Point: p}
-			for _, s := range r.segs {
-				if s.FirstTime.After(p.Time) {
-					break
-				}
-				res.Segments = append(res.Segments, s)
-			}
-			switch n := len(res.Segments); {
-			case n == 0:
-				res.ToRevision = r.full.Revision
-			case n < len(r.segs) && !res.Segments[n-1].LastTime.After(p.Time):
-				// The next segment starts after the time: the point is
-				// this one's end.
-				res.ToRevision = res.Segments[n-1].LastRevision
-			}
-			return res, nil
-		}
+		return planTime(rs, p)
 	default:
-		best := rs[0]
-		for _, r := range rs[1:] {
-			if r.last.Revision > best.last.Revision {
-				best = r
-			}
-		}
+		best := newest(rs)
 		return PlanResult{Full: best.full, Segments: best.segs, ToRevision: best.last.Revision, Point: p}, nil
 	}
-	return PlanResult{}, notRecoverable(rs, p)
+}
+
+// planRevision plans p.Revision on the newest full at or before it whose
+// chain reaches it, in history (or any history, -1, when only one holds
+// the revision).
+func planRevision(rs []reach, p Point, history int) (PlanResult, error) {
+	var holders []reach
+	for _, r := range rs {
+		if r.full.Revision <= p.Revision && p.Revision <= r.last.Revision && (history < 0 || r.history == history) {
+			holders = append(holders, r)
+		}
+	}
+	if len(holders) == 0 {
+		return PlanResult{}, notRecoverable(rs, p)
+	}
+	// rs is sorted newest history first, then newest full: holders[0] is
+	// the one to replay, unless another history holds the revision too.
+	r := holders[0]
+	if i := slices.IndexFunc(holders, func(o reach) bool { return o.history != r.history }); i >= 0 {
+		o := holders[i]
+		return PlanResult{}, fmt.Errorf("%w: %s is in two histories of the target: etcd's revisions went back under a delta chain (restored or re-created without a revision bump), so revision %d names both a state of the newer history (backup %s, %s) and one of the older (backup %s, %s). "+
+			"Name the backup to restore from to choose one (`restore BACKUP --to-revision %d`), or restore to a time",
+			ErrNotRecoverable, p, p.Revision, r.full.Name, stamp(r.full.Time), o.full.Name, stamp(o.full.Time), p.Revision)
+	}
+	// Segments are contiguous: those starting at or before the point are
+	// the ones it needs.
+	n := 0
+	for n < len(r.segs) && r.segs[n].FirstRevision <= p.Revision {
+		n++
+	}
+	return PlanResult{Full: r.full, Segments: r.segs[:n], ToRevision: p.Revision, Point: p}, nil
+}
+
+// planTime plans time p.Time: the newest revision stamped at or before it
+// by any chain of the history in force then.
+func planTime(rs []reach, p Point) (PlanResult, error) {
+	t := p.Time
+	var breaks []time.Time
+	for _, r := range rs {
+		if r.breaks {
+			breaks = append(breaks, r.last.Time)
+		}
+	}
+	history := historyAt(breaks, t)
+	// floor is the newest revision known committed by t without reading
+	// a segment: a full taken by t, and every revision of a chain whose
+	// newest stamp is at or before t. open are the chains that saw
+	// something after t, oldest full first: the oldest one's agent saw
+	// every revision it shares with a newer chain first (the controller
+	// starts a chain's agent only after stopping the one before), so its
+	// stamps decide.
+	var floor int64
+	var open []reach
+	for _, r := range rs {
+		if r.history != history || r.full.Time.After(t) {
+			continue
+		}
+		floor = max(floor, r.full.Revision)
+		if r.last.Time.After(t) {
+			open = append(open, r)
+		} else {
+			floor = max(floor, r.last.Revision)
+		}
+	}
+	if len(open) == 0 {
+		return PlanResult{}, notRecoverable(rs, p)
+	}
+	o := open[len(open)-1]
+	for _, r := range open {
+		if r.full.Time.Before(o.full.Time) {
+			o = r
+		}
+	}
+	// The oldest open chain's newest revision stamped by t lies in lo..hi:
+	// past the segments seen entirely by t, inside the one that straddles
+	// t, if any.
+	lo, hi := o.full.Revision, o.full.Revision
+	for _, s := range o.segs {
+		if s.LastTime.After(t) {
+			if !s.FirstTime.After(t) {
+				hi = s.LastRevision
+			}
+			break
+		}
+		lo, hi = s.LastRevision, s.LastRevision
+	}
+	if hi <= floor {
+		// Known without replaying by time: a revision point on the newest
+		// full of this history that reaches it.
+		res, err := planRevision(rs, Point{Revision: floor}, history)
+		res.Point = p
+		return res, err
+	}
+	res := PlanResult{Full: o.full, Point: p, MinRevision: floor}
+	for _, s := range o.segs {
+		if s.FirstRevision > max(hi, floor) {
+			break
+		}
+		res.Segments = append(res.Segments, s)
+		if s.ClockOffset.Abs() > MaxClockOffset {
+			res.Warnings = append(res.Warnings, fmt.Sprintf("the times of segment %s were stamped by a delta agent whose clock was %s: the point may be off by as much",
+				s.Name, clockOffset(s.ClockOffset)))
+		}
+	}
+	if lo == hi {
+		res.ToRevision = max(lo, floor)
+	}
+	return res, nil
+}
+
+// MaxClockOffset is how far a delta agent's clock may be off the
+// server's (as the server measures it on each upload, transit included)
+// before a restore to a time through its segments warns.
+const MaxClockOffset = time.Second
+
+// clockOffset says an offset (server minus agent) in words.
+func clockOffset(d time.Duration) string {
+	if d > 0 {
+		return d.Round(time.Millisecond).String() + " behind the server's"
+	}
+	return (-d).Round(time.Millisecond).String() + " ahead of the server's"
 }
 
 // notRecoverable says why no chain reaches p, and what can be restored.
 func notRecoverable(rs []reach, p Point) error {
-	oldest := rs[len(rs)-1].full
-	newest := rs[0].last
+	oldest := rs[0].full
 	for _, r := range rs[1:] {
-		if r.last.Revision > newest.Revision {
-			newest = r.last
+		if r.full.Time.Before(oldest.Time) || r.full.Time.Equal(oldest.Time) && r.full.Revision < oldest.Revision {
+			oldest = r.full
 		}
 	}
+	newest := newest(rs).last
 	target := ""
 	if oldest.Target != "" {
 		target = " of target " + oldest.Target
@@ -262,17 +424,21 @@ func notRecoverable(rs []reach, p Point) error {
 		return fmt.Errorf("%w: %s is before the oldest full backup%s (revision %d at %s, backup %s)",
 			ErrNotRecoverable, p, target, oldest.Revision, stamp(oldest.Time), oldest.Name)
 	case after:
-		return fmt.Errorf("%w: %s is after the newest event stored%s (revision %d at %s)",
+		return fmt.Errorf("%w: %s is after the newest event stored%s (revision %d at %s): a later write may not be stored yet; restore to that revision or an earlier time",
 			ErrNotRecoverable, p, target, newest.Revision, stamp(newest.Time))
 	}
 	// Inside the window, in a gap between chains.
 	var ranges []string
 	for i := len(rs) - 1; i >= 0; i-- {
 		r := rs[i]
-		ranges = append(ranges, fmt.Sprintf("revisions %d..%d (%s .. %s, from backup %s)",
-			r.full.Revision, r.last.Revision, stamp(r.full.Time), stamp(r.last.Time), r.full.Name))
+		ended := ""
+		if r.breaks {
+			ended = ", where etcd's history changed"
+		}
+		ranges = append(ranges, fmt.Sprintf("revisions %d..%d (%s .. %s, from backup %s%s)",
+			r.full.Revision, r.last.Revision, stamp(r.full.Time), stamp(r.last.Time), r.full.Name, ended))
 	}
-	return fmt.Errorf("%w: no chain%s covers %s (a gap in the deltas); recoverable: %s",
+	return fmt.Errorf("%w: no chain%s covers %s (a gap in the deltas: no delta agent stored what happened then, or etcd's history changed); recoverable: %s",
 		ErrNotRecoverable, target, p, strings.Join(ranges, "; "))
 }
 

@@ -158,3 +158,104 @@ func TestWindow(t *testing.T) {
 		t.Fatal("a window without fulls")
 	}
 }
+
+// A time just after a new full: the old chain's agent saw the revisions
+// up to the time live, the new chain's agent caught up later and stamped
+// them with its catch-up time. Every revision committed by the time is
+// restored, from whichever chain saw it first (review finding 1).
+func TestTimePointJustAfterANewFull(t *testing.T) {
+	at := func(s int64) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	fulls := []FullInfo{{Name: "A", Revision: 100, Time: at(100)}, {Name: "B", Revision: 300, Time: at(300)}}
+	chains := map[string][]SegmentInfo{
+		"A": {{Name: "A.delta-101", Chain: "A", Epoch: 1, FirstRevision: 101, LastRevision: 350, FirstTime: at(101), LastTime: at(350)}},
+		"B": {{Name: "B.delta-301", Chain: "B", Epoch: 2, FirstRevision: 301, LastRevision: 420, FirstTime: at(400), LastTime: at(420)}},
+	}
+	for _, tc := range []struct {
+		name      string
+		t         time.Time
+		full      string
+		segs      []string
+		to, floor int64
+	}{
+		// Inside A's live segment: replayed on A by time, at least to B's
+		// full (committed by then).
+		{name: "while both chains run", t: at(340), full: "A", segs: []string{"A.delta-101"}, floor: 300},
+		// After A's agent stopped, before B's caught up: everything A saw,
+		// nothing B stamped later.
+		{name: "in the hand-over", t: at(380), full: "B", segs: []string{"B.delta-301"}, to: 350},
+		// Once B is live, B's own stamps.
+		{name: "after the catch-up", t: at(410), full: "B", segs: []string{"B.delta-301"}, floor: 350},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := Plan(fulls, chains, Point{Time: tc.t})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Full.Name != tc.full || !slices.Equal(names(res.Segments), tc.segs) || res.ToRevision != tc.to || res.MinRevision != tc.floor {
+				t.Fatalf("plan: full %s, segments %v, to %d, at least %d; want %s, %v, %d, %d",
+					res.Full.Name, names(res.Segments), res.ToRevision, res.MinRevision, tc.full, tc.segs, tc.to, tc.floor)
+			}
+		})
+	}
+}
+
+// A chain that ended on a change of etcd's history (restored without a
+// revision bump under it) is never planned past its end, and a revision
+// both histories hold is refused naming both (review finding 2).
+func TestHistoryBreak(t *testing.T) {
+	at := func(s int64) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	fulls := []FullInfo{
+		{Name: "old", Revision: 9000, Time: at(100), Target: "app"},
+		// Taken after the restore, at a lower revision.
+		{Name: "new", Revision: 5100, Time: at(700), Target: "app"},
+	}
+	chains := map[string][]SegmentInfo{
+		"old": {
+			{Name: "old.delta-9001", Chain: "old", FirstRevision: 9001, LastRevision: 9500, FirstTime: at(200), LastTime: at(500)},
+			{Name: "old.delta-9501", Chain: "old", FirstRevision: 9501, LastRevision: 9500, EndReason: "etcd's revision went back from 9500 to 5000", HistoryBreak: true},
+		},
+		"new": {{Name: "new.delta-5101", Chain: "new", FirstRevision: 5101, LastRevision: 9600, FirstTime: at(710), LastTime: at(900)}},
+	}
+	res, err := Plan(fulls, chains, Point{Time: at(800)})
+	if err != nil || res.Full.Name != "new" || res.MinRevision != 5100 {
+		t.Fatalf("a time after the restore: full %s, at least %d, %v; want the new history's full", res.Full.Name, res.MinRevision, err)
+	}
+	if res, err := Plan(fulls, chains, Point{Time: at(400)}); err != nil || res.Full.Name != "old" {
+		t.Fatalf("a time before the restore: full %s, %v; want the old history's", res.Full.Name, err)
+	}
+	// Between the last write seen in the old history and the new full:
+	// nothing was captured.
+	if _, err := Plan(fulls, chains, Point{Time: at(600)}); !errors.Is(err, ErrNotRecoverable) || !strings.Contains(err.Error(), "history changed") {
+		t.Fatalf("a time between the histories: %v", err)
+	}
+	if _, err := Plan(fulls, chains, Point{Revision: 9200}); err == nil || !strings.Contains(err.Error(), "two histories") ||
+		!strings.Contains(err.Error(), "backup new") || !strings.Contains(err.Error(), "backup old") {
+		t.Fatalf("a revision both histories hold: %v", err)
+	}
+	if res, err := Plan(fulls, chains, Point{Revision: 9550}); err != nil || res.Full.Name != "new" {
+		t.Fatalf("a revision only the new history holds: full %s, %v", res.Full.Name, err)
+	}
+	if res, err := Plan(fulls, chains, Point{}); err != nil || res.Full.Name != "new" || res.ToRevision != 9600 {
+		t.Fatalf("the newest point: full %s to %d, %v; want the new history's newest", res.Full.Name, res.ToRevision, err)
+	}
+	if _, l, _ := Window(fulls, chains); l.Revision != 9600 {
+		t.Fatalf("window ends at %d, want the new history's 9600", l.Revision)
+	}
+	// Restricted to the old history's full (a restore naming it), the
+	// revision is the old history's.
+	if res, err := Plan(fulls[:1], chains, Point{Revision: 9200}); err != nil || res.Full.Name != "old" {
+		t.Fatalf("revision 9200 of backup old: %s, %v", res.Full.Name, err)
+	}
+}
+
+// A segment stamped by an agent whose clock the server found off warns.
+func TestPlanWarnsOfASkewedClock(t *testing.T) {
+	at := func(s int64) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	fulls := []FullInfo{{Name: "f", Revision: 100, Time: at(100)}}
+	s := seg("f", 1, 101, 200)
+	s.ClockOffset = 42 * time.Second
+	res, err := Plan(fulls, map[string][]SegmentInfo{"f": {s}}, Point{Time: at(150)})
+	if err != nil || len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "42s behind the server's") {
+		t.Fatalf("warnings %q, %v", res.Warnings, err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -16,10 +17,28 @@ import (
 // Magic starts every plain segment.
 const Magic = "etcdbackup-delta-segment/v1\n"
 
-// MaxFrameSize bounds a frame's payload on read: a damaged length cannot
-// make a reader allocate more. etcd refuses requests over 1.5 MiB by
-// default and a revision is one request, so a real frame is far smaller.
+// MaxFrameSize bounds a frame's payload, on read and on write. A writer
+// splits a revision larger than revisionFrameTarget across frames, so a
+// frame only comes near this bound to hold a single event that large.
 const MaxFrameSize = 64 << 20
+
+// MaxRevisionBytes bounds one revision's encoded events (lengths
+// included) over all its frames: the largest request the replay etcd
+// takes (delta/replay applies a revision as one transaction, and its
+// operations are smaller than the events they come from, which also
+// carry create revisions and versions). A writer refuses a larger
+// revision (ErrRevisionTooLarge); a reader refuses one whose frames add
+// up to more, before reading past the bound, so that it holds at most
+// this much of one revision's events.
+const MaxRevisionBytes = 256 << 20
+
+// revisionFrameTarget is the payload size past which a writer splits a
+// revision into an 'R' frame and 'C' frames, each at most this large (a
+// single larger event gets a frame of its own). It keeps a reader's frame
+// buffer small next to the revision it assembles, while a frame's few
+// header bytes stay negligible. A revision that fits is one 'R' frame,
+// encoded exactly as before revisions were ever split.
+const revisionFrameTarget = 4 << 20
 
 // ErrCorrupt is wrapped by every error about a segment's content: one cut
 // short, damaged, or breaking the format's invariants.
@@ -29,11 +48,19 @@ var ErrCorrupt = errors.New("delta segment corrupt")
 // the segment magic (wrapped with ErrCorrupt).
 var ErrNotSegment = errors.New("not a delta segment (no etcdbackup-delta-segment/v1 magic): a backup or a still compressed or encrypted file?")
 
+// ErrRevisionTooLarge is wrapped by AddRevision's error for a revision no
+// segment can hold: its events encode to more than MaxRevisionBytes, or
+// one of them alone to more than a frame may be (MaxFrameSize). Nothing
+// of it was written, but the chain cannot go past it either: end the
+// chain there and take a full backup.
+var ErrRevisionTooLarge = errors.New("revision too large to replay")
+
 const (
-	frameHeader   = 'H'
-	frameLease    = 'L'
-	frameRevision = 'R'
-	frameEnd      = 'E'
+	frameHeader       = 'H'
+	frameLease        = 'L'
+	frameRevision     = 'R'
+	frameContinuation = 'C'
+	frameEnd          = 'E'
 )
 
 // Header opens a segment.
@@ -82,6 +109,9 @@ type Writer struct {
 	sum Summary
 	err error
 	buf []byte
+	// frameTarget is revisionFrameTarget; tests lower it to split small
+	// revisions.
+	frameTarget int
 	// closed is set once the end frame was written (or tried).
 	closed bool
 }
@@ -95,7 +125,7 @@ func NewWriter(w io.Writer, h Header) (*Writer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("delta segment header: %w", err)
 	}
-	dw := &Writer{w: w, sum: Summary{Header: h, LastRevision: h.FirstRevision - 1}}
+	dw := &Writer{w: w, sum: Summary{Header: h, LastRevision: h.FirstRevision - 1}, frameTarget: revisionFrameTarget}
 	if _, err := io.WriteString(w, Magic); err != nil {
 		return nil, fmt.Errorf("write delta segment: %w", err)
 	}
@@ -149,11 +179,14 @@ func (w *Writer) AddLease(l Lease) error {
 	return w.frame(frameLease, b)
 }
 
-// AddRevision writes a revision frame. It refuses, writing nothing, a
-// revision that does not follow the previous one (or is not the header's
-// FirstRevision for the first), one without events, and one with an event
-// whose mod revision is not the revision: such a segment could not be
-// replayed.
+// AddRevision writes a revision: one 'R' frame, or, for a revision whose
+// frame would be larger than revisionFrameTarget, an 'R' frame and the
+// 'C' frames that hold the rest of its events. It refuses, writing
+// nothing, a revision that does not follow the previous one (or is not
+// the header's FirstRevision for the first), one without events, one
+// with an event whose mod revision is not the revision: such a segment
+// could not be replayed; and one too large to replay
+// (ErrRevisionTooLarge).
 func (w *Writer) AddRevision(r Revision) error {
 	if err := w.usable(); err != nil {
 		return err
@@ -168,6 +201,9 @@ func (w *Writer) AddRevision(r Revision) error {
 	b = binary.AppendUvarint(b, uint64(r.Revision))
 	b = binary.AppendVarint(b, r.Time.UnixNano())
 	b = binary.AppendUvarint(b, uint64(len(r.Events)))
+	// Check and size every event before writing a byte, so that a
+	// revision refused leaves the segment as it was.
+	var size int64
 	for i, ev := range r.Events {
 		if ev == nil || ev.Kv == nil {
 			return fmt.Errorf("delta segment of chain %q: revision %d: event %d has no key-value", w.sum.Chain, r.Revision, i)
@@ -175,19 +211,74 @@ func (w *Writer) AddRevision(r Revision) error {
 		if ev.Kv.ModRevision != r.Revision {
 			return fmt.Errorf("delta segment of chain %q: revision %d: event %d (key %q) has mod revision %d", w.sum.Chain, r.Revision, i, ev.Kv.Key, ev.Kv.ModRevision)
 		}
-		pb, err := proto.Marshal(ev)
-		if err != nil {
-			return fmt.Errorf("delta segment of chain %q: revision %d: encode event: %w", w.sum.Chain, r.Revision, err)
+		n := int64(eventSize(proto.Size(ev)))
+		room := int64(MaxFrameSize)
+		if i == 0 {
+			room -= int64(len(b))
 		}
-		b = binary.AppendUvarint(b, uint64(len(pb)))
-		b = append(b, pb...)
+		if n > room {
+			return fmt.Errorf("delta segment of chain %q: %w: revision %d: event %d (key %.100q) encodes to %d bytes, more than the %d a segment frame may hold", w.sum.Chain, ErrRevisionTooLarge, r.Revision, i, ev.Kv.Key, n, room)
+		}
+		size += n
 	}
-	w.buf = b
-	if err := w.frame(frameRevision, b); err != nil {
+	if size > MaxRevisionBytes {
+		return fmt.Errorf("delta segment of chain %q: %w: revision %d: its %d events encode to %d bytes, more than the %d one revision may be (the largest request the replay etcd takes)", w.sum.Chain, ErrRevisionTooLarge, r.Revision, len(r.Events), size, MaxRevisionBytes)
+	}
+	typ, inFrame, written := byte(frameRevision), 0, false
+	for i, ev := range r.Events {
+		n := proto.Size(ev)
+		// Greedy: a frame takes events while they fit, and at least one,
+		// which the check above let fit in MaxFrameSize. A revision that
+		// fits the target never gets here with a full frame.
+		if inFrame > 0 && len(b)+eventSize(n) > w.frameTarget {
+			if err := w.frame(typ, b); err != nil {
+				return err
+			}
+			typ, inFrame, written, b = frameContinuation, 0, true, b[:0]
+		}
+		b = binary.AppendUvarint(b, uint64(n))
+		start := len(b)
+		var err error
+		b, err = proto.MarshalOptions{}.MarshalAppend(b, ev)
+		if err == nil && len(b)-start != n {
+			err = fmt.Errorf("it encoded to %d bytes where it was sized %d (the event changed while being written?)", len(b)-start, n)
+		}
+		if err != nil {
+			err = fmt.Errorf("delta segment of chain %q: revision %d: encode event %d: %w", w.sum.Chain, r.Revision, i, err)
+			if written {
+				// Part of the revision is written: the segment cannot go on.
+				w.err = err
+			}
+			return err
+		}
+		inFrame++
+	}
+	// A buffer grown for one huge event is not kept for the segment's
+	// life.
+	if cap(b) <= 2*w.frameTarget {
+		w.buf = b
+	} else {
+		w.buf = nil
+	}
+	if err := w.frame(typ, b); err != nil {
 		return err
 	}
 	w.sum.add(r)
 	return nil
+}
+
+// eventSize is what an event of n bytes takes in a frame: its length,
+// then itself.
+func eventSize(n int) int {
+	return uvarintLen(uint64(n)) + n
+}
+
+func uvarintLen(v uint64) int {
+	n := 1
+	for ; v >= 0x80; v >>= 7 {
+		n++
+	}
+	return n
 }
 
 // add counts revision r into s.
@@ -229,8 +320,17 @@ type Reader struct {
 	hdr    Header
 	sum    Summary
 	leases map[int64]bool
-	done   bool
-	err    error
+	// open is a revision split across frames whose 'C' frames are still
+	// to come: it has fewer than openEvents events, which took openBytes
+	// bytes.
+	open       *Revision
+	openEvents uint64
+	openBytes  uint64
+	// buf is the previous frame's payload, reused for the next: nothing
+	// decoded from a frame refers to it.
+	buf  []byte
+	done bool
+	err  error
 }
 
 // NewReader reads the magic and header of a plain segment.
@@ -271,10 +371,14 @@ func (r *Reader) Header() Header { return r.hdr }
 // returned io.EOF.
 func (r *Reader) Summary() Summary { return r.sum }
 
-// frame reads one frame, bounding its size.
+// frame reads one frame, bounding its size, and checks that it may come
+// here as far as a revision split across frames goes.
 func (r *Reader) frame() (byte, []byte, error) {
 	typ, err := r.r.ReadByte()
 	if errors.Is(err, io.EOF) {
+		if r.open != nil {
+			return 0, nil, fmt.Errorf("%w: it ends inside revision %d, after %d of its %d events, without the rest or an end frame (cut short: an upload or a writer interrupted?)", ErrCorrupt, r.open.Revision, len(r.open.Events), r.openEvents)
+		}
 		return 0, nil, fmt.Errorf("%w: it ends after revision %d without an end frame (cut short: an upload or a writer interrupted?)", ErrCorrupt, r.sum.LastRevision)
 	}
 	if err != nil {
@@ -287,15 +391,58 @@ func (r *Reader) frame() (byte, []byte, error) {
 	if n > MaxFrameSize {
 		return 0, nil, fmt.Errorf("%w: a %q frame says it is %d bytes, more than the %d a segment frame may be", ErrCorrupt, typ, n, MaxFrameSize)
 	}
-	payload := make([]byte, n)
-	if _, err := io.ReadFull(r.r, payload); err != nil {
-		return 0, nil, r.short(err)
+	switch {
+	case r.open != nil && typ != frameContinuation:
+		return 0, nil, fmt.Errorf("%w: revision %d is split across frames and has %d of its %d events, then a %q frame comes instead of the rest", ErrCorrupt, r.open.Revision, len(r.open.Events), r.openEvents, typ)
+	case r.open != nil && r.openBytes+n > MaxRevisionBytes:
+		// Refused before reading it: the revision held so far is all a
+		// damaged or hostile segment costs.
+		return 0, nil, fmt.Errorf("%w: revision %d is more than %d bytes (%d read and a continuation frame of %d), more than the %d one revision may be (the largest request the replay etcd takes)", ErrCorrupt, r.open.Revision, r.openBytes+n, r.openBytes, n, MaxRevisionBytes)
+	case r.open == nil && typ == frameContinuation:
+		return 0, nil, fmt.Errorf("%w: a continuation frame after revision %d, which is complete: no revision is split across frames there", ErrCorrupt, r.sum.LastRevision)
+	}
+	payload, err := r.payload(int(n))
+	if err != nil {
+		return 0, nil, err
 	}
 	return typ, payload, nil
 }
 
+// payload reads a frame's n bytes into the reused buffer. It grows the
+// buffer as bytes arrive rather than to the n the frame says, so that a
+// damaged length in a short segment costs what the segment holds, not up
+// to MaxFrameSize.
+func (r *Reader) payload(n int) ([]byte, error) {
+	const minGrow = 64 << 10
+	b := r.buf[:0]
+	for len(b) < n {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, min(n-len(b), max(len(b), minGrow)))
+		}
+		got, err := io.ReadFull(r.r, b[len(b):min(n, cap(b))])
+		b = b[:len(b)+got]
+		if err != nil {
+			return nil, r.short(err)
+		}
+	}
+	r.buf = b
+	return b, nil
+}
+
+// release drops a buffer larger than a split revision's frames (an older
+// writer's big revision, a single huge event) once nothing decoded from
+// it is open: the frames of one split revision share it.
+func (r *Reader) release() {
+	if r.open == nil && cap(r.buf) > 2*revisionFrameTarget {
+		r.buf = nil
+	}
+}
+
 func (r *Reader) short(err error) error {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		if r.open != nil {
+			return fmt.Errorf("%w: it ends inside a frame of revision %d, which is split across frames (cut short)", ErrCorrupt, r.open.Revision)
+		}
 		return fmt.Errorf("%w: it ends inside a frame after revision %d (cut short)", ErrCorrupt, r.sum.LastRevision)
 	}
 	return fmt.Errorf("read delta segment: %w", err)
@@ -312,6 +459,7 @@ func (r *Reader) Next() (*Revision, *Lease, error) {
 		return nil, nil, io.EOF
 	}
 	rev, l, err := r.next()
+	r.release()
 	if err != nil {
 		r.err = err
 		if errors.Is(err, io.EOF) {
@@ -322,52 +470,67 @@ func (r *Reader) Next() (*Revision, *Lease, error) {
 }
 
 func (r *Reader) next() (*Revision, *Lease, error) {
-	typ, p, err := r.frame()
-	if err != nil {
-		return nil, nil, err
-	}
-	d := decoder{b: p}
-	switch typ {
-	case frameLease:
-		l := &Lease{ID: d.varint(), TTL: d.varint(), Remaining: d.varint()}
-		if err := d.end(); err != nil {
-			return nil, nil, fmt.Errorf("%w: lease frame after revision %d: %v", ErrCorrupt, r.sum.LastRevision, err)
-		}
-		r.leases[l.ID] = true
-		return nil, l, nil
-	case frameRevision:
-		rev, err := r.revision(&d)
+	// A revision split across frames is read whole: it is one etcd
+	// transaction to whoever replays it.
+	for {
+		typ, p, err := r.frame()
 		if err != nil {
 			return nil, nil, err
 		}
-		r.sum.add(*rev)
-		return rev, nil, nil
-	case frameEnd:
-		last, revs, events := int64(d.uvarint()), int64(d.uvarint()), int64(d.uvarint())
-		reason := d.bytes()
-		if err := d.end(); err != nil {
-			return nil, nil, fmt.Errorf("%w: end frame: %v", ErrCorrupt, err)
-		}
-		if last != r.sum.LastRevision || revs != r.sum.Revisions || events != r.sum.Events {
-			return nil, nil, fmt.Errorf("%w: the end frame counts revisions up to %d (%d revisions, %d events) but %d revisions up to %d with %d events were read",
-				ErrCorrupt, last, revs, events, r.sum.Revisions, r.sum.LastRevision, r.sum.Events)
-		}
-		r.sum.EndReason = string(reason)
-		// Bytes after the end frame mean the file is not what was written.
-		if _, err := r.r.ReadByte(); !errors.Is(err, io.EOF) {
-			if err != nil {
-				return nil, nil, fmt.Errorf("read delta segment: %w", err)
+		d := decoder{b: p}
+		switch typ {
+		case frameLease:
+			l := &Lease{ID: d.varint(), TTL: d.varint(), Remaining: d.varint()}
+			if err := d.end(); err != nil {
+				return nil, nil, fmt.Errorf("%w: lease frame after revision %d: %v", ErrCorrupt, r.sum.LastRevision, err)
 			}
-			return nil, nil, fmt.Errorf("%w: bytes follow the end frame", ErrCorrupt)
+			r.leases[l.ID] = true
+			return nil, l, nil
+		case frameRevision, frameContinuation:
+			var rev *Revision
+			if typ == frameRevision {
+				rev, err = r.revision(&d)
+			} else {
+				rev, err = r.continuation(p)
+			}
+			if err != nil {
+				return nil, nil, err
+			}
+			if rev == nil {
+				continue
+			}
+			r.sum.add(*rev)
+			return rev, nil, nil
+		case frameEnd:
+			last, revs, events := int64(d.uvarint()), int64(d.uvarint()), int64(d.uvarint())
+			reason := d.bytes()
+			if err := d.end(); err != nil {
+				return nil, nil, fmt.Errorf("%w: end frame: %v", ErrCorrupt, err)
+			}
+			if last != r.sum.LastRevision || revs != r.sum.Revisions || events != r.sum.Events {
+				return nil, nil, fmt.Errorf("%w: the end frame counts revisions up to %d (%d revisions, %d events) but %d revisions up to %d with %d events were read",
+					ErrCorrupt, last, revs, events, r.sum.Revisions, r.sum.LastRevision, r.sum.Events)
+			}
+			r.sum.EndReason = string(reason)
+			// Bytes after the end frame mean the file is not what was written.
+			if _, err := r.r.ReadByte(); !errors.Is(err, io.EOF) {
+				if err != nil {
+					return nil, nil, fmt.Errorf("read delta segment: %w", err)
+				}
+				return nil, nil, fmt.Errorf("%w: bytes follow the end frame", ErrCorrupt)
+			}
+			return nil, nil, io.EOF
+		case frameHeader:
+			return nil, nil, fmt.Errorf("%w: a second header after revision %d (two segments concatenated?)", ErrCorrupt, r.sum.LastRevision)
+		default:
+			return nil, nil, fmt.Errorf("%w: unknown frame type %q after revision %d", ErrCorrupt, typ, r.sum.LastRevision)
 		}
-		return nil, nil, io.EOF
-	case frameHeader:
-		return nil, nil, fmt.Errorf("%w: a second header after revision %d (two segments concatenated?)", ErrCorrupt, r.sum.LastRevision)
-	default:
-		return nil, nil, fmt.Errorf("%w: unknown frame type %q after revision %d", ErrCorrupt, typ, r.sum.LastRevision)
 	}
 }
 
+// revision decodes an 'R' frame. It returns nil for a revision whose
+// events do not all fit in the frame: it stays open for the 'C' frames
+// after it.
 func (r *Reader) revision(d *decoder) (*Revision, error) {
 	want := r.sum.LastRevision + 1
 	rev := &Revision{Revision: int64(d.uvarint())}
@@ -379,33 +542,70 @@ func (r *Reader) revision(d *decoder) (*Revision, error) {
 	if rev.Revision != want {
 		return nil, fmt.Errorf("%w: revision %d follows revision %d (a gap or a repeat)", ErrCorrupt, rev.Revision, r.sum.LastRevision)
 	}
-	// Each event takes at least one byte: more than the frame's length is
-	// damage, and would otherwise size an allocation.
-	if n == 0 || n > uint64(len(d.b)) {
+	// Each event takes at least one byte, and a revision at most
+	// MaxRevisionBytes: a larger count is damage.
+	if n == 0 || n > MaxRevisionBytes {
 		return nil, fmt.Errorf("%w: revision %d says it has %d events", ErrCorrupt, rev.Revision, n)
 	}
-	rev.Events = make([]*mvccpb.Event, 0, n)
-	for i := uint64(0); i < n; i++ {
+	// The frame's length, not the count, sizes the allocation: a damaged
+	// count cannot cost more than the bytes read.
+	rev.Events = make([]*mvccpb.Event, 0, min(n, uint64(len(d.b))))
+	size := uint64(len(d.b))
+	if err := r.events(rev, d.b, n); err != nil {
+		return nil, err
+	}
+	if uint64(len(rev.Events)) < n {
+		r.open, r.openEvents, r.openBytes = rev, n, size
+		return nil, nil
+	}
+	return rev, nil
+}
+
+// continuation decodes a 'C' frame of the open revision, and returns the
+// revision once this frame completes it.
+func (r *Reader) continuation(p []byte) (*Revision, error) {
+	rev := r.open
+	if err := r.events(rev, p, r.openEvents); err != nil {
+		return nil, err
+	}
+	r.openBytes += uint64(len(p))
+	if uint64(len(rev.Events)) < r.openEvents {
+		return nil, nil
+	}
+	r.open = nil
+	return rev, nil
+}
+
+// events decodes the events of one frame, b, into rev, which has count
+// events in all: a frame holds at least one, and never more than the
+// count leaves.
+func (r *Reader) events(rev *Revision, b []byte, count uint64) error {
+	if len(b) == 0 {
+		return fmt.Errorf("%w: revision %d has %d of its %d events, then a frame that holds none", ErrCorrupt, rev.Revision, len(rev.Events), count)
+	}
+	d := decoder{b: b}
+	for len(d.b) > 0 {
+		i := len(rev.Events)
+		if uint64(i) == count {
+			return fmt.Errorf("%w: revision %d says it has %d events, but its frames hold more", ErrCorrupt, rev.Revision, count)
+		}
 		b := d.bytes()
 		if d.err != nil {
-			return nil, fmt.Errorf("%w: revision %d, event %d: %v", ErrCorrupt, rev.Revision, i, d.err)
+			return fmt.Errorf("%w: revision %d, event %d: %v", ErrCorrupt, rev.Revision, i, d.err)
 		}
 		ev := &mvccpb.Event{}
 		if err := proto.Unmarshal(b, ev); err != nil {
-			return nil, fmt.Errorf("%w: revision %d, event %d: %v", ErrCorrupt, rev.Revision, i, err)
+			return fmt.Errorf("%w: revision %d, event %d: %v", ErrCorrupt, rev.Revision, i, err)
 		}
 		if ev.Kv == nil || ev.Kv.ModRevision != rev.Revision {
-			return nil, fmt.Errorf("%w: revision %d, event %d is not an event of that revision", ErrCorrupt, rev.Revision, i)
+			return fmt.Errorf("%w: revision %d, event %d is not an event of that revision", ErrCorrupt, rev.Revision, i)
 		}
 		if ev.Kv.Lease != 0 && ev.Type == mvccpb.Event_PUT && !r.leases[ev.Kv.Lease] {
-			return nil, fmt.Errorf("%w: revision %d puts key %q with lease %d, which no lease frame before it describes", ErrCorrupt, rev.Revision, ev.Kv.Key, ev.Kv.Lease)
+			return fmt.Errorf("%w: revision %d puts key %.100q with lease %d, which no lease frame before it describes", ErrCorrupt, rev.Revision, ev.Kv.Key, ev.Kv.Lease)
 		}
 		rev.Events = append(rev.Events, ev)
 	}
-	if err := d.end(); err != nil {
-		return nil, fmt.Errorf("%w: revision %d: %v", ErrCorrupt, rev.Revision, err)
-	}
-	return rev, nil
+	return nil
 }
 
 // decoder reads varints from a frame's payload; the first error sticks.

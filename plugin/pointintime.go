@@ -56,7 +56,8 @@ func readTargetChains(ctx context.Context, conn *Connection, location, target, n
 // read from its snapshot.
 func fullInfoOf(b *ebv1.Backup) (delta.FullInfo, bool) {
 	e := b.GetEtcd()
-	if b.GetDelta() != nil || e == nil || e.GetRevision() <= 0 || !e.GetSnapshotStatus() {
+	// An upload is never a chain's base (as the server plans it).
+	if b.GetDelta() != nil || b.GetSource().GetKind() != ebv1.SourceAgent || e == nil || e.GetRevision() <= 0 || !e.GetSnapshotStatus() {
 		return delta.FullInfo{}, false
 	}
 	t := b.GetSource().GetStartTime().AsTime()
@@ -84,7 +85,8 @@ func listChainSegments(ctx context.Context, conn *Connection, location, chain st
 				Name: b.GetName(), SHA256: b.GetSha256(), Chain: d.GetChain(), Epoch: d.GetEpoch(),
 				FirstRevision: d.GetFirstRevision(), LastRevision: d.GetLastRevision(),
 				FirstTime: stampTime(d.GetFirstTime()), LastTime: stampTime(d.GetLastTime()),
-				Events: d.GetEvents(), EndReason: d.GetEndReason(),
+				Events: d.GetEvents(), EndReason: d.GetEndReason(), HistoryBreak: d.GetHistoryBreak(),
+				ClockOffset: time.Duration(d.GetClockOffsetSeconds() * float64(time.Second)),
 			})
 		}
 		if resp.GetNextPageToken() == "" {
@@ -124,7 +126,14 @@ func (o *RestoreOptions) planPoint(ctx context.Context, conn *Connection) (*rest
 		return nil, "", fmt.Errorf("%s: %w; nothing was changed", op, err)
 	}
 	o.Name = plan.Full.Name
-	d := &restore.Deltas{Point: o.point, AllowLeaseLoss: o.AllowLeaseLoss}
+	replay := delta.Point{Time: o.point.Time, MinRevision: plan.MinRevision}
+	if plan.ToRevision > 0 {
+		replay = delta.Point{Revision: plan.ToRevision}
+	}
+	for _, w := range plan.Warnings {
+		fmt.Fprintf(o.ErrOut, "warning: %s\n", w)
+	}
+	d := &restore.Deltas{Point: replay, AllowLeaseLoss: o.AllowLeaseLoss}
 	for _, s := range plan.Segments {
 		d.Segments = append(d.Segments, restore.SegmentRef{Name: s.Name, SHA256: s.SHA256})
 	}

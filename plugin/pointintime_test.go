@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,15 +32,22 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
-// leaseFence plays the target's delta Lease: held by pod in epoch.
+// leaseFence plays the target's delta Lease: held by pod, with
+// transitions (as jobs.Launcher.CheckDeltaWriter checks it).
 type leaseFence struct {
-	pod   string
-	epoch int64
+	pod         string
+	transitions atomic.Int32
 }
 
-func (f leaseFence) CheckDeltaWriter(_ context.Context, _, pod string, epoch int64) error {
-	if pod != f.pod || epoch != f.epoch {
-		return fmt.Errorf("%w: held by %s in epoch %d", jobs.ErrNotDeltaWriter, f.pod, f.epoch)
+func newLeaseFence(pod string, transitions int32) *leaseFence {
+	f := &leaseFence{pod: pod}
+	f.transitions.Store(transitions)
+	return f
+}
+
+func (f *leaseFence) CheckDeltaWriter(_ context.Context, _, pod string, epoch, chainEpoch int64) error {
+	if want := jobs.WriterEpoch(f.transitions.Load(), chainEpoch); pod != f.pod || epoch != want {
+		return fmt.Errorf("%w: held by %s in epoch %d", jobs.ErrNotDeltaWriter, f.pod, want)
 	}
 	return nil
 }
@@ -204,6 +212,7 @@ type captureWorld struct {
 	etcd  *clientv3.Client
 	srv   *servertest.Server
 	agent *agentAs
+	fence *leaseFence
 	store *agentdelta.ServerStore
 	// full is the full backup's revision, read from its snapshot.
 	full int64
@@ -218,13 +227,13 @@ func newCaptureWorld(tb testing.TB) *captureWorld {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { etcd.Close() })
-	w := &captureWorld{etcd: etcd, agent: &agentAs{}}
+	w := &captureWorld{etcd: etcd, agent: &agentAs{}, fence: newLeaseFence("delta-pod", 3)}
 	for i := range 20 {
 		w.put(tb, fmt.Sprintf("/registry/base/%02d", i), "v")
 	}
 	w.srv = servertest.StartWith(tb, servertest.Options{
 		Targets:    []config.Target{{Name: "cp", Endpoints: []string{src.Endpoint}, InsecurePlaintext: true, Deltas: &config.Deltas{}}},
-		AgentGuard: w.agent, DeltaFence: leaseFence{pod: "delta-pod", epoch: 3},
+		AgentGuard: w.agent, DeltaFence: w.fence,
 	})
 	// The full backup: a real snapshot, stored as the target's agent
 	// stores it, with the revision read from the snapshot itself.
@@ -266,10 +275,15 @@ func (w *captureWorld) put(tb testing.TB, k, v string, opts ...clientv3.OpOption
 // capture runs the real delta agent on cp-full's chain until stop; done
 // then says how it ended.
 func (w *captureWorld) capture(tb testing.TB, period time.Duration) (stop func(), done chan error) {
+	return w.captureTo(tb, w.store, period)
+}
+
+// captureTo is capture storing through store.
+func (w *captureWorld) captureTo(tb testing.TB, store agentdelta.Store, period time.Duration) (stop func(), done chan error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done = make(chan error, 1)
 	go func() {
-		_, err := agentdelta.Run(ctx, agentdelta.Options{Etcd: w.etcd, Store: w.store, Chain: "cp-full", Epoch: func() int64 { return 3 },
+		_, err := agentdelta.Run(ctx, agentdelta.Options{Etcd: w.etcd, Store: store, Chain: "cp-full", Epoch: func() int64 { return int64(w.fence.transitions.Load()) },
 			Period: period, Compression: ebv1.CompressionZstd})
 		done <- err
 	}()

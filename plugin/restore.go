@@ -318,6 +318,12 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 	if deltas != nil {
 		fmt.Fprintf(o.Out, "replayed %d revisions of %d delta segments after backup %q: the keyspace is as it was at revision %d%s\n",
 			res.ReplayedRevisions, len(deltas.Segments), o.Name, res.ToRevision, seenAt(res.PointTime))
+		if !o.point.Time.IsZero() {
+			// Each member is restored on its own: the same time could
+			// plan differently later (a segment stored meanwhile), the
+			// same revision cannot.
+			fmt.Fprintf(o.Out, "restore the target's other members with --to-revision %d (not --to-time), so that every member holds this same keyspace\n", res.ToRevision)
+		}
 	}
 	fmt.Fprintf(o.Out, "restored %q into %s for member %q; start etcd with --data-dir %s --name %s --initial-cluster %s --initial-advertise-peer-urls %s\n",
 		o.Name, o.Member.DataDir, o.Member.Name, o.Member.DataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
@@ -376,6 +382,9 @@ func (o *RestoreOptions) runTarget(ctx context.Context) error {
 	if o.toPoint() {
 		// The full backup the server picked: what --wait follows.
 		o.Name, o.segments, o.plannedRevision = resp.GetBackup(), resp.GetSegments(), resp.GetToRevision()
+		for _, w := range resp.GetWarnings() {
+			fmt.Fprintf(o.ErrOut, "warning: %s\n", w)
+		}
 	}
 	members := resp.GetMembers()
 	if !o.PrintFlags.Human() && (o.DryRun || !o.Wait) {

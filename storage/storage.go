@@ -115,6 +115,23 @@ type Delta struct {
 	Events        int64     `json:"events"`
 	// EndReason is set on a chain's last segment: why it ended.
 	EndReason string `json:"endReason,omitempty"`
+	// HistoryBreak is set with EndReason when the chain ended because
+	// etcd's history changed under it (restored or re-created).
+	HistoryBreak bool `json:"historyBreak,omitempty"`
+	// ClockOffset is the server's clock minus the writing agent's when the
+	// segment arrived (the agent's clock stamps every revision).
+	ClockOffset time.Duration `json:"clockOffset,omitempty"`
+	// LastEvent is the first event of the segment's newest revision: an
+	// agent continuing the chain checks etcd still holds it there.
+	LastEvent *DeltaEvent `json:"lastEvent,omitempty"`
+}
+
+// DeltaEvent identifies one event: its key, whether it deleted the key,
+// and the SHA-256 of the value it put (lower-case hex).
+type DeltaEvent struct {
+	Key         []byte `json:"key"`
+	Deleted     bool   `json:"deleted,omitempty"`
+	ValueSHA256 string `json:"valueSHA256,omitempty"`
 }
 
 // Verification is what a restore drill found: the backup restored with

@@ -112,7 +112,9 @@ func (c *statusCopy) addKeyspace(facts *ebv1.EtcdInfo) {
 	if err != nil {
 		return
 	}
-	// etcd says -1 for a keyspace never compacted.
+	// The compact revision is the one etcd's HashKV answer started from
+	// (the history it hashed): a drill compacts the restored member there
+	// before comparing. etcd says -1 for a keyspace never compacted.
 	facts.KeyspaceKeys, facts.HashKv, facts.CompactRevision, facts.Keyspace = count.Count, hk.Hash, max(0, hk.CompactRevision), true
 }
 

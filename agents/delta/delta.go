@@ -103,19 +103,23 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	defer c.abandon()
 	for {
 		if c.next == 0 {
-			next, ended, err := c.o.Store.Position(ctx)
+			st, err := c.o.Store.State(ctx)
 			switch {
 			case ctx.Err() != nil:
 				return c.res, nil
 			case err != nil:
 				return c.res, err
-			case ended != "":
-				c.res.ChainEnded = ended
-				c.log.Info("delta chain already ended", "chain", o.Chain, "reason", ended)
+			case st.Ended != "":
+				c.res.ChainEnded = st.Ended
+				c.log.Info("delta chain already ended", "chain", o.Chain, "reason", st.Ended)
 				return c.res, nil
 			}
-			c.next = next
-			c.log.Info("delta capture starting", "chain", o.Chain, "revision", next)
+			c.next, c.clusterID, c.stored = st.Next, st.ClusterID, st.LastEvent
+			// Epochs only grow along a chain: a Lease re-created (its
+			// transitions back at 0) must not make this writer's segments
+			// look older than those stored before it.
+			c.epoch = max(o.Epoch(), st.Epoch)
+			c.log.Info("delta capture starting", "chain", o.Chain, "revision", st.Next, "epoch", c.epoch)
 		}
 		err := c.session(ctx)
 		var end chainEnd
@@ -126,7 +130,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			c.discard()
 			continue
 		case errors.As(err, &end):
-			return c.end(ctx, string(end))
+			return c.end(ctx, end)
 		case ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrNotLeader):
 			return c.res, ErrNotLeader
 		case ctx.Err() != nil:
@@ -145,9 +149,13 @@ var (
 )
 
 // chainEnd is why the chain ends.
-type chainEnd string
+type chainEnd struct {
+	reason string
+	// historyBreak: etcd's history is no longer the chain's.
+	historyBreak bool
+}
 
-func (e chainEnd) Error() string { return string(e) }
+func (e chainEnd) Error() string { return e.reason }
 
 // capture is one Run's state, used by its goroutine only (uploads report
 // through upload.done).
@@ -159,6 +167,16 @@ type capture struct {
 
 	// next is the revision the watch must deliver next.
 	next int64
+	// epoch is this writer's fencing epoch, recorded in every segment.
+	epoch int64
+	// clusterID is the etcd cluster the chain's full was taken of (0
+	// unknown).
+	clusterID uint64
+	// stored is the first event of revision next-1 as stored, and last
+	// the same event once capture added it (it supersedes stored): what
+	// etcd must still hold at next-1 for the chain to go on.
+	stored *Event
+	last   *mvccpb.Event
 	// fill is the segment being filled; nil until a revision arrives.
 	fill *filling
 	// cutC fires when fill's period is over.
@@ -225,6 +243,13 @@ func newCapture(o Options) (*capture, error) {
 // session watches from c.next until the watch must be started again, the
 // chain ends, ctx is done, or storing fails.
 func (c *capture) session(ctx context.Context) error {
+	if err := c.checkHistory(ctx); err != nil {
+		var end chainEnd
+		if errors.As(err, &end) || ctx.Err() != nil {
+			return err
+		}
+		return c.watchFailed(ctx, err)
+	}
 	wctx, cancelWatch := context.WithCancel(ctx)
 	defer cancelWatch()
 	// WithRequireLeader: a member cut off from its cluster ends the watch
@@ -256,10 +281,13 @@ func (c *capture) session(ctx context.Context) error {
 				return c.watchFailed(ctx, errors.New("watch closed"))
 			}
 			if wr.CompactRevision != 0 || errors.Is(wr.Err(), rpctypes.ErrCompacted) {
-				return chainEnd(fmt.Sprintf("etcd compacted revision %d past the agent's position %d", wr.CompactRevision, c.next))
+				return chainEnd{reason: fmt.Sprintf("etcd compacted revision %d past the agent's position %d", wr.CompactRevision, c.next)}
 			}
 			if err := wr.Err(); err != nil {
 				return c.watchFailed(ctx, err)
+			}
+			if err := c.checkHeader(ctx, wr.Header.ClusterId, wr.Header.Revision); err != nil {
+				return err
 			}
 			if len(wr.Events) == 0 {
 				continue // created, progress notification
@@ -311,7 +339,7 @@ func (c *capture) events(ctx context.Context, evs []*clientv3.Event, cancelWatch
 			j++
 		}
 		if rev != c.next {
-			return blocked, chainEnd(fmt.Sprintf("the etcd watch jumped from revision %d to %d: revisions were missed, the chain cannot go on", c.next-1, rev))
+			return blocked, chainEnd{reason: fmt.Sprintf("the etcd watch jumped from revision %d to %d: revisions were missed, the chain cannot go on", c.next-1, rev)}
 		}
 		batch := make([]*mvccpb.Event, 0, j-i)
 		for _, ev := range evs[i:j] {
@@ -349,7 +377,7 @@ func (c *capture) events(ctx context.Context, evs []*clientv3.Event, cancelWatch
 func (c *capture) add(ctx context.Context, rev int64, evs []*mvccpb.Event) error {
 	now := c.o.Now()
 	if c.fill == nil {
-		f, err := newFilling(deltafmt.Header{Chain: c.o.Chain, Epoch: c.o.Epoch(), FirstRevision: rev})
+		f, err := newFilling(deltafmt.Header{Chain: c.o.Chain, Epoch: c.epoch, FirstRevision: rev})
 		if err != nil {
 			return err
 		}
@@ -372,9 +400,15 @@ func (c *capture) add(ctx context.Context, rev int64, evs []*mvccpb.Event) error
 		c.fill.leases[id] = true
 	}
 	if err := c.fill.w.AddRevision(deltafmt.Revision{Revision: rev, Time: now, Events: evs}); err != nil {
+		if errors.Is(err, deltafmt.ErrRevisionTooLarge) {
+			// Stored, it would make every later point and every fold
+			// fail: the chain ends before it, and a full backup (which
+			// holds its result) starts the next one.
+			return chainEnd{reason: fmt.Sprintf("%v; the chain ends before it and a full backup starts a new one", err)}
+		}
 		return err
 	}
-	c.next = rev + 1
+	c.next, c.last, c.fill.last = rev+1, evs[0], evs[0]
 	c.held()
 	return nil
 }
@@ -520,7 +554,7 @@ func (c *capture) uploaded(ctx context.Context, err error) error {
 func (c *capture) discard() {
 	c.abandon()
 	c.stopTimer()
-	c.fill, c.cutDue, c.next = nil, false, 0
+	c.fill, c.cutDue, c.next, c.stored, c.last = nil, false, 0, nil, nil
 }
 
 // abandon cancels the in-flight upload and waits for its goroutine.
@@ -565,7 +599,8 @@ func (c *capture) flushErr(err error) error {
 
 // end stores the chain's last segment, saying why it ends: the pending
 // revisions, or none (first revision c.next, last c.next-1).
-func (c *capture) end(ctx context.Context, reason string) (Result, error) {
+func (c *capture) end(ctx context.Context, e chainEnd) (Result, error) {
+	reason := e.reason
 	if errors.Is(context.Cause(ctx), ErrNotLeader) {
 		return c.res, ErrNotLeader
 	}
@@ -578,7 +613,7 @@ func (c *capture) end(ctx context.Context, reason string) (Result, error) {
 	f := c.fill
 	if f == nil {
 		var err error
-		if f, err = newFilling(deltafmt.Header{Chain: c.o.Chain, Epoch: c.o.Epoch(), FirstRevision: c.next}); err != nil {
+		if f, err = newFilling(deltafmt.Header{Chain: c.o.Chain, Epoch: c.epoch, FirstRevision: c.next}); err != nil {
 			return c.res, err
 		}
 	}
@@ -586,6 +621,7 @@ func (c *capture) end(ctx context.Context, reason string) (Result, error) {
 	if err != nil {
 		return c.res, err
 	}
+	seg.HistoryBreak = e.historyBreak
 	c.stopTimer()
 	c.fill = nil
 	c.startUpload(seg)
@@ -594,4 +630,97 @@ func (c *capture) end(ctx context.Context, reason string) (Result, error) {
 	}
 	c.res.ChainEnded = reason
 	return c.res, nil
+}
+
+// checkHistory makes sure etcd's history is still the one the chain
+// holds before capture goes on from c.next: etcd's revision is not
+// below the chain's (an etcd restored without a revision bump, or
+// re-created, starts lower), its cluster is the full backup's, and the
+// newest revision the chain holds is the same write in etcd (a history
+// that has meanwhile grown past the chain's end holds other writes
+// there). Any of these ends the chain as a history break, so that
+// another history is never appended to it. When etcd compacted that
+// write away, only the cluster and revision are checked and the watch
+// says how far etcd compacted; other errors are etcd's and pass.
+func (c *capture) checkHistory(ctx context.Context) error {
+	held := c.next - 1
+	ev := c.stored
+	if c.last != nil {
+		ev = eventOf(c.last)
+	}
+	// A linearizable read (clientv3's default): a member that lags its
+	// leader answers once it caught up.
+	key, opts := "\x00", []clientv3.OpOption{clientv3.WithRev(held), clientv3.WithCountOnly()}
+	if ev != nil {
+		key, opts = string(ev.Key), []clientv3.OpOption{clientv3.WithRev(held)}
+	}
+	resp, err := c.o.Etcd.Get(ctx, key, opts...)
+	switch {
+	case errors.Is(err, rpctypes.ErrCompacted):
+		// The write at held is gone, so only etcd's cluster and
+		// revision can be checked; the watch then says how far etcd
+		// compacted (or goes on, compacted exactly to c.next).
+		now, err := c.o.Etcd.Get(ctx, "\x00", clientv3.WithCountOnly())
+		if err != nil {
+			return fmt.Errorf("read etcd's revision: %w", err)
+		}
+		return c.checkHeader(ctx, now.Header.ClusterId, now.Header.Revision)
+	case errors.Is(err, rpctypes.ErrFutureRev):
+		return c.wentBack(ctx, held)
+	case err != nil:
+		return fmt.Errorf("read etcd at revision %d, where the chain ends: %w", held, err)
+	}
+	if err := c.checkCluster(resp.Header.ClusterId); err != nil {
+		return err
+	}
+	if ev == nil {
+		return nil
+	}
+	same := len(resp.Kvs) == 0
+	if !ev.Deleted {
+		same = len(resp.Kvs) == 1 && resp.Kvs[0].ModRevision == held && eventOf(&mvccpb.Event{Kv: resp.Kvs[0]}).ValueSHA256 == ev.ValueSHA256
+	}
+	if !same {
+		return chainEnd{historyBreak: true, reason: fmt.Sprintf("etcd holds another write at revision %d than the chain does (key %q): its history changed under the chain (restored without a revision bump, or re-created); the chain ends here and a full backup starts a new one", held, ev.Key)}
+	}
+	return nil
+}
+
+// checkHeader checks a watch response's header: etcd's revision never
+// below the chain's, the cluster the full's.
+func (c *capture) checkHeader(ctx context.Context, clusterID uint64, rev int64) error {
+	if err := c.checkCluster(clusterID); err != nil {
+		return err
+	}
+	if rev == 0 || rev >= c.next-1 {
+		return nil
+	}
+	// The member answering may lag its leader: ask linearizably before
+	// calling it a break.
+	resp, err := c.o.Etcd.Get(ctx, "\x00", clientv3.WithCountOnly())
+	if err != nil {
+		return c.watchFailed(ctx, fmt.Errorf("confirm etcd's revision %d, below the chain's %d: %w", rev, c.next-1, err))
+	}
+	if resp.Header.Revision >= c.next-1 {
+		return nil
+	}
+	return c.wentBack(ctx, c.next-1)
+}
+
+// wentBack ends the chain: etcd is at a revision below held.
+func (c *capture) wentBack(ctx context.Context, held int64) error {
+	now := "an earlier one"
+	if resp, err := c.o.Etcd.Get(ctx, "\x00", clientv3.WithCountOnly()); err == nil {
+		now = fmt.Sprint(resp.Header.Revision)
+	}
+	return chainEnd{historyBreak: true, reason: fmt.Sprintf("etcd's revision went back: the chain holds revisions up to %d, etcd is at %s (restored without a revision bump, or re-created); the chain ends here and a full backup starts a new one", held, now)}
+}
+
+// checkCluster ends the chain when etcd is another cluster than the one
+// the full was taken of.
+func (c *capture) checkCluster(id uint64) error {
+	if c.clusterID == 0 || id == 0 || id == c.clusterID {
+		return nil
+	}
+	return chainEnd{historyBreak: true, reason: fmt.Sprintf("etcd is cluster %x, the chain's full backup was taken of cluster %x: another etcd answers under the target's name; the chain ends here and a full backup starts a new one", id, c.clusterID)}
 }

@@ -34,20 +34,33 @@ type memStore struct {
 	start int64
 	// put, if set, runs before a segment is stored; an error refuses it.
 	put func(ctx context.Context, seg agent.Segment) error
+	// clusterID and epoch are the full's cluster and the chain's epoch
+	// before any segment.
+	clusterID uint64
+	epoch     int64
+	// stored are segments the chain held before the test.
+	stored []agent.Segment
 
 	mu   sync.Mutex
 	segs []agent.Segment
 	puts int
 }
 
-func (s *memStore) Position(ctx context.Context) (int64, string, error) {
+func (s *memStore) State(ctx context.Context) (agent.ChainState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if n := len(s.segs); n > 0 {
-		last := s.segs[n-1].Summary
-		return last.LastRevision + 1, last.EndReason, nil
+	st := agent.ChainState{Next: s.start, ClusterID: s.clusterID, Epoch: s.epoch}
+	if s.segs == nil && s.stored != nil {
+		s.segs = append(s.segs, s.stored...)
 	}
-	return s.start, "", nil
+	if n := len(s.segs); n > 0 {
+		last := s.segs[n-1]
+		st.Next, st.Ended, st.Epoch = last.Summary.LastRevision+1, last.Summary.EndReason, last.Summary.Epoch
+		for i := n - 1; i >= 0 && st.LastEvent == nil; i-- {
+			st.LastEvent = s.segs[i].LastEvent
+		}
+	}
+	return st, nil
 }
 
 func (s *memStore) Put(ctx context.Context, seg agent.Segment) error {

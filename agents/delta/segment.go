@@ -9,6 +9,7 @@ import (
 	"io"
 
 	"filippo.io/age"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	deltafmt "github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
@@ -32,6 +33,12 @@ type Segment struct {
 	// RawSize and RawSHA256 describe the plain segment.
 	RawSize   int64
 	RawSHA256 string
+	// LastEvent is the first event of the segment's newest revision (nil
+	// when it holds none).
+	LastEvent *Event
+	// HistoryBreak says the chain ends (Summary.EndReason) because etcd's
+	// history changed under it.
+	HistoryBreak bool
 }
 
 // SegmentName is the name of the segment of chain that starts at first.
@@ -46,6 +53,8 @@ type filling struct {
 	buf    bytes.Buffer
 	w      *deltafmt.Writer
 	leases map[int64]bool
+	// last is the first event of the newest revision added.
+	last *mvccpb.Event
 }
 
 func newFilling(h deltafmt.Header) (*filling, error) {
@@ -93,6 +102,9 @@ func (e encoder) encode(ctx context.Context, f *filling, endReason string) (Segm
 	if len(e.recipients) > 0 {
 		seg.AgeRecipients = e.ageRecipients
 	}
+	if f.last != nil {
+		seg.LastEvent = eventOf(f.last)
+	}
 	if !e.copies() {
 		seg.Body = plain
 		return seg, nil
@@ -114,4 +126,14 @@ func (e encoder) encode(ctx context.Context, f *filling, endReason string) (Segm
 	}
 	seg.Body = out.Bytes()
 	return seg, nil
+}
+
+// eventOf is ev's fingerprint.
+func eventOf(ev *mvccpb.Event) *Event {
+	out := &Event{Key: ev.Kv.Key, Deleted: ev.Type == mvccpb.Event_DELETE}
+	if !out.Deleted {
+		sum := sha256.Sum256(ev.Kv.Value)
+		out.ValueSHA256 = hex.EncodeToString(sum[:])
+	}
+	return out
 }

@@ -13,9 +13,10 @@ import (
 
 // Store is where a chain's segments go.
 type Store interface {
-	// Position returns the first revision the chain does not hold yet
-	// (where capture starts), or why the chain ended if it did.
-	Position(ctx context.Context) (next int64, ended string, err error)
+	// State says where the chain stands as stored: where capture starts,
+	// or why the chain ended, and what capture checks etcd against before
+	// it continues.
+	State(ctx context.Context) (ChainState, error)
 	// Put stores seg. A gRPC FailedPrecondition error means the agent may
 	// not write (lost the Lease, stale epoch, out of order) and stops it;
 	// AlreadyExists makes it ask Position again.
@@ -38,26 +39,64 @@ type ServerStore struct {
 
 var _ Store = (*ServerStore)(nil)
 
-// Position reads the chain's full backup: the chain continues after its
+// ChainState is a chain as stored.
+type ChainState struct {
+	// Next is the first revision the chain does not hold yet; Ended says
+	// why the chain ended, if it did.
+	Next  int64
+	Ended string
+	// Epoch is the newest stored segment's writer epoch (0 when none):
+	// a writer never records an older one.
+	Epoch int64
+	// ClusterID is the etcd cluster the chain's full backup was taken of
+	// (0 unknown); LastEvent the first event of the chain's newest
+	// revision, Next-1 (nil when the chain holds no revision yet).
+	ClusterID uint64
+	LastEvent *Event
+}
+
+// Event identifies one etcd event (ebv1.DeltaEvent).
+type Event struct {
+	Key         []byte
+	Deleted     bool
+	ValueSHA256 string
+}
+
+// Position is State's first revision and end, for callers that need
+// nothing else.
+func (s *ServerStore) Position(ctx context.Context) (next int64, ended string, err error) {
+	st, err := s.State(ctx)
+	return st.Next, st.Ended, err
+}
+
+// State reads the chain's full backup: the chain continues after its
 // stored end, or after the full's snapshot revision when nothing is
 // stored yet.
-func (s *ServerStore) Position(ctx context.Context) (int64, string, error) {
+func (s *ServerStore) State(ctx context.Context) (ChainState, error) {
 	resp, err := s.Client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: s.Chain, Location: s.Location})
 	if err != nil {
-		return 0, "", fmt.Errorf("read chain %q (its full backup) from the server: %w", s.Chain, err)
+		return ChainState{}, fmt.Errorf("read chain %q (its full backup) from the server: %w", s.Chain, err)
 	}
 	b := resp.GetBackup()
+	st := ChainState{ClusterID: b.GetEtcd().GetClusterId()}
 	if ch := b.GetChain(); ch != nil && ch.GetLastRevision() > 0 {
+		st.Epoch = ch.GetEpoch()
 		if ch.GetEndReason() != "" {
-			return 0, ch.GetEndReason(), nil
+			st.Ended = ch.GetEndReason()
+			return st, nil
 		}
-		return ch.GetLastRevision() + 1, "", nil
+		st.Next = ch.GetLastRevision() + 1
+		if ev := ch.GetLastEvent(); ev != nil {
+			st.LastEvent = &Event{Key: ev.GetKey(), Deleted: ev.GetDeleted(), ValueSHA256: ev.GetValueSha256()}
+		}
+		return st, nil
 	}
 	rev := b.GetEtcd().GetRevision()
 	if rev <= 0 {
-		return 0, "", fmt.Errorf("backup %q records no etcd revision, so no delta chain can start from it; take a new full backup", s.Chain)
+		return ChainState{}, fmt.Errorf("backup %q records no etcd revision, so no delta chain can start from it; take a new full backup", s.Chain)
 	}
-	return rev + 1, "", nil
+	st.Next = rev + 1
+	return st, nil
 }
 
 // Put uploads seg with its manifest. The upload retries broken
@@ -77,7 +116,11 @@ func (s *ServerStore) Put(ctx context.Context, seg Segment) error {
 			LastRevision:  sum.LastRevision,
 			Events:        sum.Events,
 			EndReason:     sum.EndReason,
+			HistoryBreak:  seg.HistoryBreak,
 		},
+	}
+	if ev := seg.LastEvent; ev != nil {
+		h.Delta.LastEvent = &ebv1.DeltaEvent{Key: ev.Key, Deleted: ev.Deleted, ValueSha256: ev.ValueSHA256}
 	}
 	if !sum.FirstTime.IsZero() {
 		h.Delta.FirstTime = timestamppb.New(sum.FirstTime)
@@ -86,6 +129,9 @@ func (s *ServerStore) Put(ctx context.Context, seg Segment) error {
 	if len(seg.AgeRecipients) > 0 {
 		h.Encryption, h.AgeRecipients = ebv1.EncryptionAge, seg.AgeRecipients
 	}
+	// The server compares this with its own clock: the same clock
+	// stamped every revision.
+	h.Delta.SentTime = timestamppb.Now()
 	_, err := s.Client.UploadWith(ctx, bytes.NewReader(seg.Body), client.UploadRequest{
 		Header: h,
 		Raw:    func() (int64, string) { return seg.RawSize, seg.RawSHA256 },

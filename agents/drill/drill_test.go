@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"filippo.io/age"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
@@ -148,4 +149,65 @@ func TestDrillOfAnEncryptedBackup(t *testing.T) {
 		t.Fatalf("drill with the wrong identity: %+v", res)
 	}
 	servertest.MustSay(t, res.Message, "does not decrypt", "other age recipients", "identitySecret", "nothing was learned")
+}
+
+// A backup whose stored bytes were altered after the upload cannot be
+// read back as it was stored: that is a verdict, Failed, naming the
+// check — not a drill that learned nothing.
+func TestDrillOfABackupAlteredInStorageFails(t *testing.T) {
+	t.Run("bytes-altered", func(t *testing.T) {
+		srv, sum := backUp(t, "b1")
+		data := filepath.Join(srv.Dir, "backups", "b1.db")
+		raw, err := os.ReadFile(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw[len(raw)/2] ^= 0xff
+		if err := os.WriteFile(data, raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		res, err := drill.Run(context.Background(), srv.Client, drill.Options{Name: "b1", SHA256: sum, ScratchDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Succeeded || res.NoVerdict {
+			t.Fatalf("drill of a backup altered in storage: %+v", res)
+		}
+		servertest.MustSay(t, res.Message, "stored SHA-256 check failed", "not the ones recorded", "do not restore it")
+	})
+	t.Run("bytes-cut-short", func(t *testing.T) {
+		srv, sum := backUp(t, "b1")
+		data := filepath.Join(srv.Dir, "backups", "b1.db")
+		fi, err := os.Stat(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(data, fi.Size()/2); err != nil {
+			t.Fatal(err)
+		}
+		res, err := drill.Run(context.Background(), srv.Client, drill.Options{Name: "b1", SHA256: sum, ScratchDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Succeeded || res.NoVerdict {
+			t.Fatalf("drill of a backup cut short in storage: %+v", res)
+		}
+		servertest.MustSay(t, res.Message, "stored-size check failed", "do not restore it")
+	})
+	// A drill that cannot reach the server learns nothing about the
+	// backup, and says what to check.
+	t.Run("server-unreachable", func(t *testing.T) {
+		srv, sum := backUp(t, "b1")
+		srv.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		res, err := drill.Run(ctx, srv.Client, drill.Options{Name: "b1", SHA256: sum, ScratchDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Succeeded || !res.NoVerdict {
+			t.Fatalf("drill without a server: %+v", res)
+		}
+		servertest.MustSay(t, res.Message, "nothing was learned", "server")
+	})
 }

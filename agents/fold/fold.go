@@ -2,10 +2,13 @@
 // and its segments through the data server, each pinned to its SHA-256
 // (as a restore to a point does, with the same checks), replays the
 // segments onto the full up to the chain's last revision (delta/replay),
-// checks the result as a drill checks a backup — etcd restores it, serves
-// it on loopback and answers at exactly that revision, with its number of
-// keys and HashKV — and stores it through the server as a new full backup
-// of the target, recording those answers as its keyspace fingerprint. The
+// compacts the result at that revision and defragments it (a fold keeps
+// no history: without that every fold would carry all the revisions of
+// every chain before it), checks it as a drill checks a backup — etcd
+// restores it, serves it on loopback and answers at exactly that
+// revision, with its number of keys and HashKV — and stores it through
+// the server as a new full backup of the target, recording those answers
+// as its keyspace fingerprint. The
 // server's delta supervisor then starts the next chain from it, so a
 // restore to a point replays at most one chain's worth of revisions.
 package fold
@@ -20,7 +23,9 @@ import (
 	"time"
 
 	"filippo.io/age"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	clientsnapshot "go.etcd.io/etcd/client/v3/snapshot"
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -141,13 +146,24 @@ func run(ctx context.Context, c *client.Client, o Options) (Result, error) {
 	}
 	defer os.RemoveAll(work)
 
-	out, replayed, res, err := build(ctx, c, o, work)
+	replayedPath, replayed, res, err := build(ctx, c, o, work)
 	if err != nil || res.Message != "" {
 		return res, err
 	}
-	got, err := serveAndAsk(ctx, out, filepath.Join(work, "check"), o.ToRevision, o.StartTimeout)
+	out := filepath.Join(work, "compacted.db")
+	served, err := compact(ctx, replayedPath, out, filepath.Join(work, "compact"), o.ToRevision, o.StartTimeout)
 	if err != nil {
-		return Result{Revisions: replayed.Revisions, Message: fmt.Sprintf("the replayed chain did not restore: %v; nothing was stored", err)}, nil
+		if ctx.Err() != nil {
+			return Result{}, fmt.Errorf("fold of chain %q: %w", o.Full.Name, err)
+		}
+		return Result{Revisions: replayed.Revisions, Message: fmt.Sprintf("the replayed chain could not be compacted at revision %d: %v; nothing was stored", o.ToRevision, err)}, nil
+	}
+	got, compacted := Result{Revision: served}, int64(0)
+	if served == o.ToRevision {
+		got, compacted, err = serveAndAsk(ctx, out, filepath.Join(work, "check"), o.ToRevision, o.StartTimeout)
+		if err != nil {
+			return Result{Revisions: replayed.Revisions, Message: fmt.Sprintf("the replayed chain did not restore: %v; nothing was stored", err)}, nil
+		}
 	}
 	got.Revisions = replayed.Revisions
 	if got.Revision != o.ToRevision {
@@ -160,16 +176,22 @@ func run(ctx context.Context, c *client.Client, o Options) (Result, error) {
 		got.Message = fmt.Sprintf("the replayed snapshot fails etcd's checks: %v; nothing was stored", err)
 		return got, nil
 	}
+	if st.Revision != o.ToRevision {
+		// What the manifest records and a chain from the fold starts
+		// after: it must be the revision etcd serves.
+		got.Message = fmt.Sprintf("the folded snapshot's status says revision %d, etcd serves it at %d: nothing was stored", st.Revision, o.ToRevision)
+		return got, nil
+	}
 	facts := snapshot.Facts(st)
 	facts.Version, facts.DbSize = st.Version, st.TotalSize
-	facts.KeyspaceKeys, facts.HashKv, facts.Keyspace = got.Keys, got.HashKV, true
+	facts.KeyspaceKeys, facts.HashKv, facts.CompactRevision, facts.Keyspace = got.Keys, got.HashKV, compacted, true
 	b, err := upload(ctx, c, o, out, facts, replayed.Time, recipients)
 	if err != nil {
 		return got, fmt.Errorf("fold: store the folded chain as backup %q: %w", o.Name, err)
 	}
 	got.Succeeded, got.Backup = true, b.GetName()
-	got.Message = fmt.Sprintf("folded chain %s (%d revisions replayed) into backup %s: served by etcd at revision %d, %d keys, HashKV %d",
-		o.Full.Name, replayed.Revisions, b.GetName(), got.Revision, got.Keys, got.HashKV)
+	got.Message = fmt.Sprintf("folded chain %s (%d revisions replayed) into backup %s, compacted at revision %d (%s): served by etcd at revision %d, %d keys, HashKV %d",
+		o.Full.Name, replayed.Revisions, b.GetName(), compacted, sizeString(st.TotalSize), got.Revision, got.Keys, got.HashKV)
 	return got, nil
 }
 
@@ -233,41 +255,85 @@ func build(ctx context.Context, c *client.Client, o Options, work string) (out s
 	return out, replayed, Result{}, nil
 }
 
-// serveAndAsk restores the snapshot at path into dataDir without a bump,
-// serves it on loopback and reads its revision, its number of keys at
-// rev and its HashKV at rev. The snapshot stays: it is what is stored.
-func serveAndAsk(ctx context.Context, path, dataDir string, rev int64, startTimeout time.Duration) (Result, error) {
-	m, err := loopetcd.Start(ctx, loopetcd.Options{Snapshot: path, DataDir: dataDir, StartTimeout: startTimeout})
+// compact restores the replayed snapshot at path into dataDir without a
+// bump (removing path: the scratch space holds one copy of the data at a
+// time) and returns the revision it serves; when that is rev it compacts
+// the member there, physically, defragments it and saves its snapshot to
+// out. etcd's
+// snapshot of a member compacted at its current revision keeps that
+// revision: the compact revision, recorded in the meta bucket, is the
+// revision a member restored from it serves (snapshot.Check reads it the
+// same way).
+func compact(ctx context.Context, path, out, dataDir string, rev int64, startTimeout time.Duration) (served int64, err error) {
+	m, err := loopetcd.Start(ctx, loopetcd.Options{Snapshot: path, DataDir: dataDir, StartTimeout: startTimeout, RemoveSnapshot: true})
 	if err != nil {
-		return Result{}, err
+		return 0, err
 	}
 	defer func() {
 		m.Close()
 		_ = os.RemoveAll(dataDir)
 	}()
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{m.Endpoint}, DialTimeout: 10 * time.Second, Logger: zap.NewNop(), Context: ctx})
+	head, err := m.Client.Get(ctx, "\x00", clientv3.WithCountOnly())
 	if err != nil {
-		return Result{}, fmt.Errorf("connect to the checking member: %w", err)
+		return 0, fmt.Errorf("read the replayed member's revision: %w", err)
 	}
-	defer c.Close()
+	if served = head.Header.Revision; served != rev {
+		return served, nil
+	}
+	if _, err := m.Client.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		return served, fmt.Errorf("compact at revision %d: %w", rev, err)
+	}
+	if _, err := m.Client.Defragment(ctx, m.Endpoint); err != nil {
+		return served, fmt.Errorf("defragment: %w", err)
+	}
+	cfg := m.Config()
+	cfg.Context = ctx
+	if _, err := clientsnapshot.SaveWithVersion(ctx, zap.NewNop(), cfg, out); err != nil {
+		return served, fmt.Errorf("save the compacted keyspace: %w", err)
+	}
+	return served, nil
+}
+
+// serveAndAsk restores the snapshot at path into dataDir without a bump,
+// serves it on loopback and reads its revision, its number of keys at
+// rev, its HashKV at rev and the revision it is compacted at. The
+// snapshot stays: it is what is stored.
+func serveAndAsk(ctx context.Context, path, dataDir string, rev int64, startTimeout time.Duration) (Result, int64, error) {
+	m, err := loopetcd.Start(ctx, loopetcd.Options{Snapshot: path, DataDir: dataDir, StartTimeout: startTimeout})
+	if err != nil {
+		return Result{}, 0, err
+	}
+	defer func() {
+		m.Close()
+		_ = os.RemoveAll(dataDir)
+	}()
+	c := m.Client
 	head, err := c.Get(ctx, "\x00", clientv3.WithCountOnly())
 	if err != nil {
-		return Result{}, fmt.Errorf("read the checking member's revision: %w", err)
+		return Result{}, 0, fmt.Errorf("read the checking member's revision: %w", err)
 	}
 	got := Result{Revision: head.Header.Revision}
 	if got.Revision != rev {
-		return got, nil
+		return got, 0, nil
 	}
 	count, err := c.Get(ctx, "\x00", clientv3.WithFromKey(), clientv3.WithCountOnly(), clientv3.WithRev(rev))
 	if err != nil {
-		return got, fmt.Errorf("count the checking member's keys: %w", err)
+		return got, 0, fmt.Errorf("count the checking member's keys: %w", err)
 	}
 	hash, err := c.HashKV(ctx, m.Endpoint, rev)
 	if err != nil {
-		return got, fmt.Errorf("HashKV of the checking member: %w", err)
+		return got, 0, fmt.Errorf("HashKV of the checking member: %w", err)
 	}
 	got.Keys, got.HashKV = count.Count, hash.Hash
-	return got, nil
+	// etcd says -1 for a keyspace never compacted, as a backup records 0.
+	return got, max(0, hash.CompactRevision), nil
+}
+
+func sizeString(n int64) string {
+	if n >= 1<<20 {
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 }
 
 // upload stores the plain snapshot at path as a full backup of the

@@ -3,15 +3,18 @@ package fold_test
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	etcdsnapshot "go.etcd.io/etcd/client/v3/snapshot"
 	"go.uber.org/zap"
@@ -55,8 +58,8 @@ type leaseFence struct {
 	epoch int64
 }
 
-func (f leaseFence) CheckDeltaWriter(_ context.Context, _, pod string, epoch int64) error {
-	if pod != f.pod || epoch != f.epoch {
+func (f leaseFence) CheckDeltaWriter(_ context.Context, _, pod string, epoch, chainEpoch int64) error {
+	if pod != f.pod || epoch != jobs.WriterEpoch(int32(f.epoch), chainEpoch) {
 		return fmt.Errorf("%w: held by %s in epoch %d", jobs.ErrNotDeltaWriter, f.pod, f.epoch)
 	}
 	return nil
@@ -66,7 +69,11 @@ func (f leaseFence) CheckDeltaWriter(_ context.Context, _, pod string, epoch int
 // with the real delta agent into a real server, folds the chain with the
 // fold agent as its Job would run it, and restores the stored fold: it
 // holds every key exactly as the source had it at the chain's last
-// revision, and records that revision and the source's HashKV there.
+// revision, and records that revision and the source's HashKV there
+// once the source is compacted there too. The fold keeps no history: a
+// key overwritten many times in the chain is there once, older
+// revisions are compacted, and the snapshot is smaller than the
+// source's.
 func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 	ctx := context.Background()
 	src := etcdtest.Start(t, false)
@@ -150,6 +157,12 @@ func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 	storedUpTo(put("/registry/b", "2"))
+	// A key overwritten many times: history the fold drops.
+	hot := strings.Repeat("h", 4<<10)
+	firstHot := put("/registry/hot", hot)
+	for range 300 {
+		put("/registry/hot", hot)
+	}
 	if _, err := etcd.Txn(ctx).Then(clientv3.OpPut("/registry/c", "3"), clientv3.OpDelete("/registry/a"), clientv3.OpPut("/registry/b", "22")).Commit(); err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +204,24 @@ func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hash, err := etcd.HashKV(ctx, src.Endpoint, newest)
+	// The source's snapshot holds the history the fold dropped. Compacted
+	// at the chain's last revision, it hashes the same keyspace there —
+	// once restored: the source itself answers HashKV at its compact
+	// revision with the hash it took just before compacting, of all the
+	// history.
+	uncompacted, err := os.Stat(save(t, src.Endpoint))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := etcd.Compact(ctx, newest, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	compactedSource, err := loopetcd.Start(ctx, loopetcd.Options{Snapshot: save(t, src.Endpoint), DataDir: filepath.Join(t.TempDir(), "source")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hash, err := compactedSource.Client.HashKV(ctx, compactedSource.Endpoint, newest)
+	compactedSource.Close()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +235,7 @@ func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 
 	// What the server recorded: an agent full backup of cp at the
 	// chain's last revision, with the keyspace fingerprint a drill
-	// compares with (the source's own HashKV there).
+	// compares with (the compacted source's HashKV there).
 	got, err := srv.Client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name})
 	if err != nil {
 		t.Fatal(err)
@@ -213,7 +243,8 @@ func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 	b := got.GetBackup()
 	e := b.GetEtcd()
 	if b.GetSource().GetKind() != "agent" || b.GetSource().GetTarget() != "cp" || b.GetSource().GetScheduled() || b.GetCompression() != ebv1.CompressionZstd ||
-		!e.GetSnapshotStatus() || e.GetRevision() != newest || !e.GetKeyspace() || e.GetKeyspaceKeys() != count.Count || e.GetHashKv() != hash.Hash {
+		!e.GetSnapshotStatus() || e.GetRevision() != newest || !e.GetKeyspace() || e.GetKeyspaceKeys() != count.Count || e.GetHashKv() != hash.Hash ||
+		e.GetCompactRevision() != newest {
 		t.Fatalf("stored fold %s: source %v, compression %q, etcd %v", name, b.GetSource(), b.GetCompression(), e)
 	}
 
@@ -222,17 +253,32 @@ func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	folded, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if folded.Size() >= uncompacted.Size()/2 {
+		t.Errorf("the folded snapshot is %d bytes, the source's uncompacted one %d: the fold kept its history", folded.Size(), uncompacted.Size())
+	}
 	m, err := loopetcd.Start(ctx, loopetcd.Options{Snapshot: path, DataDir: filepath.Join(t.TempDir(), "member")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	restored, err := clientv3.New(clientv3.Config{Endpoints: []string{m.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
+	sameKeyspace(t, etcd, m.Client, newest)
+	if _, err := m.Client.Get(ctx, "/registry/hot", clientv3.WithRev(firstHot)); !errors.Is(err, rpctypes.ErrCompacted) {
+		t.Errorf("get of an overwritten key's revision %d from the fold: %v, want %v", firstHot, err, rpctypes.ErrCompacted)
+	}
+}
+
+// save writes a snapshot of the etcd at endpoint and returns its path.
+func save(t *testing.T, endpoint string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "source.db")
+	if _, err := etcdsnapshot.SaveWithVersion(context.Background(), zap.NewNop(), clientv3.Config{Endpoints: []string{endpoint}, Logger: zap.NewNop()}, path); err != nil {
 		t.Fatal(err)
 	}
-	defer restored.Close()
-	sameKeyspace(t, etcd, restored, newest)
+	return path
 }
 
 // sameKeyspace compares every key of restored with source's keyspace at

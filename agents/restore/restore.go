@@ -292,7 +292,7 @@ func Fetch(ctx context.Context, c *client.Client, req FetchRequest) (string, Ver
 		return "", Verified{}, err
 	}
 	if errors.Is(err, client.ErrCorrupt) {
-		return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w: %v", name, snapshot.ErrCorrupt, err)
+		return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w: %w", name, snapshot.ErrCorrupt, err)
 	}
 	if err != nil {
 		return "", Verified{}, &DownloadError{Err: err}

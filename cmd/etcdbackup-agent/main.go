@@ -264,6 +264,7 @@ func newRestoreCmd() *cobra.Command {
 	fl.StringVar(&o.SHA256, "sha256", "", "SHA-256 (hex) the stored backup must have; any other content under the name is refused before it is restored")
 	fl.Int64Var(&point.toRevision, "to-revision", 0, "restore to this etcd revision: replay the delta segments of --segments-file onto the backup up to it")
 	fl.StringVar(&point.toTime, "to-time", "", "restore to the last revision seen at or before this RFC 3339 time (instead of --to-revision)")
+	fl.Int64Var(&point.toMinRevision, "to-min-revision", 0, "with --to-time: replay at least to this revision, whatever the segments' times say (the server's plan sets it)")
 	fl.StringVar(&point.segmentsFile, "segments-file", "", "with --to-revision/--to-time: JSON list [{\"name\",\"sha256\"}] of the delta segments to replay, in order")
 	fl.StringVar(&point.segmentsSHA256, "segments-sha256", "", "SHA-256 (hex) --segments-file must have")
 	fl.BoolVar(&point.allowLeaseLoss, "allow-lease-loss", false, "with --to-revision/--to-time: restore keys whose lease's TTL was never read with a short lease instead of refusing")

@@ -20,6 +20,7 @@ import (
 type pointFlags struct {
 	toRevision     int64
 	toTime         string
+	toMinRevision  int64
 	segmentsFile   string
 	segmentsSHA256 string
 	allowLeaseLoss bool
@@ -28,7 +29,7 @@ type pointFlags struct {
 // deltas are the restore's Deltas, nil for a restore of the backup as it
 // is.
 func (f pointFlags) deltas() (*restore.Deltas, error) {
-	p := delta.Point{Revision: f.toRevision}
+	p := delta.Point{Revision: f.toRevision, MinRevision: f.toMinRevision}
 	if f.toTime != "" {
 		t, err := time.Parse(time.RFC3339Nano, f.toTime)
 		if err != nil {
@@ -41,6 +42,8 @@ func (f pointFlags) deltas() (*restore.Deltas, error) {
 		return nil, fmt.Errorf("--to-revision %d: etcd revisions are positive", p.Revision)
 	case p.Revision > 0 && !p.Time.IsZero():
 		return nil, errors.New("give --to-revision or --to-time, not both")
+	case p.MinRevision < 0 || (p.MinRevision > 0 && p.Time.IsZero()):
+		return nil, fmt.Errorf("--to-min-revision %d goes with --to-time and is positive", p.MinRevision)
 	case p.Revision == 0 && p.Time.IsZero():
 		if f.segmentsFile != "" || f.allowLeaseLoss {
 			return nil, errors.New("--segments-file and --allow-lease-loss go with --to-revision or --to-time")

@@ -16,12 +16,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	clientsnapshot "go.etcd.io/etcd/client/v3/snapshot"
 	"go.uber.org/zap"
@@ -39,8 +39,8 @@ type Options struct {
 	// Segments are plain segment files, in chain order.
 	Segments []string
 	// Point is where replay stops: after Point.Revision, or before the
-	// first revision seen after Point.Time, or at the end of the
-	// segments when neither is set.
+	// first revision after Point.MinRevision seen after Point.Time, or
+	// at the end of the segments when neither is set.
 	Point delta.Point
 	// WorkDir is scratch space for the replay etcd; it is emptied when
 	// Build returns.
@@ -49,9 +49,9 @@ type Options struct {
 	// SHA-256 trailer).
 	OutPath      string
 	StartTimeout time.Duration
-	// AllowLeaseLoss restores keys whose lease was already gone when the
-	// delta agent read it with a lease of the TTL it recorded (60 s when
-	// none), instead of refusing.
+	// AllowLeaseLoss is kept for callers of earlier versions: keys whose
+	// lease was gone when the delta agent read it are always restored,
+	// with a stand-in lease (Result.LostLeases).
 	AllowLeaseLoss bool
 }
 
@@ -66,7 +66,10 @@ type Result struct {
 	// LeasesGranted counts the leases created from lease frames.
 	LeasesGranted int
 	// LostLeases are leases some key holds at the point whose TTL could
-	// not be read (AllowLeaseLoss): they were granted a stand-in TTL.
+	// not be read: the lease was gone (expired, revoked) by the time the
+	// delta agent asked, so it was about to end at the point too. They
+	// were granted a stand-in TTL (the one recorded, DefaultLostLeaseTTL
+	// when none), after which their keys go as they did in the source.
 	LostLeases []int64
 }
 
@@ -102,18 +105,22 @@ func Build(ctx context.Context, o Options) (Result, error) {
 	if err := os.RemoveAll(dataDir); err != nil {
 		return Result{}, fmt.Errorf("replay work directory: %w", err)
 	}
+	quota, err := replayQuota(o)
+	if err != nil {
+		return Result{}, err
+	}
 	m, err := loopetcd.Start(ctx, loopetcd.Options{
 		Snapshot: o.BasePath, DataDir: dataDir, StartTimeout: o.StartTimeout,
-		MaxTxnOps: maxTxnOps, MaxRequestBytes: maxRequestBytes,
+		MaxTxnOps: maxTxnOps, MaxRequestBytes: maxRequestBytes, QuotaBackendBytes: quota,
 	})
 	if err != nil {
 		return Result{}, fmt.Errorf("serve the full backup for replay: %w", err)
 	}
 	defer m.Close()
-	cfg := clientv3.Config{
-		Endpoints: []string{m.Endpoint}, DialTimeout: 10 * time.Second, Logger: zap.NewNop(), Context: ctx,
-		MaxCallSendMsgSize: maxRequestBytes + (1 << 20), MaxCallRecvMsgSize: maxRequestBytes + (1 << 20),
-	}
+	// The member's own TLS client: it authenticates as etcd's root user,
+	// which a backup of an etcd with authentication enabled needs.
+	cfg := m.Config()
+	cfg.Context = ctx
 	c, err := clientv3.New(cfg)
 	if err != nil {
 		return Result{}, fmt.Errorf("connect to the replay etcd: %w", err)
@@ -134,6 +141,28 @@ func Build(ctx context.Context, o Options) (Result, error) {
 		return res, fmt.Errorf("save the replayed keyspace to %s: %w", o.OutPath, err)
 	}
 	return res, nil
+}
+
+// replayQuota is the replay member's backend quota: room for the base
+// and every segment's events (their plain size bounds what they add).
+func replayQuota(o Options) (int64, error) {
+	base, err := os.Stat(o.BasePath)
+	if err != nil {
+		return 0, fmt.Errorf("replay: %w", err)
+	}
+	var deltas int64
+	for _, p := range o.Segments {
+		st, err := os.Stat(p)
+		if err != nil {
+			return 0, fmt.Errorf("replay: %w", err)
+		}
+		deltas += st.Size()
+	}
+	q, err := loopetcd.Quota(base.Size(), deltas)
+	if err != nil {
+		return 0, fmt.Errorf("replay: %w", err)
+	}
+	return q, nil
 }
 
 // empty removes dir's contents, keeping dir.
@@ -188,10 +217,21 @@ func (r *replayer) run(ctx context.Context) (Result, error) {
 			break
 		}
 	}
-	if p := r.o.Point.Revision; p > 0 && r.res.Revision < p {
+	if p := max(r.o.Point.Revision, r.o.Point.MinRevision); p > 0 && r.res.Revision < p {
 		return r.res, fmt.Errorf("the segments end at revision %d, before revision %d: the chain does not reach the point", r.res.Revision, p)
 	}
-	return r.res, r.checkLostLeases(ctx)
+	if err := r.finishLeases(ctx); err != nil {
+		return r.res, err
+	}
+	// What is saved must be the point: nothing above may have written.
+	end, err := r.c.Get(ctx, "\x00", clientv3.WithCountOnly())
+	if err != nil {
+		return r.res, fmt.Errorf("read the replay etcd's revision: %w", err)
+	}
+	if end.Header.Revision != r.res.Revision {
+		return r.res, fmt.Errorf("the replay etcd is at revision %d after replaying to %d: something wrote to it; nothing was restored", end.Header.Revision, r.res.Revision)
+	}
+	return r.res, nil
 }
 
 // reached says whether a revision point was replayed.
@@ -229,7 +269,7 @@ func (r *replayer) segment(ctx context.Context, path string) (stopped bool, err 
 			}
 			continue
 		}
-		if t := r.o.Point.Time; !t.IsZero() && rev.Time.After(t) {
+		if t := r.o.Point.Time; !t.IsZero() && rev.Time.After(t) && rev.Revision > r.o.Point.MinRevision {
 			return true, nil
 		}
 		if err := r.apply(ctx, rev); err != nil {
@@ -315,36 +355,29 @@ func (r *replayer) apply(ctx context.Context, rev *delta.Revision) error {
 	return nil
 }
 
-// checkLostLeases refuses, unless AllowLeaseLoss, a point at which keys
-// hold a lease that was gone before the delta agent read its TTL. A lost
-// lease no key holds any more (its keys were deleted, as a lease's
-// expiry does) is revoked: restoring it would add a lease the source no
-// longer had at the point; revoking a lease without keys writes no
-// revision.
-func (r *replayer) checkLostLeases(ctx context.Context) error {
-	var held []int64
-	for id := range r.lost {
+// finishLeases leaves in the replay etcd only the leases some key holds
+// at the point: one revoked or expired in the source after the full
+// (neither is in the watch stream, only its keys' deletes are) holds no
+// key there and is revoked, which writes no revision. The lost ones that
+// keys still hold are reported.
+func (r *replayer) finishLeases(ctx context.Context) error {
+	var lost []int64
+	for id := range r.present {
 		ttl, err := r.c.TimeToLive(ctx, clientv3.LeaseID(id), clientv3.WithAttachedKeys())
 		if err != nil {
 			return fmt.Errorf("read lease %d of the replay etcd: %w", id, err)
 		}
 		if len(ttl.Keys) > 0 {
-			held = append(held, id)
+			if r.lost[id] {
+				lost = append(lost, id)
+			}
 			continue
 		}
-		if _, err := r.c.Revoke(ctx, clientv3.LeaseID(id)); err != nil {
+		if _, err := r.c.Revoke(ctx, clientv3.LeaseID(id)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return fmt.Errorf("revoke lease %d, which no key holds at the point: %w", id, err)
 		}
 	}
-	slices.Sort(held)
-	if len(held) > 0 && !r.o.AllowLeaseLoss {
-		ids := make([]string, len(held))
-		for i, id := range held {
-			ids[i] = fmt.Sprintf("%d (%#x)", id, id)
-		}
-		return fmt.Errorf("keys written with lease %s would be restored without the lease's TTL: the lease was gone (expired or revoked) before the delta agent could read it, so its TTL is unknown and the keys would expire on a stand-in TTL of %ds, or whatever was recorded. "+
-			"Restore to an earlier or later point, or allow the loss (AllowLeaseLoss, --allow-lease-loss)", strings.Join(ids, ", "), DefaultLostLeaseTTL)
-	}
-	r.res.LostLeases = held
+	slices.Sort(lost)
+	r.res.LostLeases = lost
 	return nil
 }

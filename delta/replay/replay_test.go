@@ -197,9 +197,7 @@ func served(t *testing.T, path string) *clientv3.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.Close)
-	c := must[*clientv3.Client](t)(clientv3.New(clientv3.Config{Endpoints: []string{m.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}))
-	t.Cleanup(func() { c.Close() })
-	return c
+	return m.Client
 }
 
 func (s *source) build(t *testing.T, p delta.Point, allowLoss bool) (Result, string, error) {
@@ -308,6 +306,31 @@ func TestBuildToTime(t *testing.T) {
 	}
 }
 
+// A time point with a revision known committed by then (another chain,
+// a full, saw it earlier than this chain's agent did): replay reaches it
+// whatever this chain's stamps say, and stops at the point's time after
+// it.
+func TestBuildToTimeAtLeastToMinRevision(t *testing.T) {
+	s := newSource(t, writes, 5)
+	early := seen(s.baseRev).Add(500 * time.Millisecond) // before every stamp of the chain
+	for _, min := range []int64{s.baseRev + 2, s.baseRev + 5, s.last} {
+		t.Run(fmt.Sprint(min-s.baseRev), func(t *testing.T) {
+			res, out, err := s.build(t, delta.Point{Time: early, MinRevision: min}, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Revision != min {
+				t.Fatalf("result %+v, want revision %d (the minimum; every later stamp is after the time)", res, min)
+			}
+			s.check(t, out, min)
+		})
+	}
+	// Past the segments: the chain does not reach the point.
+	if _, _, err := s.build(t, delta.Point{Time: early, MinRevision: s.last + 1}, false); err == nil || !strings.Contains(err.Error(), "does not reach the point") {
+		t.Fatalf("minimum past the chain: %v", err)
+	}
+}
+
 // A lease gone before the agent read it: keys holding it at the point
 // are refused unless allowed; after its keys are deleted, nothing is
 // lost.
@@ -337,11 +360,10 @@ func TestLostLease(t *testing.T) {
 		_, err = c.Put(ctx, "/after", "z")
 		return err
 	})
-	_, _, err := s.build(t, delta.Point{Revision: held}, false)
-	if err == nil || !strings.Contains(err.Error(), "would be restored without the lease's TTL") {
-		t.Fatalf("got %v", err)
-	}
-	res, out, err := s.build(t, delta.Point{Revision: held}, true)
+	// No flag needed: the keys come back on a stand-in lease (a
+	// Kubernetes control plane's short leases are lost at every chain
+	// start), and the result says which.
+	res, out, err := s.build(t, delta.Point{Revision: held}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,6 +371,10 @@ func TestLostLease(t *testing.T) {
 		t.Fatalf("lost leases %v", res.LostLeases)
 	}
 	s.check(t, out, held)
+	ttl := must[*clientv3.LeaseTimeToLiveResponse](t)(served(t, out).TimeToLive(context.Background(), lost))
+	if ttl.GrantedTTL <= 0 || ttl.GrantedTTL > DefaultLostLeaseTTL {
+		t.Fatalf("the lost lease was restored with TTL %d, want a stand-in of at most %d", ttl.GrantedTTL, DefaultLostLeaseTTL)
+	}
 	res, out, err = s.build(t, delta.Point{Revision: deleted}, false)
 	if err != nil {
 		t.Fatal(err)
@@ -362,5 +388,41 @@ func TestLostLease(t *testing.T) {
 		if l.ID == lost {
 			t.Fatal("the revoked lease survived")
 		}
+	}
+}
+
+// A lease the full holds and the source revokes after it (no event says
+// so, only its keys' deletes do), and one granted and revoked after it,
+// are not in what replay saves.
+func TestRevokedLeasesAreNotKept(t *testing.T) {
+	s := newSource(t, func(ctx context.Context, c *clientv3.Client) error {
+		pre, err := c.Get(ctx, "/pre/leased")
+		if err != nil {
+			return err
+		}
+		if _, err := c.Revoke(ctx, clientv3.LeaseID(pre.Kvs[0].Lease)); err != nil {
+			return err
+		}
+		l, err := c.Grant(ctx, 600)
+		if err != nil {
+			return err
+		}
+		if _, err := c.Put(ctx, "/leased/1", "x", clientv3.WithLease(l.ID)); err != nil {
+			return err
+		}
+		if _, err := c.Revoke(ctx, l.ID); err != nil {
+			return err
+		}
+		_, err = c.Put(ctx, "/after", "y")
+		return err
+	})
+	res, out, err := s.build(t, delta.Point{}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.check(t, out, res.Revision)
+	leases := must[*clientv3.LeaseLeasesResponse](t)(served(t, out).Leases(context.Background()))
+	if len(leases.Leases) != 0 {
+		t.Fatalf("replay kept leases %v; the source revoked both", leases.Leases)
 	}
 }

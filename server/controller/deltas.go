@@ -118,11 +118,24 @@ func newestChainBase(backups []*storage.Manifest, target string) *storage.Manife
 		if m.Source.Kind != ebv1.SourceAgent || m.Source.Target != target || m.Etcd == nil || !m.Etcd.SnapshotStatus || m.Etcd.Revision <= 0 {
 			continue
 		}
-		if newest == nil || m.Etcd.Revision > newest.Etcd.Revision {
+		if newest == nil || takenAfter(m, newest) {
 			newest = m
 		}
 	}
 	return newest
+}
+
+// takenAfter says whether full a holds a later state of its target than
+// b: by when its state was taken, then by revision. Revision alone would
+// keep an old full when etcd's history went back (restored without a
+// revision bump, re-created): every new full would then be older than it
+// and the controller would start one each round.
+func takenAfter(a, b *storage.Manifest) bool {
+	ta, tb := cmp.Or(a.Source.StartTime, a.CreateTime), cmp.Or(b.Source.StartTime, b.CreateTime)
+	if !ta.Equal(tb) {
+		return ta.After(tb)
+	}
+	return a.Etcd.Revision > b.Etcd.Revision
 }
 
 func lastStored(segs []*storage.Manifest) *storage.Manifest {

@@ -163,6 +163,14 @@ func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs
 			continue
 		}
 		v := verification(d, c.now())
+		if v.Result == storage.VerificationError {
+			// A drill that could not fetch the backup: the server tells
+			// a backup whose stored data cannot be read as recorded
+			// (a verdict) from one removed meanwhile.
+			if msg := unreadableData(ctx, loc, d, v.Message); msg != "" {
+				v.Result, v.Message = storage.VerificationFailed, msg
+			}
+		}
 		var err error
 		if keep := c.verifiedBefore(ctx, loc, d, v); !keep {
 			err = setVerification(ctx, loc, d.Backup, v)
@@ -185,6 +193,11 @@ func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs
 		c.metrics.DrillRuns.WithLabelValues(d.Target, cmp.Or(result, metrics.DrillError)).Inc()
 		if v.Result != storage.VerificationSucceeded {
 			c.log.Warn("drill failed", "backup", d.Backup, "location", d.Location, "target", d.Target, "result", v.Result, "message", v.Message)
+			if err == nil && v.Result == storage.VerificationFailed {
+				// A backup verified before may have lost that status:
+				// the metric says the newest backup still verified.
+				c.resetLastVerified(ctx, loc, d.Target, d.Location)
+			}
 			continue
 		}
 		c.log.Info("drill succeeded", "backup", d.Backup, "location", d.Location, "target", d.Target, "revision", v.Revision, "keys", v.Keys)
@@ -197,6 +210,60 @@ func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs
 			c.retain(ctx, d.Target, d.Location)
 		}
 	}
+}
+
+// unreadableData returns the Failed message for drill d, which reached no
+// verdict because it could not fetch the backup (message), when the
+// backup's manifest is still stored — the one the drill was pinned to —
+// but its data cannot be opened: missing, or not the object stored with
+// the manifest (S3 reads the data with If-Match on the ETag recorded
+// with it, so data replaced or altered in the bucket is refused). ""
+// when the data opens or the backup is gone: then nothing was learned.
+func unreadableData(ctx context.Context, loc storage.Location, d jobs.DrillRun, message string) string {
+	m, err := loc.Stat(ctx, d.Backup)
+	if err != nil || (d.SHA256 != "" && m.SHA256 != d.SHA256) {
+		return ""
+	}
+	r, _, err := loc.Open(ctx, d.Backup, 0, min(1, m.Size))
+	if err == nil {
+		r.Close()
+		return ""
+	}
+	if !errors.Is(err, storage.ErrNotFound) {
+		return ""
+	}
+	if _, serr := loc.Stat(ctx, d.Backup); serr != nil {
+		return "" // removed meanwhile
+	}
+	return fmt.Sprintf("the backup cannot be read back as it was stored: its manifest is stored but its data is missing or is not the data stored with it "+
+		"(replaced or altered in storage since the upload; in S3 the object's ETag is not the one recorded), so its stored SHA-256 cannot be checked (the drill: %s); "+
+		"do not restore it: take a new backup, drill it, and find out what changed this one (the storage's access logs)", message)
+}
+
+// resetLastVerified sets the target's last-verified metric in the
+// location to its newest backup whose newest drill succeeded (0: none),
+// after a drill failed one that may have been it.
+func (c *Controller) resetLastVerified(ctx context.Context, loc storage.Location, target, locName string) {
+	if target == "" {
+		return
+	}
+	manifests, err := loc.List(ctx)
+	if err != nil {
+		c.metrics.StorageErrors.WithLabelValues(locName, "list").Inc()
+		c.log.Warn("drill: list backups to find the newest verified one", "location", locName, "target", target, "error", err)
+		return
+	}
+	var newest time.Time
+	for _, m := range manifests {
+		if m.Source.Target == target && retention.Verified(m) && m.CreateTime.After(newest) {
+			newest = m.CreateTime
+		}
+	}
+	v := 0.0
+	if !newest.IsZero() {
+		v = float64(newest.UnixNano()) / 1e9
+	}
+	c.metrics.LastVerified.WithLabelValues(target, locName).Set(v)
 }
 
 // verifiedBefore: drill d reached no verdict (v is an Error) on a backup

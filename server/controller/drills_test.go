@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -302,5 +305,85 @@ func TestDrillWithoutItsIdentitySecret(t *testing.T) {
 	sw.at("2026-12-01T10:20:01Z")
 	if v := sw.verification("cp-new"); v == nil || v.Result != storage.VerificationSucceeded {
 		t.Fatalf("verification of a verified backup after a drill that could not start: %+v", v)
+	}
+}
+
+// A drill that finds a verified backup damaged records Failed in place of
+// the earlier success: list, describe and get show the newest verdict,
+// the metrics count it failed and no longer call the backup verified,
+// and retention no longer keeps it as the newest verified one. A drill
+// that could not fetch a backup whose manifest is stored but whose data
+// is not (missing, or not the object stored with it) is Failed too.
+func TestAFailedDrillReplacesAVerification(t *testing.T) {
+	target := drilledTarget()
+	target.Retention = &config.Retention{KeepLast: 1}
+	sw := newSchedWorld(t, target, backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
+	ctx := context.Background()
+	sw.storeFingerprinted("cp-1", backuptest.MustTime(t, "2026-12-01T08:00:00Z"))
+	sw.storeFingerprinted("cp-2", backuptest.MustTime(t, "2026-12-01T09:00:00Z"))
+	if err := setVerification(ctx, sw.loc, "cp-1", &storage.Verification{Result: storage.VerificationSucceeded, Time: sw.now, Message: "as recorded"}); err != nil {
+		t.Fatal(err)
+	}
+	sw.at("2026-12-01T10:02:00Z")
+	removed := func() []string {
+		manifests, err := sw.loc.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range retention.Select(manifests, "cp", *target.Retention, false, sw.now) {
+			out = append(out, m.Name)
+		}
+		return out
+	}
+	backuptest.Equal(t, "retention removes, with cp-1 verified", removed(), nil)
+	if got := testutil.ToFloat64(sw.metrics.LastVerified.WithLabelValues("cp", "default")); got != float64(backuptest.MustTime(t, "2026-12-01T08:00:00Z").Unix()) {
+		t.Fatalf("last verified = %v, want cp-1's time", got)
+	}
+
+	if _, err := sw.srv.StartDrill(ctx, "", "cp-1", false, "test"); err != nil {
+		t.Fatal(err)
+	}
+	sw.synced()
+	msg := "the backup does not restore: the stored SHA-256 check failed — the bytes stored are not the ones recorded; do not restore it"
+	sw.endDrill(sw.drillJobs()[0], &jobs.DrillVerdict{Message: msg}, 3)
+	sw.at("2026-12-01T10:03:00Z")
+	if v := sw.verification("cp-1"); v == nil || v.Result != storage.VerificationFailed || v.Message != msg {
+		t.Fatalf("verification of cp-1 after a failed drill: %+v, want Failed replacing the success", v)
+	}
+	if sw.drillRuns(metrics.DrillFailed) != 1 {
+		t.Errorf("drill runs failed = %v", sw.drillRuns(metrics.DrillFailed))
+	}
+	if got := testutil.ToFloat64(sw.metrics.LastVerified.WithLabelValues("cp", "default")); got != 0 {
+		t.Errorf("last verified = %v after the only verified backup failed its drill, want 0", got)
+	}
+	backuptest.Equal(t, "retention removes once cp-1 failed its drill", removed(), []string{"cp-1"})
+
+	// cp-2 verified, then its data removed behind the server's back: the
+	// drill agent could not fetch it and ended without a verdict; the
+	// server finds the manifest stored and the data not, and records
+	// Failed, not "nothing was learned".
+	if err := setVerification(ctx, sw.loc, "cp-2", &storage.Verification{Result: storage.VerificationSucceeded, Time: sw.now, Message: "as recorded"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(sw.dir, "backups", "cp-2.db")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sw.srv.StartDrill(ctx, "", "cp-2", false, "test"); err != nil {
+		t.Fatal(err)
+	}
+	sw.synced()
+	for _, j := range sw.drillJobs() {
+		if j.Annotations[jobs.AnnotationBackup] == "cp-2" {
+			sw.endDrill(j, &jobs.DrillVerdict{NoVerdict: true, Message: "the data server could not read the backup's stored data (NotFound)"}, 1)
+		}
+	}
+	sw.at("2026-12-01T10:04:00Z")
+	v := sw.verification("cp-2")
+	if v == nil || v.Result != storage.VerificationFailed || !strings.Contains(v.Message, "cannot be read back as it was stored") || !strings.Contains(v.Message, "do not restore it") {
+		t.Fatalf("verification of cp-2 whose data is gone: %+v, want Failed", v)
+	}
+	if sw.drillRuns(metrics.DrillFailed) != 2 || sw.drillRuns(metrics.DrillError) != 0 {
+		t.Errorf("drill runs: failed %v error %v", sw.drillRuns(metrics.DrillFailed), sw.drillRuns(metrics.DrillError))
 	}
 }

@@ -139,7 +139,7 @@ var ErrNotDeltaWriter = errors.New("not the target's delta writer")
 // Lease now, in epoch: the fence that keeps a deposed or hand-started
 // agent from storing segments. It reads the Lease from the API server,
 // not a cache: a stale view would let a deposed writer through.
-func (l *Launcher) CheckDeltaWriter(ctx context.Context, target, pod string, epoch int64) error {
+func (l *Launcher) CheckDeltaWriter(ctx context.Context, target, pod string, epoch, chainEpoch int64) error {
 	name := DeltaLeaseName(target)
 	lease, err := l.client.CoordinationV1().Leases(l.namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -153,11 +153,21 @@ func (l *Launcher) CheckDeltaWriter(ctx context.Context, target, pod string, epo
 	switch {
 	case holder == "" || !strings.HasPrefix(holder, pod+"_"):
 		return fmt.Errorf("%w: Lease %s/%s is held by %q, not by pod %s", ErrNotDeltaWriter, l.namespace, name, holder, pod)
-	case int64(ptr.Deref(s.LeaseTransitions, 0)) != epoch:
-		return fmt.Errorf("%w: the segment is of epoch %d but Lease %s/%s is in epoch %d", ErrNotDeltaWriter, epoch, l.namespace, name, ptr.Deref(s.LeaseTransitions, 0))
+	case WriterEpoch(ptr.Deref(s.LeaseTransitions, 0), chainEpoch) != epoch:
+		return fmt.Errorf("%w: the segment is of epoch %d but Lease %s/%s is in epoch %d (its transitions %d, the chain's epoch %d)", ErrNotDeltaWriter, epoch, l.namespace, name,
+			WriterEpoch(ptr.Deref(s.LeaseTransitions, 0), chainEpoch), ptr.Deref(s.LeaseTransitions, 0), chainEpoch)
 	case s.RenewTime == nil || s.LeaseDurationSeconds == nil ||
 		time.Now().After(s.RenewTime.Add(time.Duration(*s.LeaseDurationSeconds)*time.Second)):
 		return fmt.Errorf("%w: Lease %s/%s expired (last renewed %v)", ErrNotDeltaWriter, l.namespace, name, s.RenewTime)
 	}
 	return nil
+}
+
+// WriterEpoch is the fencing epoch of the holder of a delta Lease with
+// transitions, writing a chain whose newest segment has chainEpoch: the
+// transitions, or the chain's epoch when the Lease was re-created (its
+// transitions start at 0 again), so that epochs never go back along a
+// chain. The holder check, not the epoch, fences a deposed writer.
+func WriterEpoch(transitions int32, chainEpoch int64) int64 {
+	return max(int64(transitions), chainEpoch)
 }

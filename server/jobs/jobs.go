@@ -716,6 +716,12 @@ func (l *Launcher) failureMessage(j *batchv1.Job) string {
 	}
 	for _, cs := range pods[0].Status.ContainerStatuses {
 		if t := cs.State.Terminated; t != nil {
+			if t.Reason == "OOMKilled" {
+				// Its last words are whatever it logged before the kill,
+				// which says nothing of why it stopped.
+				return fmt.Sprintf("agent exited with code %d: the agent was OOM-killed (memory limit %s): raise agents.resources.limits.memory in the server's config",
+					t.ExitCode, memoryLimit(j, pods[0], cs.Name))
+			}
 			msg := strings.TrimSpace(t.Message)
 			if i := strings.LastIndex(msg, "\n"); i >= 0 {
 				msg = strings.TrimSpace(msg[i+1:])
@@ -727,6 +733,23 @@ func (l *Launcher) failureMessage(j *batchv1.Job) string {
 		}
 	}
 	return ""
+}
+
+// memoryLimit is the memory limit of container name of pod (of j's pod
+// template when the pod does not say), "none" when it has none.
+func memoryLimit(j *batchv1.Job, pod *corev1.Pod, name string) string {
+	for _, containers := range [][]corev1.Container{pod.Spec.Containers, j.Spec.Template.Spec.Containers} {
+		for _, c := range containers {
+			if c.Name != name {
+				continue
+			}
+			if q, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+				return q.String()
+			}
+			return "none"
+		}
+	}
+	return "none"
 }
 
 // pods returns the Job's pods, newest first, from the cache.

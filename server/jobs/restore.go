@@ -44,6 +44,10 @@ const (
 	// for a restore of the backup as it is).
 	AnnotationToRevision = "etcdbackup.io/to-revision"
 	AnnotationToTime     = "etcdbackup.io/to-time"
+	// AnnotationToMinRevision goes with AnnotationToTime when the plan
+	// knows a revision committed by the time that replay must reach
+	// whatever the segments' stamps say (delta.Point.MinRevision).
+	AnnotationToMinRevision = "etcdbackup.io/to-min-revision"
 	// AnnotationDeltaSegments holds the delta segments a restore to a
 	// point replays, in order, each pinned to its SHA-256: JSON of
 	// [{"name","sha256"}] (EncodeSegments). A long chain does not fit in
@@ -268,8 +272,10 @@ type RestoreSpec struct {
 	// replays Segments (the backup's delta chain, in order) onto the
 	// backup and stops there. AllowLeaseLoss restores keys whose lease's
 	// TTL was never read instead of refusing.
-	ToRevision     int64
-	ToTime         time.Time
+	ToRevision int64
+	ToTime     time.Time
+	// ToMinRevision goes with ToTime: see delta.Point.MinRevision.
+	ToMinRevision  int64
 	Segments       []SegmentPin
 	AllowLeaseLoss bool
 }
@@ -460,6 +466,10 @@ func (p *restoreAgentPod) addPoint(spec RestoreSpec) (map[string]string, error) 
 	} else {
 		point[AnnotationToTime] = spec.ToTime.UTC().Format(time.RFC3339Nano)
 		p.args = append(p.args, "--to-time="+point[AnnotationToTime])
+		if spec.ToMinRevision > 0 {
+			point[AnnotationToMinRevision] = strconv.FormatInt(spec.ToMinRevision, 10)
+			p.args = append(p.args, "--to-min-revision="+point[AnnotationToMinRevision])
+		}
 	}
 	// The list reaches the agent as a file of the pod's annotation;
 	// its digest in args, which no one can edit in a running pod,

@@ -119,6 +119,8 @@ type JobClaims struct {
 	// the SHA-256 of its AnnotationDeltaSegments: the segments the Job
 	// may download are exactly the ones signed. All "" otherwise.
 	ToRevision, ToTime, Segments string
+	// ToMinRevision is AnnotationToMinRevision, "" when unset.
+	ToMinRevision string
 	// FoldInputs is a fold Job's AnnotationFoldInputs: every backup and
 	// segment it may download, pinned. "" for other kinds.
 	FoldInputs string
@@ -134,6 +136,7 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 		Target: j.Annotations[AnnotationTarget], SHA256: j.Annotations[AnnotationSHA256],
 		Scheduled:  j.Labels[LabelScheduled] == "true",
 		ToRevision: j.Annotations[AnnotationToRevision], ToTime: j.Annotations[AnnotationToTime],
+		ToMinRevision: j.Annotations[AnnotationToMinRevision],
 	}
 	if segs, ok := j.Annotations[AnnotationDeltaSegments]; ok {
 		c.Segments = segmentsDigest(segs)
@@ -168,6 +171,11 @@ func (c JobClaims) canonical() []byte {
 	// array cannot be read as the shorter one.
 	if c.ToRevision != "" || c.ToTime != "" || c.Segments != "" {
 		fields = append(fields, c.ToRevision, c.ToTime, c.Segments)
+		if c.ToMinRevision != "" {
+			// Only when set: Jobs signed before it existed keep their
+			// signatures.
+			fields = append(fields, c.ToMinRevision)
+		}
 	}
 	if c.Kind == KindFold {
 		// Only a fold's: the other kinds' signatures stay what they were.

@@ -16,6 +16,9 @@ type deltaSeries struct {
 	// a revision missing), by target.
 	ChainEnds   *prometheus.CounterVec
 	DeltaPeriod *prometheus.GaugeVec
+	// ClockOffset is the server's clock minus the delta agent's, as its
+	// newest segment arrived: the agent's clock stamps every revision.
+	ClockOffset *prometheus.GaugeVec
 	lag         *lagCollector
 }
 
@@ -41,6 +44,11 @@ func newDeltaSeries() deltaSeries {
 			Namespace: "etcdbackup", Name: "delta_period_seconds",
 			Help: "A target's deltas.period: the lag alert allows a multiple of it.",
 		}, []string{"target"}),
+		ClockOffset: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "etcdbackup", Name: "delta_clock_offset_seconds",
+			Help: "The data server's clock minus the delta agent's when its newest segment arrived, by target (upload transit included). " +
+				"The agent's clock stamps the time of every revision a restore to a time goes by: more than a second off moves writes across a point.",
+		}, []string{"target"}),
 		lag: &lagCollector{last: map[string]time.Time{}, now: time.Now, desc: prometheus.NewDesc("etcdbackup_delta_lag_seconds",
 			"Seconds since the newest etcd event stored in a delta segment of a target was seen: how much a restore to now would lose. "+
 				"It grows when the agent stops storing, and also when etcd takes no writes (a Kubernetes cluster writes every few seconds).",
@@ -49,7 +57,7 @@ func newDeltaSeries() deltaSeries {
 }
 
 func (d deltaSeries) collectors() []prometheus.Collector {
-	return []prometheus.Collector{d.Segments, d.Bytes, d.Events, d.ChainEnds, d.DeltaPeriod, d.lag}
+	return []prometheus.Collector{d.Segments, d.Bytes, d.Events, d.ChainEnds, d.DeltaPeriod, d.ClockOffset, d.lag}
 }
 
 // DeltaStored counts a stored segment of target, of size bytes, whose

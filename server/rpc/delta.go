@@ -4,28 +4,34 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // DeltaFence tells whether a delta agent may store segments now: it holds
-// its target's delta Lease, in the epoch its segment records
-// (jobs.Launcher.CheckDeltaWriter).
+// its target's delta Lease, in the epoch its segment records, which is
+// the Lease's transitions or, when the Lease was re-created (its
+// transitions back at 0), the epoch the chain already has: epochs never
+// go back along a chain (jobs.Launcher.CheckDeltaWriter).
 type DeltaFence interface {
-	CheckDeltaWriter(ctx context.Context, target, pod string, epoch int64) error
+	CheckDeltaWriter(ctx context.Context, target, pod string, epoch, chainEpoch int64) error
 }
 
 // chains remembers where each chain stored by this server ends, so that
-// accepting a segment does not list the location. It is filled from
-// storage the first time a chain is written to, and it is only a cache
-// of what storage says: a segment is accepted only when it starts where
-// the chain ends, under the chain's lock.
+// accepting a segment does not list the location. It is only a cache of
+// what storage says: another replica may have stored segments since, so
+// a segment that does not follow the cached end (or a cached end that
+// says the chain ended) is checked against storage again before it is
+// refused. A segment is accepted only when it starts where the chain
+// ends, under the chain's lock.
 type chains struct {
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex
@@ -35,6 +41,8 @@ type chains struct {
 type chainEnd struct {
 	next   int64
 	reason string
+	// epoch is the newest stored segment's writer epoch (0 for none).
+	epoch int64
 }
 
 func (c *chains) lock(key string) func() {
@@ -57,6 +65,12 @@ func (c *chains) get(key string) (chainEnd, bool) {
 	defer c.mu.Unlock()
 	e, ok := c.ends[key]
 	return e, ok
+}
+
+func (c *chains) forget(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.ends, key)
 }
 
 func (c *chains) set(key string, e chainEnd) {
@@ -91,17 +105,25 @@ func (s *Service) admitSegment(ctx context.Context, a *auth.Agent, h *ebv1.Uploa
 	if s.deltaFence == nil {
 		return nil, status.Error(codes.FailedPrecondition, "this server runs no delta agents, so it stores no delta segments")
 	}
-	if err := s.deltaFence.CheckDeltaWriter(ctx, a.Target, a.Pod, d.GetEpoch()); err != nil {
-		s.log.Warn("delta segment refused: not the writer", "chain", d.GetChain(), "segment", h.GetName(), "caller", a.String(), "error", err)
-		return nil, status.Errorf(codes.FailedPrecondition, "delta segment %q refused: %v; only the agent holding the Lease stores segments, stop this one", h.GetName(), err)
-	}
 	key := locName + "/" + d.GetChain()
 	unlock := s.chains.lock(key)
 	end, err := s.chainEnd(ctx, key, loc, d.GetChain())
+	if err == nil && (end.reason != "" || d.GetFirstRevision() != end.next) {
+		// The cache may be stale (another replica stored segments):
+		// storage decides.
+		s.chains.forget(key)
+		end, err = s.chainEnd(ctx, key, loc, d.GetChain())
+	}
 	if err != nil {
 		unlock()
 		return nil, err
 	}
+	if err := s.deltaFence.CheckDeltaWriter(ctx, a.Target, a.Pod, d.GetEpoch(), end.epoch); err != nil {
+		unlock()
+		s.log.Warn("delta segment refused: not the writer", "chain", d.GetChain(), "segment", h.GetName(), "caller", a.String(), "error", err)
+		return nil, status.Errorf(codes.FailedPrecondition, "delta segment %q refused: %v; only the agent holding the Lease stores segments, stop this one", h.GetName(), err)
+	}
+	s.recordClockOffset(a.Target, d)
 	switch {
 	case end.reason != "":
 		unlock()
@@ -140,7 +162,7 @@ func (s *Service) chainEnd(ctx context.Context, key string, loc storage.Location
 	sum := chainSummary(full, storage.Chains(segments)[chain])
 	e := chainEnd{next: full.Etcd.Revision + 1, reason: ""}
 	if sum != nil {
-		e = chainEnd{next: sum.GetLastRevision() + 1, reason: sum.GetEndReason()}
+		e = chainEnd{next: sum.GetLastRevision() + 1, reason: sum.GetEndReason(), epoch: sum.GetEpoch()}
 	}
 	s.chains.set(key, e)
 	return e, nil
@@ -149,7 +171,7 @@ func (s *Service) chainEnd(ctx context.Context, key string, loc storage.Location
 // segmentStored moves the chain's end past a stored segment.
 func (s *Service) segmentStored(locName string, m *storage.Manifest) {
 	d := m.Delta
-	s.chains.set(locName+"/"+d.Chain, chainEnd{next: d.LastRevision + 1, reason: d.EndReason})
+	s.chains.set(locName+"/"+d.Chain, chainEnd{next: d.LastRevision + 1, reason: d.EndReason, epoch: d.Epoch})
 	s.metrics.DeltaStored(m.Source.Target, m.Size, d.LastTime, d.Events)
 	if d.EndReason != "" {
 		s.metrics.ChainEnds.WithLabelValues(m.Source.Target).Inc()
@@ -177,9 +199,33 @@ func chainSummary(full *storage.Manifest, segs []*storage.Manifest) *ebv1.DeltaC
 		if !d.LastTime.IsZero() {
 			c.LastTime = timestamppb.New(d.LastTime)
 		}
-		c.Epoch, c.EndReason = d.Epoch, d.EndReason
+		c.Epoch, c.EndReason, c.HistoryBreak = d.Epoch, d.EndReason, d.HistoryBreak
+		if d.LastEvent != nil {
+			c.LastEvent = deltaEventOf(d.LastEvent)
+		}
 	}
 	return c
+}
+
+// recordClockOffset records, in d and the metrics, the server's clock
+// minus the agent's as the segment's upload arrives (transit included),
+// and warns when it is more than a restore to a time can ignore.
+func (s *Service) recordClockOffset(target string, d *ebv1.DeltaSegment) {
+	sent := d.GetSentTime()
+	if sent == nil {
+		return
+	}
+	offset := s.now().Sub(sent.AsTime())
+	d.ClockOffsetSeconds = offset.Seconds()
+	s.metrics.ClockOffset.WithLabelValues(target).Set(offset.Seconds())
+	if offset.Abs() > delta.MaxClockOffset {
+		s.log.Warn("delta agent's clock is off the server's: the times it stamps on revisions, which restores to a time go by, are off as much; run NTP (chrony, systemd-timesyncd) on the node",
+			"target", target, "chain", d.GetChain(), "offsetSeconds", offset.Seconds())
+	}
+}
+
+func deltaEventOf(e *storage.DeltaEvent) *ebv1.DeltaEvent {
+	return &ebv1.DeltaEvent{Key: e.Key, Deleted: e.Deleted, ValueSha256: e.ValueSHA256}
 }
 
 // withChain adds full's chain, as stored, to b.
@@ -193,7 +239,10 @@ func withChain(b *ebv1.Backup, full *storage.Manifest, segments map[string][]*st
 func deltaOf(d *storage.Delta) *ebv1.DeltaSegment {
 	out := &ebv1.DeltaSegment{
 		Chain: d.Chain, Epoch: d.Epoch, FirstRevision: d.FirstRevision, LastRevision: d.LastRevision,
-		Events: d.Events, EndReason: d.EndReason,
+		Events: d.Events, EndReason: d.EndReason, HistoryBreak: d.HistoryBreak, ClockOffsetSeconds: d.ClockOffset.Seconds(),
+	}
+	if d.LastEvent != nil {
+		out.LastEvent = deltaEventOf(d.LastEvent)
 	}
 	if !d.FirstTime.IsZero() {
 		out.FirstTime = timestamppb.New(d.FirstTime)
@@ -208,7 +257,11 @@ func deltaOf(d *storage.Delta) *ebv1.DeltaSegment {
 func deltaFromHeader(d *ebv1.DeltaSegment) *storage.Delta {
 	out := &storage.Delta{
 		Chain: d.GetChain(), Epoch: d.GetEpoch(), FirstRevision: d.GetFirstRevision(), LastRevision: d.GetLastRevision(),
-		Events: d.GetEvents(), EndReason: d.GetEndReason(),
+		Events: d.GetEvents(), EndReason: d.GetEndReason(), HistoryBreak: d.GetHistoryBreak(),
+		ClockOffset: time.Duration(d.GetClockOffsetSeconds() * float64(time.Second)),
+	}
+	if e := d.GetLastEvent(); e != nil {
+		out.LastEvent = &storage.DeltaEvent{Key: e.GetKey(), Deleted: e.GetDeleted(), ValueSHA256: e.GetValueSha256()}
 	}
 	if t := d.GetFirstTime(); t != nil {
 		out.FirstTime = t.AsTime()

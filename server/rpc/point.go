@@ -48,6 +48,19 @@ type pointPlan struct {
 	full       *storage.Manifest
 	segments   []*storage.Manifest
 	toRevision int64
+	// replay is where the agents' replay stops (replayPoint).
+	replay   delta.Point
+	warnings []string
+}
+
+// replayPoint is where a replay planned by plan for point stops: the
+// revision when the plan knows it, else the time with the revision the
+// plan knows committed by then.
+func replayPoint(plan delta.PlanResult, point delta.Point) delta.Point {
+	if plan.ToRevision > 0 {
+		return delta.Point{Revision: plan.ToRevision}
+	}
+	return delta.Point{Time: point.Time, MinRevision: plan.MinRevision}
 }
 
 // pins are the plan's segments as a restore Job lists them.
@@ -113,7 +126,7 @@ func (s *Service) planPoint(ctx context.Context, locName string, loc storage.Loc
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v; nothing was changed", op, err)
 	}
-	out := &pointPlan{full: fullByName[plan.Full.Name], toRevision: plan.ToRevision}
+	out := &pointPlan{full: fullByName[plan.Full.Name], toRevision: plan.ToRevision, replay: replayPoint(plan, point), warnings: plan.Warnings}
 	for _, si := range plan.Segments {
 		out.segments = append(out.segments, segByName[si.Name])
 	}
@@ -128,6 +141,8 @@ func (s *Service) planPoint(ctx context.Context, locName string, loc storage.Loc
 // fullInfo is m as the start of a chain: a backup the server's agent
 // took whose revision was read from the snapshot itself.
 func fullInfo(m *storage.Manifest) (delta.FullInfo, bool) {
+	// An upload is never a chain's base: nothing says which history it
+	// holds or that a chain follows it.
 	if m.IsSegment() || m.Source.Kind != ebv1.SourceAgent || m.Etcd == nil || !m.Etcd.SnapshotStatus || m.Etcd.Revision <= 0 {
 		return delta.FullInfo{}, false
 	}
@@ -145,5 +160,6 @@ func segmentInfo(m *storage.Manifest) delta.SegmentInfo {
 		Name: m.Name, SHA256: m.SHA256, Chain: d.Chain, Epoch: d.Epoch,
 		FirstRevision: d.FirstRevision, LastRevision: d.LastRevision,
 		FirstTime: d.FirstTime, LastTime: d.LastTime, Events: d.Events, EndReason: d.EndReason,
+		HistoryBreak: d.HistoryBreak, ClockOffset: d.ClockOffset,
 	}
 }

@@ -80,7 +80,10 @@ func (s *Service) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequ
 	}
 	resp := &ebv1.RestoreBackupResponse{Members: plan}
 	if r.point != nil {
-		resp.Backup, resp.Segments, resp.ToRevision = r.name, r.point.names(), r.point.toRevision
+		resp.Backup, resp.Segments, resp.ToRevision, resp.Warnings = r.name, r.point.names(), r.point.toRevision, r.point.warnings
+		for _, w := range r.point.warnings {
+			s.log.Warn("restore to a point: "+w, "target", r.target.Name, "point", r.pointAt.String())
+		}
 	}
 	seen := liveness.Members(ctx, s.agents, r.target)
 	if req.GetDryRun() {
@@ -99,6 +102,9 @@ func (s *Service) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequ
 	if err := liveness.RefuseUnlessStopped(s.agents, r.target, seen); err != nil {
 		return nil, err
 	}
+	if err := s.stopDeltaAgents(ctx, r.target.Name); err != nil {
+		return nil, err
+	}
 	created, err := s.startRestore(ctx, req, r)
 	if err != nil {
 		return nil, err
@@ -109,6 +115,30 @@ func (s *Service) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequ
 	s.log.Info("restore agents started", "backup", r.name, "location", r.locName, "target", r.target.Name, "jobs", created, "bumpRevision", r.bump,
 		"toRevision", resp.GetToRevision(), "toTime", r.pointAt.Time, "segments", len(resp.GetSegments()), "caller", caller(ctx))
 	return resp, nil
+}
+
+// stopDeltaAgents stops target's delta agents before its restore: what
+// they hold is stored, and the chain is not continued into the restored
+// etcd unless the agent that starts next finds the chain's newest
+// revision there as the chain holds it (agents/delta checks etcd's
+// cluster, revision and that write at every start). A restore with a
+// revision bump marks the revisions in between compacted, which ends
+// the chain; one without goes back, which ends it as a history break.
+func (s *Service) stopDeltaAgents(ctx context.Context, target string) error {
+	runs, err := s.agents.Deltas(ctx)
+	if err != nil {
+		return ebv1.ServerErrorf(codes.Unavailable, "list the delta agents of target %q to stop them before its restore: %v; try again", target, err)
+	}
+	for _, r := range runs {
+		if r.Target != target || r.Phase != jobs.PhaseRunning {
+			continue
+		}
+		if err := s.agents.StopDelta(ctx, r.JobName); err != nil {
+			return ebv1.ServerErrorf(codes.Unavailable, "stop delta agent %s of target %q before its restore: %v; try again", r.JobName, target, err)
+		}
+		s.log.Info("delta agent stopped for a restore of its target", "target", target, "job", r.JobName, "chain", r.Chain)
+	}
+	return nil
 }
 
 // restore is an admitted restore request.
@@ -209,7 +239,8 @@ func (s *Service) startRestore(ctx context.Context, req *ebv1.RestoreBackupReque
 	}
 	if r.point != nil {
 		// And replay exactly the segments planned, each as stored now.
-		spec.ToRevision, spec.ToTime, spec.Segments, spec.AllowLeaseLoss = r.pointAt.Revision, r.pointAt.Time, r.point.pins(), req.GetAllowLeaseLoss()
+		p := r.point.replay
+		spec.ToRevision, spec.ToTime, spec.ToMinRevision, spec.Segments, spec.AllowLeaseLoss = p.Revision, p.Time, p.MinRevision, r.point.pins(), req.GetAllowLeaseLoss()
 	}
 	created, err := s.agents.StartRestore(ctx, spec)
 	if errors.Is(err, jobs.ErrRunning) {

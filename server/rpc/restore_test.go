@@ -265,3 +265,34 @@ func TestRestoreJobRefusedByTheAPIIsFailed(t *testing.T) {
 		}
 	}
 }
+
+// A restore of a target stops its delta agent first: it must not go on
+// appending the restored etcd's writes to the chain of the etcd before.
+func TestRestoreStopsTheTargetsDeltaAgent(t *testing.T) {
+	w := servertest.NewRestoreWorld(t, servertest.ClosedURL(t))
+	ctx := context.Background()
+	start := func(target string) string {
+		t.Helper()
+		j, err := w.Agents.StartDelta(ctx, jobs.DeltaSpec{Target: config.Target{Name: target}, Chain: target + "-full", Location: "default", FromRevision: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return j.Name
+	}
+	app, other := start("app"), start("other")
+	w.Synced(t)
+	if _, err := w.Server.RestoreBackup(ctx, &ebv1.RestoreBackupRequest{Name: "b1", Target: "app"}); err != nil {
+		t.Fatal(err)
+	}
+	jobsLeft := map[string]bool{}
+	list, err := w.Clientset.BatchV1().Jobs("etcdbackup-system").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range list.Items {
+		jobsLeft[j.Name] = true
+	}
+	if jobsLeft[app] || !jobsLeft[other] {
+		t.Fatalf("after the restore of app, delta Jobs left: %v; want %s stopped and %s running", jobsLeft, app, other)
+	}
+}

@@ -108,7 +108,14 @@ func open(dir string, shared bool) (*Location, error) {
 			return nil, err
 		}
 	}
-	if err := l.removeOrphans(); err != nil {
+	cutoff := time.Now()
+	if shared {
+		// Locks on a shared volume are only as good as its file
+		// system's: data another replica wrote lately may be a commit
+		// in progress.
+		cutoff = cutoff.Add(-staleUpload)
+	}
+	if err := l.removeOrphans(cutoff); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -207,7 +214,10 @@ func checkName(name string) error {
 	return nil
 }
 
-func (l *Location) removeOrphans() error {
+// removeOrphans removes backup data without a manifest (a crash between
+// publishing the two, a delete that failed halfway) last written before
+// cutoff.
+func (l *Location) removeOrphans(cutoff time.Time) error {
 	unlock, err := l.lockPublish()
 	if err != nil {
 		return err
@@ -223,6 +233,9 @@ func (l *Location) removeOrphans() error {
 			continue
 		}
 		if _, err := os.Stat(l.manifestPath(name)); errors.Is(err, fs.ErrNotExist) {
+			if info, err := e.Info(); err != nil || info.ModTime().After(cutoff) {
+				continue
+			}
 			if err := os.Remove(l.dataPath(name)); err != nil {
 				return fmt.Errorf("remove incomplete backup data %q: %w", name, err)
 			}

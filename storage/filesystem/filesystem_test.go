@@ -274,6 +274,44 @@ func TestSharedReplicaStarts(t *testing.T) {
 	}
 }
 
+// A shared location's data without a manifest may be another replica's
+// commit in progress (where the volume's locks are weaker than they
+// should be): a replica that starts removes it only once nobody wrote it
+// for staleUpload; a location of one process removes it at once.
+func TestOrphanDataIsRemovedOnlyWhenOld(t *testing.T) {
+	for _, shared := range []bool{true, false} {
+		t.Run(fmt.Sprintf("shared=%v", shared), func(t *testing.T) {
+			dir := t.TempDir()
+			open := filesystem.New
+			if shared {
+				open = filesystem.NewShared
+			}
+			if _, err := open(dir); err != nil {
+				t.Fatal(err)
+			}
+			recent, old := filepath.Join(dir, "backups", "recent.db"), filepath.Join(dir, "backups", "old.db")
+			for _, p := range []string{recent, old} {
+				if err := os.WriteFile(p, []byte("data without a manifest"), 0o640); err != nil {
+					t.Fatal(err)
+				}
+			}
+			long := time.Now().Add(-2 * time.Hour)
+			if err := os.Chtimes(old, long, long); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := open(dir); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(old); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("orphan data unwritten for 2h was kept: %v", err)
+			}
+			if _, err := os.Stat(recent); shared != (err == nil) {
+				t.Errorf("orphan data written just now: stat %v; want it kept only in a shared location", err)
+			}
+		})
+	}
+}
+
 // TestSharedCommitsOfOneName: replicas (two Locations, each its own
 // lock file descriptor, as two processes) commit one name at the same
 // moment, over and over: exactly one wins each time, and the stored data

@@ -748,7 +748,24 @@ type DeltaSegment struct {
 	// Set on the last segment of a chain that ended (etcd compacted past
 	// the agent's position, a revision was missing): why. No segment
 	// follows it; a new full backup starts a new chain.
-	EndReason     string `protobuf:"bytes,8,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	EndReason string `protobuf:"bytes,8,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	// Set with end_reason when the chain ended because etcd's history is
+	// no longer the one the chain holds: its revision went back, its
+	// cluster changed, or the revision the chain ends at holds another
+	// write (the etcd was restored or re-created). Points after the end are
+	// never planned on this chain or on older ones.
+	HistoryBreak bool `protobuf:"varint,9,opt,name=history_break,json=historyBreak,proto3" json:"history_break,omitempty"`
+	// The delta agent's clock when it sent the upload (set by the agent);
+	// the server compares it with its own clock.
+	SentTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=sent_time,json=sentTime,proto3" json:"sent_time,omitempty"`
+	// The server's clock minus the agent's when the upload arrived
+	// (recorded by the server, from sent_time): how far the agent's clock,
+	// which stamps every revision, was off, plus the upload's transit.
+	ClockOffsetSeconds float64 `protobuf:"fixed64,11,opt,name=clock_offset_seconds,json=clockOffsetSeconds,proto3" json:"clock_offset_seconds,omitempty"`
+	// The newest revision's first event, as a fingerprint: an agent that
+	// continues the chain checks that etcd still holds it at that
+	// revision, so that it never appends another history.
+	LastEvent     *DeltaEvent `protobuf:"bytes,12,opt,name=last_event,json=lastEvent,proto3" json:"last_event,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -839,6 +856,96 @@ func (x *DeltaSegment) GetEndReason() string {
 	return ""
 }
 
+func (x *DeltaSegment) GetHistoryBreak() bool {
+	if x != nil {
+		return x.HistoryBreak
+	}
+	return false
+}
+
+func (x *DeltaSegment) GetSentTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SentTime
+	}
+	return nil
+}
+
+func (x *DeltaSegment) GetClockOffsetSeconds() float64 {
+	if x != nil {
+		return x.ClockOffsetSeconds
+	}
+	return 0
+}
+
+func (x *DeltaSegment) GetLastEvent() *DeltaEvent {
+	if x != nil {
+		return x.LastEvent
+	}
+	return nil
+}
+
+// DeltaEvent identifies one event of a revision: its key, whether it
+// deleted the key, and the SHA-256 of the value it put.
+type DeltaEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Deleted       bool                   `protobuf:"varint,2,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	ValueSha256   string                 `protobuf:"bytes,3,opt,name=value_sha256,json=valueSha256,proto3" json:"value_sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeltaEvent) Reset() {
+	*x = DeltaEvent{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeltaEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeltaEvent) ProtoMessage() {}
+
+func (x *DeltaEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeltaEvent.ProtoReflect.Descriptor instead.
+func (*DeltaEvent) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeltaEvent) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *DeltaEvent) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+func (x *DeltaEvent) GetValueSha256() string {
+	if x != nil {
+		return x.ValueSha256
+	}
+	return ""
+}
+
 // DeltaChain is what a full backup's delta chain holds as stored.
 type DeltaChain struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -852,14 +959,19 @@ type DeltaChain struct {
 	// The newest segment's writer epoch.
 	Epoch int64 `protobuf:"varint,5,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// Why the chain ended; empty while it grows.
-	EndReason     string `protobuf:"bytes,6,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	EndReason string `protobuf:"bytes,6,opt,name=end_reason,json=endReason,proto3" json:"end_reason,omitempty"`
+	// The chain's newest revision's first event (DeltaSegment.last_event).
+	LastEvent *DeltaEvent `protobuf:"bytes,7,opt,name=last_event,json=lastEvent,proto3" json:"last_event,omitempty"`
+	// Set when the chain ended on a change of etcd's history
+	// (DeltaSegment.history_break).
+	HistoryBreak  bool `protobuf:"varint,8,opt,name=history_break,json=historyBreak,proto3" json:"history_break,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeltaChain) Reset() {
 	*x = DeltaChain{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +983,7 @@ func (x *DeltaChain) String() string {
 func (*DeltaChain) ProtoMessage() {}
 
 func (x *DeltaChain) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +996,7 @@ func (x *DeltaChain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeltaChain.ProtoReflect.Descriptor instead.
 func (*DeltaChain) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{7}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeltaChain) GetSegments() int64 {
@@ -929,6 +1041,20 @@ func (x *DeltaChain) GetEndReason() string {
 	return ""
 }
 
+func (x *DeltaChain) GetLastEvent() *DeltaEvent {
+	if x != nil {
+		return x.LastEvent
+	}
+	return nil
+}
+
+func (x *DeltaChain) GetHistoryBreak() bool {
+	if x != nil {
+		return x.HistoryBreak
+	}
+	return false
+}
+
 type Verification struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// When the drill finished.
@@ -950,7 +1076,7 @@ type Verification struct {
 
 func (x *Verification) Reset() {
 	*x = Verification{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1088,7 @@ func (x *Verification) String() string {
 func (*Verification) ProtoMessage() {}
 
 func (x *Verification) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1101,7 @@ func (x *Verification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Verification.ProtoReflect.Descriptor instead.
 func (*Verification) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{8}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Verification) GetTime() *timestamppb.Timestamp {
@@ -1060,7 +1186,7 @@ type BackupSource struct {
 
 func (x *BackupSource) Reset() {
 	*x = BackupSource{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1072,7 +1198,7 @@ func (x *BackupSource) String() string {
 func (*BackupSource) ProtoMessage() {}
 
 func (x *BackupSource) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1085,7 +1211,7 @@ func (x *BackupSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupSource.ProtoReflect.Descriptor instead.
 func (*BackupSource) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{9}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BackupSource) GetKind() string {
@@ -1142,8 +1268,9 @@ type EtcdInfo struct {
 	ClusterId  uint64                 `protobuf:"varint,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	MemberId   uint64                 `protobuf:"varint,2,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
 	MemberName string                 `protobuf:"bytes,3,opt,name=member_name,json=memberName,proto3" json:"member_name,omitempty"`
-	// The snapshot's revision: the newest revision in its keyspace, read
-	// from the snapshot itself (etcdutl snapshot status), not asked of the
+	// The snapshot's revision: its store's revision (the newest key's, or
+	// the compact revision recorded in it when higher, as etcd's own
+	// restore reads it), read from the snapshot itself, not asked of the
 	// member around it.
 	Revision int64  `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
 	Version  string `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
@@ -1175,7 +1302,7 @@ type EtcdInfo struct {
 
 func (x *EtcdInfo) Reset() {
 	*x = EtcdInfo{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1314,7 @@ func (x *EtcdInfo) String() string {
 func (*EtcdInfo) ProtoMessage() {}
 
 func (x *EtcdInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1327,7 @@ func (x *EtcdInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EtcdInfo.ProtoReflect.Descriptor instead.
 func (*EtcdInfo) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{10}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EtcdInfo) GetClusterId() uint64 {
@@ -1316,7 +1443,7 @@ type ListBackupsRequest struct {
 
 func (x *ListBackupsRequest) Reset() {
 	*x = ListBackupsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1328,7 +1455,7 @@ func (x *ListBackupsRequest) String() string {
 func (*ListBackupsRequest) ProtoMessage() {}
 
 func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1341,7 +1468,7 @@ func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsRequest.ProtoReflect.Descriptor instead.
 func (*ListBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{11}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListBackupsRequest) GetLocation() string {
@@ -1391,7 +1518,7 @@ type ListBackupsResponse struct {
 
 func (x *ListBackupsResponse) Reset() {
 	*x = ListBackupsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1530,7 @@ func (x *ListBackupsResponse) String() string {
 func (*ListBackupsResponse) ProtoMessage() {}
 
 func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1543,7 @@ func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsResponse.ProtoReflect.Descriptor instead.
 func (*ListBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{12}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListBackupsResponse) GetBackups() []*Backup {
@@ -1443,7 +1570,7 @@ type GetBackupRequest struct {
 
 func (x *GetBackupRequest) Reset() {
 	*x = GetBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1582,7 @@ func (x *GetBackupRequest) String() string {
 func (*GetBackupRequest) ProtoMessage() {}
 
 func (x *GetBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +1595,7 @@ func (x *GetBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{13}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetBackupRequest) GetName() string {
@@ -1494,7 +1621,7 @@ type GetBackupResponse struct {
 
 func (x *GetBackupResponse) Reset() {
 	*x = GetBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1633,7 @@ func (x *GetBackupResponse) String() string {
 func (*GetBackupResponse) ProtoMessage() {}
 
 func (x *GetBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1646,7 @@ func (x *GetBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{14}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetBackupResponse) GetBackup() *Backup {
@@ -1539,7 +1666,7 @@ type DeleteBackupRequest struct {
 
 func (x *DeleteBackupRequest) Reset() {
 	*x = DeleteBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1551,7 +1678,7 @@ func (x *DeleteBackupRequest) String() string {
 func (*DeleteBackupRequest) ProtoMessage() {}
 
 func (x *DeleteBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1564,7 +1691,7 @@ func (x *DeleteBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackupRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{15}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteBackupRequest) GetName() string {
@@ -1589,7 +1716,7 @@ type DeleteBackupResponse struct {
 
 func (x *DeleteBackupResponse) Reset() {
 	*x = DeleteBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1728,7 @@ func (x *DeleteBackupResponse) String() string {
 func (*DeleteBackupResponse) ProtoMessage() {}
 
 func (x *DeleteBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1741,7 @@ func (x *DeleteBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackupResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{16}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{17}
 }
 
 type UploadBackupRequest struct {
@@ -1631,7 +1758,7 @@ type UploadBackupRequest struct {
 
 func (x *UploadBackupRequest) Reset() {
 	*x = UploadBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1643,7 +1770,7 @@ func (x *UploadBackupRequest) String() string {
 func (*UploadBackupRequest) ProtoMessage() {}
 
 func (x *UploadBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1656,7 +1783,7 @@ func (x *UploadBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadBackupRequest.ProtoReflect.Descriptor instead.
 func (*UploadBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{17}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *UploadBackupRequest) GetMsg() isUploadBackupRequest_Msg {
@@ -1751,7 +1878,7 @@ type UploadHeader struct {
 
 func (x *UploadHeader) Reset() {
 	*x = UploadHeader{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1890,7 @@ func (x *UploadHeader) String() string {
 func (*UploadHeader) ProtoMessage() {}
 
 func (x *UploadHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1903,7 @@ func (x *UploadHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadHeader.ProtoReflect.Descriptor instead.
 func (*UploadHeader) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{18}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UploadHeader) GetName() string {
@@ -1893,7 +2020,7 @@ type UploadTrailer struct {
 
 func (x *UploadTrailer) Reset() {
 	*x = UploadTrailer{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1905,7 +2032,7 @@ func (x *UploadTrailer) String() string {
 func (*UploadTrailer) ProtoMessage() {}
 
 func (x *UploadTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1918,7 +2045,7 @@ func (x *UploadTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadTrailer.ProtoReflect.Descriptor instead.
 func (*UploadTrailer) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{19}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *UploadTrailer) GetSize() int64 {
@@ -1965,7 +2092,7 @@ type UploadBackupResponse struct {
 
 func (x *UploadBackupResponse) Reset() {
 	*x = UploadBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2104,7 @@ func (x *UploadBackupResponse) String() string {
 func (*UploadBackupResponse) ProtoMessage() {}
 
 func (x *UploadBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2117,7 @@ func (x *UploadBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadBackupResponse.ProtoReflect.Descriptor instead.
 func (*UploadBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{20}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UploadBackupResponse) GetBackup() *Backup {
@@ -2018,7 +2145,7 @@ type DownloadBackupRequest struct {
 
 func (x *DownloadBackupRequest) Reset() {
 	*x = DownloadBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2030,7 +2157,7 @@ func (x *DownloadBackupRequest) String() string {
 func (*DownloadBackupRequest) ProtoMessage() {}
 
 func (x *DownloadBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2043,7 +2170,7 @@ func (x *DownloadBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadBackupRequest.ProtoReflect.Descriptor instead.
 func (*DownloadBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{21}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DownloadBackupRequest) GetName() string {
@@ -2087,7 +2214,7 @@ type DownloadBackupResponse struct {
 
 func (x *DownloadBackupResponse) Reset() {
 	*x = DownloadBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2226,7 @@ func (x *DownloadBackupResponse) String() string {
 func (*DownloadBackupResponse) ProtoMessage() {}
 
 func (x *DownloadBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2239,7 @@ func (x *DownloadBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadBackupResponse.ProtoReflect.Descriptor instead.
 func (*DownloadBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{22}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DownloadBackupResponse) GetMsg() isDownloadBackupResponse_Msg {
@@ -2174,7 +2301,7 @@ type DownloadHeader struct {
 
 func (x *DownloadHeader) Reset() {
 	*x = DownloadHeader{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2186,7 +2313,7 @@ func (x *DownloadHeader) String() string {
 func (*DownloadHeader) ProtoMessage() {}
 
 func (x *DownloadHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2199,7 +2326,7 @@ func (x *DownloadHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadHeader.ProtoReflect.Descriptor instead.
 func (*DownloadHeader) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{23}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DownloadHeader) GetBackup() *Backup {
@@ -2234,7 +2361,7 @@ type DrillBackupRequest struct {
 
 func (x *DrillBackupRequest) Reset() {
 	*x = DrillBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2246,7 +2373,7 @@ func (x *DrillBackupRequest) String() string {
 func (*DrillBackupRequest) ProtoMessage() {}
 
 func (x *DrillBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2259,7 +2386,7 @@ func (x *DrillBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrillBackupRequest.ProtoReflect.Descriptor instead.
 func (*DrillBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{24}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DrillBackupRequest) GetName() string {
@@ -2289,7 +2416,7 @@ type DrillBackupResponse struct {
 
 func (x *DrillBackupResponse) Reset() {
 	*x = DrillBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2301,7 +2428,7 @@ func (x *DrillBackupResponse) String() string {
 func (*DrillBackupResponse) ProtoMessage() {}
 
 func (x *DrillBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2314,7 +2441,7 @@ func (x *DrillBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrillBackupResponse.ProtoReflect.Descriptor instead.
 func (*DrillBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{25}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DrillBackupResponse) GetJob() string {
@@ -2348,7 +2475,7 @@ type CreateBackupRequest struct {
 
 func (x *CreateBackupRequest) Reset() {
 	*x = CreateBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2360,7 +2487,7 @@ func (x *CreateBackupRequest) String() string {
 func (*CreateBackupRequest) ProtoMessage() {}
 
 func (x *CreateBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2373,7 +2500,7 @@ func (x *CreateBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBackupRequest.ProtoReflect.Descriptor instead.
 func (*CreateBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{26}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateBackupRequest) GetName() string {
@@ -2420,7 +2547,7 @@ type CreateBackupResponse struct {
 
 func (x *CreateBackupResponse) Reset() {
 	*x = CreateBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2432,7 +2559,7 @@ func (x *CreateBackupResponse) String() string {
 func (*CreateBackupResponse) ProtoMessage() {}
 
 func (x *CreateBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2445,7 +2572,7 @@ func (x *CreateBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBackupResponse.ProtoReflect.Descriptor instead.
 func (*CreateBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{27}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CreateBackupResponse) GetBackup() *Backup {
@@ -2467,7 +2594,7 @@ type GetBackupLogsRequest struct {
 
 func (x *GetBackupLogsRequest) Reset() {
 	*x = GetBackupLogsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2606,7 @@ func (x *GetBackupLogsRequest) String() string {
 func (*GetBackupLogsRequest) ProtoMessage() {}
 
 func (x *GetBackupLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,7 +2619,7 @@ func (x *GetBackupLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupLogsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{28}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetBackupLogsRequest) GetName() string {
@@ -2526,7 +2653,7 @@ type GetBackupLogsResponse struct {
 
 func (x *GetBackupLogsResponse) Reset() {
 	*x = GetBackupLogsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2538,7 +2665,7 @@ func (x *GetBackupLogsResponse) String() string {
 func (*GetBackupLogsResponse) ProtoMessage() {}
 
 func (x *GetBackupLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2551,7 +2678,7 @@ func (x *GetBackupLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupLogsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{29}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetBackupLogsResponse) GetData() []byte {
@@ -2571,7 +2698,7 @@ type VerifyBackupRequest struct {
 
 func (x *VerifyBackupRequest) Reset() {
 	*x = VerifyBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2583,7 +2710,7 @@ func (x *VerifyBackupRequest) String() string {
 func (*VerifyBackupRequest) ProtoMessage() {}
 
 func (x *VerifyBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2596,7 +2723,7 @@ func (x *VerifyBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyBackupRequest.ProtoReflect.Descriptor instead.
 func (*VerifyBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{30}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *VerifyBackupRequest) GetName() string {
@@ -2638,7 +2765,7 @@ type VerifyBackupResponse struct {
 
 func (x *VerifyBackupResponse) Reset() {
 	*x = VerifyBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2650,7 +2777,7 @@ func (x *VerifyBackupResponse) String() string {
 func (*VerifyBackupResponse) ProtoMessage() {}
 
 func (x *VerifyBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2663,7 +2790,7 @@ func (x *VerifyBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyBackupResponse.ProtoReflect.Descriptor instead.
 func (*VerifyBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{31}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *VerifyBackupResponse) GetBackup() *Backup {
@@ -2763,7 +2890,7 @@ type RestoreBackupRequest struct {
 
 func (x *RestoreBackupRequest) Reset() {
 	*x = RestoreBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2775,7 +2902,7 @@ func (x *RestoreBackupRequest) String() string {
 func (*RestoreBackupRequest) ProtoMessage() {}
 
 func (x *RestoreBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2788,7 +2915,7 @@ func (x *RestoreBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreBackupRequest.ProtoReflect.Descriptor instead.
 func (*RestoreBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{32}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RestoreBackupRequest) GetName() string {
@@ -2868,16 +2995,19 @@ type RestoreBackupResponse struct {
 	// For a restore to a point: the full backup picked, the delta segments
 	// replayed after it (in order) and the revision the keyspace is
 	// restored to (before the bump).
-	Backup        string   `protobuf:"bytes,2,opt,name=backup,proto3" json:"backup,omitempty"`
-	Segments      []string `protobuf:"bytes,3,rep,name=segments,proto3" json:"segments,omitempty"`
-	ToRevision    int64    `protobuf:"varint,4,opt,name=to_revision,json=toRevision,proto3" json:"to_revision,omitempty"`
+	Backup     string   `protobuf:"bytes,2,opt,name=backup,proto3" json:"backup,omitempty"`
+	Segments   []string `protobuf:"bytes,3,rep,name=segments,proto3" json:"segments,omitempty"`
+	ToRevision int64    `protobuf:"varint,4,opt,name=to_revision,json=toRevision,proto3" json:"to_revision,omitempty"`
+	// What the operator should know about the plan (a delta agent's clock
+	// found off the server's, by how much).
+	Warnings      []string `protobuf:"bytes,5,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RestoreBackupResponse) Reset() {
 	*x = RestoreBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2889,7 +3019,7 @@ func (x *RestoreBackupResponse) String() string {
 func (*RestoreBackupResponse) ProtoMessage() {}
 
 func (x *RestoreBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2902,7 +3032,7 @@ func (x *RestoreBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreBackupResponse.ProtoReflect.Descriptor instead.
 func (*RestoreBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{33}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *RestoreBackupResponse) GetMembers() []*MemberRestore {
@@ -2931,6 +3061,13 @@ func (x *RestoreBackupResponse) GetToRevision() int64 {
 		return x.ToRevision
 	}
 	return 0
+}
+
+func (x *RestoreBackupResponse) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
 }
 
 // MemberRestore is the restore of one member's data directory.
@@ -2962,7 +3099,7 @@ type MemberRestore struct {
 
 func (x *MemberRestore) Reset() {
 	*x = MemberRestore{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2974,7 +3111,7 @@ func (x *MemberRestore) String() string {
 func (*MemberRestore) ProtoMessage() {}
 
 func (x *MemberRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2987,7 +3124,7 @@ func (x *MemberRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberRestore.ProtoReflect.Descriptor instead.
 func (*MemberRestore) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{34}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *MemberRestore) GetMember() string {
@@ -3078,7 +3215,7 @@ type GetRestoreRequest struct {
 
 func (x *GetRestoreRequest) Reset() {
 	*x = GetRestoreRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3090,7 +3227,7 @@ func (x *GetRestoreRequest) String() string {
 func (*GetRestoreRequest) ProtoMessage() {}
 
 func (x *GetRestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3103,7 +3240,7 @@ func (x *GetRestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRestoreRequest.ProtoReflect.Descriptor instead.
 func (*GetRestoreRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{35}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetRestoreRequest) GetName() string {
@@ -3136,7 +3273,7 @@ type GetRestoreResponse struct {
 
 func (x *GetRestoreResponse) Reset() {
 	*x = GetRestoreResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3148,7 +3285,7 @@ func (x *GetRestoreResponse) String() string {
 func (*GetRestoreResponse) ProtoMessage() {}
 
 func (x *GetRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3161,7 +3298,7 @@ func (x *GetRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRestoreResponse.ProtoReflect.Descriptor instead.
 func (*GetRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{36}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetRestoreResponse) GetMembers() []*MemberRestore {
@@ -3181,7 +3318,7 @@ type GetBackupEventsRequest struct {
 
 func (x *GetBackupEventsRequest) Reset() {
 	*x = GetBackupEventsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3193,7 +3330,7 @@ func (x *GetBackupEventsRequest) String() string {
 func (*GetBackupEventsRequest) ProtoMessage() {}
 
 func (x *GetBackupEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3206,7 +3343,7 @@ func (x *GetBackupEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupEventsRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupEventsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{37}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetBackupEventsRequest) GetName() string {
@@ -3235,7 +3372,7 @@ type GetBackupEventsResponse struct {
 
 func (x *GetBackupEventsResponse) Reset() {
 	*x = GetBackupEventsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3247,7 +3384,7 @@ func (x *GetBackupEventsResponse) String() string {
 func (*GetBackupEventsResponse) ProtoMessage() {}
 
 func (x *GetBackupEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3260,7 +3397,7 @@ func (x *GetBackupEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupEventsResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupEventsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{38}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetBackupEventsResponse) GetJobName() string {
@@ -3295,7 +3432,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3307,7 +3444,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3320,7 +3457,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{39}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *JobEvent) GetType() string {
@@ -3390,7 +3527,7 @@ type PruneBackupsRequest struct {
 
 func (x *PruneBackupsRequest) Reset() {
 	*x = PruneBackupsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3402,7 +3539,7 @@ func (x *PruneBackupsRequest) String() string {
 func (*PruneBackupsRequest) ProtoMessage() {}
 
 func (x *PruneBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3415,7 +3552,7 @@ func (x *PruneBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneBackupsRequest.ProtoReflect.Descriptor instead.
 func (*PruneBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{40}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PruneBackupsRequest) GetLocation() string {
@@ -3459,7 +3596,7 @@ type PruneBackupsResponse struct {
 
 func (x *PruneBackupsResponse) Reset() {
 	*x = PruneBackupsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3471,7 +3608,7 @@ func (x *PruneBackupsResponse) String() string {
 func (*PruneBackupsResponse) ProtoMessage() {}
 
 func (x *PruneBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3484,7 +3621,7 @@ func (x *PruneBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneBackupsResponse.ProtoReflect.Descriptor instead.
 func (*PruneBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{41}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PruneBackupsResponse) GetPruned() []*Backup {
@@ -3555,7 +3692,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x05chain\x18\x16 \x01(\v2\x19.etcdbackup.v1.DeltaChainR\x05chain\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb1\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfb\x03\n" +
 	"\fDeltaSegment\x12\x14\n" +
 	"\x05chain\x18\x01 \x01(\tR\x05chain\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12%\n" +
@@ -3566,7 +3703,18 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\tlast_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\blastTime\x12\x16\n" +
 	"\x06events\x18\a \x01(\x03R\x06events\x12\x1d\n" +
 	"\n" +
-	"end_reason\x18\b \x01(\tR\tendReason\"\xd1\x01\n" +
+	"end_reason\x18\b \x01(\tR\tendReason\x12#\n" +
+	"\rhistory_break\x18\t \x01(\bR\fhistoryBreak\x127\n" +
+	"\tsent_time\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\bsentTime\x120\n" +
+	"\x14clock_offset_seconds\x18\v \x01(\x01R\x12clockOffsetSeconds\x128\n" +
+	"\n" +
+	"last_event\x18\f \x01(\v2\x19.etcdbackup.v1.DeltaEventR\tlastEvent\"[\n" +
+	"\n" +
+	"DeltaEvent\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x18\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted\x12!\n" +
+	"\fvalue_sha256\x18\x03 \x01(\tR\vvalueSha256\"\xb0\x02\n" +
 	"\n" +
 	"DeltaChain\x12\x1a\n" +
 	"\bsegments\x18\x01 \x01(\x03R\bsegments\x12#\n" +
@@ -3575,7 +3723,10 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x14\n" +
 	"\x05epoch\x18\x05 \x01(\x03R\x05epoch\x12\x1d\n" +
 	"\n" +
-	"end_reason\x18\x06 \x01(\tR\tendReason\"\x99\x02\n" +
+	"end_reason\x18\x06 \x01(\tR\tendReason\x128\n" +
+	"\n" +
+	"last_event\x18\a \x01(\v2\x19.etcdbackup.v1.DeltaEventR\tlastEvent\x12#\n" +
+	"\rhistory_break\x18\b \x01(\bR\fhistoryBreak\"\x99\x02\n" +
 	"\fVerification\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x129\n" +
 	"\x06result\x18\x02 \x01(\x0e2!.etcdbackup.v1.VerificationResultR\x06result\x12\x1a\n" +
@@ -3733,13 +3884,14 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\ato_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x06toTime\x12(\n" +
 	"\x10allow_lease_loss\x18\n" +
 	" \x01(\bR\x0eallowLeaseLossB\x10\n" +
-	"\x0e_bump_revision\"\xa4\x01\n" +
+	"\x0e_bump_revision\"\xc0\x01\n" +
 	"\x15RestoreBackupResponse\x126\n" +
 	"\amembers\x18\x01 \x03(\v2\x1c.etcdbackup.v1.MemberRestoreR\amembers\x12\x16\n" +
 	"\x06backup\x18\x02 \x01(\tR\x06backup\x12\x1a\n" +
 	"\bsegments\x18\x03 \x03(\tR\bsegments\x12\x1f\n" +
 	"\vto_revision\x18\x04 \x01(\x03R\n" +
-	"toRevision\"\x86\x03\n" +
+	"toRevision\x12\x1a\n" +
+	"\bwarnings\x18\x05 \x03(\tR\bwarnings\"\x86\x03\n" +
 	"\rMemberRestore\x12\x16\n" +
 	"\x06member\x18\x01 \x01(\tR\x06member\x12\x19\n" +
 	"\bjob_name\x18\x02 \x01(\tR\ajobName\x12\x16\n" +
@@ -3829,7 +3981,7 @@ func file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP() []byte {
 }
 
 var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(BackupPhase)(0),                // 0: etcdbackup.v1.BackupPhase
 	(VerificationResult)(0),         // 1: etcdbackup.v1.VerificationResult
@@ -3841,124 +3993,128 @@ var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(*ServerLimits)(nil),            // 7: etcdbackup.v1.ServerLimits
 	(*Backup)(nil),                  // 8: etcdbackup.v1.Backup
 	(*DeltaSegment)(nil),            // 9: etcdbackup.v1.DeltaSegment
-	(*DeltaChain)(nil),              // 10: etcdbackup.v1.DeltaChain
-	(*Verification)(nil),            // 11: etcdbackup.v1.Verification
-	(*BackupSource)(nil),            // 12: etcdbackup.v1.BackupSource
-	(*EtcdInfo)(nil),                // 13: etcdbackup.v1.EtcdInfo
-	(*ListBackupsRequest)(nil),      // 14: etcdbackup.v1.ListBackupsRequest
-	(*ListBackupsResponse)(nil),     // 15: etcdbackup.v1.ListBackupsResponse
-	(*GetBackupRequest)(nil),        // 16: etcdbackup.v1.GetBackupRequest
-	(*GetBackupResponse)(nil),       // 17: etcdbackup.v1.GetBackupResponse
-	(*DeleteBackupRequest)(nil),     // 18: etcdbackup.v1.DeleteBackupRequest
-	(*DeleteBackupResponse)(nil),    // 19: etcdbackup.v1.DeleteBackupResponse
-	(*UploadBackupRequest)(nil),     // 20: etcdbackup.v1.UploadBackupRequest
-	(*UploadHeader)(nil),            // 21: etcdbackup.v1.UploadHeader
-	(*UploadTrailer)(nil),           // 22: etcdbackup.v1.UploadTrailer
-	(*UploadBackupResponse)(nil),    // 23: etcdbackup.v1.UploadBackupResponse
-	(*DownloadBackupRequest)(nil),   // 24: etcdbackup.v1.DownloadBackupRequest
-	(*DownloadBackupResponse)(nil),  // 25: etcdbackup.v1.DownloadBackupResponse
-	(*DownloadHeader)(nil),          // 26: etcdbackup.v1.DownloadHeader
-	(*DrillBackupRequest)(nil),      // 27: etcdbackup.v1.DrillBackupRequest
-	(*DrillBackupResponse)(nil),     // 28: etcdbackup.v1.DrillBackupResponse
-	(*CreateBackupRequest)(nil),     // 29: etcdbackup.v1.CreateBackupRequest
-	(*CreateBackupResponse)(nil),    // 30: etcdbackup.v1.CreateBackupResponse
-	(*GetBackupLogsRequest)(nil),    // 31: etcdbackup.v1.GetBackupLogsRequest
-	(*GetBackupLogsResponse)(nil),   // 32: etcdbackup.v1.GetBackupLogsResponse
-	(*VerifyBackupRequest)(nil),     // 33: etcdbackup.v1.VerifyBackupRequest
-	(*VerifyBackupResponse)(nil),    // 34: etcdbackup.v1.VerifyBackupResponse
-	(*RestoreBackupRequest)(nil),    // 35: etcdbackup.v1.RestoreBackupRequest
-	(*RestoreBackupResponse)(nil),   // 36: etcdbackup.v1.RestoreBackupResponse
-	(*MemberRestore)(nil),           // 37: etcdbackup.v1.MemberRestore
-	(*GetRestoreRequest)(nil),       // 38: etcdbackup.v1.GetRestoreRequest
-	(*GetRestoreResponse)(nil),      // 39: etcdbackup.v1.GetRestoreResponse
-	(*GetBackupEventsRequest)(nil),  // 40: etcdbackup.v1.GetBackupEventsRequest
-	(*GetBackupEventsResponse)(nil), // 41: etcdbackup.v1.GetBackupEventsResponse
-	(*JobEvent)(nil),                // 42: etcdbackup.v1.JobEvent
-	(*PruneBackupsRequest)(nil),     // 43: etcdbackup.v1.PruneBackupsRequest
-	(*PruneBackupsResponse)(nil),    // 44: etcdbackup.v1.PruneBackupsResponse
-	nil,                             // 45: etcdbackup.v1.Backup.LabelsEntry
-	nil,                             // 46: etcdbackup.v1.UploadHeader.LabelsEntry
-	nil,                             // 47: etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),   // 48: google.protobuf.Timestamp
+	(*DeltaEvent)(nil),              // 10: etcdbackup.v1.DeltaEvent
+	(*DeltaChain)(nil),              // 11: etcdbackup.v1.DeltaChain
+	(*Verification)(nil),            // 12: etcdbackup.v1.Verification
+	(*BackupSource)(nil),            // 13: etcdbackup.v1.BackupSource
+	(*EtcdInfo)(nil),                // 14: etcdbackup.v1.EtcdInfo
+	(*ListBackupsRequest)(nil),      // 15: etcdbackup.v1.ListBackupsRequest
+	(*ListBackupsResponse)(nil),     // 16: etcdbackup.v1.ListBackupsResponse
+	(*GetBackupRequest)(nil),        // 17: etcdbackup.v1.GetBackupRequest
+	(*GetBackupResponse)(nil),       // 18: etcdbackup.v1.GetBackupResponse
+	(*DeleteBackupRequest)(nil),     // 19: etcdbackup.v1.DeleteBackupRequest
+	(*DeleteBackupResponse)(nil),    // 20: etcdbackup.v1.DeleteBackupResponse
+	(*UploadBackupRequest)(nil),     // 21: etcdbackup.v1.UploadBackupRequest
+	(*UploadHeader)(nil),            // 22: etcdbackup.v1.UploadHeader
+	(*UploadTrailer)(nil),           // 23: etcdbackup.v1.UploadTrailer
+	(*UploadBackupResponse)(nil),    // 24: etcdbackup.v1.UploadBackupResponse
+	(*DownloadBackupRequest)(nil),   // 25: etcdbackup.v1.DownloadBackupRequest
+	(*DownloadBackupResponse)(nil),  // 26: etcdbackup.v1.DownloadBackupResponse
+	(*DownloadHeader)(nil),          // 27: etcdbackup.v1.DownloadHeader
+	(*DrillBackupRequest)(nil),      // 28: etcdbackup.v1.DrillBackupRequest
+	(*DrillBackupResponse)(nil),     // 29: etcdbackup.v1.DrillBackupResponse
+	(*CreateBackupRequest)(nil),     // 30: etcdbackup.v1.CreateBackupRequest
+	(*CreateBackupResponse)(nil),    // 31: etcdbackup.v1.CreateBackupResponse
+	(*GetBackupLogsRequest)(nil),    // 32: etcdbackup.v1.GetBackupLogsRequest
+	(*GetBackupLogsResponse)(nil),   // 33: etcdbackup.v1.GetBackupLogsResponse
+	(*VerifyBackupRequest)(nil),     // 34: etcdbackup.v1.VerifyBackupRequest
+	(*VerifyBackupResponse)(nil),    // 35: etcdbackup.v1.VerifyBackupResponse
+	(*RestoreBackupRequest)(nil),    // 36: etcdbackup.v1.RestoreBackupRequest
+	(*RestoreBackupResponse)(nil),   // 37: etcdbackup.v1.RestoreBackupResponse
+	(*MemberRestore)(nil),           // 38: etcdbackup.v1.MemberRestore
+	(*GetRestoreRequest)(nil),       // 39: etcdbackup.v1.GetRestoreRequest
+	(*GetRestoreResponse)(nil),      // 40: etcdbackup.v1.GetRestoreResponse
+	(*GetBackupEventsRequest)(nil),  // 41: etcdbackup.v1.GetBackupEventsRequest
+	(*GetBackupEventsResponse)(nil), // 42: etcdbackup.v1.GetBackupEventsResponse
+	(*JobEvent)(nil),                // 43: etcdbackup.v1.JobEvent
+	(*PruneBackupsRequest)(nil),     // 44: etcdbackup.v1.PruneBackupsRequest
+	(*PruneBackupsResponse)(nil),    // 45: etcdbackup.v1.PruneBackupsResponse
+	nil,                             // 46: etcdbackup.v1.Backup.LabelsEntry
+	nil,                             // 47: etcdbackup.v1.UploadHeader.LabelsEntry
+	nil,                             // 48: etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 49: google.protobuf.Timestamp
 }
 var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	6,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
 	7,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
 	5,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
 	0,  // 3: etcdbackup.v1.Backup.phase:type_name -> etcdbackup.v1.BackupPhase
-	48, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
-	45, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
-	12, // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
-	13, // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	11, // 8: etcdbackup.v1.Backup.verification:type_name -> etcdbackup.v1.Verification
+	49, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
+	46, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
+	13, // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
+	14, // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	12, // 8: etcdbackup.v1.Backup.verification:type_name -> etcdbackup.v1.Verification
 	9,  // 9: etcdbackup.v1.Backup.delta:type_name -> etcdbackup.v1.DeltaSegment
-	10, // 10: etcdbackup.v1.Backup.chain:type_name -> etcdbackup.v1.DeltaChain
-	48, // 11: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
-	48, // 12: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
-	48, // 13: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
-	48, // 14: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
-	1,  // 15: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
-	48, // 16: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
-	48, // 17: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
-	48, // 18: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
-	8,  // 19: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
-	8,  // 20: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	21, // 21: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
-	22, // 22: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	46, // 23: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
-	12, // 24: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
-	13, // 25: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	9,  // 26: etcdbackup.v1.UploadHeader.delta:type_name -> etcdbackup.v1.DeltaSegment
-	13, // 27: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	8,  // 28: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	26, // 29: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
-	8,  // 30: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	48, // 31: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
-	47, // 32: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	8,  // 33: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	8,  // 34: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	48, // 35: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
-	37, // 36: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	2,  // 37: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
-	37, // 38: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	42, // 39: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
-	48, // 40: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
-	48, // 41: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
-	8,  // 42: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
-	8,  // 43: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
-	3,  // 44: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	14, // 45: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	16, // 46: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	18, // 47: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	20, // 48: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	24, // 49: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	29, // 50: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	31, // 51: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	33, // 52: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	35, // 53: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
-	38, // 54: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
-	27, // 55: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
-	40, // 56: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
-	43, // 57: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
-	4,  // 58: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	15, // 59: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	17, // 60: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	19, // 61: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	23, // 62: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	25, // 63: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	30, // 64: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	32, // 65: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	34, // 66: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	36, // 67: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
-	39, // 68: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
-	28, // 69: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
-	41, // 70: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
-	44, // 71: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
-	58, // [58:72] is the sub-list for method output_type
-	44, // [44:58] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	11, // 10: etcdbackup.v1.Backup.chain:type_name -> etcdbackup.v1.DeltaChain
+	49, // 11: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
+	49, // 12: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
+	49, // 13: etcdbackup.v1.DeltaSegment.sent_time:type_name -> google.protobuf.Timestamp
+	10, // 14: etcdbackup.v1.DeltaSegment.last_event:type_name -> etcdbackup.v1.DeltaEvent
+	49, // 15: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
+	10, // 16: etcdbackup.v1.DeltaChain.last_event:type_name -> etcdbackup.v1.DeltaEvent
+	49, // 17: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
+	1,  // 18: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
+	49, // 19: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
+	49, // 20: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
+	49, // 21: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
+	8,  // 22: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
+	8,  // 23: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	22, // 24: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
+	23, // 25: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
+	47, // 26: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	13, // 27: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
+	14, // 28: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	9,  // 29: etcdbackup.v1.UploadHeader.delta:type_name -> etcdbackup.v1.DeltaSegment
+	14, // 30: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	8,  // 31: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	27, // 32: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
+	8,  // 33: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
+	49, // 34: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
+	48, // 35: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	8,  // 36: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	8,  // 37: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	49, // 38: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
+	38, // 39: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	2,  // 40: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
+	38, // 41: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	43, // 42: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
+	49, // 43: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
+	49, // 44: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
+	8,  // 45: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
+	8,  // 46: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
+	3,  // 47: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	15, // 48: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	17, // 49: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	19, // 50: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	21, // 51: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	25, // 52: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	30, // 53: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	32, // 54: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	34, // 55: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	36, // 56: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	39, // 57: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	28, // 58: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
+	41, // 59: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
+	44, // 60: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
+	4,  // 61: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	16, // 62: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	18, // 63: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	20, // 64: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	24, // 65: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	26, // 66: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	31, // 67: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	33, // 68: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	35, // 69: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	37, // 70: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	40, // 71: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	29, // 72: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
+	42, // 73: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
+	45, // 74: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
+	61, // [61:75] is the sub-list for method output_type
+	47, // [47:61] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -3966,24 +4122,24 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 	if File_etcdbackup_v1_etcdbackup_proto != nil {
 		return
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[17].OneofWrappers = []any{
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[18].OneofWrappers = []any{
 		(*UploadBackupRequest_Header)(nil),
 		(*UploadBackupRequest_Chunk)(nil),
 		(*UploadBackupRequest_Trailer)(nil),
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[18].OneofWrappers = []any{}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[22].OneofWrappers = []any{
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[19].OneofWrappers = []any{}
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[23].OneofWrappers = []any{
 		(*DownloadBackupResponse_Header)(nil),
 		(*DownloadBackupResponse_Chunk)(nil),
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[32].OneofWrappers = []any{}
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdbackup_v1_etcdbackup_proto_rawDesc), len(file_etcdbackup_v1_etcdbackup_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   45,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

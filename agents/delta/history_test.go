@@ -1,0 +1,132 @@
+package delta_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	agent "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
+)
+
+// A chain whose stored end is ahead of etcd (etcd restored without a
+// revision bump, or re-created): the agent must not wait for etcd to
+// reach the chain's next revision and append the new history to the old
+// chain; it ends the chain as a history break, storing nothing of the new
+// history (review finding 2).
+func TestChainEndsWhenEtcdIsBehindTheChain(t *testing.T) {
+	te := etcdtest.Start(t, false)
+	c := te.Client(t)
+	ctx := context.Background()
+	cur := rev(t, c)
+	store := &memStore{start: cur + 50}
+	r := start(ctx, agent.Options{Etcd: c, Store: store, Chain: "full-1", Epoch: epoch1, Period: 100 * time.Millisecond})
+	for i := range 100 {
+		if _, err := c.Put(ctx, fmt.Sprintf("/new/%03d", i), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := r.wait(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	segs := store.segments()
+	if len(segs) != 1 || segs[0].Summary.Revisions != 0 || !segs[0].HistoryBreak {
+		t.Fatalf("stored %d segments (first: %+v); want only an end segment marking a history break", len(segs), segs)
+	}
+	if !strings.Contains(res.ChainEnded, "went back") || !strings.Contains(res.ChainEnded, fmt.Sprint(cur+49)) {
+		t.Fatalf("chain ended: %q; want it to say etcd's revision went back below %d", res.ChainEnded, cur+49)
+	}
+}
+
+// etcd's history grew past the chain's end while no agent ran, with other
+// writes: the revision the chain ends at holds another write, so the
+// chain ends there (review finding 2, a reinstalled etcd).
+func TestChainEndsWhenEtcdHoldsAnotherWriteAtItsEnd(t *testing.T) {
+	te := etcdtest.Start(t, false)
+	c := te.Client(t)
+	ctx := context.Background()
+	resp, err := c.Put(ctx, "/app/config", "new history")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := resp.Header.Revision
+	old := sha256.Sum256([]byte("old history"))
+	store := &memStore{start: held + 1, stored: []agent.Segment{{
+		Name:      agent.SegmentName("full-1", held),
+		Summary:   delta.Summary{Header: delta.Header{Chain: "full-1", Epoch: 1, FirstRevision: held}, LastRevision: held, Revisions: 1, Events: 1},
+		LastEvent: &agent.Event{Key: []byte("/app/config"), ValueSHA256: hex.EncodeToString(old[:])},
+	}}}
+	res, err := start(ctx, agent.Options{Etcd: c, Store: store, Chain: "full-1", Epoch: epoch1}).wait(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(res.ChainEnded, "another write at revision") || !strings.Contains(res.ChainEnded, "/app/config") {
+		t.Fatalf("chain ended: %q; want it to name the write that differs", res.ChainEnded)
+	}
+	if segs := store.segments(); len(segs) != 2 || !segs[1].HistoryBreak {
+		t.Fatalf("stored %+v; want the end segment marking a history break", segs)
+	}
+
+	// The same write: the chain goes on.
+	same := sha256.Sum256([]byte("new history"))
+	store = &memStore{start: held + 1, stored: []agent.Segment{{
+		Name:      agent.SegmentName("full-1", held),
+		Summary:   delta.Summary{Header: delta.Header{Chain: "full-1", Epoch: 1, FirstRevision: held}, LastRevision: held, Revisions: 1, Events: 1},
+		LastEvent: &agent.Event{Key: []byte("/app/config"), ValueSHA256: hex.EncodeToString(same[:])},
+	}}}
+	runCtx, stop := context.WithCancel(ctx)
+	r := start(runCtx, agent.Options{Etcd: c, Store: store, Chain: "full-1", Epoch: epoch1, Period: 50 * time.Millisecond})
+	next, err := c.Put(ctx, "/app/more", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the next revision stored", func() bool { return store.last() >= next.Header.Revision })
+	stop()
+	if res, err := r.wait(t); err != nil || res.ChainEnded != "" {
+		t.Fatalf("capture on the same history: %+v, %v", res, err)
+	}
+}
+
+// An etcd of another cluster under the target's name ends the chain.
+func TestChainEndsOnAnotherCluster(t *testing.T) {
+	te := etcdtest.Start(t, false)
+	c := te.Client(t)
+	store := &memStore{start: rev(t, c) + 1, clusterID: 0x1234}
+	res, err := start(context.Background(), agent.Options{Etcd: c, Store: store, Chain: "full-1", Epoch: epoch1}).wait(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(res.ChainEnded, "cluster 1234") || len(store.segments()) != 1 || !store.segments()[0].HistoryBreak {
+		t.Fatalf("chain ended %q, stored %+v; want a history break naming the full's cluster", res.ChainEnded, store.segments())
+	}
+}
+
+// A writer whose Lease was re-created (its transitions back at 0) never
+// records an epoch older than the chain's (review finding 7).
+func TestEpochsOnlyGrow(t *testing.T) {
+	te := etcdtest.Start(t, false)
+	c := te.Client(t)
+	ctx, stop := context.WithCancel(context.Background())
+	store := &memStore{start: rev(t, c) + 1, epoch: 6}
+	r := start(ctx, agent.Options{Etcd: c, Store: store, Chain: "full-1", Epoch: func() int64 { return 0 }, Period: 50 * time.Millisecond})
+	resp, err := c.Put(context.Background(), "k", "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the write stored", func() bool { return store.last() >= resp.Header.Revision })
+	stop()
+	if _, err := r.wait(t); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range store.segments() {
+		if s.Summary.Epoch != 6 {
+			t.Fatalf("segment %s records epoch %d after the chain's 6", s.Name, s.Summary.Epoch)
+		}
+	}
+}

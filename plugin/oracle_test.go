@@ -1,0 +1,377 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	etcdsnapshot "go.etcd.io/etcd/client/v3/snapshot"
+	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	agentdelta "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+)
+
+// Environment variables of TestPointRestoreOracle: the seed (printed on
+// every run) and how long it restores and compares points.
+const (
+	oracleSeedEnv   = "ETCDBACKUP_ORACLE_SEED"
+	oracleBudgetEnv = "ETCDBACKUP_ORACLE_BUDGET"
+)
+
+// TestPointRestoreOracle restores points of a real etcd under a random,
+// seeded workload — puts of small and large values, deletes, range
+// deletes, multi-operation transactions, leases granted, revoked and
+// expiring, a compaction — captured by real delta agents into a real
+// server while the agent is killed and its Lease taken over, and a new
+// full backup is taken mid-stream whose chain's agent starts later, as
+// the controller starts it. Every point restored with the real command
+// is compared key by key (value, create and mod revision, version,
+// lease) with what etcd itself answered at that revision, read as the
+// workload ran, before any compaction. Time points are taken right after
+// writes stored on the old chain after the new full was taken (the
+// window where the new chain has not caught up): each must hold that
+// write. It checks points for ETCDBACKUP_ORACLE_BUDGET (default 45s)
+// after the workload; ETCDBACKUP_ORACLE_SEED replays a run.
+func TestPointRestoreOracle(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv(oracleSeedEnv); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", oracleSeedEnv, s, err)
+		}
+		seed = v
+	}
+	budget := 45 * time.Second
+	if s := os.Getenv(oracleBudgetEnv); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", oracleBudgetEnv, s, err)
+		}
+		budget = d
+	}
+	t.Logf("seed %d: %s=%d reproduces this run", seed, oracleSeedEnv, seed)
+	defer func() {
+		if t.Failed() {
+			t.Logf("failed with seed %d: rerun with %s=%d", seed, oracleSeedEnv, seed)
+		}
+	}()
+	o := newOracle(t, seed)
+	ctx := context.Background()
+
+	// Phase A: the first chain, its agent killed once and the Lease
+	// taken over (transitions +1), a compaction behind the agent.
+	stop := o.runAgent(t, o.w.store, "cp-full")
+	o.workload(t, 60)
+	o.w.waitStored(t, o.last, time.Minute)
+	stop()
+	o.w.fence.transitions.Add(1)
+	stop = o.runAgent(t, o.w.store, "cp-full")
+	o.workload(t, 60)
+	o.w.waitStored(t, o.last, time.Minute)
+	if _, err := o.w.etcd.Compact(ctx, o.last-10); err != nil {
+		t.Fatal(err)
+	}
+
+	// Phase B: a new full is taken while the first chain's agent runs;
+	// writes after it are stored on the first chain only, each one
+	// waited for, so that its stamp is its segment's last.
+	full2 := o.takeFull(t, "cp-full2")
+	type timed struct {
+		rev int64
+		at  time.Time
+	}
+	var afterFull []timed
+	for range 4 {
+		o.workload(t, 1)
+		o.w.waitStored(t, o.last, time.Minute)
+		afterFull = append(afterFull, timed{rev: o.last, at: o.stampOf(t, "cp-full", o.last)})
+	}
+	o.w.waitStored(t, o.last, time.Minute)
+	stop()
+
+	// Phase C: the new chain's agent, started later (a new Lease
+	// holder), catches up from the new full and goes on.
+	o.w.fence.transitions.Add(1)
+	store2 := &agentdelta.ServerStore{Client: o.chain2.AgentClient, Chain: "cp-full2", Target: "cp"}
+	stop = o.runAgent(t, store2, "cp-full2")
+	o.workload(t, 60)
+	waitChain(t, store2, o.last)
+	stop()
+	t.Logf("workload: revisions %d..%d, second full at %d, %d revisions read from etcd", o.w.full, o.last, full2, len(o.want))
+
+	// The points: first the time points right after writes stored after
+	// the new full, then revisions at random, until the budget is spent.
+	deadline := time.Now().Add(budget)
+	checked := 0
+	for _, p := range afterFull {
+		rev := o.point(t, "--to-time", p.at.Format(time.RFC3339Nano))
+		if rev < p.rev {
+			t.Errorf("restore to %s, when revision %d was stored with that time on the old chain: came back at revision %d, without it",
+				p.at.Format(time.RFC3339Nano), p.rev, rev)
+		}
+		checked++
+	}
+	revs := slices.Sorted(func(yield func(int64) bool) {
+		for r := range o.want {
+			if !yield(r) {
+				return
+			}
+		}
+	})
+	o.rng.Shuffle(len(revs), func(i, j int) { revs[i], revs[j] = revs[j], revs[i] })
+	for _, rev := range revs {
+		if time.Now().After(deadline) || t.Failed() {
+			break
+		}
+		if got := o.point(t, "--to-revision", fmt.Sprint(rev)); got != rev {
+			t.Errorf("restore to revision %d came back at revision %d", rev, got)
+		}
+		checked++
+	}
+	t.Logf("checked %d points of %d revisions (seed %d)", checked, len(revs), seed)
+}
+
+// oracle is a captureWorld under a seeded workload, with what etcd
+// answered at each revision the workload made.
+type oracle struct {
+	w   *captureWorld
+	rng *rand.Rand
+	// want is etcd's keyspace at revision, read right after the write.
+	want map[int64][]*mvccpb.KeyValue
+	last int64
+	// leases the workload granted and has not revoked.
+	leases []clientv3.LeaseID
+	// fullUp stores full backups; chain2 is the second chain's agent's
+	// server: replicas of the test's server on its storage, each
+	// admitting its one agent.
+	fullUp, chain2 *servertest.Server
+}
+
+func newOracle(t *testing.T, seed uint64) *oracle {
+	w := newCaptureWorld(t)
+	o := &oracle{w: w, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), want: map[int64][]*mvccpb.KeyValue{}, last: w.full}
+	replica := func(a auth.Agent) *servertest.Server {
+		return servertest.StartWith(t, servertest.Options{
+			Dir:        w.srv.Dir,
+			Targets:    []config.Target{{Name: "cp", Endpoints: []string{"http://127.0.0.1:1"}, InsecurePlaintext: true, Deltas: &config.Deltas{}}},
+			AgentGuard: servertest.AsAgent(a), DeltaFence: w.fence,
+		})
+	}
+	o.fullUp = replica(auth.Agent{Kind: auth.AgentBackup, JobNamespace: serverNS, JobName: "backup-cp-full2", Backup: "cp-full2", Location: "default", Target: "cp"})
+	o.chain2 = replica(auth.Agent{Kind: auth.AgentDelta, JobNamespace: serverNS, JobName: "delta-cp-2", Backup: "cp-full2", Location: "default", Target: "cp", Pod: "delta-pod"})
+	return o
+}
+
+// runAgent runs the real delta agent on chain until the returned stop.
+func (o *oracle) runAgent(t *testing.T, store agentdelta.Store, chain string) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := agentdelta.Run(ctx, agentdelta.Options{Etcd: o.w.etcd, Store: store, Chain: chain,
+			Epoch:  func() int64 { return int64(o.w.fence.transitions.Load()) },
+			Period: 50 * time.Millisecond, Compression: ebv1.CompressionZstd})
+		done <- err
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("delta agent of chain %s: %v", chain, err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// workload makes n random operations, reading etcd's keyspace after each.
+func (o *oracle) workload(t *testing.T, n int) {
+	t.Helper()
+	ctx := context.Background()
+	c := o.w.etcd
+	key := func() string { return fmt.Sprintf("/registry/w/%02d", o.rng.IntN(24)) }
+	value := func() string {
+		size := o.rng.IntN(200)
+		if o.rng.IntN(20) == 0 {
+			size = 64 << 10
+		}
+		b := make([]byte, size)
+		for i := range b {
+			b[i] = byte('a' + o.rng.IntN(26))
+		}
+		return string(b)
+	}
+	for range n {
+		var err error
+		switch op := o.rng.IntN(100); {
+		case op < 45:
+			_, err = c.Put(ctx, key(), value())
+		case op < 55:
+			_, err = c.Delete(ctx, key())
+		case op < 60:
+			_, err = c.Delete(ctx, fmt.Sprintf("/registry/w/%d", o.rng.IntN(3)), clientv3.WithPrefix())
+		case op < 72:
+			k := o.rng.Perm(24) // etcd refuses a key twice in one transaction
+			at := func(i int) string { return fmt.Sprintf("/registry/w/%02d", k[i]) }
+			_, err = c.Txn(ctx).Then(clientv3.OpPut(at(0), value()), clientv3.OpDelete(at(1)), clientv3.OpPut(at(2), value())).Commit()
+		case op < 82:
+			var l *clientv3.LeaseGrantResponse
+			ttl := int64(600)
+			if o.rng.IntN(4) == 0 {
+				ttl = 3 // expires during the run: etcd writes the deletes
+			}
+			if l, err = c.Grant(ctx, ttl); err == nil {
+				if ttl > 3 {
+					o.leases = append(o.leases, l.ID)
+				}
+				_, err = c.Put(ctx, key(), value(), clientv3.WithLease(l.ID))
+			}
+		case op < 90 && len(o.leases) > 0:
+			i := o.rng.IntN(len(o.leases))
+			_, err = c.Revoke(ctx, o.leases[i])
+			o.leases = slices.Delete(o.leases, i, i+1)
+		case op < 95 && len(o.leases) > 0:
+			_, err = c.Put(ctx, key(), value(), clientv3.WithLease(o.leases[o.rng.IntN(len(o.leases))]))
+		default:
+			_, err = c.Put(ctx, "/registry/w/counter", fmt.Sprint(o.rng.Int()))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.read(t)
+	}
+}
+
+// read records etcd's keyspace at its current revision.
+func (o *oracle) read(t *testing.T) {
+	t.Helper()
+	r, err := o.w.etcd.Get(context.Background(), "\x00", clientv3.WithFromKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.want[r.Header.Revision] = r.Kvs
+	o.last = max(o.last, r.Header.Revision)
+}
+
+// takeFull stores a full backup of the etcd now, as its agent does, and
+// returns its revision.
+func (o *oracle) takeFull(t *testing.T, name string) int64 {
+	t.Helper()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), name+".db")
+	cfg := clientv3.Config{Endpoints: o.w.etcd.Endpoints(), Logger: zap.NewNop()}
+	if _, err := etcdsnapshot.SaveWithVersion(ctx, zap.NewNop(), cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	st, err := snapshot.Check(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := o.fullUp.AgentClient.Upload(ctx, f, &ebv1.UploadHeader{Name: name, Etcd: &ebv1.EtcdInfo{Revision: st.Revision, SnapshotStatus: true}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	o.read(t)
+	return st.Revision
+}
+
+// stampOf is the time chain's agent stamped rev with, rev being the last
+// revision of a stored segment.
+func (o *oracle) stampOf(t *testing.T, chain string, rev int64) time.Time {
+	t.Helper()
+	segs, err := listChainSegments(context.Background(), &Connection{Client: o.w.srv.Client}, "", chain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range segs {
+		if s.LastRevision == rev {
+			return s.LastTime
+		}
+	}
+	t.Fatalf("no segment of chain %s ends at revision %d", chain, rev)
+	return time.Time{}
+}
+
+// point runs restoreAndCompare as a subtest, whose cleanup stops the
+// restored member before the next point.
+func (o *oracle) point(t *testing.T, point ...string) (rev int64) {
+	t.Run(fmt.Sprint(point), func(t *testing.T) { rev = o.restoreAndCompare(t, point...) })
+	return rev
+}
+
+var restoredAt = regexp.MustCompile(`as it was at revision (\d+)`)
+
+// restoreAndCompare restores target cp to point with restore --local,
+// compares the restored keyspace with etcd's at the revision it came
+// back at, and returns that revision.
+func (o *oracle) restoreAndCompare(t *testing.T, point ...string) int64 {
+	t.Helper()
+	dataDir := filepath.Join(t.TempDir(), "etcd")
+	peer := freeURL(t)
+	r := mustRun(t, append([]string{"--server-address=" + o.w.srv.Addr, "restore", "--local", "--target", "cp", "--data-dir", dataDir, "--member-name", "m1",
+		"--initial-cluster", "m1=" + peer.String(), "--initial-advertise-peer-urls", peer.String()}, point...)...)
+	m := restoredAt.FindStringSubmatch(r.out)
+	if m == nil {
+		t.Fatalf("restore to %v does not say the revision it restored:\n%s", point, r.out)
+	}
+	rev, _ := strconv.ParseInt(m[1], 10, 64)
+	want, ok := o.want[rev]
+	if !ok {
+		// A revision the workload did not read (a lease's expiry).
+		t.Logf("restore to %v came back at revision %d, which the workload did not read (a lease expired); its keyspace is not compared", point, rev)
+		return rev
+	}
+	restored := startEtcd(t, dataDir, "m1", peer)
+	got, err := restored.Get(context.Background(), "\x00", clientv3.WithFromKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := func(k *mvccpb.KeyValue) string {
+		return fmt.Sprintf("%s=%.40q create=%d mod=%d version=%d lease=%x", k.Key, k.Value, k.CreateRevision, k.ModRevision, k.Version, k.Lease)
+	}
+	if len(got.Kvs) != len(want) {
+		t.Errorf("restore to %v (revision %d): %d keys, etcd had %d", point, rev, len(got.Kvs), len(want))
+	}
+	for i := range min(len(got.Kvs), len(want)) {
+		if g, w := kv(got.Kvs[i]), kv(want[i]); g != w {
+			t.Errorf("restore to %v (revision %d), key %d:\n restored %s\n etcd     %s", point, rev, i, g, w)
+			break
+		}
+	}
+	return rev
+}
+
+// waitChain waits until store's chain holds rev.
+func waitChain(t *testing.T, store *agentdelta.ServerStore, rev int64) {
+	t.Helper()
+	var next int64
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		var err error
+		next, _, err = store.Position(ctx)
+		return next > rev, err
+	})
+	if err != nil {
+		t.Fatalf("chain %s reached revision %d, want %d: %v", store.Chain, next-1, rev, err)
+	}
+}
