@@ -26,6 +26,9 @@ type SegmentInfo struct {
 	// ClockOffset is how far the server found the writing agent's clock
 	// behind its own (negative: ahead) when the segment arrived.
 	ClockOffset time.Duration
+	// AuthRevision is etcd's auth revision when the segment was stored
+	// (0: unknown).
+	AuthRevision uint64
 }
 
 // empty says the segment holds no revision.
@@ -39,6 +42,9 @@ type FullInfo struct {
 	// Time is when its snapshot was taken (the source's start time).
 	Time   time.Time
 	Target string
+	// AuthRevision is etcd's auth revision right after the snapshot (0:
+	// unknown).
+	AuthRevision uint64
 }
 
 // Point is a restore target: Revision > 0, or Time non-zero, or neither
@@ -272,15 +278,44 @@ func Plan(fulls []FullInfo, chains map[string][]SegmentInfo, p Point) (PlanResul
 	if len(rs) == 0 {
 		return PlanResult{}, fmt.Errorf("%w: no full backup to start from", ErrNotRecoverable)
 	}
+	var res PlanResult
+	var err error
 	switch {
 	case p.Revision > 0:
-		return planRevision(rs, p, -1)
+		res, err = planRevision(rs, p, -1)
 	case !p.Time.IsZero():
-		return planTime(rs, p)
+		res, err = planTime(rs, p)
 	default:
 		best := newest(rs)
-		return PlanResult{Full: best.full, Segments: best.segs, ToRevision: best.last.Revision, Point: p}, nil
+		res = PlanResult{Full: best.full, Segments: best.segs, ToRevision: best.last.Revision, Point: p}
 	}
+	if err == nil {
+		res.Warnings = append(res.Warnings, authChanged(res)...)
+	}
+	return res, err
+}
+
+// authChanged warns when etcd's auth revision moved between the full and
+// a segment replayed: users, roles or authentication changed, which the
+// watch stream does not carry, so the restore holds the full's. A
+// segment's revision is read when it is stored, so a change after the
+// point but before that segment was stored warns too: it says "may".
+func authChanged(res PlanResult) []string {
+	from := res.Full.AuthRevision
+	for _, s := range res.Segments {
+		if s.AuthRevision == 0 {
+			continue
+		}
+		if from == 0 {
+			from = s.AuthRevision
+			continue
+		}
+		if s.AuthRevision != from {
+			return []string{fmt.Sprintf("etcd's users, roles or authentication may have changed after backup %s (its auth revision went from %d to %d by segment %s): a restore to a point holds the users and roles of the full backup, not later changes; check them after the restore (etcdctl user list, role list)",
+				res.Full.Name, from, s.AuthRevision, s.Name)}
+		}
+	}
+	return nil
 }
 
 // planRevision plans p.Revision on the newest full at or before it whose

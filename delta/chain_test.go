@@ -259,3 +259,25 @@ func TestPlanWarnsOfASkewedClock(t *testing.T) {
 		t.Fatalf("warnings %q, %v", res.Warnings, err)
 	}
 }
+
+// Users and roles changed after the full (etcd's auth revision moved) are
+// not replayed: a plan through such segments warns; one through segments
+// of the full's auth revision, or of none recorded, does not.
+func TestPlanWarnsOfAuthChanges(t *testing.T) {
+	fulls := []FullInfo{{Name: "f", Revision: 100, Time: t0, AuthRevision: 7}}
+	a, b := seg("f", 1, 101, 150), seg("f", 1, 151, 200)
+	a.AuthRevision, b.AuthRevision = 7, 9
+	chains := map[string][]SegmentInfo{"f": {a, b}}
+	res, err := Plan(fulls, chains, Point{Revision: 120})
+	if err != nil || len(res.Warnings) != 0 {
+		t.Fatalf("point before the change: warnings %q, %v", res.Warnings, err)
+	}
+	res, err = Plan(fulls, chains, Point{Revision: 180})
+	if err != nil || len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "from 7 to 9") || !strings.Contains(res.Warnings[0], "etcdctl user list") {
+		t.Fatalf("point after the change: warnings %q, %v", res.Warnings, err)
+	}
+	b.AuthRevision = 0
+	if res, err = Plan(fulls, map[string][]SegmentInfo{"f": {a, b}}, Point{Revision: 180}); err != nil || len(res.Warnings) != 0 {
+		t.Fatalf("unknown auth revision: warnings %q, %v", res.Warnings, err)
+	}
+}

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -20,9 +21,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	agentdelta "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/fold"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
@@ -110,10 +114,27 @@ func TestPointRestoreOracle(t *testing.T) {
 	o.w.fence.transitions.Add(1)
 	store2 := &agentdelta.ServerStore{Client: o.chain2.AgentClient, Chain: "cp-full2", Target: "cp"}
 	stop = o.runAgent(t, store2, "cp-full2")
-	o.workload(t, 60)
+	o.workload(t, 40)
 	waitChain(t, store2, o.last)
+
+	// Phase D: the second chain is folded while its agent goes on; writes
+	// after the fold are stored on the second chain only; then the fold's
+	// chain starts, later, as the controller starts it.
+	folded := o.fold(t, "cp-full2", o.last)
+	for range 3 {
+		o.workload(t, 1)
+		waitChain(t, store2, o.last)
+		afterFull = append(afterFull, timed{rev: o.last, at: o.stampOf(t, "cp-full2", o.last)})
+	}
 	stop()
-	t.Logf("workload: revisions %d..%d, second full at %d, %d revisions read from etcd", o.w.full, o.last, full2, len(o.want))
+	o.w.fence.transitions.Add(1)
+	chain3 := o.replica(t, auth.Agent{Kind: auth.AgentDelta, JobNamespace: serverNS, JobName: "delta-cp-3", Backup: folded, Location: "default", Target: "cp", Pod: "delta-pod"})
+	store3 := &agentdelta.ServerStore{Client: chain3.AgentClient, Chain: folded, Target: "cp"}
+	stop = o.runAgent(t, store3, folded)
+	o.workload(t, 40)
+	waitChain(t, store3, o.last)
+	stop()
+	t.Logf("workload: revisions %d..%d, second full at %d, fold %s, %d revisions read from etcd", o.w.full, o.last, full2, folded, len(o.want))
 
 	// The points: first the time points right after writes stored after
 	// the new full, then revisions at random, until the budget is spent.
@@ -161,6 +182,44 @@ type oracle struct {
 	// server: replicas of the test's server on its storage, each
 	// admitting its one agent.
 	fullUp, chain2 *servertest.Server
+	// replica starts another, admitting agent a.
+	replica func(t *testing.T, a auth.Agent) *servertest.Server
+}
+
+// fold folds chain up to rev with the real fold agent, as its Job runs it,
+// and returns the new full's name.
+func (o *oracle) fold(t *testing.T, chain string, rev int64) string {
+	t.Helper()
+	ctx := context.Background()
+	resp, err := o.w.srv.Client.Backups.ListBackups(ctx, &ebv1.ListBackupsRequest{Chain: chain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, err := o.w.srv.Client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: chain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := fold.Inputs{Full: restore.SegmentRef{Name: chain, SHA256: full.GetBackup().GetSha256()}, ToRevision: rev}
+	segs := resp.GetBackups()
+	slices.SortFunc(segs, func(a, b *ebv1.Backup) int {
+		return cmp.Compare(a.GetDelta().GetFirstRevision(), b.GetDelta().GetFirstRevision())
+	})
+	for _, b := range segs {
+		if b.GetDelta().GetFirstRevision() <= rev {
+			in.Segments = append(in.Segments, restore.SegmentRef{Name: b.GetName(), SHA256: b.GetSha256()})
+		}
+	}
+	pins := map[string]string{in.Full.Name: in.Full.SHA256}
+	for _, r := range in.Segments {
+		pins[r.Name] = r.SHA256
+	}
+	name := jobs.FoldName("cp", rev)
+	folder := o.replica(t, auth.Agent{Kind: auth.AgentFold, JobNamespace: serverNS, JobName: "fold-cp", Backup: name, Location: "default", Target: "cp", Inputs: pins})
+	res, err := fold.Run(ctx, folder.AgentClient, fold.Options{Inputs: in, Target: "cp", Name: name, Compression: ebv1.CompressionZstd, ScratchDir: t.TempDir()})
+	if err != nil || !res.Succeeded {
+		t.Fatalf("fold of %s to %d: %+v, %v", chain, rev, res, err)
+	}
+	return name
 }
 
 func newOracle(t *testing.T, seed uint64) *oracle {
@@ -173,6 +232,7 @@ func newOracle(t *testing.T, seed uint64) *oracle {
 			AgentGuard: servertest.AsAgent(a), DeltaFence: w.fence,
 		})
 	}
+	o.replica = func(t *testing.T, a auth.Agent) *servertest.Server { return replica(a) }
 	o.fullUp = replica(auth.Agent{Kind: auth.AgentBackup, JobNamespace: serverNS, JobName: "backup-cp-full2", Backup: "cp-full2", Location: "default", Target: "cp"})
 	o.chain2 = replica(auth.Agent{Kind: auth.AgentDelta, JobNamespace: serverNS, JobName: "delta-cp-2", Backup: "cp-full2", Location: "default", Target: "cp", Pod: "delta-pod"})
 	return o

@@ -64,7 +64,7 @@ func fullInfoOf(b *ebv1.Backup) (delta.FullInfo, bool) {
 	if b.GetSource().GetStartTime() == nil {
 		t = b.GetCreateTime().AsTime()
 	}
-	return delta.FullInfo{Name: b.GetName(), SHA256: b.GetSha256(), Revision: e.GetRevision(), Time: t, Target: b.GetSource().GetTarget()}, true
+	return delta.FullInfo{Name: b.GetName(), SHA256: b.GetSha256(), Revision: e.GetRevision(), Time: t, Target: b.GetSource().GetTarget(), AuthRevision: e.GetAuthRevision()}, true
 }
 
 // listChainSegments lists every segment of chain, every page.
@@ -86,7 +86,8 @@ func listChainSegments(ctx context.Context, conn *Connection, location, chain st
 				FirstRevision: d.GetFirstRevision(), LastRevision: d.GetLastRevision(),
 				FirstTime: stampTime(d.GetFirstTime()), LastTime: stampTime(d.GetLastTime()),
 				Events: d.GetEvents(), EndReason: d.GetEndReason(), HistoryBreak: d.GetHistoryBreak(),
-				ClockOffset: time.Duration(d.GetClockOffsetSeconds() * float64(time.Second)),
+				ClockOffset:  time.Duration(d.GetClockOffsetSeconds() * float64(time.Second)),
+				AuthRevision: d.GetAuthRevision(),
 			})
 		}
 		if resp.GetNextPageToken() == "" {

@@ -124,6 +124,9 @@ type Delta struct {
 	// LastEvent is the first event of the segment's newest revision: an
 	// agent continuing the chain checks etcd still holds it there.
 	LastEvent *DeltaEvent `json:"lastEvent,omitempty"`
+	// AuthRevision is etcd's auth revision when the segment was stored
+	// (0: unknown).
+	AuthRevision uint64 `json:"authRevision,omitempty"`
 }
 
 // DeltaEvent identifies one event: its key, whether it deleted the key,
@@ -210,7 +213,10 @@ type EtcdInfo struct {
 	KeyspaceKeys    int64  `json:"keyspaceKeys,omitempty"`
 	HashKV          uint32 `json:"hashKV,omitempty"`
 	CompactRevision int64  `json:"compactRevision,omitempty"`
-	Keyspace        bool   `json:"keyspace,omitempty"`
+	// AuthRevision is etcd's auth revision right after the snapshot
+	// (0: unknown).
+	AuthRevision uint64 `json:"authRevision,omitempty"`
+	Keyspace     bool   `json:"keyspace,omitempty"`
 }
 
 // Location is one named place where backups are stored. Implementations are

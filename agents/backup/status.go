@@ -33,6 +33,10 @@ type statusCopy struct {
 	ctx      context.Context
 	etcd     *clientv3.Client
 	endpoint string
+	// authRevision is etcd's auth revision read before the snapshot
+	// (0: unknown). AuthStatus goes through raft: asked after the
+	// snapshot it would move the member's consistent index past it.
+	authRevision uint64
 }
 
 // newStatusCopy creates the copy in dir; "" keeps none (then no status is
@@ -46,7 +50,17 @@ func newStatusCopy(ctx context.Context, dir string, etcd *clientv3.Client, endpo
 	if err != nil {
 		return nil, fmt.Errorf("scratch copy of the snapshot (to read its status): %w", err)
 	}
-	return &statusCopy{f: f, ctx: ctx, etcd: etcd, endpoint: endpoint}, nil
+	c := &statusCopy{f: f, ctx: ctx, etcd: etcd, endpoint: endpoint}
+	if etcd != nil {
+		// Users and roles are not in the watch stream: a restore to a
+		// point warns when a segment's auth revision differs from this.
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if as, err := etcd.AuthStatus(actx); err == nil {
+			c.authRevision = as.AuthRevision
+		}
+		cancel()
+	}
+	return c, nil
 }
 
 // Write appends p; after a failure it keeps failing, so the backup fails
@@ -116,6 +130,7 @@ func (c *statusCopy) addKeyspace(facts *ebv1.EtcdInfo) {
 	// (the history it hashed): a drill compacts the restored member there
 	// before comparing. etcd says -1 for a keyspace never compacted.
 	facts.KeyspaceKeys, facts.HashKv, facts.CompactRevision, facts.Keyspace = count.Count, hk.Hash, max(0, hk.CompactRevision), true
+	facts.AuthRevision = c.authRevision
 }
 
 // keyspaceTimeout bounds the questions to the member after the snapshot:

@@ -472,7 +472,10 @@ func (c *capture) startUpload(seg Segment) {
 	ctx, cancel := context.WithCancel(c.upCtx)
 	u := &upload{seg: seg, done: make(chan error, 1), cancel: cancel}
 	c.up = u
-	go func() { u.done <- c.put(ctx, seg) }()
+	go func() {
+		seg.AuthRevision = c.authRevision(ctx)
+		u.done <- c.put(ctx, seg)
+	}()
 }
 
 // put stores seg, trying again while the error may pass (the server or
@@ -714,6 +717,18 @@ func (c *capture) wentBack(ctx context.Context, held int64) error {
 		now = fmt.Sprint(resp.Header.Revision)
 	}
 	return chainEnd{historyBreak: true, reason: fmt.Sprintf("etcd's revision went back: the chain holds revisions up to %d, etcd is at %s (restored without a revision bump, or re-created); the chain ends here and a full backup starts a new one", held, now)}
+}
+
+// authRevision is etcd's auth revision now, 0 when etcd does not say
+// (it is only a hint for a restore's warning).
+func (c *capture) authRevision(ctx context.Context) uint64 {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := c.o.Etcd.AuthStatus(ctx)
+	if err != nil {
+		return 0
+	}
+	return st.AuthRevision
 }
 
 // checkCluster ends the chain when etcd is another cluster than the one

@@ -39,6 +39,9 @@ type Segment struct {
 	// HistoryBreak says the chain ends (Summary.EndReason) because etcd's
 	// history changed under it.
 	HistoryBreak bool
+	// AuthRevision is etcd's auth revision as the segment is stored (0:
+	// unknown): changes of users and roles are not in the watch stream.
+	AuthRevision uint64
 }
 
 // SegmentName is the name of the segment of chain that starts at first.

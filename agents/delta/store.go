@@ -117,6 +117,7 @@ func (s *ServerStore) Put(ctx context.Context, seg Segment) error {
 			Events:        sum.Events,
 			EndReason:     sum.EndReason,
 			HistoryBreak:  seg.HistoryBreak,
+			AuthRevision:  seg.AuthRevision,
 		},
 	}
 	if ev := seg.LastEvent; ev != nil {

@@ -52,6 +52,8 @@ func Start(t testing.TB, withTLS bool) *Etcd {
 	cfg.LogLevel = "error"
 	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
 	cfg.UnsafeNoFsync = true
+	// Room for benchmarks of databases over etcd's default 2 GiB.
+	cfg.QuotaBackendBytes = 8 << 30
 	scheme := "http"
 	te := &Etcd{Name: cfg.Name, DataDir: cfg.Dir}
 	if withTLS {

@@ -240,6 +240,7 @@ func deltaOf(d *storage.Delta) *ebv1.DeltaSegment {
 	out := &ebv1.DeltaSegment{
 		Chain: d.Chain, Epoch: d.Epoch, FirstRevision: d.FirstRevision, LastRevision: d.LastRevision,
 		Events: d.Events, EndReason: d.EndReason, HistoryBreak: d.HistoryBreak, ClockOffsetSeconds: d.ClockOffset.Seconds(),
+		AuthRevision: d.AuthRevision,
 	}
 	if d.LastEvent != nil {
 		out.LastEvent = deltaEventOf(d.LastEvent)
@@ -258,7 +259,8 @@ func deltaFromHeader(d *ebv1.DeltaSegment) *storage.Delta {
 	out := &storage.Delta{
 		Chain: d.GetChain(), Epoch: d.GetEpoch(), FirstRevision: d.GetFirstRevision(), LastRevision: d.GetLastRevision(),
 		Events: d.GetEvents(), EndReason: d.GetEndReason(), HistoryBreak: d.GetHistoryBreak(),
-		ClockOffset: time.Duration(d.GetClockOffsetSeconds() * float64(time.Second)),
+		ClockOffset:  time.Duration(d.GetClockOffsetSeconds() * float64(time.Second)),
+		AuthRevision: d.GetAuthRevision(),
 	}
 	if e := d.GetLastEvent(); e != nil {
 		out.LastEvent = &storage.DeltaEvent{Key: e.GetKey(), Deleted: e.GetDeleted(), ValueSHA256: e.GetValueSha256()}

@@ -60,6 +60,7 @@ func setKeyspace(m *storage.EtcdInfo, e *ebv1.EtcdInfo) {
 	if e.GetKeyspace() {
 		m.KeyspaceKeys, m.HashKV, m.CompactRevision, m.Keyspace = e.GetKeyspaceKeys(), e.GetHashKv(), e.GetCompactRevision(), true
 	}
+	m.AuthRevision = e.GetAuthRevision()
 }
 
 // withSnapshotStatus records in m what the sender read from the plain
@@ -121,6 +122,7 @@ func backupFromManifest(loc string, m *storage.Manifest) *ebv1.Backup {
 		if e.Keyspace {
 			b.Etcd.KeyspaceKeys, b.Etcd.HashKv, b.Etcd.CompactRevision, b.Etcd.Keyspace = e.KeyspaceKeys, e.HashKV, e.CompactRevision, true
 		}
+		b.Etcd.AuthRevision = e.AuthRevision
 	}
 	if d := m.Delta; d != nil {
 		b.Delta = deltaOf(d)

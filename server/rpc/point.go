@@ -150,7 +150,7 @@ func fullInfo(m *storage.Manifest) (delta.FullInfo, bool) {
 	if t.IsZero() {
 		t = m.CreateTime
 	}
-	return delta.FullInfo{Name: m.Name, SHA256: m.SHA256, Revision: m.Etcd.Revision, Time: t, Target: m.Source.Target}, true
+	return delta.FullInfo{Name: m.Name, SHA256: m.SHA256, Revision: m.Etcd.Revision, Time: t, Target: m.Source.Target, AuthRevision: m.Etcd.AuthRevision}, true
 }
 
 // segmentInfo is a stored segment as delta.Plan reads it.
@@ -160,6 +160,6 @@ func segmentInfo(m *storage.Manifest) delta.SegmentInfo {
 		Name: m.Name, SHA256: m.SHA256, Chain: d.Chain, Epoch: d.Epoch,
 		FirstRevision: d.FirstRevision, LastRevision: d.LastRevision,
 		FirstTime: d.FirstTime, LastTime: d.LastTime, Events: d.Events, EndReason: d.EndReason,
-		HistoryBreak: d.HistoryBreak, ClockOffset: d.ClockOffset,
+		HistoryBreak: d.HistoryBreak, ClockOffset: d.ClockOffset, AuthRevision: d.AuthRevision,
 	}
 }

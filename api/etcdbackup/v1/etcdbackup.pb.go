@@ -765,7 +765,12 @@ type DeltaSegment struct {
 	// The newest revision's first event, as a fingerprint: an agent that
 	// continues the chain checks that etcd still holds it at that
 	// revision, so that it never appends another history.
-	LastEvent     *DeltaEvent `protobuf:"bytes,12,opt,name=last_event,json=lastEvent,proto3" json:"last_event,omitempty"`
+	LastEvent *DeltaEvent `protobuf:"bytes,12,opt,name=last_event,json=lastEvent,proto3" json:"last_event,omitempty"`
+	// etcd's auth revision (AuthStatus) when the agent stored the segment;
+	// 0: unknown. A restore to a point warns when it differs from the
+	// full's: users and roles changed, and a point restore holds the
+	// full's.
+	AuthRevision  uint64 `protobuf:"varint,13,opt,name=auth_revision,json=authRevision,proto3" json:"auth_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -882,6 +887,13 @@ func (x *DeltaSegment) GetLastEvent() *DeltaEvent {
 		return x.LastEvent
 	}
 	return nil
+}
+
+func (x *DeltaSegment) GetAuthRevision() uint64 {
+	if x != nil {
+		return x.AuthRevision
+	}
+	return 0
 }
 
 // DeltaEvent identifies one event of a revision: its key, whether it
@@ -1296,8 +1308,12 @@ type EtcdInfo struct {
 	HashKv          uint32 `protobuf:"varint,11,opt,name=hash_kv,json=hashKv,proto3" json:"hash_kv,omitempty"`
 	CompactRevision int64  `protobuf:"varint,12,opt,name=compact_revision,json=compactRevision,proto3" json:"compact_revision,omitempty"`
 	Keyspace        bool   `protobuf:"varint,13,opt,name=keyspace,proto3" json:"keyspace,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// etcd's auth revision (AuthStatus) when the agent asked right after
+	// the snapshot: it grows with every change of users, roles and
+	// authentication, which the watch stream does not carry. 0: unknown.
+	AuthRevision  uint64 `protobuf:"varint,14,opt,name=auth_revision,json=authRevision,proto3" json:"auth_revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EtcdInfo) Reset() {
@@ -1419,6 +1435,13 @@ func (x *EtcdInfo) GetKeyspace() bool {
 		return x.Keyspace
 	}
 	return false
+}
+
+func (x *EtcdInfo) GetAuthRevision() uint64 {
+	if x != nil {
+		return x.AuthRevision
+	}
+	return 0
 }
 
 type ListBackupsRequest struct {
@@ -3692,7 +3715,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x05chain\x18\x16 \x01(\v2\x19.etcdbackup.v1.DeltaChainR\x05chain\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfb\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa0\x04\n" +
 	"\fDeltaSegment\x12\x14\n" +
 	"\x05chain\x18\x01 \x01(\tR\x05chain\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12%\n" +
@@ -3709,7 +3732,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\bsentTime\x120\n" +
 	"\x14clock_offset_seconds\x18\v \x01(\x01R\x12clockOffsetSeconds\x128\n" +
 	"\n" +
-	"last_event\x18\f \x01(\v2\x19.etcdbackup.v1.DeltaEventR\tlastEvent\"[\n" +
+	"last_event\x18\f \x01(\v2\x19.etcdbackup.v1.DeltaEventR\tlastEvent\x12#\n" +
+	"\rauth_revision\x18\r \x01(\x04R\fauthRevision\"[\n" +
 	"\n" +
 	"DeltaEvent\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x18\n" +
@@ -3744,7 +3768,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"start_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x1c\n" +
 	"\tscheduled\x18\x06 \x01(\bR\tscheduled\x12A\n" +
-	"\x0escheduled_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rscheduledTime\"\x97\x03\n" +
+	"\x0escheduled_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rscheduledTime\"\xbc\x03\n" +
 	"\bEtcdInfo\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\x04R\tclusterId\x12\x1b\n" +
@@ -3762,7 +3786,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	" \x01(\x03R\fkeyspaceKeys\x12\x17\n" +
 	"\ahash_kv\x18\v \x01(\rR\x06hashKv\x12)\n" +
 	"\x10compact_revision\x18\f \x01(\x03R\x0fcompactRevision\x12\x1a\n" +
-	"\bkeyspace\x18\r \x01(\bR\bkeyspace\"\xa9\x01\n" +
+	"\bkeyspace\x18\r \x01(\bR\bkeyspace\x12#\n" +
+	"\rauth_revision\x18\x0e \x01(\x04R\fauthRevision\"\xa9\x01\n" +
 	"\x12ListBackupsRequest\x12\x1a\n" +
 	"\blocation\x18\x01 \x01(\tR\blocation\x12%\n" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
