@@ -94,6 +94,16 @@ type PlanResult struct {
 	Warnings []string
 }
 
+// ReplayPoint is where a replay of the plan stops: the revision when the
+// plan knows it, else the point's time with the revision the plan knows
+// committed by then (MinRevision).
+func (r PlanResult) ReplayPoint() Point {
+	if r.ToRevision > 0 {
+		return Point{Revision: r.ToRevision}
+	}
+	return Point{Time: r.Point.Time, MinRevision: r.MinRevision}
+}
+
 // Contiguous orders a full's segments and returns the longest contiguous
 // run of them from full.Revision+1, and in words what was left out and
 // why (gap, overlap, stale epoch, another chain). Only a segment starting

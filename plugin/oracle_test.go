@@ -18,7 +18,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	etcdsnapshot "go.etcd.io/etcd/client/v3/snapshot"
 	"go.uber.org/zap"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	agentdelta "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/fold"
@@ -115,7 +114,7 @@ func TestPointRestoreOracle(t *testing.T) {
 	store2 := &agentdelta.ServerStore{Client: o.chain2.AgentClient, Chain: "cp-full2", Target: "cp"}
 	stop = o.runAgent(t, store2, "cp-full2")
 	o.workload(t, 40)
-	waitChain(t, store2, o.last)
+	waitChain(t, store2, o.last, time.Minute)
 
 	// Phase D: the second chain is folded while its agent goes on; writes
 	// after the fold are stored on the second chain only; then the fold's
@@ -123,7 +122,7 @@ func TestPointRestoreOracle(t *testing.T) {
 	folded := o.fold(t, "cp-full2", o.last)
 	for range 3 {
 		o.workload(t, 1)
-		waitChain(t, store2, o.last)
+		waitChain(t, store2, o.last, time.Minute)
 		afterFull = append(afterFull, timed{rev: o.last, at: o.stampOf(t, "cp-full2", o.last)})
 	}
 	stop()
@@ -132,7 +131,7 @@ func TestPointRestoreOracle(t *testing.T) {
 	store3 := &agentdelta.ServerStore{Client: chain3.AgentClient, Chain: folded, Target: "cp"}
 	stop = o.runAgent(t, store3, folded)
 	o.workload(t, 40)
-	waitChain(t, store3, o.last)
+	waitChain(t, store3, o.last, time.Minute)
 	stop()
 	t.Logf("workload: revisions %d..%d, second full at %d, fold %s, %d revisions read from etcd", o.w.full, o.last, full2, folded, len(o.want))
 
@@ -407,31 +406,6 @@ func (o *oracle) restoreAndCompare(t *testing.T, point ...string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv := func(k *mvccpb.KeyValue) string {
-		return fmt.Sprintf("%s=%.40q create=%d mod=%d version=%d lease=%x", k.Key, k.Value, k.CreateRevision, k.ModRevision, k.Version, k.Lease)
-	}
-	if len(got.Kvs) != len(want) {
-		t.Errorf("restore to %v (revision %d): %d keys, etcd had %d", point, rev, len(got.Kvs), len(want))
-	}
-	for i := range min(len(got.Kvs), len(want)) {
-		if g, w := kv(got.Kvs[i]), kv(want[i]); g != w {
-			t.Errorf("restore to %v (revision %d), key %d:\n restored %s\n etcd     %s", point, rev, i, g, w)
-			break
-		}
-	}
+	compareKeyspace(t, fmt.Sprintf("restore to %v (revision %d)", point, rev), got.Kvs, want)
 	return rev
-}
-
-// waitChain waits until store's chain holds rev.
-func waitChain(t *testing.T, store *agentdelta.ServerStore, rev int64) {
-	t.Helper()
-	var next int64
-	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		var err error
-		next, _, err = store.Position(ctx)
-		return next > rev, err
-	})
-	if err != nil {
-		t.Fatalf("chain %s reached revision %d, want %d: %v", store.Chain, next-1, rev, err)
-	}
 }

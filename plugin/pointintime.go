@@ -127,14 +127,10 @@ func (o *RestoreOptions) planPoint(ctx context.Context, conn *Connection) (*rest
 		return nil, "", fmt.Errorf("%s: %w; nothing was changed", op, err)
 	}
 	o.Name = plan.Full.Name
-	replay := delta.Point{Time: o.point.Time, MinRevision: plan.MinRevision}
-	if plan.ToRevision > 0 {
-		replay = delta.Point{Revision: plan.ToRevision}
-	}
 	for _, w := range plan.Warnings {
 		fmt.Fprintf(o.ErrOut, "warning: %s\n", w)
 	}
-	d := &restore.Deltas{Point: replay, AllowLeaseLoss: o.AllowLeaseLoss}
+	d := &restore.Deltas{Point: plan.ReplayPoint(), AllowLeaseLoss: o.AllowLeaseLoss}
 	for _, s := range plan.Segments {
 		d.Segments = append(d.Segments, restore.SegmentRef{Name: s.Name, SHA256: s.SHA256})
 	}

@@ -295,16 +295,20 @@ func (w *captureWorld) captureTo(tb testing.TB, store agentdelta.Store, period t
 // waitStored waits until the stored chain holds rev.
 func (w *captureWorld) waitStored(tb testing.TB, rev int64, within time.Duration) {
 	tb.Helper()
+	waitChain(tb, w.store, rev, within)
+}
+
+// waitChain waits until store's chain holds rev.
+func waitChain(tb testing.TB, store *agentdelta.ServerStore, rev int64, within time.Duration) {
+	tb.Helper()
 	var next int64
 	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, within, true, func(ctx context.Context) (bool, error) {
 		var err error
-		if next, _, err = w.store.Position(ctx); err != nil {
-			tb.Fatal(err)
-		}
-		return next > rev, nil
+		next, _, err = store.Position(ctx)
+		return next > rev, err
 	})
 	if err != nil {
-		tb.Fatalf("the chain reached only revision %d within %s, want %d", next-1, within, rev)
+		tb.Fatalf("chain %s reached only revision %d within %s, want %d: %v", store.Chain, next-1, within, rev, err)
 	}
 }
 
@@ -321,15 +325,28 @@ func sameKeyspace(t *testing.T, source, restored *clientv3.Client, rev int64) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	compareKeyspace(t, fmt.Sprintf("revision %d", rev), got.Kvs, want.Kvs)
+}
+
+// compareKeyspace compares a restored keyspace with the source's, key by
+// key: value, create and mod revisions, version and lease.
+func compareKeyspace(t *testing.T, what string, got, want []*mvccpb.KeyValue) {
+	t.Helper()
 	key := func(kv *mvccpb.KeyValue) string {
-		return fmt.Sprintf("%s=%s create=%d mod=%d version=%d lease=%x", kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
+		return fmt.Sprintf("%s create=%d mod=%d version=%d lease=%x value=%q", kv.Key, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease, kv.Value)
 	}
-	if len(got.Kvs) != len(want.Kvs) {
-		t.Errorf("restored %d keys, the source had %d at revision %d", len(got.Kvs), len(want.Kvs), rev)
+	short := func(s string) string {
+		if len(s) > 200 {
+			return s[:200] + "…"
+		}
+		return s
 	}
-	for i := range min(len(got.Kvs), len(want.Kvs)) {
-		if g, w := key(got.Kvs[i]), key(want.Kvs[i]); g != w {
-			t.Errorf("key %d at revision %d:\n restored %s\n source   %s", i, rev, g, w)
+	if len(got) != len(want) {
+		t.Errorf("%s: restored %d keys, the source had %d", what, len(got), len(want))
+	}
+	for i := range min(len(got), len(want)) {
+		if g, w := key(got[i]), key(want[i]); g != w {
+			t.Errorf("%s, key %d:\n restored %s\n source   %s", what, i, short(g), short(w))
 		}
 	}
 }

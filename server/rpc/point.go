@@ -48,19 +48,9 @@ type pointPlan struct {
 	full       *storage.Manifest
 	segments   []*storage.Manifest
 	toRevision int64
-	// replay is where the agents' replay stops (replayPoint).
+	// replay is where the agents' replay stops (PlanResult.ReplayPoint).
 	replay   delta.Point
 	warnings []string
-}
-
-// replayPoint is where a replay planned by plan for point stops: the
-// revision when the plan knows it, else the time with the revision the
-// plan knows committed by then.
-func replayPoint(plan delta.PlanResult, point delta.Point) delta.Point {
-	if plan.ToRevision > 0 {
-		return delta.Point{Revision: plan.ToRevision}
-	}
-	return delta.Point{Time: point.Time, MinRevision: plan.MinRevision}
 }
 
 // pins are the plan's segments as a restore Job lists them.
@@ -126,7 +116,7 @@ func (s *Service) planPoint(ctx context.Context, locName string, loc storage.Loc
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "%s: %v; nothing was changed", op, err)
 	}
-	out := &pointPlan{full: fullByName[plan.Full.Name], toRevision: plan.ToRevision, replay: replayPoint(plan, point), warnings: plan.Warnings}
+	out := &pointPlan{full: fullByName[plan.Full.Name], toRevision: plan.ToRevision, replay: plan.ReplayPoint(), warnings: plan.Warnings}
 	for _, si := range plan.Segments {
 		out.segments = append(out.segments, segByName[si.Name])
 	}
