@@ -49,8 +49,9 @@ const (
 // workload ran, before any compaction. Time points are taken right after
 // writes stored on the old chain after the new full was taken (the
 // window where the new chain has not caught up): each must hold that
-// write. It checks points for ETCDBACKUP_ORACLE_BUDGET (default 45s)
-// after the workload; ETCDBACKUP_ORACLE_SEED replays a run.
+// write. Rounds of workload (seeds seed, seed+1, …) and their points run
+// until ETCDBACKUP_ORACLE_BUDGET (default 45s) is spent, at least one;
+// ETCDBACKUP_ORACLE_SEED replays a round.
 func TestPointRestoreOracle(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv(oracleSeedEnv); s != "" {
@@ -68,12 +69,31 @@ func TestPointRestoreOracle(t *testing.T) {
 		}
 		budget = d
 	}
-	t.Logf("seed %d: %s=%d reproduces this run", seed, oracleSeedEnv, seed)
-	defer func() {
+	// Rounds of one workload each, seed, seed+1, …, until the budget is
+	// spent (at least one, whose points take what the budget leaves).
+	deadline := time.Now().Add(budget)
+	points, rounds := 0, 0
+	for s := seed; rounds == 0 || time.Now().Before(deadline); s++ {
+		rounds++
+		t.Run(fmt.Sprintf("seed-%d", s), func(t *testing.T) {
+			t.Logf("%s=%d reproduces this round", oracleSeedEnv, s)
+			defer func() {
+				if t.Failed() {
+					t.Logf("failed with seed %d: rerun with %s=%d", s, oracleSeedEnv, s)
+				}
+			}()
+			points += oracleRound(t, s, deadline)
+		})
 		if t.Failed() {
-			t.Logf("failed with seed %d: rerun with %s=%d", seed, oracleSeedEnv, seed)
+			break
 		}
-	}()
+	}
+	t.Logf("checked %d points in %d rounds of workload (seeds %d..%d) against etcd's answers", points, rounds, seed, seed+uint64(rounds)-1)
+}
+
+// oracleRound runs one seeded workload and checks its points until
+// deadline; it returns how many it checked.
+func oracleRound(t *testing.T, seed uint64, deadline time.Time) int {
 	o := newOracle(t, seed)
 	ctx := context.Background()
 
@@ -137,7 +157,6 @@ func TestPointRestoreOracle(t *testing.T) {
 
 	// The points: first the time points right after writes stored after
 	// the new full, then revisions at random, until the budget is spent.
-	deadline := time.Now().Add(budget)
 	checked := 0
 	for _, p := range afterFull {
 		rev := o.point(t, "--to-time", p.at.Format(time.RFC3339Nano))
@@ -165,6 +184,7 @@ func TestPointRestoreOracle(t *testing.T) {
 		checked++
 	}
 	t.Logf("checked %d points of %d revisions (seed %d)", checked, len(revs), seed)
+	return checked
 }
 
 // oracle is a captureWorld under a seeded workload, with what etcd
