@@ -39,8 +39,8 @@ const (
 
 // TestPointRestoreOracle restores points of a real etcd under a random,
 // seeded workload — puts of small and large values, deletes, range
-// deletes, multi-operation transactions, leases granted, revoked and
-// expiring, a compaction — captured by real delta agents into a real
+// deletes, multi-operation transactions, one revision larger than a
+// segment frame, leases granted, revoked and expiring, a compaction — captured by real delta agents into a real
 // server while the agent is killed and its Lease taken over, and a new
 // full backup is taken mid-stream whose chain's agent starts later, as
 // the controller starts it. Every point restored with the real command
@@ -50,7 +50,7 @@ const (
 // writes stored on the old chain after the new full was taken (the
 // window where the new chain has not caught up): each must hold that
 // write. Rounds of workload (seeds seed, seed+1, …) and their points run
-// until ETCDBACKUP_ORACLE_BUDGET (default 45s) is spent, at least one;
+// until ETCDBACKUP_ORACLE_BUDGET (default 1m) is spent, at least one;
 // ETCDBACKUP_ORACLE_SEED replays a round.
 func TestPointRestoreOracle(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
@@ -61,7 +61,7 @@ func TestPointRestoreOracle(t *testing.T) {
 		}
 		seed = v
 	}
-	budget := 45 * time.Second
+	budget := time.Minute
 	if s := os.Getenv(oracleBudgetEnv); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil {
@@ -100,7 +100,9 @@ func oracleRound(t *testing.T, seed uint64, deadline time.Time) int {
 	// Phase A: the first chain, its agent killed once and the Lease
 	// taken over (transitions +1), a compaction behind the agent.
 	stop := o.runAgent(t, o.w.store, "cp-full")
-	o.workload(t, 60)
+	o.workload(t, 30)
+	o.bigRevision(t)
+	o.workload(t, 30)
 	o.w.waitStored(t, o.last, time.Minute)
 	stop()
 	o.w.fence.transitions.Add(1)
@@ -336,6 +338,25 @@ func (o *oracle) workload(t *testing.T, n int) {
 		}
 		o.read(t)
 	}
+}
+
+// bigRevision makes one revision larger than a delta segment's frame
+// (a transaction of five 1 MiB puts), which the agent splits across
+// frames.
+func (o *oracle) bigRevision(t *testing.T) {
+	t.Helper()
+	var ops []clientv3.Op
+	for i := range 5 {
+		b := make([]byte, 1<<20)
+		for j := range b {
+			b[j] = byte('a' + o.rng.IntN(26))
+		}
+		ops = append(ops, clientv3.OpPut(fmt.Sprintf("/registry/big/%d", i), string(b)))
+	}
+	if _, err := o.w.etcd.Txn(context.Background()).Then(ops...).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	o.read(t)
 }
 
 // read records etcd's keyspace at its current revision.

@@ -222,7 +222,7 @@ func newCaptureWorld(tb testing.TB) *captureWorld {
 	tb.Helper()
 	ctx := context.Background()
 	src := etcdtest.Start(tb, false)
-	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{src.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{src.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(), MaxCallSendMsgSize: 17 << 20})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -52,8 +52,10 @@ func Start(t testing.TB, withTLS bool) *Etcd {
 	cfg.LogLevel = "error"
 	cfg.LogOutputs = []string{filepath.Join(dir, "etcd.log")}
 	cfg.UnsafeNoFsync = true
-	// Room for benchmarks of databases over etcd's default 2 GiB.
+	// Room for benchmarks of databases over etcd's default 2 GiB, and
+	// for revisions larger than a delta segment's frame.
 	cfg.QuotaBackendBytes = 8 << 30
+	cfg.MaxRequestBytes = 16 << 20
 	scheme := "http"
 	te := &Etcd{Name: cfg.Name, DataDir: cfg.Dir}
 	if withTLS {
