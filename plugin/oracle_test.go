@@ -40,10 +40,11 @@ const (
 // TestPointRestoreOracle restores points of a real etcd under a random,
 // seeded workload — puts of small and large values, deletes, range
 // deletes, multi-operation transactions, one revision larger than a
-// segment frame, leases granted, revoked and expiring, a compaction — captured by real delta agents into a real
-// server while the agent is killed and its Lease taken over, and a new
-// full backup is taken mid-stream whose chain's agent starts later, as
-// the controller starts it. Every point restored with the real command
+// segment frame, leases granted, revoked and expiring, a compaction —
+// captured by real delta agents into a real server while the agent is
+// killed and its Lease taken over, a new full backup is taken mid-stream
+// whose chain's agent starts later, as the controller starts it, and that
+// chain is folded while its agent goes on. Every point restored with the real command
 // is compared key by key (value, create and mod revision, version,
 // lease) with what etcd itself answered at that revision, read as the
 // workload ran, before any compaction. Time points are taken right after
