@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"golang.org/x/sync/singleflight"
 	"slices"
 	"strings"
 	"sync"
@@ -90,6 +91,7 @@ type agentReviewer struct {
 	queueWait      time.Duration
 	sem            chan struct{}
 	cache          *reviewCache
+	flight         singleflight.Group
 }
 
 // newAgentReviewer reviews agent tokens for cfg (whose RestoreNamespaces
@@ -145,6 +147,18 @@ func (r *agentReviewer) Authenticate(ctx context.Context, token string, audience
 	if e, ok := r.cache.get(key, now); ok {
 		return e.user, e.err
 	}
+	// Concurrent calls with one token share one review: the cache alone
+	// would let each of them miss it and ask the API server too.
+	v, _, _ := r.flight.Do(string(key[:]), func() (any, error) {
+		return r.review(ctx, key, token, exp, now, audiences), nil
+	})
+	e := v.(reviewEntry)
+	return e.user, e.err
+}
+
+// review asks the next Authenticator about token (key its SHA-256) within
+// the bound on reviews in flight, and caches a definite answer.
+func (r *agentReviewer) review(ctx context.Context, key [32]byte, token string, exp, now time.Time, audiences []string) reviewEntry {
 	select {
 	case r.sem <- struct{}{}:
 	default:
@@ -153,29 +167,30 @@ func (r *agentReviewer) Authenticate(ctx context.Context, token string, audience
 		case r.sem <- struct{}{}:
 			wait.Stop()
 		case <-wait.C:
-			return authnv1.UserInfo{}, ebv1.ServerError(codes.Unavailable, "too many agent token reviews in flight; try again")
+			return reviewEntry{err: ebv1.ServerError(codes.Unavailable, "too many agent token reviews in flight; try again")}
 		case <-ctx.Done():
 			wait.Stop()
-			return authnv1.UserInfo{}, status.FromContextError(ctx.Err()).Err()
+			return reviewEntry{err: status.FromContextError(ctx.Err()).Err()}
 		}
 	}
 	defer func() { <-r.sem }()
 	// Another call may have reviewed the same token meanwhile.
 	if e, ok := r.cache.get(key, r.now()); ok {
-		return e.user, e.err
+		return e
 	}
 	rctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	user, err := r.next.Authenticate(rctx, token, audiences...)
+	e := reviewEntry{user: user, err: err}
 	if err == nil || status.Code(err) == codes.Unauthenticated {
 		// A definite answer; a failure to ask (Unavailable) is not kept.
-		until := now.Add(r.ttl)
-		if exp.Before(until) {
-			until = exp
+		e.until = now.Add(r.ttl)
+		if exp.Before(e.until) {
+			e.until = exp
 		}
-		r.cache.put(key, reviewEntry{user: user, err: err, until: until})
+		r.cache.put(key, e)
 	}
-	return user, err
+	return e
 }
 
 // precheck refuses a token that cannot be an agent's, from its
