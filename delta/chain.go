@@ -391,6 +391,16 @@ func planTime(rs []reach, p Point) (PlanResult, error) {
 		}
 	}
 	if len(open) == 0 {
+		// Nothing was seen after t. t is the window's end itself only
+		// when it is the newest stamp of a chain (or a full's time) that
+		// reaches floor; after that no capture says what happened.
+		for _, r := range rs {
+			if r.history == history && !r.full.Time.After(t) && r.last.Time.Equal(t) && r.last.Revision == floor {
+				res, err := planRevision(rs, Point{Revision: floor}, history)
+				res.Point = p
+				return res, err
+			}
+		}
 		return PlanResult{}, notRecoverable(rs, p)
 	}
 	o := open[len(open)-1]

@@ -112,6 +112,10 @@ func TestPlan(t *testing.T) {
 		{name: "time in the newer chain", p: Point{Time: at(350)}, full: "f300", segs: []string{"f300.delta-301-e1"}},
 		{name: "time before the oldest full", p: Point{Time: at(50)}, wantErr: "before the oldest full backup of target prod"},
 		{name: "time after the newest event", p: Point{Time: at(600)}, wantErr: "after the newest event stored of target prod (revision 500"},
+		// The window's end is inclusive: the newest stamp itself (found on
+		// the sandbox: a time equal to a chain's newest stamp was refused).
+		{name: "time exactly the newest event", p: Point{Time: at(500)}, full: "f500", to: 500},
+		{name: "just after the newest event", p: Point{Time: at(500).Add(time.Nanosecond)}, wantErr: "after the newest event stored"},
 		{name: "both", p: Point{Revision: 1, Time: at(1)}, wantErr: "not both"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -132,6 +136,21 @@ func TestPlan(t *testing.T) {
 	}
 	if _, err := Plan(nil, nil, Point{}); !errors.Is(err, ErrNotRecoverable) {
 		t.Fatalf("no fulls: %v", err)
+	}
+}
+
+// A time equal to the newest stamp of the newest chain is that chain's
+// last revision.
+func TestTimeAtTheNewestStamp(t *testing.T) {
+	fulls := []FullInfo{{Name: "f100", Revision: 100, Time: t0.Add(100 * time.Second), Target: "prod"}}
+	chains := map[string][]SegmentInfo{"f100": {seg("f100", 1, 101, 200), seg("f100", 1, 201, 350)}}
+	p := Point{Time: t0.Add(350 * time.Second)}
+	res, err := Plan(fulls, chains, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ReplayPoint().Revision != 350 || len(res.Segments) != 2 {
+		t.Fatalf("planned %+v (replay to %v); want both segments, to revision 350", res, res.ReplayPoint())
 	}
 }
 

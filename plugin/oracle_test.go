@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	etcdsnapshot "go.etcd.io/etcd/client/v3/snapshot"
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	agentdelta "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/fold"
@@ -44,13 +46,17 @@ const (
 // captured by real delta agents into a real server while the agent is
 // killed and its Lease taken over, a new full backup is taken mid-stream
 // whose chain's agent starts later, as the controller starts it, and that
-// chain is folded while its agent goes on. Every point restored with the real command
+// chain is folded while its agent goes on, and etcd is restored in place
+// without a revision bump under the fold's running chain (from a
+// snapshot inside it), after which a new full starts the next chain.
+// Every point restored with the real command
 // is compared key by key (value, create and mod revision, version,
 // lease) with what etcd itself answered at that revision, read as the
 // workload ran, before any compaction. Time points are taken right after
 // writes stored on the old chain after the new full was taken (the
 // window where the new chain has not caught up): each must hold that
-// write. Rounds of workload (seeds seed, seed+1, …) and their points run
+// write, and right after writes of the history after the restore, which
+// must be planned on the new chain. Rounds of workload (seeds seed, seed+1, …) and their points run
 // until ETCDBACKUP_ORACLE_BUDGET (default 1m) is spent, at least one;
 // ETCDBACKUP_ORACLE_SEED replays a round.
 func TestPointRestoreOracle(t *testing.T) {
@@ -117,16 +123,12 @@ func oracleRound(t *testing.T, seed uint64, deadline time.Time) int {
 	// Phase B: a new full is taken while the first chain's agent runs;
 	// writes after it are stored on the first chain only, each one
 	// waited for, so that its stamp is its segment's last.
-	full2 := o.takeFull(t, "cp-full2")
-	type timed struct {
-		rev int64
-		at  time.Time
-	}
+	full2 := o.takeFull(t, o.fullUp, "cp-full2")
 	var afterFull []timed
 	for range 4 {
 		o.workload(t, 1)
 		o.w.waitStored(t, o.last, time.Minute)
-		afterFull = append(afterFull, timed{rev: o.last, at: o.stampOf(t, "cp-full", o.last)})
+		afterFull = append(afterFull, o.stampOf(t, "cp-full", o.last))
 	}
 	o.w.waitStored(t, o.last, time.Minute)
 	stop()
@@ -146,43 +148,99 @@ func oracleRound(t *testing.T, seed uint64, deadline time.Time) int {
 	for range 3 {
 		o.workload(t, 1)
 		waitChain(t, store2, o.last, time.Minute)
-		afterFull = append(afterFull, timed{rev: o.last, at: o.stampOf(t, "cp-full2", o.last)})
+		afterFull = append(afterFull, o.stampOf(t, "cp-full2", o.last))
 	}
 	stop()
 	o.w.fence.transitions.Add(1)
 	chain3 := o.replica(t, auth.Agent{Kind: auth.AgentDelta, JobNamespace: serverNS, JobName: "delta-cp-3", Backup: folded, Location: "default", Target: "cp", Pod: "delta-pod"})
 	store3 := &agentdelta.ServerStore{Client: chain3.AgentClient, Chain: folded, Target: "cp"}
 	stop = o.runAgent(t, store3, folded)
-	o.workload(t, 40)
+	o.workload(t, 20)
 	waitChain(t, store3, o.last, time.Minute)
+
+	// Phase E: etcd restored in place without a revision bump while the
+	// fold's chain runs, from a snapshot taken inside that chain (the two
+	// histories agree up to it), with writes the agent may hold unstored.
+	// etcd's client resumes the agent's watch; the new history passes the
+	// old one's end. The chain must end as a history break holding none
+	// of the new history; a new full, taken later, starts the next chain.
+	snap := o.snapshot(t)
+	o.workload(t, 20)
+	waitChain(t, store3, o.last, time.Minute)
+	o.workload(t, 5)
+	oldLast := o.last
+	o.restoreInPlace(t, snap)
+	for o.last <= oldLast+5 {
+		o.workload(t, 1)
+	}
+	chain3End := waitChainEnd(t, store3, time.Minute)
 	stop()
-	t.Logf("workload: revisions %d..%d, second full at %d, fold %s, %d revisions read from etcd", o.w.full, o.last, full2, folded, len(o.want))
+	if chain3End > oldLast {
+		t.Fatalf("the chain of %s holds revisions up to %d, past the old history's end %d: it took writes of the new history", folded, chain3End, oldLast)
+	}
+	full4 := o.takeFull(t, o.replica(t, auth.Agent{Kind: auth.AgentBackup, JobNamespace: serverNS, JobName: "backup-cp-full4", Backup: "cp-full4", Location: "default", Target: "cp"}), "cp-full4")
+	o.w.fence.transitions.Add(1)
+	chain4 := o.replica(t, auth.Agent{Kind: auth.AgentDelta, JobNamespace: serverNS, JobName: "delta-cp-4", Backup: "cp-full4", Location: "default", Target: "cp", Pod: "delta-pod"})
+	store4 := &agentdelta.ServerStore{Client: chain4.AgentClient, Chain: "cp-full4", Target: "cp"}
+	stop = o.runAgent(t, store4, "cp-full4")
+	var afterRestore []timed
+	for range 3 {
+		// One operation that makes a revision (a delete may not).
+		for before := o.last; o.last == before; {
+			o.workload(t, 1)
+		}
+		waitChain(t, store4, o.last, time.Minute)
+		afterRestore = append(afterRestore, o.stampOf(t, "cp-full4", o.last))
+	}
+	o.workload(t, 20)
+	waitChain(t, store4, o.last, time.Minute)
+	stop()
+	t.Logf("workload: revisions %d..%d, second full at %d, fold %s, restored in place at revision %d under it (its chain ends at %d), new full at %d, last %d; %d revisions read from etcd",
+		o.w.full, oldLast, full2, folded, snap.rev, chain3End, full4, o.last, len(o.old)+len(o.want))
 
 	// The points: first the time points right after writes stored after
 	// the new full, then revisions at random, until the budget is spent.
 	checked := 0
 	for _, p := range afterFull {
-		rev := o.point(t, "--to-time", p.at.Format(time.RFC3339Nano))
+		rev, _ := o.point(t, o.old, "--to-time", p.at.Format(time.RFC3339Nano))
 		if rev < p.rev {
 			t.Errorf("restore to %s, when revision %d was stored with that time on the old chain: came back at revision %d, without it",
 				p.at.Format(time.RFC3339Nano), p.rev, rev)
 		}
 		checked++
 	}
-	revs := slices.Sorted(func(yield func(int64) bool) {
-		for r := range o.want {
-			if !yield(r) {
-				return
-			}
+	for _, p := range afterRestore {
+		rev, out := o.point(t, o.want, "--to-time", p.at.Format(time.RFC3339Nano))
+		if rev != p.rev || !strings.Contains(out, `after backup "cp-full4"`) {
+			t.Errorf("restore to %s, the time revision %d of the history after the restore was stored with: came back at revision %d, planned as\n%s", p.at.Format(time.RFC3339Nano), p.rev, rev, out)
 		}
-	})
+		checked++
+	}
+	// Revisions of the old history its chains hold, and of the new one
+	// from its full on.
+	type candidate struct {
+		rev  int64
+		want map[int64][]*mvccpb.KeyValue
+	}
+	var revs []candidate
+	for r := range o.old {
+		if r <= chain3End {
+			revs = append(revs, candidate{r, o.old})
+		}
+	}
+	for r := range o.want {
+		if r >= full4 {
+			revs = append(revs, candidate{r, o.want})
+		}
+	}
+	slices.SortFunc(revs, func(a, b candidate) int { return cmp.Compare(a.rev, b.rev) })
 	o.rng.Shuffle(len(revs), func(i, j int) { revs[i], revs[j] = revs[j], revs[i] })
-	for _, rev := range revs {
+	for _, c := range revs {
 		if time.Now().After(deadline) || t.Failed() {
 			break
 		}
-		if got := o.point(t, "--to-revision", fmt.Sprint(rev)); got != rev {
-			t.Errorf("restore to revision %d came back at revision %d", rev, got)
+		if got, _ := o.point(t, c.want, "--to-revision", fmt.Sprint(c.rev)); got != c.rev {
+			t.Errorf("restore to revision %d came back at revision %d", c.rev, got)
 		}
 		checked++
 	}
@@ -190,14 +248,79 @@ func oracleRound(t *testing.T, seed uint64, deadline time.Time) int {
 	return checked
 }
 
+// timed is a revision and the time its chain's agent stamped it with.
+type timed struct {
+	rev int64
+	at  time.Time
+}
+
+// stored is a snapshot file of etcd and its revision.
+type stored struct {
+	path string
+	rev  int64
+}
+
+// snapshot saves etcd's snapshot now.
+func (o *oracle) snapshot(t *testing.T) stored {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "inplace.db")
+	cfg := clientv3.Config{Endpoints: o.w.etcd.Endpoints(), Logger: zap.NewNop()}
+	if _, err := etcdsnapshot.SaveWithVersion(context.Background(), zap.NewNop(), cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	st, err := snapshot.Check(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stored{path: path, rev: st.Revision}
+}
+
+// restoreInPlace restores snap into etcd's member without a revision
+// bump, as an operator restores in place: the same member, the same
+// URLs and cluster ID. What the workload reads from now on is another
+// history.
+func (o *oracle) restoreInPlace(t *testing.T, snap stored) {
+	t.Helper()
+	m := o.w.member
+	zero := int64(0)
+	dir := filepath.Join(t.TempDir(), "restored-in-place")
+	if _, err := snapshot.Restore(snap.path, snapshot.Member{Name: m.Name, InitialCluster: m.InitialCluster,
+		InitialAdvertisePeerURLs: []string{m.PeerURL}, DataDir: dir, BumpRevision: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	m.RestartOn(t, dir)
+	o.old, o.want, o.leases, o.last = o.want, map[int64][]*mvccpb.KeyValue{}, nil, 0
+	o.read(t)
+}
+
+// waitChainEnd waits for store's chain to end as a history break and
+// returns the last revision it holds.
+func waitChainEnd(t *testing.T, store *agentdelta.ServerStore, within time.Duration) int64 {
+	t.Helper()
+	var ch *ebv1.DeltaChain
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, within, true, func(ctx context.Context) (bool, error) {
+		resp, err := store.Client.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: store.Chain})
+		ch = resp.GetBackup().GetChain()
+		return ch.GetEndReason() != "", err
+	})
+	if err != nil {
+		t.Fatalf("chain %s did not end within %s (it holds revisions up to %d): %v", store.Chain, within, ch.GetLastRevision(), err)
+	}
+	if r := ch.GetEndReason(); !strings.Contains(r, "history changed") && !strings.Contains(r, "revision went back") {
+		t.Fatalf("chain %s ended with %q; want a history break", store.Chain, r)
+	}
+	return ch.GetLastRevision()
+}
+
 // oracle is a captureWorld under a seeded workload, with what etcd
 // answered at each revision the workload made.
 type oracle struct {
 	w   *captureWorld
 	rng *rand.Rand
-	// want is etcd's keyspace at revision, read right after the write.
-	want map[int64][]*mvccpb.KeyValue
-	last int64
+	// want is etcd's keyspace at revision, read right after the write;
+	// old is want of the history before etcd was restored in place.
+	want, old map[int64][]*mvccpb.KeyValue
+	last      int64
 	// leases the workload granted and has not revoked.
 	leases []clientv3.LeaseID
 	// fullUp stores full backups; chain2 is the second chain's agent's
@@ -373,7 +496,7 @@ func (o *oracle) read(t *testing.T) {
 
 // takeFull stores a full backup of the etcd now, as its agent does, and
 // returns its revision.
-func (o *oracle) takeFull(t *testing.T, name string) int64 {
+func (o *oracle) takeFull(t *testing.T, up *servertest.Server, name string) int64 {
 	t.Helper()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), name+".db")
@@ -390,43 +513,45 @@ func (o *oracle) takeFull(t *testing.T, name string) int64 {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := o.fullUp.AgentClient.Upload(ctx, f, &ebv1.UploadHeader{Name: name, Etcd: &ebv1.EtcdInfo{Revision: st.Revision, SnapshotStatus: true}}, nil); err != nil {
+	if _, err := up.AgentClient.Upload(ctx, f, &ebv1.UploadHeader{Name: name, Etcd: &ebv1.EtcdInfo{Revision: st.Revision, SnapshotStatus: true}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	o.read(t)
 	return st.Revision
 }
 
-// stampOf is the time chain's agent stamped rev with, rev being the last
-// revision of a stored segment.
-func (o *oracle) stampOf(t *testing.T, chain string, rev int64) time.Time {
+// stampOf is the time chain's agent stamped the segment holding rev with
+// (its last revision's), and that revision: rev itself unless etcd wrote
+// more (a lease's expiry) before the segment was cut.
+func (o *oracle) stampOf(t *testing.T, chain string, rev int64) timed {
 	t.Helper()
 	segs, err := listChainSegments(context.Background(), &Connection{Client: o.w.srv.Client}, "", chain)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range segs {
-		if s.LastRevision == rev {
-			return s.LastTime
+		if s.FirstRevision <= rev && rev <= s.LastRevision {
+			return timed{rev: s.LastRevision, at: s.LastTime}
 		}
 	}
-	t.Fatalf("no segment of chain %s ends at revision %d", chain, rev)
-	return time.Time{}
+	t.Fatalf("no segment of chain %s holds revision %d: %+v", chain, rev, segs)
+	return timed{}
 }
 
 // point runs restoreAndCompare as a subtest, whose cleanup stops the
 // restored member before the next point.
-func (o *oracle) point(t *testing.T, point ...string) (rev int64) {
-	t.Run(fmt.Sprint(point), func(t *testing.T) { rev = o.restoreAndCompare(t, point...) })
-	return rev
+func (o *oracle) point(t *testing.T, want map[int64][]*mvccpb.KeyValue, point ...string) (rev int64, out string) {
+	t.Run(fmt.Sprint(point), func(t *testing.T) { rev, out = o.restoreAndCompare(t, want, point...) })
+	return rev, out
 }
 
 var restoredAt = regexp.MustCompile(`as it was at revision (\d+)`)
 
 // restoreAndCompare restores target cp to point with restore --local,
 // compares the restored keyspace with etcd's at the revision it came
-// back at, and returns that revision.
-func (o *oracle) restoreAndCompare(t *testing.T, point ...string) int64 {
+// back at (in wants, the history the point is in), and returns that
+// revision and what restore printed.
+func (o *oracle) restoreAndCompare(t *testing.T, wants map[int64][]*mvccpb.KeyValue, point ...string) (int64, string) {
 	t.Helper()
 	dataDir := filepath.Join(t.TempDir(), "etcd")
 	peer := freeURL(t)
@@ -437,11 +562,11 @@ func (o *oracle) restoreAndCompare(t *testing.T, point ...string) int64 {
 		t.Fatalf("restore to %v does not say the revision it restored:\n%s", point, r.out)
 	}
 	rev, _ := strconv.ParseInt(m[1], 10, 64)
-	want, ok := o.want[rev]
+	want, ok := wants[rev]
 	if !ok {
 		// A revision the workload did not read (a lease's expiry).
 		t.Logf("restore to %v came back at revision %d, which the workload did not read (a lease expired); its keyspace is not compared", point, rev)
-		return rev
+		return rev, r.out
 	}
 	restored := startEtcd(t, dataDir, "m1", peer)
 	got, err := restored.Get(context.Background(), "\x00", clientv3.WithFromKey())
@@ -449,5 +574,5 @@ func (o *oracle) restoreAndCompare(t *testing.T, point ...string) int64 {
 		t.Fatal(err)
 	}
 	compareKeyspace(t, fmt.Sprintf("restore to %v (revision %d)", point, rev), got.Kvs, want)
-	return rev
+	return rev, r.out
 }

@@ -209,11 +209,13 @@ func TestRestoreToAPoint(t *testing.T) {
 // a full backup of cp stored as its agent stores one, and the agent port
 // playing cp's delta agent on that full's chain, holding the Lease.
 type captureWorld struct {
-	etcd  *clientv3.Client
-	srv   *servertest.Server
-	agent *agentAs
-	fence *leaseFence
-	store *agentdelta.ServerStore
+	etcd *clientv3.Client
+	// member is the etcd member etcd talks to.
+	member *etcdtest.Etcd
+	srv    *servertest.Server
+	agent  *agentAs
+	fence  *leaseFence
+	store  *agentdelta.ServerStore
 	// full is the full backup's revision, read from its snapshot.
 	full int64
 }
@@ -227,7 +229,7 @@ func newCaptureWorld(tb testing.TB) *captureWorld {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { etcd.Close() })
-	w := &captureWorld{etcd: etcd, agent: &agentAs{}, fence: newLeaseFence("delta-pod", 3)}
+	w := &captureWorld{etcd: etcd, member: src, agent: &agentAs{}, fence: newLeaseFence("delta-pod", 3)}
 	for i := range 20 {
 		w.put(tb, fmt.Sprintf("/registry/base/%02d", i), "v")
 	}

@@ -39,6 +39,10 @@ type Verifier struct {
 	whole    bool
 	digest   string
 	err      error
+	// done: the stream ended and its trailer checked; later reads say
+	// io.EOF again without checking twice (io.ReadFull, and readers
+	// built on it, read once more after a short last read).
+	done bool
 }
 
 // VerifierOptions tune a Verifier.
@@ -60,6 +64,9 @@ func (v *Verifier) Read(p []byte) (int, error) {
 	if v.err != nil {
 		return 0, v.err
 	}
+	if v.done {
+		return 0, io.EOF
+	}
 	n, err := v.r.Read(p)
 	if n > 0 {
 		v.check.Write(p[:n])
@@ -76,6 +83,7 @@ func (v *Verifier) Read(p []byte) (int, error) {
 		if v.whole {
 			v.digest = digest
 		}
+		v.done = true
 		return n, io.EOF
 	}
 	if errors.Is(err, ErrTooLarge) {

@@ -31,6 +31,27 @@ func TestVerifierAcceptsAWholeSnapshot(t *testing.T) {
 	}
 }
 
+// Read after the end says io.EOF again, as a reader must: io.ReadFull
+// reads once more after a short last read (the fold's upload of a plain
+// snapshot did, and the second check failed a good snapshot, found on the
+// sandbox).
+func TestVerifierReadAfterTheEnd(t *testing.T) {
+	snap := snapshotBytes(9)
+	v := NewVerifier(bytes.NewReader(snap), VerifierOptions{HashWhole: true})
+	buf := make([]byte, 1000)
+	var got []byte
+	for range 2 * len(snap) / len(buf) {
+		n, err := io.ReadFull(v, buf)
+		got = append(got, buf[:n]...)
+		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+			t.Fatalf("after %d bytes: %v", len(got), err)
+		}
+	}
+	if !bytes.Equal(got, snap) || v.Err() != nil {
+		t.Fatalf("read %d bytes of %d, verifier error %v", len(got), len(snap), v.Err())
+	}
+}
+
 func TestVerifierRefusesShortOrDamagedStreams(t *testing.T) {
 	snap := snapshotBytes(9)
 	damaged := append([]byte(nil), snap...)

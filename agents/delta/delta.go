@@ -115,6 +115,9 @@ func Run(ctx context.Context, o Options) (Result, error) {
 				return c.res, nil
 			}
 			c.next, c.clusterID, c.stored = st.Next, st.ClusterID, st.LastEvent
+			if st.LastEvent != nil {
+				c.marks = []mark{{rev: st.Next - 1, ev: st.LastEvent, size: len(st.LastEvent.Key)}}
+			}
 			// Epochs only grow along a chain: a Lease re-created (its
 			// transitions back at 0) must not make this writer's segments
 			// look older than those stored before it.
@@ -177,6 +180,14 @@ type capture struct {
 	// etcd must still hold at next-1 for the chain to go on.
 	stored *Event
 	last   *mvccpb.Event
+	// marks are writes etcd must still hold, each at its revision, for
+	// what the filling segment holds to be one history: the chain's
+	// stored end and the last write of every watch response since. A
+	// watch resumed by etcd's client after etcd was restored without a
+	// revision bump shows nothing else: its responses follow on as if
+	// nothing happened, while a response before the restore holds a
+	// write the new history does not (checked as the segment is cut).
+	marks []mark
 	// fill is the segment being filled; nil until a revision arrives.
 	fill *filling
 	// cutC fires when fill's period is over.
@@ -297,6 +308,7 @@ func (c *capture) session(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			c.mark()
 			if blocked {
 				// The watch was cancelled to stop etcd's client from
 				// buffering while the agent could not take more.
@@ -367,6 +379,11 @@ func (c *capture) events(ctx context.Context, evs []*clientv3.Event, cancelWatch
 		}
 		if err := c.cut(ctx); err != nil {
 			return blocked, err
+		}
+		if c.fill != nil {
+			// Full, and etcd did not confirm it: take no more until it
+			// does.
+			return blocked, c.watchFailed(ctx, errors.New("etcd did not confirm the held revisions"))
 		}
 	}
 	return blocked, nil
@@ -441,9 +458,27 @@ func (c *capture) held() {
 }
 
 // cut ends the filling segment and starts its upload; no upload may be
-// in flight.
+// in flight. What it holds is checked against etcd first: a history
+// break drops it and ends the chain where it was stored last; when etcd
+// cannot answer, the segment is kept and cut again shortly.
 func (c *capture) cut(ctx context.Context) error {
 	if c.fill == nil {
+		return nil
+	}
+	if err := c.verify(ctx); err != nil {
+		var end chainEnd
+		switch {
+		case errors.As(err, &end):
+			c.dropFill()
+			return end
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+		c.log.Warn("could not check the held revisions against etcd; keeping them and trying again", "chain", c.o.Chain,
+			"firstRevision", c.fill.first, "lastRevision", c.next-1, "error", err.Error())
+		c.stopTimer()
+		c.cutTimer = time.NewTimer(min(c.o.Period, verifyRetry))
+		c.cutC = c.cutTimer.C
 		return nil
 	}
 	seg, err := c.enc.encode(ctx, c.fill, "")
@@ -456,9 +491,140 @@ func (c *capture) cut(ctx context.Context) error {
 	}
 	c.res.PeakHeldBytes = max(c.res.PeakHeldBytes, held)
 	c.stopTimer()
+	c.marks = []mark{markOf(c.next-1, c.fill.last)}
 	c.fill, c.cutDue = nil, false
 	c.startUpload(seg)
 	return nil
+}
+
+// verifyRetry is how soon a segment whose check etcd did not answer is
+// cut again.
+const verifyRetry = 5 * time.Second
+
+// mark is a write etcd must hold at rev.
+type mark struct {
+	rev  int64
+	ev   *Event
+	size int
+}
+
+func markOf(rev int64, ev *mvccpb.Event) mark {
+	return mark{rev: rev, ev: eventOf(ev), size: len(ev.Kv.Key) + len(ev.Kv.Value)}
+}
+
+// mark records the newest write received, once per revision.
+func (c *capture) mark() {
+	if c.last == nil {
+		return
+	}
+	rev := c.next - 1
+	if n := len(c.marks); n > 0 && c.marks[n-1].rev == rev {
+		return
+	}
+	c.marks = append(c.marks, markOf(rev, c.last))
+}
+
+// Bounds of one check's transaction: etcd refuses more than 128
+// operations by default (--max-txn-ops), and the answer carries values.
+const (
+	verifyOps   = 64
+	verifyBytes = 4 << 20
+)
+
+// verify checks that etcd still holds every mark and the filling
+// segment's newest write: a linearizable read-only transaction per batch.
+func (c *capture) verify(ctx context.Context) error {
+	checks := append(c.marks[:len(c.marks):len(c.marks)], markOf(c.next-1, c.fill.last))
+	for len(checks) > 0 {
+		n, size := 0, 0
+		for n < len(checks) && n < verifyOps && (n == 0 || size+checks[n].size <= verifyBytes) {
+			size += checks[n].size
+			n++
+		}
+		batch := checks[:n]
+		checks = checks[n:]
+		ops := make([]clientv3.Op, len(batch))
+		for i, m := range batch {
+			ops[i] = clientv3.OpGet(string(m.ev.Key), clientv3.WithRev(m.rev))
+		}
+		resp, err := c.o.Etcd.Txn(ctx).Then(ops...).Commit()
+		if errors.Is(err, rpctypes.ErrCompacted) || errors.Is(err, rpctypes.ErrFutureRev) {
+			// One of them is out of etcd's range: ask one by one.
+			for _, m := range batch {
+				if err := c.verifyOne(ctx, m); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("check the held revisions %d-%d against etcd: %w", batch[0].rev, batch[len(batch)-1].rev, err)
+		}
+		if err := c.checkCluster(resp.Header.ClusterId); err != nil {
+			return err
+		}
+		for i, m := range batch {
+			if !holds(resp.Responses[i].GetResponseRange().GetKvs(), m.ev, m.rev) {
+				return c.changedUnder(m)
+			}
+		}
+	}
+	return nil
+}
+
+// verifyOne checks one mark; one etcd compacted away cannot be checked.
+func (c *capture) verifyOne(ctx context.Context, m mark) error {
+	resp, err := c.o.Etcd.Get(ctx, string(m.ev.Key), clientv3.WithRev(m.rev))
+	switch {
+	case errors.Is(err, rpctypes.ErrCompacted):
+		return nil
+	case errors.Is(err, rpctypes.ErrFutureRev):
+		return c.wentBack(ctx, m.rev)
+	case err != nil:
+		return fmt.Errorf("check held revision %d against etcd: %w", m.rev, err)
+	}
+	if err := c.checkCluster(resp.Header.ClusterId); err != nil {
+		return err
+	}
+	if !holds(resp.Kvs, m.ev, m.rev) {
+		return c.changedUnder(m)
+	}
+	return nil
+}
+
+// holds says whether kvs, etcd's answer for ev's key at rev, is ev.
+func holds(kvs []*mvccpb.KeyValue, ev *Event, rev int64) bool {
+	if ev.Deleted {
+		return len(kvs) == 0
+	}
+	return len(kvs) == 1 && kvs[0].ModRevision == rev && eventOf(&mvccpb.Event{Kv: kvs[0]}).ValueSHA256 == ev.ValueSHA256
+}
+
+func (c *capture) changedUnder(m mark) error {
+	return chainEnd{historyBreak: true, reason: fmt.Sprintf("etcd holds another write at revision %d than the agent received there (key %q): etcd's history changed under the running agent (restored without a revision bump, or re-created); the chain ends at revision %d, where it was last stored, and a full backup starts a new one",
+		m.rev, m.ev.Key, c.stored0())}
+}
+
+// stored0 is the revision the chain was last stored at: where a dropped
+// filling segment starts, less one.
+func (c *capture) stored0() int64 {
+	if c.fill != nil {
+		return c.fill.first - 1
+	}
+	return c.next - 1
+}
+
+// dropFill drops the filling segment: capture goes on (or the chain
+// ends) where the chain was last stored.
+func (c *capture) dropFill() {
+	if c.fill == nil {
+		return
+	}
+	c.log.Warn("dropping the revisions held since the chain was last stored: etcd's history changed under them",
+		"chain", c.o.Chain, "firstRevision", c.fill.first, "lastRevision", c.next-1)
+	c.next, c.last = c.fill.first, nil
+	c.stopTimer()
+	c.fill, c.cutDue, c.marks = nil, false, nil
 }
 
 func (c *capture) stopTimer() {
@@ -557,7 +723,7 @@ func (c *capture) uploaded(ctx context.Context, err error) error {
 func (c *capture) discard() {
 	c.abandon()
 	c.stopTimer()
-	c.fill, c.cutDue, c.next, c.stored, c.last = nil, false, 0, nil, nil
+	c.fill, c.cutDue, c.next, c.stored, c.last, c.marks = nil, false, 0, nil, nil, nil
 }
 
 // abandon cancels the in-flight upload and waits for its goroutine.
@@ -583,7 +749,18 @@ func (c *capture) flush(ctx context.Context) error {
 		return nil
 	}
 	if err := c.cut(fctx); err != nil {
+		var brk chainEnd
+		if errors.As(err, &brk) {
+			_, err := c.end(ctx, brk)
+			return err
+		}
 		return c.flushErr(err)
+	}
+	if c.fill != nil {
+		// Nothing is lost: etcd still holds them for the next agent.
+		c.log.Warn("delta capture stopped; pending revisions not stored, etcd did not confirm them (the next agent reads them again)",
+			"chain", c.o.Chain, "firstRevision", c.fill.first, "lastRevision", c.next-1)
+		return nil
 	}
 	if err := c.waitUpload(fctx); err != nil {
 		return c.flushErr(err)
@@ -613,6 +790,19 @@ func (c *capture) end(ctx context.Context, e chainEnd) (Result, error) {
 	if err := c.waitUpload(fctx); err != nil {
 		return c.res, fmt.Errorf("delta chain ends (%s), but a segment before the end could not be stored: %w", reason, err)
 	}
+	if c.fill != nil {
+		// What is held goes into the end segment only if etcd still
+		// holds it.
+		if err := c.verifyRetrying(fctx); err != nil {
+			var brk chainEnd
+			if errors.As(err, &brk) {
+				e, reason = brk, brk.reason
+			} else {
+				c.log.Warn("could not check the held revisions against etcd; the chain ends where it was last stored", "chain", c.o.Chain, "error", err.Error())
+			}
+			c.dropFill()
+		}
+	}
 	f := c.fill
 	if f == nil {
 		var err error
@@ -633,6 +823,25 @@ func (c *capture) end(ctx context.Context, e chainEnd) (Result, error) {
 	}
 	c.res.ChainEnded = reason
 	return c.res, nil
+}
+
+// verifyRetrying is verify, tried again while etcd does not answer and
+// ctx lasts.
+func (c *capture) verifyRetrying(ctx context.Context) error {
+	for {
+		err := c.verify(ctx)
+		var brk chainEnd
+		if err == nil || errors.As(err, &brk) || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(time.Second)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }
 
 // checkHistory makes sure etcd's history is still the one the chain
@@ -679,11 +888,7 @@ func (c *capture) checkHistory(ctx context.Context) error {
 	if ev == nil {
 		return nil
 	}
-	same := len(resp.Kvs) == 0
-	if !ev.Deleted {
-		same = len(resp.Kvs) == 1 && resp.Kvs[0].ModRevision == held && eventOf(&mvccpb.Event{Kv: resp.Kvs[0]}).ValueSHA256 == ev.ValueSHA256
-	}
-	if !same {
+	if !holds(resp.Kvs, ev, held) {
 		return chainEnd{historyBreak: true, reason: fmt.Sprintf("etcd holds another write at revision %d than the chain does (key %q): its history changed under the chain (restored without a revision bump, or re-created); the chain ends here and a full backup starts a new one", held, ev.Key)}
 	}
 	return nil

@@ -5,13 +5,17 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	agent "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
 // A chain whose stored end is ahead of etcd (etcd restored without a
@@ -90,6 +94,88 @@ func TestChainEndsWhenEtcdHoldsAnotherWriteAtItsEnd(t *testing.T) {
 	stop()
 	if res, err := r.wait(t); err != nil || res.ChainEnded != "" {
 		t.Fatalf("capture on the same history: %+v, %v", res, err)
+	}
+}
+
+// etcd restored in place without a revision bump under a running agent,
+// from a snapshot taken while the agent held writes it had not stored
+// yet: etcd's client resumes the watch after the restart and nothing in
+// it says that etcd changed; the new history reaches past what the agent
+// received and its writes follow on. The agent must see at its next cut
+// that etcd no longer holds what it received, store nothing of the mixed
+// segment, and end the chain as a history break where it was last
+// stored (review finding 2, the sandbox's case, found by its e2e test).
+func TestRunningAgentSeesEtcdRestoredUnderIt(t *testing.T) {
+	te := etcdtest.Start(t, false)
+	c := te.Client(t)
+	ctx := context.Background()
+	store := &memStore{start: rev(t, c) + 1}
+	// Now is read once per revision the agent takes: the test knows
+	// what it holds. The period never ends; a big write cuts.
+	var taken atomic.Int64
+	now := func() time.Time { taken.Add(1); return time.Now() }
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	r := start(runCtx, agent.Options{Etcd: c, Store: store, Chain: "full-1", Epoch: epoch1, Period: time.Hour, MaxBytes: 64 << 10, Now: now})
+	write := func(key, value string) int64 {
+		t.Helper()
+		resp, err := c.Put(ctx, key, value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+	for i := range 10 {
+		write(fmt.Sprintf("/old/a%02d", i), "old")
+	}
+	waitFor(t, "the agent holding 10 revisions", func() bool { return taken.Load() == 10 })
+	snap := filepath.Join(t.TempDir(), "snap.db")
+	f, err := os.Create(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ReadFrom(rc); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	var oldEnd int64
+	for i := range 10 {
+		oldEnd = write(fmt.Sprintf("/old/b%02d", i), "old")
+	}
+	waitFor(t, "the agent holding 20 revisions", func() bool { return taken.Load() == 20 })
+	if n := len(store.segments()); n != 0 {
+		t.Fatalf("%d segments stored before the restore; want the writes held", n)
+	}
+
+	zero := int64(0)
+	dir := filepath.Join(t.TempDir(), "restored")
+	if _, err := snapshot.Restore(snap, snapshot.Member{Name: te.Name, InitialCluster: te.InitialCluster,
+		InitialAdvertisePeerURLs: []string{te.PeerURL}, DataDir: dir, BumpRevision: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	te.RestartOn(t, dir)
+	// The new history passes the old one's end, then a write over
+	// MaxBytes makes the agent cut.
+	for rev(t, c) <= oldEnd {
+		write("/new/filler", "new")
+	}
+	write("/new/big", strings.Repeat("n", 70<<10))
+	waitFor(t, "the agent storing a segment", func() bool { return len(store.segments()) > 0 })
+	stop()
+	res, err := r.wait(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	segs := store.segments()
+	if len(segs) != 1 || segs[0].Summary.Revisions != 0 || !segs[0].HistoryBreak || segs[0].Summary.FirstRevision != store.start {
+		t.Fatalf("stored %+v; want only an empty end segment at revision %d marking a history break", segs, store.start)
+	}
+	if !strings.Contains(res.ChainEnded, "changed under the running agent") || !strings.Contains(res.ChainEnded, fmt.Sprintf("ends at revision %d", store.start-1)) {
+		t.Fatalf("chain ended: %q; want it to say etcd changed under the agent and where the chain ends", res.ChainEnded)
 	}
 }
 

@@ -58,10 +58,12 @@ type filling struct {
 	leases map[int64]bool
 	// last is the first event of the newest revision added.
 	last *mvccpb.Event
+	// first is the segment's first revision.
+	first int64
 }
 
 func newFilling(h deltafmt.Header) (*filling, error) {
-	f := &filling{leases: map[int64]bool{}}
+	f := &filling{leases: map[int64]bool{}, first: h.FirstRevision}
 	w, err := deltafmt.NewWriter(&f.buf, h)
 	if err != nil {
 		return nil, err

@@ -38,8 +38,14 @@ type Etcd struct {
 	DataDir string
 	// TLS holds the client certificate files (nil: plain HTTP).
 	TLS *transport.TLSInfo
+	// PeerURL and InitialCluster are its peer URL and --initial-cluster
+	// (the layout a restore for it is made with).
+	PeerURL        string
+	InitialCluster string
 	// Stop stops it; calling it again does nothing.
 	Stop func()
+
+	cfg *embed.Config
 }
 
 // Start runs a one-member etcd until the end of the test.
@@ -68,7 +74,14 @@ func Start(t testing.TB, withTLS bool) *Etcd {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	e, err := embed.StartEtcd(cfg)
+	te.cfg, te.Endpoint, te.PeerURL, te.InitialCluster = cfg, client.String(), peer.String(), cfg.InitialCluster
+	te.run(t)
+	return te
+}
+
+func (te *Etcd) run(t testing.TB) {
+	t.Helper()
+	e, err := embed.StartEtcd(te.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,8 +92,18 @@ func Start(t testing.TB, withTLS bool) *Etcd {
 	case <-time.After(30 * time.Second):
 		t.Fatal("etcd not ready")
 	}
-	te.Endpoint = client.String()
-	return te
+}
+
+// RestartOn stops the member and starts it again on dataDir (a data
+// directory restored for it) at the same URLs, as an operator who
+// restores etcd in place does: its clients reconnect to it.
+func (te *Etcd) RestartOn(t testing.TB, dataDir string) {
+	t.Helper()
+	te.Stop()
+	cfg := *te.cfg
+	cfg.Dir = dataDir
+	te.cfg, te.DataDir = &cfg, dataDir
+	te.run(t)
 }
 
 // Config is a client configuration for the member.

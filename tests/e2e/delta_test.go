@@ -79,7 +79,7 @@ func TestDeltaCapture(t *testing.T) {
 	// The server took a full backup to start from, then the agent.
 	var full string
 	pollUntil(ctx, t, "a full backup of live with a growing delta chain", func() bool {
-		full = chainGrowing(t, c)
+		full = chainGrowing(t, c, "live")
 		return full != ""
 	})
 	t.Logf("chain started from full backup %s", full)
@@ -205,7 +205,7 @@ func TestDeltaCapture(t *testing.T) {
 		{"time", "--to-time", timed.LastTime.Format(time.RFC3339Nano), timed.LastRevision},
 	} {
 		t.Run("restore-"+p.name, func(t *testing.T) {
-			restoreToPoint(t, c, ec, p.flag, p.value, p.want)
+			restoreToPoint(t, c, "live", ec, p.flag, p.value, p.want)
 		})
 	}
 
@@ -242,7 +242,7 @@ func TestDeltaCapture(t *testing.T) {
 		pollUntil(ctx, t, "a new full backup of live with a growing chain", func() bool {
 			n++
 			put(t, ec, fmt.Sprintf("/registry/after-compaction/%03d", n), "y")
-			next = chainGrowing(t, c)
+			next = chainGrowing(t, c, "live")
 			return next != "" && next != full
 		})
 		if v, ok := metricValue(t, metrics, `etcdbackup_delta_chain_ends_total{target="live"}`); !ok || v < 1 {
@@ -388,11 +388,11 @@ func fullRevision(t *testing.T, c *cluster, full string) int64 {
 	return getBackup(t, c, full).Status.Etcd.Revision
 }
 
-// chainGrowing is the newest backup of live whose chain holds segments
-// and has not ended, or "".
-func chainGrowing(t *testing.T, c *cluster) string {
+// chainGrowing is the newest backup of target whose chain holds
+// segments and has not ended, or "".
+func chainGrowing(t *testing.T, c *cluster, target string) string {
 	t.Helper()
-	r := mustSucceed(t, c.run(t, nil, "etcdbackup", "list", "--target", "live", "-o", "json"), "list --target live")
+	r := mustSucceed(t, c.run(t, nil, "etcdbackup", "list", "--target", target, "-o", "json"), "list --target "+target)
 	var l struct {
 		Items []backupJSON `json:"items"`
 	}
@@ -461,46 +461,65 @@ func checkContiguous(t *testing.T, full string, from int64, segs []segment) {
 	}
 }
 
-// restoreToPoint restores target live to a point on this machine, as an
+// restoreToPoint restores target to a point on this machine, as an
 // operator would, starts etcd on the result and compares its keyspace
-// with the source's at want.
-func restoreToPoint(t *testing.T, c *cluster, source *clientv3.Client, flag, value string, want int64) {
+// with the source's at want. It returns what restore printed.
+func restoreToPoint(t *testing.T, c *cluster, target string, source *clientv3.Client, flag, value string, want int64) string {
+	t.Helper()
+	src, err := source.Get(context.Background(), "\x00", clientv3.WithFromKey(), clientv3.WithRev(want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return restoreToPointExpecting(t, c, target, nil, flag, value, want, src.Kvs)
+}
+
+// restoreToPointExpecting is restoreToPoint against the keyspace src of
+// revision want; the restored etcd is read as auth (nil: etcd's auth is
+// off).
+func restoreToPointExpecting(t *testing.T, c *cluster, target string, auth *etcdUser, flag, value string, want int64, src []*mvccpb.KeyValue) string {
 	t.Helper()
 	m := newMembers(t, 1)[0]
 	m.name = "r1"
 	m.dataDir = filepath.Join(t.TempDir(), "r1.etcd")
-	r := mustSucceed(t, c.run(t, nil, "etcdbackup", "restore", "--local", "--target", "live", flag, value,
+	r := mustSucceed(t, c.run(t, nil, "etcdbackup", "restore", "--local", "--target", target, flag, value,
 		"--data-dir", m.dataDir, "--member-name", m.name, "--initial-cluster", m.name+"="+m.peerURL.String(),
 		"--initial-advertise-peer-urls", m.peerURL.String()), "restore "+flag+" "+value)
 	if !strings.Contains(r.Stdout, fmt.Sprintf("as it was at revision %d", want)) {
 		t.Fatalf("restore %s %s does not say it restored revision %d:\n%s", flag, value, want, r.Stdout)
 	}
 	startMembers(t, []*etcdMember{m})
-	restored := etcdClient(t, []*etcdMember{m})
-	ctx := context.Background()
-	src, err := source.Get(ctx, "\x00", clientv3.WithFromKey(), clientv3.WithRev(want))
+	cfg := etcdClientConfig(m)
+	if auth != nil {
+		cfg.Username, cfg.Password = auth.name, auth.password
+	}
+	restored, err := clientv3.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := restored.Get(ctx, "\x00", clientv3.WithFromKey())
+	defer restored.Close()
+	got, err := restored.Get(context.Background(), "\x00", clientv3.WithFromKey())
 	if err != nil {
 		t.Fatal(err)
 	}
 	show := func(kv *mvccpb.KeyValue) string {
 		return fmt.Sprintf("%s=%.20q create=%d mod=%d version=%d lease=%x", kv.Key, kv.Value, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease)
 	}
-	if len(got.Kvs) != len(src.Kvs) {
-		t.Errorf("restored %d keys, the source had %d at revision %d", len(got.Kvs), len(src.Kvs), want)
+	if len(got.Kvs) != len(src) {
+		t.Errorf("restored %d keys, the source had %d at revision %d", len(got.Kvs), len(src), want)
 	}
 	bad := 0
-	for i := range min(len(got.Kvs), len(src.Kvs)) {
-		if g, w := show(got.Kvs[i]), show(src.Kvs[i]); g != w && bad < 5 {
+	for i := range min(len(got.Kvs), len(src)) {
+		if g, w := show(got.Kvs[i]), show(src[i]); g != w && bad < 5 {
 			bad++
 			t.Errorf("key %d at revision %d:\n restored %s\n source   %s", i, want, g, w)
 		}
 	}
 	t.Logf("restored revision %d: %d keys equal to the source's", want, len(got.Kvs))
+	return r.Stdout
 }
+
+// etcdUser is an etcd user's name and password.
+type etcdUser struct{ name, password string }
 
 // startSecondDeltaAgent copies the running delta agent's pod under a new
 // name, still controlled by its Job, without the Job's selector labels.

@@ -191,6 +191,19 @@ type PlainTarget struct {
 	// DeltaPeriod, when set, is its deltas.period: the server keeps a
 	// delta agent capturing it.
 	DeltaPeriod string
+	// CompactAfterRevisions, when set, is its deltas.compactAfterRevisions.
+	CompactAfterRevisions int64
+	// TLS, when set, is the client certificate the target's etcd asks
+	// for (https, client-certificate authentication, as kubeadm runs
+	// it), installed as Secret NAME-etcd-client; its server certificate
+	// must name NAME.kube-system.svc.
+	TLS *TargetTLS
+}
+
+// TargetTLS are PEM files: the CA of the target's etcd, a client
+// certificate it trusts and its key.
+type TargetTLS struct {
+	CAFile, CertFile, KeyFile string
 }
 
 func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, opts ProductOptions) error {
@@ -209,6 +222,14 @@ func writeOverlay(dir, root string, sb *sandbox.Sandbox, s3 *s3test.Server, opts
 	copies := map[string]string{
 		"etcd-ca.crt": ca, "etcd-tls.crt": cert, "etcd-tls.key": key,
 		"s3-access-key-id": s3.AccessKeyIDFile, "s3-secret-access-key": s3.SecretAccessKeyFile, "s3-ca.crt": s3.CAFile,
+	}
+	var targetSecrets strings.Builder
+	for _, t := range extra {
+		if t.TLS == nil {
+			continue
+		}
+		copies[t.Name+"-ca.crt"], copies[t.Name+"-tls.crt"], copies[t.Name+"-tls.key"] = t.TLS.CAFile, t.TLS.CertFile, t.TLS.KeyFile
+		fmt.Fprintf(&targetSecrets, "  - name: %[1]s-etcd-client\n    files: [ca.crt=%[1]s-ca.crt, tls.crt=%[1]s-tls.crt, tls.key=%[1]s-tls.key]\n", t.Name)
 	}
 	for name, src := range copies {
 		b, err := os.ReadFile(src)
@@ -249,7 +270,7 @@ secretGenerator:
     files: [ca.crt=etcd-ca.crt, tls.crt=etcd-tls.crt, tls.key=etcd-tls.key]
   - name: s3-credentials
     files: [access-key-id=s3-access-key-id, secret-access-key=s3-secret-access-key]
-configMapGenerator:
+%[9]sconfigMapGenerator:
   - name: s3-ca
     files: [ca.crt=s3-ca.crt]
 images:
@@ -264,7 +285,7 @@ images:
 %[8]spatches:
   - path: config.yaml
   - path: deployment.yaml
-%[7]s`, DefaultNamespace, base, serverName, serverTag, agentName, agentTag, restoreNamespacesPatch(cluster), components),
+%[7]s%[10]s`, DefaultNamespace, base, serverName, serverTag, agentName, agentTag, restoreNamespacesPatch(cluster), components, targetSecrets.String(), targetSecretsRolePatch(extra)),
 		"config.yaml": fmt.Sprintf(`apiVersion: v1
 kind: ConfigMap
 metadata:
@@ -357,10 +378,30 @@ func restoreNamespacesPatch(ts []ClusterTarget) string {
 	return "  - target: {kind: NetworkPolicy, name: etcdbackup-server}\n    patch: |-\n" + b.String()
 }
 
+// targetSecretsRolePatch lets the server check the TLS Secrets of extra
+// targets, as the server's Role tells users to do: their names beside
+// etcd-client (the test fails the patch if that rule moved).
+func targetSecretsRolePatch(ts []PlainTarget) string {
+	var b strings.Builder
+	for _, t := range ts {
+		if t.TLS != nil {
+			fmt.Fprintf(&b, "      - op: add\n        path: /rules/4/resourceNames/-\n        value: %s-etcd-client\n", t.Name)
+		}
+	}
+	if b.Len() == 0 {
+		return ""
+	}
+	return "  - target: {kind: Role, name: etcdbackup-server}\n    patch: |-\n      - op: test\n        path: /rules/4/resourceNames/0\n        value: etcd-client\n" + b.String()
+}
+
 func plainTargets(ts []PlainTarget) string {
 	var b strings.Builder
 	for _, t := range ts {
-		fmt.Fprintf(&b, "      - name: %s\n        endpoints: [http://%s.kube-system.svc:2379]\n        insecurePlaintext: true\n", t.Name, t.Name)
+		if t.TLS != nil {
+			fmt.Fprintf(&b, "      - name: %[1]s\n        endpoints: [https://%[1]s.kube-system.svc:2379]\n        tlsSecret: %[1]s-etcd-client\n", t.Name)
+		} else {
+			fmt.Fprintf(&b, "      - name: %s\n        endpoints: [http://%s.kube-system.svc:2379]\n        insecurePlaintext: true\n", t.Name, t.Name)
+		}
 		if t.Schedule != "" {
 			fmt.Fprintf(&b, "        schedule: %q\n", t.Schedule)
 		}
@@ -371,7 +412,7 @@ func plainTargets(ts []PlainTarget) string {
 			fmt.Fprintf(&b, "        drill: {schedule: %q}\n", t.Drill)
 		}
 		if t.DeltaPeriod != "" {
-			fmt.Fprintf(&b, "        deltas: {period: %q}\n", t.DeltaPeriod)
+			fmt.Fprintf(&b, "        deltas: {period: %q, compactAfterRevisions: %d}\n", t.DeltaPeriod, t.CompactAfterRevisions)
 		}
 	}
 	return b.String()
