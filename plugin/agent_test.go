@@ -24,6 +24,14 @@ func (g *agentAs) set(target, backup string, scheduled bool) {
 		Backup: backup, Location: "default", Target: target, Scheduled: scheduled}
 }
 
+// setAt is set for a backup stored in location.
+func (g *agentAs) setAt(target, backup, location string) {
+	g.set(target, backup, false)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.a.Location = location
+}
+
 // Admit implements auth.Guard.
 func (g *agentAs) Admit(ctx context.Context, _ string) (context.Context, error) {
 	g.mu.Lock()

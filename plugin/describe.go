@@ -154,6 +154,9 @@ func describeSource(w io.Writer, b *ebv1.Backup) {
 	if s.GetTarget() != "" {
 		subfield(w, "Target", s.GetTarget())
 	}
+	if s.GetClaimedTarget() != "" {
+		subfield(w, "Claimed Target", s.GetClaimedTarget()+" (the uploader's word: never restored to a point, drilled or retained as that target's backup)")
+	}
 	if s.GetDescription() != "" {
 		subfield(w, "Description", s.GetDescription())
 	}

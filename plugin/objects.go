@@ -57,6 +57,9 @@ type BackupSource struct {
 	Description string       `json:"description,omitempty"`
 	StartTime   *metav1.Time `json:"startTime,omitempty"`
 	EndTime     *metav1.Time `json:"endTime,omitempty"`
+	// ClaimedTarget is the target an upload's header named: its
+	// uploader's word, which no restore, drill or retention acts on.
+	ClaimedTarget string `json:"claimedTarget,omitempty"`
 }
 
 // BackupStatus is what is known of the backup now.
@@ -329,10 +332,11 @@ func backupObject(b *ebv1.Backup) Backup {
 	}
 	if s := b.GetSource(); s != nil {
 		o.Spec.Source = &BackupSource{
-			Kind:        s.GetKind(),
-			Description: s.GetDescription(),
-			StartTime:   timeOf(s.GetStartTime()),
-			EndTime:     timeOf(s.GetEndTime()),
+			Kind:          s.GetKind(),
+			Description:   s.GetDescription(),
+			StartTime:     timeOf(s.GetStartTime()),
+			EndTime:       timeOf(s.GetEndTime()),
+			ClaimedTarget: s.GetClaimedTarget(),
 		}
 	}
 	if e := b.GetEtcd(); e != nil {

@@ -150,11 +150,14 @@ func seenAt(t time.Time) string {
 	return " (seen " + t.UTC().Format(time.RFC3339) + ")"
 }
 
-// ofTarget keeps the backups of target.
+// ofTarget keeps the backups of target: those its agents stored (fulls,
+// folds, delta segments). An upload that names the target is only its
+// uploader's word, whatever the server it came from recorded.
 func ofTarget(bs []*ebv1.Backup, target string) []*ebv1.Backup {
 	var out []*ebv1.Backup
 	for _, b := range bs {
-		if b.GetSource().GetTarget() == target {
+		src := b.GetSource()
+		if ebv1.OfTarget(src.GetKind(), src.GetTarget(), target) || (src.GetKind() == ebv1.SourceDelta && src.GetTarget() == target) {
 			out = append(out, b)
 		}
 	}

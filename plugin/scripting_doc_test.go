@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"net"
@@ -56,6 +57,19 @@ func docExamples(t *testing.T) []string {
 type docWorld struct {
 	*agentWorld
 	t *testing.T
+	// asAgent serializes uploads made as an agent (the guard holds one
+	// identity at a time).
+	asAgent sync.Mutex
+}
+
+// agentUpload stores data as target's backup agent would: a target's
+// backups are its agents' (an upload's target is only claimed).
+func (w *docWorld) agentUpload(ctx context.Context, target string, h *ebv1.UploadHeader, data []byte) error {
+	w.asAgent.Lock()
+	defer w.asAgent.Unlock()
+	w.agent.setAt(target, h.GetName(), cmp.Or(h.GetLocation(), "default"))
+	_, err := w.srv.AgentClient.Upload(ctx, bytes.NewReader(data), h, nil)
+	return err
 }
 
 func TestScriptingDoc(t *testing.T) {
@@ -72,11 +86,14 @@ func TestScriptingDoc(t *testing.T) {
 	// examples print.
 	upload := func(name, location string, data []byte, labels map[string]string, target string) {
 		h := &ebv1.UploadHeader{Name: name, Location: location, Labels: labels}
+		var err error
 		if target != "" {
-			h.Source = &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: target}
 			h.Etcd = &ebv1.EtcdInfo{ClusterId: 0xcdf818194e3a8c32, MemberId: 0x8e9e05c52164694d, MemberName: "cp-1", Revision: 48213, Version: "3.7.3"}
+			err = w.agentUpload(ctx, target, h, data)
+		} else {
+			_, err = w.srv.Client.Upload(ctx, bytes.NewReader(data), h, nil)
 		}
-		if _, err := w.srv.Client.Upload(ctx, bytes.NewReader(data), h, nil); err != nil {
+		if err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(10 * time.Millisecond) // distinct creation times: newest first is well defined
@@ -235,8 +252,8 @@ func (w *docWorld) playAgents(t *testing.T) {
 					w.finish(t, j, false, "snapshot from https://etcd:2379: connection refused")
 					continue
 				}
-				h := &ebv1.UploadHeader{Name: name, Location: j.Annotations[jobs.AnnotationLocation], Source: &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: "control-plane"}}
-				if _, err := w.srv.Client.Upload(ctx, bytes.NewReader(etcdtest.TrailedBytes(t, 544)), h, nil); err != nil && ctx.Err() == nil {
+				h := &ebv1.UploadHeader{Name: name, Location: j.Annotations[jobs.AnnotationLocation]}
+				if err := w.agentUpload(ctx, "control-plane", h, etcdtest.TrailedBytes(t, 544)); err != nil && ctx.Err() == nil {
 					t.Errorf("agent of %s: %v", name, err)
 				}
 				w.finish(t, j, true, "")

@@ -16,6 +16,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
 
 // Errors every backend returns (wrapped) so the request layer can map them
@@ -188,6 +190,17 @@ type Source struct {
 	// the schedule go by them, never by labels.
 	Scheduled     bool      `json:"scheduled,omitempty"`
 	ScheduledTime time.Time `json:"scheduledTime,omitzero"`
+	// ClaimedTarget is the target an upload's header named: the
+	// uploader's word, never acted on. Target is only ever the server's.
+	ClaimedTarget string `json:"claimedTarget,omitempty"`
+}
+
+// OfTarget says whether m is one of target's own backups: taken by the
+// target's agent (a snapshot or a fold) and recorded so by the server.
+// Restores to a point, drills, retention, delta chains and metrics of a
+// target count only these: an upload is whatever its uploader made it.
+func (m *Manifest) OfTarget(target string) bool {
+	return ebv1.OfTarget(m.Source.Kind, m.Source.Target, target)
 }
 
 // EtcdInfo records facts about a snapshot and the etcd member it was taken

@@ -351,22 +351,24 @@ func TestScheduleIgnoresScheduledTimesInTheFuture(t *testing.T) {
 	backuptest.Equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500"})
 }
 
-// A scheduled run whose name another backup holds fails where it can be
-// seen — the failed-run and name-taken counters, an Event on the
-// server's pod — and the next run goes on under its own name.
-func TestScheduledRunWhoseNameIsTakenFailsVisibly(t *testing.T) {
+// A scheduled run whose name another backup holds (an upload stored
+// before such names were refused) still backs up, under an alternative
+// name, and says so where it can be seen — the name-taken counter, an
+// Event on the server's pod; the next run goes on under its own name
+// (issue 37 #5).
+func TestScheduledRunWhoseNameIsTakenStillBacksUp(t *testing.T) {
 	sw := newSchedWorld(t, scheduledTarget5m(), backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
 	sw.at("2026-12-01T10:02:00Z")
-	// Someone uploads under the next run's name.
+	// Someone uploaded under the next run's name.
 	backuptest.Put(t, sw.loc, &storage.Manifest{Name: "cp-20261201-100500", SHA256: strings.Repeat("0", 64),
 		CreateTime: sw.now, Source: storage.Source{Kind: ebv1.SourceUpload}}, []byte("someone else's"))
 	sw.at("2026-12-01T10:05:00Z")
-	backuptest.Equal(t, "jobs", sw.backupsOfJobs(), nil)
+	backuptest.Equal(t, "jobs", sw.backupsOfJobs(), []string{"cp-20261201-100500-2"})
 	if n := sw.skipped(metrics.SkipNameTaken); n != 1 {
 		t.Errorf("skipped (name-taken) = %v, want 1", n)
 	}
-	if n := sw.runs(metrics.ResultFailed); n != 1 {
-		t.Errorf("runs failed = %v, want 1", n)
+	if n := sw.runs(metrics.ResultFailed); n != 0 {
+		t.Errorf("runs failed = %v, want 0", n)
 	}
 	events, err := sw.cs.CoreV1().Events(testNS).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
@@ -375,18 +377,25 @@ func TestScheduledRunWhoseNameIsTakenFailsVisibly(t *testing.T) {
 	var found bool
 	for _, e := range events.Items {
 		if e.Reason == EventNameTaken && e.Type == corev1.EventTypeWarning && e.InvolvedObject.Kind == "Pod" && e.InvolvedObject.Name == serverPod &&
-			strings.Contains(e.Message, `"cp-20261201-100500"`) {
+			strings.Contains(e.Message, `"cp-20261201-100500"`) && strings.Contains(e.Message, `stored as "cp-20261201-100500-2"`) {
 			found = true
 		}
 	}
 	if !found {
-		t.Errorf("no %s Event about pod %s naming the backup: %+v", EventNameTaken, serverPod, events.Items)
+		t.Errorf("no %s Event about pod %s naming the backup and where the run went: %+v", EventNameTaken, serverPod, events.Items)
 	}
-	// The upload is left as it was.
+	// The upload is left as it was; the run is stored beside it, as a
+	// scheduled backup due at 10:05.
 	backuptest.Equal(t, "stored", sw.stored(), []string{"cp-20261201-100500"})
+	sw.at("2026-12-01T10:06:00Z")
+	sw.finish("cp-20261201-100500-2", true)
+	backuptest.Equal(t, "stored", sw.stored(), []string{"cp-20261201-100500", "cp-20261201-100500-2"})
+	if m, err := sw.loc.Stat(context.Background(), "cp-20261201-100500-2"); err != nil || !m.Source.ScheduledTime.Equal(backuptest.MustTime(t, "2026-12-01T10:05:00Z")) {
+		t.Errorf("the run stored under another name: %+v, %v; want scheduled at 10:05", m, err)
+	}
 
 	sw.at("2026-12-01T10:10:00Z")
-	backuptest.Equal(t, "jobs of the next run", sw.backupsOfJobs(), []string{"cp-20261201-101000"})
+	backuptest.Equal(t, "jobs of the next run", sw.backupsOfJobs(), []string{"cp-20261201-100500-2", "cp-20261201-101000"})
 	if n := sw.skipped(metrics.SkipNameTaken); n != 1 {
 		t.Errorf("skipped (name-taken) after the next run = %v, want 1", n)
 	}

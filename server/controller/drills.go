@@ -61,7 +61,7 @@ func (c *Controller) newDrills(now time.Time) []*drillTarget {
 
 // recallVerified sets the last-verified metric from what storage holds.
 func (c *Controller) recallVerified(m *storage.Manifest, loc string) {
-	if retention.Verified(m) && m.Source.Target != "" {
+	if retention.Verified(m) && m.OfTarget(m.Source.Target) {
 		c.metrics.SetLastVerified(m.Source.Target, loc, m.CreateTime)
 	}
 }
@@ -111,7 +111,7 @@ func (c *Controller) startScheduledDrill(ctx context.Context, dt *drillTarget, d
 	var newest *storage.Manifest
 	manifests, _ = storage.SplitSegments(manifests)
 	for _, m := range manifests {
-		if m.Source.Target != t.Name || m.Etcd == nil || !m.Etcd.Keyspace {
+		if !m.OfTarget(t.Name) || m.Etcd == nil || !m.Etcd.Keyspace {
 			continue
 		}
 		if newest == nil || ebv1.CompareListing(m.CreateTime, m.Name, newest.CreateTime, newest.Name) < 0 {
@@ -190,10 +190,12 @@ func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs
 		result := map[string]string{
 			storage.VerificationSucceeded: metrics.DrillSucceeded, storage.VerificationFailed: metrics.DrillFailed,
 		}[v.Result]
-		c.metrics.DrillRuns.WithLabelValues(d.Target, cmp.Or(result, metrics.DrillError)).Inc()
+		if d.Target != "" { // a drill of an upload is no target's
+			c.metrics.DrillRuns.WithLabelValues(d.Target, cmp.Or(result, metrics.DrillError)).Inc()
+		}
 		if v.Result != storage.VerificationSucceeded {
 			c.log.Warn("drill failed", "backup", d.Backup, "location", d.Location, "target", d.Target, "result", v.Result, "message", v.Message)
-			if err == nil && v.Result == storage.VerificationFailed {
+			if err == nil && v.Result == storage.VerificationFailed && d.Target != "" {
 				// A backup verified before may have lost that status:
 				// the metric says the newest backup still verified.
 				c.resetLastVerified(ctx, loc, d.Target, d.Location)
@@ -201,8 +203,8 @@ func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs
 			continue
 		}
 		c.log.Info("drill succeeded", "backup", d.Backup, "location", d.Location, "target", d.Target, "revision", v.Revision, "keys", v.Keys)
-		if err == nil {
-			if m, err := loc.Stat(ctx, d.Backup); err == nil {
+		if err == nil && d.Target != "" {
+			if m, err := loc.Stat(ctx, d.Backup); err == nil && m.OfTarget(d.Target) {
 				c.metrics.SetLastVerified(d.Target, d.Location, m.CreateTime)
 			}
 			// The backup retention kept as the newest verified one may
@@ -255,7 +257,7 @@ func (c *Controller) resetLastVerified(ctx context.Context, loc storage.Location
 	}
 	var newest time.Time
 	for _, m := range manifests {
-		if m.Source.Target == target && retention.Verified(m) && m.CreateTime.After(newest) {
+		if m.OfTarget(target) && retention.Verified(m) && m.CreateTime.After(newest) {
 			newest = m.CreateTime
 		}
 	}

@@ -387,3 +387,26 @@ func TestAFailedDrillReplacesAVerification(t *testing.T) {
 		t.Errorf("drill runs: failed %v error %v", sw.drillRuns(metrics.DrillFailed), sw.drillRuns(metrics.DrillError))
 	}
 }
+
+// An upload that claims the target (as stored before claims were kept
+// apart, or by hand in storage), newer than the target's own backup and
+// verified: the drill schedule drills the target's own backup, and the
+// last-verified metric never moves for the upload (issue 37 #4).
+func TestScheduledDrillIgnoresUploadsClaimingTheTarget(t *testing.T) {
+	sw := newSchedWorld(t, drilledTarget(), backuptest.MustTime(t, "2026-12-01T10:02:00Z"))
+	sw.storeFingerprinted("cp-own", backuptest.MustTime(t, "2026-12-01T08:00:00Z"))
+	upload := &storage.Manifest{Name: "cp-uploaded", SHA256: strings.Repeat("b", 64), CreateTime: backuptest.MustTime(t, "2026-12-01T09:00:00Z"),
+		Source:       storage.Source{Kind: ebv1.SourceUpload, Target: "cp"},
+		Etcd:         &storage.EtcdInfo{Revision: 9000, SnapshotStatus: true, KeyspaceKeys: 7, HashKV: 99, Keyspace: true},
+		Verification: &storage.Verification{Result: storage.VerificationSucceeded, Time: backuptest.MustTime(t, "2026-12-01T09:10:00Z")}}
+	backuptest.Put(t, sw.loc, upload, []byte("the uploader's keyspace"))
+	sw.restart() // recalls the last verified backup from storage
+	sw.at("2026-12-01T10:10:01Z")
+	ds := sw.drillJobs()
+	if len(ds) != 1 || ds[0].Annotations[jobs.AnnotationBackup] != "cp-own" {
+		t.Fatalf("drill jobs %v, want one of the target's own cp-own", ds)
+	}
+	if got := testutil.ToFloat64(sw.metrics.LastVerified.WithLabelValues("cp", "default")); got != 0 {
+		t.Errorf("last verified of cp = %v: the upload's verification counted", got)
+	}
+}

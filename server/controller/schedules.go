@@ -107,11 +107,22 @@ func (c *Controller) startScheduled(ctx context.Context, st *scheduledTarget, du
 	// No labels: that the backup is scheduled is the Job's (signed)
 	// label, which the server writes into the manifest's source.
 	_, err := c.startBackup(ctx, &ebv1.CreateBackupRequest{Name: name, Target: t.Name}, true, "scheduler")
-	if status.Code(err) == codes.AlreadyExists && c.ownScheduled(ctx, t.Name, cmp.Or(t.Location, c.order[0]), name) {
-		return // an earlier server started or stored it
+	// A name that is not the schedule's (stored before users could not
+	// take such names): the run still backs up, under the next free
+	// alternative, and says so.
+	taken := name
+	for i := 2; status.Code(err) == codes.AlreadyExists && i <= maxAltNames; i++ {
+		if c.ownScheduled(ctx, t.Name, cmp.Or(t.Location, c.order[0]), name) {
+			return // an earlier server started or stored it
+		}
+		name = schedule.AltName(t.Name, due, i)
+		_, err = c.startBackup(ctx, &ebv1.CreateBackupRequest{Name: name, Target: t.Name}, true, "scheduler")
 	}
-	if status.Code(err) == codes.AlreadyExists {
-		c.nameTaken(ctx, st, due, now, name)
+	if status.Code(err) == codes.AlreadyExists && c.ownScheduled(ctx, t.Name, cmp.Or(t.Location, c.order[0]), name) {
+		return
+	}
+	if name != taken {
+		c.nameTaken(ctx, st, due, now, taken, name, err)
 		return
 	}
 	if err != nil {
@@ -136,23 +147,34 @@ func (c *Controller) ownScheduled(ctx context.Context, target, loc, name string)
 	return ok && got == target
 }
 
-// nameTaken fails a scheduled run whose name another backup holds (an
-// upload, an on-demand backup named so): visibly — a log line, the
-// failed-run and skipped-run counters, and an Event on the server's pod.
-// The schedule goes on: the next run has another name.
-func (c *Controller) nameTaken(ctx context.Context, st *scheduledTarget, due, now time.Time, name string) {
+// maxAltNames bounds the alternative names a scheduled run tries when
+// its own is taken (NAME-2 … NAME-4).
+const maxAltNames = 4
+
+// nameTaken reports a scheduled run whose name another backup holds (an
+// upload or on-demand backup named so before such names were refused):
+// a log line, the name-taken counter and an Event on the server's pod.
+// The run went on as alt, unless err says it could not (all taken: the
+// failed-run counter too).
+func (c *Controller) nameTaken(ctx context.Context, st *scheduledTarget, due, now time.Time, name, alt string, err error) {
 	t := st.target
 	loc := cmp.Or(t.Location, c.order[0])
-	c.metrics.Runs.WithLabelValues(t.Name, loc, metrics.ResultFailed).Inc()
 	c.metrics.Skipped.WithLabelValues(t.Name, metrics.SkipNameTaken).Inc()
-	msg := fmt.Sprintf("scheduled backup %q of target %q (due %s) was not taken: a backup that is not this schedule's already has the name in location %q; rename or delete it. The next run is at %s",
-		name, t.Name, due.UTC().Format(time.RFC3339), loc, st.sched.Next(now).UTC().Format(time.RFC3339))
-	c.log.Error("scheduled backup failed: its name is taken", "target", t.Name, "backup", name, "location", loc, "scheduled", due, "next", st.sched.Next(now))
+	msg := fmt.Sprintf("scheduled backup %q of target %q (due %s): a backup that is not this schedule's has the name in location %q; the run is stored as %q instead. Rename or delete %q",
+		name, t.Name, due.UTC().Format(time.RFC3339), loc, alt, name)
+	if err != nil {
+		c.metrics.Runs.WithLabelValues(t.Name, loc, metrics.ResultFailed).Inc()
+		msg = fmt.Sprintf("scheduled backup %q of target %q (due %s) was not taken: backups that are not this schedule's hold its name and its alternatives up to %q in location %q; rename or delete them. The next run is at %s",
+			name, t.Name, due.UTC().Format(time.RFC3339), alt, loc, st.sched.Next(now).UTC().Format(time.RFC3339))
+		c.log.Error("scheduled backup failed: its names are taken", "target", t.Name, "backup", name, "location", loc, "scheduled", due, "next", st.sched.Next(now))
+	} else {
+		c.log.Warn("scheduled backup's name is taken: stored under another", "target", t.Name, "backup", name, "storedAs", alt, "location", loc, "scheduled", due)
+	}
 	if c.agents == nil {
 		return
 	}
 	if err := c.agents.ServerEvent(ctx, EventNameTaken, msg); err != nil {
-		c.log.Warn("scheduler: no Event for the failed run", "target", t.Name, "backup", name, "error", err)
+		c.log.Warn("scheduler: no Event for the run whose name was taken", "target", t.Name, "backup", name, "error", err)
 	}
 }
 

@@ -30,6 +30,18 @@ func TestUserUploadCannotClaimToBeAnAgent(t *testing.T) {
 	if b.GetSource().GetKind() != "upload" {
 		t.Fatalf("a user's upload claiming kind agent is stored as %q, want upload", b.GetSource().GetKind())
 	}
+	// The target it names is its uploader's word, kept apart (issue 37
+	// #4): no planner, drill, retention or metric of the target sees it.
+	if s := b.GetSource(); s.GetTarget() != "" || s.GetClaimedTarget() != "control-plane" {
+		t.Fatalf("a user's upload naming target control-plane: source %v, want no target and the claim kept apart", s)
+	}
+	got, err := srv.Client.Backups.GetBackup(context.Background(), &ebv1.GetBackupRequest{Name: "b1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := got.GetBackup().GetSource(); s.GetTarget() != "" || s.GetClaimedTarget() != "control-plane" {
+		t.Fatalf("get of the upload: source %v", s)
+	}
 }
 
 // An agent's snapshot stored as is is checked against etcd's own SHA-256

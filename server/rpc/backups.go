@@ -151,6 +151,11 @@ func (s *Service) GetBackup(ctx context.Context, req *ebv1.GetBackupRequest) (*e
 	if err != nil {
 		return nil, err
 	}
+	// An agent learns nothing of other backups, not even whether one
+	// exists: it is refused before any lookup.
+	if a, ok := auth.AgentFrom(ctx); ok && (a.Kind != auth.AgentDelta || a.Backup != req.GetName() || a.Location != locName) {
+		return nil, status.Errorf(codes.PermissionDenied, "%s may read only its chain's backup %q in location %q", a, a.Backup, a.Location)
+	}
 	m, err := loc.Stat(ctx, req.GetName())
 	if errors.Is(err, storage.ErrNotFound) {
 		if b := s.run(ctx, locName, req.GetName()); b != nil {
@@ -160,11 +165,8 @@ func (s *Service) GetBackup(ctx context.Context, req *ebv1.GetBackupRequest) (*e
 	if err != nil {
 		return nil, s.metrics.StorageError("get", locName, req.GetName(), err)
 	}
-	if a, ok := auth.AgentFrom(ctx); ok && (a.Kind != auth.AgentDelta || a.Backup != req.GetName() || a.Location != locName) {
-		return nil, status.Errorf(codes.PermissionDenied, "%s may read only its chain's backup %q in location %q", a, a.Backup, a.Location)
-	}
 	b := backupFromManifest(locName, m)
-	if !m.IsSegment() && s.capturesDeltas(m.Source.Target) {
+	if !m.IsSegment() && m.OfTarget(m.Source.Target) && s.capturesDeltas(m.Source.Target) {
 		// The chain is in the listing: read it only for targets that
 		// have one.
 		all, err := loc.List(ctx)

@@ -11,6 +11,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
@@ -60,6 +61,11 @@ func (s *Service) StartBackup(ctx context.Context, req *ebv1.CreateBackupRequest
 	}
 	if err := validateName("backup", name); err != nil {
 		return nil, err
+	}
+	if !scheduled && req.GetName() != "" {
+		if err := s.reservedName("create backup", name); err != nil {
+			return nil, err
+		}
 	}
 	if err := validateLabels(req.GetLabels(), s.limits); err != nil {
 		return nil, err
@@ -170,4 +176,17 @@ func (s *Service) GetBackupEvents(ctx context.Context, req *ebv1.GetBackupEvents
 		resp.Events = append(resp.Events, ev)
 	}
 	return resp, nil
+}
+
+// reservedName refuses a name a user chose when it has the form of a
+// target's scheduled backups: taken, it would stop that run.
+func (s *Service) reservedName(what, name string) error {
+	for _, t := range s.targets {
+		if schedule.Reserved(t.Name, name) {
+			return status.Errorf(codes.InvalidArgument,
+				"%s: name %q has the form of target %q's scheduled backups (%s-YYYYMMDD-HHMMSS), which only its schedule may take; choose another name",
+				what, name, t.Name, t.Name)
+		}
+	}
+	return nil
 }

@@ -47,10 +47,16 @@ func (s *Service) StartDrill(ctx context.Context, location, name string, schedul
 		return nil, status.Errorf(codes.FailedPrecondition,
 			"backup %q records no keyspace fingerprint (it was stored by an older version), so a drill has nothing to compare a restore with; take a new backup and drill that one", name)
 	}
-	spec := jobs.DrillSpec{Backup: name, Location: locName, Target: m.Source.Target, SHA256: m.SHA256, Scheduled: scheduled}
-	for _, t := range s.targets {
-		if t.Name == m.Source.Target && t.Drill != nil {
-			spec.IdentitySecret = t.Drill.IdentitySecret
+	// Only a target's own backup is drilled as the target's: an upload
+	// that claims a target gets neither its drill identity nor its
+	// verdict metrics.
+	spec := jobs.DrillSpec{Backup: name, Location: locName, SHA256: m.SHA256, Scheduled: scheduled}
+	if m.OfTarget(m.Source.Target) {
+		spec.Target = m.Source.Target
+		for _, t := range s.targets {
+			if t.Name == spec.Target && t.Drill != nil {
+				spec.IdentitySecret = t.Drill.IdentitySecret
+			}
 		}
 	}
 	job, err := s.agents.StartDrill(ctx, spec)
@@ -65,7 +71,7 @@ func (s *Service) StartDrill(ctx context.Context, location, name string, schedul
 	if err != nil {
 		return nil, ebv1.ServerErrorf(codes.Internal, "start drill agent for %q: %v", name, err)
 	}
-	s.log.Info("drill agent started", "backup", name, "location", locName, "target", m.Source.Target, "job", job.Name, "caller", by)
+	s.log.Info("drill agent started", "backup", name, "location", locName, "target", spec.Target, "job", job.Name, "caller", by)
 	return &ebv1.DrillBackupResponse{Job: job.Name, StartTime: timestamppb.New(job.CreationTimestamp.Time)}, nil
 }
 

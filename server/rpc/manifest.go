@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"cmp"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -23,7 +24,9 @@ func manifestFromHeader(h *ebv1.UploadHeader, kind string, size int64, digest st
 		Source: storage.Source{
 			Kind:        kind,
 			Description: h.GetSource().GetDescription(),
-			Target:      h.GetSource().GetTarget(),
+			// The header's target is the uploader's word; an agent's
+			// comes from its signed Job (commitUpload).
+			ClaimedTarget: h.GetSource().GetTarget(),
 		},
 	}
 	if m.Encryption != "" {
@@ -92,11 +95,17 @@ func backupFromManifest(loc string, m *storage.Manifest) *ebv1.Backup {
 		Encryption:    m.Encryption,
 		AgeRecipients: m.AgeRecipients,
 		Source: &ebv1.BackupSource{
-			Kind:        m.Source.Kind,
-			Description: m.Source.Description,
-			Target:      m.Source.Target,
-			Scheduled:   m.Source.Scheduled,
+			Kind:          m.Source.Kind,
+			Description:   m.Source.Description,
+			Target:        m.Source.Target,
+			ClaimedTarget: m.Source.ClaimedTarget,
+			Scheduled:     m.Source.Scheduled,
 		},
+	}
+	if m.Source.Kind == ebv1.SourceUpload && m.Source.Target != "" {
+		// Stored before uploads' targets were recorded as claims: the
+		// uploader's word all the same.
+		b.Source.Target, b.Source.ClaimedTarget = "", cmp.Or(m.Source.ClaimedTarget, m.Source.Target)
 	}
 	if !m.Source.ScheduledTime.IsZero() {
 		b.Source.ScheduledTime = timestamppb.New(m.Source.ScheduledTime)

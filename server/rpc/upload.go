@@ -128,6 +128,11 @@ func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBack
 		// cannot make an upload look like one.
 		u.kind = ebv1.SourceUpload
 	}
+	if u.agent == nil {
+		if err := s.reservedName("upload", h.GetName()); err != nil {
+			return nil, err
+		}
+	}
 	if u.release, err = s.claim(ctx, u.locName, h.GetName(), u.agent != nil); err != nil {
 		if u.unlockChain != nil {
 			u.unlockChain()
@@ -281,7 +286,7 @@ func (s *Service) commitUpload(ctx context.Context, u *upload, r *received, up s
 	m := manifestFromHeader(u.header, u.kind, r.size, r.digest, s.now().UTC())
 	if a := u.agent; a != nil {
 		// The source is what the server knows, not what the agent says.
-		m.Source.Kind, m.Source.Description, m.Source.Target = ebv1.SourceAgent, "job "+a.JobNamespace+"/"+a.JobName, a.Target
+		m.Source.Kind, m.Source.Description, m.Source.Target, m.Source.ClaimedTarget = ebv1.SourceAgent, "job "+a.JobNamespace+"/"+a.JobName, a.Target, ""
 		if d := u.header.GetDelta(); d != nil {
 			m.Source.Kind, m.Delta = ebv1.SourceDelta, deltaFromHeader(d)
 		}

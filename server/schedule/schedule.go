@@ -7,6 +7,7 @@ package schedule
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -100,12 +101,33 @@ func Name(target string, t time.Time) string {
 }
 
 // TimeOf is the scheduled time a backup of target was named after, and
-// whether name is such a name.
+// whether name is such a name: Name's, or a run's stored under
+// AltName because its own was taken.
 func TimeOf(target, name string) (time.Time, bool) {
 	rest, ok := strings.CutPrefix(name, target+"-")
-	if !ok {
+	if !ok || len(rest) < len(nameLayout) {
 		return time.Time{}, false
 	}
-	t, err := time.ParseInLocation(nameLayout, rest, time.UTC)
+	if tail := rest[len(nameLayout):]; tail != "" {
+		n, ok := strings.CutPrefix(tail, "-")
+		if !ok || n == "" || strings.Trim(n, "0123456789") != "" {
+			return time.Time{}, false
+		}
+	}
+	t, err := time.ParseInLocation(nameLayout, rest[:len(nameLayout)], time.UTC)
 	return t, err == nil
+}
+
+// AltName is the name a run of target due at t takes when Name's was
+// taken by a backup that is not the schedule's (an upload stored before
+// such names were refused), the i-th try (i ≥ 2).
+func AltName(target string, t time.Time, i int) string {
+	return Name(target, t) + "-" + strconv.Itoa(i)
+}
+
+// Reserved says whether name is one the schedule of target may need
+// (Name's or AltName's form): no user may take it.
+func Reserved(target, name string) bool {
+	_, ok := TimeOf(target, name)
+	return ok
 }

@@ -104,9 +104,18 @@ func TestTimeOf(t *testing.T) {
 	if got, ok := TimeOf("cp", "cp-20261201-070000"); !ok || !got.Equal(mustTime(t, "2026-12-01T07:00:00Z")) {
 		t.Errorf("TimeOf: %s %v", got, ok)
 	}
-	for _, n := range []string{"cp-by-hand", "other-20261201-070000", "cp-2026"} {
+	if got, ok := TimeOf("cp", AltName("cp", mustTime(t, "2026-12-01T07:00:00Z"), 2)); !ok || !got.Equal(mustTime(t, "2026-12-01T07:00:00Z")) {
+		t.Errorf("TimeOf an alternative name: %s %v", got, ok)
+	}
+	for _, n := range []string{"cp-by-hand", "other-20261201-070000", "cp-2026", "cp-20261201-070000x", "cp-20261201-070000-", "cp-20261201-070000-2a", "cp-chain-20261201-070000"} {
 		if _, ok := TimeOf("cp", n); ok {
 			t.Errorf("TimeOf(%q) is a scheduled time", n)
 		}
+		if Reserved("cp", n) {
+			t.Errorf("%q is reserved", n)
+		}
+	}
+	if !Reserved("cp", "cp-29991231-235900") || !Reserved("cp", "cp-20261201-070000-3") {
+		t.Error("scheduled names are not reserved")
 	}
 }

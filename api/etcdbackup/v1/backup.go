@@ -17,6 +17,14 @@ const (
 	SourceDelta = "delta"
 )
 
+// OfTarget says whether a backup of source kind kind recorded with
+// source target backupTarget is one of target's own backups: one its
+// agent took (a snapshot or a fold). An upload never is, whatever its
+// header claimed. The server, the plugin and break-glass decide by it.
+func OfTarget(kind, backupTarget, target string) bool {
+	return kind == SourceAgent && target != "" && backupTarget == target
+}
+
 // ReservedLabelPrefix is the prefix of the labels only the server writes
 // (it marks scheduled backups with etcdbackup.io/scheduled and
 // etcdbackup.io/target): an upload or backup request carrying one is

@@ -1180,7 +1180,10 @@ type BackupSource struct {
 	// Free text a client gives about where the data came from, such as the
 	// original file name. At most 256 bytes.
 	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
-	// The etcd target the agent snapshotted, for kind "agent".
+	// The etcd target the agent snapshotted, for kind "agent" (and for a
+	// delta segment or a fold, the target whose agent stored it). Only the
+	// server sets it: in an upload's header it is the uploader's claim,
+	// stored as claimed_target.
 	Target    string                 `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
 	StartTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
 	EndTime   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
@@ -1192,6 +1195,10 @@ type BackupSource struct {
 	// When the schedule was due (the time in the backup's name), for a
 	// scheduled backup.
 	ScheduledTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=scheduled_time,json=scheduledTime,proto3" json:"scheduled_time,omitempty"`
+	// What an upload's header said its target was: the uploader's word,
+	// shown, never acted on (a restore to a point, a drill, retention, a
+	// delta chain or a metric of that target never counts the upload).
+	ClaimedTarget string `protobuf:"bytes,8,opt,name=claimed_target,json=claimedTarget,proto3" json:"claimed_target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1273,6 +1280,13 @@ func (x *BackupSource) GetScheduledTime() *timestamppb.Timestamp {
 		return x.ScheduledTime
 	}
 	return nil
+}
+
+func (x *BackupSource) GetClaimedTarget() string {
+	if x != nil {
+		return x.ClaimedTarget
+	}
+	return ""
 }
 
 type EtcdInfo struct {
@@ -3759,7 +3773,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\ahash_kv\x18\x05 \x01(\rR\x06hashKv\x12)\n" +
 	"\x10duration_seconds\x18\x06 \x01(\x01R\x0fdurationSeconds\x12\x18\n" +
 	"\amessage\x18\a \x01(\tR\amessage\x12\x10\n" +
-	"\x03job\x18\b \x01(\tR\x03job\"\xaf\x02\n" +
+	"\x03job\x18\b \x01(\tR\x03job\"\xd6\x02\n" +
 	"\fBackupSource\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x16\n" +
@@ -3768,7 +3782,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"start_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
 	"\bend_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x1c\n" +
 	"\tscheduled\x18\x06 \x01(\bR\tscheduled\x12A\n" +
-	"\x0escheduled_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rscheduledTime\"\xbc\x03\n" +
+	"\x0escheduled_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rscheduledTime\x12%\n" +
+	"\x0eclaimed_target\x18\b \x01(\tR\rclaimedTarget\"\xbc\x03\n" +
 	"\bEtcdInfo\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\x04R\tclusterId\x12\x1b\n" +
