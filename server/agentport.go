@@ -16,7 +16,8 @@ import (
 
 // Bounds of the network-facing listeners (the agent port, the health
 // port): whoever reaches the pod can open connections and send headers
-// before any token is looked at.
+// before any token is looked at. admission.go bounds what they can send
+// after the headers.
 const (
 	// AgentMaxHeaderListSize bounds a call's headers (gRPC's default is
 	// 16 MiB per stream): an agent's projected token is 1–2 KB.
@@ -25,22 +26,36 @@ const (
 	// backlog. Each agent holds one.
 	AgentMaxConnections = 128
 	// AgentMaxConnectionIdle closes a connection without calls for this
-	// long (agents' gRPC reconnects on its next call).
+	// long (agents' gRPC reconnects on its next call). A call the guard
+	// refuses ends at once, so a caller without a valid token cannot keep
+	// a connection from being idle.
 	AgentMaxConnectionIdle = 30 * time.Second
 	// AgentConnectionTimeout bounds a connection's TLS handshake and
 	// HTTP/2 preface.
 	AgentConnectionTimeout = 10 * time.Second
 	// healthMaxConnections bounds the health port (the kubelet's probes).
-	healthMaxConnections = 16
+	healthMaxConnections = 32
 )
 
 // agentServerOptions are the agent listener's own: TLS when configured,
-// the header bound and the idle timeout.
+// the header bound, the idle timeout and what admission.go sets out.
+//
+// There is no MaxConnectionAge: at that age gRPC sends GOAWAY and closes
+// the connection after the grace whatever its streams, and an upload of
+// a large snapshot, or a delta agent's, runs for many minutes. Nothing
+// unauthenticated keeps a connection busy (agentTap, guardFirst): idle,
+// it closes after AgentMaxConnectionIdle.
 func (s *Server) agentServerOptions() []grpc.ServerOption {
 	opts := []grpc.ServerOption{
 		grpc.MaxHeaderListSize(AgentMaxHeaderListSize),
 		grpc.ConnectionTimeout(AgentConnectionTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: AgentMaxConnectionIdle}),
+		grpc.MaxConcurrentStreams(min(s.limits.MaxConcurrentStreams, AgentMaxConcurrentStreams)),
+		grpc.StaticStreamWindowSize(agentStreamWindow),
+		grpc.StaticConnWindowSize(agentConnWindow),
+	}
+	if t := agentTap(s.agentGuard); t != nil {
+		opts = append(opts, grpc.InTapHandle(t))
 	}
 	if s.agentTLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.agentTLS)))
@@ -48,9 +63,24 @@ func (s *Server) agentServerOptions() []grpc.ServerOption {
 	return opts
 }
 
-// limitAgentListener bounds the connections the agent listener serves.
+// newAgentServer serves the agent port: the user port's services and
+// interceptors with agentServerOptions, every method registered so the
+// guard answers before a request is read (registerGuardFirst).
+func (s *Server) newAgentServer() *grpc.Server {
+	g := grpc.NewServer(append(s.grpcServerOptions(s.agentGuard), s.agentServerOptions()...)...)
+	s.registerGuardFirst(g)
+	return g
+}
+
+// limitAgentListener bounds the connections the agent listener serves,
+// from one source address and in all.
 func limitAgentListener(l net.Listener) net.Listener {
-	return netutil.LimitListener(l, AgentMaxConnections)
+	return netutil.LimitListener(limitPerSource(l, AgentMaxConnectionsPerSource), AgentMaxConnections)
+}
+
+// limitHealthListener bounds the health listener's connections likewise.
+func limitHealthListener(l net.Listener) net.Listener {
+	return netutil.LimitListener(limitPerSource(l, HealthMaxConnectionsPerSource), healthMaxConnections)
 }
 
 // newHealthServer serves grpc.health.v1 Check alone, in plaintext, for
@@ -59,8 +89,15 @@ func (s *Server) newHealthServer() *grpc.Server {
 	g := grpc.NewServer(
 		grpc.MaxHeaderListSize(AgentMaxHeaderListSize),
 		grpc.MaxConcurrentStreams(4),
+		grpc.MaxRecvMsgSize(healthMaxRecvMsgSize),
+		grpc.StaticStreamWindowSize(healthWindow),
+		grpc.StaticConnWindowSize(healthWindow),
 		grpc.ConnectionTimeout(AgentConnectionTimeout),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: AgentMaxConnectionIdle}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle:     AgentMaxConnectionIdle,
+			MaxConnectionAge:      HealthMaxConnectionAge,
+			MaxConnectionAgeGrace: HealthMaxConnectionAgeGrace,
+		}),
 	)
 	healthpb.RegisterHealthServer(g, checkOnly{s.health})
 	return g

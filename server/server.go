@@ -21,7 +21,6 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -226,19 +225,26 @@ func (refuseAll) Admit(context.Context, string) (context.Context, error) {
 // NewGRPCServer returns a gRPC server with the etcdbackup and health
 // services whose calls g admits.
 func (s *Server) NewGRPCServer(g auth.Guard, extra ...grpc.ServerOption) *grpc.Server {
+	srv := grpc.NewServer(append(s.grpcServerOptions(g), extra...)...)
+	s.register(srv)
+	return srv
+}
+
+// grpcServerOptions are a server's whose calls g admits: the streams'
+// (GRPCServerOptions), the stream bound, recovery and the guard.
+func (s *Server) grpcServerOptions(g auth.Guard) []grpc.ServerOption {
 	onPanic := recovery.WithRecoveryHandlerContext(s.recovered)
 	admit := auth.AuthFunc(g)
-	opts := append(GRPCServerOptions(),
+	return append(GRPCServerOptions(),
 		grpc.MaxConcurrentStreams(s.limits.MaxConcurrentStreams),
 		// Recovery is outermost: a panic in the guard is caught too. The
-		// guard decides on every call but health's (auth.Guarded).
+		// guard decides on every call but health's (auth.Guarded). The
+		// two chains must stay alike: the agent port serves its unary
+		// methods through the stream chain alone (guardFirst).
 		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(onPanic),
 			selector.UnaryServerInterceptor(grpcauth.UnaryServerInterceptor(admit), auth.Guarded)),
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic),
 			selector.StreamServerInterceptor(grpcauth.StreamServerInterceptor(admit), auth.Guarded)))
-	srv := grpc.NewServer(append(opts, extra...)...)
-	s.register(srv)
-	return srv
 }
 
 // recovered turns a handler's panic into INTERNAL for its caller, so a
@@ -273,12 +279,12 @@ func (s *Server) Serve(ctx context.Context, ls Listeners, drain time.Duration) e
 	servers := []*grpc.Server{s.NewGRPCServer(s.userGuard)}
 	listeners := []net.Listener{ls.Users}
 	if ls.Agents != nil {
-		servers = append(servers, s.NewGRPCServer(s.agentGuard, s.agentServerOptions()...))
+		servers = append(servers, s.newAgentServer())
 		listeners = append(listeners, limitAgentListener(ls.Agents))
 	}
 	if ls.Health != nil {
 		servers = append(servers, s.newHealthServer())
-		listeners = append(listeners, netutil.LimitListener(ls.Health, healthMaxConnections))
+		listeners = append(listeners, limitHealthListener(ls.Health))
 	}
 	errc := make(chan error, len(servers))
 	for i, g := range servers {
