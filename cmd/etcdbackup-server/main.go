@@ -160,13 +160,18 @@ func kubernetesParts(ctx context.Context, o *options, f *config.File, cfg *serve
 		return err
 	}
 	cfg.HandOffDownloads = f.Replicas > 1
-	rc := kc
+	rc, urc := kc, kc
 	if kc != nil {
 		if rc, err = reviewClient(o.kubeconfig); err != nil {
 			return err
 		}
+		// The user listener's reviews get a limiter of their own too: a
+		// flood there must not take the agents' reviews.
+		if urc, err = reviewClient(o.kubeconfig); err != nil {
+			return err
+		}
 	}
-	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, rc, o.namespace, f, cfg.Agents); err != nil {
+	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, rc, urc, o.namespace, f, cfg.Agents); err != nil {
 		return err
 	}
 	if o.agentListen != "" {
@@ -380,11 +385,12 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	}
 	// Agent Jobs, pods and events come from informers (jobs.Launcher):
 	// reading them costs no request (a List of 500 backups' Jobs took 56
-	// before). What is left is per action: a TokenReview and a
-	// SubjectAccessReview per call in SubjectAccessReview mode, a
-	// TokenReview and two gets per agent call, a create, delete or patch
-	// per agent Job. Twice client-go's default rate (5/s, burst 10) keeps a
-	// script's calls in that mode from queueing on the server's own
+	// before), and the agent guard checks callers against them (its
+	// reads where they cannot tell are bounded: auth.AgentLookups); the
+	// reviews of both listeners run on clients of their own. What is left
+	// is per action: a create, delete or patch per agent Job, leader
+	// election and coordination Leases. Twice client-go's default rate
+	// (5/s, burst 10) keeps those from queueing on the server's own
 	// limiter; the burst takes start-up's lists and watches (3 each per
 	// namespace agents run in) at once.
 	rc.QPS, rc.Burst = 10, 30
@@ -399,10 +405,11 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return rest.InClusterConfig()
 }
 
-// reviewClient is the client of the agent listener's TokenReviews: its
-// own rate limiter, so that tokens sent to the agent port by anyone who
-// reaches it cannot use up the server's (auth.AgentReviews bounds the
-// reviews in flight, and caches their answers).
+// reviewClient is a client of TokenReviews (and, for the user listener,
+// SubjectAccessReviews): its own rate limiter, so that tokens sent by
+// anyone who reaches a listener cannot use up the server's
+// (auth.AgentReviews and auth.UserReviews bound the reviews in flight,
+// and cache their answers).
 func reviewClient(kubeconfig string) (kubernetes.Interface, error) {
 	rc, err := restConfig(kubeconfig)
 	if err != nil {
@@ -446,22 +453,27 @@ func inClusterNamespace() (string, error) {
 }
 
 // guards returns who may call the user and the agent listener; rc makes
-// the agent listener's TokenReviews.
-func guards(kc, rc kubernetes.Interface, namespace string, f *config.File, launcher *jobs.Launcher) (users, agents auth.Guard, err error) {
+// the agent listener's TokenReviews, urc the user listener's reviews.
+func guards(kc, rc, urc kubernetes.Interface, namespace string, f *config.File, launcher *jobs.Launcher) (users, agents auth.Guard, err error) {
 	if f.Authorization.Mode == config.AuthorizationSubjectAccessReview {
-		users = auth.NewSubjectAccessReviewGuard(kc, namespace)
+		users = &auth.SubjectAccessReviewGuard{Client: kc, Namespace: namespace, Reviews: auth.UserReviews{Client: urc}}
 	}
 	if launcher == nil {
 		// No agents are launched, so none may call: the agent listener
 		// refuses everything (server.Config.AgentGuard nil).
 		return users, nil, nil
 	}
+	// Callers are checked against the Launcher's informers (started by
+	// startAgents before the server serves), not with reads per call.
+	pods, jl := auth.InformerListers(launcher.AgentInformers)
 	ag, err := auth.NewAgentGuard(auth.AgentGuardConfig{
 		Client:            kc,
 		Namespace:         namespace,
 		RestoreNamespaces: launcher.RestoreNamespaces(f.Targets),
 		ServiceAccount:    f.Agents.WithDefaults(namespace).ServiceAccount,
 		Reviews:           auth.AgentReviews{Client: rc},
+		Pods:              pods,
+		Jobs:              jl,
 		Signer:            launcher.Signer(),
 		TargetNamespaces:  launcher.TargetNamespaces(f.Targets),
 	})

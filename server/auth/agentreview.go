@@ -1,17 +1,17 @@
 package auth
 
 import (
-	"container/list"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"golang.org/x/sync/singleflight"
 	"slices"
 	"strings"
-	"sync"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -28,17 +28,38 @@ const (
 	// MaxTokenBytes: a projected ServiceAccount token is 1–2 KB.
 	MaxTokenBytes = 8 << 10
 	// DefaultReviewCacheTTL is how long a review's answer is reused for
-	// the same token (never past the token's exp).
+	// the same token (never past the token's exp), an acceptance or a
+	// refusal alike: a refused token does not become valid, and an
+	// accepted one is checked against its pod on every call anyway.
 	DefaultReviewCacheTTL = 10 * time.Second
-	// DefaultReviewCacheSize bounds the cache (least recently used out).
+	// DefaultReviewCacheSize bounds the cache of acceptances (least
+	// recently used out).
 	DefaultReviewCacheSize = 1024
+	// DefaultNegativeReviewCacheSize bounds the cache of refusals. It is
+	// a cache of its own so that a flood of forged tokens, each refused,
+	// cannot push the real agents' acceptances out.
+	DefaultNegativeReviewCacheSize = 4096
 	// DefaultMaxConcurrentReviews bounds the reviews in flight; more wait
 	// at most DefaultReviewQueueWait, then are refused (Unavailable,
-	// which agents retry).
+	// which agents retry). With pod caches (AgentGuardConfig.Pods), the
+	// bound is for tokens of pods the cache knows; tokens whose pod it
+	// cannot vouch for have half as many slots of their own, so they can
+	// neither take the known pods' slots nor queue more than a few
+	// requests ahead of them on the review client's rate limiter.
 	DefaultMaxConcurrentReviews = 8
 	DefaultReviewQueueWait      = 250 * time.Millisecond
 	// DefaultReviewTimeout bounds one TokenReview.
 	DefaultReviewTimeout = 5 * time.Second
+	// DefaultCallerReviewQPS and DefaultCallerReviewBurst bound the
+	// reviews of tokens that claim one pod: a real agent needs one per
+	// token and DefaultReviewCacheTTL (its token changes every few
+	// minutes), so a caller who sends more waits on its own bucket, at
+	// most DefaultCallerReviewWait, and is then refused Unavailable.
+	DefaultCallerReviewQPS   = 1
+	DefaultCallerReviewBurst = 4
+	DefaultCallerReviewWait  = time.Second
+	// callerLimitsSize bounds the number of callers with a bucket.
+	callerLimitsSize = 4096
 )
 
 // AgentReviews bounds the agent guard's TokenReviews; zero fields take
@@ -48,7 +69,9 @@ type AgentReviews struct {
 	// limiter), so a flood of tokens cannot slow the server's other
 	// requests. Nil uses AgentGuardConfig.Client.
 	Client kubernetes.Interface
-	// CacheTTL and CacheSize bound the cache of review answers.
+	// CacheTTL and CacheSize bound the cache of review answers
+	// (CacheSize the acceptances; refusals are kept apart, up to
+	// DefaultNegativeReviewCacheSize).
 	CacheTTL  time.Duration
 	CacheSize int
 	// MaxConcurrent reviews run at once; a call waits QueueWait at most
@@ -57,6 +80,11 @@ type AgentReviews struct {
 	QueueWait     time.Duration
 	// Timeout bounds one review.
 	Timeout time.Duration
+	// CallerQPS and CallerBurst bound the reviews per claimed pod;
+	// CallerWait is the longest a call waits on its pod's bucket.
+	CallerQPS   float32
+	CallerBurst int
+	CallerWait  time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 }
@@ -67,21 +95,27 @@ type TokenAuthenticator interface {
 	Authenticate(ctx context.Context, token string, audiences ...string) (authnv1.UserInfo, error)
 }
 
-// agentReviewer puts cheap checks, a cache and a bound on concurrency in
-// front of the agent listener's TokenReviews:
+// agentReviewer puts cheap checks, caches and bounds in front of the
+// agent listener's TokenReviews:
 //
 //  1. the token must look like the projected token of an agent pod — a
 //     JWT of at most MaxTokenBytes whose unverified claims have the
 //     agent audience, sub system:serviceaccount:NS:SA with NS one where
 //     agents run, kubernetes.io pod claims and an exp not past; anything
 //     else is refused without a request to the API server. The claims
-//     are not trusted for anything but this refusal: the TokenReview
+//     are not trusted for anything but this refusal and for choosing
+//     which bucket and which slots the review takes: the TokenReview
 //     decides;
 //  2. a review's answer is reused for the same token (keyed by its
-//     SHA-256, never the token) for cacheTTL, at most until its exp;
-//  3. at most maxConcurrent reviews run at once, each bounded by
-//     timeout; a call that cannot start one within queueWait is refused
-//     Unavailable.
+//     SHA-256, never the token) for ttl, at most until its exp;
+//     acceptances and refusals in caches of their own;
+//  3. concurrent calls with one token share one review;
+//  4. reviews per claimed pod are rate limited (callers), so that one
+//     pod's flood waits on its own bucket;
+//  5. at most maxConcurrent reviews run at once for tokens whose pod the
+//     guard's pod cache knows (known), and fewer, in slots of their own,
+//     for the others (unverified), each bounded by timeout; a call that
+//     cannot start one within queueWait is refused Unavailable.
 type agentReviewer struct {
 	next           TokenAuthenticator
 	serviceAccount string
@@ -89,9 +123,12 @@ type agentReviewer struct {
 	now            func() time.Time
 	ttl, timeout   time.Duration
 	queueWait      time.Duration
-	sem            chan struct{}
-	cache          *reviewCache
-	flight         singleflight.Group
+	// known is for tokens of pods the cache knows; unverified for the
+	// rest. Without a pod cache they are the same slots.
+	known, unverified semaphore
+	callers           *callerLimits
+	cache, negative   *lru[[32]byte, reviewEntry]
+	flight            singleflight.Group
 }
 
 // newAgentReviewer reviews agent tokens for cfg (whose RestoreNamespaces
@@ -107,97 +144,123 @@ func newAgentReviewer(cfg AgentGuardConfig) *agentReviewer {
 		serviceAccount: cfg.ServiceAccount,
 		namespaces:     cfg.RestoreNamespaces,
 		now:            o.Now,
-		ttl:            o.CacheTTL,
-		timeout:        o.Timeout,
-		queueWait:      o.QueueWait,
+		ttl:            cmp.Or(o.CacheTTL, DefaultReviewCacheTTL),
+		timeout:        cmp.Or(o.Timeout, DefaultReviewTimeout),
+		queueWait:      cmp.Or(o.QueueWait, DefaultReviewQueueWait),
+		callers: newCallerLimits(cmp.Or(o.CallerQPS, DefaultCallerReviewQPS), cmp.Or(o.CallerBurst, DefaultCallerReviewBurst),
+			cmp.Or(o.CallerWait, DefaultCallerReviewWait), callerLimitsSize),
+		cache:    newLRU[[32]byte, reviewEntry](cmp.Or(max(o.CacheSize, 0), DefaultReviewCacheSize)),
+		negative: newLRU[[32]byte, reviewEntry](DefaultNegativeReviewCacheSize),
 	}
 	if r.now == nil {
 		r.now = time.Now
 	}
-	if r.ttl == 0 {
-		r.ttl = DefaultReviewCacheTTL
+	n := cmp.Or(max(o.MaxConcurrent, 0), DefaultMaxConcurrentReviews)
+	r.known = make(semaphore, n)
+	r.unverified = r.known
+	if cfg.Pods != nil {
+		r.unverified = make(semaphore, max(n/2, 1))
 	}
-	if r.timeout == 0 {
-		r.timeout = DefaultReviewTimeout
-	}
-	if r.queueWait == 0 {
-		r.queueWait = DefaultReviewQueueWait
-	}
-	n := o.MaxConcurrent
-	if n <= 0 {
-		n = DefaultMaxConcurrentReviews
-	}
-	r.sem = make(chan struct{}, n)
-	size := o.CacheSize
-	if size <= 0 {
-		size = DefaultReviewCacheSize
-	}
-	r.cache = newReviewCache(size)
 	return r
 }
 
-// Authenticate implements TokenAuthenticator for the agent audience.
-func (r *agentReviewer) Authenticate(ctx context.Context, token string, audiences ...string) (authnv1.UserInfo, error) {
-	now := r.now()
-	exp, err := r.precheck(token, audiences, now)
-	if err != nil {
-		return authnv1.UserInfo{}, err
-	}
+// agentClaims are what a token says of itself, unverified: enough to
+// refuse it cheaply and to route it, never to admit it.
+type agentClaims struct {
+	namespace, pod, podUID string
+	exp                    time.Time
+}
+
+// caller names the pod the token claims, for its bucket.
+func (c agentClaims) caller() string { return c.namespace + "/" + c.pod }
+
+// authenticate reviews token (whose unverified claims are c), for the
+// agent audience, in the known pods' slots if known.
+func (r *agentReviewer) authenticate(ctx context.Context, token string, c agentClaims, known bool) (authnv1.UserInfo, error) {
 	key := sha256.Sum256([]byte(token))
-	if e, ok := r.cache.get(key, now); ok {
+	if e, ok := r.cached(key); ok {
 		return e.user, e.err
 	}
 	// Concurrent calls with one token share one review: the cache alone
 	// would let each of them miss it and ask the API server too.
-	v, _, _ := r.flight.Do(string(key[:]), func() (any, error) {
-		return r.review(ctx, key, token, exp, now, audiences), nil
+	v, err := shared(ctx, &r.flight, string(key[:]), func(ctx context.Context) any {
+		return r.review(ctx, key, token, c, known)
 	})
+	if err != nil {
+		return authnv1.UserInfo{}, err
+	}
 	e := v.(reviewEntry)
 	return e.user, e.err
 }
 
-// review asks the next Authenticator about token (key its SHA-256) within
-// the bound on reviews in flight, and caches a definite answer.
-func (r *agentReviewer) review(ctx context.Context, key [32]byte, token string, exp, now time.Time, audiences []string) reviewEntry {
-	select {
-	case r.sem <- struct{}{}:
-	default:
-		wait := time.NewTimer(r.queueWait)
-		select {
-		case r.sem <- struct{}{}:
-			wait.Stop()
-		case <-wait.C:
-			return reviewEntry{err: ebv1.ServerError(codes.Unavailable, "too many agent token reviews in flight; try again")}
-		case <-ctx.Done():
-			wait.Stop()
-			return reviewEntry{err: status.FromContextError(ctx.Err()).Err()}
-		}
+func (r *agentReviewer) cached(key [32]byte) (reviewEntry, bool) {
+	now := r.now()
+	if e, ok := r.cache.get(key, now); ok {
+		return e, true
 	}
-	defer func() { <-r.sem }()
+	return r.negative.get(key, now)
+}
+
+// review asks the next Authenticator about token (key its SHA-256)
+// within the caller's bucket and the bound on reviews in flight, and
+// caches a definite answer.
+func (r *agentReviewer) review(ctx context.Context, key [32]byte, token string, c agentClaims, known bool) reviewEntry {
 	// Another call may have reviewed the same token meanwhile.
-	if e, ok := r.cache.get(key, r.now()); ok {
+	if e, ok := r.cached(key); ok {
 		return e
 	}
+	if !r.callers.wait(ctx, c.caller()) {
+		return reviewEntry{err: ebv1.ServerErrorf(codes.Unavailable,
+			"too many token reviews for pod %s/%s (each pod's tokens are reviewed at most %d at once, then %g per second); try again",
+			c.namespace, c.pod, r.callers.burst, r.callers.qps)}
+	}
+	sem := r.unverified
+	if known {
+		sem = r.known
+	}
+	ok, err := sem.acquire(ctx, r.queueWait)
+	if err != nil {
+		return reviewEntry{err: status.FromContextError(err).Err()}
+	}
+	if !ok {
+		return reviewEntry{err: ebv1.ServerError(codes.Unavailable, "too many agent token reviews in flight; try again")}
+	}
+	defer sem.release()
 	rctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
-	user, err := r.next.Authenticate(rctx, token, audiences...)
+	user, err := r.next.Authenticate(rctx, token, AgentAudience)
 	e := reviewEntry{user: user, err: err}
-	if err == nil || status.Code(err) == codes.Unauthenticated {
-		// A definite answer; a failure to ask (Unavailable) is not kept.
-		e.until = now.Add(r.ttl)
-		if exp.Before(e.until) {
-			e.until = exp
-		}
-		r.cache.put(key, e)
+	// Only a definite answer is kept; a failure to ask (Unavailable) is
+	// not.
+	until := capAt(r.now().Add(r.ttl), c.exp)
+	switch {
+	case err == nil:
+		r.cache.put(key, e, until)
+	case status.Code(err) == codes.Unauthenticated:
+		r.negative.put(key, e, until)
 	}
 	return e
 }
 
+// shared runs fn once for all concurrent callers with key and returns
+// its result to each caller unless that caller's ctx ends first. fn runs
+// under the first caller's context: detached, work for callers who all
+// left (a flood of calls with short deadlines) would pile up.
+func shared(ctx context.Context, g *singleflight.Group, key string, fn func(context.Context) any) (any, error) {
+	ch := g.DoChan(key, func() (any, error) { return fn(ctx), nil })
+	select {
+	case res := <-ch:
+		return res.Val, nil
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
 // precheck refuses a token that cannot be an agent's, from its
-// unverified claims, and returns its exp.
-func (r *agentReviewer) precheck(token string, audiences []string, now time.Time) (time.Time, error) {
-	refuse := func(why string) (time.Time, error) {
-		return time.Time{}, status.Error(codes.Unauthenticated, "the bearer token is not an agent's projected ServiceAccount token: "+why)
+// unverified claims, and returns them.
+func (r *agentReviewer) precheck(token string, audiences []string, now time.Time) (agentClaims, error) {
+	refuse := func(why string) (agentClaims, error) {
+		return agentClaims{}, status.Error(codes.Unauthenticated, "the bearer token is not an agent's projected ServiceAccount token: "+why)
 	}
 	if len(token) > MaxTokenBytes {
 		return refuse("too long")
@@ -248,7 +311,7 @@ func (r *agentReviewer) precheck(token string, audiences []string, now time.Time
 	if !now.Before(exp) {
 		return refuse("expired")
 	}
-	return exp, nil
+	return agentClaims{namespace: ns, pod: c.K8s.Pod.Name, podUID: c.K8s.Pod.UID, exp: exp}, nil
 }
 
 func isBase64URL(s string) bool {
@@ -279,58 +342,6 @@ func (a *audience) UnmarshalJSON(b []byte) error {
 }
 
 type reviewEntry struct {
-	user  authnv1.UserInfo
-	err   error
-	until time.Time
-}
-
-// reviewCache is a bounded LRU of review answers by the token's SHA-256.
-type reviewCache struct {
-	mu    sync.Mutex
-	size  int
-	order *list.List // of [32]byte, most recent first
-	m     map[[32]byte]*list.Element
-	e     map[[32]byte]reviewEntry
-}
-
-func newReviewCache(size int) *reviewCache {
-	return &reviewCache{size: size, order: list.New(), m: map[[32]byte]*list.Element{}, e: map[[32]byte]reviewEntry{}}
-}
-
-func (c *reviewCache) get(k [32]byte, now time.Time) (reviewEntry, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	el, ok := c.m[k]
-	if !ok {
-		return reviewEntry{}, false
-	}
-	e := c.e[k]
-	if !now.Before(e.until) {
-		c.remove(k, el)
-		return reviewEntry{}, false
-	}
-	c.order.MoveToFront(el)
-	return e, true
-}
-
-func (c *reviewCache) put(k [32]byte, e reviewEntry) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if el, ok := c.m[k]; ok {
-		c.e[k] = e
-		c.order.MoveToFront(el)
-		return
-	}
-	c.m[k] = c.order.PushFront(k)
-	c.e[k] = e
-	for c.order.Len() > c.size {
-		last := c.order.Back()
-		c.remove(last.Value.([32]byte), last)
-	}
-}
-
-func (c *reviewCache) remove(k [32]byte, el *list.Element) {
-	c.order.Remove(el)
-	delete(c.m, k)
-	delete(c.e, k)
+	user authnv1.UserInfo
+	err  error
 }

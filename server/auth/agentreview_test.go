@@ -3,6 +3,7 @@ package auth_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -134,7 +135,7 @@ func TestAgentGuardCachesReviews(t *testing.T) {
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
 	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
 	g := r.guard(t, auth.AgentReviews{CacheTTL: 10 * time.Second, CacheSize: 2, Now: clock})
-	tok := func(i int) string { return claimsWith(func(c map[string]any) { c["jti"] = i }) }
+	tok := func(i int) string { return claimsWith(onPod(i)) }
 	call := func(token string) {
 		t.Helper()
 		if _, err := g.Admit(withRawToken(token), auth.MethodGetServerInfo); status.Code(err) != codes.PermissionDenied {
@@ -201,18 +202,27 @@ func TestAgentGuardBoundsConcurrentReviews(t *testing.T) {
 	defer func() { close(gate); wg.Wait() }()
 	for i := range 2 {
 		wg.Go(func() {
-			_, _ = g.Admit(withRawToken(claimsWith(func(c map[string]any) { c["jti"] = i })), auth.MethodGetServerInfo)
+			_, _ = g.Admit(withRawToken(claimsWith(onPod(i))), auth.MethodGetServerInfo)
 		})
 	}
 	waitFor(t, func() bool { return reviews.Load() == 2 })
 	for i := range 20 {
-		_, err := g.Admit(withRawToken(claimsWith(func(c map[string]any) { c["jti"] = 100 + i })), auth.MethodGetServerInfo)
+		_, err := g.Admit(withRawToken(claimsWith(onPod(100+i))), auth.MethodGetServerInfo)
 		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "too many agent token reviews") {
 			t.Fatalf("a review beyond the cap: %v; want Unavailable", err)
 		}
 	}
 	if n := reviews.Load(); n != 2 {
 		t.Fatalf("%d TokenReviews started; want the cap, 2", n)
+	}
+}
+
+// onPod makes the claims of token i, of a pod of its own: the cap on
+// reviews is what is tested, not each pod's bucket.
+func onPod(i int) func(map[string]any) {
+	return func(c map[string]any) {
+		c["jti"] = i
+		c["kubernetes.io"] = map[string]any{"namespace": serverNS, "pod": map[string]string{"name": fmt.Sprintf("p-%d", i), "uid": "u"}}
 	}
 }
 

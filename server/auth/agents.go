@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -138,7 +139,9 @@ func AgentFrom(ctx context.Context) (*Agent, bool) {
 
 // AgentGuardConfig is what NewAgentGuard needs.
 type AgentGuardConfig struct {
-	// Client reads TokenReviews, Pods and Jobs.
+	// Client makes TokenReviews (unless Reviews.Client is set) and reads
+	// the Pods and Jobs the caches (Pods, Jobs) cannot tell about, or all
+	// of them without caches (unless Lookups.Client is set).
 	Client kubernetes.Interface
 	// Namespace is the server's own, where backup Jobs run.
 	Namespace string
@@ -149,6 +152,16 @@ type AgentGuardConfig struct {
 	ServiceAccount string
 	// Reviews bounds the TokenReviews (agentreview.go).
 	Reviews AgentReviews
+	// Pods and Jobs, when set, are caches of the agent pods and Jobs
+	// (the Launcher's informers, InformerListers): a call is then
+	// checked against them at no cost to the API server, and a token
+	// that names a pod the cache does not have is refused before any
+	// review. Nil reads each from the API server, within Lookups.
+	Pods PodLister
+	Jobs JobLister
+	// Lookups bounds the reads of pods and Jobs from the API server
+	// (objects.go).
+	Lookups AgentLookups
 	// Signer checks that a Job is one the server created
 	// (jobs.Launcher.Signer): its signature fits what it says it is.
 	Signer *jobs.Signer
@@ -163,7 +176,8 @@ type AgentGuardConfig struct {
 // the method that Job's kind needs. See NewAgentGuard.
 type AgentGuard struct {
 	cfg      AgentGuardConfig
-	reviewer TokenAuthenticator
+	reviewer *agentReviewer
+	objects  *agentObjects
 }
 
 var _ Guard = (*AgentGuard)(nil)
@@ -190,7 +204,8 @@ func NewAgentGuard(cfg AgentGuardConfig) (*AgentGuard, error) {
 	if !slices.Contains(cfg.RestoreNamespaces, cfg.Namespace) {
 		cfg.RestoreNamespaces = append(slices.Clone(cfg.RestoreNamespaces), cfg.Namespace)
 	}
-	return &AgentGuard{cfg: cfg, reviewer: newAgentReviewer(cfg)}, nil
+	r := newAgentReviewer(cfg)
+	return &AgentGuard{cfg: cfg, reviewer: r, objects: newAgentObjects(cfg, r.now)}, nil
 }
 
 // Admit implements Guard.
@@ -205,7 +220,21 @@ func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Cont
 	if err != nil {
 		return nil, err
 	}
-	user, err := g.reviewer.Authenticate(ctx, token, AgentAudience)
+	claims, err := g.reviewer.precheck(token, []string{AgentAudience}, g.reviewer.now())
+	if err != nil {
+		return nil, err
+	}
+	// Anyone can write a token that names a pod; the pod cache says at
+	// no cost whether the server started such a pod. A token of any
+	// other pod would be refused after its review, so it gets none, and
+	// forged tokens cannot take the reviews real agents need.
+	pod, known := g.objects.cachedPod(claims.namespace, claims.pod)
+	if known && (pod == nil || string(pod.UID) != claims.podUID) {
+		return nil, status.Errorf(codes.Unauthenticated,
+			"the bearer token names pod %q (uid %q), which is unknown to the server: no pod of an agent Job it started has that name and uid; agents send their own pod's projected ServiceAccount token",
+			claims.namespace+"/"+claims.pod, claims.podUID)
+	}
+	user, err := g.reviewer.authenticate(ctx, token, claims, known)
 	if err != nil {
 		return nil, err
 	}
@@ -239,12 +268,12 @@ func (g *AgentGuard) agent(ctx context.Context, username string, podName, podUID
 		return nil, status.Errorf(codes.PermissionDenied,
 			"the token of %s is not a pod-bound token (no pod name and uid in it): agents must send their projected ServiceAccount token", username)
 	}
-	pod, err := g.cfg.Client.CoreV1().Pods(ns).Get(ctx, podName[0], metav1.GetOptions{})
+	pod, err := g.pod(ctx, ns, podName[0])
 	if apierrors.IsNotFound(err) {
 		return nil, status.Errorf(codes.PermissionDenied, "the token's pod %s/%s does not exist", ns, podName[0])
 	}
 	if err != nil {
-		return nil, ebv1.ServerErrorf(codes.Unavailable, "cannot check the caller's pod %s/%s: %v", ns, podName[0], err)
+		return nil, unavailable(err, "cannot check the caller's pod %s/%s", ns, podName[0])
 	}
 	switch {
 	case string(pod.UID) != podUID[0]:
@@ -258,21 +287,58 @@ func (g *AgentGuard) agent(ctx context.Context, username string, podName, podUID
 	if ref == nil || ref.Kind != "Job" || !strings.HasPrefix(ref.APIVersion, batchv1.GroupName+"/") {
 		return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s is not controlled by a Job, so it is not an agent the server started", ns, pod.Name)
 	}
-	job, err := g.cfg.Client.BatchV1().Jobs(ns).Get(ctx, ref.Name, metav1.GetOptions{})
+	if job, ok := g.objects.cachedJob(ns, ref.Name); ok && job != nil {
+		a, err := g.agentOfPod(pod, ref, job)
+		// A Job is created, then signed: a cached copy may be the one
+		// before. Only a refusal a newer copy could turn round is worth
+		// a read from the API server.
+		if err == nil || (job.UID == ref.UID && g.cfg.Signer.Verify(job) == nil) {
+			return a, err
+		}
+	}
+	job, err := g.objects.getJob(ctx, ns, ref.Name)
 	if apierrors.IsNotFound(err) {
 		return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s belongs to Job %s, which does not exist", ns, pod.Name, ref.Name)
 	}
 	if err != nil {
-		return nil, ebv1.ServerErrorf(codes.Unavailable, "cannot check the caller's Job %s/%s: %v", ns, ref.Name, err)
+		return nil, unavailable(err, "cannot check the caller's Job %s/%s", ns, ref.Name)
 	}
+	return g.agentOfPod(pod, ref, job)
+}
+
+// pod returns the calling pod: from the cache, or the API server when
+// the cache cannot tell or there is none.
+func (g *AgentGuard) pod(ctx context.Context, ns, name string) (*corev1.Pod, error) {
+	if p, ok := g.objects.cachedPod(ns, name); ok {
+		if p == nil {
+			return nil, apierrors.NewNotFound(corev1.Resource("pods"), name)
+		}
+		return p, nil
+	}
+	return g.objects.getPod(ctx, ns, name)
+}
+
+// agentOfPod admits pod, whose controller reference is ref, as the agent
+// of job.
+func (g *AgentGuard) agentOfPod(pod *corev1.Pod, ref *metav1.OwnerReference, job *batchv1.Job) (*Agent, error) {
 	// A pod made by hand under a real signed Job runs what its maker
 	// wants: admit only what the Job's template would run (podspec.go).
 	if job.UID == ref.UID {
 		if err := podFromTemplate(pod, job); err != nil {
-			return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s is not the pod Job %s/%s would run: %v; agents are started only by the server", ns, pod.Name, ns, job.Name, err)
+			return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s is not the pod Job %s/%s would run: %v; agents are started only by the server", pod.Namespace, pod.Name, job.Namespace, job.Name, err)
 		}
 	}
 	return g.agentOfJob(pod.Name, ref.UID, job)
+}
+
+// unavailable is the refusal of a call whose caller could not be
+// checked: err as is if it is already a gRPC status (the lookups'
+// bounds), else wrapped as the server's Unavailable.
+func unavailable(err error, format string, a ...any) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return ebv1.ServerErrorf(codes.Unavailable, format+": %v", append(a, err)...)
 }
 
 func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*Agent, error) {

@@ -61,16 +61,7 @@ type cluster struct {
 func newCluster(t testing.TB) *cluster {
 	t.Helper()
 	c := &cluster{cs: fake.NewClientset(), tokens: map[string]token{}}
-	c.cs.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		review := a.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview).DeepCopy()
-		tok, ok := c.tokens[nameOfJWT(review.Spec.Token)]
-		if ok && slices.Contains(review.Spec.Audiences, tok.audience) {
-			review.Status = authnv1.TokenReviewStatus{Authenticated: true, User: tok.user, Audiences: []string{tok.audience}}
-		} else {
-			review.Status = authnv1.TokenReviewStatus{Error: "token not valid for the audiences asked"}
-		}
-		return true, review, nil
-	})
+	c.answerReviews(c.cs)
 	// The API server gives every object a UID when it is created.
 	c.cs.PrependReactor("create", "jobs", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		j := a.(k8stesting.CreateAction).GetObject().(*batchv1.Job)
@@ -94,11 +85,28 @@ func (c *cluster) newGuard(t testing.TB, l *jobs.Launcher) *auth.AgentGuard {
 	g, err := auth.NewAgentGuard(auth.AgentGuardConfig{
 		Client: c.cs, Namespace: serverNS, RestoreNamespaces: []string{appNS, otherNS}, ServiceAccount: config.DefaultServiceAccount,
 		Signer: l.Signer(), TargetNamespaces: map[string]string{"app": appNS, "other": otherNS},
+		// The tests edit Jobs and pods and look at the very next call,
+		// each of which reads them.
+		Lookups: auth.AgentLookups{CacheTTL: -1, QPS: 1000, Burst: 1000},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return g
+}
+
+// answerReviews makes cs answer TokenReviews from c's tokens.
+func (c *cluster) answerReviews(cs *fake.Clientset) {
+	cs.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		review := a.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview).DeepCopy()
+		tok, ok := c.tokens[nameOfJWT(review.Spec.Token)]
+		if ok && slices.Contains(review.Spec.Audiences, tok.audience) {
+			review.Status = authnv1.TokenReviewStatus{Authenticated: true, User: tok.user, Audiences: []string{tok.audience}}
+		} else {
+			review.Status = authnv1.TokenReviewStatus{Error: "token not valid for the audiences asked"}
+		}
+		return true, review, nil
+	})
 }
 
 var target = config.Target{

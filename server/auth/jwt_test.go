@@ -16,16 +16,23 @@ import (
 // agentJWT wraps a test's token name into a token shaped as an agent
 // pod's projected ServiceAccount token (the claims pass the guard's cheap
 // checks; the signature is not one), so the fake TokenReview decides;
-// nameOfJWT gets the name back.
+// nameOfJWT gets the name back. Its pod claim is the name too: each
+// token routes to a bucket of its own (the guard limits reviews per
+// claimed pod), and the review, not the claim, says whose it is.
 func agentJWT(name string) string {
+	return podJWT(name, serverNS, name, "u")
+}
+
+// podJWT is agentJWT's token naming pod namespace/pod with uid.
+func podJWT(name, namespace, pod, uid string) string {
 	return jwtWith(map[string]any{
 		"aud": []string{"etcdbackup"},
-		"sub": "system:serviceaccount:" + serverNS + ":" + config.DefaultServiceAccount,
+		"sub": "system:serviceaccount:" + namespace + ":" + config.DefaultServiceAccount,
 		"exp": time.Now().Add(10 * time.Minute).Unix(),
 		"jti": name,
 		"kubernetes.io": map[string]any{
-			"namespace": serverNS,
-			"pod":       map[string]string{"name": "p", "uid": "u"},
+			"namespace": namespace,
+			"pod":       map[string]string{"name": pod, "uid": uid},
 		},
 	})
 }

@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
@@ -93,15 +93,28 @@ func roleGranting(p Permission) string {
 // UserPermissions in Namespace: the user listener in
 // SubjectAccessReview mode. The server's ServiceAccount needs
 // system:auth-delegator (manifests/roles.yaml binds it).
+//
+// Anyone who may port-forward to the server can send calls, so the
+// reviews are bounded as the agent port's are (userreview.go): a cheap
+// check of the token first, answers and decisions cached by the token's
+// SHA-256 for a few seconds, concurrent calls with one token sharing one
+// review, a cap on reviews in flight with slots of their own for tokens
+// accepted before, a rate for new tokens, and a timeout on each.
 type SubjectAccessReviewGuard struct {
 	Client kubernetes.Interface
 	// Namespace is the server's: RBAC granted there (RoleBindings of the
 	// etcdbackup-* ClusterRoles) is what counts.
 	Namespace string
+	// Reviews bounds the reviews; read at the first call.
+	Reviews UserReviews
+
+	once     sync.Once
+	reviewer *userReviewer
 }
 
 // NewSubjectAccessReviewGuard returns the Guard of the user listener in
-// SubjectAccessReview mode, for a server in namespace.
+// SubjectAccessReview mode, for a server in namespace, with the default
+// bounds on its reviews, which client makes.
 func NewSubjectAccessReviewGuard(client kubernetes.Interface, namespace string) Guard {
 	return &SubjectAccessReviewGuard{Client: client, Namespace: namespace}
 }
@@ -120,29 +133,18 @@ func (g *SubjectAccessReviewGuard) Admit(ctx context.Context, fullMethod string)
 	if err != nil {
 		return ctx, err
 	}
-	user, err := Reviewer{Client: g.Client}.Authenticate(ctx, token)
+	g.once.Do(func() { g.reviewer = newUserReviewer(g.Client, g.Namespace, g.Reviews) })
+	key := userTokenKey(token)
+	user, err := g.reviewer.authenticate(ctx, key, token)
 	if err != nil {
 		return ctx, err
 	}
-	sar, err := g.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authzv1.SubjectAccessReview{
-		Spec: authzv1.SubjectAccessReviewSpec{
-			User:   user.Username,
-			Groups: user.Groups,
-			UID:    user.UID,
-			Extra:  extraOf(user),
-			ResourceAttributes: &authzv1.ResourceAttributes{
-				Namespace: g.Namespace,
-				Group:     APIGroup,
-				Resource:  perm.Resource,
-				Verb:      perm.Verb,
-			},
-		},
-	}, metav1.CreateOptions{})
+	d, err := g.reviewer.authorize(ctx, key, user, perm)
 	if err != nil {
-		return ctx, ebv1.ServerErrorf(codes.Unavailable, "cannot authorize the call: SubjectAccessReview failed: %v", err)
+		return ctx, err
 	}
-	if !sar.Status.Allowed || sar.Status.Denied {
-		return ctx, status.Error(codes.PermissionDenied, g.refusal(user.Username, perm, sar.Status.Reason))
+	if !d.allowed {
+		return ctx, status.Error(codes.PermissionDenied, g.refusal(user.Username, perm, d.reason))
 	}
 	return WithUser(ctx, user), nil
 }

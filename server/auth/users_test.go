@@ -2,10 +2,17 @@ package auth
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -14,8 +21,10 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/runtime"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/yaml"
 
@@ -50,7 +59,7 @@ func newAPIServer(t *testing.T) *apiServer {
 		},
 		allow: func(authzv1.ResourceAttributes) (bool, string) { return true, "" },
 	}
-	a.client.PrependReactor("create", "tokenreviews", func(action k8stesting.Action) (bool, runtime.Object, error) {
+	a.client.PrependReactor("create", "tokenreviews", func(action k8stesting.Action) (bool, k8sruntime.Object, error) {
 		tr := action.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview).DeepCopy()
 		a.reviews = append(a.reviews, *tr)
 		if tr.Spec.Token == testToken && len(tr.Spec.Audiences) == 0 {
@@ -60,7 +69,7 @@ func newAPIServer(t *testing.T) *apiServer {
 		}
 		return true, tr, nil
 	})
-	a.client.PrependReactor("create", "subjectaccessreviews", func(action k8stesting.Action) (bool, runtime.Object, error) {
+	a.client.PrependReactor("create", "subjectaccessreviews", func(action k8stesting.Action) (bool, k8sruntime.Object, error) {
 		sar := action.(k8stesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview).DeepCopy()
 		a.sars = append(a.sars, *sar)
 		if a.sarErr != nil {
@@ -316,5 +325,159 @@ func TestShippedRolesGrantTheDocumentedVerbs(t *testing.T) {
 				t.Errorf("%s (%s): %s grants it: %v, want %v (refusals name %s)", method, p, name, grants[name][p], granted, want)
 			}
 		}
+	}
+}
+
+// Tokens no authenticator would accept are refused before a TokenReview;
+// anything else, JWT or not, is the API server's to judge.
+func TestUserTokenCheapChecks(t *testing.T) {
+	a := newAPIServer(t)
+	g := NewSubjectAccessReviewGuard(a.client, testNamespace)
+	enc := base64.RawURLEncoding.EncodeToString
+	jwt := func(exp int64) string {
+		return enc([]byte(`{"alg":"RS256"}`)) + "." + enc([]byte(fmt.Sprintf(`{"sub":"alice","exp":%d}`, exp))) + "." + enc([]byte("sig"))
+	}
+	for _, tc := range []struct{ name, token, want string }{
+		{"too long", strings.Repeat("a", MaxUserTokenBytes+1), "longer than 16 KiB"},
+		{"control character", "abc\x01def", "not printable ASCII"},
+		{"not ASCII", "abcé", "not printable ASCII"},
+		{"expired JWT", jwt(time.Now().Add(-time.Minute).Unix()), "expired at"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := g.Admit(withToken(tc.token), ebv1.BackupService_ListBackups_FullMethodName)
+			if status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Admit: %v; want Unauthenticated saying %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), tc.token) {
+				t.Fatalf("the refusal shows the token: %v", err)
+			}
+		})
+	}
+	if len(a.reviews) != 0 {
+		t.Fatalf("%d TokenReviews; want none", len(a.reviews))
+	}
+	for _, tok := range []string{"abcdef.0123456789abcdef", "k8s-aws-v1.aHR0cHM6Ly9zdHM", jwt(time.Now().Add(time.Hour).Unix()), "a.b.c"} {
+		if _, err := g.Admit(withToken(tok), ebv1.BackupService_ListBackups_FullMethodName); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("token %q: %v; want the review's Unauthenticated", tok, err)
+		}
+	}
+	if len(a.reviews) != 4 {
+		t.Fatalf("%d TokenReviews; want 4, one per token the shape check cannot refuse", len(a.reviews))
+	}
+}
+
+// TokenReview answers (acceptances and refusals) and SubjectAccessReview
+// decisions (allowed and denied, per verb) are reused for CacheTTL.
+func TestUserReviewsAreCached(t *testing.T) {
+	a := newAPIServer(t)
+	a.allow = func(ra authzv1.ResourceAttributes) (bool, string) { return ra.Verb == "list", "" }
+	now := time.Now()
+	g := &SubjectAccessReviewGuard{Client: a.client, Namespace: testNamespace, Reviews: UserReviews{Now: func() time.Time { return now }}}
+	call := func(token, method string, want codes.Code) {
+		t.Helper()
+		if _, err := g.Admit(withToken(token), method); status.Code(err) != want {
+			t.Fatalf("Admit(%s): %v; want %s", method, err, want)
+		}
+	}
+	counts := func(reviews, sars int) {
+		t.Helper()
+		if len(a.reviews) != reviews || len(a.sars) != sars {
+			t.Fatalf("%d TokenReviews, %d SubjectAccessReviews; want %d, %d", len(a.reviews), len(a.sars), reviews, sars)
+		}
+	}
+	list, del := ebv1.BackupService_ListBackups_FullMethodName, ebv1.BackupService_DeleteBackup_FullMethodName
+	for range 3 {
+		call(testToken, list, codes.OK)
+		call(testToken, del, codes.PermissionDenied)
+		call("wrong", list, codes.Unauthenticated)
+	}
+	counts(2, 2)
+	// GetBackup and GetServerInfo take the same permission.
+	call(testToken, ebv1.BackupService_GetBackup_FullMethodName, codes.PermissionDenied)
+	call(testToken, ebv1.InfoService_GetServerInfo_FullMethodName, codes.PermissionDenied)
+	counts(2, 3)
+	now = now.Add(DefaultUserReviewCacheTTL)
+	call(testToken, list, codes.OK)
+	call("wrong", list, codes.Unauthenticated)
+	counts(4, 4)
+}
+
+// Each review is bounded: an API server that does not answer makes the
+// call fail Unavailable after UserReviews.Timeout, not hang.
+func TestUserReviewTimesOut(t *testing.T) {
+	gate := make(chan struct{})
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		select {
+		case <-gate:
+		case <-req.Context().Done():
+		}
+	}))
+	defer api.Close()
+	defer close(gate)
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: api.URL, QPS: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &SubjectAccessReviewGuard{Client: cs, Namespace: testNamespace, Reviews: UserReviews{Timeout: 100 * time.Millisecond}}
+	start := time.Now()
+	_, err = g.Admit(withToken(testToken), ebv1.BackupService_ListBackups_FullMethodName)
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "TokenReview failed") {
+		t.Fatalf("Admit: %v; want Unavailable, the TokenReview failed", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("the call took %v; want about the 100ms timeout", took)
+	}
+	if strings.Contains(err.Error(), testToken) {
+		t.Fatalf("the refusal shows the token: %v", err)
+	}
+}
+
+// Over the cap on new tokens' reviews, a call is refused at once with
+// Unavailable (the plugin retries it) and a message a person can act on.
+func TestUserReviewsOverTheCap(t *testing.T) {
+	var started atomic.Int64
+	gate, arrived := make(chan struct{}), make(chan struct{}, 2)
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		started.Add(1)
+		arrived <- struct{}{}
+		select {
+		case <-gate:
+		case <-req.Context().Done():
+		}
+	}))
+	defer api.Close()
+	cs, err := kubernetes.NewForConfig(&rest.Config{Host: api.URL, QPS: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &SubjectAccessReviewGuard{Client: cs, Namespace: testNamespace, Reviews: UserReviews{MaxConcurrent: 2, QueueWait: 20 * time.Millisecond}}
+	var wg sync.WaitGroup
+	defer func() { close(gate); wg.Wait() }()
+	for i := range 2 {
+		wg.Go(func() {
+			_, _ = g.Admit(withToken(fmt.Sprintf("held-%d", i)), ebv1.BackupService_ListBackups_FullMethodName)
+		})
+	}
+	for range 2 {
+		select {
+		case <-arrived:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the first two reviews did not reach the API server")
+		}
+	}
+	_, err = g.Admit(withToken("one-more"), ebv1.BackupService_ListBackups_FullMethodName)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("a review over the cap: %v; want Unavailable", err)
+	}
+	for _, want := range []string{"at most 2 at once", "try again in a few seconds", "port-forward"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not say %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "one-more") {
+		t.Errorf("the refusal shows the token: %v", err)
+	}
+	if n := started.Load(); n != 2 {
+		t.Fatalf("%d reviews started; want the cap, 2", n)
 	}
 }

@@ -355,6 +355,18 @@ func (l *Launcher) watched(ns string) (*nsCache, error) {
 	return nc, nil
 }
 
+// AgentInformers returns the informers of the agent pods and Jobs of
+// namespace ns (nil, nil before Start or for a namespace not watched):
+// the agent guard checks callers against them (auth.InformerListers),
+// which treats an informer that has not synced as unable to tell.
+func (l *Launcher) AgentInformers(ns string) (pods, jobs cache.SharedIndexInformer) {
+	nc, err := l.watched(ns)
+	if err != nil {
+		return nil, nil
+	}
+	return nc.pods, nc.jobs
+}
+
 // ownWriteWait bounds how long a write waits to see its change in the
 // caches; past it, reads catch up by themselves.
 const ownWriteWait = 10 * time.Second
