@@ -21,6 +21,7 @@ import (
 	"math/big"
 	"net"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -48,8 +49,9 @@ const (
 const (
 	// CAValidity: rotate by deleting the Secret and restarting the server.
 	CAValidity = 10 * 365 * 24 * time.Hour
-	// ServingValidity: the serving certificate is issued anew at every
-	// start.
+	// ServingValidity: the serving certificate is issued at every start
+	// and again while the server runs, once two thirds of it have passed
+	// (RenewingServerConfig).
 	ServingValidity = 365 * 24 * time.Hour
 )
 
@@ -242,6 +244,47 @@ func firstOr(s []string, def string) string {
 // the serving certificate, ALPN h2 (gRPC's).
 func ServerConfig(cert tls.Certificate) *tls.Config {
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"}}
+}
+
+// RenewingServerConfig is ServerConfig for a server that runs longer
+// than ServingValidity: each handshake gets the current certificate,
+// issued anew for dns and ips once two thirds of its validity have
+// passed (now is the clock). When issuing fails the one in force is kept
+// while it is valid. Certificates holds the first, for Describe.
+func (ca *CA) RenewingServerConfig(first tls.Certificate, dns []string, ips []net.IP, now func() time.Time) *tls.Config {
+	r := &renewing{ca: ca, dns: dns, ips: ips, now: now, cur: &first}
+	cfg := ServerConfig(first)
+	cfg.GetCertificate = r.get
+	return cfg
+}
+
+// renewing is the serving certificate in force, renewed on demand.
+type renewing struct {
+	ca  *CA
+	dns []string
+	ips []net.IP
+	now func() time.Time
+
+	mu  sync.Mutex
+	cur *tls.Certificate
+}
+
+func (r *renewing) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now, leaf := r.now(), r.cur.Leaf
+	if now.Before(leaf.NotBefore.Add(2 * leaf.NotAfter.Sub(leaf.NotBefore) / 3)) {
+		return r.cur, nil
+	}
+	next, err := r.ca.ServingCert(r.dns, r.ips, now)
+	if err != nil {
+		if now.Before(leaf.NotAfter) {
+			return r.cur, nil // still valid; the next handshake tries again
+		}
+		return nil, fmt.Errorf("agent TLS: the serving certificate expired at %s and a new one could not be issued: %w", leaf.NotAfter.UTC().Format(time.RFC3339), err)
+	}
+	r.cur = &next
+	return r.cur, nil
 }
 
 // Pool is a certificate pool of the CA alone.

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -181,4 +182,46 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// The serving certificate is renewed while the server runs: a handshake
+// after two thirds of its validity gets a new one, valid for as long
+// again, for the same names; before that, the same one (issue 37).
+func TestServingCertIsRenewedWhileTheServerRuns(t *testing.T) {
+	ctx := context.Background()
+	start := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	ca, err := agenttls.EnsureCA(ctx, fake.NewClientset(), ns, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := agenttls.ServerNames(ns)
+	first, err := ca.ServingCert(names, nil, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := start
+	cfg := ca.RenewingServerConfig(first, names, nil, func() time.Time { return now })
+	served := func() *x509.Certificate {
+		t.Helper()
+		c, err := cfg.GetCertificate(&tls.ClientHelloInfo{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Leaf
+	}
+	now = start.Add(agenttls.ServingValidity / 2)
+	if got := served(); !got.Equal(first.Leaf) {
+		t.Fatalf("renewed at half its validity: serial %v", got.SerialNumber)
+	}
+	now = start.Add(agenttls.ServingValidity * 3 / 4)
+	renewed := served()
+	if renewed.Equal(first.Leaf) || !renewed.NotAfter.After(first.Leaf.NotAfter) || !slices.Equal(renewed.DNSNames, first.Leaf.DNSNames) {
+		t.Fatalf("after three quarters of its validity: %v until %s, want a new certificate for %v past %s", renewed.DNSNames, renewed.NotAfter, first.Leaf.DNSNames, first.Leaf.NotAfter)
+	}
+	if _, err := renewed.Verify(x509.VerifyOptions{Roots: ca.Pool(), DNSName: "etcdbackup." + ns + ".svc", CurrentTime: now}); err != nil {
+		t.Fatalf("the renewed certificate does not verify: %v", err)
+	}
+	if got := served(); !got.Equal(renewed) {
+		t.Fatal("renewed again at once")
+	}
 }

@@ -69,7 +69,7 @@ func Setup(ctx context.Context, o Options) (*tls.Config, *CA, error) {
 	if len(pending) > 0 {
 		go retryPublish(ctx, o, ca.CertPEM, pending)
 	}
-	return ServerConfig(cert), ca, nil
+	return ca.RenewingServerConfig(cert, dns, ips, now), ca, nil
 }
 
 func retryPublish(ctx context.Context, o Options, certPEM []byte, pending []string) {
