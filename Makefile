@@ -151,7 +151,7 @@ bench: node-deps node-bins s3-bins age-bins
 	cd tools/benchreport && $(GO) run . -out $(CURDIR)/docs/benchmarks.md \
 		-notes $(CURDIR)/docs/benchmarks-notes.md -include $(CURDIR)/docs/benchmarks-download.md $(BENCH_OUT)/*.txt
 
-## fuzz: every fuzz target (upload stream, manifest, trailer verifier, decompression, config) for FUZZTIME each
+## fuzz: every fuzz target (upload stream, manifests, trailer verifier, decompression, config, delta segments and plans, stored Kubernetes values, Job annotations) for FUZZTIME each
 FUZZTIME ?= 30s
 fuzz:
 	FUZZTIME=$(FUZZTIME) GO=$(GO) hack/fuzz.sh

@@ -117,7 +117,10 @@ func Contiguous(full FullInfo, segs []SegmentInfo) (used []SegmentInfo, problems
 		switch {
 		case s.Chain != "" && s.Chain != full.Name:
 			problems = append(problems, fmt.Sprintf("segment %s belongs to chain %s, not %s", s.Name, s.Chain, full.Name))
-		case s.LastRevision < s.FirstRevision-1:
+		case s.FirstRevision < 1 || s.LastRevision < s.FirstRevision-1:
+			// Revisions start at 1 (a segment's reader refuses less);
+			// below, FirstRevision-1 and the run's LastRevision+1 would
+			// wrap around int64 and chain a segment to the wrong end.
 			problems = append(problems, fmt.Sprintf("segment %s says it holds revisions %d..%d: its manifest is damaged", s.Name, s.FirstRevision, s.LastRevision))
 		case s.empty():
 			// Holds nothing to replay: neither used nor a problem.

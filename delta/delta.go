@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -295,13 +296,18 @@ func (s *Summary) add(r Revision) {
 func (w *Writer) Summary() Summary { return w.sum }
 
 // Close writes the end frame, saying why the segment ended (may be
-// empty), and returns the segment's summary. It does not close the
-// underlying writer.
+// empty; cut to its first maxEndReason bytes), and returns the segment's
+// summary. It does not close the underlying writer.
 func (w *Writer) Close(endReason string) (Summary, error) {
 	if err := w.usable(); err != nil {
 		return w.sum, err
 	}
 	w.closed = true
+	if len(endReason) > maxEndReason {
+		// A reader refuses a larger end frame; the reason is for people,
+		// and its start says it.
+		endReason = strings.ToValidUTF8(endReason[:maxEndReason], "")
+	}
 	w.sum.EndReason = endReason
 	b := w.buf[:0]
 	b = binary.AppendUvarint(b, uint64(w.sum.LastRevision))
@@ -314,9 +320,18 @@ func (w *Writer) Close(endReason string) (Summary, error) {
 }
 
 // Reader decodes one segment, checking the format's invariants as it
-// goes.
+// goes. It reads a revision's frames event by event rather than whole,
+// and grows what it holds as bytes arrive, never to a length the segment
+// declares: a few KB of zstd expand to megabytes of zeros, and a length
+// or count read from them must not cost more than the bytes behind it.
 type Reader struct {
-	r      *bufio.Reader
+	r *bufio.Reader
+	// left is what is still unread of the current frame's payload.
+	left uint64
+	// srcErr is the error of reading the segment itself, seen while
+	// reading a number of a frame: it was cut short or failed, which is
+	// not a malformed number.
+	srcErr error
 	hdr    Header
 	sum    Summary
 	leases map[int64]bool
@@ -326,12 +341,33 @@ type Reader struct {
 	open       *Revision
 	openEvents uint64
 	openBytes  uint64
-	// buf is the previous frame's payload, reused for the next: nothing
-	// decoded from a frame refers to it.
+	// buf holds one event's encoding, or a small frame's payload, reused
+	// for the next: nothing decoded from it refers to it.
 	buf  []byte
 	done bool
 	err  error
 }
+
+// maxSmallFrame bounds the payload of a header, lease or end frame,
+// which a reader holds whole. They take tens of bytes (a header's JSON,
+// three numbers, an end reason in words): a larger length is damage.
+const maxSmallFrame = 64 << 10
+
+// maxEndReason is the longest end reason a Writer records, so that its
+// end frame stays within maxSmallFrame.
+const maxEndReason = maxSmallFrame - 4*binary.MaxVarintLen64
+
+// eventsPrealloc bounds the capacity a revision's events start with: the
+// count a revision frame gives is not backed by bytes yet, so the slice
+// grows as events are decoded past it.
+const eventsPrealloc = 1024
+
+// errBadNumber is a number of a frame that is malformed or runs past the
+// frame's end.
+var errBadNumber = errors.New("bad or truncated number")
+
+// errFrameEnd ends a number that runs past its frame.
+var errFrameEnd = errors.New("end of frame")
 
 // NewReader reads the magic and header of a plain segment.
 func NewReader(r io.Reader) (*Reader, error) {
@@ -347,12 +383,16 @@ func NewReader(r io.Reader) (*Reader, error) {
 		return nil, fmt.Errorf("%w: %w", ErrCorrupt, ErrNotSegment)
 	}
 	dr := &Reader{r: br, leases: map[int64]bool{}}
-	typ, payload, err := dr.frame()
+	typ, err := dr.frame()
 	if err != nil {
 		return nil, err
 	}
 	if typ != frameHeader {
 		return nil, fmt.Errorf("%w: the first frame is %q, not the header", ErrCorrupt, typ)
+	}
+	payload, err := dr.payload()
+	if err != nil {
+		return nil, err
 	}
 	if err := json.Unmarshal(payload, &dr.hdr); err != nil {
 		return nil, fmt.Errorf("%w: header: %v", ErrCorrupt, err)
@@ -371,48 +411,53 @@ func (r *Reader) Header() Header { return r.hdr }
 // returned io.EOF.
 func (r *Reader) Summary() Summary { return r.sum }
 
-// frame reads one frame, bounding its size, and checks that it may come
-// here as far as a revision split across frames goes.
-func (r *Reader) frame() (byte, []byte, error) {
+// frame reads a frame's type and length, bounds the length, and checks
+// that the frame may come here as far as a revision split across frames
+// goes. Its payload is left to read: r.left bytes.
+func (r *Reader) frame() (byte, error) {
 	typ, err := r.r.ReadByte()
 	if errors.Is(err, io.EOF) {
 		if r.open != nil {
-			return 0, nil, fmt.Errorf("%w: it ends inside revision %d, after %d of its %d events, without the rest or an end frame (cut short: an upload or a writer interrupted?)", ErrCorrupt, r.open.Revision, len(r.open.Events), r.openEvents)
+			return 0, fmt.Errorf("%w: it ends inside revision %d, after %d of its %d events, without the rest or an end frame (cut short: an upload or a writer interrupted?)", ErrCorrupt, r.open.Revision, len(r.open.Events), r.openEvents)
 		}
-		return 0, nil, fmt.Errorf("%w: it ends after revision %d without an end frame (cut short: an upload or a writer interrupted?)", ErrCorrupt, r.sum.LastRevision)
+		return 0, fmt.Errorf("%w: it ends after revision %d without an end frame (cut short: an upload or a writer interrupted?)", ErrCorrupt, r.sum.LastRevision)
 	}
 	if err != nil {
-		return 0, nil, fmt.Errorf("read delta segment: %w", err)
+		return 0, fmt.Errorf("read delta segment: %w", err)
 	}
 	n, err := binary.ReadUvarint(r.r)
 	if err != nil {
-		return 0, nil, r.short(err)
+		return 0, r.short(err)
 	}
 	if n > MaxFrameSize {
-		return 0, nil, fmt.Errorf("%w: a %q frame says it is %d bytes, more than the %d a segment frame may be", ErrCorrupt, typ, n, MaxFrameSize)
+		return 0, fmt.Errorf("%w: a %q frame says it is %d bytes, more than the %d a segment frame may be", ErrCorrupt, typ, n, MaxFrameSize)
 	}
 	switch {
 	case r.open != nil && typ != frameContinuation:
-		return 0, nil, fmt.Errorf("%w: revision %d is split across frames and has %d of its %d events, then a %q frame comes instead of the rest", ErrCorrupt, r.open.Revision, len(r.open.Events), r.openEvents, typ)
+		return 0, fmt.Errorf("%w: revision %d is split across frames and has %d of its %d events, then a %q frame comes instead of the rest", ErrCorrupt, r.open.Revision, len(r.open.Events), r.openEvents, typ)
 	case r.open != nil && r.openBytes+n > MaxRevisionBytes:
 		// Refused before reading it: the revision held so far is all a
 		// damaged or hostile segment costs.
-		return 0, nil, fmt.Errorf("%w: revision %d is more than %d bytes (%d read and a continuation frame of %d), more than the %d one revision may be (the largest request the replay etcd takes)", ErrCorrupt, r.open.Revision, r.openBytes+n, r.openBytes, n, MaxRevisionBytes)
+		return 0, fmt.Errorf("%w: revision %d is more than %d bytes (%d read and a continuation frame of %d), more than the %d one revision may be (the largest request the replay etcd takes)", ErrCorrupt, r.open.Revision, r.openBytes+n, r.openBytes, n, MaxRevisionBytes)
 	case r.open == nil && typ == frameContinuation:
-		return 0, nil, fmt.Errorf("%w: a continuation frame after revision %d, which is complete: no revision is split across frames there", ErrCorrupt, r.sum.LastRevision)
+		return 0, fmt.Errorf("%w: a continuation frame after revision %d, which is complete: no revision is split across frames there", ErrCorrupt, r.sum.LastRevision)
+	case (typ == frameHeader || typ == frameLease || typ == frameEnd) && n > maxSmallFrame:
+		return 0, fmt.Errorf("%w: a %q frame says it is %d bytes, more than the %d such a frame may be", ErrCorrupt, typ, n, maxSmallFrame)
 	}
-	payload, err := r.payload(int(n))
-	if err != nil {
-		return 0, nil, err
-	}
-	return typ, payload, nil
+	r.left = n
+	return typ, nil
 }
 
-// payload reads a frame's n bytes into the reused buffer. It grows the
-// buffer as bytes arrive rather than to the n the frame says, so that a
-// damaged length in a short segment costs what the segment holds, not up
-// to MaxFrameSize.
-func (r *Reader) payload(n int) ([]byte, error) {
+// payload reads the rest of the current frame whole.
+func (r *Reader) payload() ([]byte, error) {
+	return r.read(int(r.left))
+}
+
+// read reads the next n bytes of the current frame (n <= r.left) into
+// the reused buffer. It grows the buffer as bytes arrive rather than to
+// n, so that a damaged length in a short segment costs what the segment
+// holds, not up to MaxFrameSize.
+func (r *Reader) read(n int) ([]byte, error) {
 	const minGrow = 64 << 10
 	b := r.buf[:0]
 	for len(b) < n {
@@ -421,6 +466,7 @@ func (r *Reader) payload(n int) ([]byte, error) {
 		}
 		got, err := io.ReadFull(r.r, b[len(b):min(n, cap(b))])
 		b = b[:len(b)+got]
+		r.left -= uint64(got)
 		if err != nil {
 			return nil, r.short(err)
 		}
@@ -429,9 +475,49 @@ func (r *Reader) payload(n int) ([]byte, error) {
 	return b, nil
 }
 
-// release drops a buffer larger than a split revision's frames (an older
-// writer's big revision, a single huge event) once nothing decoded from
-// it is open: the frames of one split revision share it.
+// body reads a Reader's current frame byte by byte, for binary's varint
+// readers: errFrameEnd past the frame's end.
+type body Reader
+
+func (b *body) ReadByte() (byte, error) {
+	if b.left == 0 {
+		return 0, errFrameEnd
+	}
+	c, err := b.r.ReadByte()
+	if err != nil {
+		b.srcErr = err
+		return 0, err
+	}
+	b.left--
+	return c, nil
+}
+
+// uvarint and varint read a number of the current frame. Their error is
+// errBadNumber for a malformed number or one past the frame's end, else
+// the segment's own (cut short, or its reader failed), ready to return.
+func (r *Reader) uvarint() (uint64, error) {
+	v, err := binary.ReadUvarint((*body)(r))
+	return v, r.numberErr(err)
+}
+
+func (r *Reader) varint() (int64, error) {
+	v, err := binary.ReadVarint((*body)(r))
+	return v, r.numberErr(err)
+}
+
+func (r *Reader) numberErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case r.srcErr != nil:
+		return r.short(r.srcErr)
+	}
+	return errBadNumber
+}
+
+// release drops a buffer larger than a split revision's frames (a single
+// huge event, an older writer's big revision) once no revision is open:
+// the events of one split revision reuse it.
 func (r *Reader) release() {
 	if r.open == nil && cap(r.buf) > 2*revisionFrameTarget {
 		r.buf = nil
@@ -473,13 +559,17 @@ func (r *Reader) next() (*Revision, *Lease, error) {
 	// A revision split across frames is read whole: it is one etcd
 	// transaction to whoever replays it.
 	for {
-		typ, p, err := r.frame()
+		typ, err := r.frame()
 		if err != nil {
 			return nil, nil, err
 		}
-		d := decoder{b: p}
 		switch typ {
 		case frameLease:
+			p, err := r.payload()
+			if err != nil {
+				return nil, nil, err
+			}
+			d := decoder{b: p}
 			l := &Lease{ID: d.varint(), TTL: d.varint(), Remaining: d.varint()}
 			if err := d.end(); err != nil {
 				return nil, nil, fmt.Errorf("%w: lease frame after revision %d: %v", ErrCorrupt, r.sum.LastRevision, err)
@@ -489,9 +579,9 @@ func (r *Reader) next() (*Revision, *Lease, error) {
 		case frameRevision, frameContinuation:
 			var rev *Revision
 			if typ == frameRevision {
-				rev, err = r.revision(&d)
+				rev, err = r.revision()
 			} else {
-				rev, err = r.continuation(p)
+				rev, err = r.continuation()
 			}
 			if err != nil {
 				return nil, nil, err
@@ -502,6 +592,11 @@ func (r *Reader) next() (*Revision, *Lease, error) {
 			r.sum.add(*rev)
 			return rev, nil, nil
 		case frameEnd:
+			p, err := r.payload()
+			if err != nil {
+				return nil, nil, err
+			}
+			d := decoder{b: p}
 			last, revs, events := int64(d.uvarint()), int64(d.uvarint()), int64(d.uvarint())
 			reason := d.bytes()
 			if err := d.end(); err != nil {
@@ -531,14 +626,27 @@ func (r *Reader) next() (*Revision, *Lease, error) {
 // revision decodes an 'R' frame. It returns nil for a revision whose
 // events do not all fit in the frame: it stays open for the 'C' frames
 // after it.
-func (r *Reader) revision(d *decoder) (*Revision, error) {
+func (r *Reader) revision() (*Revision, error) {
 	want := r.sum.LastRevision + 1
-	rev := &Revision{Revision: int64(d.uvarint())}
-	rev.Time = time.Unix(0, d.varint())
-	n := d.uvarint()
-	if d.err != nil {
-		return nil, fmt.Errorf("%w: revision frame after revision %d: %v", ErrCorrupt, r.sum.LastRevision, d.err)
+	bad := func(err error) error {
+		if errors.Is(err, errBadNumber) {
+			return fmt.Errorf("%w: revision frame after revision %d: %v", ErrCorrupt, r.sum.LastRevision, err)
+		}
+		return err
 	}
+	number, err := r.uvarint()
+	if err != nil {
+		return nil, bad(err)
+	}
+	nanos, err := r.varint()
+	if err != nil {
+		return nil, bad(err)
+	}
+	n, err := r.uvarint()
+	if err != nil {
+		return nil, bad(err)
+	}
+	rev := &Revision{Revision: int64(number), Time: time.Unix(0, nanos)}
 	if rev.Revision != want {
 		return nil, fmt.Errorf("%w: revision %d follows revision %d (a gap or a repeat)", ErrCorrupt, rev.Revision, r.sum.LastRevision)
 	}
@@ -547,11 +655,9 @@ func (r *Reader) revision(d *decoder) (*Revision, error) {
 	if n == 0 || n > MaxRevisionBytes {
 		return nil, fmt.Errorf("%w: revision %d says it has %d events", ErrCorrupt, rev.Revision, n)
 	}
-	// The frame's length, not the count, sizes the allocation: a damaged
-	// count cannot cost more than the bytes read.
-	rev.Events = make([]*mvccpb.Event, 0, min(n, uint64(len(d.b))))
-	size := uint64(len(d.b))
-	if err := r.events(rev, d.b, n); err != nil {
+	rev.Events = make([]*mvccpb.Event, 0, min(n, eventsPrealloc, r.left))
+	size := r.left
+	if err := r.events(rev, n); err != nil {
 		return nil, err
 	}
 	if uint64(len(rev.Events)) < n {
@@ -563,12 +669,13 @@ func (r *Reader) revision(d *decoder) (*Revision, error) {
 
 // continuation decodes a 'C' frame of the open revision, and returns the
 // revision once this frame completes it.
-func (r *Reader) continuation(p []byte) (*Revision, error) {
+func (r *Reader) continuation() (*Revision, error) {
 	rev := r.open
-	if err := r.events(rev, p, r.openEvents); err != nil {
+	size := r.left
+	if err := r.events(rev, r.openEvents); err != nil {
 		return nil, err
 	}
-	r.openBytes += uint64(len(p))
+	r.openBytes += size
 	if uint64(len(rev.Events)) < r.openEvents {
 		return nil, nil
 	}
@@ -576,22 +683,32 @@ func (r *Reader) continuation(p []byte) (*Revision, error) {
 	return rev, nil
 }
 
-// events decodes the events of one frame, b, into rev, which has count
-// events in all: a frame holds at least one, and never more than the
-// count leaves.
-func (r *Reader) events(rev *Revision, b []byte, count uint64) error {
-	if len(b) == 0 {
+// events decodes the rest of the current frame, events of rev, which
+// has count events in all: a frame holds at least one, and never more
+// than the count leaves. Each event is read, decoded and checked before
+// the next is read.
+func (r *Reader) events(rev *Revision, count uint64) error {
+	if r.left == 0 {
 		return fmt.Errorf("%w: revision %d has %d of its %d events, then a frame that holds none", ErrCorrupt, rev.Revision, len(rev.Events), count)
 	}
-	d := decoder{b: b}
-	for len(d.b) > 0 {
+	for r.left > 0 {
 		i := len(rev.Events)
 		if uint64(i) == count {
 			return fmt.Errorf("%w: revision %d says it has %d events, but its frames hold more", ErrCorrupt, rev.Revision, count)
 		}
-		b := d.bytes()
-		if d.err != nil {
-			return fmt.Errorf("%w: revision %d, event %d: %v", ErrCorrupt, rev.Revision, i, d.err)
+		n, err := r.uvarint()
+		if errors.Is(err, errBadNumber) {
+			return fmt.Errorf("%w: revision %d, event %d: %v", ErrCorrupt, rev.Revision, i, err)
+		}
+		if err != nil {
+			return err
+		}
+		if n > r.left {
+			return fmt.Errorf("%w: revision %d, event %d: a length of %d where %d bytes are left", ErrCorrupt, rev.Revision, i, n, r.left)
+		}
+		b, err := r.read(int(n))
+		if err != nil {
+			return err
 		}
 		ev := &mvccpb.Event{}
 		if err := proto.Unmarshal(b, ev); err != nil {

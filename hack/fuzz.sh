@@ -18,6 +18,12 @@ targets="
 ./snapshot/ FuzzVerifier
 ./snapshot/ FuzzDecompress
 ./server/config/ FuzzLoad
+./delta/ FuzzSegmentReader
+./delta/ FuzzPlan
+./snapshot/kube/ FuzzDecode
+./storage/s3/ FuzzManifest
+./server/jobs/ FuzzParseFoldInputs
+./server/jobs/ FuzzDecodeSegments
 "
 
 while read -r pkg fn; do

@@ -83,6 +83,9 @@ type Service struct {
 	agents     *jobs.Launcher
 	scratchDir string
 	limits     config.Limits
+	// verifies bounds what VerifyBackup unpacks into scratchDir at once;
+	// its zero value has the defaults.
+	verifies verifyGate
 
 	uploads    claims
 	coord      coord.Registry

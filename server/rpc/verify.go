@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -39,6 +40,12 @@ func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupReques
 	if m.Encryption != "" {
 		return s.verifyStored(ctx, locName, m, r)
 	}
+	need := s.unpackedSize(m)
+	release, err := s.verifies.reserve(s.scratchDir, req.GetName(), need)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	dir, err := os.MkdirTemp(s.scratchDir, "verify-")
 	if err != nil {
 		return nil, ebv1.ServerErrorf(codes.Internal, "verify %q: scratch space: %v", req.GetName(), err)
@@ -54,12 +61,17 @@ func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupReques
 	stored := sha256.New()
 	// Bounded by the recorded raw size, or limits.maxRawSize for a backup
 	// stored without one: a crafted backup must not fill the scratch
-	// volume.
-	n, err := snapshot.DecompressBounded(ctx, f, io.TeeReader(r, stored), m.Compression, m.RawSize, s.limits.MaxRawSize)
+	// volume. The reservation bounds the file too: a plain backup that
+	// records no raw size may unpack to its recorded size, and a store
+	// holding more must not write past what was reserved.
+	n, err := snapshot.DecompressBounded(ctx, &reservedWriter{w: f, left: need}, io.TeeReader(r, stored), m.Compression, m.RawSize, s.limits.MaxRawSize)
 	corrupt := func(format string, args ...any) error {
 		msg := fmt.Sprintf(format, args...)
 		s.log.Warn("backup failed verification", "location", locName, "backup", req.GetName(), "reason", msg)
 		return status.Errorf(codes.DataLoss, "backup %q in location %q is corrupt: %s; do not restore it", req.GetName(), locName, msg)
+	}
+	if errors.Is(err, errPastReservation) {
+		return nil, corrupt("it unpacks to more than the %d bytes its manifest records", need)
 	}
 	if errors.Is(err, snapshot.ErrCorrupt) {
 		return nil, corrupt("%v", err)
@@ -121,4 +133,169 @@ func (s *Service) verifyStored(ctx context.Context, locName string, m *storage.M
 		Message: fmt.Sprintf("the stored bytes match their SHA-256 and start with an age header for %d recipient(s); the content is encrypted and the server holds no key: "+
 			"run `kubectl etcdbackup verify %s --identity KEYFILE` to check etcd's trailer and database on your machine", len(h.StanzaTypes), m.Name),
 	}, nil
+}
+
+const (
+	// maxVerifies is how many verifies may unpack into the scratch
+	// directory at once. Each also holds a bolt database mapped while it
+	// is checked; two let a second user's verify run beside a long one.
+	maxVerifies = 2
+	// defaultVerifyScratchBytes is what the verifies in flight may
+	// unpack into the scratch directory together: the shipped manifest
+	// gives it an emptyDir of sizeLimit 20Gi, past which the kubelet
+	// evicts the pod, and statfs(2) there shows the node's disk, not
+	// that limit. 18 GiB holds one backup of limits.maxRawSize's
+	// default (16 GiB) that records no raw size, or two of etcd's
+	// largest recommended database (8 GiB), and leaves 2 GiB of slack.
+	defaultVerifyScratchBytes = 18 << 30
+	// scratchFloorPercent of the scratch file system is left free by
+	// every verify: the kubelet's default hard eviction threshold
+	// (nodefs.available<10%) evicts pods, the biggest emptyDir users
+	// first, when the node's disk gets fuller than that.
+	scratchFloorPercent = 10
+)
+
+// errPastReservation is a verify's write beyond the scratch bytes it
+// reserved.
+var errPastReservation = errors.New("more bytes than reserved in the scratch directory")
+
+// verifyGate bounds what VerifyBackup unpacks into the scratch directory
+// at once, by count and by bytes: each verify reserves the size its
+// snapshot unpacks to before it writes a byte, and one that does not fit
+// is refused at once rather than queued, since a queued verify would
+// hold its caller and its storage reader for as long as the others run.
+// The zero value uses the defaults.
+type verifyGate struct {
+	// budget (bytes), most (verifies) and free (the scratch file
+	// system's state) are the limits; zero is defaultVerifyScratchBytes,
+	// maxVerifies and scratchSpace. Tests set them.
+	budget int64
+	most   int
+	free   func(dir string) (available, total int64, err error)
+
+	mu       sync.Mutex
+	n        int
+	reserved int64
+}
+
+// unpackedSize is the most bytes VerifyBackup writes to unpack m: its
+// recorded raw size, else its stored size when stored as is, else the
+// bound DecompressBounded applies to a compressed backup without one.
+func (s *Service) unpackedSize(m *storage.Manifest) int64 {
+	switch {
+	case m.RawSize > 0:
+		return m.RawSize
+	case m.Compression == "" || m.Compression == ebv1.CompressionNone:
+		return m.Size
+	case s.limits.MaxRawSize > 0:
+		return s.limits.MaxRawSize
+	}
+	return snapshot.DefaultMaxRawSize
+}
+
+// reserve takes a verify slot and need bytes of the scratch directory
+// dir for backup name, or refuses with ResourceExhausted. release gives
+// both back.
+func (g *verifyGate) reserve(dir, name string, need int64) (release func(), err error) {
+	budget, most, free := g.budget, g.most, g.free
+	if budget <= 0 {
+		budget = defaultVerifyScratchBytes
+	}
+	if most <= 0 {
+		most = maxVerifies
+	}
+	if free == nil {
+		free = scratchSpace
+	}
+	elsewhere := fmt.Sprintf("check it on your machine instead: `kubectl etcdbackup download %s` checks its SHA-256 and etcd's trailer, "+
+		"and `kubectl etcdbackup inspect %s` opens its database", name, name)
+	if need > budget {
+		return nil, status.Errorf(codes.ResourceExhausted,
+			"verify of %q refused: it unpacks to %s, more than the %s of scratch space this server lets verifies use; %s",
+			name, bytesString(need), bytesString(budget), elsewhere)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n >= most {
+		return nil, status.Errorf(codes.ResourceExhausted,
+			"verify of %q refused: this server runs at most %d verifies at once (each unpacks a snapshot into its scratch space), and %d are running; try again when one has finished, or %s",
+			name, most, g.n, elsewhere)
+	}
+	if g.reserved+need > budget {
+		return nil, status.Errorf(codes.ResourceExhausted,
+			"verify of %q refused: it unpacks to %s, and the verifies running hold %s of the %s of scratch space this server lets verifies use; try again when one has finished, or %s",
+			name, bytesString(need), bytesString(g.reserved), bytesString(budget), elsewhere)
+	}
+	// What the verifies in flight already wrote is counted twice (gone
+	// from available, and still reserved): erring towards refusing.
+	if available, total, err := free(scratchDirOrTemp(dir)); err == nil {
+		floor := total * scratchFloorPercent / 100
+		if need > available-floor-g.reserved {
+			held := ""
+			if g.reserved > 0 {
+				held = fmt.Sprintf(" (verifies running may still write %s of it)", bytesString(g.reserved))
+			}
+			return nil, status.Errorf(codes.ResourceExhausted,
+				"verify of %q refused: it unpacks to %s, and the file system of the server's scratch space has %s available%s, of which %d%% of its size (%s) must stay free; try again later, or %s",
+				name, bytesString(need), bytesString(available), held, scratchFloorPercent, bytesString(floor), elsewhere)
+		}
+	}
+	g.n++
+	g.reserved += need
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			g.n--
+			g.reserved -= need
+			g.mu.Unlock()
+		})
+	}, nil
+}
+
+// scratchDirOrTemp is where os.MkdirTemp(dir, ...) creates.
+func scratchDirOrTemp(dir string) string {
+	if dir == "" {
+		return os.TempDir()
+	}
+	return dir
+}
+
+// bytesString says a size as people read it, and exactly when that
+// rounds.
+func bytesString(n int64) string {
+	for _, u := range []struct {
+		size int64
+		name string
+	}{{1 << 30, "GiB"}, {1 << 20, "MiB"}, {1 << 10, "KiB"}} {
+		switch {
+		case n < u.size:
+			continue
+		case n%u.size == 0:
+			return fmt.Sprintf("%d %s", n/u.size, u.name)
+		}
+		return fmt.Sprintf("%.1f %s (%d bytes)", float64(n)/float64(u.size), u.name, n)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
+// reservedWriter passes at most left bytes to w, then fails with
+// errPastReservation.
+type reservedWriter struct {
+	w    io.Writer
+	left int64
+}
+
+func (r *reservedWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) <= r.left {
+		n, err := r.w.Write(p)
+		r.left -= int64(n)
+		return n, err
+	}
+	n, err := r.w.Write(p[:r.left])
+	r.left -= int64(n)
+	if err == nil {
+		err = errPastReservation
+	}
+	return n, err
 }

@@ -49,7 +49,19 @@ const (
 	// upload that moves less than limits.minTransferRate for a minute is
 	// ended, and a commit takes seconds.
 	staleUpload = time.Hour
+	// maxManifestBytes bounds what Stat reads of a manifest, as S3's
+	// location bounds its manifest objects: one an upload writes takes a
+	// few KB (its labels and fields are bounded), so a larger file is
+	// not one, and must not cost its size in memory.
+	maxManifestBytes = 1 << 20
 )
+
+// errNotRegular is a backup's file that is a symbolic link, a FIFO, a
+// device or a directory: the location only ever writes regular files and
+// hard links, and following anything else would read what the
+// directory's writer points at (another file of the server's, a pipe
+// that blocks) as a backup.
+var errNotRegular = errors.New("not a regular file (a symbolic link, pipe, device or directory; this location writes none): refusing to read it")
 
 // Location stores backups in a directory.
 type Location struct {
@@ -390,7 +402,7 @@ func (l *Location) Open(ctx context.Context, name string, offset, length int64) 
 	if offset < 0 || offset > m.Size || length < 0 {
 		return nil, nil, fmt.Errorf("offset %d, length %d outside backup %q of %d bytes", offset, length, name, m.Size)
 	}
-	f, err := os.Open(l.dataPath(name))
+	f, _, err := openRegular(l.dataPath(name))
 	if errors.Is(err, fs.ErrNotExist) {
 		// Deleted between Stat and Open.
 		return nil, nil, fmt.Errorf("%q: %w", name, storage.ErrNotFound)
@@ -416,7 +428,7 @@ func (l *Location) Stat(_ context.Context, name string) (*storage.Manifest, erro
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
-	b, err := os.ReadFile(l.manifestPath(name))
+	b, err := readManifest(l.manifestPath(name))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%q: %w", name, storage.ErrNotFound)
 	}
@@ -431,6 +443,57 @@ func (l *Location) Stat(_ context.Context, name string) (*storage.Manifest, erro
 		return nil, err
 	}
 	return &m, nil
+}
+
+// readManifest reads the manifest at path: a regular file, not followed
+// through a link, of at most maxManifestBytes.
+func readManifest(path string) ([]byte, error) {
+	f, info, err := openRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	// Sized by the file, so that neither a large one nor growing the
+	// buffer as it is read costs more than the bound; the byte past it
+	// tells a file over the bound, or one that grew since.
+	b := make([]byte, min(max(info.Size(), 0), maxManifestBytes)+1)
+	n, err := io.ReadFull(f, b)
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		b = b[:n]
+	case err != nil:
+		return nil, err
+	case n <= maxManifestBytes:
+		rest, err := io.ReadAll(io.LimitReader(f, int64(maxManifestBytes+1-n)))
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, rest...)
+	}
+	if len(b) > maxManifestBytes {
+		return nil, fmt.Errorf("%s is more than %d bytes, larger than any manifest this location writes: refusing to read it", filepath.Base(path), maxManifestBytes)
+	}
+	return b, nil
+}
+
+// openRegular opens path for reading if it is a regular file, without
+// following a symbolic link in its last element (openNoFollow) and
+// without blocking on a FIFO.
+func openRegular(path string) (*os.File, fs.FileInfo, error) {
+	f, err := openNoFollow(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	info, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	if !info.Mode().IsRegular() {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s is %w", filepath.Base(path), errNotRegular)
+	}
+	return f, info, nil
 }
 
 // List implements storage.Location.

@@ -390,21 +390,33 @@ func (l *Location) stat(ctx context.Context, name string) (*storage.Manifest, st
 		return nil, "", fmt.Errorf("read manifest of %q from %s: %w", name, l.where, err)
 	}
 	defer out.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(out.Body, maxManifestBytes+1))
+	m, err := readManifest(out.Body, name)
 	if err != nil {
-		return nil, "", fmt.Errorf("read manifest of %q from %s: %w", name, l.where, err)
+		return nil, "", fmt.Errorf("manifest %s in %s: %w", l.manifestKey(name), l.where, err)
+	}
+	return m, out.Metadata[dataETagMeta], nil
+}
+
+// readManifest reads a manifest object's body, at most maxManifestBytes
+// of it, as the manifest of name. A body that is not one (too large, not
+// JSON, another name's) wraps errBadManifest; any other error is the
+// read's.
+func readManifest(body io.Reader, name string) (*storage.Manifest, error) {
+	b, err := io.ReadAll(io.LimitReader(body, maxManifestBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read: %w", err)
 	}
 	if len(b) > maxManifestBytes {
-		return nil, "", fmt.Errorf("%w: manifest of %q in %s is larger than %d bytes", errBadManifest, name, l.where, maxManifestBytes)
+		return nil, fmt.Errorf("%w: it is larger than %d bytes", errBadManifest, maxManifestBytes)
 	}
 	var m storage.Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, "", fmt.Errorf("%w: decode manifest of %q in %s: %w", errBadManifest, name, l.where, err)
+		return nil, fmt.Errorf("%w: decode: %w", errBadManifest, err)
 	}
 	if err := storage.CheckManifest(&m, name); err != nil {
-		return nil, "", fmt.Errorf("%w: %s in %s: %w", errBadManifest, l.manifestKey(name), l.where, err)
+		return nil, fmt.Errorf("%w: %w", errBadManifest, err)
 	}
-	return &m, out.Metadata[dataETagMeta], nil
+	return &m, nil
 }
 
 // Open implements storage.Location. An offset > 0 or a length is a ranged
@@ -589,20 +601,13 @@ func (l *Location) SetVerification(ctx context.Context, name string, v *storage.
 	if err != nil {
 		return fmt.Errorf("read manifest of %q from %s: %w", name, l.where, err)
 	}
-	b, err := io.ReadAll(io.LimitReader(out.Body, maxManifestBytes+1))
+	m, err := readManifest(out.Body, name)
 	out.Body.Close()
 	if err != nil {
-		return fmt.Errorf("read manifest of %q from %s: %w", name, l.where, err)
-	}
-	var m storage.Manifest
-	if err := json.Unmarshal(b, &m); err != nil || len(b) > maxManifestBytes {
-		return fmt.Errorf("%w: manifest of %q in %s cannot be read back to record its verification", errBadManifest, name, l.where)
-	}
-	if err := storage.CheckManifest(&m, name); err != nil {
-		return fmt.Errorf("%w: %s in %s: %w", errBadManifest, l.manifestKey(name), l.where, err)
+		return fmt.Errorf("manifest %s in %s, read back to record its verification: %w", l.manifestKey(name), l.where, err)
 	}
 	m.Verification = v
-	body, err := json.MarshalIndent(&m, "", "  ")
+	body, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode manifest of %q: %w", name, err)
 	}
