@@ -322,7 +322,7 @@ func userPrecheck(token string, now time.Time) (time.Time, error) {
 	exp := time.Unix(int64(*c.Exp), 0)
 	if !now.Before(exp) {
 		return time.Time{}, status.Errorf(codes.Unauthenticated,
-			"the bearer token expired at %s: get a new one (kubectl create token, or your kubeconfig's login)", exp.UTC().Format(time.RFC3339))
+			"the server did not accept the bearer token: it expired at %s; get a new one (kubectl create token, or your kubeconfig's login)", exp.UTC().Format(time.RFC3339))
 	}
 	return exp, nil
 }
