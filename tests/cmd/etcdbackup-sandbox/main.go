@@ -164,7 +164,9 @@ func (e *env) demo(ctx context.Context) error {
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return err
 	}
-	name := "control-plane-" + time.Now().UTC().Format("20060102-150405")
+	// Not the form of the target's scheduled backups, which users may
+	// not take.
+	name := "control-plane-demo-" + time.Now().UTC().Format("20060102-150405")
 	step("Backing up the cluster's own etcd into S3: the server starts an agent Job")
 	for _, args := range [][]string{
 		{"etcdbackup", "version"},
