@@ -184,7 +184,7 @@ func (s *Service) reservedName(what, name string) error {
 	for _, t := range s.targets {
 		if schedule.Reserved(t.Name, name) {
 			return status.Errorf(codes.InvalidArgument,
-				"%s: name %q has the form of target %q's scheduled backups (%s-YYYYMMDD-HHMMSS), which only its schedule may take; choose another name",
+				"%s: name %q has the form of target %q's scheduled backups (%s-YYYYMMDD-HHMMSS), which only its schedule may take; choose another name (--name)",
 				what, name, t.Name, t.Name)
 		}
 	}
