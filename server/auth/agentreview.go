@@ -127,7 +127,7 @@ type agentReviewer struct {
 	// rest. Without a pod cache they are the same slots.
 	known, unverified semaphore
 	callers           *callerLimits
-	cache, negative   *lru[[32]byte, reviewEntry]
+	cache             reviewCache
 	flight            singleflight.Group
 }
 
@@ -149,8 +149,7 @@ func newAgentReviewer(cfg AgentGuardConfig) *agentReviewer {
 		queueWait:      cmp.Or(o.QueueWait, DefaultReviewQueueWait),
 		callers: newCallerLimits(cmp.Or(o.CallerQPS, DefaultCallerReviewQPS), cmp.Or(o.CallerBurst, DefaultCallerReviewBurst),
 			cmp.Or(o.CallerWait, DefaultCallerReviewWait), callerLimitsSize),
-		cache:    newLRU[[32]byte, reviewEntry](cmp.Or(max(o.CacheSize, 0), DefaultReviewCacheSize)),
-		negative: newLRU[[32]byte, reviewEntry](DefaultNegativeReviewCacheSize),
+		cache: newReviewCache(cmp.Or(max(o.CacheSize, 0), DefaultReviewCacheSize)),
 	}
 	if r.now == nil {
 		r.now = time.Now
@@ -194,11 +193,7 @@ func (r *agentReviewer) authenticate(ctx context.Context, token string, c agentC
 }
 
 func (r *agentReviewer) cached(key [32]byte) (reviewEntry, bool) {
-	now := r.now()
-	if e, ok := r.cache.get(key, now); ok {
-		return e, true
-	}
-	return r.negative.get(key, now)
+	return r.cache.get(key, r.now())
 }
 
 // review asks the next Authenticator about token (key its SHA-256)
@@ -230,15 +225,7 @@ func (r *agentReviewer) review(ctx context.Context, key [32]byte, token string, 
 	defer cancel()
 	user, err := r.next.Authenticate(rctx, token, AgentAudience)
 	e := reviewEntry{user: user, err: err}
-	// Only a definite answer is kept; a failure to ask (Unavailable) is
-	// not.
-	until := capAt(r.now().Add(r.ttl), c.exp)
-	switch {
-	case err == nil:
-		r.cache.put(key, e, until)
-	case status.Code(err) == codes.Unauthenticated:
-		r.negative.put(key, e, until)
-	}
+	r.cache.put(key, e, capAt(r.now().Add(r.ttl), c.exp))
 	return e
 }
 
@@ -344,4 +331,31 @@ func (a *audience) UnmarshalJSON(b []byte) error {
 type reviewEntry struct {
 	user authnv1.UserInfo
 	err  error
+}
+
+// reviewCache keeps definite review answers by token hash, acceptances
+// and refusals apart, so that a flood of refused tokens cannot push real
+// callers' answers out. A failure to ask (Unavailable) is not kept.
+type reviewCache struct {
+	accepted, refused *lru[[32]byte, reviewEntry]
+}
+
+func newReviewCache(size int) reviewCache {
+	return reviewCache{accepted: newLRU[[32]byte, reviewEntry](size), refused: newLRU[[32]byte, reviewEntry](DefaultNegativeReviewCacheSize)}
+}
+
+func (c reviewCache) get(key [32]byte, now time.Time) (reviewEntry, bool) {
+	if e, ok := c.accepted.get(key, now); ok {
+		return e, true
+	}
+	return c.refused.get(key, now)
+}
+
+func (c reviewCache) put(key [32]byte, e reviewEntry, until time.Time) {
+	switch {
+	case e.err == nil:
+		c.accepted.put(key, e, until)
+	case status.Code(e.err) == codes.Unauthenticated:
+		c.refused.put(key, e, until)
+	}
 }

@@ -108,7 +108,7 @@ type userReviewer struct {
 	// SubjectAccessReviews; fresh and freshRate for the others.
 	returning, fresh         semaphore
 	returningRate, freshRate flowcontrol.RateLimiter
-	users, refused           *lru[[32]byte, reviewEntry]
+	users                    reviewCache
 	seen                     *lru[[32]byte, struct{}]
 	decisions                *lru[sarKey, sarDecision]
 	flight                   singleflight.Group
@@ -142,8 +142,7 @@ func newUserReviewer(client kubernetes.Interface, namespace string, o UserReview
 		freshRate: flowcontrol.NewTokenBucketRateLimiter(cmp.Or(o.NewTokenQPS, DefaultNewTokenReviewQPS), cmp.Or(o.NewTokenBurst, DefaultNewTokenReviewBurst)),
 		returningRate: flowcontrol.NewTokenBucketRateLimiter(cmp.Or(o.ReturningQPS, DefaultReturningReviewQPS),
 			cmp.Or(o.ReturningBurst, DefaultReturningReviewBurst)),
-		users:     newLRU[[32]byte, reviewEntry](size),
-		refused:   newLRU[[32]byte, reviewEntry](DefaultNegativeReviewCacheSize),
+		users:     newReviewCache(size),
 		seen:      newLRU[[32]byte, struct{}](size),
 		decisions: newLRU[sarKey, sarDecision](size),
 	}
@@ -173,11 +172,7 @@ func (r *userReviewer) authenticate(ctx context.Context, key [32]byte, token str
 }
 
 func (r *userReviewer) cachedUser(key [32]byte) (reviewEntry, bool) {
-	now := r.now()
-	if e, ok := r.users.get(key, now); ok {
-		return e, true
-	}
-	return r.refused.get(key, now)
+	return r.users.get(key, r.now())
 }
 
 func (r *userReviewer) tokenReview(ctx context.Context, key [32]byte, token string, exp time.Time) reviewEntry {
@@ -195,12 +190,9 @@ func (r *userReviewer) tokenReview(ctx context.Context, key [32]byte, token stri
 	user, err := Reviewer{Client: r.client}.Authenticate(rctx, token)
 	e := reviewEntry{user: user, err: err}
 	now := r.now()
-	switch {
-	case err == nil:
-		r.users.put(key, e, capAt(now.Add(r.ttl), exp))
+	r.users.put(key, e, capAt(now.Add(r.ttl), exp))
+	if err == nil {
 		r.seen.put(key, struct{}{}, capAt(now.Add(returningFor), exp))
-	case status.Code(err) == codes.Unauthenticated:
-		r.refused.put(key, e, capAt(now.Add(r.ttl), exp))
 	}
 	return e
 }
