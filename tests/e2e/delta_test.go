@@ -388,18 +388,25 @@ func fullRevision(t *testing.T, c *cluster, full string) int64 {
 	return getBackup(t, c, full).Status.Etcd.Revision
 }
 
-// chainGrowing is the newest backup of target whose chain holds
-// segments and has not ended, or "".
-func chainGrowing(t *testing.T, c *cluster, target string) string {
+// listedBackups is what `list ARGS -o json` prints, newest first.
+func listedBackups(t *testing.T, c *cluster, args ...string) []backupJSON {
 	t.Helper()
-	r := mustSucceed(t, c.run(t, nil, "etcdbackup", "list", "--target", target, "-o", "json"), "list --target "+target)
+	what := strings.Join(append([]string{"list"}, args...), " ")
+	r := mustSucceed(t, c.run(t, nil, append(append([]string{"etcdbackup", "list"}, args...), "-o", "json")...), what)
 	var l struct {
 		Items []backupJSON `json:"items"`
 	}
 	if err := json.Unmarshal([]byte(r.Stdout), &l); err != nil {
-		t.Fatalf("list -o json: %v", err)
+		t.Fatalf("%s -o json: %v", what, err)
 	}
-	for _, b := range l.Items { // newest first
+	return l.Items
+}
+
+// chainGrowing is the newest backup of target whose chain holds
+// segments and has not ended, or "".
+func chainGrowing(t *testing.T, c *cluster, target string) string {
+	t.Helper()
+	for _, b := range listedBackups(t, c, "--target", target) { // newest first
 		if ch := b.Status.Chain; ch != nil && ch.Segments > 0 && ch.EndReason == "" {
 			return b.Metadata.Name
 		}
@@ -418,15 +425,9 @@ type segment struct {
 // segmentsOf lists full's chain with `list --chain`.
 func segmentsOf(t *testing.T, c *cluster, full string) []segment {
 	t.Helper()
-	r := mustSucceed(t, c.run(t, nil, "etcdbackup", "list", "--chain", full, "-o", "json"), "list --chain "+full)
-	var l struct {
-		Items []backupJSON `json:"items"`
-	}
-	if err := json.Unmarshal([]byte(r.Stdout), &l); err != nil {
-		t.Fatalf("list --chain -o json: %v", err)
-	}
+	items := listedBackups(t, c, "--chain", full)
 	var out []segment
-	for _, b := range l.Items {
+	for _, b := range items {
 		d := b.Status.Delta
 		if d == nil {
 			t.Fatalf("list --chain %s lists %s, which is not a delta segment", full, b.Metadata.Name)

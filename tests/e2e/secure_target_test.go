@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -238,14 +237,7 @@ func TestSecureTargetOnTheDay(t *testing.T) {
 // no delta segment yet.
 func newestFullHasNoSegments(t *testing.T, c *cluster, target string) bool {
 	t.Helper()
-	r := mustSucceed(t, c.run(t, nil, "etcdbackup", "list", "--target", target, "-o", "json"), "list --target "+target)
-	var l struct {
-		Items []backupJSON `json:"items"`
-	}
-	if err := json.Unmarshal([]byte(r.Stdout), &l); err != nil {
-		t.Fatalf("list -o json: %v", err)
-	}
-	for _, b := range l.Items { // newest first
+	for _, b := range listedBackups(t, c, "--target", target) { // newest first
 		if b.Status.Delta != nil {
 			continue
 		}
