@@ -33,6 +33,8 @@ var ErrCorrupt = errors.New("downloaded data does not match the backup's SHA-256
 type Client struct {
 	Backups ebv1.BackupServiceClient
 	Info    ebv1.InfoServiceClient
+	// Agents is what agents alone may call (the agent port).
+	Agents ebv1.AgentServiceClient
 	// Retry says how long Download and Upload retry when the connection
 	// breaks; New sets DefaultRetryTimeout.
 	Retry Retry
@@ -44,6 +46,7 @@ func New(conn grpc.ClientConnInterface) *Client {
 	return &Client{
 		Backups: ebv1.NewBackupServiceClient(conn),
 		Info:    ebv1.NewInfoServiceClient(conn),
+		Agents:  ebv1.NewAgentServiceClient(conn),
 		Retry:   Retry{Timeout: DefaultRetryTimeout},
 	}
 }

@@ -197,6 +197,7 @@ func (s *Server) registerGuardFirst(g *grpc.Server) {
 	// TestAgentPortServesWhatTheUserPortServes keeps the lists alike.
 	ebv1.RegisterInfoServiceServer(r, s)
 	ebv1.RegisterBackupServiceServer(r, s)
+	ebv1.RegisterAgentServiceServer(r, s)
 	healthpb.RegisterHealthServer(r, checkOnly{s.health})
 }
 
@@ -237,8 +238,8 @@ func unaryAsStream(h grpc.MethodHandler) grpc.StreamHandler {
 // limitPerSource closes, as soon as they are accepted, l's connections
 // from an IP address that already has max open; they never reach
 // gRPC.
-func limitPerSource(l net.Listener, max int) net.Listener {
-	return &perSourceListener{Listener: l, max: max, open: map[string]int{}}
+func limitPerSource(l net.Listener, max int, refused func(src string)) net.Listener {
+	return &perSourceListener{Listener: l, max: max, open: map[string]int{}, refused: refused}
 }
 
 type perSourceListener struct {
@@ -246,6 +247,8 @@ type perSourceListener struct {
 	max  int
 	mu   sync.Mutex
 	open map[string]int
+	// refused, if set, is told of each connection closed at once.
+	refused func(src string)
 }
 
 func (l *perSourceListener) Accept() (net.Conn, error) {
@@ -259,6 +262,9 @@ func (l *perSourceListener) Accept() (net.Conn, error) {
 		if l.open[src] >= l.max {
 			l.mu.Unlock()
 			_ = c.Close()
+			if l.refused != nil {
+				l.refused(src)
+			}
 			continue
 		}
 		l.open[src]++

@@ -102,7 +102,8 @@ func TestLimitPerSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := limitPerSource(inner, 2)
+	refusals := make(chan string, 4)
+	l := limitPerSource(inner, 2, func(src string) { refusals <- src })
 	defer l.Close()
 	accepted := make(chan net.Conn)
 	go func() {
@@ -159,4 +160,11 @@ func TestLimitPerSource(t *testing.T) {
 	dial("127.0.0.2")
 	served()
 	closedByServer(dial("127.0.0.2"))
+	// Each refusal is reported with its source (the server counts and
+	// logs them).
+	for range 2 {
+		if src := <-refusals; src != "127.0.0.2" {
+			t.Errorf("refusal reported for %q, want 127.0.0.2", src)
+		}
+	}
 }

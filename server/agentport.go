@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"golang.org/x/net/netutil"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -74,13 +75,29 @@ func (s *Server) newAgentServer() *grpc.Server {
 
 // limitAgentListener bounds the connections the agent listener serves,
 // from one source address and in all.
-func limitAgentListener(l net.Listener) net.Listener {
-	return netutil.LimitListener(limitPerSource(l, AgentMaxConnectionsPerSource), AgentMaxConnections)
+func (s *Server) limitAgentListener(l net.Listener) net.Listener {
+	return netutil.LimitListener(limitPerSource(l, AgentMaxConnectionsPerSource, s.connectionRefused("agent", AgentMaxConnectionsPerSource)), AgentMaxConnections)
 }
 
 // limitHealthListener bounds the health listener's connections likewise.
-func limitHealthListener(l net.Listener) net.Listener {
-	return netutil.LimitListener(limitPerSource(l, HealthMaxConnectionsPerSource), healthMaxConnections)
+func (s *Server) limitHealthListener(l net.Listener) net.Listener {
+	return netutil.LimitListener(limitPerSource(l, HealthMaxConnectionsPerSource, s.connectionRefused("health", HealthMaxConnectionsPerSource)), healthMaxConnections)
+}
+
+// connectionRefused counts a connection to port closed because its
+// source held max already, and says so in the log at most once a minute
+// per port: a flood must not flood the log too.
+func (s *Server) connectionRefused(port string, max int) func(src string) {
+	every := rate.Sometimes{Interval: time.Minute}
+	return func(src string) {
+		if s.metrics != nil {
+			s.metrics.ConnectionsRefused.WithLabelValues(port).Inc()
+		}
+		every.Do(func() {
+			s.log.Warn("connections refused: their source holds its share of the port already (further refusals this minute are only counted, etcdbackup_connections_refused_total)",
+				"port", port, "source", src, "perSource", max)
+		})
+	}
 }
 
 // newHealthServer serves grpc.health.v1 Check alone, in plaintext, for

@@ -280,11 +280,11 @@ func (s *Server) Serve(ctx context.Context, ls Listeners, drain time.Duration) e
 	listeners := []net.Listener{ls.Users}
 	if ls.Agents != nil {
 		servers = append(servers, s.newAgentServer())
-		listeners = append(listeners, limitAgentListener(ls.Agents))
+		listeners = append(listeners, s.limitAgentListener(ls.Agents))
 	}
 	if ls.Health != nil {
 		servers = append(servers, s.newHealthServer())
-		listeners = append(listeners, limitHealthListener(ls.Health))
+		listeners = append(listeners, s.limitHealthListener(ls.Health))
 	}
 	errc := make(chan error, len(servers))
 	for i, g := range servers {

@@ -12,9 +12,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
@@ -25,11 +22,13 @@ import (
 // election says which Lease elects the one agent that writes a target's
 // chain, and how fast leadership moves.
 type election struct {
-	namespace, name string
-	identity        string
-	leaseDuration   time.Duration
-	renewDeadline   time.Duration
-	retryPeriod     time.Duration
+	// name names the Lease in messages (the server picks the Lease: the
+	// calling agent's target's).
+	name          string
+	identity      string
+	leaseDuration time.Duration
+	renewDeadline time.Duration
+	retryPeriod   time.Duration
 }
 
 // deltaEnd is the termination message of a delta agent whose chain
@@ -46,28 +45,20 @@ func newDeltaCmd() *cobra.Command {
 	el := election{leaseDuration: 15 * time.Second, renewDeadline: 10 * time.Second, retryPeriod: 2 * time.Second}
 	var resultFile string
 	cmd := &cobra.Command{
-		Use:   "delta --endpoints URLS --server HOST:PORT --target T --chain FULL --lease-namespace NS --lease-name NAME",
+		Use:   "delta --endpoints URLS --server HOST:PORT --target T --chain FULL",
 		Short: "Watch etcd and store every revision as delta segments of a chain, while holding the target's delta Lease",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			log := newLogger()
-			if store.Chain == "" || store.Target == "" || el.namespace == "" || el.name == "" {
-				return errors.New("--chain, --target, --lease-namespace and --lease-name are required")
+			if store.Chain == "" || store.Target == "" {
+				return errors.New("--chain and --target are required")
 			}
 			id, err := identity()
 			if err != nil {
 				return err
 			}
-			el.identity = id
-			kcfg, err := rest.InClusterConfig()
-			if err != nil {
-				return fmt.Errorf("kube client for the delta Lease (the agent runs in a pod): %w", err)
-			}
-			kube, err := kubernetes.NewForConfig(kcfg)
-			if err != nil {
-				return fmt.Errorf("kube client for the delta Lease: %w", err)
-			}
+			el.identity, el.name = id, "of target "+store.Target
 			etcdClient, endpoint, err := etcd.Connect(ctx)
 			if err != nil {
 				return err
@@ -80,9 +71,10 @@ func newDeltaCmd() *cobra.Command {
 			defer conn.Close()
 			store.Client = c
 			o.Etcd, o.Store, o.Chain, o.Log = etcdClient, &store, store.Chain, log
-			log.Info("delta agent starting", "target", store.Target, "chain", store.Chain, "endpoint", endpoint, "lease", el.namespace+"/"+el.name,
+			log.Info("delta agent starting", "target", store.Target, "chain", store.Chain, "endpoint", endpoint,
 				"identity", el.identity, "period", o.Period.String(), "maxBytes", o.MaxBytes, "compression", o.Compression, "encryptedTo", len(o.AgeRecipients))
-			res, err := runElected(ctx, kube, el, log, func(ctx context.Context, epoch int64) (delta.Result, error) {
+			lock := delta.NewServerLock(c.Agents, el.name, el.identity)
+			res, err := runElected(ctx, lock, el, log, func(ctx context.Context, epoch int64) (delta.Result, error) {
 				o := o
 				o.Epoch = func() int64 { return epoch }
 				return delta.Run(ctx, o)
@@ -110,8 +102,6 @@ func newDeltaCmd() *cobra.Command {
 	fl.Int64Var(&o.MaxBytes, "max-bytes", delta.DefaultMaxBytes, "a segment is cut once it holds this many bytes (before compression); the agent holds at most two")
 	fl.StringVar(&o.Compression, "compression", "", "\"zstd\" to compress, empty for none")
 	fl.StringArrayVar(&o.AgeRecipients, "encrypt-to", nil, "age public key (age1...) to encrypt every segment to, after compression; repeatable")
-	fl.StringVar(&el.namespace, "lease-namespace", "", "namespace of the target's delta Lease")
-	fl.StringVar(&el.name, "lease-name", "", "the target's delta Lease: only its holder writes the chain, and its leaseTransitions is the fencing epoch")
 	fl.StringVar(&resultFile, "result-file", "/dev/termination-log", "where the chain's end is written as JSON (the pod's termination message, which the server reads)")
 	addServerFlags(cmd, &srv)
 	_ = cmd.MarkFlagRequired("server")
@@ -138,23 +128,21 @@ func identity() (string, error) {
 // captureFunc captures while ctx lasts, writing at epoch.
 type captureFunc func(ctx context.Context, epoch int64) (delta.Result, error)
 
-// runElected runs capture once this agent holds the Lease, and only while
-// it does: losing it cancels capture at once (cause delta.ErrNotLeader,
-// so nothing more is written). ctx done (SIGTERM) stops capture, which
-// stores what it holds while the Lease is still held, then releases the
-// Lease so that a successor need not wait for it to expire.
-func runElected(ctx context.Context, kube kubernetes.Interface, el election, log *slog.Logger, capture captureFunc) (delta.Result, error) {
-	lease := el.namespace + "/" + el.name
+// runElected runs capture once this agent holds the Lease lock (the
+// target's delta Lease, held through the server: delta.ServerLock), and
+// only while it does: losing it cancels capture at once (cause
+// delta.ErrNotLeader, so nothing more is written). ctx done (SIGTERM)
+// stops capture, which stores what it holds while the Lease is still
+// held, then releases the Lease so that a successor need not wait for it
+// to expire.
+func runElected(ctx context.Context, lock resourcelock.Interface, el election, log *slog.Logger, capture captureFunc) (delta.Result, error) {
+	lease := el.name
 	// The elector outlives ctx: it keeps renewing while capture flushes.
 	electCtx, stopElect := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopElect()
 	leading := make(chan context.Context, 1)
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: &resourcelock.LeaseLock{
-			LeaseMeta:  metav1.ObjectMeta{Namespace: el.namespace, Name: el.name},
-			Client:     kube.CoordinationV1(),
-			LockConfig: resourcelock.ResourceLockConfig{Identity: el.identity},
-		},
+		Lock:            lock,
 		LeaseDuration:   el.leaseDuration,
 		RenewDeadline:   el.renewDeadline,
 		RetryPeriod:     el.retryPeriod,
@@ -196,7 +184,7 @@ func runElected(ctx context.Context, kube kubernetes.Interface, el election, log
 		return delta.Result{}, fmt.Errorf("leader election on Lease %s ended before this agent led", lease)
 	case lctx = <-leading:
 	}
-	epoch, err := leaseEpoch(lctx, kube, el)
+	epoch, err := leaseEpoch(lctx, lock, el)
 	if err != nil {
 		return delta.Result{}, err
 	}
@@ -216,18 +204,15 @@ func runElected(ctx context.Context, kube kubernetes.Interface, el election, log
 // leaseEpoch reads the fencing epoch of the Lease this agent just
 // acquired: its leaseTransitions, which the elector raised when it took
 // the Lease from its previous holder.
-func leaseEpoch(ctx context.Context, kube kubernetes.Interface, el election) (int64, error) {
-	l, err := kube.CoordinationV1().Leases(el.namespace).Get(ctx, el.name, metav1.GetOptions{})
+func leaseEpoch(ctx context.Context, lock resourcelock.Interface, el election) (int64, error) {
+	r, _, err := lock.Get(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("read the delta Lease %s/%s for its epoch: %w", el.namespace, el.name, err)
+		return 0, fmt.Errorf("read the delta Lease %s for its epoch: %w", el.name, err)
 	}
-	if h := l.Spec.HolderIdentity; h == nil || *h != el.identity {
-		return 0, fmt.Errorf("delta Lease %s/%s: held by %v, not this agent (%s), right after acquiring it", el.namespace, el.name, l.Spec.HolderIdentity, el.identity)
+	if r.HolderIdentity != el.identity {
+		return 0, fmt.Errorf("delta Lease %s: held by %q, not this agent (%s), right after acquiring it", el.name, r.HolderIdentity, el.identity)
 	}
-	if l.Spec.LeaseTransitions == nil {
-		return 0, fmt.Errorf("delta Lease %s/%s has no leaseTransitions: no fencing epoch", el.namespace, el.name)
-	}
-	return int64(*l.Spec.LeaseTransitions), nil
+	return int64(r.LeaderTransitions), nil
 }
 
 // writeDeltaEnd writes why the chain ended where the server reads it; a

@@ -24,19 +24,26 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
-// testElection is a fast election on Lease etcdbackup/target-delta.
+// testElection is a fast election on the delta Lease of target "t".
 func testElection(id string) election {
-	return election{namespace: "etcdbackup", name: "target-delta", identity: id,
+	return election{name: "of target t", identity: id,
 		leaseDuration: 2 * time.Second, renewDeadline: time.Second, retryPeriod: 100 * time.Millisecond}
 }
+
+// testLease is target t's delta Lease in namespace etcdbackup.
+var testLease = jobs.DeltaLeaseName("t")
 
 // expiredLease was held by a dead agent, 4 transitions ago.
 func expiredLease() *coordinationv1.Lease {
 	old := metav1.NewMicroTime(time.Now().Add(-time.Hour))
 	return &coordinationv1.Lease{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "etcdbackup", Name: "target-delta", ResourceVersion: "1"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "etcdbackup", Name: testLease, ResourceVersion: "1"},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("dead_0000"), LeaseDurationSeconds: ptr.To[int32](1),
 			AcquireTime: &old, RenewTime: &old, LeaseTransitions: ptr.To[int32](4)},
 	}
@@ -68,7 +75,7 @@ func conditionalLeaseUpdates(kube *fake.Clientset) {
 // holder is who holds the Lease; callable from any goroutine.
 func holder(t *testing.T, kube kubernetes.Interface) string {
 	t.Helper()
-	l, err := kube.CoordinationV1().Leases("etcdbackup").Get(context.Background(), "target-delta", metav1.GetOptions{})
+	l, err := kube.CoordinationV1().Leases("etcdbackup").Get(context.Background(), testLease, metav1.GetOptions{})
 	if err != nil {
 		t.Error(err)
 		return ""
@@ -82,11 +89,24 @@ type electedRun struct {
 	err  error
 }
 
-func startElected(ctx context.Context, kube kubernetes.Interface, el election, capture captureFunc) *electedRun {
+// startElected runs the agent el as it runs in its pod: its elector holds
+// the Lease through a data server's agent port (delta.ServerLock), which
+// writes it in kube as the delta agent of target t in pod POD (el's
+// identity is POD_RANDOM).
+func startElected(ctx context.Context, t *testing.T, kube kubernetes.Interface, el election, capture captureFunc) *electedRun {
+	t.Helper()
+	launcher, err := jobs.New(kube, "etcdbackup", config.Agents{Image: "agent:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, _, _ := strings.Cut(el.identity, "_")
+	srv := servertest.StartWith(t, servertest.Options{Agents: launcher,
+		AgentGuard: servertest.AsAgent{Kind: auth.AgentDelta, Target: "t", Pod: pod, JobNamespace: "etcdbackup", JobName: "delta-t"}})
+	lock := delta.NewServerLock(srv.AgentClient.Agents, el.name, el.identity)
 	r := &electedRun{done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
-		r.res, r.err = runElected(ctx, kube, el, slog.New(slog.DiscardHandler), capture)
+		r.res, r.err = runElected(ctx, lock, el, slog.New(slog.DiscardHandler), capture)
 	}()
 	return r
 }
@@ -107,9 +127,10 @@ func (r *electedRun) wait(t *testing.T) (delta.Result, error) {
 // Lease.
 func TestElectedCaptureAtEpoch(t *testing.T) {
 	kube := fake.NewClientset(expiredLease())
+	conditionalLeaseUpdates(kube)
 	el := testElection("pod-a_01")
 	var epoch int64
-	r := startElected(context.Background(), kube, el, func(ctx context.Context, e int64) (delta.Result, error) {
+	r := startElected(context.Background(), t, kube, el, func(ctx context.Context, e int64) (delta.Result, error) {
 		epoch = e
 		if h := holder(t, kube); h != el.identity {
 			t.Errorf("capturing while %q holds the Lease", h)
@@ -132,10 +153,11 @@ func TestElectedCaptureAtEpoch(t *testing.T) {
 // still this agent's; only then is the Lease released.
 func TestElectedStopStoresUnderLease(t *testing.T) {
 	kube := fake.NewClientset(expiredLease())
+	conditionalLeaseUpdates(kube)
 	el := testElection("pod-a_02")
 	ctx, stop := context.WithCancel(context.Background())
 	started := make(chan struct{})
-	r := startElected(ctx, kube, el, func(ctx context.Context, _ int64) (delta.Result, error) {
+	r := startElected(ctx, t, kube, el, func(ctx context.Context, _ int64) (delta.Result, error) {
 		close(started)
 		<-ctx.Done()
 		if errors.Is(context.Cause(ctx), delta.ErrNotLeader) {
@@ -165,7 +187,7 @@ func TestElectedLostLease(t *testing.T) {
 	conditionalLeaseUpdates(kube)
 	el := testElection("pod-a_03")
 	started := make(chan struct{})
-	r := startElected(context.Background(), kube, el, func(ctx context.Context, _ int64) (delta.Result, error) {
+	r := startElected(context.Background(), t, kube, el, func(ctx context.Context, _ int64) (delta.Result, error) {
 		close(started)
 		<-ctx.Done()
 		return delta.Result{}, context.Cause(ctx)
@@ -176,7 +198,7 @@ func TestElectedLostLease(t *testing.T) {
 	// on the version it read, so a renewal in between makes it read again.
 	leases := kube.CoordinationV1().Leases("etcdbackup")
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		l, err := leases.Get(context.Background(), "target-delta", metav1.GetOptions{})
+		l, err := leases.Get(context.Background(), testLease, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -190,7 +212,7 @@ func TestElectedLostLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = r.wait(t)
-	if !errors.Is(err, delta.ErrNotLeader) || !strings.Contains(err.Error(), "lost the delta Lease etcdbackup/target-delta") {
+	if !errors.Is(err, delta.ErrNotLeader) || !strings.Contains(err.Error(), "lost the delta Lease of target t") {
 		t.Fatalf("runElected: %v", err)
 	}
 	if h := holder(t, kube); h != "pod-b_04" {
@@ -204,8 +226,9 @@ func TestElectedStopWhileWaiting(t *testing.T) {
 	now := metav1.NewMicroTime(time.Now().Add(time.Hour))
 	held.Spec.RenewTime, held.Spec.HolderIdentity, held.Spec.LeaseDurationSeconds = &now, ptr.To("pod-b_05"), ptr.To[int32](3600)
 	kube := fake.NewClientset(held)
+	conditionalLeaseUpdates(kube)
 	ctx, stop := context.WithCancel(context.Background())
-	r := startElected(ctx, kube, testElection("pod-a_06"), func(ctx context.Context, _ int64) (delta.Result, error) {
+	r := startElected(ctx, t, kube, testElection("pod-a_06"), func(ctx context.Context, _ int64) (delta.Result, error) {
 		t.Error("captured without the Lease")
 		return delta.Result{}, nil
 	})
@@ -234,11 +257,11 @@ func TestWriteDeltaEnd(t *testing.T) {
 	}
 }
 
-// The subcommand refuses to start without its chain and Lease.
+// The subcommand refuses to start without its chain and target.
 func TestDeltaRequiredFlags(t *testing.T) {
 	root := newRoot()
 	root.SetArgs([]string{"delta", "--server=127.0.0.1:1", "--target=t"})
-	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "--chain, --target, --lease-namespace and --lease-name are required") {
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "--chain and --target are required") {
 		t.Fatalf("delta without --chain: %v", err)
 	}
 }

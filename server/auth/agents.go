@@ -31,6 +31,10 @@ const (
 	MethodGetServerInfo  = ebv1.InfoService_GetServerInfo_FullMethodName
 	// MethodGetBackup: a delta agent asks where its chain stands.
 	MethodGetBackup = ebv1.BackupService_GetBackup_FullMethodName
+	// MethodGetDeltaLease and MethodPutDeltaLease: a delta agent holds
+	// its own target's delta Lease through the server.
+	MethodGetDeltaLease = ebv1.AgentService_GetDeltaLease_FullMethodName
+	MethodPutDeltaLease = ebv1.AgentService_PutDeltaLease_FullMethodName
 )
 
 // Kinds of agent.
@@ -211,10 +215,10 @@ func NewAgentGuard(cfg AgentGuardConfig) (*AgentGuard, error) {
 // Admit implements Guard.
 func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Context, error) {
 	switch fullMethod {
-	case MethodUploadBackup, MethodDownloadBackup, MethodGetServerInfo, MethodGetBackup:
+	case MethodUploadBackup, MethodDownloadBackup, MethodGetServerInfo, MethodGetBackup, MethodGetDeltaLease, MethodPutDeltaLease:
 	default:
 		return nil, status.Errorf(codes.PermissionDenied,
-			"%s: the agent port serves only UploadBackup (backup, delta and fold agents), DownloadBackup (restore, drill and fold agents), GetBackup (delta agents) and GetServerInfo; users reach the server through `kubectl etcdbackup` (port-forward)", fullMethod)
+			"%s: the agent port serves only UploadBackup (backup, delta and fold agents), DownloadBackup (restore, drill and fold agents), GetBackup, GetDeltaLease and PutDeltaLease (delta agents) and GetServerInfo; users reach the server through `kubectl etcdbackup` (port-forward)", fullMethod)
 	}
 	token, err := BearerToken(ctx)
 	if err != nil {
@@ -247,6 +251,8 @@ func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Cont
 		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only backup, delta and fold agents may upload", a.JobNamespace, a.JobName, a.Kind)
 	case fullMethod == MethodGetBackup && a.Kind != AgentDelta:
 		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only delta agents may read a backup's record", a.JobNamespace, a.JobName, a.Kind)
+	case (fullMethod == MethodGetDeltaLease || fullMethod == MethodPutDeltaLease) && a.Kind != AgentDelta:
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only delta agents hold a delta Lease", a.JobNamespace, a.JobName, a.Kind)
 	case fullMethod == MethodDownloadBackup && !a.Downloads():
 		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only restore, drill and fold agents may download", a.JobNamespace, a.JobName, a.Kind)
 	}
@@ -356,6 +362,9 @@ func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*A
 	}
 	if job.DeletionTimestamp != nil || jobs.JobPhase(job) != jobs.PhaseRunning {
 		return nil, status.Errorf(codes.PermissionDenied, "Job %s has finished; its pods may call the server no more", name)
+	}
+	if err := jobRunsOnePod(job); err != nil {
+		return nil, status.Errorf(codes.PermissionDenied, "Job %s is no longer as the server created it: %v; delete it and start the %s again", name, err, jobs.ClaimsOf(job).Kind)
 	}
 	c := jobs.ClaimsOf(job)
 	a := &Agent{

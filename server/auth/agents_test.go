@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -218,6 +219,11 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 	// Each kind only its own verb.
 	refused(t, c.guard, btok, auth.MethodDownloadBackup, codes.PermissionDenied, "only restore, drill and fold agents may download")
 	refused(t, c.guard, rtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup, delta and fold agents may upload")
+	// Only delta agents hold a delta Lease (through the server).
+	for _, m := range []string{auth.MethodGetDeltaLease, auth.MethodPutDeltaLease} {
+		refused(t, c.guard, btok, m, codes.PermissionDenied, "only delta agents hold a delta Lease")
+		refused(t, c.guard, rtok, m, codes.PermissionDenied, "only delta agents hold a delta Lease")
+	}
 
 	// A drill Job downloads its pinned backup, from the server's
 	// namespace, and uploads nothing.
@@ -617,5 +623,32 @@ func TestAgentGuardFoldAgent(t *testing.T) {
 		t.Run(strconv.Itoa(i), func(t *testing.T) {
 			refused(t, c.guard, tok, auth.MethodDownloadBackup, codes.PermissionDenied, "does not match what the Job says it is")
 		})
+	}
+}
+
+// A delta Job's pod holds its target's delta Lease through the server
+// and reads its chain's record; it downloads nothing.
+func TestAgentGuardDeltaAgent(t *testing.T) {
+	c := newCluster(t)
+	j, err := c.launcher.StartDelta(context.Background(), jobs.DeltaSpec{Target: target, Chain: "b1", Location: "default", Period: time.Minute, MaxBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok := c.tokenFor(c.pod(t, j, "delta-pod", true))
+	for _, m := range []string{auth.MethodGetDeltaLease, auth.MethodPutDeltaLease, auth.MethodGetBackup, auth.MethodUploadBackup} {
+		ctx, err := c.guard.Admit(withToken(tok), m)
+		if err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
+		a, _ := auth.AgentFrom(ctx)
+		if a.Kind != auth.AgentDelta || a.Target != target.Name || a.Pod != "delta-pod" || a.Backup != "b1" {
+			t.Fatalf("%s: agent %+v", m, a)
+		}
+	}
+	refused(t, c.guard, tok, auth.MethodDownloadBackup, codes.PermissionDenied, "only restore, drill and fold agents may download")
+	// The pod no longer mounts a token for the API server: the Lease is
+	// the server's to write.
+	if am := j.Spec.Template.Spec.AutomountServiceAccountToken; am == nil || *am {
+		t.Errorf("the delta pod automounts an API token (automountServiceAccountToken %v)", am)
 	}
 }

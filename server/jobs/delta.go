@@ -68,8 +68,6 @@ func (l *Launcher) deltaJob(spec DeltaSpec) *batchv1.Job {
 		"--location=" + spec.Location,
 		"--period=" + spec.Period.String(),
 		"--max-bytes=" + strconv.FormatInt(spec.MaxBytes, 10),
-		"--lease-namespace=" + l.namespace,
-		"--lease-name=" + DeltaLeaseName(t.Name),
 	}
 	args, volumes, mounts := withEtcdAccess(t, spec.Compression, spec.AgeRecipients, args, nil, nil)
 	lbls := map[string]string{LabelComponent: ComponentDelta, LabelManagedBy: managedBy, LabelRun: runID("delta", t.Name, spec.Chain)}
@@ -83,9 +81,8 @@ func (l *Launcher) deltaJob(spec DeltaSpec) *batchv1.Job {
 	job.Spec.BackoffLimit = ptr.To[int32](6)
 	pod := &job.Spec.Template.Spec
 	pod.RestartPolicy = corev1.RestartPolicyOnFailure
-	// The agent holds its Lease through the API server with the agents'
-	// ServiceAccount (Role etcdbackup-delta-agent: Leases only).
-	pod.AutomountServiceAccountToken = ptr.To(true)
+	// The agent holds its Lease through the server (deltalease.go): like
+	// every agent, it has no token for the API server.
 	// Time to store what it holds when it is stopped.
 	pod.TerminationGracePeriodSeconds = ptr.To[int64](60)
 	c := &pod.Containers[0]

@@ -63,6 +63,11 @@ type Metrics struct {
 	// holds the Lease of server/leader, or runs without an election).
 	ControllerLeader prometheus.Gauge
 
+	// ConnectionsRefused counts connections to the agent and health
+	// ports closed as soon as accepted: their source address already
+	// held its share.
+	ConnectionsRefused *prometheus.CounterVec
+
 	// Delta capture (delta.go).
 	deltaSeries
 }
@@ -95,6 +100,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: "etcdbackup", Name: "transfers_in_flight",
 			Help: "Uploads and downloads in progress, by direction.",
 		}, []string{"direction"}),
+		ConnectionsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "etcdbackup", Name: "connections_refused_total",
+			Help: "Connections to the agent or health port (port label) closed as soon as accepted because their source address held its share of connections already: a flood, or an agent pod holding many.",
+		}, []string{"port"}),
 		Runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "etcdbackup", Name: "backup_runs_total",
 			Help: "Backup agent runs (scheduled and on demand) that finished, by target, location and result (succeeded, failed).",
@@ -151,7 +160,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.BytesIn, m.BytesOut, m.Transfers, m.InFlight, m.Runs, m.LastSuccess,
-			m.Duration, m.Size, m.Period, m.Skipped, m.Pruned, m.StorageErrors, m.DrillRuns, m.LastVerified, m.VerifiedWithin, m.ControllerLeader} {
+			m.Duration, m.Size, m.Period, m.Skipped, m.Pruned, m.StorageErrors, m.DrillRuns, m.LastVerified, m.VerifiedWithin, m.ControllerLeader, m.ConnectionsRefused} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

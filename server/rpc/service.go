@@ -66,12 +66,15 @@ type Config struct {
 	Pruner *retention.Pruner
 	// DeltaFence admits delta segments; nil stores none.
 	DeltaFence DeltaFence
+	// DeltaLeases holds delta agents' Leases for them; nil is Agents.
+	DeltaLeases DeltaLeases
 }
 
 // Service implements the etcdbackup.v1 services.
 type Service struct {
 	ebv1.UnimplementedInfoServiceServer
 	ebv1.UnimplementedBackupServiceServer
+	ebv1.UnimplementedAgentServiceServer
 
 	locations map[string]storage.Location
 	order     []string
@@ -91,8 +94,10 @@ type Service struct {
 	coord      coord.Registry
 	chains     chains
 	deltaFence DeltaFence
-	inUse      *retention.InUse
-	pruner     *retention.Pruner
+	// deltaLeases is Config.DeltaLeases.
+	deltaLeases DeltaLeases
+	inUse       *retention.InUse
+	pruner      *retention.Pruner
 	// handoff, closed by HandOffDownloads, ends the downloads in flight
 	// and those that start after.
 	handoff     chan struct{}
@@ -111,23 +116,27 @@ func (s *Service) HandOffDownloads() {
 // New returns the Service cfg describes.
 func New(cfg Config) *Service {
 	s := &Service{
-		locations:  map[string]storage.Location{},
-		log:        cfg.Logger,
-		now:        cfg.Now,
-		metrics:    cfg.Metrics,
-		targets:    cfg.Targets,
-		agents:     cfg.Agents,
-		scratchDir: cfg.ScratchDir,
-		limits:     cfg.Limits,
-		uploads:    claims{perLocation: map[string]int{}},
-		coord:      cfg.Coordination,
-		handoff:    make(chan struct{}),
-		inUse:      cfg.InUse,
-		pruner:     cfg.Pruner,
-		deltaFence: cfg.DeltaFence,
+		locations:   map[string]storage.Location{},
+		log:         cfg.Logger,
+		now:         cfg.Now,
+		metrics:     cfg.Metrics,
+		targets:     cfg.Targets,
+		agents:      cfg.Agents,
+		scratchDir:  cfg.ScratchDir,
+		limits:      cfg.Limits,
+		uploads:     claims{perLocation: map[string]int{}},
+		coord:       cfg.Coordination,
+		handoff:     make(chan struct{}),
+		inUse:       cfg.InUse,
+		pruner:      cfg.Pruner,
+		deltaFence:  cfg.DeltaFence,
+		deltaLeases: cfg.DeltaLeases,
 	}
 	if s.deltaFence == nil && cfg.Agents != nil {
 		s.deltaFence = cfg.Agents
+	}
+	if s.deltaLeases == nil && cfg.Agents != nil {
+		s.deltaLeases = cfg.Agents
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -150,6 +159,7 @@ func New(cfg Config) *Service {
 func (s *Service) Register(g *grpc.Server) {
 	ebv1.RegisterInfoServiceServer(g, s)
 	ebv1.RegisterBackupServiceServer(g, s)
+	ebv1.RegisterAgentServiceServer(g, s)
 }
 
 // location resolves a request's location name ("" is the default).

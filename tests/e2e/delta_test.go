@@ -84,6 +84,29 @@ func TestDeltaCapture(t *testing.T) {
 	})
 	t.Logf("chain started from full backup %s", full)
 
+	t.Run("lease-through-the-server", func(t *testing.T) {
+		// The agent holds its target's Lease through the server: its
+		// ServiceAccount may touch no Lease, not the controller's, not
+		// another target's (issue 37 #6).
+		agent := "system:serviceaccount:" + world.DefaultNamespace + ":etcdbackup-agent"
+		for _, verb := range []string{"get", "update", "create", "delete"} {
+			for _, lease := range []string{"leases/etcdbackup-controller", "leases/etcdbackup-delta-live", "leases/etcdbackup-delta-other"} {
+				if verb == "create" {
+					lease = "leases"
+				}
+				r := c.run(t, nil, "auth", "can-i", verb, lease, "-n", world.DefaultNamespace, "--as", agent)
+				if strings.TrimSpace(r.Stdout) != "no" {
+					t.Errorf("kubectl auth can-i %s %s --as %s: %q, want no", verb, lease, agent, r.Stdout)
+				}
+			}
+		}
+		pod := deltaPods(ctx, t, c)[0]
+		pollUntil(ctx, t, "the delta agent's pod holding Lease etcdbackup-delta-live", func() bool {
+			r := c.run(t, nil, "-n", world.DefaultNamespace, "get", "lease", "etcdbackup-delta-live", "-o", "jsonpath={.spec.holderIdentity}")
+			return strings.HasPrefix(r.Stdout, pod+"_")
+		})
+	})
+
 	t.Run("recovery-point", func(t *testing.T) {
 		// Sampled once a second for 30 s under the write load.
 		var lags []float64

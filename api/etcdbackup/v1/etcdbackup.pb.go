@@ -3675,6 +3675,266 @@ func (x *PruneBackupsResponse) GetInUse() []*Backup {
 	return nil
 }
 
+type GetDeltaLeaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDeltaLeaseRequest) Reset() {
+	*x = GetDeltaLeaseRequest{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDeltaLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDeltaLeaseRequest) ProtoMessage() {}
+
+func (x *GetDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDeltaLeaseRequest.ProtoReflect.Descriptor instead.
+func (*GetDeltaLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{43}
+}
+
+type GetDeltaLeaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Lease         *DeltaLease            `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDeltaLeaseResponse) Reset() {
+	*x = GetDeltaLeaseResponse{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDeltaLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDeltaLeaseResponse) ProtoMessage() {}
+
+func (x *GetDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDeltaLeaseResponse.ProtoReflect.Descriptor instead.
+func (*GetDeltaLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *GetDeltaLeaseResponse) GetLease() *DeltaLease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+type PutDeltaLeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What the agent's elector writes; acquire_time and renew_time are
+	// ignored (the server's clock sets them).
+	Lease         *DeltaLease `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutDeltaLeaseRequest) Reset() {
+	*x = PutDeltaLeaseRequest{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutDeltaLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutDeltaLeaseRequest) ProtoMessage() {}
+
+func (x *PutDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutDeltaLeaseRequest.ProtoReflect.Descriptor instead.
+func (*PutDeltaLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *PutDeltaLeaseRequest) GetLease() *DeltaLease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+type PutDeltaLeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Lease as stored.
+	Lease         *DeltaLease `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutDeltaLeaseResponse) Reset() {
+	*x = PutDeltaLeaseResponse{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutDeltaLeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutDeltaLeaseResponse) ProtoMessage() {}
+
+func (x *PutDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutDeltaLeaseResponse.ProtoReflect.Descriptor instead.
+func (*PutDeltaLeaseResponse) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *PutDeltaLeaseResponse) GetLease() *DeltaLease {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+// DeltaLease is a delta Lease's spec, as client-go's leader election
+// record has it, and the version it was read at.
+type DeltaLease struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// holder_identity is POD_RANDOM of the agent holding it; empty once
+	// released.
+	HolderIdentity       string                 `protobuf:"bytes,1,opt,name=holder_identity,json=holderIdentity,proto3" json:"holder_identity,omitempty"`
+	LeaseDurationSeconds int32                  `protobuf:"varint,2,opt,name=lease_duration_seconds,json=leaseDurationSeconds,proto3" json:"lease_duration_seconds,omitempty"`
+	AcquireTime          *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=acquire_time,json=acquireTime,proto3" json:"acquire_time,omitempty"`
+	RenewTime            *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=renew_time,json=renewTime,proto3" json:"renew_time,omitempty"`
+	// lease_transitions is the fencing epoch every delta segment records.
+	LeaseTransitions int32  `protobuf:"varint,5,opt,name=lease_transitions,json=leaseTransitions,proto3" json:"lease_transitions,omitempty"`
+	ResourceVersion  string `protobuf:"bytes,6,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *DeltaLease) Reset() {
+	*x = DeltaLease{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeltaLease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeltaLease) ProtoMessage() {}
+
+func (x *DeltaLease) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeltaLease.ProtoReflect.Descriptor instead.
+func (*DeltaLease) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *DeltaLease) GetHolderIdentity() string {
+	if x != nil {
+		return x.HolderIdentity
+	}
+	return ""
+}
+
+func (x *DeltaLease) GetLeaseDurationSeconds() int32 {
+	if x != nil {
+		return x.LeaseDurationSeconds
+	}
+	return 0
+}
+
+func (x *DeltaLease) GetAcquireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AcquireTime
+	}
+	return nil
+}
+
+func (x *DeltaLease) GetRenewTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RenewTime
+	}
+	return nil
+}
+
+func (x *DeltaLease) GetLeaseTransitions() int32 {
+	if x != nil {
+		return x.LeaseTransitions
+	}
+	return 0
+}
+
+func (x *DeltaLease) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
+}
+
 var File_etcdbackup_v1_etcdbackup_proto protoreflect.FileDescriptor
 
 const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
@@ -3973,7 +4233,23 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x13include_unscheduled\x18\x04 \x01(\bR\x12includeUnscheduled\"s\n" +
 	"\x14PruneBackupsResponse\x12-\n" +
 	"\x06pruned\x18\x01 \x03(\v2\x15.etcdbackup.v1.BackupR\x06pruned\x12,\n" +
-	"\x06in_use\x18\x02 \x03(\v2\x15.etcdbackup.v1.BackupR\x05inUse*z\n" +
+	"\x06in_use\x18\x02 \x03(\v2\x15.etcdbackup.v1.BackupR\x05inUse\"\x16\n" +
+	"\x14GetDeltaLeaseRequest\"H\n" +
+	"\x15GetDeltaLeaseResponse\x12/\n" +
+	"\x05lease\x18\x01 \x01(\v2\x19.etcdbackup.v1.DeltaLeaseR\x05lease\"G\n" +
+	"\x14PutDeltaLeaseRequest\x12/\n" +
+	"\x05lease\x18\x01 \x01(\v2\x19.etcdbackup.v1.DeltaLeaseR\x05lease\"H\n" +
+	"\x15PutDeltaLeaseResponse\x12/\n" +
+	"\x05lease\x18\x01 \x01(\v2\x19.etcdbackup.v1.DeltaLeaseR\x05lease\"\xbd\x02\n" +
+	"\n" +
+	"DeltaLease\x12'\n" +
+	"\x0fholder_identity\x18\x01 \x01(\tR\x0eholderIdentity\x124\n" +
+	"\x16lease_duration_seconds\x18\x02 \x01(\x05R\x14leaseDurationSeconds\x12=\n" +
+	"\facquire_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vacquireTime\x129\n" +
+	"\n" +
+	"renew_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\trenewTime\x12+\n" +
+	"\x11lease_transitions\x18\x05 \x01(\x05R\x10leaseTransitions\x12)\n" +
+	"\x10resource_version\x18\x06 \x01(\tR\x0fresourceVersion*z\n" +
 	"\vBackupPhase\x12\x1c\n" +
 	"\x18BACKUP_PHASE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BACKUP_PHASE_RUNNING\x10\x01\x12\x1a\n" +
@@ -4006,7 +4282,10 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"GetRestore\x12 .etcdbackup.v1.GetRestoreRequest\x1a!.etcdbackup.v1.GetRestoreResponse\x12T\n" +
 	"\vDrillBackup\x12!.etcdbackup.v1.DrillBackupRequest\x1a\".etcdbackup.v1.DrillBackupResponse\x12`\n" +
 	"\x0fGetBackupEvents\x12%.etcdbackup.v1.GetBackupEventsRequest\x1a&.etcdbackup.v1.GetBackupEventsResponse\x12W\n" +
-	"\fPruneBackups\x12\".etcdbackup.v1.PruneBackupsRequest\x1a#.etcdbackup.v1.PruneBackupsResponseBQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
+	"\fPruneBackups\x12\".etcdbackup.v1.PruneBackupsRequest\x1a#.etcdbackup.v1.PruneBackupsResponse2\xc6\x01\n" +
+	"\fAgentService\x12Z\n" +
+	"\rGetDeltaLease\x12#.etcdbackup.v1.GetDeltaLeaseRequest\x1a$.etcdbackup.v1.GetDeltaLeaseResponse\x12Z\n" +
+	"\rPutDeltaLease\x12#.etcdbackup.v1.PutDeltaLeaseRequest\x1a$.etcdbackup.v1.PutDeltaLeaseResponseBQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
 
 var (
 	file_etcdbackup_v1_etcdbackup_proto_rawDescOnce sync.Once
@@ -4021,7 +4300,7 @@ func file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP() []byte {
 }
 
 var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(BackupPhase)(0),                // 0: etcdbackup.v1.BackupPhase
 	(VerificationResult)(0),         // 1: etcdbackup.v1.VerificationResult
@@ -4069,39 +4348,44 @@ var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(*JobEvent)(nil),                // 43: etcdbackup.v1.JobEvent
 	(*PruneBackupsRequest)(nil),     // 44: etcdbackup.v1.PruneBackupsRequest
 	(*PruneBackupsResponse)(nil),    // 45: etcdbackup.v1.PruneBackupsResponse
-	nil,                             // 46: etcdbackup.v1.Backup.LabelsEntry
-	nil,                             // 47: etcdbackup.v1.UploadHeader.LabelsEntry
-	nil,                             // 48: etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),   // 49: google.protobuf.Timestamp
+	(*GetDeltaLeaseRequest)(nil),    // 46: etcdbackup.v1.GetDeltaLeaseRequest
+	(*GetDeltaLeaseResponse)(nil),   // 47: etcdbackup.v1.GetDeltaLeaseResponse
+	(*PutDeltaLeaseRequest)(nil),    // 48: etcdbackup.v1.PutDeltaLeaseRequest
+	(*PutDeltaLeaseResponse)(nil),   // 49: etcdbackup.v1.PutDeltaLeaseResponse
+	(*DeltaLease)(nil),              // 50: etcdbackup.v1.DeltaLease
+	nil,                             // 51: etcdbackup.v1.Backup.LabelsEntry
+	nil,                             // 52: etcdbackup.v1.UploadHeader.LabelsEntry
+	nil,                             // 53: etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 54: google.protobuf.Timestamp
 }
 var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	6,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
 	7,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
 	5,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
 	0,  // 3: etcdbackup.v1.Backup.phase:type_name -> etcdbackup.v1.BackupPhase
-	49, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
-	46, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
+	54, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
+	51, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
 	13, // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
 	14, // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
 	12, // 8: etcdbackup.v1.Backup.verification:type_name -> etcdbackup.v1.Verification
 	9,  // 9: etcdbackup.v1.Backup.delta:type_name -> etcdbackup.v1.DeltaSegment
 	11, // 10: etcdbackup.v1.Backup.chain:type_name -> etcdbackup.v1.DeltaChain
-	49, // 11: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
-	49, // 12: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
-	49, // 13: etcdbackup.v1.DeltaSegment.sent_time:type_name -> google.protobuf.Timestamp
+	54, // 11: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
+	54, // 12: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
+	54, // 13: etcdbackup.v1.DeltaSegment.sent_time:type_name -> google.protobuf.Timestamp
 	10, // 14: etcdbackup.v1.DeltaSegment.last_event:type_name -> etcdbackup.v1.DeltaEvent
-	49, // 15: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
+	54, // 15: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
 	10, // 16: etcdbackup.v1.DeltaChain.last_event:type_name -> etcdbackup.v1.DeltaEvent
-	49, // 17: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
+	54, // 17: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
 	1,  // 18: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
-	49, // 19: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
-	49, // 20: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
-	49, // 21: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
+	54, // 19: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
+	54, // 20: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
+	54, // 21: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
 	8,  // 22: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
 	8,  // 23: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	22, // 24: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
 	23, // 25: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	47, // 26: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	52, // 26: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
 	13, // 27: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
 	14, // 28: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
 	9,  // 29: etcdbackup.v1.UploadHeader.delta:type_name -> etcdbackup.v1.DeltaSegment
@@ -4109,52 +4393,61 @@ var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	8,  // 31: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	27, // 32: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
 	8,  // 33: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	49, // 34: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
-	48, // 35: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	54, // 34: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
+	53, // 35: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
 	8,  // 36: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	8,  // 37: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	49, // 38: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
+	54, // 38: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
 	38, // 39: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
 	2,  // 40: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
 	38, // 41: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
 	43, // 42: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
-	49, // 43: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
-	49, // 44: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
+	54, // 43: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
+	54, // 44: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
 	8,  // 45: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
 	8,  // 46: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
-	3,  // 47: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	15, // 48: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	17, // 49: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	19, // 50: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	21, // 51: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	25, // 52: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	30, // 53: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	32, // 54: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	34, // 55: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	36, // 56: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
-	39, // 57: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
-	28, // 58: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
-	41, // 59: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
-	44, // 60: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
-	4,  // 61: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	16, // 62: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	18, // 63: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	20, // 64: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	24, // 65: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	26, // 66: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	31, // 67: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	33, // 68: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	35, // 69: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	37, // 70: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
-	40, // 71: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
-	29, // 72: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
-	42, // 73: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
-	45, // 74: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
-	61, // [61:75] is the sub-list for method output_type
-	47, // [47:61] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	50, // 47: etcdbackup.v1.GetDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
+	50, // 48: etcdbackup.v1.PutDeltaLeaseRequest.lease:type_name -> etcdbackup.v1.DeltaLease
+	50, // 49: etcdbackup.v1.PutDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
+	54, // 50: etcdbackup.v1.DeltaLease.acquire_time:type_name -> google.protobuf.Timestamp
+	54, // 51: etcdbackup.v1.DeltaLease.renew_time:type_name -> google.protobuf.Timestamp
+	3,  // 52: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	15, // 53: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	17, // 54: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	19, // 55: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	21, // 56: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	25, // 57: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	30, // 58: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	32, // 59: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	34, // 60: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	36, // 61: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	39, // 62: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	28, // 63: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
+	41, // 64: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
+	44, // 65: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
+	46, // 66: etcdbackup.v1.AgentService.GetDeltaLease:input_type -> etcdbackup.v1.GetDeltaLeaseRequest
+	48, // 67: etcdbackup.v1.AgentService.PutDeltaLease:input_type -> etcdbackup.v1.PutDeltaLeaseRequest
+	4,  // 68: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	16, // 69: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	18, // 70: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	20, // 71: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	24, // 72: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	26, // 73: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	31, // 74: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	33, // 75: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	35, // 76: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	37, // 77: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	40, // 78: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	29, // 79: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
+	42, // 80: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
+	45, // 81: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
+	47, // 82: etcdbackup.v1.AgentService.GetDeltaLease:output_type -> etcdbackup.v1.GetDeltaLeaseResponse
+	49, // 83: etcdbackup.v1.AgentService.PutDeltaLease:output_type -> etcdbackup.v1.PutDeltaLeaseResponse
+	68, // [68:84] is the sub-list for method output_type
+	52, // [52:68] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -4179,9 +4472,9 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdbackup_v1_etcdbackup_proto_rawDesc), len(file_etcdbackup_v1_etcdbackup_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   46,
+			NumMessages:   51,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_etcdbackup_v1_etcdbackup_proto_goTypes,
 		DependencyIndexes: file_etcdbackup_v1_etcdbackup_proto_depIdxs,

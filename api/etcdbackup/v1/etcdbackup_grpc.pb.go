@@ -788,3 +788,171 @@ var BackupService_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "etcdbackup/v1/etcdbackup.proto",
 }
+
+const (
+	AgentService_GetDeltaLease_FullMethodName = "/etcdbackup.v1.AgentService/GetDeltaLease"
+	AgentService_PutDeltaLease_FullMethodName = "/etcdbackup.v1.AgentService/PutDeltaLease"
+)
+
+// AgentServiceClient is the client API for AgentService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// AgentService is what agents ask of the server beyond storing and reading
+// backups. Only the agent port admits its calls, each from an agent pod of
+// a Job the server created; the user port refuses them.
+type AgentServiceClient interface {
+	// GetDeltaLease reads the delta Lease of the calling delta agent's own
+	// target (NOT_FOUND while there is none): the agent holds that Lease
+	// through the server, so that no agent needs access to the Kubernetes
+	// API and none can touch another target's Lease or the server's.
+	GetDeltaLease(ctx context.Context, in *GetDeltaLeaseRequest, opts ...grpc.CallOption) (*GetDeltaLeaseResponse, error)
+	// PutDeltaLease creates that Lease (resource_version empty) or updates it
+	// (resource_version as last read; ABORTED when it changed since). The
+	// server stamps the times with its own clock and refuses what no honest
+	// elector writes: another pod as holder, taking a Lease its holder still
+	// renews, releasing one this pod does not hold, transitions that do not
+	// step by one on a change of holder (FAILED_PRECONDITION).
+	PutDeltaLease(ctx context.Context, in *PutDeltaLeaseRequest, opts ...grpc.CallOption) (*PutDeltaLeaseResponse, error)
+}
+
+type agentServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewAgentServiceClient(cc grpc.ClientConnInterface) AgentServiceClient {
+	return &agentServiceClient{cc}
+}
+
+func (c *agentServiceClient) GetDeltaLease(ctx context.Context, in *GetDeltaLeaseRequest, opts ...grpc.CallOption) (*GetDeltaLeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetDeltaLeaseResponse)
+	err := c.cc.Invoke(ctx, AgentService_GetDeltaLease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentServiceClient) PutDeltaLease(ctx context.Context, in *PutDeltaLeaseRequest, opts ...grpc.CallOption) (*PutDeltaLeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutDeltaLeaseResponse)
+	err := c.cc.Invoke(ctx, AgentService_PutDeltaLease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// AgentServiceServer is the server API for AgentService service.
+// All implementations must embed UnimplementedAgentServiceServer
+// for forward compatibility.
+//
+// AgentService is what agents ask of the server beyond storing and reading
+// backups. Only the agent port admits its calls, each from an agent pod of
+// a Job the server created; the user port refuses them.
+type AgentServiceServer interface {
+	// GetDeltaLease reads the delta Lease of the calling delta agent's own
+	// target (NOT_FOUND while there is none): the agent holds that Lease
+	// through the server, so that no agent needs access to the Kubernetes
+	// API and none can touch another target's Lease or the server's.
+	GetDeltaLease(context.Context, *GetDeltaLeaseRequest) (*GetDeltaLeaseResponse, error)
+	// PutDeltaLease creates that Lease (resource_version empty) or updates it
+	// (resource_version as last read; ABORTED when it changed since). The
+	// server stamps the times with its own clock and refuses what no honest
+	// elector writes: another pod as holder, taking a Lease its holder still
+	// renews, releasing one this pod does not hold, transitions that do not
+	// step by one on a change of holder (FAILED_PRECONDITION).
+	PutDeltaLease(context.Context, *PutDeltaLeaseRequest) (*PutDeltaLeaseResponse, error)
+	mustEmbedUnimplementedAgentServiceServer()
+}
+
+// UnimplementedAgentServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedAgentServiceServer struct{}
+
+func (UnimplementedAgentServiceServer) GetDeltaLease(context.Context, *GetDeltaLeaseRequest) (*GetDeltaLeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetDeltaLease not implemented")
+}
+func (UnimplementedAgentServiceServer) PutDeltaLease(context.Context, *PutDeltaLeaseRequest) (*PutDeltaLeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutDeltaLease not implemented")
+}
+func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
+func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
+
+// UnsafeAgentServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to AgentServiceServer will
+// result in compilation errors.
+type UnsafeAgentServiceServer interface {
+	mustEmbedUnimplementedAgentServiceServer()
+}
+
+func RegisterAgentServiceServer(s grpc.ServiceRegistrar, srv AgentServiceServer) {
+	// If the following call panics, it indicates UnimplementedAgentServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&AgentService_ServiceDesc, srv)
+}
+
+func _AgentService_GetDeltaLease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetDeltaLeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).GetDeltaLease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_GetDeltaLease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).GetDeltaLease(ctx, req.(*GetDeltaLeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentService_PutDeltaLease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutDeltaLeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).PutDeltaLease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_PutDeltaLease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).PutDeltaLease(ctx, req.(*PutDeltaLeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var AgentService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "etcdbackup.v1.AgentService",
+	HandlerType: (*AgentServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "GetDeltaLease",
+			Handler:    _AgentService_GetDeltaLease_Handler,
+		},
+		{
+			MethodName: "PutDeltaLease",
+			Handler:    _AgentService_PutDeltaLease_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "etcdbackup/v1/etcdbackup.proto",
+}
