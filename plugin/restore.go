@@ -329,9 +329,13 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 		o.Name, o.Member.DataDir, o.Member.Name, o.Member.DataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
 	if res.BumpRevision > 0 {
 		fmt.Fprintf(o.Out, "revision bumped by %d (from %d to %d) and marked compacted (watchers and informers will relist)\n",
-			res.BumpRevision, res.SnapshotRevision, res.Revision)
+			res.BumpRevision, res.SnapshotRevision, res.SnapshotRevision+res.BumpRevision)
 	} else {
 		fmt.Fprintln(o.Out, bumpSummary(0))
+	}
+	if len(res.RevokedServerKeys) > 0 {
+		fmt.Fprintf(o.Out, "removed the data server's Job-signing key and agent CA (%s) at revision %d: every backup of this cluster holds them, so the server makes new ones within 30 s of the cluster's return, and refuses agent Jobs signed before; restore every member of this cluster with this version, so that each removes them at the same revision\n",
+			strings.Join(res.RevokedServerKeys, ", "), res.Revision)
 	}
 	return nil
 }

@@ -99,6 +99,12 @@ type Result struct {
 	ToRevision        int64
 	ReplayedRevisions int64
 	PointTime         time.Time
+	// RevokedServerKeys are the data server's key Secrets the restored
+	// keyspace held, removed one revision past it
+	// (snapshot.RevokeServerKeys): the server makes new keys, which no
+	// backup holds. Revision is then one more. Empty for any etcd but
+	// the one of a Kubernetes cluster the server runs in.
+	RevokedServerKeys []string
 }
 
 // DownloadError wraps an error of fetching the backup through the server
@@ -211,12 +217,23 @@ func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, 
 	if err != nil {
 		return &Result{DataDir: dataDir, MovedTo: movedTo}, err
 	}
+	// Every backup of the cluster the server runs in holds the keys its
+	// trust rests on; the restored cluster must not trust them again.
+	revoked, err := snapshot.RevokeServerKeys(dataDir)
+	if err != nil {
+		return &Result{DataDir: dataDir, MovedTo: movedTo}, fmt.Errorf("restored %s, but could not remove the data server's key Secrets from it: %w; restore again, or delete Secrets %v of the server's namespace once the cluster runs",
+			dataDir, err, snapshot.ServerKeySecrets)
+	}
+	after := int64(0)
+	if len(revoked) > 0 {
+		after = 1
+	}
 	_ = os.RemoveAll(work)
-	return &Result{
+	return &Result{RevokedServerKeys: revoked,
 		DataDir: dataDir, MovedTo: movedTo,
 		// etcdutl bumps the snapshot's newest revision, the one its status
 		// reports.
-		SnapshotRevision: v.Status.Revision, Revision: v.Status.Revision + bump,
+		SnapshotRevision: v.Status.Revision, Revision: v.Status.Revision + bump + after,
 		BumpRevision: bump, MarkedCompacted: o.Member.MarksCompacted(),
 		ToRevision: replayed.Revision, ReplayedRevisions: replayed.Revisions, PointTime: replayed.Time,
 	}, nil

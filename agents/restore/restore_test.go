@@ -3,10 +3,12 @@ package restore_test
 import (
 	"context"
 	"errors"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"math"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -288,5 +290,42 @@ func TestRestoreRechecksJustBeforeWriting(t *testing.T) {
 	}
 	if b, err := os.ReadFile(wal); err != nil || string(b) != "wal" {
 		t.Fatalf("the running member's WAL: %q, %v", b, err)
+	}
+}
+
+// A restore of a Kubernetes cluster the data server runs in removes the
+// server's key Secrets (every backup holds them) one revision past the
+// restored keyspace and says so; the member starts there (issue 37).
+func TestRestoreRevokesTheServersKeys(t *testing.T) {
+	ctx := context.Background()
+	te := etcdtest.Start(t, false)
+	c := te.Client(t)
+	for k, v := range map[string]string{
+		"/registry/secrets/etcdbackup-system/etcdbackup-job-signing-key": "key",
+		"/registry/secrets/etcdbackup-system/etcdbackup-agent-ca":        "ca",
+		"/registry/secrets/kube-system/bootstrap-token":                  "kept",
+	} {
+		if _, err := c.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := servertest.Start(t, "")
+	if _, err := backup.Run(ctx, c, srv.Client, backup.Options{Endpoint: te.Endpoint, Name: "cp"}); err != nil {
+		t.Fatal(err)
+	}
+	m, peer := member(t, filepath.Join(t.TempDir(), "data"))
+	res, err := restore.Run(ctx, srv.Client, restore.Options{Name: "cp", Member: m}, restore.Events{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"/registry/secrets/etcdbackup-system/etcdbackup-agent-ca", "/registry/secrets/etcdbackup-system/etcdbackup-job-signing-key"}
+	slices.Sort(res.RevokedServerKeys)
+	if !slices.Equal(res.RevokedServerKeys, want) || res.Revision != res.SnapshotRevision+snapshot.DefaultRevisionBump+1 {
+		t.Fatalf("result %+v, want %q removed at the bumped revision + 1", res, want)
+	}
+	r := etcdtest.StartOn(t, m.DataDir, m.Name, m.InitialCluster, peer).Client(t)
+	got, err := r.Get(ctx, "/registry/secrets/", clientv3.WithPrefix())
+	if err != nil || len(got.Kvs) != 1 || string(got.Kvs[0].Key) != "/registry/secrets/kube-system/bootstrap-token" || got.Header.Revision != res.Revision {
+		t.Fatalf("restored secrets: %v, %v; want only bootstrap-token, at revision %d", got, err, res.Revision)
 	}
 }

@@ -240,6 +240,10 @@ func newRestoreCmd() *cobra.Command {
 			}
 			log.Info("member data restored", "member", o.Member.Name, "dataDir", res.DataDir,
 				"snapshotRevision", res.SnapshotRevision, "revision", res.Revision, "bumpRevision", res.BumpRevision, "markedCompacted", res.MarkedCompacted)
+			if len(res.RevokedServerKeys) > 0 {
+				log.Warn("the restored cluster held the data server's Job-signing key and agent CA, as every backup of it does: their Secrets were removed one revision past the restored keyspace, and the server makes new ones within 30 s; agent Jobs of before are refused",
+					"member", o.Member.Name, "removed", res.RevokedServerKeys, "revision", res.Revision)
+			}
 			if res.BumpRevision == 0 {
 				log.Warn("revisions kept as in the snapshot (--bump-revision 0), nothing marked compacted: Kubernetes clients of this etcd (kube-apiserver's watch cache, informers, kubelets) may keep stale caches and miss changes; restart them",
 					"member", o.Member.Name, "revision", res.Revision)

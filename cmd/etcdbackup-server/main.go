@@ -149,7 +149,7 @@ func kubernetesParts(ctx context.Context, o *options, f *config.File, cfg *serve
 		return err
 	}
 	if cfg.Agents != nil {
-		if err := startAgents(ctx, cfg.Agents, o.podName, f.Targets); err != nil {
+		if err := startAgents(ctx, cfg.Agents, o.podName, f.Targets, log); err != nil {
 			return err
 		}
 		if cfg.Leader, err = election(kc, o, log); err != nil {
@@ -186,13 +186,20 @@ func kubernetesParts(ctx context.Context, o *options, f *config.File, cfg *serve
 // signs agent Jobs is read back (or made, the first time) before any Job
 // is created or admitted, and the agents' Jobs, pods and events are read
 // from informers, filled here.
-func startAgents(ctx context.Context, l *jobs.Launcher, serverPod string, targets []config.Target) error {
+func startAgents(ctx context.Context, l *jobs.Launcher, serverPod string, targets []config.Target, log *slog.Logger) error {
 	l.SetServerPod(serverPod)
 	if err := l.LoadSigningKey(ctx); err != nil {
 		return err
 	}
+	// The key follows its Secret: rotated, or made anew after a restore
+	// of this cluster removed it. Owned by ctx, the server's.
+	go l.FollowSigningKey(ctx, keyFollowInterval, log)
 	return l.Start(ctx, targets)
 }
+
+// keyFollowInterval is how often the Job-signing key and the agent CA are
+// read again from their Secrets.
+const keyFollowInterval = 30 * time.Second
 
 // loadConfig reads --config; without it, the server has one filesystem
 // location in --storage-dir and no targets.
@@ -429,7 +436,7 @@ func agentTLS(ctx context.Context, kc kubernetes.Interface, namespace string, f 
 	if launcher != nil {
 		others = launcher.RestoreNamespaces(f.Targets)
 	}
-	cfg, ca, err := agenttls.Setup(ctx, agenttls.Options{
+	cfg, current, err := agenttls.Setup(ctx, agenttls.Options{
 		Client: kc, Namespace: namespace, AgentNamespaces: others,
 		ServerAddresses: []string{f.Agents.WithDefaults(namespace).ServerAddress}, Logger: log,
 	})
@@ -437,9 +444,7 @@ func agentTLS(ctx context.Context, kc kubernetes.Interface, namespace string, f 
 		return nil, err
 	}
 	if launcher != nil {
-		launcher.SetServerCAPublisher(func(ctx context.Context, ns string) error {
-			return agenttls.Publish(ctx, kc, ns, ca.CertPEM)
-		})
+		launcher.SetServerCAPublisher(current.Publish)
 	}
 	return cfg, nil
 }
@@ -474,7 +479,7 @@ func guards(kc, rc, urc kubernetes.Interface, namespace string, f *config.File, 
 		Reviews:           auth.AgentReviews{Client: rc},
 		Pods:              pods,
 		Jobs:              jl,
-		Signer:            launcher.Signer(),
+		Signer:            launcher,
 		TargetNamespaces:  launcher.TargetNamespaces(f.Targets),
 	})
 	if err != nil {

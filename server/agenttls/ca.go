@@ -252,10 +252,15 @@ func ServerConfig(cert tls.Certificate) *tls.Config {
 // passed (now is the clock). When issuing fails the one in force is kept
 // while it is valid. Certificates holds the first, for Describe.
 func (ca *CA) RenewingServerConfig(first tls.Certificate, dns []string, ips []net.IP, now func() time.Time) *tls.Config {
+	cfg, _ := ca.renewingServerConfig(first, dns, ips, now)
+	return cfg
+}
+
+func (ca *CA) renewingServerConfig(first tls.Certificate, dns []string, ips []net.IP, now func() time.Time) (*tls.Config, *renewing) {
 	r := &renewing{ca: ca, dns: dns, ips: ips, now: now, cur: &first}
 	cfg := ServerConfig(first)
 	cfg.GetCertificate = r.get
-	return cfg
+	return cfg, r
 }
 
 // renewing is the serving certificate in force, renewed on demand.

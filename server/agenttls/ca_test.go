@@ -1,6 +1,7 @@
 package agenttls_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/agenttls"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
 const ns = "etcdbackup-system"
@@ -154,10 +156,11 @@ func TestPublish(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	_, ca, err := agenttls.Setup(ctx, agenttls.Options{Client: cs, Namespace: ns, AgentNamespaces: []string{"app", ns}})
+	_, current, err := agenttls.Setup(ctx, agenttls.Options{Client: cs, Namespace: ns, AgentNamespaces: []string{"app", ns}, FollowInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ca := current.CA()
 	for _, n := range []string{ns, "app"} {
 		cm, err := cs.CoreV1().ConfigMaps(n).Get(ctx, agenttls.ConfigMapName, metav1.GetOptions{})
 		if err != nil {
@@ -223,5 +226,88 @@ func TestServingCertIsRenewedWhileTheServerRuns(t *testing.T) {
 	}
 	if got := served(); !got.Equal(renewed) {
 		t.Fatal("renewed again at once")
+	}
+}
+
+// The agent port follows the CA Secret: when a restore of the cluster
+// removed it (or someone replaced it), the server makes a new CA, serves
+// certificates of it from the next handshake on and publishes it in
+// every agent namespace; a client trusting the old CA no longer connects
+// (issue 37).
+func TestFollowsTheCASecret(t *testing.T) {
+	ctx := context.Background()
+	cs := fake.NewClientset()
+	cfg, current, err := agenttls.Setup(ctx, agenttls.Options{Client: cs, Namespace: ns, AgentNamespaces: []string{"app"}, FollowInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := current.CA()
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*tls.Conn).Handshake()
+			c.Close()
+		}
+	}()
+	dial := func(pool *x509.CertPool) error {
+		c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", lis.Addr().String(), &tls.Config{RootCAs: pool, ServerName: "etcdbackup." + ns + ".svc", NextProtos: []string{"h2"}})
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	if err := dial(old.Pool()); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := current.Refresh(ctx); err != nil || changed {
+		t.Fatalf("Refresh with the Secret unchanged: %v, %v", changed, err)
+	}
+	// Namespace app did not exist at Setup; it does now, and the next
+	// Refresh publishes there.
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := cs.CoreV1().Secrets(ns).Delete(ctx, agenttls.SecretName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	changed, err := current.Refresh(ctx)
+	if err != nil || !changed {
+		t.Fatalf("Refresh after the CA Secret was removed: %v, %v", changed, err)
+	}
+	now := current.CA()
+	if bytes.Equal(now.CertPEM, old.CertPEM) {
+		t.Fatal("the CA in force is still the old one")
+	}
+	if err := dial(now.Pool()); err != nil {
+		t.Fatalf("a client trusting the new CA: %v", err)
+	}
+	if err := dial(old.Pool()); err == nil {
+		t.Fatal("a client trusting the old CA still connects")
+	}
+	s, err := cs.CoreV1().Secrets(ns).Get(ctx, agenttls.SecretName, metav1.GetOptions{})
+	if err != nil || !bytes.Equal(s.Data[agenttls.CertKey], now.CertPEM) {
+		t.Fatalf("the new CA's Secret: %v", err)
+	}
+	for _, n := range []string{ns, "app"} {
+		cm, err := cs.CoreV1().ConfigMaps(n).Get(ctx, agenttls.ConfigMapName, metav1.GetOptions{})
+		if err != nil || cm.Data[agenttls.CertKey] != string(now.CertPEM) {
+			t.Fatalf("ConfigMap in %s after the change: %v", n, err)
+		}
+	}
+}
+
+// A restore removes the CA's Secret by this name (snapshot.RevokeServerKeys).
+func TestRestoreRevokesTheCASecret(t *testing.T) {
+	if !slices.Contains(snapshot.ServerKeySecrets, agenttls.SecretName) {
+		t.Errorf("snapshot.ServerKeySecrets %q lacks %q", snapshot.ServerKeySecrets, agenttls.SecretName)
 	}
 }

@@ -1,14 +1,17 @@
 package agenttls
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
+	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
+	"golang.org/x/time/rate"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -24,69 +27,149 @@ type Options struct {
 	// (agents.serverAddress): the serving certificate covers their hosts.
 	ServerAddresses []string
 	Logger          *slog.Logger
-	// RetryInterval is how often publishing to a namespace that refused is
-	// tried again; 0 means 30 s.
-	RetryInterval time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+	// FollowInterval is how often the CA Secret is read again, and the CA
+	// published where it was refused (Current.Refresh); 0 means 30 s,
+	// negative never.
+	FollowInterval time.Duration
+}
+
+// Current is the CA the agent port serves certificates of now. It follows
+// the CA Secret: a CA replaced by hand, or made anew after a restore of
+// the cluster removed its Secret (snapshot.RevokeServerKeys), since every
+// backup of the cluster holds the CA's key.
+type Current struct {
+	o       Options
+	r       *renewing
+	dns     []string
+	ips     []net.IP
+	pending []string // namespaces the CA is not published in yet
+	mu      sync.Mutex
+}
+
+// CA is the CA in force.
+func (c *Current) CA() *CA {
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	return c.r.ca
+}
+
+// Publish writes the CA in force into namespace's ConfigMap (Publish).
+func (c *Current) Publish(ctx context.Context, namespace string) error {
+	return Publish(ctx, c.o.Client, namespace, c.CA().CertPEM)
+}
+
+// Refresh reads the CA Secret again (making a new CA when it is gone):
+// a CA other than the one in force is used from the next handshake on
+// and published in every agent namespace. It says whether it changed.
+// Agents started before trust the old CA and fail to connect: after a
+// restore of the cluster those are agents of the past.
+func (c *Current) Refresh(ctx context.Context) (bool, error) {
+	ca, err := EnsureCA(ctx, c.o.Client, c.o.Namespace, c.now())
+	if err != nil {
+		return false, err
+	}
+	if bytes.Equal(ca.CertPEM, c.CA().CertPEM) {
+		c.publishPending(ctx)
+		return false, nil
+	}
+	cert, err := ca.ServingCert(c.dns, c.ips, c.now())
+	if err != nil {
+		return false, err
+	}
+	c.r.mu.Lock()
+	c.r.ca, c.r.cur = ca, &cert
+	c.r.mu.Unlock()
+	c.mu.Lock()
+	c.pending = append([]string{c.o.Namespace}, c.o.AgentNamespaces...)
+	c.mu.Unlock()
+	c.publishPending(ctx)
+	return true, nil
+}
+
+func (c *Current) now() time.Time {
+	if c.o.Now != nil {
+		return c.o.Now()
+	}
+	return time.Now()
+}
+
+// publishPending publishes the CA in force where it is not yet.
+func (c *Current) publishPending(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pem := c.CA().CertPEM
+	c.pending = slices.DeleteFunc(slices.Compact(c.pending), func(ns string) bool {
+		err := Publish(ctx, c.o.Client, ns, pem)
+		if err != nil && c.o.Logger != nil {
+			c.o.Logger.Warn("cannot publish the agent CA yet; agents there cannot verify the server until it is", "namespace", ns, "error", err.Error())
+		}
+		return err == nil
+	})
+}
+
+// follow refreshes c every interval until ctx ends.
+func (c *Current) follow(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	failing := rate.Sometimes{Interval: time.Minute}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		changed, err := c.Refresh(ctx)
+		switch {
+		case c.o.Logger == nil:
+		case err != nil && ctx.Err() == nil:
+			failing.Do(func() {
+				c.o.Logger.Warn("cannot read the agent CA again; the one in force is kept", "error", err.Error())
+			})
+		case changed:
+			c.o.Logger.Warn("the agent CA changed (Secret "+SecretName+" was replaced, or removed by a restore of this cluster and made anew): the agent port serves a certificate of the new CA; agents started before cannot connect",
+				"namespace", c.o.Namespace)
+		}
+	}
 }
 
 // Setup makes the agent listener's TLS configuration: it reads or creates
 // the CA, issues the serving certificate and publishes the CA certificate
 // in the server's namespace (an error if that fails) and in the others
-// (one that refuses, missing or not yet allowed, is tried again in the
-// background until ctx ends: restore Jobs there cannot start until it
-// succeeds).
-func Setup(ctx context.Context, o Options) (*tls.Config, *CA, error) {
-	now := time.Now
-	if o.Now != nil {
-		now = o.Now
-	}
-	ca, err := EnsureCA(ctx, o.Client, o.Namespace, now())
+// (one that refuses, missing or not yet allowed, is tried again until it
+// succeeds: restore Jobs there cannot start until then). Until ctx ends
+// it follows the CA Secret (Current.Refresh, every o.FollowInterval).
+func Setup(ctx context.Context, o Options) (*tls.Config, *Current, error) {
+	c := &Current{o: o}
+	ca, err := EnsureCA(ctx, o.Client, o.Namespace, c.now())
 	if err != nil {
 		return nil, nil, err
 	}
-	dns, ips := HostsFor(o.Namespace, o.ServerAddresses...)
-	cert, err := ca.ServingCert(dns, ips, now())
+	c.dns, c.ips = HostsFor(o.Namespace, o.ServerAddresses...)
+	cert, err := ca.ServingCert(c.dns, c.ips, c.now())
 	if err != nil {
 		return nil, nil, err
 	}
 	if err := Publish(ctx, o.Client, o.Namespace, ca.CertPEM); err != nil {
 		return nil, nil, err
 	}
-	var pending []string
+	cfg, r := ca.renewingServerConfig(cert, c.dns, c.ips, c.now)
+	c.r = r
 	for _, ns := range o.AgentNamespaces {
-		if ns == o.Namespace || slices.Contains(pending, ns) {
-			continue
-		}
-		if err := Publish(ctx, o.Client, ns, ca.CertPEM); err != nil {
-			pending = append(pending, ns)
-			if o.Logger != nil {
-				o.Logger.Warn("cannot publish the agent CA yet; restore agents there cannot verify the server until it is", "namespace", ns, "error", err.Error())
-			}
+		if ns != o.Namespace {
+			c.pending = append(c.pending, ns)
 		}
 	}
-	if len(pending) > 0 {
-		go retryPublish(ctx, o, ca.CertPEM, pending)
-	}
-	return ca.RenewingServerConfig(cert, dns, ips, now), ca, nil
-}
-
-func retryPublish(ctx context.Context, o Options, certPEM []byte, pending []string) {
-	interval := o.RetryInterval
+	c.publishPending(ctx)
+	interval := o.FollowInterval
 	if interval == 0 {
 		interval = 30 * time.Second
 	}
-	_ = wait.PollUntilContextCancel(ctx, interval, false, func(ctx context.Context) (bool, error) {
-		pending = slices.DeleteFunc(pending, func(ns string) bool {
-			err := Publish(ctx, o.Client, ns, certPEM)
-			if err == nil && o.Logger != nil {
-				o.Logger.Info("agent CA published", "namespace", ns)
-			}
-			return err == nil
-		})
-		return len(pending) == 0, nil
-	})
+	if interval > 0 {
+		go c.follow(ctx, interval)
+	}
+	return cfg, c, nil
 }
 
 // Describe says what the serving certificate covers, for the server's log.

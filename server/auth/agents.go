@@ -168,11 +168,18 @@ type AgentGuardConfig struct {
 	Lookups AgentLookups
 	// Signer checks that a Job is one the server created
 	// (jobs.Launcher.Signer): its signature fits what it says it is.
-	Signer *jobs.Signer
+	Signer JobVerifier
 	// TargetNamespaces maps each target's name to the namespace its
 	// restore Jobs run in (jobs.Launcher.RestoreNamespace): a restore
 	// Job elsewhere is refused.
 	TargetNamespaces map[string]string
+}
+
+// JobVerifier checks that a Job carries the server's signature of what
+// it says it is: a jobs.Signer, or the jobs.Launcher, whose key follows
+// its Secret (rotated, or removed by a restore of the cluster).
+type JobVerifier interface {
+	Verify(j *batchv1.Job) error
 }
 
 // AgentGuard admits a call on the agent listener only from a pod of an

@@ -68,6 +68,7 @@
 //	  maxLabelBytes: 16384        # their keys and values together
 //	  maxFieldBytes: 256          # one metadata field (source description, target, ...)
 //	  maxConcurrentStreams: 64    # gRPC streams of one client connection
+//	  verifyScratchBytes: 19327352832  # 18 GiB: what verifies in flight may unpack together
 package config
 
 import (
@@ -126,6 +127,13 @@ const (
 	// scratch volumes verify and restores unpack into, so that no backup
 	// the server accepts can fill one (snapshot.DefaultMaxRawSize).
 	DefaultMaxRawSize = 16 << 30
+	// DefaultVerifyScratchBytes (18 GiB) is what the verifies in flight
+	// may unpack into the server's scratch volume together: the shipped
+	// manifest gives it an emptyDir of sizeLimit 20Gi, past which the
+	// kubelet evicts the pod. It holds one backup of DefaultMaxRawSize
+	// that records no raw size, or two of etcd's largest recommended
+	// database (8 GiB), with 2 GiB of slack.
+	DefaultVerifyScratchBytes = 18 << 30
 	// DefaultMinTransferRate (64 KiB/s) over DefaultMinTransferRateWindow
 	// is 3.75 MiB a minute: a transfer slower than that holds a slot and
 	// its buffers for hours per GiB.
@@ -179,9 +187,15 @@ type Limits struct {
 	// version. Default DefaultMaxFieldBytes.
 	MaxFieldBytes int `json:"maxFieldBytes,omitempty"`
 	// MaxConcurrentStreams is how many calls one client connection may
-	// have open at once (gRPC's MaxConcurrentStreams).
+	// have open at once (gRPC's MaxConcurrentStreams) on the user port;
+	// the agent port allows at most 8 (server.AgentMaxConcurrentStreams).
 	// Default DefaultMaxConcurrentStreams.
 	MaxConcurrentStreams uint32 `json:"maxConcurrentStreams,omitempty"`
+	// VerifyScratchBytes is what the verifies in flight may unpack into
+	// the server's scratch directory together; one that does not fit is
+	// refused (ResourceExhausted). Keep it below the scratch volume's
+	// size. Default DefaultVerifyScratchBytes.
+	VerifyScratchBytes int64 `json:"verifyScratchBytes,omitempty"`
 }
 
 // WithDefaults returns l with the defaults of its zero fields filled in.
@@ -215,6 +229,9 @@ func (l Limits) WithDefaults() Limits {
 	}
 	if l.MaxConcurrentStreams == 0 {
 		l.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if l.VerifyScratchBytes == 0 {
+		l.VerifyScratchBytes = DefaultVerifyScratchBytes
 	}
 	return l
 }

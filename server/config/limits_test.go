@@ -9,20 +9,20 @@ import (
 const oneLocation = "locations:\n  - name: default\n    filesystem: {path: /tmp/x}\n"
 
 func TestLimits(t *testing.T) {
-	f, err := load(t, oneLocation+"limits:\n  uploadsPerLocation: 2\n  uploadIdleTimeout: 30s\n  maxLabels: 8\n")
+	f, err := load(t, oneLocation+"limits:\n  uploadsPerLocation: 2\n  uploadIdleTimeout: 30s\n  maxLabels: 8\n  verifyScratchBytes: 1073741824\n")
 	if err != nil {
 		t.Fatal(err)
 	}
 	l := f.Limits.WithDefaults()
 	want := Limits{UploadsPerLocation: 2, AgentUploadsPerLocation: 4, MaxLabels: 8, MaxLabelBytes: 16384, MaxFieldBytes: 256, MaxConcurrentStreams: 64,
-		MaxRawSize: 16 << 30, MinTransferRate: 64 << 10}
+		MaxRawSize: 16 << 30, MinTransferRate: 64 << 10, VerifyScratchBytes: 1 << 30}
 	want.UploadIdleTimeout.Duration = 30 * time.Second
 	want.MinTransferRateWindow.Duration = time.Minute
 	if l != want {
 		t.Errorf("limits %+v; want %+v", l, want)
 	}
 	d := Limits{}.WithDefaults()
-	if d.UploadsPerLocation != 4 || d.UploadIdleTimeout.Duration != 2*time.Minute || d.MaxLabels != 64 {
+	if d.UploadsPerLocation != 4 || d.UploadIdleTimeout.Duration != 2*time.Minute || d.MaxLabels != 64 || d.VerifyScratchBytes != 18<<30 {
 		t.Errorf("defaults %+v", d)
 	}
 	for _, tc := range []struct{ yaml, want string }{
@@ -34,6 +34,7 @@ func TestLimits(t *testing.T) {
 		{"limits:\n  minTransferRateWindow: -1m\n", `limits.minTransferRateWindow: Invalid value: "-1m0s"`},
 		{"limits:\n  maxLabelBytes: -1\n", "limits.maxLabelBytes: Invalid value"},
 		{"limits:\n  maxConcurrentStreams: -1\n", "limits.maxConcurrentStreams"},
+		{"limits:\n  verifyScratchBytes: -1\n", "limits.verifyScratchBytes: Invalid value: -1"},
 		{"limits:\n  uploadsInFlight: 3\n", `unknown field "uploadsInFlight"`},
 	} {
 		if _, err := load(t, oneLocation+tc.yaml); err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -341,6 +341,7 @@ func ValidateLimits(l Limits, p *field.Path) field.ErrorList {
 		{"maxLabels", int64(l.MaxLabels)},
 		{"maxLabelBytes", int64(l.MaxLabelBytes)},
 		{"maxFieldBytes", int64(l.MaxFieldBytes)},
+		{"verifyScratchBytes", l.VerifyScratchBytes},
 	} {
 		if f.v < 0 {
 			v := any(f.v)

@@ -8,12 +8,14 @@ package jobs
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"sort"
 	"strings"
@@ -21,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -135,8 +138,55 @@ func (l *Launcher) LoadSigningKey(ctx context.Context) error {
 	return nil
 }
 
+// RefreshSigningKey reads the signing key's Secret again and uses what it
+// holds from now on: a key rotated by hand, or a new one made here when
+// the Secret is gone — deleted to rotate it, or removed by a restore of
+// the cluster (snapshot.RevokeServerKeys), since every backup of the
+// cluster holds the key. Jobs signed with the old key are refused from
+// then on. It says whether the key changed; on an error the key in
+// force is kept.
+func (l *Launcher) RefreshSigningKey(ctx context.Context) (bool, error) {
+	s, err := LoadSigner(ctx, l.client, l.namespace)
+	if err != nil {
+		return false, err
+	}
+	if cur := l.signer.Load(); cur != nil && hmac.Equal(cur.key, s.key) {
+		return false, nil
+	}
+	l.signer.Store(s)
+	return true, nil
+}
+
+// FollowSigningKey calls RefreshSigningKey every interval until ctx ends,
+// logging a change and an error (at most once a minute).
+func (l *Launcher) FollowSigningKey(ctx context.Context, interval time.Duration, log *slog.Logger) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	failing := rate.Sometimes{Interval: time.Minute}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		changed, err := l.RefreshSigningKey(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			failing.Do(func() {
+				log.Warn("cannot read the Job-signing key again; the one in force is kept", "error", err.Error())
+			})
+		case changed:
+			log.Warn("the Job-signing key changed (Secret "+SigningKeySecret+" was replaced, or removed by a restore of this cluster and made anew): agent Jobs signed before are refused from now on",
+				"namespace", l.namespace)
+		}
+	}
+}
+
 // Signer is what signs and checks the Launcher's Jobs.
 func (l *Launcher) Signer() *Signer { return l.signer.Load() }
+
+// Verify checks j's signature with the key in force (Signer.Verify).
+func (l *Launcher) Verify(j *batchv1.Job) error { return l.Signer().Verify(j) }
 
 // Signed says whether j carries the server's signature (Signer.Verify).
 func (l *Launcher) Signed(j *batchv1.Job) bool { return l.Signer().Verify(j) == nil }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
 // The first server makes the key and stores it; every later one reads
@@ -160,5 +162,57 @@ func TestForgedRestoreJobsDoNotCount(t *testing.T) {
 	// The server's own still counts.
 	if running, err := l.RunningRestores(ctx, "default", "b1", restoreTargets); err != nil || len(running) != 1 {
 		t.Fatalf("running restores of b1: %v, %v; want the server's own Job", running, err)
+	}
+}
+
+// The key follows its Secret: removed by a restore of the cluster (every
+// backup of it holds the key), the Secret is made anew with a new key,
+// which the server uses from then on; a Job signed with the old one,
+// such as a Job that came back with the restored cluster, is refused
+// (issue 37).
+func TestSigningKeyFollowsItsSecret(t *testing.T) {
+	cs := fake.NewClientset()
+	ctx := context.Background()
+	l, err := jobs.New(cs, ns, config.Agents{Image: "agent:dev"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.LoadSigningKey(ctx); err != nil {
+		t.Fatal(err)
+	}
+	job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "backup-b1-0123456789", UID: types.UID("u1"),
+		Labels:      map[string]string{jobs.LabelComponent: jobs.ComponentBackup},
+		Annotations: map[string]string{jobs.AnnotationBackup: "b1", jobs.AnnotationLocation: "default", jobs.AnnotationTarget: "t"}}}
+	job.Annotations[jobs.AnnotationSignature] = l.Signer().Sign(jobs.ClaimsOf(job))
+	if changed, err := l.RefreshSigningKey(ctx); err != nil || changed {
+		t.Fatalf("refresh with the Secret unchanged: %v, %v", changed, err)
+	}
+	if err := l.Verify(job); err != nil {
+		t.Fatal(err)
+	}
+	old, err := cs.CoreV1().Secrets(ns).Get(ctx, jobs.SigningKeySecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.CoreV1().Secrets(ns).Delete(ctx, jobs.SigningKeySecret, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := l.RefreshSigningKey(ctx); err != nil || !changed {
+		t.Fatalf("refresh after the Secret was removed: %v, %v", changed, err)
+	}
+	made, err := cs.CoreV1().Secrets(ns).Get(ctx, jobs.SigningKeySecret, metav1.GetOptions{})
+	if err != nil || bytes.Equal(made.Data[jobs.SigningKeyField], old.Data[jobs.SigningKeyField]) {
+		t.Fatalf("the Secret made anew: %v (a new key: %v)", err, err == nil && !bytes.Equal(made.Data[jobs.SigningKeyField], old.Data[jobs.SigningKeyField]))
+	}
+	if err := l.Verify(job); err == nil {
+		t.Fatal("a Job signed with the removed key is still admitted")
+	}
+	job.Annotations[jobs.AnnotationSignature] = l.Signer().Sign(jobs.ClaimsOf(job))
+	if err := l.Verify(job); err != nil {
+		t.Fatalf("a Job signed with the new key: %v", err)
+	}
+	// The snapshot package removes the Secret by this name.
+	if !slices.Contains(snapshot.ServerKeySecrets, jobs.SigningKeySecret) {
+		t.Errorf("snapshot.ServerKeySecrets %q lacks %q", snapshot.ServerKeySecrets, jobs.SigningKeySecret)
 	}
 }

@@ -131,6 +131,7 @@ func New(cfg Config) *Service {
 		pruner:      cfg.Pruner,
 		deltaFence:  cfg.DeltaFence,
 		deltaLeases: cfg.DeltaLeases,
+		verifies:    verifyGate{budget: cfg.Limits.VerifyScratchBytes},
 	}
 	if s.deltaFence == nil && cfg.Agents != nil {
 		s.deltaFence = cfg.Agents

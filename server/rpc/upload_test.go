@@ -328,6 +328,9 @@ func TestLabelAndFieldLimits(t *testing.T) {
 		{&ebv1.UploadHeader{Source: &ebv1.BackupSource{Target: long}}, []string{"source target", "limits.maxFieldBytes"}},
 		{&ebv1.UploadHeader{Etcd: &ebv1.EtcdInfo{MemberName: long}}, []string{"etcd member name", "limits.maxFieldBytes"}},
 		{&ebv1.UploadHeader{Etcd: &ebv1.EtcdInfo{Version: long}}, []string{"etcd version", "limits.maxFieldBytes"}},
+		// Text printed on operators' terminals: no escape sequences.
+		{&ebv1.UploadHeader{Source: &ebv1.BackupSource{Description: "a\x1b]0;x\x07"}}, []string{"source description holds control character U+001B at byte 1", "plain text"}},
+		{&ebv1.UploadHeader{Source: &ebv1.BackupSource{Target: "cp\r"}}, []string{"source target holds control character U+000D"}},
 	} {
 		servertest.WantRefusal(t, upload(tc.header), codes.InvalidArgument, tc.want...)
 	}
@@ -335,7 +338,7 @@ func TestLabelAndFieldLimits(t *testing.T) {
 		t.Fatalf("refused uploads stored %v", names)
 	}
 	// At the limits is accepted.
-	if err := upload(&ebv1.UploadHeader{Labels: map[string]string{"a": "1", "b": "2", "c": strings.Repeat("v", 35)}, Source: &ebv1.BackupSource{Description: long[:16]}}); err != nil {
+	if err := upload(&ebv1.UploadHeader{Labels: map[string]string{"a": "1", "b": "2", "c": strings.Repeat("v", 35)}, Source: &ebv1.BackupSource{Description: "ünïcode ok " + long[:3]}}); err != nil {
 		t.Fatalf("upload at the limits: %v", err)
 	}
 

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"unicode"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -110,9 +111,17 @@ func validateSourceKind(kind string) (string, error) {
 
 // validateField bounds a free-form metadata field: it is stored in the
 // manifest and sent in every listing.
+// It must hold no control characters (protobuf makes it UTF-8): `list`
+// and `get` print it on operators' terminals, where an escape sequence
+// would act.
 func validateField(name, v string, lim config.Limits) error {
 	if len(v) > lim.MaxFieldBytes {
 		return status.Errorf(codes.InvalidArgument, "%s is %d bytes; the limit is %d (limits.maxFieldBytes)", name, len(v), lim.MaxFieldBytes)
+	}
+	for i, r := range v {
+		if unicode.IsControl(r) {
+			return status.Errorf(codes.InvalidArgument, "%s holds control character %U at byte %d; give plain text", name, r, i)
+		}
 	}
 	return nil
 }

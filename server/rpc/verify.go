@@ -17,6 +17,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ctxio"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -140,14 +141,10 @@ const (
 	// directory at once. Each also holds a bolt database mapped while it
 	// is checked; two let a second user's verify run beside a long one.
 	maxVerifies = 2
-	// defaultVerifyScratchBytes is what the verifies in flight may
-	// unpack into the scratch directory together: the shipped manifest
-	// gives it an emptyDir of sizeLimit 20Gi, past which the kubelet
-	// evicts the pod, and statfs(2) there shows the node's disk, not
-	// that limit. 18 GiB holds one backup of limits.maxRawSize's
-	// default (16 GiB) that records no raw size, or two of etcd's
-	// largest recommended database (8 GiB), and leaves 2 GiB of slack.
-	defaultVerifyScratchBytes = 18 << 30
+	// defaultVerifyScratchBytes is limits.verifyScratchBytes's default:
+	// statfs(2) in the scratch directory shows the node's disk, not the
+	// emptyDir's sizeLimit, past which the kubelet evicts the pod.
+	defaultVerifyScratchBytes = config.DefaultVerifyScratchBytes
 	// scratchFloorPercent of the scratch file system is left free by
 	// every verify: the kubelet's default hard eviction threshold
 	// (nodefs.available<10%) evicts pods, the biggest emptyDir users
@@ -211,7 +208,7 @@ func (g *verifyGate) reserve(dir, name string, need int64) (release func(), err 
 		"and `kubectl etcdbackup inspect %s` opens its database", name, name)
 	if need > budget {
 		return nil, status.Errorf(codes.ResourceExhausted,
-			"verify of %q refused: it unpacks to %s, more than the %s of scratch space this server lets verifies use; %s",
+			"verify of %q refused: it unpacks to %s, more than the %s of scratch space this server lets verifies use (limits.verifyScratchBytes); %s",
 			name, bytesString(need), bytesString(budget), elsewhere)
 	}
 	g.mu.Lock()
@@ -223,7 +220,7 @@ func (g *verifyGate) reserve(dir, name string, need int64) (release func(), err 
 	}
 	if g.reserved+need > budget {
 		return nil, status.Errorf(codes.ResourceExhausted,
-			"verify of %q refused: it unpacks to %s, and the verifies running hold %s of the %s of scratch space this server lets verifies use; try again when one has finished, or %s",
+			"verify of %q refused: it unpacks to %s, and the verifies running hold %s of the %s of scratch space this server lets verifies use (limits.verifyScratchBytes); try again when one has finished, or %s",
 			name, bytesString(need), bytesString(g.reserved), bytesString(budget), elsewhere)
 	}
 	// What the verifies in flight already wrote is counted twice (gone

@@ -26,8 +26,8 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
-// These tests are inside the package: the verify budget is the server's
-// own (not a config field), and they shrink it to a test's sizes.
+// These tests are inside the package: they shrink the verify budget
+// (limits.verifyScratchBytes) and the free space seen to a test's sizes.
 
 // heldLocation is a location whose readers block on their first read
 // until release is closed, telling opened first: a verify held there has
@@ -243,7 +243,14 @@ func TestVerifyThatCannotFitIsRefused(t *testing.T) {
 	close(w.loc.release)
 	w.s.verifies.budget = w.size - 1
 	_, err := w.verify("big")
-	wantExhausted(t, err, `verify of "big"`, "more than the", "inspect big")
+	wantExhausted(t, err, `verify of "big"`, "more than the", "(limits.verifyScratchBytes)", "inspect big")
+	// The budget is the configured limit.
+	if b := New(Config{Locations: []locations.Named{{Name: "default", Location: w.loc}}, Limits: config.Limits{VerifyScratchBytes: 12345}.WithDefaults()}).verifies.budget; b != 12345 {
+		t.Fatalf("verify budget %d with limits.verifyScratchBytes 12345", b)
+	}
+	if b := New(Config{Locations: []locations.Named{{Name: "default", Location: w.loc}}, Limits: config.Limits{}.WithDefaults()}).verifies.budget; b != config.DefaultVerifyScratchBytes {
+		t.Fatalf("default verify budget %d", b)
+	}
 
 	w.s.verifies.budget = 0
 	w.s.verifies.free = func(string) (int64, int64, error) { return 100<<20 + w.size - 1, 1000 << 20, nil }

@@ -28,6 +28,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
@@ -378,6 +379,40 @@ func TestSecurity(t *testing.T) {
 		}
 		if r := mustSucceed(t, run(as["admin"], "list"), "admin: list"); strings.Contains(r.Stdout, "cp-20991231-000000") {
 			t.Fatalf("the upload was stored: %s", r)
+		}
+	})
+
+	t.Run("keys-removed-by-a-restore-are-made-anew", func(t *testing.T) {
+		// A restore of the cluster the server runs in removes its key
+		// Secrets (snapshot.RevokeServerKeys: every backup holds them).
+		// The running server makes new ones, serves a certificate of the
+		// new CA, publishes it, and signs new Jobs with the new key: a
+		// backup after that works end to end.
+		secrets, cms := sb.Client().CoreV1().Secrets(ns), sb.Client().CoreV1().ConfigMaps(ns)
+		data := func(name, key string) string {
+			s, err := secrets.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return ""
+			}
+			return string(s.Data[key])
+		}
+		oldKey, oldCA := data("etcdbackup-job-signing-key", "key"), data("etcdbackup-agent-ca", "ca.crt")
+		if oldKey == "" || oldCA == "" {
+			t.Fatalf("the server's key Secrets before: key %d bytes, CA %d bytes", len(oldKey), len(oldCA))
+		}
+		for _, name := range snapshot.ServerKeySecrets {
+			if err := secrets.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pollUntil(ctx, t, "new key Secrets, and the new CA published", func() bool {
+			key, ca := data("etcdbackup-job-signing-key", "key"), data("etcdbackup-agent-ca", "ca.crt")
+			cm, err := cms.Get(ctx, "etcdbackup-agent-ca", metav1.GetOptions{})
+			return key != "" && key != oldKey && ca != "" && ca != oldCA && err == nil && cm.Data["ca.crt"] == ca
+		})
+		r := mustSucceed(t, run(as["operator"], "backup", "--target", "plain", "--name", "after-new-keys", "--wait"), "operator: backup --wait after the keys were made anew")
+		if !strings.Contains(r.Stdout, "Completed") {
+			t.Fatalf("backup --wait: %s", r)
 		}
 	})
 }
