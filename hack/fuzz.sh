@@ -24,6 +24,7 @@ targets="
 ./storage/s3/ FuzzManifest
 ./server/jobs/ FuzzParseFoldInputs
 ./server/jobs/ FuzzDecodeSegments
+./server/auth/ FuzzPrecheck
 "
 
 while read -r pkg fn; do
