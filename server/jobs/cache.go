@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,9 +51,10 @@ const (
 	byInvolved = "involved-object" // events by KIND/NAME of their object
 )
 
-// agentObjectName matches the names of agent Jobs (jobName) and of their
-// pods (the Job's name and a suffix the Job controller adds).
-var agentObjectName = regexp.MustCompile(`^(?:backup|restore)-[a-z0-9-]*-[0-9a-f]{10}(?:-[a-z0-9]+)?$`)
+// agentObjectName matches the names of agent Jobs of every kind (jobName,
+// jobNameKinds) and of their pods (the Job's name and a suffix the Job
+// controller adds).
+var agentObjectName = regexp.MustCompile(`^(?:` + strings.Join(jobNameKinds, "|") + `)-[a-z0-9-]*-[0-9a-f]{10}(?:-[a-z0-9]+)?$`)
 
 // agentObject says whether an event is about an agent Job or pod.
 func agentObject(o corev1.ObjectReference) bool {

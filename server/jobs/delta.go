@@ -47,7 +47,7 @@ type DeltaSpec struct {
 }
 
 func deltaJobName(target, chain string) string {
-	return jobName("delta", target, runID("delta", target, chain))
+	return jobName(jobNameDelta, target, runID("delta", target, chain))
 }
 
 // StartDelta creates the delta agent Job of spec in the server's

@@ -29,7 +29,7 @@ type DrillSpec struct {
 }
 
 func drillJobName(location, backup string) string {
-	return jobName("drill", backup, runID("drill", location, backup))
+	return jobName(jobNameDrill, backup, runID("drill", location, backup))
 }
 
 // StartDrill creates the drill agent Job for spec in the server's

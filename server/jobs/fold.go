@@ -122,7 +122,7 @@ func FoldName(target string, revision int64) string {
 }
 
 func foldJobName(location, backup string) string {
-	return jobName("fold", backup, runID("fold", location, backup))
+	return jobName(jobNameFold, backup, runID("fold", location, backup))
 }
 
 // StartFold creates the fold agent Job of spec in the server's namespace.

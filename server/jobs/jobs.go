@@ -268,6 +268,19 @@ func runID(parts ...string) string {
 	return hex.EncodeToString(s[:])[:16]
 }
 
+// The kinds of agent Job, as their names start (jobName): one list, so
+// that whatever knows agent Jobs by name (the Job cache's event filter)
+// knows every kind.
+const (
+	jobNameBackup  = "backup"
+	jobNameRestore = "restore"
+	jobNameDrill   = "drill"
+	jobNameDelta   = "delta"
+	jobNameFold    = "fold"
+)
+
+var jobNameKinds = []string{jobNameBackup, jobNameRestore, jobNameDrill, jobNameDelta, jobNameFold}
+
 // jobName is a Job name from kind, a readable hint and the run's ID: Job
 // names are DNS labels of at most 63 characters, backup names may be 200
 // and member names are whatever etcd accepts. The hint is cut to 30
@@ -289,7 +302,7 @@ func jobName(kind, hint, id string) string {
 }
 
 func backupJobName(location, backup string) string {
-	return jobName("backup", backup, runID(location, backup))
+	return jobName(jobNameBackup, backup, runID(location, backup))
 }
 
 // CheckTarget verifies that what the target's Job would mount exists.

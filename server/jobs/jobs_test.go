@@ -655,3 +655,48 @@ func TestRefusedJobIsFailed(t *testing.T) {
 		t.Fatalf("start after a refused run: %v", err)
 	}
 }
+
+// A drill, delta or fold Job whose pod the API refuses fails at once with
+// the API's reason, as a backup's does: the Job cache keeps the events of
+// every kind of agent Job (issue 38: it kept only backup and restore
+// Jobs', so these showed Running until their deadline).
+func TestRefusedJobOfEveryKindIsFailed(t *testing.T) {
+	l, cs := newLauncher(t, config.Agents{})
+	ctx := context.Background()
+	drill, err := l.StartDrill(ctx, jobs.DrillSpec{Backup: "b1", Location: "default", Target: target.Name, SHA256: strings.Repeat("a", 64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delta, err := l.StartDelta(ctx, jobs.DeltaSpec{Target: target, Chain: "b1", Location: "default", Period: time.Minute, MaxBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seg := strings.Repeat("1", 64)
+	fold, err := l.StartFold(ctx, jobs.FoldSpec{Target: target, Backup: jobs.FoldName(target.Name, 20), Location: "default",
+		Inputs: jobs.FoldInputs{Full: jobs.FoldRef{Name: "b1", SHA256: seg}, Segments: []jobs.FoldRef{{Name: "b1.delta-11", SHA256: seg}}, ToRevision: 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range []*batchv1.Job{drill, delta, fold} {
+		e := &corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: j.Name + ".refused"},
+			InvolvedObject: corev1.ObjectReference{Kind: "Job", Name: j.Name, UID: j.UID},
+			Reason:         "FailedCreate", Message: `Error creating: pods "` + j.Name + `-x" is forbidden: exceeded quota: pods`, Type: corev1.EventTypeWarning, LastTimestamp: metav1.Now()}
+		if _, err := cs.CoreV1().Events(ns).Create(ctx, e, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	synced(t, l)
+	const want = "the API refuses to create the agent's pod"
+	drills, err := l.Drills(ctx)
+	if err != nil || len(drills) != 1 || drills[0].Phase != jobs.PhaseFailed || !strings.Contains(drills[0].Message, want) {
+		t.Errorf("refused drill: %+v, %v", drills, err)
+	}
+	deltas, err := l.Deltas(ctx)
+	if err != nil || len(deltas) != 1 || deltas[0].Phase != jobs.PhaseFailed || !strings.Contains(deltas[0].Message, want) {
+		t.Errorf("refused delta agent: %+v, %v", deltas, err)
+	}
+	folds, err := l.Folds(ctx)
+	if err != nil || len(folds) != 1 || folds[0].Phase != jobs.PhaseFailed || !strings.Contains(folds[0].Message, want) {
+		t.Errorf("refused fold: %+v, %v", folds, err)
+	}
+}

@@ -286,7 +286,7 @@ func (spec RestoreSpec) ToPoint() bool { return spec.ToRevision > 0 || !spec.ToT
 // RestoreJobName is the Job that restores member of target from backup
 // (location, name): one per member and backup.
 func RestoreJobName(location, name, target, member string) string {
-	return jobName("restore", member, runID(location, name, target, member))
+	return jobName(jobNameRestore, member, runID(location, name, target, member))
 }
 
 // StartRestore creates one restore agent Job per member of spec.Target.
