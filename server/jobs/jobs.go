@@ -7,6 +7,7 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -17,6 +18,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -727,12 +729,72 @@ func (l *Launcher) phase(j *batchv1.Job) (Phase, string) {
 		if r := l.refusal(j); r != "" {
 			return PhaseFailed, r
 		}
+		if r := l.stuck(j, time.Now()); r != "" {
+			return PhaseFailed, r
+		}
 	case PhaseFailed:
 		if m := l.failureMessage(j); m != "" {
 			msg = m
 		}
 	}
 	return p, msg
+}
+
+// stuckAfter is how long an agent pod may wait for its image or its
+// volumes before the run is reported failed: long enough for a registry's
+// hiccup to pass at the kubelet's next try (10 s later), short enough that
+// `backup --wait` says within a minute what is wrong.
+const stuckAfter = 40 * time.Second
+
+// stuck is why j's pod cannot start and will not by itself, or "": its
+// image cannot be pulled (an air-gapped install's image not mirrored),
+// or a Secret or ConfigMap it mounts or reads does not exist. The kubelet
+// retries these until the Job's deadline, an hour or more; nothing the
+// server or the agent does helps, so a pod waiting so for stuckAfter is
+// reported failed at once, naming what is missing and what to do. Should
+// the cause be fixed meanwhile, the pod starts and the Job is Running
+// again.
+func (l *Launcher) stuck(j *batchv1.Job, now time.Time) string {
+	nc, err := l.watched(j.Namespace)
+	if err != nil {
+		return ""
+	}
+	kind := ClaimsOf(j).Kind
+	switch kind {
+	case KindDelta, KindFold:
+		kind += " (the server starts its agent again by itself)"
+	case "":
+		kind = "run"
+	}
+	for _, p := range nc.podsOf(j.Name) {
+		if p.Status.Phase != corev1.PodPending || p.DeletionTimestamp != nil || now.Sub(p.CreationTimestamp.Time) < stuckAfter {
+			continue
+		}
+		images := map[string]string{}
+		for _, c := range append(slices.Clone(p.Spec.InitContainers), p.Spec.Containers...) {
+			images[c.Name] = c.Image
+		}
+		for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
+			w := cs.State.Waiting
+			if w == nil {
+				continue
+			}
+			switch w.Reason {
+			case "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull":
+				return fmt.Sprintf("the agent image %s cannot be pulled on node %s (%s: %s): make it pullable there (mirror it into a registry the nodes reach, add an imagePullSecret to ServiceAccount %s), or set the image the server runs agents with (its %s init container), then start the %s again",
+					images[cs.Name], cmp.Or(p.Spec.NodeName, "?"), w.Reason, strings.TrimSpace(w.Message), p.Spec.ServiceAccountName, AgentImageContainer, kind)
+			case "CreateContainerConfigError":
+				return fmt.Sprintf("the agent's container cannot be created: %s; create what it names in namespace %s, then start the %s again", strings.TrimSpace(w.Message), j.Namespace, kind)
+			}
+		}
+		for _, e := range nc.eventsOf("Pod", p.Name) {
+			if e.InvolvedObject.UID == p.UID && e.Reason == "FailedMount" && strings.Contains(e.Message, "not found") {
+				return fmt.Sprintf("a volume of the agent's pod cannot be mounted: %s; create it in namespace %s (or correct the server's config that names it), then start the %s again",
+					strings.TrimSpace(e.Message), j.Namespace, kind)
+			}
+		}
+	}
+	return ""
 }
 
 // refusal is why the API refuses to create j's pod, or "". The evidence is

@@ -700,3 +700,141 @@ func TestRefusedJobOfEveryKindIsFailed(t *testing.T) {
 		t.Errorf("refused fold: %+v, %v", folds, err)
 	}
 }
+
+// An agent pod of any kind that cannot start — its image cannot be
+// pulled, a Secret it reads or mounts is missing — fails its run once it
+// has waited so for 40 s, naming what is missing; before that, and once
+// it runs, it is Running (issue 38: an image not mirrored left `backup
+// --wait` and `drill --wait` waiting for an hour).
+func TestStuckAgentPodFailsItsRun(t *testing.T) {
+	ctx := context.Background()
+	seg := strings.Repeat("1", 64)
+	start := map[string]func(l *jobs.Launcher) (*batchv1.Job, error){
+		"backup": func(l *jobs.Launcher) (*batchv1.Job, error) {
+			return l.StartBackup(ctx, jobs.BackupSpec{Name: "b1", Location: "default", Target: target})
+		},
+		"drill": func(l *jobs.Launcher) (*batchv1.Job, error) {
+			return l.StartDrill(ctx, jobs.DrillSpec{Backup: "b1", Location: "default", Target: target.Name, SHA256: seg})
+		},
+		"delta": func(l *jobs.Launcher) (*batchv1.Job, error) {
+			return l.StartDelta(ctx, jobs.DeltaSpec{Target: target, Chain: "b1", Location: "default", Period: time.Minute, MaxBytes: 1 << 20})
+		},
+		"fold": func(l *jobs.Launcher) (*batchv1.Job, error) {
+			return l.StartFold(ctx, jobs.FoldSpec{Target: target, Backup: jobs.FoldName(target.Name, 20), Location: "default",
+				Inputs: jobs.FoldInputs{Full: jobs.FoldRef{Name: "b1", SHA256: seg}, Segments: []jobs.FoldRef{{Name: "b1.delta-11", SHA256: seg}}, ToRevision: 20}})
+		},
+		"restore": func(l *jobs.Launcher) (*batchv1.Job, error) {
+			js, err := l.StartRestore(ctx, jobs.RestoreSpec{Name: "b1", Location: "default", Target: restoreTarget, SHA256: seg})
+			if err != nil || len(js) == 0 {
+				return nil, err
+			}
+			return js[0], nil
+		},
+	}
+	for kind, startJob := range start {
+		for _, tc := range []struct {
+			name   string
+			age    time.Duration
+			status corev1.ContainerStatus
+			event  string
+			want   string
+		}{
+			{"image", time.Minute, waiting("ImagePullBackOff", `Back-off pulling image "registry.example/agent:v1"`), "",
+				"cannot be pulled on node node-1 (ImagePullBackOff: Back-off pulling image"},
+			{"image, young pod", 10 * time.Second, waiting("ErrImagePull", "rpc error: code = Unavailable"), "", ""},
+			{"env Secret", time.Minute, waiting("CreateContainerConfigError", `secret "etcd-age-key" not found`), "",
+				`the agent's container cannot be created: secret "etcd-age-key" not found`},
+			{"volume", time.Minute, waiting("ContainerCreating", ""), `MountVolume.SetUp failed for volume "etcd-client" : secret "etcd-client" not found`,
+				`a volume of the agent's pod cannot be mounted: MountVolume.SetUp failed for volume "etcd-client" : secret "etcd-client" not found`},
+		} {
+			t.Run(kind+"/"+tc.name, func(t *testing.T) {
+				l, cs := newLauncher(t, config.Agents{})
+				j, err := startJob(l)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: j.Namespace, Name: j.Name + "-abcde", UID: "pod-uid",
+					CreationTimestamp: metav1.NewTime(time.Now().Add(-tc.age)),
+					Labels:            map[string]string{jobs.LabelManagedBy: "etcdbackup-server", batchv1.JobNameLabel: j.Name}},
+					Spec:   corev1.PodSpec{NodeName: "node-1", ServiceAccountName: "etcdbackup-agent", Containers: []corev1.Container{{Name: tc.status.Name, Image: "registry.example/agent:v1"}}},
+					Status: corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{tc.status}}}
+				if _, err := cs.CoreV1().Pods(j.Namespace).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				if tc.event != "" {
+					e := &corev1.Event{ObjectMeta: metav1.ObjectMeta{Namespace: j.Namespace, Name: pod.Name + ".mount"},
+						InvolvedObject: corev1.ObjectReference{Kind: "Pod", Name: pod.Name, UID: pod.UID},
+						Reason:         "FailedMount", Message: tc.event, Type: corev1.EventTypeWarning, LastTimestamp: metav1.Now()}
+					if _, err := cs.CoreV1().Events(j.Namespace).Create(ctx, e, metav1.CreateOptions{}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				synced(t, l)
+				phase, msg := runOf(t, l, kind, j.Name)
+				if tc.want == "" {
+					if phase != jobs.PhaseRunning {
+						t.Fatalf("%s run: %s %q, want Running", kind, phase, msg)
+					}
+					return
+				}
+				if phase != jobs.PhaseFailed || !strings.Contains(msg, tc.want) || !strings.Contains(msg, "again") {
+					t.Fatalf("%s run: %s %q, want Failed saying %q", kind, phase, msg, tc.want)
+				}
+			})
+		}
+	}
+}
+
+func waiting(reason, msg string) corev1.ContainerStatus {
+	return corev1.ContainerStatus{Name: "agent", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: msg}}}
+}
+
+// runOf is where the run of kind in Job name stands, as the server
+// reports it.
+func runOf(t *testing.T, l *jobs.Launcher, kind, name string) (jobs.Phase, string) {
+	t.Helper()
+	ctx := context.Background()
+	switch kind {
+	case "drill":
+		runs, err := l.Drills(ctx)
+		for _, r := range runs {
+			if r.JobName == name {
+				return r.Phase, r.Message
+			}
+		}
+		t.Fatalf("no drill run %s: %v", name, err)
+	case "delta":
+		runs, err := l.Deltas(ctx)
+		for _, r := range runs {
+			if r.JobName == name {
+				return r.Phase, r.Message
+			}
+		}
+		t.Fatalf("no delta run %s: %v", name, err)
+	case "fold":
+		runs, err := l.Folds(ctx)
+		for _, r := range runs {
+			if r.JobName == name {
+				return r.Phase, r.Message
+			}
+		}
+		t.Fatalf("no fold run %s: %v", name, err)
+	case "restore":
+		members, err := l.ListRestores(ctx, "default", "b1", restoreTarget)
+		for _, m := range members {
+			if m.JobName == name {
+				return m.Phase, m.Message
+			}
+		}
+		t.Fatalf("no restore run %s: %v (%v)", name, err, members)
+	default:
+		runs, err := l.List(ctx)
+		for _, r := range runs {
+			if r.JobName == name {
+				return r.Phase, r.Message
+			}
+		}
+		t.Fatalf("no backup run %s: %v", name, err)
+	}
+	return "", ""
+}

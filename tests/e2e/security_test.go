@@ -415,6 +415,40 @@ func TestSecurity(t *testing.T) {
 			t.Fatalf("backup --wait: %s", r)
 		}
 	})
+
+	// Last: it leaves the server with an agent image no node can pull.
+	t.Run("agent-image-not-mirrored", func(t *testing.T) {
+		// The most common mistake of an air-gapped install: the agent
+		// image is not in a registry the nodes reach. `backup --wait`
+		// fails within a minute or so, naming the image and what to do,
+		// instead of waiting for the Job's deadline (issue 38).
+		const image = "registry.invalid/etcdbackup-agent:not-mirrored"
+		cms := sb.Client().CoreV1().ConfigMaps(ns)
+		cm, err := cms.Get(ctx, "etcdbackup-config", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const sa = "      serviceAccount: etcdbackup-agent\n"
+		if !strings.Contains(cm.Data["config.yaml"], sa) {
+			t.Fatalf("the installed config has no agents.serviceAccount line to add the image beside:\n%s", cm.Data["config.yaml"])
+		}
+		cm.Data["config.yaml"] = strings.Replace(cm.Data["config.yaml"], sa, sa+"      image: "+image+"\n", 1)
+		if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		mustSucceed(t, c.run(t, nil, "-n", ns, "rollout", "restart", "deployment/etcdbackup-server"), "rollout restart")
+		mustSucceed(t, c.run(t, nil, "-n", ns, "rollout", "status", "deployment/etcdbackup-server", "--timeout=110s"), "rollout status")
+		start := time.Now()
+		r := run(as["operator"], "backup", "--target", "plain", "--name", "not-mirrored", "--wait")
+		took := time.Since(start)
+		t.Logf("backup --wait with an image no node can pull: exit %d after %s: %s", r.ExitCode, took.Round(time.Second), strings.TrimSpace(r.Stderr))
+		if r.ExitCode == 0 || !strings.Contains(r.Stderr, image) || !strings.Contains(r.Stderr, "cannot be pulled") || !strings.Contains(r.Stderr, "again") {
+			t.Fatalf("backup --wait with an unpullable agent image: %s; want a failure naming %s and what to do", r, image)
+		}
+		if took > 100*time.Second {
+			t.Errorf("backup --wait took %s to fail; want about a minute", took.Round(time.Second))
+		}
+	})
 }
 
 type tokenOptions struct {
