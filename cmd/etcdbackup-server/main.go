@@ -149,6 +149,14 @@ func kubernetesParts(ctx context.Context, o *options, f *config.File, cfg *serve
 		return err
 	}
 	if cfg.Agents != nil {
+		// Delta agents hold their Leases through the server: renewals go
+		// on a client of their own, so that they neither wait on Job
+		// creation nor hold it up.
+		lc, err := leaseClient(o.kubeconfig)
+		if err != nil {
+			return err
+		}
+		cfg.Agents.SetDeltaLeaseClient(lc)
 		if err := startAgents(ctx, cfg.Agents, o.podName, f.Targets, log); err != nil {
 			return err
 		}
@@ -424,6 +432,18 @@ func reviewClient(kubeconfig string) (kubernetes.Interface, error) {
 	}
 	rc.QPS, rc.Burst = 10, 20
 	rc.Timeout = auth.DefaultReviewTimeout
+	return kubernetes.NewForConfig(rc)
+}
+
+// leaseClient is the client of the delta agents' Leases
+// (jobs.Launcher.SetDeltaLeaseClient): a renewal of each target every
+// 2 s, a read per stored segment, a read of each waiting agent every 2 s.
+func leaseClient(kubeconfig string) (kubernetes.Interface, error) {
+	rc, err := restConfig(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("the delta Leases' client: %w", err)
+	}
+	rc.QPS, rc.Burst = 20, 40
 	return kubernetes.NewForConfig(rc)
 }
 

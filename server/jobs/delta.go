@@ -138,7 +138,7 @@ var ErrNotDeltaWriter = errors.New("not the target's delta writer")
 // not a cache: a stale view would let a deposed writer through.
 func (l *Launcher) CheckDeltaWriter(ctx context.Context, target, pod string, epoch, chainEpoch int64) error {
 	name := DeltaLeaseName(target)
-	lease, err := l.client.CoordinationV1().Leases(l.namespace).Get(ctx, name, metav1.GetOptions{})
+	lease, err := l.leaseClient().CoordinationV1().Leases(l.namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: Lease %s/%s does not exist", ErrNotDeltaWriter, l.namespace, name)
 	}

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 )
 
@@ -48,10 +50,59 @@ var (
 // would keep a dead agent's chain without a writer for that long.
 const MaxDeltaLeaseSeconds = 300
 
+// deltaLeases is what the Launcher keeps for the delta Leases: the client
+// they are read and written with (a rate limiter of their own, so that
+// renewals neither wait on Job creation nor hold it up), and the Lease
+// this server last wrote per target, so that a renewal from that version
+// costs one update, not a read first.
+type deltaLeases struct {
+	client kubernetes.Interface
+	mu     sync.Mutex
+	last   map[string]*coordinationv1.Lease
+}
+
+// SetDeltaLeaseClient makes the Launcher read and write delta Leases
+// (PutDeltaLease, GetDeltaLease, CheckDeltaWriter) with c instead of its
+// main client.
+func (l *Launcher) SetDeltaLeaseClient(c kubernetes.Interface) {
+	l.leases.mu.Lock()
+	defer l.leases.mu.Unlock()
+	l.leases.client = c
+}
+
+func (l *Launcher) leaseClient() kubernetes.Interface {
+	l.leases.mu.Lock()
+	defer l.leases.mu.Unlock()
+	if l.leases.client != nil {
+		return l.leases.client
+	}
+	return l.client
+}
+
+// lastWritten is the Lease of target this server last wrote, if it is at
+// version rv.
+func (l *Launcher) lastWritten(target, rv string) *coordinationv1.Lease {
+	l.leases.mu.Lock()
+	defer l.leases.mu.Unlock()
+	if w := l.leases.last[target]; w != nil && w.ResourceVersion == rv {
+		return w.DeepCopy()
+	}
+	return nil
+}
+
+func (l *Launcher) wrote(target string, lease *coordinationv1.Lease) {
+	l.leases.mu.Lock()
+	defer l.leases.mu.Unlock()
+	if l.leases.last == nil {
+		l.leases.last = map[string]*coordinationv1.Lease{}
+	}
+	l.leases.last[target] = lease.DeepCopy()
+}
+
 // GetDeltaLease reads target's delta Lease from the API server.
 func (l *Launcher) GetDeltaLease(ctx context.Context, target string) (DeltaLease, error) {
 	name := DeltaLeaseName(target)
-	lease, err := l.client.CoordinationV1().Leases(l.namespace).Get(ctx, name, metav1.GetOptions{})
+	lease, err := l.leaseClient().CoordinationV1().Leases(l.namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return DeltaLease{}, fmt.Errorf("%w: Lease %s/%s", ErrNoDeltaLease, l.namespace, name)
 	}
@@ -81,7 +132,7 @@ func (l *Launcher) PutDeltaLease(ctx context.Context, target, pod string, want D
 	case want.DurationSeconds < 1 || want.DurationSeconds > MaxDeltaLeaseSeconds:
 		return refuse("a duration of %ds is outside 1..%ds", want.DurationSeconds, MaxDeltaLeaseSeconds)
 	}
-	leases := l.client.CoordinationV1().Leases(l.namespace)
+	leases := l.leaseClient().CoordinationV1().Leases(l.namespace)
 	now := metav1.NowMicro()
 	if want.ResourceVersion == "" {
 		if want.Holder == "" || want.Transitions != 0 {
@@ -99,14 +150,22 @@ func (l *Launcher) PutDeltaLease(ctx context.Context, target, pod string, want D
 		if err != nil {
 			return DeltaLease{}, fmt.Errorf("create Lease %s/%s: %w", l.namespace, name, err)
 		}
+		l.wrote(target, created)
 		return deltaLeaseOf(created), nil
 	}
-	cur, err := leases.Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return DeltaLease{}, fmt.Errorf("%w: Lease %s/%s was deleted since it was read", ErrDeltaLeaseChanged, l.namespace, name)
-	}
-	if err != nil {
-		return DeltaLease{}, fmt.Errorf("read Lease %s/%s: %w", l.namespace, name, err)
+	// A renewal of what this server wrote last needs no read: at the same
+	// version the Lease is what it wrote, and the update is refused
+	// (Conflict) if it changed since.
+	cur := l.lastWritten(target, want.ResourceVersion)
+	if cur == nil {
+		var err error
+		cur, err = leases.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return DeltaLease{}, fmt.Errorf("%w: Lease %s/%s was deleted since it was read", ErrDeltaLeaseChanged, l.namespace, name)
+		}
+		if err != nil {
+			return DeltaLease{}, fmt.Errorf("read Lease %s/%s: %w", l.namespace, name, err)
+		}
 	}
 	if cur.ResourceVersion != want.ResourceVersion {
 		return DeltaLease{}, fmt.Errorf("%w: Lease %s/%s is at version %s, not %s", ErrDeltaLeaseChanged, l.namespace, name, cur.ResourceVersion, want.ResourceVersion)
@@ -139,12 +198,13 @@ func (l *Launcher) PutDeltaLease(ctx context.Context, target, pod string, want D
 	next.Spec = coordinationv1.LeaseSpec{HolderIdentity: ptr.To(want.Holder), LeaseDurationSeconds: ptr.To(want.DurationSeconds),
 		AcquireTime: acquired, RenewTime: &now, LeaseTransitions: ptr.To(want.Transitions)}
 	updated, err := leases.Update(ctx, next, metav1.UpdateOptions{})
-	if apierrors.IsConflict(err) {
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
 		return DeltaLease{}, fmt.Errorf("%w: %w", ErrDeltaLeaseChanged, err)
 	}
 	if err != nil {
 		return DeltaLease{}, fmt.Errorf("update Lease %s/%s: %w", l.namespace, name, err)
 	}
+	l.wrote(target, updated)
 	return deltaLeaseOf(updated), nil
 }
 

@@ -90,9 +90,14 @@ func TestPutDeltaLease(t *testing.T) {
 	}
 	_, err = l.PutDeltaLease(ctx, target, "pod-a", jobs.DeltaLease{Holder: "pod-a_1", DurationSeconds: 15, Transitions: 3, ResourceVersion: a.ResourceVersion})
 	refused(t, err, "a renewal keeps the transitions (0), not 3")
+	// A renewal of what this server wrote last costs one update, no read.
+	before := len(cs.Actions())
 	a, err = l.PutDeltaLease(ctx, target, "pod-a", jobs.DeltaLease{Holder: "pod-a_1", DurationSeconds: 15, ResourceVersion: a.ResourceVersion})
 	if err != nil || a.Holder != "pod-a_1" {
 		t.Fatalf("renewal: %+v, %v", a, err)
+	}
+	if acts := cs.Actions()[before:]; len(acts) != 1 || acts[0].GetVerb() != "update" {
+		t.Fatalf("a renewal made %d API calls (%v); want one update", len(acts), acts)
 	}
 	// The holder releases it; then another pod takes it, in a new epoch.
 	a, err = l.PutDeltaLease(ctx, target, "pod-a", jobs.DeltaLease{Holder: "", DurationSeconds: 1, ResourceVersion: a.ResourceVersion})

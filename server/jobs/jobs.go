@@ -109,6 +109,8 @@ type Launcher struct {
 	signer atomic.Pointer[Signer]
 	// serverPod names the server's pod (SetServerPod).
 	serverPod atomic.Pointer[string]
+	// leases are the delta Leases' client and last writes (deltalease.go).
+	leases deltaLeases
 }
 
 // New returns a Launcher that creates Jobs in namespace (the server's own)

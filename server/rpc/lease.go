@@ -3,7 +3,9 @@ package rpc
 import (
 	"context"
 	"errors"
+	"sync"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -21,8 +23,40 @@ type DeltaLeases interface {
 	PutDeltaLease(ctx context.Context, target, pod string, want jobs.DeltaLease) (jobs.DeltaLease, error)
 }
 
+// Each delta agent pod's Lease calls are bounded: client-go's elector
+// makes one every retry period (2 s), so a pod calling more often is not
+// an honest elector, and its calls must not take the server's API budget
+// (issue 37 #2: a caller's cost falls on that caller).
+const (
+	leaseCallsPerSecond = 2
+	leaseCallBurst      = 6
+	// leaseLimitPods bounds the limiters kept: past it they start anew.
+	leaseLimitPods = 1024
+)
+
+// leaseLimits are the delta agent pods' limiters.
+type leaseLimits struct {
+	mu    sync.Mutex
+	byPod map[string]*rate.Limiter
+}
+
+func (l *leaseLimits) allow(pod string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.byPod == nil || len(l.byPod) >= leaseLimitPods {
+		l.byPod = map[string]*rate.Limiter{}
+	}
+	lim, ok := l.byPod[pod]
+	if !ok {
+		lim = rate.NewLimiter(leaseCallsPerSecond, leaseCallBurst)
+		l.byPod[pod] = lim
+	}
+	return lim.Allow()
+}
+
 // deltaAgent is the delta agent calling, or the error that refuses
-// anyone else: users (the user port) and agents of other kinds.
+// anyone else: users (the user port) and agents of other kinds, and a
+// delta agent over its rate.
 func (s *Service) deltaAgent(ctx context.Context, method string) (*auth.Agent, error) {
 	a, ok := auth.AgentFrom(ctx)
 	switch {
@@ -32,6 +66,8 @@ func (s *Service) deltaAgent(ctx context.Context, method string) (*auth.Agent, e
 		return nil, status.Errorf(codes.PermissionDenied, "%s is a %s agent; only delta agents hold a delta Lease", a, a.Kind)
 	case s.deltaLeases == nil:
 		return nil, status.Error(codes.FailedPrecondition, "this server runs no delta agents, so it holds no delta Lease")
+	case !s.leaseLimits.allow(a.Pod):
+		return nil, status.Errorf(codes.ResourceExhausted, "%s calls its delta Lease more than %d times a second; leader election calls once every retry period (2 s)", a, leaseCallsPerSecond)
 	}
 	return a, nil
 }

@@ -1,9 +1,12 @@
 package rpc_test
 
 import (
+	"context"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -67,5 +70,49 @@ func TestDeltaLeaseOnlyForItsDeltaAgent(t *testing.T) {
 	// The user port: never.
 	if _, err := delta.Client.Agents.GetDeltaLease(ctx, &ebv1.GetDeltaLeaseRequest{}); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("GetDeltaLease on the user port: %v", err)
+	}
+}
+
+// podGuard admits each call as the delta agent of the pod its "pod"
+// header names: several agents on one server.
+type podGuard struct{}
+
+func (podGuard) Admit(ctx context.Context, _ string) (context.Context, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	pod := md.Get("pod")[0]
+	return auth.WithAgent(ctx, &auth.Agent{Kind: auth.AgentDelta, Target: strings.TrimPrefix(pod, "delta-"), Pod: pod}), nil
+}
+
+// A delta agent pod calling its Lease faster than any elector does is
+// refused past a burst (ResourceExhausted), at no cost to the API server
+// or to other pods (issue 37 #2).
+func TestDeltaLeaseCallsAreBoundedPerPod(t *testing.T) {
+	cs := fake.NewClientset()
+	launcher, err := jobs.New(cs, "etcdbackup", config.Agents{Image: "agent:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := servertest.StartWith(t, servertest.Options{Agents: launcher, AgentGuard: podGuard{}})
+	as := func(pod string) context.Context { return metadata.AppendToOutgoingContext(t.Context(), "pod", pod) }
+	refused := 0
+	for range 20 {
+		if _, err := srv.AgentClient.Agents.GetDeltaLease(as("delta-app"), &ebv1.GetDeltaLeaseRequest{}); status.Code(err) == codes.ResourceExhausted {
+			refused++
+		}
+	}
+	if refused < 10 {
+		t.Fatalf("%d of 20 calls at once refused; want all past the burst", refused)
+	}
+	reads := 0
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "get" {
+			reads++
+		}
+	}
+	if reads > 20-refused {
+		t.Fatalf("%d Lease reads for %d admitted calls", reads, 20-refused)
+	}
+	if _, err := srv.AgentClient.Agents.GetDeltaLease(as("delta-other"), &ebv1.GetDeltaLeaseRequest{}); status.Code(err) != codes.NotFound {
+		t.Fatalf("another pod's call during the flood: %v, want NotFound (its Lease does not exist)", err)
 	}
 }

@@ -94,8 +94,10 @@ type Service struct {
 	coord      coord.Registry
 	chains     chains
 	deltaFence DeltaFence
-	// deltaLeases is Config.DeltaLeases.
+	// deltaLeases is Config.DeltaLeases; leaseLimits bound each delta
+	// agent pod's calls of it.
 	deltaLeases DeltaLeases
+	leaseLimits leaseLimits
 	inUse       *retention.InUse
 	pruner      *retention.Pruner
 	// handoff, closed by HandOffDownloads, ends the downloads in flight
