@@ -783,7 +783,7 @@ func (l *Launcher) stuck(j *batchv1.Job, now time.Time) string {
 			}
 			switch w.Reason {
 			case "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull":
-				return fmt.Sprintf("the agent image %s cannot be pulled on node %s (%s: %s): make it pullable there (mirror it into a registry the nodes reach, add an imagePullSecret to ServiceAccount %s), or set the image the server runs agents with (its %s init container), then start the %s again",
+				return fmt.Sprintf("the agent image %s cannot be pulled on node %s (%s: %s): make it pullable there (mirror it into a registry the nodes reach, add an imagePullSecret to ServiceAccount %s), or set the image the server runs agents with (agents.image in its config, else its %s init container), then start the %s again",
 					images[cs.Name], cmp.Or(p.Spec.NodeName, "?"), w.Reason, strings.TrimSpace(w.Message), p.Spec.ServiceAccountName, AgentImageContainer, kind)
 			case "CreateContainerConfigError":
 				return fmt.Sprintf("the agent's container cannot be created: %s; create what it names in namespace %s, then start the %s again", strings.TrimSpace(w.Message), j.Namespace, kind)

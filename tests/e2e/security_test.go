@@ -428,11 +428,11 @@ func TestSecurity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		const sa = "      serviceAccount: etcdbackup-agent\n"
+		const sa = "\n  serviceAccount: etcdbackup-agent\n"
 		if !strings.Contains(cm.Data["config.yaml"], sa) {
 			t.Fatalf("the installed config has no agents.serviceAccount line to add the image beside:\n%s", cm.Data["config.yaml"])
 		}
-		cm.Data["config.yaml"] = strings.Replace(cm.Data["config.yaml"], sa, sa+"      image: "+image+"\n", 1)
+		cm.Data["config.yaml"] = strings.Replace(cm.Data["config.yaml"], sa, sa+"  image: "+image+"\n", 1)
 		if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
