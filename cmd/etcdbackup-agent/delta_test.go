@@ -30,10 +30,11 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
-// testElection is a fast election on the delta Lease of target "t".
+// testElection is a fast election on the delta Lease of target "t": as
+// fast as the server lets one pod call its Lease (2 calls a second).
 func testElection(id string) election {
 	return election{name: "of target t", identity: id,
-		leaseDuration: 2 * time.Second, renewDeadline: time.Second, retryPeriod: 100 * time.Millisecond}
+		leaseDuration: 4 * time.Second, renewDeadline: 2 * time.Second, retryPeriod: time.Second}
 }
 
 // testLease is target t's delta Lease in namespace etcdbackup.
@@ -111,6 +112,19 @@ func startElected(ctx context.Context, t *testing.T, kube kubernetes.Interface, 
 	return r
 }
 
+// started waits until capture began (it closes started), failing the
+// test if runElected returned first or nothing happens for 30 s.
+func (r *electedRun) started(t *testing.T, started <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-started:
+	case <-r.done:
+		t.Fatalf("runElected returned before capture began: %+v, %v", r.res, r.err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("capture did not begin: the agent never led")
+	}
+}
+
 func (r *electedRun) wait(t *testing.T) (delta.Result, error) {
 	t.Helper()
 	select {
@@ -169,7 +183,7 @@ func TestElectedStopStoresUnderLease(t *testing.T) {
 		}
 		return delta.Result{Segments: 1}, nil
 	})
-	<-started
+	r.started(t, started)
 	stop()
 	res, err := r.wait(t)
 	if err != nil || res.Segments != 1 {
@@ -192,7 +206,7 @@ func TestElectedLostLease(t *testing.T) {
 		<-ctx.Done()
 		return delta.Result{}, context.Cause(ctx)
 	})
-	<-started
+	r.started(t, started)
 	// Another agent takes the Lease over as one would after this agent's
 	// renewals stopped reaching the API server: its update is conditional
 	// on the version it read, so a renewal in between makes it read again.
