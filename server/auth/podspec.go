@@ -34,8 +34,9 @@ const (
 // kube-api-access-* name, is refused); hostNetwork, hostPID, hostIPC;
 // hostAliases, dnsPolicy and dnsConfig (which decide where the agent's
 // connections to the server and etcd go); no ephemeral containers; the
-// images the kubelet reports running (an image swapped in the pod's spec
-// after it started runs until the kubelet restarts the container). A
+// digests the kubelet reports running, where the spec pins one (an image
+// swapped in the pod's spec after it started runs until the kubelet
+// restarts the container). A
 // controller-uid label, if present, must be the Job's UID.
 //
 // Ignored is what the API server and admission legitimately add to the
@@ -212,13 +213,14 @@ func handlers(c *corev1.Container) []string {
 }
 
 // runningImages says whether a container runs another image than its
-// spec says: a pod's images may be changed after it started, and the
-// kubelet runs the old one until it restarts the container. Runtimes
-// report an image in their own form (docker.io/library/NAME:latest for
-// NAME; a tag for what the spec pins by digest, or the reverse), so only
-// what both forms state is compared: the repository always, the tags
-// when both have one, the digests when both have one. A status not
-// reported yet says nothing.
+// spec pins: a pod's images may be changed after it started, and the
+// kubelet runs the old one until it restarts the container. Image names
+// prove nothing here — a runtime reports any of the names an image is
+// known by (a mirrored image imported under its upstream name reports
+// that one) — so only digests are compared: a spec that pins one
+// (NAME@sha256:...) against the repository digest the kubelet reports
+// running (imageID NAME@sha256:...). A status without one, or not
+// reported yet, says nothing.
 func runningImages(pod *corev1.Pod) error {
 	spec := map[string]string{}
 	for _, c := range append(slices.Clone(pod.Spec.InitContainers), pod.Spec.Containers...) {
@@ -226,42 +228,19 @@ func runningImages(pod *corev1.Pod) error {
 	}
 	for _, st := range append(slices.Clone(pod.Status.InitContainerStatuses), pod.Status.ContainerStatuses...) {
 		want, ok := spec[st.Name]
-		if !ok || st.Image == "" || st.State.Running == nil {
+		if !ok || st.State.Running == nil {
 			continue
 		}
-		w, g := parseImage(want), parseImage(st.Image)
-		if w.repo != g.repo || (w.tag != "" && g.tag != "" && w.tag != g.tag) || (w.digest != "" && g.digest != "" && w.digest != g.digest) {
-			return fmt.Errorf("container %q runs image %s, not %s as its spec says (changed after it started)", st.Name, st.Image, want)
+		_, pinned, ok := strings.Cut(want, "@")
+		if !ok {
+			continue
+		}
+		_, running, ok := strings.Cut(st.ImageID, "@")
+		if ok && running != pinned {
+			return fmt.Errorf("container %q runs image %s, not %s as its spec says (changed after it started)", st.Name, st.ImageID, want)
 		}
 	}
 	return nil
-}
-
-// image is a parsed image reference.
-type image struct{ repo, tag, digest string }
-
-// parseImage reads ref with the defaults runtimes apply: docker.io for a
-// name without a registry, library/ for a one-part docker.io name. No
-// tag and no digest means tag latest.
-func parseImage(ref string) image {
-	var im image
-	name, digest, _ := strings.Cut(ref, "@")
-	im.digest = digest
-	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
-		name, im.tag = name[:i], name[i+1:]
-	}
-	if im.tag == "" && im.digest == "" {
-		im.tag = "latest"
-	}
-	first, _, ok := strings.Cut(name, "/")
-	switch {
-	case !ok:
-		name = "docker.io/library/" + name
-	case !strings.ContainsAny(first, ".:") && first != "localhost":
-		name = "docker.io/" + name
-	}
-	im.repo = name
-	return im
 }
 
 // privileges are the parts of a container's securityContext that give it
