@@ -37,11 +37,18 @@ type restartable struct {
 	addr string
 	dir  string
 
-	mu     sync.Mutex
-	stop   func()       // nil while stopped
-	down   net.Listener // while StartAgainAfterDials waits
-	closed bool         // the test ended: no more restarts
-	wg     sync.WaitGroup
+	mu   sync.Mutex
+	stop func() // nil while stopped
+	// down holds the address while the server is stopped, closing every
+	// connection at once as a pod that is not serving does: were the
+	// port let go, a server of another test process (go test runs
+	// packages in parallel) could take it and answer the client.
+	down net.Listener
+	// dialsLeft, when above 0, is how many more dials of down start the
+	// server again (StartAgainAfterDials).
+	dialsLeft int
+	closed    bool // the test ended: no more restarts
+	wg        sync.WaitGroup
 }
 
 func startRestartable(t *testing.T) *restartable {
@@ -90,7 +97,7 @@ func (s *restartable) serve(lis net.Listener) {
 }
 
 // Stop cuts every connection and stops serving; it returns once the
-// server is down.
+// server is down, its address held by down.
 func (s *restartable) Stop() {
 	s.mu.Lock()
 	stop := s.stop
@@ -99,6 +106,46 @@ func (s *restartable) Stop() {
 	if stop != nil {
 		stop()
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.down != nil || s.stop != nil {
+		return
+	}
+	if lis, err := net.Listen("tcp", s.addr); err == nil {
+		s.holdDown(lis)
+	}
+}
+
+// holdDown closes every connection lis accepts until dialsLeft of them
+// after StartAgainAfterDials, then serves lis again; the caller holds
+// s.mu.
+func (s *restartable) holdDown(lis net.Listener) {
+	s.down = lis
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return // the test ended
+			}
+			c.Close()
+			s.mu.Lock()
+			if s.dialsLeft > 0 {
+				if s.dialsLeft--; s.dialsLeft == 0 {
+					s.down = nil
+					if s.closed {
+						lis.Close()
+					} else {
+						s.serve(lis)
+					}
+					s.mu.Unlock()
+					return
+				}
+			}
+			s.mu.Unlock()
+		}
+	}()
 }
 
 // StartAgainAfterDials serves again on the same address, in the
@@ -107,33 +154,17 @@ func (s *restartable) Stop() {
 // serving yet, so the client meets an outage of several failed attempts
 // however fast or slow the machine is.
 func (s *restartable) StartAgainAfterDials(n int) {
-	lis, err := net.Listen("tcp", s.addr)
-	if err != nil {
-		s.t.Errorf("listen again on %s: %v", s.addr, err)
-		return
-	}
 	s.mu.Lock()
-	s.down = lis
-	s.mu.Unlock()
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for range n {
-			c, err := lis.Accept()
-			if err != nil {
-				return // the test ended
-			}
-			c.Close()
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.down = nil
-		if s.closed {
-			lis.Close()
+	defer s.mu.Unlock()
+	if s.down == nil {
+		lis, err := net.Listen("tcp", s.addr)
+		if err != nil {
+			s.t.Errorf("listen again on %s: %v", s.addr, err)
 			return
 		}
-		s.serve(lis)
-	}()
+		s.holdDown(lis)
+	}
+	s.dialsLeft = max(n, 1)
 }
 
 // dialRetrying connects the way the plugin does (gRPC reconnecting within
