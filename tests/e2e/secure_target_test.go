@@ -165,6 +165,10 @@ func TestSecureTargetOnTheDay(t *testing.T) {
 		})
 	}
 
+	// The test's own directory, not the subtest's: the restored etcd runs
+	// on it until the test ends, and a subtest's directory is removed when
+	// the subtest ends (etcd, finding its data gone, exits the process).
+	restoredDir := filepath.Join(t.TempDir(), "restored.etcd")
 	t.Run("restored-under-the-chain", func(t *testing.T) {
 		before := chainOf(t, c, cur)
 		oldLast := keyspace(before.LastRevision)
@@ -173,7 +177,7 @@ func TestSecureTargetOnTheDay(t *testing.T) {
 		// fold), keeping its
 		// revisions, with the same member and cluster token: the same
 		// cluster ID, nothing for the agent to see but the data.
-		dir := filepath.Join(t.TempDir(), "restored.etcd")
+		dir := restoredDir
 		mustSucceed(t, c.run(t, nil, "etcdbackup", "restore", cur, "--local", "--bump-revision", "0",
 			"--data-dir", dir, "--member-name", se.name, "--initial-cluster", se.name+"="+se.peerURL.String(),
 			"--initial-advertise-peer-urls", se.peerURL.String(), "--initial-cluster-token", se.token), "restore etcd in place")
