@@ -3,11 +3,13 @@
 # dist/, one .tar.gz each (binary, the kubectl_complete-etcdbackup
 # completion shim, LICENSE) with its SHA-256, and write the krew manifest
 # dist/etcdbackup.yaml from krew/etcdbackup.yaml.tmpl. VERSION defaults to
-# the tag on HEAD (hack/dist-version.sh).
+# the tag on HEAD (hack/dist-version.sh). DIST_DIR writes elsewhere than
+# dist/ (make test's krew check does, so as not to remove dist/images, which
+# the end-to-end tests beside it read).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 version=${1:-$("$root/hack/dist-version.sh")}
-dist=$root/dist
+dist=${DIST_DIR:-$root/dist}
 url=${RELEASE_URL:-https://github.com/kubectl-etcdbackup/kubectl-etcdbackup/releases/download/$version}
 # Every platform in krew/platforms; DIST_PLATFORMS narrows the list (CI
 # checks the manifest with this machine's platform only, to spare four cold
