@@ -97,7 +97,7 @@ windows-test:
 # Packages whose tests need neither root nor the Kubernetes binaries: all
 # but the end-to-end world under tests/.
 UNIT_PKGS = $(shell $(GO) list ./... | grep -v '/tests/')
-E2E_PKGS = ./tests/... ./hack/images
+E2E_PKGS = ./tests/...
 TESTREPORT := $(TOOLS_BIN)/testreport
 # make test runs the unit tests under the race detector; UNIT_FLAGS= turns it off.
 UNIT_FLAGS ?=
@@ -120,13 +120,19 @@ SANDBOX_ENV = ETCDBACKUP_KUBE_BIN_DIR=$(KUBE_BIN_DIR) ETCDBACKUP_NODE_DIR=$(NODE
 node-deps:
 	hack/install-node-deps.sh
 
-## e2e: the end-to-end tests and the sandbox's own tests, on the real sandbox cluster (root); the product runs from the images `make images` builds
-e2e: node-deps node-bins s3-bins age-bins images $(TESTREPORT)
-	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 $(SANDBOX_ENV) ETCDBACKUP_IMAGES_DIR=$(CURDIR)/dist/images \
+## e2e: the end-to-end tests and the sandbox's own tests, on the real sandbox cluster (root); the product runs from its images, built for this machine's platform alone (`make checks` cross-builds and checks both)
+# The node runs this machine's platform only: the images for the other
+# one, a full cross-compile, are built and checked by hack/images's test in
+# `make checks`, beside the tests.
+E2E_IMAGES := $(CACHE)/e2e-images
+e2e: node-deps node-bins s3-bins age-bins $(IMAGES_TOOL) $(TESTREPORT)
+	$(IMAGES_TOOL) product -version $(VERSION) -repo $(IMAGE_REPO) -platforms $(HOST_PLATFORM) -out $(E2E_IMAGES)
+	set -o pipefail; ETCDBACKUP_REQUIRE_SANDBOX=1 $(SANDBOX_ENV) ETCDBACKUP_IMAGES_DIR=$(E2E_IMAGES) \
 		$(GO) test -json -count=1 -p 1 -timeout $(E2E_TIMEOUT) $(E2E_PKGS) | $(TESTREPORT)
 
-## checks: what CI checks besides the tests — generated code, lint, every release platform type-checks, krew, the alert rules, the tools' own tests; writes nothing in the tree
+## checks: what CI checks besides the tests — generated code, lint, every release platform type-checks, krew, the alert rules, the product's images built for both platforms (hack/images's test), the tools' own tests; writes nothing in the tree
 checks: check-generate lint cross-check krew-check promrules
+	$(GO) test -count=1 ./hack/images
 	cd tools/benchreport && $(GO) vet . && $(GO) test -count=1 .
 	cd tools/lint && $(GO) vet ./crosscheck && $(GO) test -count=1 ./crosscheck
 
