@@ -9,14 +9,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
+	"time"
 
+	"golang.org/x/time/rate"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 )
 
 // Agent Jobs are vouched for by the server: after creating one it
@@ -215,4 +219,104 @@ func (s *Signer) Verify(j *batchv1.Job) error {
 		return ErrBadSignature
 	}
 	return nil
+}
+
+// LoadSigningKey makes the Launcher sign and check Jobs with the key in
+// Secret SigningKeySecret of the server's namespace, creating it if need
+// be (LoadSigner): Jobs signed before a restart keep working after it.
+// The server calls it once at start, before it creates or admits any.
+func (l *Launcher) LoadSigningKey(ctx context.Context) error {
+	s, err := LoadSigner(ctx, l.client, l.namespace)
+	if err != nil {
+		return err
+	}
+	l.signer.Store(s)
+	return nil
+}
+
+// RefreshSigningKey reads the signing key's Secret again and uses what it
+// holds from now on: a key rotated by hand, or a new one made here when
+// the Secret is gone — deleted to rotate it, or removed by a restore of
+// the cluster (snapshot.RevokeServerKeys), since every backup of the
+// cluster holds the key. Jobs signed with the old key are refused from
+// then on. It says whether the key changed; on an error the key in
+// force is kept.
+func (l *Launcher) RefreshSigningKey(ctx context.Context) (bool, error) {
+	s, err := LoadSigner(ctx, l.client, l.namespace)
+	if err != nil {
+		return false, err
+	}
+	if cur := l.signer.Load(); cur != nil && hmac.Equal(cur.key, s.key) {
+		return false, nil
+	}
+	l.signer.Store(s)
+	return true, nil
+}
+
+// FollowSigningKey calls RefreshSigningKey every interval until ctx ends,
+// logging a change and an error (at most once a minute).
+func (l *Launcher) FollowSigningKey(ctx context.Context, interval time.Duration, log *slog.Logger) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	failing := rate.Sometimes{Interval: time.Minute}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		changed, err := l.RefreshSigningKey(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			failing.Do(func() {
+				log.Warn("cannot read the Job-signing key again; the one in force is kept", "error", err.Error())
+			})
+		case changed:
+			log.Warn("the Job-signing key changed (Secret "+SigningKeySecret+" was replaced, or removed by a restore of this cluster and made anew): agent Jobs signed before are refused from now on",
+				"namespace", l.namespace)
+		}
+	}
+}
+
+// Signer is what signs and checks the Launcher's Jobs.
+func (l *Launcher) Signer() *Signer { return l.signer.Load() }
+
+// Verify checks j's signature with the key in force (Signer.Verify).
+func (l *Launcher) Verify(j *batchv1.Job) error { return l.Signer().Verify(j) }
+
+// Signed says whether j carries the server's signature (Signer.Verify).
+func (l *Launcher) Signed(j *batchv1.Job) bool { return l.Signer().Verify(j) == nil }
+
+// sign annotates made, a Job just created suspended, with its signature
+// and lets it run: no pod of it exists before it is signed, so none
+// calls the server before the guard can admit it. The patch is bound to
+// made's UID. A Job that cannot be signed is deleted, since it could
+// never run.
+func (l *Launcher) sign(ctx context.Context, made *batchv1.Job) (*batchv1.Job, error) {
+	sig := l.Signer().Sign(ClaimsOf(made))
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": made.UID, "annotations": map[string]string{AnnotationSignature: sig}},
+		"spec":     map[string]any{"suspend": false},
+	})
+	if err != nil {
+		return nil, err
+	}
+	signed, err := l.client.BatchV1().Jobs(made.Namespace).Patch(ctx, made.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		derr := l.client.BatchV1().Jobs(made.Namespace).Delete(context.WithoutCancel(ctx), made.Name,
+			metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &made.UID}, PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+		if derr != nil && !apierrors.IsNotFound(derr) {
+			return nil, fmt.Errorf("sign job %s/%s: %w (and deleting the unsigned, suspended Job failed: %v)", made.Namespace, made.Name, err, derr)
+		}
+		return nil, fmt.Errorf("sign job %s/%s: %w", made.Namespace, made.Name, err)
+	}
+	return signed, nil
+}
+
+// signedVersion is the await condition of signing j: the cache has j
+// with its signature.
+func signedVersion(j *batchv1.Job) func(*batchv1.Job) bool {
+	return func(c *batchv1.Job) bool {
+		return c != nil && c.UID == j.UID && c.Annotations[AnnotationSignature] == j.Annotations[AnnotationSignature]
+	}
 }
