@@ -13,11 +13,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
 
@@ -35,51 +35,42 @@ type BackupSpec struct {
 }
 
 func backupJobName(location, backup string) string {
-	return jobName(jobNameBackup, backup, runID(location, backup))
+	return KindBackup.JobName(backup, runID(location, backup))
 }
 
 // StartBackup creates the agent Job for spec. A finished, failed Job of the
 // same backup is replaced; a running one gives ErrRunning.
 func (l *Launcher) StartBackup(ctx context.Context, spec BackupSpec) (*batchv1.Job, error) {
-	return l.start(ctx, l.backupJob(spec), "backup")
+	return l.start(ctx, l.backupJob(spec), KindBackup)
 }
 func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 	t := spec.Target
-	args := []string{
-		"backup",
-		"--server=" + l.agents.ServerAddress,
-		"--name=" + spec.Name,
-		"--location=" + spec.Location,
-		"--target=" + t.Name,
+	flags := agentjob.BackupFlags{
+		Conn: l.conn(), Name: spec.Name, Location: spec.Location, Target: t.Name, Labels: spec.Labels,
+		// The agent keeps a copy of the plain snapshot here while it
+		// streams, to read the snapshot's own revision, keys and hash at
+		// the end.
+		ScratchDir:  workMountPath,
+		Compression: spec.Compression, EncryptTo: spec.AgeRecipients,
 	}
-	for _, k := range sortedKeys(spec.Labels) {
-		args = append(args, "--labels="+k+"="+spec.Labels[k])
-	}
-	// The agent keeps a copy of the plain snapshot here while it streams,
-	// to read the snapshot's own revision, keys and hash at the end.
-	args = append(args, "--scratch-dir="+workMountPath)
 	volumes := []corev1.Volume{{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	mounts := []corev1.VolumeMount{{Name: "work", MountPath: workMountPath}}
-	args, volumes, mounts = withEtcdAccess(t, spec.Compression, spec.AgeRecipients, args, volumes, mounts)
-	id := runID(spec.Location, spec.Name)
-	labels := map[string]string{LabelComponent: componentBackup, LabelManagedBy: managedBy, LabelRun: id}
+	flags.Etcd, volumes, mounts = etcdAccess(t, volumes, mounts)
+	job := l.agentJob(jobMeta{
+		name: backupJobName(spec.Location, spec.Name), namespace: l.namespace, run: runID(spec.Location, spec.Name),
+		annotations: map[string]string{AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name},
+	}, agentSecurityContext(), flags, volumes, mounts)
 	if spec.Scheduled {
-		labels[LabelScheduled] = "true"
+		markScheduled(job)
 	}
-	job := l.agentJob(agentSecurityContext(), args, volumes, mounts)
-	job.Spec.PodFailurePolicy = replacedWhenDisrupted()
-	job.ObjectMeta = metav1.ObjectMeta{
-		Name:      backupJobName(spec.Location, spec.Name),
-		Namespace: l.namespace,
-		Labels:    labels,
-		Annotations: map[string]string{
-			AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
-		},
-	}
-	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{
-		AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
-	}}
 	return job
+}
+
+// markScheduled labels job, and its pod, as a run the server's schedule
+// started (LabelScheduled), so that a restarted server finds it.
+func markScheduled(job *batchv1.Job) {
+	job.Labels[LabelScheduled] = "true"
+	job.Spec.Template.Labels[LabelScheduled] = "true"
 }
 
 // Run is what the cluster says about one backup's agent.
@@ -98,31 +89,18 @@ type Run struct {
 	Counted bool
 }
 
-// backupSelector selects the server's backup agent Jobs.
-var backupSelector = labels.SelectorFromSet(labels.Set{LabelComponent: componentBackup, LabelManagedBy: managedBy})
-
 // List returns the runs of every backup agent Job in the namespace, by
 // Job name, from the cache. A Job being deleted is left out, and so is a
 // finished Job whose backup was forgotten (ForgetBackup).
 func (l *Launcher) List(ctx context.Context) ([]Run, error) {
-	list, err := l.liveJobs(backupSelector, "backup")
-	if err != nil {
-		return nil, err
-	}
-	runs := make([]Run, 0, len(list))
-	for _, j := range list {
-		phase, msg := l.phase(j)
-		if phase != PhaseRunning && j.Annotations[AnnotationForgotten] == "true" {
-			continue
-		}
-		runs = append(runs, Run{
+	return listRuns(l, KindBackup, func(j *batchv1.Job, phase Phase, msg string) (Run, bool) {
+		return Run{
 			Name: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation], Target: j.Annotations[AnnotationTarget],
 			Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, JobName: j.Name,
 			Scheduled: j.Labels[LabelScheduled] == "true", FinishTime: finishTime(j),
 			Counted: j.Annotations[AnnotationCounted] == "true",
-		})
-	}
-	return runs, nil
+		}, phase == PhaseRunning || j.Annotations[AnnotationForgotten] != "true"
+	})
 }
 
 // finishTime is when j ended: its completion time, or its terminal
@@ -268,15 +246,6 @@ func podStarted(p *corev1.Pod) bool {
 		}
 	}
 	return false
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // Events returns the Kubernetes events of the agent Job of backup

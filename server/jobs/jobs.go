@@ -1,9 +1,17 @@
-// Package jobs launches the backup agent as a Kubernetes Job in the
-// server's namespace and reads the state of those Jobs back, so the request
-// layer can show a backup as Running or Failed before (or instead of) it
-// being stored. A Job runs under the agents' own ServiceAccount, which has
-// no API permissions, and mounts only the target's TLS Secret: no storage
+// Package jobs launches the agents as Kubernetes Jobs — one kind of Job
+// per row of agentjob.Kinds: backups, restores, drills, delta capture,
+// folds — and reads the state of those Jobs back from informers, so the
+// request layer and the controller can show a run as Running or Failed
+// before (or instead of) its result being stored, and read the verdicts
+// agents report. A Job runs under the agents' own ServiceAccount, which
+// has no API permissions, and mounts only what its kind needs (a target's
+// TLS Secret, an age identity Secret, scratch space): no storage
 // credential and no secret value ever appears in its spec.
+//
+// launch.go creates and signs Jobs from the shape they share; backup.go,
+// restore.go, drill.go, delta.go and fold.go are one kind each;
+// readback.go reads any Job's phase and report; cache.go holds the
+// informers; sign.go the Job signature.
 package jobs
 
 import (
@@ -21,13 +29,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
 
 // Labels and annotations on the Jobs this package creates.
 const (
-	LabelComponent     = "app.kubernetes.io/component"
-	LabelManagedBy     = "app.kubernetes.io/managed-by"
+	LabelComponent     = agentjob.LabelComponent
+	LabelManagedBy     = agentjob.LabelManagedBy
 	LabelRun           = "etcdbackup.io/run"
 	AnnotationBackup   = "etcdbackup.io/backup"
 	AnnotationLocation = "etcdbackup.io/location"
@@ -45,18 +54,31 @@ const (
 	// leaves it out.
 	AnnotationForgotten = "etcdbackup.io/forgotten"
 
-	// ComponentBackup and ComponentRestore are LabelComponent's values.
-	ComponentBackup  = "backup-agent"
-	ComponentRestore = "restore-agent"
 	// ManagedBy is LabelManagedBy's value on every agent Job the server
 	// creates: the agent guard admits only pods of such Jobs.
-	ManagedBy = "etcdbackup-server"
+	ManagedBy = agentjob.ManagedBy
 
-	componentBackup  = ComponentBackup
-	componentRestore = ComponentRestore
-	managedBy        = ManagedBy
+	managedBy = ManagedBy
 	// tlsMountPath is where the target's TLS Secret appears in the agent.
 	tlsMountPath = "/etc/etcdbackup/etcd-tls"
+)
+
+// The kinds of agent Job, as JobClaims name them, and their
+// LabelComponent values: agentjob.Kinds' rows, by name for callers.
+const (
+	KindBackup  = agentjob.Backup
+	KindRestore = agentjob.Restore
+	KindDrill   = agentjob.Drill
+	KindDelta   = agentjob.Delta
+	KindFold    = agentjob.Fold
+)
+
+var (
+	ComponentBackup  = agentjob.Of(KindBackup).Component
+	ComponentRestore = agentjob.Of(KindRestore).Component
+	ComponentDrill   = agentjob.Of(KindDrill).Component
+	ComponentDelta   = agentjob.Of(KindDelta).Component
+	ComponentFold    = agentjob.Of(KindFold).Component
 )
 
 // The agent's credential towards the server: a projected ServiceAccount

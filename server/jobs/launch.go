@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -12,9 +13,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
 
@@ -24,43 +27,13 @@ func runID(parts ...string) string {
 	return hex.EncodeToString(s[:])[:16]
 }
 
-// The kinds of agent Job, as their names start (jobName): one list, so
-// that whatever knows agent Jobs by name (the Job cache's event filter)
-// knows every kind.
-const (
-	jobNameBackup  = "backup"
-	jobNameRestore = "restore"
-	jobNameDrill   = "drill"
-	jobNameDelta   = "delta"
-	jobNameFold    = "fold"
-)
-
-var jobNameKinds = []string{jobNameBackup, jobNameRestore, jobNameDrill, jobNameDelta, jobNameFold}
-
-// jobName is a Job name from kind, a readable hint and the run's ID: Job
-// names are DNS labels of at most 63 characters, backup names may be 200
-// and member names are whatever etcd accepts. The hint is cut to 30
-// characters and what a DNS label cannot hold becomes a dash.
-func jobName(kind, hint, id string) string {
-	if len(hint) > 30 {
-		hint = hint[:30]
-	}
-	hint = strings.Trim(strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			return r
-		case r >= 'A' && r <= 'Z':
-			return r - 'A' + 'a'
-		}
-		return '-'
-	}, hint), "-")
-	return kind + "-" + hint + "-" + id[:10]
-}
+// selectorOf selects the server's Jobs of kind k.
+func selectorOf(k agentjob.Kind) labels.Selector { return labels.SelectorFromSet(k.Labels()) }
 
 // start creates job, signs it and waits for the cache to see it signed.
 // A finished Job of the same name (an earlier attempt that ended
 // without a result) is replaced; a running one gives ErrRunning.
-func (l *Launcher) start(ctx context.Context, job *batchv1.Job, kind string) (*batchv1.Job, error) {
+func (l *Launcher) start(ctx context.Context, job *batchv1.Job, kind agentjob.Kind) (*batchv1.Job, error) {
 	jobs := l.client.BatchV1().Jobs(job.Namespace)
 	made, err := jobs.Create(ctx, job, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
@@ -119,45 +92,19 @@ func (l *Launcher) createWhenGone(ctx context.Context, job *batchv1.Job) (*batch
 	return created, nil
 }
 
-// replacedWhenDisrupted is the pod failure policy of agents that only
-// read etcd or a backup (backups, drills): a pod that failed because
-// Kubernetes disrupted it — evicted by a node drain, preempted, its node
-// gone — does not count against the one attempt, and the Job starts
-// another pod, which takes the backup or the drill again from the start.
-// An evicted backup agent's upload was cut off and stored nothing, so its
-// name is free for the new pod. Any other failure ends the Job.
-func replacedWhenDisrupted() *batchv1.PodFailurePolicy {
-	return &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{
-		Action:          batchv1.PodFailurePolicyActionIgnore,
-		OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}},
-	}}}
-}
-
-// its endpoints, its client certificate (mounted from TLSSecret) and how
-// to encode what it stores.
-func withEtcdAccess(t config.Target, compression string, recipients []string, args []string, volumes []corev1.Volume, mounts []corev1.VolumeMount) ([]string, []corev1.Volume, []corev1.VolumeMount) {
-	args = append(args, "--endpoints="+strings.Join(t.Endpoints, ","))
-	if compression != "" {
-		args = append(args, "--compression="+compression)
-	}
-	for _, r := range recipients {
-		args = append(args, "--encrypt-to="+r)
-	}
+// etcdAccess is what an agent that reads target t's etcd needs: its
+// endpoints and its client certificate, mounted from TLSSecret.
+func etcdAccess(t config.Target, volumes []corev1.Volume, mounts []corev1.VolumeMount) (agentjob.Etcd, []corev1.Volume, []corev1.VolumeMount) {
+	e := agentjob.Etcd{Endpoints: t.Endpoints, InsecurePlaintext: t.InsecurePlaintext}
 	if t.TLSSecret != "" {
-		args = append(args,
-			"--cacert="+tlsMountPath+"/ca.crt",
-			"--cert="+tlsMountPath+"/tls.crt",
-			"--key="+tlsMountPath+"/tls.key")
+		e.CACert, e.Cert, e.Key = tlsMountPath+"/ca.crt", tlsMountPath+"/tls.crt", tlsMountPath+"/tls.key"
 		volumes = append(volumes, corev1.Volume{Name: "etcd-tls", VolumeSource: corev1.VolumeSource{
 			// Readable by the agent's group (fsGroup) only.
 			Secret: &corev1.SecretVolumeSource{SecretName: t.TLSSecret, DefaultMode: ptr.To[int32](0o440)},
 		}})
 		mounts = append(mounts, corev1.VolumeMount{Name: "etcd-tls", MountPath: tlsMountPath, ReadOnly: true})
 	}
-	if t.InsecurePlaintext {
-		args = append(args, "--insecure-plaintext")
-	}
-	return args, volumes, mounts
+	return e, volumes, mounts
 }
 
 // agentSecurityContext is the agents' own: uid and gid 65532, not root.
@@ -171,11 +118,23 @@ func agentSecurityContext() *corev1.PodSecurityContext {
 	}
 }
 
-// agentJob is what backup and restore Jobs share; the caller names it and
-// sets its labels.
-func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volumes []corev1.Volume, mounts []corev1.VolumeMount) *batchv1.Job {
-	args = append(args, "--token-file="+TokenPath)
-	args, volumes, mounts = withServerCA(args, volumes, mounts)
+// jobMeta says which run of its kind a Job is: its name and namespace,
+// the run's ID (LabelRun) and the annotations that say what it works on,
+// on the Job and its pod alike.
+type jobMeta struct {
+	name, namespace, run string
+	annotations          map[string]string
+}
+
+// agentJob is the Job of one run of the kind flags are of, shaped by the
+// kind's row of agentjob.Kinds: its labels, how it is retried, its
+// deadline and where its agent's last words are. The agent's container
+// gets flags as its arguments and mounts, besides volumes, its token for
+// the server and the server's CA. A builder adds what its kind alone
+// needs (the label of a scheduled run, the delta agent's pod name).
+func (l *Launcher) agentJob(meta jobMeta, sc *corev1.PodSecurityContext, flags agentjob.Flags, volumes []corev1.Volume, mounts []corev1.VolumeMount) *batchv1.Job {
+	kind := agentjob.Of(flags.Kind())
+	volumes, mounts = withServerCA(volumes, mounts)
 	volumes = append(volumes, corev1.Volume{Name: "etcdbackup-token", VolumeSource: corev1.VolumeSource{
 		Projected: &corev1.ProjectedVolumeSource{
 			// Readable by the agent's group (fsGroup) only.
@@ -198,12 +157,15 @@ func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volume
 	if l.agents.Resources != nil {
 		resources = *l.agents.Resources.DeepCopy()
 	}
-	return &batchv1.Job{
+	lbls := kind.Kind.Labels()
+	lbls[LabelRun] = meta.run
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: meta.name, Namespace: meta.namespace, Labels: lbls, Annotations: meta.annotations},
 		Spec: batchv1.JobSpec{
 			// One attempt: a retry would upload the same backup name again,
 			// or find a restore's half-written data directory. The user (or
-			// the schedule) decides to try again. Backups and drills are
-			// retried only when the pod was disrupted (replacedWhenDisrupted).
+			// the schedule, or the controller) decides to try again. A
+			// long-running kind is restarted in place instead (below).
 			BackoffLimit: ptr.To[int32](0),
 			// Created suspended: sign lets it run once it carries the
 			// server's signature.
@@ -211,6 +173,9 @@ func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volume
 			ActiveDeadlineSeconds:   ptr.To(int64(l.agents.Deadline.Seconds())),
 			TTLSecondsAfterFinished: ptr.To(int32(l.agents.TTLAfterFinished.Seconds())),
 			Template: corev1.PodTemplateSpec{
+				// The pod's own copy: the downward API reads a pod's
+				// annotations, not its Job's.
+				ObjectMeta: metav1.ObjectMeta{Labels: maps.Clone(lbls), Annotations: maps.Clone(meta.annotations)},
 				Spec: corev1.PodSpec{
 					RestartPolicy:                corev1.RestartPolicyNever,
 					ServiceAccountName:           l.agents.ServiceAccount,
@@ -220,7 +185,7 @@ func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volume
 						Name:                     "agent",
 						Image:                    l.agents.Image,
 						ImagePullPolicy:          l.agents.ImagePullPolicy,
-						Args:                     args,
+						Args:                     flags.Args(),
 						VolumeMounts:             mounts,
 						Resources:                resources,
 						TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
@@ -235,4 +200,36 @@ func (l *Launcher) agentJob(sc *corev1.PodSecurityContext, args []string, volume
 			},
 		},
 	}
+	if kind.RetriedWhenDisrupted {
+		// A pod that failed because Kubernetes disrupted it — evicted by
+		// a node drain, preempted, its node gone — does not count against
+		// the one attempt: the Job starts another pod, which takes the
+		// backup or the drill again from the start (an evicted backup
+		// agent's upload was cut off and stored nothing, so its name is
+		// free). Any other failure ends the Job.
+		job.Spec.PodFailurePolicy = &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{
+			Action:          batchv1.PodFailurePolicyActionIgnore,
+			OnPodConditions: []batchv1.PodFailurePolicyOnPodConditionsPattern{{Type: corev1.DisruptionTarget, Status: corev1.ConditionTrue}},
+		}}}
+	}
+	if kind.Restarts > 0 {
+		// Long-running: no deadline, restarted in place when it crashes
+		// (what it stored says where to resume), a few times.
+		job.Spec.ActiveDeadlineSeconds = nil
+		job.Spec.BackoffLimit = ptr.To(kind.Restarts)
+		job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyOnFailure
+	}
+	if kind.Reports {
+		// The report (agentjob.Report) is the termination message; the
+		// agent exits non-zero when its verdict is a failure, so the Job
+		// shows it.
+		job.Spec.Template.Spec.Containers[0].TerminationMessagePolicy = corev1.TerminationMessageReadFile
+	}
+	return job
+}
+
+// conn is how the Launcher's agents reach the server: its agent port,
+// with the pod's token and the server's CA (agentJob mounts both).
+func (l *Launcher) conn() agentjob.Conn {
+	return agentjob.Conn{Server: l.agents.ServerAddress, TokenFile: TokenPath, ServerCA: ServerCAPath}
 }

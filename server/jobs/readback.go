@@ -10,7 +10,8 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 )
 
 // Phase of an agent run.
@@ -97,12 +98,12 @@ func (l *Launcher) stuck(j *batchv1.Job, now time.Time) string {
 	if err != nil {
 		return ""
 	}
-	kind := ClaimsOf(j).Kind
-	switch kind {
-	case KindDelta, KindFold:
-		kind += " (the server starts its agent again by itself)"
-	case "":
+	kind := string(ClaimsOf(j).Kind)
+	switch {
+	case kind == "":
 		kind = "run"
+	case agentjob.Of(agentjob.Kind(kind)).Supervised:
+		kind += " (the server starts its agent again by itself)"
 	}
 	for _, p := range nc.podsOf(j.Name) {
 		if p.Status.Phase != corev1.PodPending || p.DeletionTimestamp != nil || now.Sub(p.CreationTimestamp.Time) < stuckAfter {
@@ -224,6 +225,7 @@ func (l *Launcher) pods(j *batchv1.Job) []*corev1.Pod {
 	return nc.podsOf(j.Name)
 }
 
+// eventTime is when an event (last) happened, whichever API wrote it.
 func eventTime(e *corev1.Event) time.Time {
 	switch {
 	case !e.LastTimestamp.IsZero():
@@ -234,40 +236,48 @@ func eventTime(e *corev1.Event) time.Time {
 	return e.CreationTimestamp.Time
 }
 
-// liveJobs returns the Jobs of sel in the server's namespace that are
-// not being deleted, from the cache; what names them in errors.
-func (l *Launcher) liveJobs(sel labels.Selector, what string) ([]*batchv1.Job, error) {
+// listRuns reads every Job of kind k in the server's namespace that is
+// not being deleted, from the cache, by name: each as a run of type R
+// (read), given its phase and what the phase says. read leaves a Job out
+// by returning false.
+func listRuns[R any](l *Launcher, k agentjob.Kind, read func(j *batchv1.Job, phase Phase, msg string) (R, bool)) ([]R, error) {
 	nc, err := l.watched(l.namespace)
 	if err != nil {
 		return nil, err
 	}
-	list, err := nc.jobList(sel)
+	list, err := nc.jobList(selectorOf(k))
 	if err != nil {
-		return nil, fmt.Errorf("list %s jobs: %w", what, err)
+		return nil, fmt.Errorf("list %s jobs: %w", k, err)
 	}
-	live := list[:0:0]
+	runs := make([]R, 0, len(list))
 	for _, j := range list {
-		if j.DeletionTimestamp == nil {
-			live = append(live, j)
+		if j.DeletionTimestamp != nil {
+			continue
+		}
+		phase, msg := l.phase(j)
+		if r, ok := read(j, phase, msg); ok {
+			runs = append(runs, r)
 		}
 	}
-	return live, nil
+	return runs, nil
 }
 
-// terminationJSON decodes into v the JSON termination message a
-// container of one of j's pods wrote (a drill's or a fold's verdict, a
-// delta agent's chain end), and says whether one did.
-func (l *Launcher) terminationJSON(j *batchv1.Job, v any) bool {
+// reportOf is the report (agentjob.Report) the agent of j wrote as its
+// container's JSON termination message: a drill's or a fold's verdict,
+// a delta agent's chain end. Nil when it wrote none (it could not run,
+// or reached no verdict).
+func reportOf[R any](l *Launcher, j *batchv1.Job) *R {
 	for _, p := range l.pods(j) {
 		for _, cs := range p.Status.ContainerStatuses {
 			t := cs.State.Terminated
 			if t == nil || !strings.HasPrefix(strings.TrimSpace(t.Message), "{") {
 				continue
 			}
-			if err := json.Unmarshal([]byte(t.Message), v); err == nil {
-				return true
+			var r R
+			if err := json.Unmarshal([]byte(t.Message), &r); err == nil {
+				return &r
 			}
 		}
 	}
-	return false
+	return nil
 }

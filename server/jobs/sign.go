@@ -21,6 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 )
 
 // Agent Jobs are vouched for by the server: after creating one it
@@ -99,20 +101,13 @@ func LoadSigner(ctx context.Context, client kubernetes.Interface, namespace stri
 	return signer, nil
 }
 
-// Kinds of agent Job, as JobClaims name them.
-const (
-	KindBackup  = "backup"
-	KindRestore = "restore"
-	KindDrill   = "drill"
-)
-
 // JobClaims is what a Job's signature vouches for.
 type JobClaims struct {
 	Namespace, Name string
 	UID             types.UID
-	// Kind is KindBackup, KindRestore, KindDrill, KindDelta or KindFold
-	// (from the component label).
-	Kind                     string
+	// Kind is the row of agentjob.Kinds whose component label the Job
+	// carries; "" for none.
+	Kind                     agentjob.Kind
 	Backup, Location, Target string
 	// SHA256 is the backup a restore or drill Job reads; "" for backups.
 	SHA256 string
@@ -145,20 +140,11 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 	if segs, ok := j.Annotations[AnnotationDeltaSegments]; ok {
 		c.Segments = segmentsDigest(segs)
 	}
-	if j.Labels[LabelComponent] == ComponentFold {
-		c.FoldInputs = j.Annotations[AnnotationFoldInputs]
+	if k, ok := agentjob.OfComponent(j.Labels[LabelComponent]); ok {
+		c.Kind = k.Kind
 	}
-	switch j.Labels[LabelComponent] {
-	case componentBackup:
-		c.Kind = KindBackup
-	case componentRestore:
-		c.Kind = KindRestore
-	case ComponentDrill:
-		c.Kind = KindDrill
-	case ComponentDelta:
-		c.Kind = KindDelta
-	case ComponentFold:
-		c.Kind = KindFold
+	if c.Kind == KindFold {
+		c.FoldInputs = j.Annotations[AnnotationFoldInputs]
 	}
 	return c
 }
@@ -167,7 +153,7 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 // strings, whose encoding of each element is unambiguous.
 func (c JobClaims) canonical() []byte {
 	fields := []string{
-		signatureDomain, c.Namespace, c.Name, string(c.UID), c.Kind,
+		signatureDomain, c.Namespace, c.Name, string(c.UID), string(c.Kind),
 		c.Backup, c.Location, c.Target, c.SHA256, strconv.FormatBool(c.Scheduled),
 	}
 	// Only a restore to a point says more, so that Jobs signed before
