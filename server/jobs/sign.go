@@ -9,11 +9,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strconv"
-	"time"
 
-	"golang.org/x/time/rate"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -39,7 +36,7 @@ const (
 	// SigningKeySecret is the Secret, in the server's namespace, that
 	// holds the key (data key SigningKeyField), so that Jobs signed before
 	// a restart are recognised after it.
-	SigningKeySecret = "etcdbackup-job-signing-key"
+	SigningKeySecret = agentjob.SigningKeySecret
 	// SigningKeyField is the Secret's data key.
 	SigningKeyField = "key"
 	// signingKeySize is the key's length in bytes.
@@ -237,31 +234,6 @@ func (l *Launcher) RefreshSigningKey(ctx context.Context) (bool, error) {
 	}
 	l.signer.Store(s)
 	return true, nil
-}
-
-// FollowSigningKey calls RefreshSigningKey every interval until ctx ends,
-// logging a change and an error (at most once a minute).
-func (l *Launcher) FollowSigningKey(ctx context.Context, interval time.Duration, log *slog.Logger) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	failing := rate.Sometimes{Interval: time.Minute}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		changed, err := l.RefreshSigningKey(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			failing.Do(func() {
-				log.Warn("cannot read the Job-signing key again; the one in force is kept", "error", err.Error())
-			})
-		case changed:
-			log.Warn("the Job-signing key changed (Secret "+SigningKeySecret+" was replaced, or removed by a restore of this cluster and made anew): agent Jobs signed before are refused from now on",
-				"namespace", l.namespace)
-		}
-	}
 }
 
 // Signer is what signs and checks the Launcher's Jobs.
