@@ -64,7 +64,7 @@ type commands struct {
 func (c commands) root() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "etcdbackup-agent",
-		Short:         "Backup and restore agent of kubectl-etcdbackup",
+		Short:         "The agents of kubectl-etcdbackup, one command per kind: backup, restore, drill, delta and fold",
 		Version:       version.Version,
 		SilenceUsage:  true,
 		SilenceErrors: true,

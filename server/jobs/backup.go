@@ -57,7 +57,7 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 	mounts := []corev1.VolumeMount{{Name: "work", MountPath: workMountPath}}
 	flags.Etcd, volumes, mounts = etcdAccess(t, volumes, mounts)
 	job := l.agentJob(jobMeta{
-		name: backupJobName(spec.Location, spec.Name), namespace: l.namespace, run: runID(spec.Location, spec.Name),
+		name: backupJobName(spec.Location, spec.Name), namespace: l.namespaceOf(KindBackup, t), run: runID(spec.Location, spec.Name),
 		annotations: map[string]string{AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name},
 	}, agentSecurityContext(), flags, volumes, mounts)
 	if spec.Scheduled {

@@ -58,7 +58,7 @@ func (l *Launcher) deltaJob(spec DeltaSpec) *batchv1.Job {
 	var mounts []corev1.VolumeMount
 	flags.Etcd, volumes, mounts = etcdAccess(t, volumes, mounts)
 	job := l.agentJob(jobMeta{
-		name: deltaJobName(t.Name, spec.Chain), namespace: l.namespace, run: runID("delta", t.Name, spec.Chain),
+		name: deltaJobName(t.Name, spec.Chain), namespace: l.namespaceOf(KindDelta, t), run: runID("delta", t.Name, spec.Chain),
 		annotations: map[string]string{AnnotationBackup: spec.Chain, AnnotationLocation: spec.Location, AnnotationTarget: t.Name},
 	}, agentSecurityContext(), flags, volumes, mounts)
 	pod := &job.Spec.Template.Spec

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
 
 // DrillSpec is one backup to drill.
@@ -52,7 +53,7 @@ func (l *Launcher) drillJob(spec DrillSpec) *batchv1.Job {
 		volumes, mounts = append(volumes, v), append(mounts, m)
 	}
 	job := l.agentJob(jobMeta{
-		name: drillJobName(spec.Location, spec.Backup), namespace: l.namespace, run: runID("drill", spec.Location, spec.Backup),
+		name: drillJobName(spec.Location, spec.Backup), namespace: l.namespaceOf(KindDrill, config.Target{Name: spec.Target}), run: runID("drill", spec.Location, spec.Backup),
 		annotations: map[string]string{
 			AnnotationBackup: spec.Backup, AnnotationLocation: spec.Location, AnnotationTarget: spec.Target, AnnotationSHA256: spec.SHA256,
 		},

@@ -170,7 +170,7 @@ func (l *Launcher) foldJob(spec FoldSpec) (*batchv1.Job, error) {
 	// The pod's annotations carry the inputs too (agentJob copies them):
 	// the downward API reads the pod's, not the Job's.
 	job := l.agentJob(jobMeta{
-		name: foldJobName(spec.Location, spec.Backup), namespace: l.namespace, run: runID("fold", spec.Location, spec.Backup),
+		name: foldJobName(spec.Location, spec.Backup), namespace: l.namespaceOf(KindFold, t), run: runID("fold", spec.Location, spec.Backup),
 		annotations: map[string]string{
 			AnnotationBackup: spec.Backup, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
 			AnnotationFoldInputs: string(inputs),

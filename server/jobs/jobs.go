@@ -18,8 +18,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -27,7 +25,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
@@ -35,15 +32,19 @@ import (
 
 // Labels and annotations on the Jobs this package creates.
 const (
-	LabelComponent     = agentjob.LabelComponent
-	LabelManagedBy     = agentjob.LabelManagedBy
-	LabelRun           = "etcdbackup.io/run"
+	LabelComponent = agentjob.LabelComponent
+	LabelManagedBy = agentjob.LabelManagedBy
+	// labelRun is the run's ID (a hash of what it works on), on every
+	// agent Job and its pod.
+	labelRun           = "etcdbackup.io/run"
 	AnnotationBackup   = "etcdbackup.io/backup"
 	AnnotationLocation = "etcdbackup.io/location"
 	AnnotationTarget   = "etcdbackup.io/target"
-	// AnnotationSHA256 pins a restore Job to the content it restores.
+	// AnnotationSHA256 pins a restore or drill Job to the content it
+	// reads (agentjob.Spec.PinsBackup).
 	AnnotationSHA256 = "etcdbackup.io/sha256"
-	// LabelScheduled marks the Job of a scheduled backup ("true").
+	// LabelScheduled marks the Job of a scheduled backup or drill
+	// ("true").
 	LabelScheduled = "etcdbackup.io/scheduled"
 	// AnnotationCounted marks a finished Job whose outcome the server has
 	// counted in its metrics, so a restarted server does not count it
@@ -103,7 +104,8 @@ const (
 // events from informers' caches (Start; see cache.go).
 type Launcher struct {
 	client kubernetes.Interface
-	// namespace is the server's own; backup Jobs are created there.
+	// namespace is the server's own, where every kind of agent Job but
+	// restores runs (agentjob.Spec.InRestoreNamespace).
 	namespace string
 	agents    config.Agents
 	startMu   sync.Mutex
@@ -135,28 +137,9 @@ func New(client kubernetes.Interface, namespace string, agents config.Agents) (*
 	return l, nil
 }
 
-// NewInCluster returns a Launcher that talks to the API server with the
-// pod's service account; namespace "" is the pod's own.
-func NewInCluster(namespace string, agents config.Agents) (*Launcher, error) {
-	if namespace == "" {
-		b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-		if err != nil {
-			return nil, errors.New("agents are configured but the server's namespace is unknown: set --namespace or POD_NAMESPACE")
-		}
-		namespace = strings.TrimSpace(string(b))
-	}
-	rc, err := rest.InClusterConfig()
-	if err != nil {
-		return nil, fmt.Errorf("agents are configured, so the server needs the Kubernetes API: %w", err)
-	}
-	kc, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("agents: Kubernetes client: %w", err)
-	}
-	return New(kc, namespace, agents)
-}
-
-// ErrRunning is returned when an agent for that backup is still running.
+// ErrRunning is returned when the agent of the same run (of any kind:
+// the same backup, drill, chain, fold or member's restore) is still
+// running.
 var ErrRunning = errors.New("a backup agent for this backup is still running")
 
 // CheckTarget verifies that what the target's Job would mount exists.

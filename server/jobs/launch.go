@@ -119,7 +119,7 @@ func agentSecurityContext() *corev1.PodSecurityContext {
 }
 
 // jobMeta says which run of its kind a Job is: its name and namespace,
-// the run's ID (LabelRun) and the annotations that say what it works on,
+// the run's ID (labelRun) and the annotations that say what it works on,
 // on the Job and its pod alike.
 type jobMeta struct {
 	name, namespace, run string
@@ -158,7 +158,7 @@ func (l *Launcher) agentJob(meta jobMeta, sc *corev1.PodSecurityContext, flags a
 		resources = *l.agents.Resources.DeepCopy()
 	}
 	lbls := kind.Kind.Labels()
-	lbls[LabelRun] = meta.run
+	lbls[labelRun] = meta.run
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: meta.name, Namespace: meta.namespace, Labels: lbls, Annotations: meta.annotations},
 		Spec: batchv1.JobSpec{
@@ -226,6 +226,16 @@ func (l *Launcher) agentJob(meta jobMeta, sc *corev1.PodSecurityContext, flags a
 		job.Spec.Template.Spec.Containers[0].TerminationMessagePolicy = corev1.TerminationMessageReadFile
 	}
 	return job
+}
+
+// namespaceOf is where the Jobs of kind k for target t run: the
+// namespace t's restores run in for a kind that runs beside the members
+// (agentjob.Spec.InRestoreNamespace), else the server's own.
+func (l *Launcher) namespaceOf(k agentjob.Kind, t config.Target) string {
+	if agentjob.Of(k).InRestoreNamespace {
+		return l.RestoreNamespace(t)
+	}
+	return l.namespace
 }
 
 // conn is how the Launcher's agents reach the server: its agent port,

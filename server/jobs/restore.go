@@ -55,9 +55,9 @@ const (
 	// args, so the pod reads it as a file (segmentsMountPath) through the
 	// downward API, and the agent port lets the Job download exactly these.
 	AnnotationDeltaSegments = "etcdbackup.io/delta-segments"
-	// MaxSegmentsBytes bounds AnnotationDeltaSegments: all of an object's
+	// maxSegmentsBytes bounds AnnotationDeltaSegments: all of an object's
 	// annotations together may take 256 KiB, and the Job carries others.
-	MaxSegmentsBytes = 200 << 10
+	maxSegmentsBytes = 200 << 10
 
 	// segmentsMountPath is where the downward API shows the segment list.
 	segmentsMountPath = "/etc/etcdbackup/delta-segments"
@@ -85,8 +85,8 @@ func EncodeSegments(segs []SegmentPin) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if len(b) > MaxSegmentsBytes {
-		return "", fmt.Errorf("%w: %d segments take %d bytes, at most %d fit", ErrTooManySegments, len(segs), len(b), MaxSegmentsBytes)
+	if len(b) > maxSegmentsBytes {
+		return "", fmt.Errorf("%w: %d segments take %d bytes, at most %d fit", ErrTooManySegments, len(segs), len(b), maxSegmentsBytes)
 	}
 	return string(b), nil
 }
@@ -295,7 +295,8 @@ func RestoreJobName(location, name, target, member string) string {
 // running, nothing is created and ErrRunning is returned. Whether one
 // runs is asked of the API, not the cache: it decides deletes.
 func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batchv1.Job, error) {
-	jobs := l.client.BatchV1().Jobs(l.RestoreNamespace(spec.Target))
+	ns := l.namespaceOf(KindRestore, spec.Target)
+	jobs := l.client.BatchV1().Jobs(ns)
 	var want []*batchv1.Job
 	for _, m := range spec.Target.Members {
 		j, err := l.restoreJob(spec, m)
@@ -318,7 +319,7 @@ func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batch
 		}
 		old[j.Name] = o
 	}
-	if err := l.ensureServerCA(ctx, l.RestoreNamespace(spec.Target)); err != nil {
+	if err := l.ensureServerCA(ctx, ns); err != nil {
 		return nil, err
 	}
 	var out []*batchv1.Job
@@ -359,7 +360,7 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) (*batchv1.Job, 
 		maps.Copy(ann, point)
 	}
 	job := l.agentJob(jobMeta{
-		name: RestoreJobName(spec.Location, spec.Name, t.Name, m.Name), namespace: l.RestoreNamespace(t),
+		name: RestoreJobName(spec.Location, spec.Name, t.Name, m.Name), namespace: l.namespaceOf(KindRestore, t),
 		run: runID(spec.Location, spec.Name, t.Name, m.Name), annotations: ann,
 	}, restoreSecurityContext(t), pod.flags, pod.volumes, pod.mounts)
 	job.Spec.Template.Spec.NodeName = m.NodeName

@@ -179,10 +179,10 @@ func (s *Signer) Sign(c JobClaims) string {
 	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
 }
 
-// ErrUnsigned and ErrBadSignature are Verify's refusals.
+// errUnsigned and errBadSignature are Verify's refusals.
 var (
-	ErrUnsigned     = errors.New("the Job carries no " + AnnotationSignature + " annotation: the server did not create it")
-	ErrBadSignature = errors.New("the Job's " + AnnotationSignature + " annotation does not match what the Job says it is (its namespace, name, UID, kind, backup, location, target, SHA-256, point and delta segments): the server did not create it as it is")
+	errUnsigned     = errors.New("the Job carries no " + AnnotationSignature + " annotation: the server did not create it")
+	errBadSignature = errors.New("the Job's " + AnnotationSignature + " annotation does not match what the Job says it is (its namespace, name, UID, kind, backup, location, target, SHA-256, point and delta segments): the server did not create it as it is")
 )
 
 // Verify checks that j carries the server's signature of what it says
@@ -190,16 +190,16 @@ var (
 func (s *Signer) Verify(j *batchv1.Job) error {
 	got := j.Annotations[AnnotationSignature]
 	if got == "" {
-		return ErrUnsigned
+		return errUnsigned
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(got)
 	if err != nil {
-		return ErrBadSignature
+		return errBadSignature
 	}
 	mac := hmac.New(sha256.New, s.key)
 	mac.Write(ClaimsOf(j).canonical())
 	if !hmac.Equal(sig, mac.Sum(nil)) {
-		return ErrBadSignature
+		return errBadSignature
 	}
 	return nil
 }
