@@ -61,6 +61,14 @@ func (a *Agent) Downloads() bool { return a.spec().Downloads }
 // agents, only their chain's segments.
 func (a *Agent) Uploads() bool { return a.spec().Uploads }
 
+// The kinds that may upload, download and hold a delta Lease, named for
+// messages.
+var (
+	uploaders    = kindsThat(func(k agentjob.Spec) bool { return k.Uploads })
+	downloaders  = kindsThat(func(k agentjob.Spec) bool { return k.Downloads })
+	deltaWriters = kindsThat(func(k agentjob.Spec) bool { return k.DeltaWriter })
+)
+
 // kindsThat names the kinds of agent whose row has can, for messages:
 // "backup, delta and fold".
 func kindsThat(can func(agentjob.Spec) bool) string { return kindList("and", can) }
@@ -116,7 +124,7 @@ type Agent struct {
 // lists.
 func (a *Agent) MayDownload(name, location string) (string, error) {
 	if !a.Downloads() {
-		return "", status.Errorf(codes.PermissionDenied, "%s may not download: only %s agents may", a, kindsThat(func(k agentjob.Spec) bool { return k.Downloads }))
+		return "", status.Errorf(codes.PermissionDenied, "%s may not download: only %s agents may", a, downloaders)
 	}
 	if location != a.Location {
 		return "", status.Errorf(codes.PermissionDenied, "%s may download only from location %q, not %q", a, a.Location, location)
@@ -241,8 +249,7 @@ func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Cont
 	default:
 		return nil, status.Errorf(codes.PermissionDenied,
 			"%s: the agent port serves only UploadBackup (%s agents), DownloadBackup (%s agents), GetBackup, GetDeltaLease and PutDeltaLease (%s agents) and GetServerInfo; users reach the server through `kubectl etcdbackup` (port-forward)",
-			fullMethod, kindsThat(func(k agentjob.Spec) bool { return k.Uploads }), kindsThat(func(k agentjob.Spec) bool { return k.Downloads }),
-			kindsThat(func(k agentjob.Spec) bool { return k.DeltaWriter }))
+			fullMethod, uploaders, downloaders, deltaWriters)
 	}
 	token, err := BearerToken(ctx)
 	if err != nil {
@@ -273,17 +280,13 @@ func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Cont
 	kind := a.spec()
 	switch {
 	case fullMethod == MethodUploadBackup && !kind.Uploads:
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents may upload", a.JobNamespace, a.JobName, a.Kind,
-			kindsThat(func(k agentjob.Spec) bool { return k.Uploads }))
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents may upload", a.JobNamespace, a.JobName, a.Kind, uploaders)
 	case fullMethod == MethodGetBackup && !kind.DeltaWriter:
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents may read a backup's record", a.JobNamespace, a.JobName, a.Kind,
-			kindsThat(func(k agentjob.Spec) bool { return k.DeltaWriter }))
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents may read a backup's record", a.JobNamespace, a.JobName, a.Kind, deltaWriters)
 	case (fullMethod == MethodGetDeltaLease || fullMethod == MethodPutDeltaLease) && !kind.DeltaWriter:
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents hold a delta Lease", a.JobNamespace, a.JobName, a.Kind,
-			kindsThat(func(k agentjob.Spec) bool { return k.DeltaWriter }))
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents hold a delta Lease", a.JobNamespace, a.JobName, a.Kind, deltaWriters)
 	case fullMethod == MethodDownloadBackup && !kind.Downloads:
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents may download", a.JobNamespace, a.JobName, a.Kind,
-			kindsThat(func(k agentjob.Spec) bool { return k.Downloads }))
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents may download", a.JobNamespace, a.JobName, a.Kind, downloaders)
 	}
 	return WithAgent(ctx, a), nil
 }

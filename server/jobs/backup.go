@@ -41,7 +41,7 @@ func backupJobName(location, backup string) string {
 // StartBackup creates the agent Job for spec. A finished, failed Job of the
 // same backup is replaced; a running one gives ErrRunning.
 func (l *Launcher) StartBackup(ctx context.Context, spec BackupSpec) (*batchv1.Job, error) {
-	return l.start(ctx, l.backupJob(spec), KindBackup)
+	return l.start(ctx, l.backupJob(spec))
 }
 func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 	t := spec.Target

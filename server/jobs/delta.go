@@ -45,7 +45,7 @@ func deltaJobName(target, chain string) string {
 // chain replaces it) or its chain ends; a crashed agent is restarted in
 // its pod, and resumes where the stored chain ends.
 func (l *Launcher) StartDelta(ctx context.Context, spec DeltaSpec) (*batchv1.Job, error) {
-	return l.start(ctx, l.deltaJob(spec), KindDelta)
+	return l.start(ctx, l.deltaJob(spec))
 }
 
 func (l *Launcher) deltaJob(spec DeltaSpec) *batchv1.Job {

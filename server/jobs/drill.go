@@ -40,7 +40,7 @@ func (l *Launcher) StartDrill(ctx context.Context, spec DrillSpec) (*batchv1.Job
 			return nil, err
 		}
 	}
-	return l.start(ctx, l.drillJob(spec), KindDrill)
+	return l.start(ctx, l.drillJob(spec))
 }
 
 func (l *Launcher) drillJob(spec DrillSpec) *batchv1.Job {

@@ -129,7 +129,7 @@ func (l *Launcher) StartFold(ctx context.Context, spec FoldSpec) (*batchv1.Job, 
 	if err != nil {
 		return nil, err
 	}
-	return l.start(ctx, job, KindFold)
+	return l.start(ctx, job)
 }
 
 func (l *Launcher) foldJob(spec FoldSpec) (*batchv1.Job, error) {

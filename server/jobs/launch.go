@@ -33,7 +33,7 @@ func selectorOf(k agentjob.Kind) labels.Selector { return labels.SelectorFromSet
 // start creates job, signs it and waits for the cache to see it signed.
 // A finished Job of the same name (an earlier attempt that ended
 // without a result) is replaced; a running one gives ErrRunning.
-func (l *Launcher) start(ctx context.Context, job *batchv1.Job, kind agentjob.Kind) (*batchv1.Job, error) {
+func (l *Launcher) start(ctx context.Context, job *batchv1.Job) (*batchv1.Job, error) {
 	jobs := l.client.BatchV1().Jobs(job.Namespace)
 	made, err := jobs.Create(ctx, job, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {
@@ -51,7 +51,7 @@ func (l *Launcher) start(ctx context.Context, job *batchv1.Job, kind agentjob.Ki
 		made, err = l.createWhenGone(ctx, job)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("create %s job: %w", kind, err)
+		return nil, fmt.Errorf("create %s job: %w", ClaimsOf(job).Kind, err)
 	}
 	if made, err = l.sign(ctx, made); err != nil {
 		return nil, err
