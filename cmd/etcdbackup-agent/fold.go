@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/fold"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 )
 
@@ -80,21 +80,21 @@ func (c commands) fold() *cobra.Command {
 	return cmd
 }
 
-// readInputs reads and checks the chain to fold.
+// readInputs reads and checks the chain to fold, as the server wrote
+// it (agentjob.FoldInputs).
 func readInputs(path string) (fold.Inputs, error) {
-	var in fold.Inputs
 	f, err := os.Open(path)
 	if err != nil {
-		return in, fmt.Errorf("--inputs-file: %w", err)
+		return fold.Inputs{}, fmt.Errorf("--inputs-file: %w", err)
 	}
 	defer f.Close()
-	dec := json.NewDecoder(&limitedReader{f: f, left: maxInputsBytes})
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		return in, fmt.Errorf("--inputs-file %s: not the chain to fold: %w", path, err)
+	chain, err := agentjob.DecodeFoldInputs(&limitedReader{f: f, left: maxInputsBytes})
+	if err != nil {
+		return fold.Inputs{}, fmt.Errorf("--inputs-file %s: not the chain to fold: %w", path, err)
 	}
-	if err := in.Validate(); err != nil {
-		return in, fmt.Errorf("--inputs-file %s: %w", path, err)
+	in := fold.Inputs{Full: restore.SegmentRef(chain.Full), ToRevision: chain.ToRevision}
+	for _, s := range chain.Segments {
+		in.Segments = append(in.Segments, restore.SegmentRef(s))
 	}
 	return in, nil
 }

@@ -52,9 +52,13 @@ func restoreDeltas(f agentjob.RestoreFlags) (*restore.Deltas, error) {
 	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != f.SegmentsSHA256 {
 		return nil, fmt.Errorf("--segments-file %s is not the segment list this Job was started with (its SHA-256 differs from --segments-sha256; the pod's annotation was edited?); nothing was restored, start the restore again", f.SegmentsFile)
 	}
-	var segs []restore.SegmentRef
-	if err := json.Unmarshal(b, &segs); err != nil {
+	var pins []agentjob.Ref
+	if err := json.Unmarshal(b, &pins); err != nil {
 		return nil, fmt.Errorf("--segments-file %s: %w", f.SegmentsFile, err)
+	}
+	segs := make([]restore.SegmentRef, 0, len(pins))
+	for _, s := range pins {
+		segs = append(segs, restore.SegmentRef(s))
 	}
 	return &restore.Deltas{Segments: segs, Point: p, AllowLeaseLoss: f.AllowLeaseLoss}, nil
 }

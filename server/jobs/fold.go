@@ -3,7 +3,6 @@ package jobs
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -23,12 +22,12 @@ import (
 // API mounts, and the server lets the agent download exactly these.
 const AnnotationFoldInputs = "etcdbackup.io/fold-inputs"
 
-// MaxFoldSegments is the most segments one fold Job reads: the inputs
-// annotation (about 150 bytes a segment) stays well within the 256 KiB
-// a Job's annotations may hold.
-const MaxFoldSegments = 1000
+// MaxFoldSegments is the most segments one fold Job reads
+// (agentjob.MaxFoldSegments).
+const MaxFoldSegments = agentjob.MaxFoldSegments
 
-// foldInputsPath is where the inputs annotation appears in the agent.
+// foldInputsDir and foldInputsFile are where the inputs annotation
+// appears in the agent.
 const (
 	foldInputsDir  = "/etc/etcdbackup/fold"
 	foldInputsFile = "inputs.json"
@@ -36,60 +35,19 @@ const (
 
 // FoldRef is a stored backup or segment a fold reads, and the SHA-256 it
 // must have.
-type FoldRef struct {
-	Name   string `json:"name"`
-	SHA256 string `json:"sha256"`
-}
+type FoldRef = agentjob.Ref
 
-// FoldInputs is the chain a fold Job replays (agents/fold.Inputs, the
-// same JSON).
-type FoldInputs struct {
-	Full       FoldRef   `json:"full"`
-	Segments   []FoldRef `json:"segments"`
-	ToRevision int64     `json:"toRevision"`
-}
+// FoldInputs is the chain a fold Job replays, as its AnnotationFoldInputs
+// holds it and its agent reads it.
+type FoldInputs = agentjob.FoldInputs
 
 // ParseFoldInputs reads AnnotationFoldInputs' value and checks it.
 func ParseFoldInputs(s string) (FoldInputs, error) {
-	var in FoldInputs
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		return in, fmt.Errorf("annotation %s: %w", AnnotationFoldInputs, err)
-	}
-	if err := in.validate(); err != nil {
+	in, err := agentjob.DecodeFoldInputs(strings.NewReader(s))
+	if err != nil {
 		return in, fmt.Errorf("annotation %s: %w", AnnotationFoldInputs, err)
 	}
 	return in, nil
-}
-
-func (in FoldInputs) validate() error {
-	switch {
-	case in.Full.Name == "" || in.Full.SHA256 == "":
-		return errors.New("no full backup pinned to its SHA-256")
-	case len(in.Segments) == 0:
-		return errors.New("no delta segments")
-	case len(in.Segments) > MaxFoldSegments:
-		return fmt.Errorf("%d delta segments, more than one fold reads (%d)", len(in.Segments), MaxFoldSegments)
-	case in.ToRevision <= 0:
-		return fmt.Errorf("revision %d to fold to", in.ToRevision)
-	}
-	for _, s := range in.Segments {
-		if s.Name == "" || s.SHA256 == "" {
-			return fmt.Errorf("delta segment %q is not pinned to a SHA-256", s.Name)
-		}
-	}
-	return nil
-}
-
-// Pins maps every backup and segment the inputs name to its SHA-256.
-func (in FoldInputs) Pins() map[string]string {
-	m := make(map[string]string, len(in.Segments)+1)
-	m[in.Full.Name] = in.Full.SHA256
-	for _, s := range in.Segments {
-		m[s.Name] = s.SHA256
-	}
-	return m
 }
 
 // FoldSpec is one chain to fold into Backup, a new full backup of Target
@@ -133,7 +91,7 @@ func (l *Launcher) StartFold(ctx context.Context, spec FoldSpec) (*batchv1.Job, 
 }
 
 func (l *Launcher) foldJob(spec FoldSpec) (*batchv1.Job, error) {
-	if err := spec.Inputs.validate(); err != nil {
+	if err := spec.Inputs.Validate(); err != nil {
 		return nil, fmt.Errorf("fold of chain %q: %w", spec.Inputs.Full.Name, err)
 	}
 	inputs, err := json.Marshal(spec.Inputs)

@@ -65,12 +65,9 @@ const (
 )
 
 // SegmentPin is one delta segment a restore to a point replays: the
-// agent downloads only this content under this name. Its JSON is what
-// etcdbackup-agent restore --segments-file reads.
-type SegmentPin struct {
-	Name   string `json:"name"`
-	SHA256 string `json:"sha256"`
-}
+// agent downloads only this content under this name. A JSON list of
+// them is what etcdbackup-agent restore --segments-file reads.
+type SegmentPin = agentjob.Ref
 
 // ErrTooManySegments is EncodeSegments' refusal of a list that does not
 // fit in an annotation.
