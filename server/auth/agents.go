@@ -71,15 +71,15 @@ var (
 
 // kindsThat names the kinds of agent whose row has can, for messages:
 // "backup, delta and fold".
-func kindsThat(can func(agentjob.Spec) bool) string { return kindList("and", can) }
+func kindsThat(can func(agentjob.Spec) bool) string { return kindList("and", "", can) }
 
-// kindList names the kinds of agent whose row has can, the last two
-// joined by conj.
-func kindList(conj string, can func(agentjob.Spec) bool) string {
+// kindList names the kinds of agent whose row has can, each followed by
+// suffix, the last two joined by conj.
+func kindList(conj, suffix string, can func(agentjob.Spec) bool) string {
 	var names []string
 	for _, k := range agentjob.Kinds {
 		if can(k) {
-			names = append(names, string(k.Kind))
+			names = append(names, string(k.Kind)+suffix)
 		}
 	}
 	if len(names) < 2 {
@@ -124,7 +124,8 @@ type Agent struct {
 // lists.
 func (a *Agent) MayDownload(name, location string) (string, error) {
 	if !a.Downloads() {
-		return "", status.Errorf(codes.PermissionDenied, "%s may not download: only %s agents may", a, downloaders)
+		return "", status.Errorf(codes.PermissionDenied, "%s may not download: only %s may", a,
+			kindList("and", " agents", func(k agentjob.Spec) bool { return k.Downloads }))
 	}
 	if location != a.Location {
 		return "", status.Errorf(codes.PermissionDenied, "%s may download only from location %q, not %q", a, a.Location, location)
@@ -426,7 +427,7 @@ func (g *AgentGuard) checkKind(name string, job *batchv1.Job, c jobs.JobClaims, 
 	kind, ok := agentjob.OfComponent(job.Labels[jobs.LabelComponent])
 	if !ok || kind.Kind != c.Kind {
 		return status.Errorf(codes.PermissionDenied, "Job %s is not a %s agent (label %s=%q)", name,
-			kindList("or", func(agentjob.Spec) bool { return true }), jobs.LabelComponent, job.Labels[jobs.LabelComponent])
+			kindList("or", "", func(agentjob.Spec) bool { return true }), jobs.LabelComponent, job.Labels[jobs.LabelComponent])
 	}
 	a.Kind = string(kind.Kind)
 	switch {
