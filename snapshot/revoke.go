@@ -13,15 +13,17 @@ import (
 	"go.etcd.io/etcd/server/v3/storage/backend"
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
 	"go.uber.org/zap"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 )
 
 // ServerKeySecrets are the Secrets in which the data server keeps what its
 // trust rests on: the key that signs agent Jobs and the agent port's CA
-// (server/jobs.SigningKeySecret, server/agenttls.SecretName). They are
+// (agentjob.SigningKeySecret, agentjob.AgentCASecret). They are
 // in every backup of the cluster the server runs in, so a restore of that
 // cluster brings back keys every holder of a backup has had: a restore
 // removes them (RevokeServerKeys) and the server makes new ones.
-var ServerKeySecrets = []string{"etcdbackup-job-signing-key", "etcdbackup-agent-ca"}
+var ServerKeySecrets = []string{agentjob.SigningKeySecret, agentjob.AgentCASecret}
 
 // secretsPrefix is where kube-apiserver keeps Secrets (its default
 // --etcd-prefix, /registry).

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
@@ -52,29 +53,16 @@ type Options struct {
 	StartTimeout time.Duration
 }
 
-// Result is a drill's finding, as the server records it in the backup's
-// manifest (status.verification).
-type Result struct {
-	// Succeeded is true when the restored member answered and every
-	// recorded fact matched.
-	Succeeded bool `json:"succeeded"`
-	// NoVerdict is true when the drill learned nothing about the backup
-	// (it could not be decrypted here, the server did not serve it, the
-	// scratch space failed): Message says what to fix.
-	NoVerdict bool `json:"noVerdict,omitempty"`
-	// Revision, Keys and HashKV are what the restored member answered
-	// (zero when it was not reached).
-	Revision int64  `json:"revision"`
-	Keys     int64  `json:"keys"`
-	HashKV   uint32 `json:"hashKV"`
-	// Message says what was compared, or why the drill failed and what
-	// that means.
-	Message string `json:"message"`
-	// Duration is the drill's wall time, download included.
-	Duration time.Duration `json:"duration"`
+// Result is a drill's finding, as the agent reports it to the server
+// (its termination message), which records it in the backup's manifest
+// (status.verification).
+type Result = agentjob.DrillVerdict
 
-	// compacted is the compact revision the restored member's HashKV
-	// started from (0: never compacted).
+// measured is what the restored member answered: the finding so far,
+// and the compact revision its HashKV started from (0: never compacted),
+// which compare needs and the server does not.
+type measured struct {
+	Result
 	compacted int64
 }
 
@@ -202,7 +190,7 @@ func scratchProblem(err error) Result {
 // first (ask); when it cannot be (the snapshot was taken after a later
 // compaction), revision and keys are compared and the message says why
 // HashKV was not.
-func compare(want *ebv1.EtcdInfo, got Result) (string, bool) {
+func compare(want *ebv1.EtcdInfo, got measured) (string, bool) {
 	switch {
 	case got.Revision != want.GetRevision():
 		return fmt.Sprintf("the restored member is at revision %d, the backup recorded %d: the snapshot is not the one its manifest describes (replaced in storage?); do not restore it", got.Revision, want.GetRevision()), false
@@ -242,10 +230,10 @@ func restoreAndCheck(ctx context.Context, path, dataDir string, want *ebv1.EtcdI
 func check(ctx context.Context, c *clientv3.Client, endpoint string, want *ebv1.EtcdInfo) (Result, error) {
 	got, err := ask(ctx, c, endpoint, want)
 	if err != nil {
-		return got, err
+		return got.Result, err
 	}
 	got.Message, got.Succeeded = compare(want, got)
-	return got, nil
+	return got.Result, nil
 }
 
 // ask reads the restored member's revision, its number of keys at the
@@ -253,13 +241,13 @@ func check(ctx context.Context, c *clientv3.Client, endpoint string, want *ebv1.
 // --count-only` and `endpoint hashkv --rev` would print. A member
 // compacted below the revision the cluster's HashKV started from is
 // compacted there first, so that both hash the same history.
-func ask(ctx context.Context, c *clientv3.Client, endpoint string, want *ebv1.EtcdInfo) (Result, error) {
+func ask(ctx context.Context, c *clientv3.Client, endpoint string, want *ebv1.EtcdInfo) (measured, error) {
 	rev := want.GetRevision()
 	head, err := c.Get(ctx, "\x00", clientv3.WithCountOnly())
 	if err != nil {
-		return Result{}, fmt.Errorf("read the restored member's revision: %w", err)
+		return measured{}, fmt.Errorf("read the restored member's revision: %w", err)
 	}
-	got := Result{Revision: head.Header.Revision}
+	got := measured{Result: Result{Revision: head.Header.Revision}}
 	if got.Revision != rev {
 		// Counting at rev would fail (a future revision) or mislead.
 		return got, nil

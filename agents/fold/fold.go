@@ -30,6 +30,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
@@ -91,25 +92,9 @@ type Options struct {
 	StartTimeout time.Duration
 }
 
-// Result is a fold's finding, written as the agent's termination message.
-type Result struct {
-	// Succeeded is true when the chain was replayed, the result checked
-	// and stored as Backup.
-	Succeeded bool `json:"succeeded"`
-	// NoVerdict is true when the fold learned nothing about the chain (it
-	// could not be decrypted here): Message says what to do.
-	NoVerdict bool   `json:"noVerdict,omitempty"`
-	Backup    string `json:"backup,omitempty"`
-	// Revision, Keys and HashKV are what the checked member answered;
-	// Revisions how many revisions were replayed.
-	Revision  int64  `json:"revision"`
-	Keys      int64  `json:"keys"`
-	HashKV    uint32 `json:"hashKV"`
-	Revisions int64  `json:"revisions"`
-	// Message says what was done, or why the chain did not fold.
-	Message  string        `json:"message"`
-	Duration time.Duration `json:"duration"`
-}
+// Result is a fold's finding, as the agent reports it to the server (its
+// termination message).
+type Result = agentjob.FoldVerdict
 
 // Run folds one chain. It returns an error only when it reached no
 // verdict about the chain (the server did not answer or refused the new

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 )
 
 // election says which Lease elects the one agent that writes a target's
@@ -31,80 +31,72 @@ type election struct {
 	retryPeriod   time.Duration
 }
 
-// deltaEnd is the termination message of a delta agent whose chain
-// ended, which the server reads.
-type deltaEnd struct {
-	ChainEnded string `json:"chainEnded"`
-}
-
-func newDeltaCmd() *cobra.Command {
+func (c commands) delta() *cobra.Command {
+	var f agentjob.DeltaFlags
 	var etcd backup.Etcd
-	var srv serverFlags
-	var o delta.Options
-	var store delta.ServerStore
 	el := election{leaseDuration: 15 * time.Second, renewDeadline: 10 * time.Second, retryPeriod: 2 * time.Second}
 	var resultFile string
 	cmd := &cobra.Command{
 		Use:   "delta --endpoints URLS --server HOST:PORT --target T --chain FULL",
 		Short: "Watch etcd and store every revision as delta segments of a chain, while holding the target's delta Lease",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			log := newLogger()
-			if store.Chain == "" || store.Target == "" {
-				return errors.New("--chain and --target are required")
-			}
-			id, err := identity()
-			if err != nil {
-				return err
-			}
-			el.identity, el.name = id, "of target "+store.Target
-			etcdClient, endpoint, err := etcd.Connect(ctx)
-			if err != nil {
-				return err
-			}
-			defer etcdClient.Close()
-			conn, c, err := dial(srv)
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			store.Client = c
-			o.Etcd, o.Store, o.Chain, o.Log = etcdClient, &store, store.Chain, log
-			log.Info("delta agent starting", "target", store.Target, "chain", store.Chain, "endpoint", endpoint,
-				"identity", el.identity, "period", o.Period.String(), "maxBytes", o.MaxBytes, "compression", o.Compression, "encryptedTo", len(o.AgeRecipients))
-			lock := delta.NewServerLock(c.Agents, el.name, el.identity)
-			res, err := runElected(ctx, lock, el, log, func(ctx context.Context, epoch int64) (delta.Result, error) {
-				o := o
-				o.Epoch = func() int64 { return epoch }
-				return delta.Run(ctx, o)
-			})
-			if err != nil {
-				log.Error("delta capture failed", "chain", store.Chain, "error", err.Error())
-				return err
-			}
-			if res.ChainEnded == "" {
-				log.Info("delta agent stopped", "chain", store.Chain, "segments", res.Segments, "lastRevision", res.LastRevision)
-				return nil
-			}
-			log.Warn("delta chain ended", "chain", store.Chain, "reason", res.ChainEnded, "segments", res.Segments, "lastRevision", res.LastRevision)
-			return writeDeltaEnd(resultFile, res.ChainEnded)
-		},
 	}
+	srv := addServerFlags(cmd, &f.Conn, "data server gRPC address, e.g. etcdbackup.etcdbackup-system.svc:50052")
+	cmd.RunE = c.runE(func() agentjob.Flags { return f }, func(cmd *cobra.Command) error {
+		ctx := cmd.Context()
+		log := newLogger()
+		if f.Chain == "" || f.Target == "" {
+			return errors.New("--chain and --target are required")
+		}
+		id, err := identity()
+		if err != nil {
+			return err
+		}
+		el.identity, el.name = id, "of target "+f.Target
+		etcdClient, endpoint, err := withJobEtcd(etcd, f.Etcd).Connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer etcdClient.Close()
+		conn, c, err := dial(srv)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		store := delta.ServerStore{Client: c, Chain: f.Chain, Location: f.Location, Target: f.Target}
+		o := delta.Options{
+			Etcd: etcdClient, Store: &store, Chain: f.Chain, Log: log,
+			Period: f.Period, MaxBytes: f.MaxBytes, Compression: f.Compression, AgeRecipients: f.EncryptTo,
+		}
+		log.Info("delta agent starting", "target", store.Target, "chain", store.Chain, "endpoint", endpoint,
+			"identity", el.identity, "period", o.Period.String(), "maxBytes", o.MaxBytes, "compression", o.Compression, "encryptedTo", len(o.AgeRecipients))
+		lock := delta.NewServerLock(c.Agents, el.name, el.identity)
+		res, err := runElected(ctx, lock, el, log, func(ctx context.Context, epoch int64) (delta.Result, error) {
+			o := o
+			o.Epoch = func() int64 { return epoch }
+			return delta.Run(ctx, o)
+		})
+		if err != nil {
+			log.Error("delta capture failed", "chain", store.Chain, "error", err.Error())
+			return err
+		}
+		if res.ChainEnded == "" {
+			log.Info("delta agent stopped", "chain", store.Chain, "segments", res.Segments, "lastRevision", res.LastRevision)
+			return nil
+		}
+		log.Warn("delta chain ended", "chain", store.Chain, "reason", res.ChainEnded, "segments", res.Segments, "lastRevision", res.LastRevision)
+		return writeReport(resultFile, agentjob.DeltaEnd{ChainEnded: res.ChainEnded})
+	})
 	fl := cmd.Flags()
-	addEtcdFlags(fl, &etcd, "the etcd member to watch, https://HOST:PORT",
+	addEtcdFlags(fl, &etcd, &f.Etcd, "the etcd member to watch, https://HOST:PORT",
 		"the cluster's members; the agent watches a healthy follower, else the leader")
-	fl.StringVar(&srv.addr, "server", "", "data server gRPC address, e.g. etcdbackup.etcdbackup-system.svc:50052")
-	fl.StringVar(&store.Target, "target", "", "name of the etcd target, recorded with each segment")
-	fl.StringVar(&store.Chain, "chain", "", "the full backup the chain starts from; segments are named CHAIN.delta-REVISION")
-	fl.StringVar(&store.Location, "location", "", "storage location of the chain (default: the server's default)")
-	fl.DurationVar(&o.Period, "period", delta.DefaultPeriod, "longest time a segment spans from its first revision: at most this much is lost if the agent dies")
-	fl.Int64Var(&o.MaxBytes, "max-bytes", delta.DefaultMaxBytes, "a segment is cut once it holds this many bytes (before compression); the agent holds at most two")
-	fl.StringVar(&o.Compression, "compression", "", "\"zstd\" to compress, empty for none")
-	fl.StringArrayVar(&o.AgeRecipients, "encrypt-to", nil, "age public key (age1...) to encrypt every segment to, after compression; repeatable")
+	fl.StringVar(&f.Target, agentjob.FlagTarget, "", "name of the etcd target, recorded with each segment")
+	fl.StringVar(&f.Chain, agentjob.FlagChain, "", "the full backup the chain starts from; segments are named CHAIN.delta-REVISION")
+	fl.StringVar(&f.Location, agentjob.FlagLocation, "", "storage location of the chain (default: the server's default)")
+	fl.DurationVar(&f.Period, agentjob.FlagPeriod, delta.DefaultPeriod, "longest time a segment spans from its first revision: at most this much is lost if the agent dies")
+	fl.Int64Var(&f.MaxBytes, agentjob.FlagMaxBytes, delta.DefaultMaxBytes, "a segment is cut once it holds this many bytes (before compression); the agent holds at most two")
+	addEncodingFlags(fl, &f.Compression, &f.EncryptTo, "every segment")
 	fl.StringVar(&resultFile, "result-file", "/dev/termination-log", "where the chain's end is written as JSON (the pod's termination message, which the server reads)")
-	addServerFlags(cmd, &srv)
-	_ = cmd.MarkFlagRequired("server")
 	return cmd
 }
 
@@ -213,21 +205,4 @@ func leaseEpoch(ctx context.Context, lock resourcelock.Interface, el election) (
 		return 0, fmt.Errorf("delta Lease %s: held by %q, not this agent (%s), right after acquiring it", el.name, r.HolderIdentity, el.identity)
 	}
 	return int64(r.LeaderTransitions), nil
-}
-
-// writeDeltaEnd writes why the chain ended where the server reads it; a
-// pod's termination message holds 4096 bytes.
-func writeDeltaEnd(path, reason string) error {
-	const maxReason = 3000
-	if len(reason) > maxReason {
-		reason = reason[:maxReason] + "…"
-	}
-	b, err := json.Marshal(deltaEnd{ChainEnded: reason})
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		return fmt.Errorf("--result-file: %w", err)
-	}
-	return nil
 }

@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
@@ -258,14 +259,14 @@ func TestElectedStopWhileWaiting(t *testing.T) {
 // The chain's end goes to the termination message as JSON, cut to fit.
 func TestWriteDeltaEnd(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "termination-log")
-	if err := writeDeltaEnd(path, strings.Repeat("r", 5000)); err != nil {
+	if err := writeReport(path, agentjob.DeltaEnd{ChainEnded: strings.Repeat("r", 5000)}); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var end deltaEnd
+	var end agentjob.DeltaEnd
 	if err := json.Unmarshal(b, &end); err != nil || len(b) > 4096 || !strings.HasPrefix(end.ChainEnded, "rrr") {
 		t.Fatalf("termination message %d bytes: %v", len(b), err)
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/fold"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 )
 
 // errFoldFailed carries exitDrillFailed to main: the fold reached a
@@ -20,82 +21,80 @@ var errFoldFailed = errors.New("the fold failed: the chain did not replay and ch
 // most 256 KiB in all.
 const maxInputsBytes = 256 << 10
 
-func newFoldCmd() *cobra.Command {
-	var srv serverFlags
-	var identityDir, inputsFile, resultFile string
-	var o fold.Options
+func (c commands) fold() *cobra.Command {
+	var f agentjob.FoldFlags
+	var resultFile string
+	o := fold.Options{}
 	cmd := &cobra.Command{
 		Use:   "fold --server HOST:PORT --target T --name NEW --inputs-file FILE --scratch-dir DIR",
 		Short: "Replay a delta chain onto its full backup, check the result like a drill and store it as a new full backup",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := newLogger()
-			if o.Name == "" || o.Target == "" || inputsFile == "" || o.ScratchDir == "" {
-				return errors.New("--name, --target, --inputs-file and --scratch-dir are required")
-			}
-			in, err := readInputs(inputsFile)
-			if err != nil {
-				return err
-			}
-			o.Inputs = in
-			o.Identities, o.IdentityProblem = optionalIdentities(log, identityDir, "fold")
-			conn, c, err := dial(srv)
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			log.Info("fold starting", "chain", o.Full.Name, "segments", len(o.Segments), "toRevision", o.ToRevision, "backup", o.Name, "location", o.Location)
-			res, err := fold.Run(cmd.Context(), c, o)
-			if err != nil {
-				log.Error("fold reached no verdict", "chain", o.Full.Name, "error", err.Error())
-				return err
-			}
-			if err := writeFoldResult(resultFile, res); err != nil {
-				return err
-			}
-			log.Info("fold finished", "chain", o.Full.Name, "succeeded", res.Succeeded, "backup", res.Backup, "revision", res.Revision,
-				"keys", res.Keys, "hashKV", res.HashKV, "revisions", res.Revisions, "seconds", res.Duration.Seconds(), "message", res.Message)
-			switch {
-			case res.NoVerdict:
-				return errors.New("the fold reached no verdict: " + res.Message)
-			case !res.Succeeded:
-				return errFoldFailed
-			}
-			return nil
-		},
 	}
+	srv := addServerFlags(cmd, &f.Conn, "data server gRPC address")
+	cmd.RunE = c.runE(func() agentjob.Flags { return f }, func(cmd *cobra.Command) error {
+		log := newLogger()
+		if f.Name == "" || f.Target == "" || f.InputsFile == "" || f.ScratchDir == "" {
+			return errors.New("--name, --target, --inputs-file and --scratch-dir are required")
+		}
+		in, err := readInputs(f.InputsFile)
+		if err != nil {
+			return err
+		}
+		o.Inputs, o.Target, o.Name, o.Location, o.ScratchDir = in, f.Target, f.Name, f.Location, f.ScratchDir
+		o.Compression, o.AgeRecipients = f.Compression, f.EncryptTo
+		o.Identities, o.IdentityProblem = optionalIdentities(log, f.IdentityDir, "fold")
+		conn, c, err := dial(srv)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		log.Info("fold starting", "chain", o.Full.Name, "segments", len(o.Segments), "toRevision", o.ToRevision, "backup", o.Name, "location", o.Location)
+		res, err := fold.Run(cmd.Context(), c, o)
+		if err != nil {
+			log.Error("fold reached no verdict", "chain", o.Full.Name, "error", err.Error())
+			return err
+		}
+		if err := writeReport(resultFile, res); err != nil {
+			return err
+		}
+		log.Info("fold finished", "chain", o.Full.Name, "succeeded", res.Succeeded, "backup", res.Backup, "revision", res.Revision,
+			"keys", res.Keys, "hashKV", res.HashKV, "revisions", res.Revisions, "seconds", res.Duration.Seconds(), "message", res.Message)
+		switch {
+		case res.NoVerdict:
+			return errors.New("the fold reached no verdict: " + res.Message)
+		case !res.Succeeded:
+			return errFoldFailed
+		}
+		return nil
+	})
 	fl := cmd.Flags()
-	fl.StringVar(&srv.addr, "server", "", "data server gRPC address")
-	fl.StringVar(&o.Target, "target", "", "the etcd target the chain is of, recorded with the new backup")
-	fl.StringVar(&o.Name, "name", "", "name of the new full backup")
-	fl.StringVar(&o.Location, "location", "", "storage location of the chain and of the new backup (default: the server's default)")
-	fl.StringVar(&inputsFile, "inputs-file", "", `JSON {"full":{"name","sha256"},"segments":[{"name","sha256"},…],"toRevision":N}: the chain to fold, each part pinned to its SHA-256 (the Job's annotation, mounted by the downward API)`)
-	fl.StringVar(&o.Compression, "compression", "", "\"zstd\" to compress the new backup, empty for none")
-	fl.StringArrayVar(&o.AgeRecipients, "encrypt-to", nil, "age public key (age1...) to encrypt the new backup to, after compression; repeatable")
-	fl.StringVar(&o.ScratchDir, "scratch-dir", "", "scratch space for the downloads, the replay and the check (about three times the database)")
+	fl.StringVar(&f.Target, agentjob.FlagTarget, "", "the etcd target the chain is of, recorded with the new backup")
+	fl.StringVar(&f.Name, agentjob.FlagName, "", "name of the new full backup")
+	fl.StringVar(&f.Location, agentjob.FlagLocation, "", "storage location of the chain and of the new backup (default: the server's default)")
+	fl.StringVar(&f.InputsFile, agentjob.FlagInputsFile, "", `JSON {"full":{"name","sha256"},"segments":[{"name","sha256"},…],"toRevision":N}: the chain to fold, each part pinned to its SHA-256 (the Job's annotation, mounted by the downward API)`)
+	addEncodingFlags(fl, &f.Compression, &f.EncryptTo, "the new backup")
+	fl.StringVar(&f.ScratchDir, agentjob.FlagScratchDir, "", "scratch space for the downloads, the replay and the check (about three times the database)")
 	fl.DurationVar(&o.StartTimeout, "start-timeout", 2*time.Minute, "how long each loopback etcd may take to serve")
-	fl.StringVar(&identityDir, "identity-dir", "", "directory of age identity files (a mounted Secret) to decrypt an encrypted chain")
+	fl.StringVar(&f.IdentityDir, agentjob.FlagIdentityDir, "", "directory of age identity files (a mounted Secret) to decrypt an encrypted chain")
 	fl.StringVar(&resultFile, "result-file", "/dev/termination-log", "where the verdict is written as JSON (the pod's termination message, which the server reads)")
-	addServerFlags(cmd, &srv)
-	_ = cmd.MarkFlagRequired("server")
 	return cmd
 }
 
-// readInputs reads and checks the chain to fold.
+// readInputs reads and checks the chain to fold, as the server wrote
+// it (agentjob.FoldInputs).
 func readInputs(path string) (fold.Inputs, error) {
-	var in fold.Inputs
 	f, err := os.Open(path)
 	if err != nil {
-		return in, fmt.Errorf("--inputs-file: %w", err)
+		return fold.Inputs{}, fmt.Errorf("--inputs-file: %w", err)
 	}
 	defer f.Close()
-	dec := json.NewDecoder(&limitedReader{f: f, left: maxInputsBytes})
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		return in, fmt.Errorf("--inputs-file %s: not the chain to fold: %w", path, err)
+	chain, err := agentjob.DecodeFoldInputs(&limitedReader{f: f, left: maxInputsBytes})
+	if err != nil {
+		return fold.Inputs{}, fmt.Errorf("--inputs-file %s: not the chain to fold: %w", path, err)
 	}
-	if err := in.Validate(); err != nil {
-		return in, fmt.Errorf("--inputs-file %s: %w", path, err)
+	in := fold.Inputs{Full: restore.SegmentRef(chain.Full), ToRevision: chain.ToRevision}
+	for _, s := range chain.Segments {
+		in.Segments = append(in.Segments, restore.SegmentRef(s))
 	}
 	return in, nil
 }
@@ -117,21 +116,4 @@ func (r *limitedReader) Read(p []byte) (int, error) {
 	n, err := r.f.Read(p)
 	r.left -= int64(n)
 	return n, err
-}
-
-// writeFoldResult writes the verdict where the server reads it, cut to
-// fit a termination message.
-func writeFoldResult(path string, res fold.Result) error {
-	const maxMessage = 3000
-	if len(res.Message) > maxMessage {
-		res.Message = res.Message[:maxMessage] + "…"
-	}
-	b, err := json.Marshal(res)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		return fmt.Errorf("--result-file: %w", err)
-	}
-	return nil
 }

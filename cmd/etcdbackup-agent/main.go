@@ -8,7 +8,10 @@
 // chain into a new full backup (package agents/fold). It talks to the
 // server by its in-cluster Service address and never sees storage
 // credentials; etcd's client certificates come from files a Secret
-// mounts. This file only parses flags and wires.
+// mounts. The flags a Job sets are its kind's agentjob flags struct
+// (agentjob.BackupFlags …), bound here under agentjob's flag names: the
+// server writes them with the same struct. This file only parses flags
+// and wires.
 package main
 
 import (
@@ -28,6 +31,7 @@ import (
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
@@ -47,23 +51,47 @@ func main() {
 	}
 }
 
-func newRoot() *cobra.Command {
+func newRoot() *cobra.Command { return commands{}.root() }
+
+// commands builds the agent's command tree.
+type commands struct {
+	// parsed, when set, is given each command's Job flags once they are
+	// parsed, and the command does not run: tests read what a Job's
+	// arguments say to its agent.
+	parsed func(agentjob.Flags)
+}
+
+func (c commands) root() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "etcdbackup-agent",
-		Short:         "Backup and restore agent of kubectl-etcdbackup",
+		Short:         "The agents of kubectl-etcdbackup, one command per kind: backup, restore, drill, delta and fold",
 		Version:       version.Version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newBackupCmd(), newRestoreCmd(), newDrillCmd(), newDeltaCmd(), newFoldCmd())
+	root.AddCommand(c.backup(), c.restore(), c.drill(), c.delta(), c.fold())
 	return root
+}
+
+// runE is a command's RunE: run, once the flags are parsed into the
+// struct flags returns, unless c.parsed takes them.
+func (c commands) runE(flags func() agentjob.Flags, run func(cmd *cobra.Command) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, _ []string) error {
+		if c.parsed != nil {
+			c.parsed(flags())
+			return nil
+		}
+		return run(cmd)
+	}
 }
 
 func newLogger() *slog.Logger { return slog.New(slog.NewJSONHandler(os.Stderr, nil)) }
 
-// serverFlags say how the agent reaches the server.
+// serverFlags say how the agent reaches the server: its Job's
+// (agentjob.Conn) and the name the server's certificate must hold.
 type serverFlags struct {
-	addr, tokenFile, ca, name string
+	*agentjob.Conn
+	name string
 }
 
 // dial connects to the server, over TLS verified with the server's CA
@@ -71,18 +99,17 @@ type serverFlags struct {
 // with every call.
 func dial(f serverFlags) (*grpc.ClientConn, *client.Client, error) {
 	var opts []grpc.DialOption
-	if f.ca != "" {
-		o, err := client.WithServerCA(f.ca, f.name)
+	if f.ServerCA != "" {
+		o, err := client.WithServerCA(f.ServerCA, f.name)
 		if err != nil {
 			return nil, nil, fmt.Errorf("--server-ca: %w", err)
 		}
 		opts = append(opts, o)
 	}
-	if f.tokenFile != "" {
-		opts = append(opts, client.WithTokenFile(f.tokenFile))
+	if f.TokenFile != "" {
+		opts = append(opts, client.WithTokenFile(f.TokenFile))
 	}
-	serverAddr := f.addr
-	conn, c, err := client.Dial(serverAddr, opts...)
+	conn, c, err := client.Dial(f.Server, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--server: %w", err)
 	}
@@ -115,178 +142,210 @@ func optionalIdentities(log *slog.Logger, dir, what string) (ids []age.Identity,
 	return ids, ""
 }
 
-func addServerFlags(cmd *cobra.Command, f *serverFlags) {
-	cmd.Flags().StringVar(&f.tokenFile, "token-file", "",
+// addServerFlags binds how the agent reaches the server to conn, and
+// makes --server required; it returns what dial needs.
+func addServerFlags(cmd *cobra.Command, conn *agentjob.Conn, server string) serverFlags {
+	f := serverFlags{Conn: conn}
+	fl := cmd.Flags()
+	fl.StringVar(&conn.Server, agentjob.FlagServer, "", server)
+	fl.StringVar(&conn.TokenFile, agentjob.FlagTokenFile, "",
 		"file holding the projected ServiceAccount token (audience etcdbackup) sent to the server; read again for every call, as the kubelet rotates it")
-	cmd.Flags().StringVar(&f.ca, "server-ca", "",
+	fl.StringVar(&conn.ServerCA, agentjob.FlagServerCA, "",
 		"CA certificate(s) the server's agent port must present a certificate of (the server's Jobs mount ConfigMap etcdbackup-agent-ca here); empty: plaintext, for a server's user API reached by port-forward")
-	cmd.Flags().StringVar(&f.name, "server-name", "", "name the server's certificate must hold (default: the host of --server)")
+	fl.StringVar(&f.name, "server-name", "", "name the server's certificate must hold (default: the host of --server)")
+	_ = cmd.MarkFlagRequired(agentjob.FlagServer)
+	return f
 }
 
-func newBackupCmd() *cobra.Command {
+func (c commands) backup() *cobra.Command {
+	var f agentjob.BackupFlags
 	var etcd backup.Etcd
-	var srv serverFlags
-	opts := backup.Options{}
 	cmd := &cobra.Command{
 		Use:   "backup --endpoint URL --server HOST:PORT --name NAME",
 		Short: "Stream a snapshot of one etcd member to the data server",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			log := newLogger()
-			if opts.Name == "" {
-				return errors.New("--name is required")
-			}
-			etcdClient, endpoint, err := etcd.Connect(ctx)
-			if err != nil {
-				return err
-			}
-			defer etcdClient.Close()
-			conn, up, err := dial(srv)
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			opts.Endpoint = endpoint
-			log.Info("snapshot starting", "endpoint", endpoint, "backup", opts.Name, "location", opts.Location, "compression", opts.Compression,
-				"encryptedTo", len(opts.AgeRecipients))
-			start := time.Now()
-			b, err := backup.Run(ctx, etcdClient, up, opts)
-			if err != nil {
-				log.Error("backup failed", "backup", opts.Name, "error", err.Error())
-				return err
-			}
-			// No SHA-256 in the log: a backup's hash pins restores to it,
-			// and logs are read by more people than backups are.
-			log.Info("backup stored", "backup", b.GetName(), "location", b.GetLocation(), "size", b.GetSize(),
-				"rawSize", b.GetRawSize(), "revision", b.GetEtcd().GetRevision(), "seconds", time.Since(start).Seconds())
-			return nil
-		},
 	}
+	srv := addServerFlags(cmd, &f.Conn, "data server gRPC address, e.g. etcdbackup.etcdbackup-system.svc:50052")
+	cmd.RunE = c.runE(func() agentjob.Flags { return f }, func(cmd *cobra.Command) error {
+		ctx := cmd.Context()
+		log := newLogger()
+		if f.Name == "" {
+			return errors.New("--name is required")
+		}
+		opts := backup.Options{
+			Name: f.Name, Location: f.Location, Target: f.Target, Compression: f.Compression, Labels: f.Labels,
+			AgeRecipients: f.EncryptTo, ScratchDir: f.ScratchDir,
+		}
+		etcdClient, endpoint, err := withJobEtcd(etcd, f.Etcd).Connect(ctx)
+		if err != nil {
+			return err
+		}
+		defer etcdClient.Close()
+		conn, up, err := dial(srv)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		opts.Endpoint = endpoint
+		log.Info("snapshot starting", "endpoint", endpoint, "backup", opts.Name, "location", opts.Location, "compression", opts.Compression,
+			"encryptedTo", len(opts.AgeRecipients))
+		start := time.Now()
+		b, err := backup.Run(ctx, etcdClient, up, opts)
+		if err != nil {
+			log.Error("backup failed", "backup", opts.Name, "error", err.Error())
+			return err
+		}
+		// No SHA-256 in the log: a backup's hash pins restores to it,
+		// and logs are read by more people than backups are.
+		log.Info("backup stored", "backup", b.GetName(), "location", b.GetLocation(), "size", b.GetSize(),
+			"rawSize", b.GetRawSize(), "revision", b.GetEtcd().GetRevision(), "seconds", time.Since(start).Seconds())
+		return nil
+	})
 	fl := cmd.Flags()
-	addEtcdFlags(fl, &etcd, "the etcd member to use, https://HOST:PORT (a snapshot is one member's state)",
+	addEtcdFlags(fl, &etcd, &f.Etcd, "the etcd member to use, https://HOST:PORT (a snapshot is one member's state)",
 		"the cluster's members; the agent snapshots a healthy follower, else the leader")
-	fl.StringVar(&srv.addr, "server", "", "data server gRPC address, e.g. etcdbackup.etcdbackup-system.svc:50052")
-	fl.StringVar(&opts.Name, "name", "", "name of the backup")
-	fl.StringVar(&opts.Location, "location", "", "storage location (default: the server's default)")
-	fl.StringVar(&opts.Target, "target", "", "name of the etcd target, recorded with the backup")
-	fl.StringVar(&opts.Compression, "compression", "", "\"zstd\" to compress, empty for none")
-	fl.StringToStringVar(&opts.Labels, "labels", nil, "labels of the backup")
-	fl.StringArrayVar(&opts.AgeRecipients, "encrypt-to", nil, "age public key (age1...) to encrypt the backup to, after compression; repeatable")
-	fl.StringVar(&opts.ScratchDir, "scratch-dir", "", "directory for a copy of the plain snapshot while it streams, from which its revision, keys and hash are read and recorded (as large as the database); empty records the member's revision only")
-	addServerFlags(cmd, &srv)
-	_ = cmd.MarkFlagRequired("server")
+	fl.StringVar(&f.Name, agentjob.FlagName, "", "name of the backup")
+	fl.StringVar(&f.Location, agentjob.FlagLocation, "", "storage location (default: the server's default)")
+	fl.StringVar(&f.Target, agentjob.FlagTarget, "", "name of the etcd target, recorded with the backup")
+	addEncodingFlags(fl, &f.Compression, &f.EncryptTo, "the backup")
+	fl.StringToStringVar(&f.Labels, agentjob.FlagLabels, nil, "labels of the backup")
+	fl.StringVar(&f.ScratchDir, agentjob.FlagScratchDir, "", "directory for a copy of the plain snapshot while it streams, from which its revision, keys and hash are read and recorded (as large as the database); empty records the member's revision only")
 	return cmd
 }
 
-func newRestoreCmd() *cobra.Command {
-	var srv serverFlags
-	var identityDir string
-	var o restore.Options
-	var bump int64
-	var point pointFlags
+func (c commands) restore() *cobra.Command {
+	var f agentjob.RestoreFlags
 	cmd := &cobra.Command{
 		Use:   "restore --server HOST:PORT --name NAME --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U",
 		Short: "Download a backup through the data server and rebuild one etcd member's data directory",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := newLogger()
-			if o.Name == "" {
-				return errors.New("--name is required")
-			}
-			if bump < 0 {
-				return fmt.Errorf("--bump-revision %d is negative: give 0 to keep the snapshot's revisions, or a positive amount", bump)
-			}
-			o.Member.BumpRevision = &bump
-			deltas, err := point.deltas()
-			if err != nil {
-				return err
-			}
-			o.Deltas = deltas
-			if err := o.Validate(); err != nil {
-				return err
-			}
-			ids, err := identitiesFrom(identityDir)
-			if err != nil {
-				// The Secret's volume is optional (server/jobs): a missing
-				// Secret is an empty directory here.
-				return fmt.Errorf("%w: the Secret named by `restore --identity-secret` is missing from the members' namespace or holds no age identity file; "+
-					"nothing was restored: create it (kubectl -n NAMESPACE create secret generic NAME --from-file=identity.txt=KEYFILE) and run the restore again", err)
-			}
-			o.Identities = ids
-			conn, c, err := dial(srv)
-			if err != nil {
-				return err
-			}
-			defer conn.Close()
-			if deltas != nil {
-				log.Info("downloading backup and delta segments", "backup", o.Name, "location", o.Location, "segments", len(deltas.Segments), "point", deltas.Point.String())
-			} else {
-				log.Info("downloading backup", "backup", o.Name, "location", o.Location)
-			}
-			res, err := restore.Run(cmd.Context(), c, o, restore.Events{
-				Verified: func(v restore.Verified) {
-					// No SHA-256 in the log (see the backup command).
-					log.Info("backup verified", "backup", o.Name, "revision", v.Status.Revision, "keys", v.Status.TotalKey)
-				},
-				MovedAside: func(to string) { log.Info("old data directory moved aside", "to", to) },
-			})
-			if err != nil {
-				return err
-			}
-			if deltas != nil {
-				log.Info("delta segments replayed", "backup", o.Name, "segments", len(deltas.Segments), "replayedRevisions", res.ReplayedRevisions,
-					"toRevision", res.ToRevision, "pointTime", res.PointTime)
-			}
-			log.Info("member data restored", "member", o.Member.Name, "dataDir", res.DataDir,
-				"snapshotRevision", res.SnapshotRevision, "revision", res.Revision, "bumpRevision", res.BumpRevision, "markedCompacted", res.MarkedCompacted)
-			if len(res.RevokedServerKeys) > 0 {
-				log.Warn("the restored cluster held the data server's Job-signing key and agent CA, as every backup of it does: their Secrets were removed one revision past the restored keyspace, and the server makes new ones within 30 s; agent Jobs of before are refused",
-					"member", o.Member.Name, "removed", res.RevokedServerKeys, "revision", res.Revision)
-			}
-			if res.BumpRevision == 0 {
-				log.Warn("revisions kept as in the snapshot (--bump-revision 0), nothing marked compacted: Kubernetes clients of this etcd (kube-apiserver's watch cache, informers, kubelets) may keep stale caches and miss changes; restart them",
-					"member", o.Member.Name, "revision", res.Revision)
-			}
-			return nil
-		},
 	}
+	srv := addServerFlags(cmd, &f.Conn, "data server gRPC address")
+	cmd.RunE = c.runE(func() agentjob.Flags { return f }, func(cmd *cobra.Command) error {
+		log := newLogger()
+		if f.Name == "" {
+			return errors.New("--name is required")
+		}
+		if f.BumpRevision < 0 {
+			return fmt.Errorf("--bump-revision %d is negative: give 0 to keep the snapshot's revisions, or a positive amount", f.BumpRevision)
+		}
+		o := restore.Options{
+			Name: f.Name, Location: f.Location, WorkDir: f.WorkDir, SHA256: f.SHA256,
+			Member: snapshot.Member{
+				DataDir: f.DataDir, Name: f.MemberName, InitialCluster: f.InitialCluster, InitialAdvertisePeerURLs: f.InitialAdvertisePeerURLs,
+				InitialClusterToken: f.InitialClusterToken, MoveAside: f.MoveAside, BumpRevision: &f.BumpRevision,
+			},
+		}
+		deltas, err := restoreDeltas(f)
+		if err != nil {
+			return err
+		}
+		o.Deltas = deltas
+		if err := o.Validate(); err != nil {
+			return err
+		}
+		ids, err := identitiesFrom(f.IdentityDir)
+		if err != nil {
+			// The Secret's volume is optional (server/jobs): a missing
+			// Secret is an empty directory here.
+			return fmt.Errorf("%w: the Secret named by `restore --identity-secret` is missing from the members' namespace or holds no age identity file; "+
+				"nothing was restored: create it (kubectl -n NAMESPACE create secret generic NAME --from-file=identity.txt=KEYFILE) and run the restore again", err)
+		}
+		o.Identities = ids
+		conn, c, err := dial(srv)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		if deltas != nil {
+			log.Info("downloading backup and delta segments", "backup", o.Name, "location", o.Location, "segments", len(deltas.Segments), "point", deltas.Point.String())
+		} else {
+			log.Info("downloading backup", "backup", o.Name, "location", o.Location)
+		}
+		res, err := restore.Run(cmd.Context(), c, o, restore.Events{
+			Verified: func(v restore.Verified) {
+				// No SHA-256 in the log (see the backup command).
+				log.Info("backup verified", "backup", o.Name, "revision", v.Status.Revision, "keys", v.Status.TotalKey)
+			},
+			MovedAside: func(to string) { log.Info("old data directory moved aside", "to", to) },
+		})
+		if err != nil {
+			return err
+		}
+		if deltas != nil {
+			log.Info("delta segments replayed", "backup", o.Name, "segments", len(deltas.Segments), "replayedRevisions", res.ReplayedRevisions,
+				"toRevision", res.ToRevision, "pointTime", res.PointTime)
+		}
+		log.Info("member data restored", "member", o.Member.Name, "dataDir", res.DataDir,
+			"snapshotRevision", res.SnapshotRevision, "revision", res.Revision, "bumpRevision", res.BumpRevision, "markedCompacted", res.MarkedCompacted)
+		if len(res.RevokedServerKeys) > 0 {
+			log.Warn("the restored cluster held the data server's Job-signing key and agent CA, as every backup of it does: their Secrets were removed one revision past the restored keyspace, and the server makes new ones within 30 s; agent Jobs of before are refused",
+				"member", o.Member.Name, "removed", res.RevokedServerKeys, "revision", res.Revision)
+		}
+		if res.BumpRevision == 0 {
+			log.Warn("revisions kept as in the snapshot (--bump-revision 0), nothing marked compacted: Kubernetes clients of this etcd (kube-apiserver's watch cache, informers, kubelets) may keep stale caches and miss changes; restart them",
+				"member", o.Member.Name, "revision", res.Revision)
+		}
+		return nil
+	})
 	fl := cmd.Flags()
-	fl.StringVar(&srv.addr, "server", "", "data server gRPC address")
-	fl.StringVar(&o.Name, "name", "", "backup to restore")
-	fl.StringVar(&o.Location, "location", "", "storage location (default: the server's default)")
-	fl.StringVar(&o.WorkDir, "work-dir", "", "where the download is kept until restored (default: beside the data dir)")
-	fl.StringVar(&o.Member.DataDir, "data-dir", "", "the member's data directory")
-	fl.StringVar(&o.Member.Name, "member-name", "", "the member's name")
-	fl.StringVar(&o.Member.InitialCluster, "initial-cluster", "", "NAME=PEER-URL,... of every member")
-	fl.StringSliceVar(&o.Member.InitialAdvertisePeerURLs, "initial-advertise-peer-urls", nil, "this member's peer URLs")
-	fl.StringVar(&o.Member.InitialClusterToken, "initial-cluster-token", "", "the restored cluster's token")
-	fl.BoolVar(&o.Member.MoveAside, "move-aside", false, "rename a non-empty data directory instead of refusing")
-	fl.Int64Var(&bump, "bump-revision", snapshot.DefaultRevisionBump,
+	fl.StringVar(&f.Name, agentjob.FlagName, "", "backup to restore")
+	fl.StringVar(&f.Location, agentjob.FlagLocation, "", "storage location (default: the server's default)")
+	fl.StringVar(&f.WorkDir, agentjob.FlagWorkDir, "", "where the download is kept until restored (default: beside the data dir)")
+	fl.StringVar(&f.DataDir, agentjob.FlagDataDir, "", "the member's data directory")
+	fl.StringVar(&f.MemberName, agentjob.FlagMemberName, "", "the member's name")
+	fl.StringVar(&f.InitialCluster, agentjob.FlagInitialCluster, "", "NAME=PEER-URL,... of every member")
+	fl.StringSliceVar(&f.InitialAdvertisePeerURLs, agentjob.FlagInitialAdvertisePeerURLs, nil, "this member's peer URLs")
+	fl.StringVar(&f.InitialClusterToken, agentjob.FlagInitialClusterToken, "", "the restored cluster's token")
+	fl.BoolVar(&f.MoveAside, agentjob.FlagMoveAside, false, "rename a non-empty data directory instead of refusing")
+	fl.Int64Var(&f.BumpRevision, agentjob.FlagBumpRevision, snapshot.DefaultRevisionBump,
 		"add this to etcd's revision and mark the result compacted, so that watchers and informers of the lost data relist; 0 keeps the snapshot's revisions. The same for every member")
-	fl.StringVar(&identityDir, "identity-dir", "", "directory of age identity files (a mounted Secret) to decrypt an encrypted backup")
-	fl.StringVar(&o.SHA256, "sha256", "", "SHA-256 (hex) the stored backup must have; any other content under the name is refused before it is restored")
-	fl.Int64Var(&point.toRevision, "to-revision", 0, "restore to this etcd revision: replay the delta segments of --segments-file onto the backup up to it")
-	fl.StringVar(&point.toTime, "to-time", "", "restore to the last revision seen at or before this RFC 3339 time (instead of --to-revision)")
-	fl.Int64Var(&point.toMinRevision, "to-min-revision", 0, "with --to-time: replay at least to this revision, whatever the segments' times say (the server's plan sets it)")
-	fl.StringVar(&point.segmentsFile, "segments-file", "", "with --to-revision/--to-time: JSON list [{\"name\",\"sha256\"}] of the delta segments to replay, in order")
-	fl.StringVar(&point.segmentsSHA256, "segments-sha256", "", "SHA-256 (hex) --segments-file must have")
-	fl.BoolVar(&point.allowLeaseLoss, "allow-lease-loss", false, "with --to-revision/--to-time: restore keys whose lease's TTL was never read with a short lease instead of refusing")
-	addServerFlags(cmd, &srv)
-	_ = cmd.MarkFlagRequired("server")
+	fl.StringVar(&f.IdentityDir, agentjob.FlagIdentityDir, "", "directory of age identity files (a mounted Secret) to decrypt an encrypted backup")
+	fl.StringVar(&f.SHA256, agentjob.FlagSHA256, "", "SHA-256 (hex) the stored backup must have; any other content under the name is refused before it is restored")
+	fl.Int64Var(&f.ToRevision, agentjob.FlagToRevision, 0, "restore to this etcd revision: replay the delta segments of --segments-file onto the backup up to it")
+	fl.StringVar(&f.ToTime, agentjob.FlagToTime, "", "restore to the last revision seen at or before this RFC 3339 time (instead of --to-revision)")
+	fl.Int64Var(&f.ToMinRevision, agentjob.FlagToMinRevision, 0, "with --to-time: replay at least to this revision, whatever the segments' times say (the server's plan sets it)")
+	fl.StringVar(&f.SegmentsFile, agentjob.FlagSegmentsFile, "", "with --to-revision/--to-time: JSON list [{\"name\",\"sha256\"}] of the delta segments to replay, in order")
+	fl.StringVar(&f.SegmentsSHA256, agentjob.FlagSegmentsSHA256, "", "SHA-256 (hex) --segments-file must have")
+	fl.BoolVar(&f.AllowLeaseLoss, agentjob.FlagAllowLeaseLoss, false, "with --to-revision/--to-time: restore keys whose lease's TTL was never read with a short lease instead of refusing")
 	return cmd
 }
 
 // addEtcdFlags adds the flags that say how to reach etcd, the same for
-// every agent that reads it; endpoint and endpoints say what it does with
-// the member it picks.
-func addEtcdFlags(fl *pflag.FlagSet, etcd *backup.Etcd, endpoint, endpoints string) {
+// every agent that reads it: a Job's (job) and the agent's own (etcd);
+// endpoint and endpoints say what it does with the member it picks.
+func addEtcdFlags(fl *pflag.FlagSet, etcd *backup.Etcd, job *agentjob.Etcd, endpoint, endpoints string) {
 	fl.StringVar(&etcd.Endpoint, "endpoint", "", endpoint)
-	fl.StringSliceVar(&etcd.Endpoints, "endpoints", nil, endpoints)
-	fl.StringVar(&etcd.CACert, "cacert", "", "CA bundle that signed etcd's serving certificate")
-	fl.StringVar(&etcd.Cert, "cert", "", "client certificate for etcd")
-	fl.StringVar(&etcd.Key, "key", "", "client key for etcd")
-	fl.BoolVar(&etcd.InsecurePlaintext, "insecure-plaintext", false, "allow an http:// endpoint (no TLS); only when explicitly asked for")
+	fl.StringSliceVar(&job.Endpoints, agentjob.FlagEndpoints, nil, endpoints)
+	fl.StringVar(&job.CACert, agentjob.FlagCACert, "", "CA bundle that signed etcd's serving certificate")
+	fl.StringVar(&job.Cert, agentjob.FlagCert, "", "client certificate for etcd")
+	fl.StringVar(&job.Key, agentjob.FlagKey, "", "client key for etcd")
+	fl.BoolVar(&job.InsecurePlaintext, agentjob.FlagInsecurePlaintext, false, "allow an http:// endpoint (no TLS); only when explicitly asked for")
 	fl.BoolVar(&etcd.InsecureSkipVerify, "insecure-skip-tls-verify", false, "do not verify etcd's serving certificate")
 	fl.DurationVar(&etcd.DialTimeout, "dial-timeout", 10*time.Second, "how long to wait for etcd")
+}
+
+// withJobEtcd is etcd with what the Job says of reaching it.
+func withJobEtcd(etcd backup.Etcd, job agentjob.Etcd) backup.Etcd {
+	etcd.Endpoints, etcd.CACert, etcd.Cert, etcd.Key, etcd.InsecurePlaintext = job.Endpoints, job.CACert, job.Cert, job.Key, job.InsecurePlaintext
+	return etcd
+}
+
+// addEncodingFlags adds how what an agent stores is encoded.
+func addEncodingFlags(fl *pflag.FlagSet, compression *string, encryptTo *[]string, what string) {
+	fl.StringVar(compression, agentjob.FlagCompression, "", "\"zstd\" to compress "+what+", empty for none")
+	fl.StringArrayVar(encryptTo, agentjob.FlagEncryptTo, nil, "age public key (age1...) to encrypt "+what+" to, after compression; repeatable")
+}
+
+// writeReport writes an agent's report where the server reads it (its
+// --result-file: the pod's termination message).
+func writeReport(path string, r agentjob.Report) error {
+	b, err := r.Encode()
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("--result-file: %w", err)
+	}
+	return nil
 }

@@ -12,7 +12,7 @@ import (
 // otherwise, and refuses a negative bump before it dials the server or
 // touches the data directory.
 func TestRestoreBumpRevisionFlag(t *testing.T) {
-	f := newRestoreCmd().Flags().Lookup("bump-revision")
+	f := commands{}.restore().Flags().Lookup("bump-revision")
 	if f == nil || f.DefValue != strconv.FormatInt(snapshot.DefaultRevisionBump, 10) {
 		t.Fatalf("--bump-revision flag: %+v", f)
 	}

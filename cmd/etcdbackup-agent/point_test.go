@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 )
 
 // The agent reads the segment list as the server's Job writes it
@@ -22,7 +23,7 @@ func TestRestorePointFlags(t *testing.T) {
 	sum := sha256.Sum256([]byte(list))
 	digest := hex.EncodeToString(sum[:])
 
-	d, err := pointFlags{toRevision: 25, segmentsFile: file, segmentsSHA256: digest, allowLeaseLoss: true}.deltas()
+	d, err := restoreDeltas(agentjob.RestoreFlags{ToRevision: 25, SegmentsFile: file, SegmentsSHA256: digest, AllowLeaseLoss: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,24 +31,24 @@ func TestRestorePointFlags(t *testing.T) {
 		d.Segments[1] != (restore.SegmentRef{Name: "f1.delta-21", SHA256: strings.Repeat("c", 64)}) {
 		t.Fatalf("deltas %+v", d)
 	}
-	d, err = pointFlags{toTime: "2026-03-01T10:05:00Z", segmentsFile: file, segmentsSHA256: digest}.deltas()
+	d, err = restoreDeltas(agentjob.RestoreFlags{ToTime: "2026-03-01T10:05:00Z", SegmentsFile: file, SegmentsSHA256: digest})
 	if err != nil || d.Point.Time.IsZero() || d.Point.Revision != 0 {
 		t.Fatalf("to-time: %+v, %v", d, err)
 	}
-	if d, err := (pointFlags{}).deltas(); d != nil || err != nil {
+	if d, err := restoreDeltas(agentjob.RestoreFlags{}); d != nil || err != nil {
 		t.Fatalf("no point: %+v, %v; want a plain restore", d, err)
 	}
 	for _, c := range []struct {
-		f    pointFlags
+		f    agentjob.RestoreFlags
 		want string
 	}{
-		{pointFlags{toRevision: 25, segmentsFile: file, segmentsSHA256: strings.Repeat("0", 64)}, "not the segment list this Job was started with"},
-		{pointFlags{toRevision: 25}, "needs --segments-file"},
-		{pointFlags{toRevision: 25, toTime: "2026-03-01T10:05:00Z", segmentsFile: file, segmentsSHA256: digest}, "not both"},
-		{pointFlags{toTime: "yesterday", segmentsFile: file, segmentsSHA256: digest}, "RFC 3339"},
-		{pointFlags{allowLeaseLoss: true}, "go with --to-revision"},
+		{agentjob.RestoreFlags{ToRevision: 25, SegmentsFile: file, SegmentsSHA256: strings.Repeat("0", 64)}, "not the segment list this Job was started with"},
+		{agentjob.RestoreFlags{ToRevision: 25}, "needs --segments-file"},
+		{agentjob.RestoreFlags{ToRevision: 25, ToTime: "2026-03-01T10:05:00Z", SegmentsFile: file, SegmentsSHA256: digest}, "not both"},
+		{agentjob.RestoreFlags{ToTime: "yesterday", SegmentsFile: file, SegmentsSHA256: digest}, "RFC 3339"},
+		{agentjob.RestoreFlags{AllowLeaseLoss: true}, "go with --to-revision"},
 	} {
-		if _, err := c.f.deltas(); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := restoreDeltas(c.f); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v; want an error saying %q", c.f, err, c.want)
 		}
 	}

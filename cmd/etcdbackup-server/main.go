@@ -182,10 +182,25 @@ func kubernetesParts(ctx context.Context, o *options, f *config.File, cfg *serve
 	if cfg.UserGuard, cfg.AgentGuard, err = guards(kc, rc, urc, o.namespace, f, cfg.Agents); err != nil {
 		return err
 	}
+	// The server's keys follow their Secrets (followKeys), on one loop
+	// owned by ctx, the server's.
+	var keys []followedKey
+	if cfg.Agents != nil {
+		keys = append(keys, signingKey(cfg.Agents))
+	}
 	if o.agentListen != "" {
-		if cfg.AgentTLS, err = agentTLS(ctx, kc, o.namespace, f, cfg.Agents, log); err != nil {
+		var ca *agenttls.Current
+		if cfg.AgentTLS, ca, err = agentTLS(ctx, kc, o.namespace, f, cfg.Agents, log); err != nil {
 			return err
 		}
+		keys = append(keys, agentCA(ca))
+	}
+	if len(keys) > 0 {
+		t := time.NewTicker(keyFollowInterval)
+		go func() {
+			defer t.Stop()
+			followKeys(ctx, t.C, log, o.namespace, keys...)
+		}()
 	}
 	return nil
 }
@@ -199,15 +214,8 @@ func startAgents(ctx context.Context, l *jobs.Launcher, serverPod string, target
 	if err := l.LoadSigningKey(ctx); err != nil {
 		return err
 	}
-	// The key follows its Secret: rotated, or made anew after a restore
-	// of this cluster removed it. Owned by ctx, the server's.
-	go l.FollowSigningKey(ctx, keyFollowInterval, log)
 	return l.Start(ctx, targets)
 }
-
-// keyFollowInterval is how often the Job-signing key and the agent CA are
-// read again from their Secrets.
-const keyFollowInterval = 30 * time.Second
 
 // loadConfig reads --config; without it, the server has one filesystem
 // location in --storage-dir and no targets.
@@ -448,10 +456,10 @@ func leaseClient(kubeconfig string) (kubernetes.Interface, error) {
 }
 
 // agentTLS makes the agent listener's TLS (server/agenttls): the CA in
-// Secret etcdbackup-agent-ca, a serving certificate for the Service's
+// Secret agentjob.AgentCASecret (which the caller follows), a serving certificate for the Service's
 // names and agents.serverAddress, the CA certificate published in every
 // namespace agents run in.
-func agentTLS(ctx context.Context, kc kubernetes.Interface, namespace string, f *config.File, launcher *jobs.Launcher, log *slog.Logger) (*tls.Config, error) {
+func agentTLS(ctx context.Context, kc kubernetes.Interface, namespace string, f *config.File, launcher *jobs.Launcher, log *slog.Logger) (*tls.Config, *agenttls.Current, error) {
 	var others []string
 	if launcher != nil {
 		others = launcher.RestoreNamespaces(f.Targets)
@@ -461,12 +469,12 @@ func agentTLS(ctx context.Context, kc kubernetes.Interface, namespace string, f 
 		ServerAddresses: []string{f.Agents.WithDefaults(namespace).ServerAddress}, Logger: log,
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if launcher != nil {
 		launcher.SetServerCAPublisher(current.Publish)
 	}
-	return cfg, nil
+	return cfg, current, nil
 }
 
 func inClusterNamespace() (string, error) {

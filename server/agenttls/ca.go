@@ -28,13 +28,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 )
 
 // Names of the objects, and the keys in them.
 const (
 	// SecretName holds the CA's certificate and key in the server's
 	// namespace.
-	SecretName = "etcdbackup-agent-ca"
+	SecretName = agentjob.AgentCASecret
 	// ConfigMapName holds the CA's certificate (CertKey) in every
 	// namespace agents run in.
 	ConfigMapName = "etcdbackup-agent-ca"

@@ -156,7 +156,7 @@ func TestPublish(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "app"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	_, current, err := agenttls.Setup(ctx, agenttls.Options{Client: cs, Namespace: ns, AgentNamespaces: []string{"app", ns}, FollowInterval: -1})
+	_, current, err := agenttls.Setup(ctx, agenttls.Options{Client: cs, Namespace: ns, AgentNamespaces: []string{"app", ns}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestServingCertIsRenewedWhileTheServerRuns(t *testing.T) {
 func TestFollowsTheCASecret(t *testing.T) {
 	ctx := context.Background()
 	cs := fake.NewClientset()
-	cfg, current, err := agenttls.Setup(ctx, agenttls.Options{Client: cs, Namespace: ns, AgentNamespaces: []string{"app"}, FollowInterval: -1})
+	cfg, current, err := agenttls.Setup(ctx, agenttls.Options{Client: cs, Namespace: ns, AgentNamespaces: []string{"app"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -29,14 +28,10 @@ type Options struct {
 	Logger          *slog.Logger
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
-	// FollowInterval is how often the CA Secret is read again, and the CA
-	// published where it was refused (Current.Refresh); 0 means 30 s,
-	// negative never.
-	FollowInterval time.Duration
 }
 
 // Current is the CA the agent port serves certificates of now. It follows
-// the CA Secret: a CA replaced by hand, or made anew after a restore of
+// the CA Secret (Refresh, called by the server's key loop): a CA replaced by hand, or made anew after a restore of
 // the cluster removed its Secret (snapshot.RevokeServerKeys), since every
 // backup of the cluster holds the CA's key.
 type Current struct {
@@ -109,37 +104,13 @@ func (c *Current) publishPending(ctx context.Context) {
 	})
 }
 
-// follow refreshes c every interval until ctx ends.
-func (c *Current) follow(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	failing := rate.Sometimes{Interval: time.Minute}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		changed, err := c.Refresh(ctx)
-		switch {
-		case c.o.Logger == nil:
-		case err != nil && ctx.Err() == nil:
-			failing.Do(func() {
-				c.o.Logger.Warn("cannot read the agent CA again; the one in force is kept", "error", err.Error())
-			})
-		case changed:
-			c.o.Logger.Warn("the agent CA changed (Secret "+SecretName+" was replaced, or removed by a restore of this cluster and made anew): the agent port serves a certificate of the new CA; agents started before cannot connect",
-				"namespace", c.o.Namespace)
-		}
-	}
-}
-
 // Setup makes the agent listener's TLS configuration: it reads or creates
 // the CA, issues the serving certificate and publishes the CA certificate
 // in the server's namespace (an error if that fails) and in the others
 // (one that refuses, missing or not yet allowed, is tried again until it
-// succeeds: restore Jobs there cannot start until then). Until ctx ends
-// it follows the CA Secret (Current.Refresh, every o.FollowInterval).
+// succeeds: restore Jobs there cannot start until then, and
+// Current.Refresh tries again). The caller follows the CA Secret by
+// calling Current.Refresh, which also publishes where it was refused.
 func Setup(ctx context.Context, o Options) (*tls.Config, *Current, error) {
 	c := &Current{o: o}
 	ca, err := EnsureCA(ctx, o.Client, o.Namespace, c.now())
@@ -162,13 +133,6 @@ func Setup(ctx context.Context, o Options) (*tls.Config, *Current, error) {
 		}
 	}
 	c.publishPending(ctx)
-	interval := o.FollowInterval
-	if interval == 0 {
-		interval = 30 * time.Second
-	}
-	if interval > 0 {
-		go c.follow(ctx, interval)
-	}
 	return cfg, c, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 )
@@ -37,50 +38,69 @@ const (
 	MethodPutDeltaLease = ebv1.AgentService_PutDeltaLease_FullMethodName
 )
 
-// Kinds of agent.
+// Kinds of agent, as Agent.Kind names them: agentjob.Kinds' rows,
+// whose columns say what each may do here.
 const (
-	AgentBackup  = "backup"
-	AgentRestore = "restore"
-	// AgentDrill downloads like a restore agent, into scratch space.
-	AgentDrill = "drill"
-	// AgentDelta watches a target's etcd and stores the delta segments
-	// of one chain (the full backup its Job names): it uploads segments
-	// of that chain only, and only while it holds the target's delta
-	// Lease (the request layer checks).
-	AgentDelta = "delta"
-	// AgentFold folds a delta chain into a new full backup: it downloads
-	// the chain's full and segments its Job pins, and uploads the one new
-	// backup its Job names.
-	AgentFold = "fold"
+	AgentBackup  = string(agentjob.Backup)
+	AgentRestore = string(agentjob.Restore)
+	AgentDrill   = string(agentjob.Drill)
+	AgentDelta   = string(agentjob.Delta)
+	AgentFold    = string(agentjob.Fold)
 )
 
-// Downloads says whether a's kind reads a backup: restore and drill
-// agents, each only the one its Job pins, and fold agents, only the
-// chain theirs pins.
-func (a *Agent) Downloads() bool {
-	return a.Kind == AgentRestore || a.Kind == AgentDrill || a.Kind == AgentFold
-}
+// spec is a's kind's row.
+func (a *Agent) spec() agentjob.Spec { return agentjob.Of(agentjob.Kind(a.Kind)) }
 
-// Uploads says whether a's kind stores backups: backup and fold agents,
-// each only the one its Job names, and delta agents, only their chain's
-// segments.
-func (a *Agent) Uploads() bool {
-	return a.Kind == AgentBackup || a.Kind == AgentDelta || a.Kind == AgentFold
+// Downloads says whether a's kind reads a backup (agentjob.Spec.Downloads):
+// restore and drill agents, each only the one its Job pins, and fold
+// agents, only the chain theirs pins.
+func (a *Agent) Downloads() bool { return a.spec().Downloads }
+
+// Uploads says whether a's kind stores backups (agentjob.Spec.Uploads):
+// backup and fold agents, each only the one its Job names, and delta
+// agents, only their chain's segments.
+func (a *Agent) Uploads() bool { return a.spec().Uploads }
+
+// The kinds that may upload, download and hold a delta Lease, named for
+// messages.
+var (
+	uploaders    = kindsThat(func(k agentjob.Spec) bool { return k.Uploads })
+	downloaders  = kindsThat(func(k agentjob.Spec) bool { return k.Downloads })
+	deltaWriters = kindsThat(func(k agentjob.Spec) bool { return k.DeltaWriter })
+)
+
+// kindsThat names the kinds of agent whose row has can, for messages:
+// "backup, delta and fold".
+func kindsThat(can func(agentjob.Spec) bool) string { return kindList("and", "", can) }
+
+// kindList names the kinds of agent whose row has can, each followed by
+// suffix, the last two joined by conj.
+func kindList(conj, suffix string, can func(agentjob.Spec) bool) string {
+	var names []string
+	for _, k := range agentjob.Kinds {
+		if can(k) {
+			names = append(names, string(k.Kind)+suffix)
+		}
+	}
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " " + conj + " " + names[len(names)-1]
 }
 
 // Agent is the caller on the agent listener, as the guard established it
 // from the API server: the Job its pod belongs to and what that Job was
 // created for. Handlers hold the call to exactly this.
 type Agent struct {
-	// Kind is AgentBackup or AgentRestore.
+	// Kind is one of agentjob.Kinds (AgentBackup, AgentRestore …).
 	Kind string
 	// JobNamespace and JobName name the agent's Job.
 	JobNamespace, JobName string
 	// Backup and Location are the backup the Job works on (the location
 	// by its resolved name), Target the etcd target's name.
 	Backup, Location, Target string
-	// SHA256 is the stored backup a restore Job was started for; empty
-	// for backup Jobs.
+	// SHA256 is the stored backup a restore or drill Job was started
+	// for; empty for the kinds that pin none.
 	SHA256 string
 	// Scheduled is a backup Job the server's schedule started: its
 	// upload is stored as a scheduled backup of Target.
@@ -104,7 +124,8 @@ type Agent struct {
 // lists.
 func (a *Agent) MayDownload(name, location string) (string, error) {
 	if !a.Downloads() {
-		return "", status.Errorf(codes.PermissionDenied, "%s may not download: only restore agents and drill agents may", a)
+		return "", status.Errorf(codes.PermissionDenied, "%s may not download: only %s may", a,
+			kindList("and", " agents", func(k agentjob.Spec) bool { return k.Downloads }))
 	}
 	if location != a.Location {
 		return "", status.Errorf(codes.PermissionDenied, "%s may download only from location %q, not %q", a, a.Location, location)
@@ -147,7 +168,8 @@ type AgentGuardConfig struct {
 	// the Pods and Jobs the caches (Pods, Jobs) cannot tell about, or all
 	// of them without caches (unless Lookups.Client is set).
 	Client kubernetes.Interface
-	// Namespace is the server's own, where backup Jobs run.
+	// Namespace is the server's own, where the Jobs of every kind but
+	// restores run.
 	Namespace string
 	// RestoreNamespaces are where restore Jobs run (the targets' restore
 	// namespaces); the server's namespace is always one.
@@ -198,9 +220,11 @@ var _ Guard = (*AgentGuard)(nil)
 // ServiceAccount in the server's namespace or a restore namespace, whose
 // pod still exists and is controlled by a Job the server created (its
 // signature, cfg.Signer, fits the Job's namespace, name, UID and what
-// it is for), in the namespace its kind and target run in, not finished. Backup Jobs may UploadBackup, restore Jobs
-// DownloadBackup, both GetServerInfo; the handlers then hold each call to
-// the Job's own backup (AgentFrom).
+// it is for), in the namespace its kind and target run in, not finished.
+// What a kind may call is its row of agentjob.Kinds: UploadBackup
+// (Uploads), DownloadBackup (Downloads), GetBackup and the delta Lease
+// (DeltaWriter); every kind GetServerInfo. The handlers then hold each
+// call to the Job's own backup (AgentFrom).
 func NewAgentGuard(cfg AgentGuardConfig) (*AgentGuard, error) {
 	switch {
 	case cfg.Client == nil:
@@ -225,7 +249,8 @@ func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Cont
 	case MethodUploadBackup, MethodDownloadBackup, MethodGetServerInfo, MethodGetBackup, MethodGetDeltaLease, MethodPutDeltaLease:
 	default:
 		return nil, status.Errorf(codes.PermissionDenied,
-			"%s: the agent port serves only UploadBackup (backup, delta and fold agents), DownloadBackup (restore, drill and fold agents), GetBackup, GetDeltaLease and PutDeltaLease (delta agents) and GetServerInfo; users reach the server through `kubectl etcdbackup` (port-forward)", fullMethod)
+			"%s: the agent port serves only UploadBackup (%s agents), DownloadBackup (%s agents), GetBackup, GetDeltaLease and PutDeltaLease (%s agents) and GetServerInfo; users reach the server through `kubectl etcdbackup` (port-forward)",
+			fullMethod, uploaders, downloaders, deltaWriters)
 	}
 	token, err := BearerToken(ctx)
 	if err != nil {
@@ -253,15 +278,16 @@ func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Cont
 	if err != nil {
 		return nil, err
 	}
+	kind := a.spec()
 	switch {
-	case fullMethod == MethodUploadBackup && !a.Uploads():
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only backup, delta and fold agents may upload", a.JobNamespace, a.JobName, a.Kind)
-	case fullMethod == MethodGetBackup && a.Kind != AgentDelta:
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only delta agents may read a backup's record", a.JobNamespace, a.JobName, a.Kind)
-	case (fullMethod == MethodGetDeltaLease || fullMethod == MethodPutDeltaLease) && a.Kind != AgentDelta:
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only delta agents hold a delta Lease", a.JobNamespace, a.JobName, a.Kind)
-	case fullMethod == MethodDownloadBackup && !a.Downloads():
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only restore, drill and fold agents may download", a.JobNamespace, a.JobName, a.Kind)
+	case fullMethod == MethodUploadBackup && !kind.Uploads:
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents may upload", a.JobNamespace, a.JobName, a.Kind, uploaders)
+	case fullMethod == MethodGetBackup && !kind.DeltaWriter:
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents may read a backup's record", a.JobNamespace, a.JobName, a.Kind, deltaWriters)
+	case (fullMethod == MethodGetDeltaLease || fullMethod == MethodPutDeltaLease) && !kind.DeltaWriter:
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents hold a delta Lease", a.JobNamespace, a.JobName, a.Kind, deltaWriters)
+	case fullMethod == MethodDownloadBackup && !kind.Downloads:
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents may download", a.JobNamespace, a.JobName, a.Kind, downloaders)
 	}
 	return WithAgent(ctx, a), nil
 }
@@ -380,7 +406,7 @@ func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*A
 	}
 	restoreNS, known := g.cfg.TargetNamespaces[c.Target]
 	// A drill needs no target: an uploaded backup is drilled too.
-	if !known && c.Kind != jobs.KindDrill {
+	if !known && !agentjob.Of(c.Kind).AnyBackup {
 		return nil, status.Errorf(codes.PermissionDenied, "Job %s is for target %q, which the server does not have", name, c.Target)
 	}
 	if err := g.checkKind(name, job, c, a, restoreNS); err != nil {
@@ -394,23 +420,26 @@ func (g *AgentGuard) agentOfJob(pod string, uid types.UID, job *batchv1.Job) (*A
 
 // checkKind checks what Job job (named name) may do as the kind of agent
 // its claims c say, where restores of its target run in restoreNS, and
-// completes a with that kind's part.
+// completes a with that kind's part: where it runs and what it pins are
+// its row of agentjob.Kinds; what a restore or a fold may read besides
+// is its Job's own (signed) list.
 func (g *AgentGuard) checkKind(name string, job *batchv1.Job, c jobs.JobClaims, a *Agent, restoreNS string) error {
-	switch c.Kind {
-	case jobs.KindBackup:
-		a.Kind = AgentBackup
-		// Backup Jobs run in the server's namespace only.
-		if job.Namespace != g.cfg.Namespace {
-			return status.Errorf(codes.PermissionDenied, "backup Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
-		}
-	case jobs.KindRestore:
-		a.Kind = AgentRestore
-		if job.Namespace != restoreNS {
-			return status.Errorf(codes.PermissionDenied, "restore Job %s is not in namespace %s, where restores of target %q run", name, restoreNS, c.Target)
-		}
-		if a.SHA256 == "" {
-			return status.Errorf(codes.PermissionDenied, "restore Job %s carries no %s annotation; start the restore again", name, jobs.AnnotationSHA256)
-		}
+	kind, ok := agentjob.OfComponent(job.Labels[jobs.LabelComponent])
+	if !ok || kind.Kind != c.Kind {
+		return status.Errorf(codes.PermissionDenied, "Job %s is not a %s agent (label %s=%q)", name,
+			kindList("or", "", func(agentjob.Spec) bool { return true }), jobs.LabelComponent, job.Labels[jobs.LabelComponent])
+	}
+	a.Kind = string(kind.Kind)
+	switch {
+	case kind.InRestoreNamespace && job.Namespace != restoreNS:
+		return status.Errorf(codes.PermissionDenied, "%s Job %s is not in namespace %s, where restores of target %q run", kind.Kind, name, restoreNS, c.Target)
+	case !kind.InRestoreNamespace && job.Namespace != g.cfg.Namespace:
+		return status.Errorf(codes.PermissionDenied, "%s Job %s is not in the server's namespace %s", kind.Kind, name, g.cfg.Namespace)
+	case kind.PinsBackup && a.SHA256 == "":
+		return status.Errorf(codes.PermissionDenied, "%s Job %s carries no %s annotation; start the %s again", kind.Kind, name, jobs.AnnotationSHA256, kind.Kind)
+	}
+	switch kind.Kind {
+	case agentjob.Restore:
 		// Signed with the rest (JobClaims.Segments).
 		segs, err := jobs.DecodeSegments(job.Annotations[jobs.AnnotationDeltaSegments])
 		if err != nil {
@@ -422,25 +451,7 @@ func (g *AgentGuard) checkKind(name string, job *batchv1.Job, c jobs.JobClaims, 
 				a.Segments[s.Name] = s.SHA256
 			}
 		}
-	case jobs.KindDelta:
-		a.Kind = AgentDelta
-		if job.Namespace != g.cfg.Namespace {
-			return status.Errorf(codes.PermissionDenied, "delta Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
-		}
-	case jobs.KindDrill:
-		a.Kind = AgentDrill
-		// Drill Jobs run in the server's namespace only.
-		if job.Namespace != g.cfg.Namespace {
-			return status.Errorf(codes.PermissionDenied, "drill Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
-		}
-		if a.SHA256 == "" {
-			return status.Errorf(codes.PermissionDenied, "drill Job %s carries no %s annotation; start the drill again", name, jobs.AnnotationSHA256)
-		}
-	case jobs.KindFold:
-		a.Kind = AgentFold
-		if job.Namespace != g.cfg.Namespace {
-			return status.Errorf(codes.PermissionDenied, "fold Job %s is not in the server's namespace %s", name, g.cfg.Namespace)
-		}
+	case agentjob.Fold:
 		in, err := jobs.ParseFoldInputs(c.FoldInputs)
 		if err != nil {
 			return status.Errorf(codes.PermissionDenied, "fold Job %s does not say which chain it folds: %v", name, err)
@@ -449,8 +460,6 @@ func (g *AgentGuard) checkKind(name string, job *batchv1.Job, c jobs.JobClaims, 
 		if _, self := a.Inputs[a.Backup]; self {
 			return status.Errorf(codes.PermissionDenied, "fold Job %s would store %q, which it also reads", name, a.Backup)
 		}
-	default:
-		return status.Errorf(codes.PermissionDenied, "Job %s is not a backup, restore, drill, delta or fold agent (label %s=%q)", name, jobs.LabelComponent, job.Labels[jobs.LabelComponent])
 	}
 	return nil
 }

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
@@ -650,5 +651,61 @@ func TestAgentGuardDeltaAgent(t *testing.T) {
 	// the server's to write.
 	if am := j.Spec.Template.Spec.AutomountServiceAccountToken; am == nil || *am {
 		t.Errorf("the delta pod automounts an API token (automountServiceAccountToken %v)", am)
+	}
+}
+
+// What a Job's pod may call is its kind's row of agentjob.Kinds, for
+// every kind: UploadBackup when it uploads, DownloadBackup when it
+// downloads, GetBackup and the delta Lease when it writes a delta chain,
+// GetServerInfo always.
+func TestAgentGuardFollowsTheKindTable(t *testing.T) {
+	c := newCluster(t)
+	ctx := context.Background()
+	seg := strings.Repeat("1", 64)
+	start := map[agentjob.Kind]func() (*batchv1.Job, error){
+		agentjob.Backup: func() (*batchv1.Job, error) {
+			return c.launcher.StartBackup(ctx, jobs.BackupSpec{Name: "b1", Location: "default", Target: target})
+		},
+		agentjob.Restore: func() (*batchv1.Job, error) { return c.restoreJob(t), nil },
+		agentjob.Drill: func() (*batchv1.Job, error) {
+			return c.launcher.StartDrill(ctx, jobs.DrillSpec{Backup: "b1", Location: "default", Target: "app", SHA256: sum})
+		},
+		agentjob.Delta: func() (*batchv1.Job, error) {
+			return c.launcher.StartDelta(ctx, jobs.DeltaSpec{Target: target, Chain: "b1", Location: "default", Period: time.Minute, MaxBytes: 1 << 20})
+		},
+		agentjob.Fold: func() (*batchv1.Job, error) {
+			return c.launcher.StartFold(ctx, jobs.FoldSpec{Target: target, Backup: jobs.FoldName(target.Name, 20), Location: "default",
+				Inputs: jobs.FoldInputs{Full: jobs.FoldRef{Name: "b1", SHA256: sum}, Segments: []jobs.FoldRef{{Name: "b1.delta-11", SHA256: seg}}, ToRevision: 20}})
+		},
+	}
+	for _, kind := range agentjob.Kinds {
+		t.Run(string(kind.Kind), func(t *testing.T) {
+			startJob, ok := start[kind.Kind]
+			if !ok {
+				t.Fatalf("no Job of kind %s here: add how to start one", kind.Kind)
+			}
+			j, err := startJob()
+			if err != nil {
+				t.Fatal(err)
+			}
+			tok := c.tokenFor(c.pod(t, j, string(kind.Kind)+"-pod", true))
+			for method, may := range map[string]bool{
+				auth.MethodUploadBackup: kind.Uploads, auth.MethodDownloadBackup: kind.Downloads,
+				auth.MethodGetBackup: kind.DeltaWriter, auth.MethodGetDeltaLease: kind.DeltaWriter, auth.MethodPutDeltaLease: kind.DeltaWriter,
+				auth.MethodGetServerInfo: true,
+			} {
+				admitted, err := c.guard.Admit(withToken(tok), method)
+				switch {
+				case may && err != nil:
+					t.Errorf("%s: %v; its row allows it", method, err)
+				case may:
+					if a, _ := auth.AgentFrom(admitted); a == nil || a.Kind != string(kind.Kind) || a.JobName != j.Name {
+						t.Errorf("%s: admitted as %+v", method, a)
+					}
+				case status.Code(err) != codes.PermissionDenied:
+					t.Errorf("%s: %v; its row does not allow it", method, err)
+				}
+			}
+		})
 	}
 }

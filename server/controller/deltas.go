@@ -79,6 +79,12 @@ func (c *Controller) superviseDelta(ctx context.Context, t config.Target, agents
 			}
 		case a.Phase == jobs.PhaseRunning:
 			running = true
+		case a.ChainEnded != "" && full != nil && a.Chain == full.Name && ended == "":
+			// The agent ended the chain but storage does not say so (the
+			// end could not be stored): the agent started below meets the
+			// same end and stores it.
+			c.log.Warn("delta agent ended its chain, which storage does not record yet; a new agent stores the end", "target", t.Name, "job", a.JobName,
+				"chain", a.Chain, "reason", a.ChainEnded)
 		}
 	}
 	if running {

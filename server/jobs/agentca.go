@@ -20,9 +20,9 @@ const (
 	ServerCAPath = ServerCADir + "/" + agenttls.CertKey
 )
 
-// withServerCA adds the CA ConfigMap's volume and the agent's --server-ca.
-func withServerCA(args []string, volumes []corev1.Volume, mounts []corev1.VolumeMount) ([]string, []corev1.Volume, []corev1.VolumeMount) {
-	args = append(args, "--server-ca="+ServerCAPath)
+// withServerCA adds the CA ConfigMap's volume, mounted where the
+// agent's --server-ca (Launcher.conn) reads it.
+func withServerCA(volumes []corev1.Volume, mounts []corev1.VolumeMount) ([]corev1.Volume, []corev1.VolumeMount) {
 	volumes = append(volumes, corev1.Volume{Name: "server-ca", VolumeSource: corev1.VolumeSource{
 		ConfigMap: &corev1.ConfigMapVolumeSource{
 			LocalObjectReference: corev1.LocalObjectReference{Name: agenttls.ConfigMapName},
@@ -31,7 +31,7 @@ func withServerCA(args []string, volumes []corev1.Volume, mounts []corev1.Volume
 		},
 	}})
 	mounts = append(mounts, corev1.VolumeMount{Name: "server-ca", MountPath: ServerCADir, ReadOnly: true})
-	return args, volumes, mounts
+	return volumes, mounts
 }
 
 // SetServerCAPublisher makes StartRestore call publish for the restore

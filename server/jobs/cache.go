@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
 
@@ -51,10 +52,16 @@ const (
 	byInvolved = "involved-object" // events by KIND/NAME of their object
 )
 
-// agentObjectName matches the names of agent Jobs of every kind (jobName,
-// jobNameKinds) and of their pods (the Job's name and a suffix the Job
-// controller adds).
-var agentObjectName = regexp.MustCompile(`^(?:` + strings.Join(jobNameKinds, "|") + `)-[a-z0-9-]*-[0-9a-f]{10}(?:-[a-z0-9]+)?$`)
+// agentObjectName matches the names of agent Jobs of every kind
+// (agentjob.Kind.JobName) and of their pods (the Job's name and a suffix
+// the Job controller adds).
+var agentObjectName = func() *regexp.Regexp {
+	kinds := make([]string, 0, len(agentjob.Kinds))
+	for _, k := range agentjob.Kinds {
+		kinds = append(kinds, regexp.QuoteMeta(string(k.Kind)))
+	}
+	return regexp.MustCompile(`^(?:` + strings.Join(kinds, "|") + `)-[a-z0-9-]*-[0-9a-f]{10}(?:-[a-z0-9]+)?$`)
+}()
 
 // agentObject says whether an event is about an agent Job or pod.
 func agentObject(o corev1.ObjectReference) bool {

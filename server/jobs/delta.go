@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -12,20 +11,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
-
-// ComponentDelta is the component label of delta agent Jobs.
-const ComponentDelta = "delta-agent"
-
-// KindDelta is a delta agent Job, as JobClaims name it.
-const KindDelta = "delta"
-
-// deltaSelector selects the server's delta agent Jobs.
-var deltaSelector = labels.SelectorFromSet(labels.Set{LabelComponent: ComponentDelta, LabelManagedBy: managedBy})
 
 // DeltaLeaseName is the Lease, in the server's namespace, that a target's
 // delta agent must hold to store segments: one writer per target, and
@@ -47,7 +37,7 @@ type DeltaSpec struct {
 }
 
 func deltaJobName(target, chain string) string {
-	return jobName(jobNameDelta, target, runID("delta", target, chain))
+	return KindDelta.JobName(target, runID("delta", target, chain))
 }
 
 // StartDelta creates the delta agent Job of spec in the server's
@@ -55,38 +45,29 @@ func deltaJobName(target, chain string) string {
 // chain replaces it) or its chain ends; a crashed agent is restarted in
 // its pod, and resumes where the stored chain ends.
 func (l *Launcher) StartDelta(ctx context.Context, spec DeltaSpec) (*batchv1.Job, error) {
-	return l.start(ctx, l.deltaJob(spec), "delta")
+	return l.start(ctx, l.deltaJob(spec))
 }
 
 func (l *Launcher) deltaJob(spec DeltaSpec) *batchv1.Job {
 	t := spec.Target
-	args := []string{
-		"delta",
-		"--server=" + l.agents.ServerAddress,
-		"--target=" + t.Name,
-		"--chain=" + spec.Chain,
-		"--location=" + spec.Location,
-		"--period=" + spec.Period.String(),
-		"--max-bytes=" + strconv.FormatInt(spec.MaxBytes, 10),
+	flags := agentjob.DeltaFlags{
+		Conn: l.conn(), Target: t.Name, Chain: spec.Chain, Location: spec.Location, Period: spec.Period, MaxBytes: spec.MaxBytes,
+		Compression: spec.Compression, EncryptTo: spec.AgeRecipients,
 	}
-	args, volumes, mounts := withEtcdAccess(t, spec.Compression, spec.AgeRecipients, args, nil, nil)
-	lbls := map[string]string{LabelComponent: ComponentDelta, LabelManagedBy: managedBy, LabelRun: runID("delta", t.Name, spec.Chain)}
-	ann := map[string]string{AnnotationBackup: spec.Chain, AnnotationLocation: spec.Location, AnnotationTarget: t.Name}
-	job := l.agentJob(agentSecurityContext(), args, volumes, mounts)
-	job.ObjectMeta = metav1.ObjectMeta{Name: deltaJobName(t.Name, spec.Chain), Namespace: l.namespace, Labels: lbls, Annotations: ann}
-	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: lbls, Annotations: ann}
-	// Long-running: no deadline, restarted in place when it crashes (the
-	// stored chain says where to resume), a few times.
-	job.Spec.ActiveDeadlineSeconds = nil
-	job.Spec.BackoffLimit = ptr.To[int32](6)
+	var volumes []corev1.Volume
+	var mounts []corev1.VolumeMount
+	flags.Etcd, volumes, mounts = etcdAccess(t, volumes, mounts)
+	job := l.agentJob(jobMeta{
+		name: deltaJobName(t.Name, spec.Chain), namespace: l.namespaceOf(KindDelta, t), run: runID("delta", t.Name, spec.Chain),
+		annotations: map[string]string{AnnotationBackup: spec.Chain, AnnotationLocation: spec.Location, AnnotationTarget: t.Name},
+	}, agentSecurityContext(), flags, volumes, mounts)
 	pod := &job.Spec.Template.Spec
-	pod.RestartPolicy = corev1.RestartPolicyOnFailure
 	// The agent holds its Lease through the server (deltalease.go): like
-	// every agent, it has no token for the API server.
-	// Time to store what it holds when it is stopped.
+	// every agent, it has no token for the API server. It needs time to
+	// store what it holds when it is stopped, and its pod's name, which
+	// starts its Lease holder identity.
 	pod.TerminationGracePeriodSeconds = ptr.To[int64](60)
 	c := &pod.Containers[0]
-	c.TerminationMessagePolicy = corev1.TerminationMessageReadFile
 	c.Env = append(c.Env, corev1.EnvVar{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}})
 	return job
 }
@@ -97,25 +78,27 @@ type DeltaRun struct {
 	Phase                            Phase
 	StartTime, FinishTime            time.Time
 	Message                          string
+	// ChainEnded is why the agent's chain ended, as the agent reported
+	// it (agentjob.DeltaEnd) when it finished; "" when it did not end
+	// its chain (stopped, or still running).
+	ChainEnded string
 }
 
 // Deltas returns every delta agent Job in the server's namespace, from the
 // cache.
 func (l *Launcher) Deltas(ctx context.Context) ([]DeltaRun, error) {
-	list, err := l.liveJobs(deltaSelector, "delta")
-	if err != nil {
-		return nil, err
-	}
-	runs := make([]DeltaRun, 0, len(list))
-	for _, j := range list {
-		phase, msg := l.phase(j)
+	return listRuns(l, KindDelta, func(j *batchv1.Job, phase Phase, msg string) (DeltaRun, bool) {
 		r := DeltaRun{
 			Target: j.Annotations[AnnotationTarget], Chain: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation],
 			JobName: j.Name, Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, FinishTime: finishTime(j),
 		}
-		runs = append(runs, r)
-	}
-	return runs, nil
+		if phase != PhaseRunning {
+			if end := reportOf[agentjob.DeltaEnd](l, j); end != nil {
+				r.ChainEnded = end.ChainEnded
+			}
+		}
+		return r, true
+	})
 }
 
 // StopDelta deletes a delta agent's Job; its pod gets SIGTERM, stores what

@@ -46,9 +46,9 @@ var (
 	ErrDeltaLeaseRefused = errors.New("delta Lease write refused")
 )
 
-// MaxDeltaLeaseSeconds bounds a delta Lease's duration: a longer one
+// maxDeltaLeaseSeconds bounds a delta Lease's duration: a longer one
 // would keep a dead agent's chain without a writer for that long.
-const MaxDeltaLeaseSeconds = 300
+const maxDeltaLeaseSeconds = 300
 
 // deltaLeases is what the Launcher keeps for the delta Leases: the client
 // they are read and written with (a rate limiter of their own, so that
@@ -115,7 +115,7 @@ func (l *Launcher) GetDeltaLease(ctx context.Context, target string) (DeltaLease
 // PutDeltaLease writes target's delta Lease for the agent in pod: it
 // creates it when want has no ResourceVersion, else updates the Lease
 // read at that version. It refuses (ErrDeltaLeaseRefused) a holder that
-// is not pod's, a duration out of [1s, MaxDeltaLeaseSeconds], taking a
+// is not pod's, a duration out of [1s, maxDeltaLeaseSeconds], taking a
 // Lease whose holder renewed it within its duration, releasing one pod
 // does not hold, and transitions other than client-go's elector writes:
 // unchanged while the holder is, one more when it changes.
@@ -129,8 +129,8 @@ func (l *Launcher) PutDeltaLease(ctx context.Context, target, pod string, want D
 		return refuse("the calling agent's pod is unknown")
 	case want.Holder != "" && !heldBy(want.Holder, pod):
 		return refuse("holder %q is not of the calling pod %s (POD_RANDOM)", want.Holder, pod)
-	case want.DurationSeconds < 1 || want.DurationSeconds > MaxDeltaLeaseSeconds:
-		return refuse("a duration of %ds is outside 1..%ds", want.DurationSeconds, MaxDeltaLeaseSeconds)
+	case want.DurationSeconds < 1 || want.DurationSeconds > maxDeltaLeaseSeconds:
+		return refuse("a duration of %ds is outside 1..%ds", want.DurationSeconds, maxDeltaLeaseSeconds)
 	}
 	leases := l.leaseClient().CoordinationV1().Leases(l.namespace)
 	now := metav1.NowMicro()

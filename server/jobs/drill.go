@@ -6,15 +6,10 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
-
-// ComponentDrill is the component label of restore drill Jobs.
-const ComponentDrill = "drill-agent"
-
-// drillSelector selects the server's drill agent Jobs.
-var drillSelector = labels.SelectorFromSet(labels.Set{LabelComponent: ComponentDrill, LabelManagedBy: managedBy})
 
 // DrillSpec is one backup to drill.
 type DrillSpec struct {
@@ -29,7 +24,7 @@ type DrillSpec struct {
 }
 
 func drillJobName(location, backup string) string {
-	return jobName(jobNameDrill, backup, runID("drill", location, backup))
+	return KindDrill.JobName(backup, runID("drill", location, backup))
 }
 
 // StartDrill creates the drill agent Job for spec in the server's
@@ -45,54 +40,32 @@ func (l *Launcher) StartDrill(ctx context.Context, spec DrillSpec) (*batchv1.Job
 			return nil, err
 		}
 	}
-	return l.start(ctx, l.drillJob(spec), "drill")
+	return l.start(ctx, l.drillJob(spec))
 }
 
 func (l *Launcher) drillJob(spec DrillSpec) *batchv1.Job {
-	args := []string{
-		"drill",
-		"--server=" + l.agents.ServerAddress,
-		"--name=" + spec.Backup,
-		"--location=" + spec.Location,
-		"--sha256=" + spec.SHA256,
-		"--scratch-dir=" + workMountPath,
-	}
+	flags := agentjob.DrillFlags{Conn: l.conn(), Name: spec.Backup, Location: spec.Location, SHA256: spec.SHA256, ScratchDir: workMountPath}
 	volumes := []corev1.Volume{{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	mounts := []corev1.VolumeMount{{Name: "work", MountPath: workMountPath}}
 	if spec.IdentitySecret != "" {
-		args = append(args, "--identity-dir="+identityMountPath)
+		flags.IdentityDir = identityMountPath
 		v, m := identityVolume(spec.IdentitySecret)
 		volumes, mounts = append(volumes, v), append(mounts, m)
 	}
-	id := runID("drill", spec.Location, spec.Backup)
-	lbls := map[string]string{LabelComponent: ComponentDrill, LabelManagedBy: managedBy, LabelRun: id}
+	job := l.agentJob(jobMeta{
+		name: drillJobName(spec.Location, spec.Backup), namespace: l.namespaceOf(KindDrill, config.Target{Name: spec.Target}), run: runID("drill", spec.Location, spec.Backup),
+		annotations: map[string]string{
+			AnnotationBackup: spec.Backup, AnnotationLocation: spec.Location, AnnotationTarget: spec.Target, AnnotationSHA256: spec.SHA256,
+		},
+	}, agentSecurityContext(), flags, volumes, mounts)
 	if spec.Scheduled {
-		lbls[LabelScheduled] = "true"
+		markScheduled(job)
 	}
-	ann := map[string]string{
-		AnnotationBackup: spec.Backup, AnnotationLocation: spec.Location, AnnotationTarget: spec.Target, AnnotationSHA256: spec.SHA256,
-	}
-	job := l.agentJob(agentSecurityContext(), args, volumes, mounts)
-	job.Spec.PodFailurePolicy = replacedWhenDisrupted()
-	// The verdict travels in the termination message; the agent exits
-	// non-zero when the backup failed the drill, so the Job shows it.
-	job.Spec.Template.Spec.Containers[0].TerminationMessagePolicy = corev1.TerminationMessageReadFile
-	job.ObjectMeta = metav1.ObjectMeta{Name: drillJobName(spec.Location, spec.Backup), Namespace: l.namespace, Labels: lbls, Annotations: ann}
-	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: lbls, Annotations: ann}
 	return job
 }
 
-// DrillVerdict is what a drill agent wrote as its termination message
-// (agents/drill.Result).
-type DrillVerdict struct {
-	Succeeded bool          `json:"succeeded"`
-	NoVerdict bool          `json:"noVerdict"`
-	Revision  int64         `json:"revision"`
-	Keys      int64         `json:"keys"`
-	HashKV    uint32        `json:"hashKV"`
-	Message   string        `json:"message"`
-	Duration  time.Duration `json:"duration"`
-}
+// DrillVerdict is what a drill agent reports.
+type DrillVerdict = agentjob.DrillVerdict
 
 // DrillRun is what the cluster says about one drill agent.
 type DrillRun struct {
@@ -111,13 +84,7 @@ type DrillRun struct {
 // Drills returns every drill agent Job in the server's namespace, from
 // the cache.
 func (l *Launcher) Drills(ctx context.Context) ([]DrillRun, error) {
-	list, err := l.liveJobs(drillSelector, "drill")
-	if err != nil {
-		return nil, err
-	}
-	runs := make([]DrillRun, 0, len(list))
-	for _, j := range list {
-		phase, msg := l.phase(j)
+	return listRuns(l, KindDrill, func(j *batchv1.Job, phase Phase, msg string) (DrillRun, bool) {
 		r := DrillRun{
 			Backup: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation], Target: j.Annotations[AnnotationTarget],
 			SHA256: j.Annotations[AnnotationSHA256], JobName: j.Name, Phase: phase, Message: msg,
@@ -125,20 +92,8 @@ func (l *Launcher) Drills(ctx context.Context) ([]DrillRun, error) {
 			Scheduled: j.Labels[LabelScheduled] == "true", Counted: j.Annotations[AnnotationCounted] == "true",
 		}
 		if phase != PhaseRunning {
-			r.Verdict = l.drillVerdict(j)
+			r.Verdict = reportOf[DrillVerdict](l, j)
 		}
-		runs = append(runs, r)
-	}
-	return runs, nil
-}
-
-// drillVerdict reads the verdict the agent's container wrote as its
-// termination message; nil when it wrote none (it could not run, or
-// reached no verdict).
-func (l *Launcher) drillVerdict(j *batchv1.Job) *DrillVerdict {
-	var v DrillVerdict
-	if l.terminationJSON(j, &v) {
-		return &v
-	}
-	return nil
+		return r, true
+	})
 }

@@ -3,7 +3,6 @@ package jobs
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,18 +10,11 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
-
-// ComponentFold is the component label of chain fold Jobs.
-const ComponentFold = "fold-agent"
-
-// KindFold is a fold agent Job, as JobClaims name it.
-const KindFold = "fold"
 
 // AnnotationFoldInputs holds, as JSON (FoldInputs), the chain a fold Job
 // reads: its full backup and segments, each pinned to its SHA-256. The
@@ -30,76 +22,32 @@ const KindFold = "fold"
 // API mounts, and the server lets the agent download exactly these.
 const AnnotationFoldInputs = "etcdbackup.io/fold-inputs"
 
-// MaxFoldSegments is the most segments one fold Job reads: the inputs
-// annotation (about 150 bytes a segment) stays well within the 256 KiB
-// a Job's annotations may hold.
-const MaxFoldSegments = 1000
+// MaxFoldSegments is the most segments one fold Job reads
+// (agentjob.MaxFoldSegments).
+const MaxFoldSegments = agentjob.MaxFoldSegments
 
-// foldInputsPath is where the inputs annotation appears in the agent.
+// foldInputsDir and foldInputsFile are where the inputs annotation
+// appears in the agent.
 const (
 	foldInputsDir  = "/etc/etcdbackup/fold"
 	foldInputsFile = "inputs.json"
 )
 
-// foldSelector selects the server's fold agent Jobs.
-var foldSelector = labels.SelectorFromSet(labels.Set{LabelComponent: ComponentFold, LabelManagedBy: managedBy})
-
 // FoldRef is a stored backup or segment a fold reads, and the SHA-256 it
 // must have.
-type FoldRef struct {
-	Name   string `json:"name"`
-	SHA256 string `json:"sha256"`
-}
+type FoldRef = agentjob.Ref
 
-// FoldInputs is the chain a fold Job replays (agents/fold.Inputs, the
-// same JSON).
-type FoldInputs struct {
-	Full       FoldRef   `json:"full"`
-	Segments   []FoldRef `json:"segments"`
-	ToRevision int64     `json:"toRevision"`
-}
+// FoldInputs is the chain a fold Job replays, as its AnnotationFoldInputs
+// holds it and its agent reads it.
+type FoldInputs = agentjob.FoldInputs
 
 // ParseFoldInputs reads AnnotationFoldInputs' value and checks it.
 func ParseFoldInputs(s string) (FoldInputs, error) {
-	var in FoldInputs
-	dec := json.NewDecoder(strings.NewReader(s))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		return in, fmt.Errorf("annotation %s: %w", AnnotationFoldInputs, err)
-	}
-	if err := in.validate(); err != nil {
+	in, err := agentjob.DecodeFoldInputs(strings.NewReader(s))
+	if err != nil {
 		return in, fmt.Errorf("annotation %s: %w", AnnotationFoldInputs, err)
 	}
 	return in, nil
-}
-
-func (in FoldInputs) validate() error {
-	switch {
-	case in.Full.Name == "" || in.Full.SHA256 == "":
-		return errors.New("no full backup pinned to its SHA-256")
-	case len(in.Segments) == 0:
-		return errors.New("no delta segments")
-	case len(in.Segments) > MaxFoldSegments:
-		return fmt.Errorf("%d delta segments, more than one fold reads (%d)", len(in.Segments), MaxFoldSegments)
-	case in.ToRevision <= 0:
-		return fmt.Errorf("revision %d to fold to", in.ToRevision)
-	}
-	for _, s := range in.Segments {
-		if s.Name == "" || s.SHA256 == "" {
-			return fmt.Errorf("delta segment %q is not pinned to a SHA-256", s.Name)
-		}
-	}
-	return nil
-}
-
-// Pins maps every backup and segment the inputs name to its SHA-256.
-func (in FoldInputs) Pins() map[string]string {
-	m := make(map[string]string, len(in.Segments)+1)
-	m[in.Full.Name] = in.Full.SHA256
-	for _, s := range in.Segments {
-		m[s.Name] = s.SHA256
-	}
-	return m
 }
 
 // FoldSpec is one chain to fold into Backup, a new full backup of Target
@@ -122,7 +70,7 @@ func FoldName(target string, revision int64) string {
 }
 
 func foldJobName(location, backup string) string {
-	return jobName(jobNameFold, backup, runID("fold", location, backup))
+	return KindFold.JobName(backup, runID("fold", location, backup))
 }
 
 // StartFold creates the fold agent Job of spec in the server's namespace.
@@ -139,11 +87,11 @@ func (l *Launcher) StartFold(ctx context.Context, spec FoldSpec) (*batchv1.Job, 
 	if err != nil {
 		return nil, err
 	}
-	return l.start(ctx, job, "fold")
+	return l.start(ctx, job)
 }
 
 func (l *Launcher) foldJob(spec FoldSpec) (*batchv1.Job, error) {
-	if err := spec.Inputs.validate(); err != nil {
+	if err := spec.Inputs.Validate(); err != nil {
 		return nil, fmt.Errorf("fold of chain %q: %w", spec.Inputs.Full.Name, err)
 	}
 	inputs, err := json.Marshal(spec.Inputs)
@@ -151,20 +99,10 @@ func (l *Launcher) foldJob(spec FoldSpec) (*batchv1.Job, error) {
 		return nil, err
 	}
 	t := spec.Target
-	args := []string{
-		"fold",
-		"--server=" + l.agents.ServerAddress,
-		"--target=" + t.Name,
-		"--name=" + spec.Backup,
-		"--location=" + spec.Location,
-		"--inputs-file=" + foldInputsDir + "/" + foldInputsFile,
-		"--scratch-dir=" + workMountPath,
-	}
-	if spec.Compression != "" {
-		args = append(args, "--compression="+spec.Compression)
-	}
-	for _, r := range spec.AgeRecipients {
-		args = append(args, "--encrypt-to="+r)
+	flags := agentjob.FoldFlags{
+		Conn: l.conn(), Target: t.Name, Name: spec.Backup, Location: spec.Location,
+		InputsFile: foldInputsDir + "/" + foldInputsFile, ScratchDir: workMountPath,
+		Compression: spec.Compression, EncryptTo: spec.AgeRecipients,
 	}
 	volumes := []corev1.Volume{
 		{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
@@ -183,39 +121,24 @@ func (l *Launcher) foldJob(spec FoldSpec) (*batchv1.Job, error) {
 		{Name: "fold-inputs", MountPath: foldInputsDir, ReadOnly: true},
 	}
 	if spec.IdentitySecret != "" {
-		args = append(args, "--identity-dir="+identityMountPath)
+		flags.IdentityDir = identityMountPath
 		v, m := identityVolume(spec.IdentitySecret)
 		volumes, mounts = append(volumes, v), append(mounts, m)
 	}
-	lbls := map[string]string{LabelComponent: ComponentFold, LabelManagedBy: managedBy, LabelRun: runID("fold", spec.Location, spec.Backup)}
-	ann := map[string]string{
-		AnnotationBackup: spec.Backup, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
-		AnnotationFoldInputs: string(inputs),
-	}
-	job := l.agentJob(agentSecurityContext(), args, volumes, mounts)
-	// The verdict travels in the termination message; the agent exits
-	// non-zero when the chain did not fold, so the Job shows it.
-	job.Spec.Template.Spec.Containers[0].TerminationMessagePolicy = corev1.TerminationMessageReadFile
-	job.ObjectMeta = metav1.ObjectMeta{Name: foldJobName(spec.Location, spec.Backup), Namespace: l.namespace, Labels: lbls, Annotations: ann}
-	// The pod's own annotations carry the inputs too: the downward API
-	// reads the pod's, not the Job's.
-	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: lbls, Annotations: ann}
+	// The pod's annotations carry the inputs too (agentJob copies them):
+	// the downward API reads the pod's, not the Job's.
+	job := l.agentJob(jobMeta{
+		name: foldJobName(spec.Location, spec.Backup), namespace: l.namespaceOf(KindFold, t), run: runID("fold", spec.Location, spec.Backup),
+		annotations: map[string]string{
+			AnnotationBackup: spec.Backup, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
+			AnnotationFoldInputs: string(inputs),
+		},
+	}, agentSecurityContext(), flags, volumes, mounts)
 	return job, nil
 }
 
-// FoldVerdict is what a fold agent wrote as its termination message
-// (agents/fold.Result).
-type FoldVerdict struct {
-	Succeeded bool          `json:"succeeded"`
-	NoVerdict bool          `json:"noVerdict"`
-	Backup    string        `json:"backup"`
-	Revision  int64         `json:"revision"`
-	Keys      int64         `json:"keys"`
-	HashKV    uint32        `json:"hashKV"`
-	Revisions int64         `json:"revisions"`
-	Message   string        `json:"message"`
-	Duration  time.Duration `json:"duration"`
-}
+// FoldVerdict is what a fold agent reports.
+type FoldVerdict = agentjob.FoldVerdict
 
 // FoldRun is what the cluster says about one fold agent.
 type FoldRun struct {
@@ -234,13 +157,7 @@ type FoldRun struct {
 // Folds returns every fold agent Job in the server's namespace, from the
 // cache.
 func (l *Launcher) Folds(ctx context.Context) ([]FoldRun, error) {
-	list, err := l.liveJobs(foldSelector, "fold")
-	if err != nil {
-		return nil, err
-	}
-	runs := make([]FoldRun, 0, len(list))
-	for _, j := range list {
-		phase, msg := l.phase(j)
+	return listRuns(l, KindFold, func(j *batchv1.Job, phase Phase, msg string) (FoldRun, bool) {
 		r := FoldRun{
 			Target: j.Annotations[AnnotationTarget], Backup: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation],
 			JobName: j.Name, Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, FinishTime: finishTime(j),
@@ -250,19 +167,8 @@ func (l *Launcher) Folds(ctx context.Context) ([]FoldRun, error) {
 			r.Chain, r.ToRevision = in.Full.Name, in.ToRevision
 		}
 		if phase != PhaseRunning {
-			r.Verdict = l.foldVerdict(j)
+			r.Verdict = reportOf[FoldVerdict](l, j)
 		}
-		runs = append(runs, r)
-	}
-	return runs, nil
-}
-
-// foldVerdict reads the verdict the agent's container wrote as its
-// termination message; nil when it wrote none.
-func (l *Launcher) foldVerdict(j *batchv1.Job) *FoldVerdict {
-	var v FoldVerdict
-	if l.terminationJSON(j, &v) {
-		return &v
-	}
-	return nil
+		return r, true
+	})
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 )
@@ -794,47 +795,90 @@ func waiting(reason, msg string) corev1.ContainerStatus {
 func runOf(t *testing.T, l *jobs.Launcher, kind, name string) (jobs.Phase, string) {
 	t.Helper()
 	ctx := context.Background()
+	// What every kind's run says: its Job, phase and message.
+	type run struct {
+		job   string
+		phase jobs.Phase
+		msg   string
+	}
+	var runs []run
+	var err error
 	switch kind {
 	case "drill":
-		runs, err := l.Drills(ctx)
-		for _, r := range runs {
-			if r.JobName == name {
-				return r.Phase, r.Message
-			}
+		var rs []jobs.DrillRun
+		rs, err = l.Drills(ctx)
+		for _, r := range rs {
+			runs = append(runs, run{r.JobName, r.Phase, r.Message})
 		}
-		t.Fatalf("no drill run %s: %v", name, err)
 	case "delta":
-		runs, err := l.Deltas(ctx)
-		for _, r := range runs {
-			if r.JobName == name {
-				return r.Phase, r.Message
-			}
+		var rs []jobs.DeltaRun
+		rs, err = l.Deltas(ctx)
+		for _, r := range rs {
+			runs = append(runs, run{r.JobName, r.Phase, r.Message})
 		}
-		t.Fatalf("no delta run %s: %v", name, err)
 	case "fold":
-		runs, err := l.Folds(ctx)
-		for _, r := range runs {
-			if r.JobName == name {
-				return r.Phase, r.Message
-			}
+		var rs []jobs.FoldRun
+		rs, err = l.Folds(ctx)
+		for _, r := range rs {
+			runs = append(runs, run{r.JobName, r.Phase, r.Message})
 		}
-		t.Fatalf("no fold run %s: %v", name, err)
 	case "restore":
-		members, err := l.ListRestores(ctx, "default", "b1", restoreTarget)
-		for _, m := range members {
-			if m.JobName == name {
-				return m.Phase, m.Message
-			}
+		var ms map[string]jobs.MemberRun
+		ms, err = l.ListRestores(ctx, "default", "b1", restoreTarget)
+		for _, m := range ms {
+			runs = append(runs, run{m.JobName, m.Phase, m.Message})
 		}
-		t.Fatalf("no restore run %s: %v (%v)", name, err, members)
 	default:
-		runs, err := l.List(ctx)
-		for _, r := range runs {
-			if r.JobName == name {
-				return r.Phase, r.Message
-			}
+		var rs []jobs.Run
+		rs, err = l.List(ctx)
+		for _, r := range rs {
+			runs = append(runs, run{r.JobName, r.Phase, r.Message})
 		}
-		t.Fatalf("no backup run %s: %v", name, err)
 	}
+	for _, r := range runs {
+		if r.job == name {
+			return r.phase, r.msg
+		}
+	}
+	t.Fatalf("no %s run %s: %v (%v)", kind, name, err, runs)
 	return "", ""
+}
+
+// A delta agent that ended its chain reports why; the server reads it
+// back with the finished run, and nothing from a run still going.
+func TestDeltaRunReportsItsChainEnd(t *testing.T) {
+	l, cs := newLauncher(t, config.Agents{})
+	ctx := context.Background()
+	job, err := l.StartDelta(ctx, jobs.DeltaSpec{Target: target, Chain: "b1", Location: "default", Period: time.Minute, MaxBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const reason = "etcd compacted revision 120 past the agent's position 100"
+	end, err := agentjob.DeltaEnd{ChainEnded: reason}.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: job.Name + "-x", Labels: podLabels(job)},
+		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "agent", State: corev1.ContainerState{
+			Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: string(end)},
+		}}}},
+	}
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	synced(t, l)
+	if runs, err := l.Deltas(ctx); err != nil || len(runs) != 1 || runs[0].Phase != jobs.PhaseRunning || runs[0].ChainEnded != "" {
+		t.Fatalf("running delta agent: %+v, %v; want Running without a chain end", runs, err)
+	}
+	job.Status.Succeeded = 1
+	job.Status.Conditions = []batchv1.JobCondition{{Type: batchv1.JobComplete, Status: corev1.ConditionTrue}}
+	if _, err := cs.BatchV1().Jobs(ns).UpdateStatus(ctx, job, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	synced(t, l)
+	runs, err := l.Deltas(ctx)
+	if err != nil || len(runs) != 1 || runs[0].Phase != jobs.PhaseSucceeded || runs[0].ChainEnded != reason || runs[0].Chain != "b1" {
+		t.Fatalf("finished delta agent: %+v, %v; want Succeeded, its chain b1 ended: %q", runs, err, reason)
+	}
 }

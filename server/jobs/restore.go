@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
 	"slices"
 	"strconv"
@@ -17,9 +18,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 )
 
@@ -54,9 +55,9 @@ const (
 	// args, so the pod reads it as a file (segmentsMountPath) through the
 	// downward API, and the agent port lets the Job download exactly these.
 	AnnotationDeltaSegments = "etcdbackup.io/delta-segments"
-	// MaxSegmentsBytes bounds AnnotationDeltaSegments: all of an object's
+	// maxSegmentsBytes bounds AnnotationDeltaSegments: all of an object's
 	// annotations together may take 256 KiB, and the Job carries others.
-	MaxSegmentsBytes = 200 << 10
+	maxSegmentsBytes = 200 << 10
 
 	// segmentsMountPath is where the downward API shows the segment list.
 	segmentsMountPath = "/etc/etcdbackup/delta-segments"
@@ -64,12 +65,9 @@ const (
 )
 
 // SegmentPin is one delta segment a restore to a point replays: the
-// agent downloads only this content under this name. Its JSON is what
-// etcdbackup-agent restore --segments-file reads.
-type SegmentPin struct {
-	Name   string `json:"name"`
-	SHA256 string `json:"sha256"`
-}
+// agent downloads only this content under this name. A JSON list of
+// them is what etcdbackup-agent restore --segments-file reads.
+type SegmentPin = agentjob.Ref
 
 // ErrTooManySegments is EncodeSegments' refusal of a list that does not
 // fit in an annotation.
@@ -84,8 +82,8 @@ func EncodeSegments(segs []SegmentPin) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if len(b) > MaxSegmentsBytes {
-		return "", fmt.Errorf("%w: %d segments take %d bytes, at most %d fit", ErrTooManySegments, len(segs), len(b), MaxSegmentsBytes)
+	if len(b) > maxSegmentsBytes {
+		return "", fmt.Errorf("%w: %d segments take %d bytes, at most %d fit", ErrTooManySegments, len(segs), len(b), maxSegmentsBytes)
 	}
 	return string(b), nil
 }
@@ -180,7 +178,7 @@ func (l *Launcher) MemberPods(ctx context.Context, t config.Target) (map[string]
 	for i := range list.Items {
 		p := &list.Items[i]
 		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
-			(p.Labels[LabelManagedBy] == managedBy && p.Labels[LabelComponent] == componentRestore) {
+			(p.Labels[LabelManagedBy] == managedBy && p.Labels[LabelComponent] == ComponentRestore) {
 			continue
 		}
 		for _, m := range t.Members {
@@ -286,7 +284,7 @@ func (spec RestoreSpec) ToPoint() bool { return spec.ToRevision > 0 || !spec.ToT
 // RestoreJobName is the Job that restores member of target from backup
 // (location, name): one per member and backup.
 func RestoreJobName(location, name, target, member string) string {
-	return jobName(jobNameRestore, member, runID(location, name, target, member))
+	return KindRestore.JobName(member, runID(location, name, target, member))
 }
 
 // StartRestore creates one restore agent Job per member of spec.Target.
@@ -294,7 +292,8 @@ func RestoreJobName(location, name, target, member string) string {
 // running, nothing is created and ErrRunning is returned. Whether one
 // runs is asked of the API, not the cache: it decides deletes.
 func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batchv1.Job, error) {
-	jobs := l.client.BatchV1().Jobs(l.RestoreNamespace(spec.Target))
+	ns := l.namespaceOf(KindRestore, spec.Target)
+	jobs := l.client.BatchV1().Jobs(ns)
 	var want []*batchv1.Job
 	for _, m := range spec.Target.Members {
 		j, err := l.restoreJob(spec, m)
@@ -317,7 +316,7 @@ func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batch
 		}
 		old[j.Name] = o
 	}
-	if err := l.ensureServerCA(ctx, l.RestoreNamespace(spec.Target)); err != nil {
+	if err := l.ensureServerCA(ctx, ns); err != nil {
 		return nil, err
 	}
 	var out []*batchv1.Job
@@ -342,71 +341,48 @@ func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batch
 
 func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) (*batchv1.Job, error) {
 	t := spec.Target
-	pod := restorePod(spec, m, l.agents.ServerAddress)
+	pod := restorePod(spec, m, l.conn())
 	if spec.IdentitySecret != "" {
 		pod.addIdentity(spec.IdentitySecret)
 	}
-	annotations := func() map[string]string {
-		return map[string]string{
-			AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
-			AnnotationSHA256: spec.SHA256, AnnotationBumpRevision: strconv.FormatInt(spec.BumpRevision, 10),
-		}
+	ann := map[string]string{
+		AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name, AnnotationMember: m.Name,
+		AnnotationSHA256: spec.SHA256, AnnotationBumpRevision: strconv.FormatInt(spec.BumpRevision, 10),
 	}
-	jobAnn, podAnn := annotations(), annotations()
 	if spec.ToPoint() {
 		point, err := pod.addPoint(spec)
 		if err != nil {
 			return nil, err
 		}
-		for k, v := range point {
-			jobAnn[k], podAnn[k] = v, v
-		}
+		maps.Copy(ann, point)
 	}
-	id := runID(spec.Location, spec.Name, t.Name, m.Name)
-	labels := map[string]string{LabelComponent: componentRestore, LabelManagedBy: managedBy, LabelRun: id}
-	job := l.agentJob(restoreSecurityContext(t), pod.args, pod.volumes, pod.mounts)
-	job.ObjectMeta = metav1.ObjectMeta{
-		Name:        RestoreJobName(spec.Location, spec.Name, t.Name, m.Name),
-		Namespace:   l.RestoreNamespace(t),
-		Labels:      labels,
-		Annotations: jobAnn,
-	}
-	job.Spec.Template.ObjectMeta = metav1.ObjectMeta{Labels: labels, Annotations: podAnn}
+	job := l.agentJob(jobMeta{
+		name: RestoreJobName(spec.Location, spec.Name, t.Name, m.Name), namespace: l.namespaceOf(KindRestore, t),
+		run: runID(spec.Location, spec.Name, t.Name, m.Name), annotations: ann,
+	}, restoreSecurityContext(t), pod.flags, pod.volumes, pod.mounts)
 	job.Spec.Template.Spec.NodeName = m.NodeName
 	return job, nil
 }
 
 // restoreAgentPod is what a restore agent's container is given: its
-// arguments, and the volumes with where they are mounted.
+// flags, and the volumes with where they are mounted.
 type restoreAgentPod struct {
-	args    []string
+	flags   agentjob.RestoreFlags
 	volumes []corev1.Volume
 	mounts  []corev1.VolumeMount
 }
 
-// restorePod is member m's restore agent for spec, reaching the server at
-// server: the arguments of a plain restore, the member's data volume and
-// a scratch volume.
-func restorePod(spec RestoreSpec, m config.Member, server string) *restoreAgentPod {
+// restorePod is member m's restore agent for spec, reaching the server by
+// conn: the flags of a plain restore, the member's data volume and a
+// scratch volume.
+func restorePod(spec RestoreSpec, m config.Member, conn agentjob.Conn) *restoreAgentPod {
 	t := spec.Target
-	args := []string{
-		"restore",
-		"--server=" + server,
-		"--name=" + spec.Name,
-		"--location=" + spec.Location,
-		"--data-dir=" + dataDirIn(m),
-		"--work-dir=" + workMountPath + "/download",
-		"--member-name=" + m.Name,
-		"--initial-cluster=" + InitialCluster(t),
-		"--initial-advertise-peer-urls=" + m.PeerURL,
-		"--sha256=" + spec.SHA256,
-		"--bump-revision=" + strconv.FormatInt(spec.BumpRevision, 10),
-	}
-	if t.InitialClusterToken != "" {
-		args = append(args, "--initial-cluster-token="+t.InitialClusterToken)
-	}
-	if spec.MoveAside {
-		args = append(args, "--move-aside")
+	flags := agentjob.RestoreFlags{
+		Conn: conn, Name: spec.Name, Location: spec.Location,
+		DataDir: dataDirIn(m), WorkDir: workMountPath + "/download",
+		MemberName: m.Name, InitialCluster: InitialCluster(t), InitialAdvertisePeerURLs: []string{m.PeerURL},
+		SHA256: spec.SHA256, BumpRevision: spec.BumpRevision,
+		InitialClusterToken: t.InitialClusterToken, MoveAside: spec.MoveAside,
 	}
 	data := corev1.Volume{Name: "data"}
 	if c := m.Volume.PersistentVolumeClaim; c != nil {
@@ -415,7 +391,7 @@ func restorePod(spec RestoreSpec, m config.Member, server string) *restoreAgentP
 		data.HostPath = &corev1.HostPathVolumeSource{Path: h.Path, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}
 	}
 	return &restoreAgentPod{
-		args:    args,
+		flags:   flags,
 		volumes: []corev1.Volume{data, {Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
 		mounts:  []corev1.VolumeMount{{Name: "data", MountPath: restoreMountPath}, {Name: "work", MountPath: workMountPath}},
 	}
@@ -443,7 +419,7 @@ func restoreSecurityContext(t config.Target) *corev1.PodSecurityContext {
 // member's data, saying that the restore's --identity-secret is missing
 // and how to create it.
 func (p *restoreAgentPod) addIdentity(secret string) {
-	p.args = append(p.args, "--identity-dir="+identityMountPath)
+	p.flags.IdentityDir = identityMountPath
 	p.volumes = append(p.volumes, corev1.Volume{Name: "age-identity", VolumeSource: corev1.VolumeSource{
 		// Readable by the agent's group (fsGroup) only.
 		Secret: &corev1.SecretVolumeSource{SecretName: secret, DefaultMode: ptr.To[int32](0o440), Optional: ptr.To(true)},
@@ -452,7 +428,7 @@ func (p *restoreAgentPod) addIdentity(secret string) {
 }
 
 // addPoint makes the restore one to spec's point: the point and the delta
-// segments that reach it as arguments and a mounted file. It returns the
+// segments that reach it as flags and a mounted file. It returns the
 // annotations that record them on the Job and its pod.
 func (p *restoreAgentPod) addPoint(spec RestoreSpec) (map[string]string, error) {
 	segs, err := EncodeSegments(spec.Segments)
@@ -462,22 +438,20 @@ func (p *restoreAgentPod) addPoint(spec RestoreSpec) (map[string]string, error) 
 	point := map[string]string{AnnotationDeltaSegments: segs}
 	if spec.ToRevision > 0 {
 		point[AnnotationToRevision] = strconv.FormatInt(spec.ToRevision, 10)
-		p.args = append(p.args, "--to-revision="+point[AnnotationToRevision])
+		p.flags.ToRevision = spec.ToRevision
 	} else {
 		point[AnnotationToTime] = spec.ToTime.UTC().Format(time.RFC3339Nano)
-		p.args = append(p.args, "--to-time="+point[AnnotationToTime])
+		p.flags.ToTime = point[AnnotationToTime]
 		if spec.ToMinRevision > 0 {
 			point[AnnotationToMinRevision] = strconv.FormatInt(spec.ToMinRevision, 10)
-			p.args = append(p.args, "--to-min-revision="+point[AnnotationToMinRevision])
+			p.flags.ToMinRevision = spec.ToMinRevision
 		}
 	}
 	// The list reaches the agent as a file of the pod's annotation;
 	// its digest in args, which no one can edit in a running pod,
 	// makes the agent refuse an edited one.
-	p.args = append(p.args, "--segments-file="+path.Join(segmentsMountPath, segmentsFile), "--segments-sha256="+segmentsDigest(segs))
-	if spec.AllowLeaseLoss {
-		p.args = append(p.args, "--allow-lease-loss")
-	}
+	p.flags.SegmentsFile, p.flags.SegmentsSHA256 = path.Join(segmentsMountPath, segmentsFile), segmentsDigest(segs)
+	p.flags.AllowLeaseLoss = spec.AllowLeaseLoss
 	p.volumes = append(p.volumes, corev1.Volume{Name: "delta-segments", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{
 		Items: []corev1.DownwardAPIVolumeFile{{
 			Path:     segmentsFile,
@@ -500,9 +474,6 @@ type MemberRun struct {
 	BumpRevision int64
 }
 
-// restoreSelector selects the server's restore agent Jobs.
-var restoreSelector = labels.SelectorFromSet(labels.Set{LabelComponent: componentRestore, LabelManagedBy: managedBy})
-
 // restoreJobs returns the restore agent Jobs of namespace ns, from the
 // cache.
 func (l *Launcher) restoreJobs(ns string) ([]*batchv1.Job, error) {
@@ -510,7 +481,7 @@ func (l *Launcher) restoreJobs(ns string) ([]*batchv1.Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	list, err := nc.jobList(restoreSelector)
+	list, err := nc.jobList(selectorOf(KindRestore))
 	if err != nil {
 		return nil, fmt.Errorf("list restore jobs in namespace %s: %w", ns, err)
 	}

@@ -17,6 +17,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 )
 
 // Agent Jobs are vouched for by the server: after creating one it
@@ -33,7 +36,7 @@ const (
 	// SigningKeySecret is the Secret, in the server's namespace, that
 	// holds the key (data key SigningKeyField), so that Jobs signed before
 	// a restart are recognised after it.
-	SigningKeySecret = "etcdbackup-job-signing-key"
+	SigningKeySecret = agentjob.SigningKeySecret
 	// SigningKeyField is the Secret's data key.
 	SigningKeyField = "key"
 	// signingKeySize is the key's length in bytes.
@@ -95,20 +98,13 @@ func LoadSigner(ctx context.Context, client kubernetes.Interface, namespace stri
 	return signer, nil
 }
 
-// Kinds of agent Job, as JobClaims name them.
-const (
-	KindBackup  = "backup"
-	KindRestore = "restore"
-	KindDrill   = "drill"
-)
-
 // JobClaims is what a Job's signature vouches for.
 type JobClaims struct {
 	Namespace, Name string
 	UID             types.UID
-	// Kind is KindBackup, KindRestore, KindDrill, KindDelta or KindFold
-	// (from the component label).
-	Kind                     string
+	// Kind is the row of agentjob.Kinds whose component label the Job
+	// carries; "" for none.
+	Kind                     agentjob.Kind
 	Backup, Location, Target string
 	// SHA256 is the backup a restore or drill Job reads; "" for backups.
 	SHA256 string
@@ -141,20 +137,11 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 	if segs, ok := j.Annotations[AnnotationDeltaSegments]; ok {
 		c.Segments = segmentsDigest(segs)
 	}
-	if j.Labels[LabelComponent] == ComponentFold {
-		c.FoldInputs = j.Annotations[AnnotationFoldInputs]
+	if k, ok := agentjob.OfComponent(j.Labels[LabelComponent]); ok {
+		c.Kind = k.Kind
 	}
-	switch j.Labels[LabelComponent] {
-	case componentBackup:
-		c.Kind = KindBackup
-	case componentRestore:
-		c.Kind = KindRestore
-	case ComponentDrill:
-		c.Kind = KindDrill
-	case ComponentDelta:
-		c.Kind = KindDelta
-	case ComponentFold:
-		c.Kind = KindFold
+	if c.Kind == KindFold {
+		c.FoldInputs = j.Annotations[AnnotationFoldInputs]
 	}
 	return c
 }
@@ -163,7 +150,7 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 // strings, whose encoding of each element is unambiguous.
 func (c JobClaims) canonical() []byte {
 	fields := []string{
-		signatureDomain, c.Namespace, c.Name, string(c.UID), c.Kind,
+		signatureDomain, c.Namespace, c.Name, string(c.UID), string(c.Kind),
 		c.Backup, c.Location, c.Target, c.SHA256, strconv.FormatBool(c.Scheduled),
 	}
 	// Only a restore to a point says more, so that Jobs signed before
@@ -192,10 +179,10 @@ func (s *Signer) Sign(c JobClaims) string {
 	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
 }
 
-// ErrUnsigned and ErrBadSignature are Verify's refusals.
+// errUnsigned and errBadSignature are Verify's refusals.
 var (
-	ErrUnsigned     = errors.New("the Job carries no " + AnnotationSignature + " annotation: the server did not create it")
-	ErrBadSignature = errors.New("the Job's " + AnnotationSignature + " annotation does not match what the Job says it is (its namespace, name, UID, kind, backup, location, target, SHA-256, point and delta segments): the server did not create it as it is")
+	errUnsigned     = errors.New("the Job carries no " + AnnotationSignature + " annotation: the server did not create it")
+	errBadSignature = errors.New("the Job's " + AnnotationSignature + " annotation does not match what the Job says it is (its namespace, name, UID, kind, backup, location, target, SHA-256, point and delta segments): the server did not create it as it is")
 )
 
 // Verify checks that j carries the server's signature of what it says
@@ -203,16 +190,91 @@ var (
 func (s *Signer) Verify(j *batchv1.Job) error {
 	got := j.Annotations[AnnotationSignature]
 	if got == "" {
-		return ErrUnsigned
+		return errUnsigned
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(got)
 	if err != nil {
-		return ErrBadSignature
+		return errBadSignature
 	}
 	mac := hmac.New(sha256.New, s.key)
 	mac.Write(ClaimsOf(j).canonical())
 	if !hmac.Equal(sig, mac.Sum(nil)) {
-		return ErrBadSignature
+		return errBadSignature
 	}
 	return nil
+}
+
+// LoadSigningKey makes the Launcher sign and check Jobs with the key in
+// Secret SigningKeySecret of the server's namespace, creating it if need
+// be (LoadSigner): Jobs signed before a restart keep working after it.
+// The server calls it once at start, before it creates or admits any.
+func (l *Launcher) LoadSigningKey(ctx context.Context) error {
+	s, err := LoadSigner(ctx, l.client, l.namespace)
+	if err != nil {
+		return err
+	}
+	l.signer.Store(s)
+	return nil
+}
+
+// RefreshSigningKey reads the signing key's Secret again and uses what it
+// holds from now on: a key rotated by hand, or a new one made here when
+// the Secret is gone — deleted to rotate it, or removed by a restore of
+// the cluster (snapshot.RevokeServerKeys), since every backup of the
+// cluster holds the key. Jobs signed with the old key are refused from
+// then on. It says whether the key changed; on an error the key in
+// force is kept.
+func (l *Launcher) RefreshSigningKey(ctx context.Context) (bool, error) {
+	s, err := LoadSigner(ctx, l.client, l.namespace)
+	if err != nil {
+		return false, err
+	}
+	if cur := l.signer.Load(); cur != nil && hmac.Equal(cur.key, s.key) {
+		return false, nil
+	}
+	l.signer.Store(s)
+	return true, nil
+}
+
+// Signer is what signs and checks the Launcher's Jobs.
+func (l *Launcher) Signer() *Signer { return l.signer.Load() }
+
+// Verify checks j's signature with the key in force (Signer.Verify).
+func (l *Launcher) Verify(j *batchv1.Job) error { return l.Signer().Verify(j) }
+
+// Signed says whether j carries the server's signature (Signer.Verify).
+func (l *Launcher) Signed(j *batchv1.Job) bool { return l.Signer().Verify(j) == nil }
+
+// sign annotates made, a Job just created suspended, with its signature
+// and lets it run: no pod of it exists before it is signed, so none
+// calls the server before the guard can admit it. The patch is bound to
+// made's UID. A Job that cannot be signed is deleted, since it could
+// never run.
+func (l *Launcher) sign(ctx context.Context, made *batchv1.Job) (*batchv1.Job, error) {
+	sig := l.Signer().Sign(ClaimsOf(made))
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": made.UID, "annotations": map[string]string{AnnotationSignature: sig}},
+		"spec":     map[string]any{"suspend": false},
+	})
+	if err != nil {
+		return nil, err
+	}
+	signed, err := l.client.BatchV1().Jobs(made.Namespace).Patch(ctx, made.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		derr := l.client.BatchV1().Jobs(made.Namespace).Delete(context.WithoutCancel(ctx), made.Name,
+			metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &made.UID}, PropagationPolicy: ptr.To(metav1.DeletePropagationBackground)})
+		if derr != nil && !apierrors.IsNotFound(derr) {
+			return nil, fmt.Errorf("sign job %s/%s: %w (and deleting the unsigned, suspended Job failed: %v)", made.Namespace, made.Name, err, derr)
+		}
+		return nil, fmt.Errorf("sign job %s/%s: %w", made.Namespace, made.Name, err)
+	}
+	return signed, nil
+}
+
+// signedVersion is the await condition of signing j: the cache has j
+// with its signature.
+func signedVersion(j *batchv1.Job) func(*batchv1.Job) bool {
+	return func(c *batchv1.Job) bool {
+		return c != nil && c.UID == j.UID && c.Annotations[AnnotationSignature] == j.Annotations[AnnotationSignature]
+	}
 }
