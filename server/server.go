@@ -35,11 +35,13 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/controller"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/coord"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/leader"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
@@ -155,6 +157,13 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The one set of locations, every call to them counted, for the
+	// handlers, the controller and retention alike.
+	locs, err := domain.NewLocations(cfg.Locations, m)
+	if err != nil {
+		return nil, err
+	}
+	starter := work.New(locs, cfg.Targets, cfg.Agents, log, now)
 	reg := cfg.Coordination
 	if reg == nil {
 		reg = coord.NewLocal()
@@ -180,13 +189,13 @@ func New(cfg Config) (*Server, error) {
 		s.agentGuard = refuseAll{}
 	}
 	s.Service = rpc.New(rpc.Config{
-		Locations: cfg.Locations, Logger: log, Now: now, Metrics: m,
-		Targets: cfg.Targets, Agents: cfg.Agents, ScratchDir: cfg.ScratchDir, Limits: s.limits,
+		Locations: locs, Logger: log, Now: now, Metrics: m,
+		Targets: cfg.Targets, Agents: cfg.Agents, Work: starter, ScratchDir: cfg.ScratchDir, Limits: s.limits,
 		Coordination: reg, InUse: inUse, Pruner: pruner, DeltaFence: cfg.DeltaFence,
 	})
 	s.controller = controller.New(controller.Config{
-		Locations: cfg.Locations, Targets: cfg.Targets, Agents: cfg.Agents, Metrics: m, Pruner: pruner,
-		StartBackup: s.StartBackup, StartDrill: s.StartDrill, Logger: log, Now: now, PollInterval: cfg.PollInterval,
+		Locations: locs, Targets: cfg.Targets, Agents: cfg.Agents, Metrics: m, Pruner: pruner,
+		Work: starter, Logger: log, Now: now, PollInterval: cfg.PollInterval,
 	})
 	return s, nil
 }

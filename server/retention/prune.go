@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -70,7 +71,7 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage
 			continue // someone else removed it
 		}
 		if err != nil {
-			return pruned, inUse, p.Metrics.StorageError("delete", r.Location, m.Name, err)
+			return pruned, inUse, &domain.StorageError{Location: r.Location, Name: m.Name, Err: err}
 		}
 		p.InUse.Removed(ctx, r.Location, m.Name, p.Log)
 		if n, err := storage.DeleteChain(ctx, r.Store, segments, m.Name); err != nil {

@@ -51,7 +51,7 @@ func (s *Service) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest)
 	}
 	manifests, err := loc.List(ctx)
 	if err != nil {
-		return nil, s.metrics.StorageError("list", locName, "", err)
+		return nil, storageStatus("list", locName, "", err)
 	}
 	manifests, segments := storage.SplitSegments(manifests)
 	chains := storage.Chains(segments)
@@ -163,7 +163,7 @@ func (s *Service) GetBackup(ctx context.Context, req *ebv1.GetBackupRequest) (*e
 		}
 	}
 	if err != nil {
-		return nil, s.metrics.StorageError("get", locName, req.GetName(), err)
+		return nil, storageStatus("get", locName, req.GetName(), err)
 	}
 	b := backupFromManifest(locName, m)
 	if !m.IsSegment() && m.OfTarget(m.Source.Target) && s.capturesDeltas(m.Source.Target) {
@@ -171,7 +171,7 @@ func (s *Service) GetBackup(ctx context.Context, req *ebv1.GetBackupRequest) (*e
 		// have one.
 		all, err := loc.List(ctx)
 		if err != nil {
-			return nil, s.metrics.StorageError("list", locName, "", err)
+			return nil, storageStatus("list", locName, "", err)
 		}
 		_, segments := storage.SplitSegments(all)
 		withChain(b, m, storage.Chains(segments))
@@ -222,7 +222,7 @@ func (s *Service) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupReques
 		return nil, err
 	}
 	if err := loc.Delete(ctx, req.GetName()); err != nil {
-		return nil, s.metrics.StorageError("delete", locName, req.GetName(), err)
+		return nil, storageStatus("delete", locName, req.GetName(), err)
 	}
 	s.inUse.Removed(ctx, locName, req.GetName(), s.log)
 	if all, err := loc.List(ctx); err == nil {

@@ -146,7 +146,7 @@ func (s *Service) chainEnd(ctx context.Context, key string, loc storage.Location
 		return chainEnd{}, status.Errorf(codes.FailedPrecondition, "chain %q: its full backup is not stored (removed?); a delta chain follows a stored full backup", chain)
 	}
 	if err != nil {
-		return chainEnd{}, s.metrics.StorageError("get", "", chain, err)
+		return chainEnd{}, storageStatus("get", "", chain, err)
 	}
 	if e, ok := s.chains.get(key); ok {
 		return e, nil
@@ -156,7 +156,7 @@ func (s *Service) chainEnd(ctx context.Context, key string, loc storage.Location
 	}
 	all, err := loc.List(ctx)
 	if err != nil {
-		return chainEnd{}, s.metrics.StorageError("list", "", "", err)
+		return chainEnd{}, storageStatus("list", "", "", err)
 	}
 	_, segments := storage.SplitSegments(all)
 	sum := chainSummary(full, storage.Chains(segments)[chain])

@@ -38,7 +38,7 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, stream ebv1.Ba
 	// manifest Open returned, as everything below is.
 	r, m, err := d.loc.Open(ctx, req.GetName(), req.GetOffset(), req.GetLength())
 	if err != nil {
-		return s.metrics.StorageError("download", d.locName, req.GetName(), err)
+		return storageStatus("download", d.locName, req.GetName(), err)
 	}
 	// The sending goroutine closes r once it has started (sendWatched).
 	sending := false
@@ -121,7 +121,7 @@ func (s *Service) admitDownload(ctx context.Context, req *ebv1.DownloadBackupReq
 		}
 	}
 	if err != nil {
-		return nil, s.metrics.StorageError("download", d.locName, req.GetName(), err)
+		return nil, storageStatus("download", d.locName, req.GetName(), err)
 	}
 	if req.GetOffset() > m.Size {
 		return nil, status.Errorf(codes.OutOfRange,
@@ -160,7 +160,7 @@ func (s *Service) sendChunks(stream interface{ SendMsg(any) error }, r io.Reader
 				return status.Errorf(codes.DataLoss,
 					"backup %q in location %q is truncated: its manifest says %d bytes but the data ends at %d", d.name, d.locName, size, sent)
 			}
-			return s.metrics.StorageError("download", d.locName, d.name, rerr)
+			return storageStatus("download", d.locName, d.name, rerr)
 		}
 	}
 	return nil

@@ -2,13 +2,11 @@ package rpc
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 // GetServerInfo implements ebv1.InfoServiceServer.
@@ -24,16 +22,14 @@ func (s *Service) GetServerInfo(context.Context, *ebv1.GetServerInfoRequest) (*e
 	for i, t := range s.targets {
 		resp.Targets = append(resp.Targets, &ebv1.EtcdTarget{Name: t.Name, Endpoints: t.Endpoints, Default: i == 0})
 	}
-	for i, name := range s.order {
-		l := s.locations[name]
+	for i, l := range s.locations.All() {
 		sl := &ebv1.StorageLocation{
-			Name:        name,
+			Name:        l.Name,
 			Type:        l.Type(),
 			Default:     i == 0,
 			Description: l.Describe(),
 		}
-		var ue *locations.UnavailableError
-		if errors.As(unavailable(name, l), &ue) {
+		if ue := l.Unavailable(); ue != nil {
 			sl.Unavailable = true
 			sl.Error = fmt.Sprintf("%v (since %s)", ue.Err, ue.Since.UTC().Format(time.RFC3339))
 		}

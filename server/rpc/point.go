@@ -79,7 +79,7 @@ func (s *Service) planPoint(ctx context.Context, locName string, loc storage.Loc
 	op := fmt.Sprintf("restore target %q to %s", target, point)
 	all, err := loc.List(ctx)
 	if err != nil {
-		return nil, s.metrics.StorageError("restore to a point", locName, "", err)
+		return nil, storageStatus("restore to a point", locName, "", err)
 	}
 	backups, segments := storage.SplitSegments(all)
 	fullByName := map[string]*storage.Manifest{}

@@ -8,6 +8,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -32,30 +33,31 @@ func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsReques
 			}
 		}
 	}
-	locs := s.order
+	locs := s.locations.All()
 	if req.GetLocation() != "" {
-		name, _, err := s.location(req.GetLocation())
+		l, err := s.locations.Get(req.GetLocation())
 		if err != nil {
-			return nil, err
+			return nil, statusOf("", err)
 		}
-		locs = []string{name}
+		locs = []*domain.Location{l}
 	}
 	resp := &ebv1.PruneBackupsResponse{}
-	for _, locName := range locs {
+	for _, loc := range locs {
 		if len(targets) == 0 {
 			break
 		}
-		manifests, err := s.locations[locName].List(ctx)
+		locName := loc.Name
+		manifests, err := loc.List(ctx)
 		if err != nil {
-			return nil, s.metrics.StorageError("list", locName, "", err)
+			return nil, storageStatus("list", locName, "", err)
 		}
 		for _, t := range targets {
 			pruned, inUse, err := s.pruner.Prune(ctx, retention.Request{
-				Location: locName, Store: s.locations[locName], Manifests: manifests, Target: t,
+				Location: locName, Store: loc, Manifests: manifests, Target: t,
 				IncludeUnscheduled: req.GetIncludeUnscheduled(), DryRun: req.GetDryRun(), By: caller(ctx),
 			})
 			if err != nil {
-				return resp, err
+				return resp, statusOf("delete", err)
 			}
 			resp.Pruned = append(resp.Pruned, backupsFromManifests(locName, pruned)...)
 			resp.InUse = append(resp.InUse, backupsFromManifests(locName, inUse)...)

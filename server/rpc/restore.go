@@ -197,7 +197,7 @@ func (s *Service) admitRestore(ctx context.Context, req *ebv1.RestoreBackupReque
 		}
 		m, name = pp.full, pp.full.Name
 	} else if m, err = loc.Stat(ctx, name); err != nil {
-		return nil, s.metrics.StorageError("restore backup", locName, name, err)
+		return nil, storageStatus("restore backup", locName, name, err)
 	}
 	encrypted := m.Encryption != ""
 	if pp != nil {

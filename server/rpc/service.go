@@ -19,11 +19,12 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/coord"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 const (
@@ -42,8 +43,9 @@ const (
 // Config is what a Service needs. server.New checks it (location names,
 // targets, limits) before it builds one.
 type Config struct {
-	// Locations in order; the first is the default. At least one.
-	Locations []locations.Named
+	// Locations are the server's storage locations (server.New builds
+	// them once, for the controller too).
+	Locations *domain.Locations
 	// Logger nil logs nothing; Now nil is time.Now.
 	Logger  *slog.Logger
 	Now     func() time.Time
@@ -53,6 +55,9 @@ type Config struct {
 	Targets []config.Target
 	// Agents launches backup and restore agents; nil refuses both.
 	Agents *jobs.Launcher
+	// Work starts backups and drills (shared with the controller); nil
+	// is one over Locations, Targets and Agents.
+	Work *work.Starter
 	// ScratchDir holds temporary files of VerifyBackup; "" is os.TempDir().
 	ScratchDir string
 	// Limits, with their defaults (config.Limits.WithDefaults).
@@ -76,14 +81,14 @@ type Service struct {
 	ebv1.UnimplementedBackupServiceServer
 	ebv1.UnimplementedAgentServiceServer
 
-	locations map[string]storage.Location
-	order     []string
+	locations *domain.Locations
 	log       *slog.Logger
 	now       func() time.Time
 	metrics   *metrics.Metrics
 
-	targets    []config.Target
+	targets    domain.Targets
 	agents     *jobs.Launcher
+	work       *work.Starter
 	scratchDir string
 	limits     config.Limits
 	// verifies bounds what VerifyBackup unpacks into scratchDir at once;
@@ -118,12 +123,13 @@ func (s *Service) HandOffDownloads() {
 // New returns the Service cfg describes.
 func New(cfg Config) *Service {
 	s := &Service{
-		locations:   map[string]storage.Location{},
+		locations:   cfg.Locations,
 		log:         cfg.Logger,
 		now:         cfg.Now,
 		metrics:     cfg.Metrics,
 		targets:     cfg.Targets,
 		agents:      cfg.Agents,
+		work:        cfg.Work,
 		scratchDir:  cfg.ScratchDir,
 		limits:      cfg.Limits,
 		uploads:     claims{perLocation: map[string]int{}},
@@ -150,9 +156,8 @@ func New(cfg Config) *Service {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	for _, l := range cfg.Locations {
-		s.locations[l.Name] = l.Location
-		s.order = append(s.order, l.Name)
+	if s.work == nil {
+		s.work = work.New(cfg.Locations, cfg.Targets, cfg.Agents, s.log, s.now)
 	}
 	return s
 }
@@ -165,49 +170,23 @@ func (s *Service) Register(g *grpc.Server) {
 	ebv1.RegisterAgentServiceServer(g, s)
 }
 
-// location resolves a request's location name ("" is the default).
+// location resolves a request's location name ("" is the default), or
+// refuses it: not configured, or unavailable now.
 func (s *Service) location(name string) (string, storage.Location, error) {
-	if name == "" {
-		name = s.order[0]
+	l, err := s.locations.Get(name)
+	if err != nil {
+		return "", nil, statusOf("", err)
 	}
-	l, ok := s.locations[name]
-	if !ok {
-		return "", nil, status.Errorf(codes.NotFound,
-			"storage location %q does not exist on this server; it has %v (see `kubectl etcdbackup version`)", name, s.order)
-	}
-	if err := unavailable(name, l); err != nil {
-		return "", nil, ebv1.LocationUnavailableError(name, err.Error())
-	}
-	return name, l, nil
-}
-
-// unavailable is the UnavailableError of a location that cannot be used
-// now, or nil.
-func unavailable(name string, l storage.Location) error {
-	since, err := locations.Status(l)
-	if err == nil {
-		return nil
-	}
-	return &locations.UnavailableError{Location: name, Since: since, Err: err}
+	return l.Name, l, nil
 }
 
 // target resolves a request's target name ("" is the default).
 func (s *Service) target(name string) (*config.Target, error) {
-	if len(s.targets) == 0 {
-		return nil, status.Error(codes.FailedPrecondition,
-			"this server has no etcd targets configured; add one under `targets:` in its config file")
+	t, err := s.targets.Get(name)
+	if err != nil {
+		return nil, statusOf("", err)
 	}
-	if name == "" {
-		return &s.targets[0], nil
-	}
-	var names []string
-	for i := range s.targets {
-		if s.targets[i].Name == name {
-			return &s.targets[i], nil
-		}
-		names = append(names, s.targets[i].Name)
-	}
-	return nil, status.Errorf(codes.NotFound, "etcd target %q is not configured on this server; it has %v (see `kubectl etcdbackup version`)", name, names)
+	return t, nil
 }
 
 // caller names who made a call, for the log: the user strict mode

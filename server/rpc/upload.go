@@ -44,7 +44,7 @@ func (s *Service) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (er
 
 	up, err := u.loc.Create(ctx, u.name())
 	if err != nil {
-		return s.metrics.StorageError("upload", u.locName, u.name(), err)
+		return storageStatus("upload", u.locName, u.name(), err)
 	}
 	committed := false
 	defer func() {
@@ -196,7 +196,7 @@ func (s *Service) receiveUpload(ctx context.Context, u *upload, recv func() (*eb
 		}
 		chunk := msg.GetChunk()
 		if _, err := w.Write(chunk); err != nil {
-			return nil, s.metrics.StorageError("upload", u.locName, u.name(), err)
+			return nil, storageStatus("upload", u.locName, u.name(), err)
 		}
 		s.metrics.BytesIn.Add(float64(len(chunk)))
 		// Stored and hashed: nothing holds the bytes any more.
@@ -308,7 +308,7 @@ func (s *Service) commitUpload(ctx context.Context, u *upload, r *received, up s
 	}
 	withSnapshotStatus(m, r.trailer.GetEtcd())
 	if err := up.Commit(ctx, m); err != nil {
-		return nil, s.metrics.StorageError("upload", u.locName, u.name(), err)
+		return nil, storageStatus("upload", u.locName, u.name(), err)
 	}
 	if m.Delta != nil {
 		s.segmentStored(u.locName, m)

@@ -35,7 +35,7 @@ func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupReques
 	}
 	r, m, err := loc.Open(ctx, req.GetName(), 0, 0)
 	if err != nil {
-		return nil, s.metrics.StorageError("verify", locName, req.GetName(), err)
+		return nil, storageStatus("verify", locName, req.GetName(), err)
 	}
 	defer r.Close()
 	if m.Encryption != "" {
@@ -78,11 +78,11 @@ func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupReques
 		return nil, corrupt("%v", err)
 	}
 	if err != nil {
-		return nil, s.metrics.StorageError("verify", locName, req.GetName(), err)
+		return nil, storageStatus("verify", locName, req.GetName(), err)
 	}
 	// Drain what decompression did not need, so the stored hash covers it.
 	if _, err := io.Copy(stored, r); err != nil {
-		return nil, s.metrics.StorageError("verify", locName, req.GetName(), err)
+		return nil, storageStatus("verify", locName, req.GetName(), err)
 	}
 	if got := hex.EncodeToString(stored.Sum(nil)); got != m.SHA256 {
 		return nil, corrupt("its data has SHA-256 %s, but %s was recorded when it was stored", got, m.SHA256)
@@ -120,10 +120,10 @@ func (s *Service) verifyStored(ctx context.Context, locName string, m *storage.M
 		return nil, corrupt("it is recorded as age-encrypted, but %v", err)
 	}
 	if err != nil {
-		return nil, s.metrics.StorageError("verify", locName, m.Name, err)
+		return nil, storageStatus("verify", locName, m.Name, err)
 	}
 	if _, err := io.Copy(stored, ctxio.NewReader(ctx, r)); err != nil {
-		return nil, s.metrics.StorageError("verify", locName, m.Name, err)
+		return nil, storageStatus("verify", locName, m.Name, err)
 	}
 	if got := hex.EncodeToString(stored.Sum(nil)); got != m.SHA256 {
 		return nil, corrupt("its data has SHA-256 %s, but %s was recorded when it was stored", got, m.SHA256)
