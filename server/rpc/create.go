@@ -12,6 +12,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 )
@@ -26,7 +27,7 @@ func (s *Service) CreateBackup(ctx context.Context, req *ebv1.CreateBackupReques
 		if err := validateCompression(compression); err != nil {
 			return err
 		}
-		if err := validateName("backup", name); err != nil {
+		if err := edge.ValidateName("backup", name); err != nil {
 			return err
 		}
 		if req.GetName() != "" {
@@ -48,7 +49,7 @@ func (s *Service) CreateBackup(ctx context.Context, req *ebv1.CreateBackupReques
 	case errors.As(err, &running):
 		return nil, status.Errorf(codes.AlreadyExists, "backup %q is already being taken; follow it with `kubectl etcdbackup logs %s -f`", running.Name, running.Name)
 	case err != nil:
-		return nil, statusOf("create backup", err)
+		return nil, edge.Status("create backup", err)
 	}
 	t := b.Target
 	return &ebv1.CreateBackupResponse{Backup: &ebv1.Backup{
@@ -61,7 +62,7 @@ func (s *Service) CreateBackup(ctx context.Context, req *ebv1.CreateBackupReques
 
 // GetBackupLogs implements ebv1.BackupServiceServer.
 func (s *Service) GetBackupLogs(req *ebv1.GetBackupLogsRequest, stream ebv1.BackupService_GetBackupLogsServer) error {
-	if err := validateName("backup", req.GetName()); err != nil {
+	if err := edge.ValidateName("backup", req.GetName()); err != nil {
 		return err
 	}
 	locName, _, err := s.location(req.GetLocation())
@@ -100,7 +101,7 @@ func (w *logWriter) Write(p []byte) (int, error) {
 
 // GetBackupEvents implements ebv1.BackupServiceServer.
 func (s *Service) GetBackupEvents(ctx context.Context, req *ebv1.GetBackupEventsRequest) (*ebv1.GetBackupEventsResponse, error) {
-	if err := validateName("backup", req.GetName()); err != nil {
+	if err := edge.ValidateName("backup", req.GetName()); err != nil {
 		return nil, err
 	}
 	locName, _, err := s.location(req.GetLocation())

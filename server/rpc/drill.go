@@ -11,6 +11,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 )
 
@@ -23,7 +24,7 @@ func (s *Service) DrillBackup(ctx context.Context, req *ebv1.DrillBackupRequest)
 			"this server cannot launch agents (it runs outside a cluster or without an agent image), so it cannot drill; "+
 				"`kubectl etcdbackup verify` checks a backup on the server, `restore --local` into a scratch directory proves it restores")
 	}
-	if err := validateName("backup", req.GetName()); err != nil {
+	if err := edge.ValidateName("backup", req.GetName()); err != nil {
 		return nil, err
 	}
 	by := "user"
@@ -35,7 +36,7 @@ func (s *Service) DrillBackup(ctx context.Context, req *ebv1.DrillBackupRequest)
 		return nil, status.Errorf(codes.AlreadyExists, "a drill of backup %q is already running; its verdict appears in `kubectl etcdbackup describe %s`", req.GetName(), req.GetName())
 	}
 	if err != nil {
-		return nil, statusOf("drill", err)
+		return nil, edge.Status("drill", err)
 	}
 	return &ebv1.DrillBackupResponse{Job: d.Job, StartTime: timestamppb.New(d.Created)}, nil
 }

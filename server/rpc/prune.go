@@ -10,6 +10,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
@@ -37,7 +38,7 @@ func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsReques
 	if req.GetLocation() != "" {
 		l, err := s.locations.Get(req.GetLocation())
 		if err != nil {
-			return nil, statusOf("", err)
+			return nil, edge.Status("", err)
 		}
 		locs = []*domain.Location{l}
 	}
@@ -49,7 +50,7 @@ func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsReques
 		locName := loc.Name
 		manifests, err := loc.List(ctx)
 		if err != nil {
-			return nil, storageStatus("list", locName, "", err)
+			return nil, edge.StorageStatus("list", locName, "", err)
 		}
 		for _, t := range targets {
 			pruned, inUse, err := s.pruner.Prune(ctx, retention.Request{
@@ -57,7 +58,7 @@ func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsReques
 				IncludeUnscheduled: req.GetIncludeUnscheduled(), DryRun: req.GetDryRun(), By: caller(ctx),
 			})
 			if err != nil {
-				return resp, statusOf("delete", err)
+				return resp, edge.Status("delete", err)
 			}
 			resp.Pruned = append(resp.Pruned, backupsFromManifests(locName, pruned)...)
 			resp.InUse = append(resp.InUse, backupsFromManifests(locName, inUse)...)
@@ -70,7 +71,7 @@ func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsReques
 func backupsFromManifests(loc string, ms []*storage.Manifest) []*ebv1.Backup {
 	var out []*ebv1.Backup
 	for _, m := range ms {
-		out = append(out, backupFromManifest(loc, m))
+		out = append(out, edge.Backup(loc, m))
 	}
 	return out
 }

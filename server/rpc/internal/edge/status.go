@@ -1,4 +1,8 @@
-package rpc
+// Package edge is the request layer's edge, what its two halves
+// (server/rpc and server/rpc/readpath) share: domain and storage errors
+// made statuses a client acts on, names validated, stored manifests made
+// API messages.
+package edge
 
 import (
 	"context"
@@ -14,16 +18,15 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
-// This file is the request layer's edge: the one place where the
-// domain's and the storage's errors become the statuses a client acts
-// on. Nothing below the handlers (server/domain, server/work, storage)
-// knows gRPC.
+// This is the one place where the domain's and the storage's errors
+// become statuses. Nothing below the handlers (server/domain,
+// server/work, storage) knows gRPC.
 
-// statusOf turns err, the error of the domain or of request op, into a
+// Status turns err, the error of the domain or of request op, into a
 // status: a status already made (request validation) is returned as it
-// is; a storage failure is storageStatus's; what is not the domain's is
+// is; a storage failure is StorageStatus's; what is not the domain's is
 // the server's own Internal error.
-func statusOf(op string, err error) error {
+func Status(op string, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -38,7 +41,7 @@ func statusOf(op string, err error) error {
 	)
 	switch {
 	case errors.As(err, &se):
-		return storageStatus(op, se.Location, se.Name, se.Err)
+		return StorageStatus(op, se.Location, se.Name, se.Err)
 	case errors.As(err, &nc) && nc.Kind == "etcd target":
 		return status.Errorf(codes.NotFound, "etcd target %q is not configured on this server; it has %v (see `kubectl etcdbackup version`)", nc.Name, nc.Have)
 	case errors.As(err, &nc):
@@ -55,10 +58,10 @@ func statusOf(op string, err error) error {
 	return ebv1.ServerErrorf(codes.Internal, "%v", err)
 }
 
-// storageStatus turns the failure of storage operation op (on backup
+// StorageStatus turns the failure of storage operation op (on backup
 // name, "" for the location) in location loc into a status a client can
 // act on. The storage counted it already (domain.Locations).
-func storageStatus(op, loc, name string, err error) error {
+func StorageStatus(op, loc, name string, err error) error {
 	what := op
 	if name != "" {
 		what = fmt.Sprintf("%s %q", op, name)

@@ -1,4 +1,4 @@
-package rpc
+package readpath
 
 import (
 	"context"
@@ -19,7 +19,6 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
@@ -91,7 +90,7 @@ func newVerifyWorld(t *testing.T, names ...string) *verifyWorld {
 	scratch := t.TempDir()
 	s := New(Config{
 		Locations: oneLocation(t, loc, m),
-		Metrics:   m, Limits: config.Limits{}.WithDefaults(), InUse: retention.NewInUse(nil, nil, nil),
+		Metrics:   m, Limits: config.Limits{}.WithDefaults(),
 		ScratchDir: scratch,
 	})
 	// Plenty of room, whatever this machine's disk holds; the budget is
@@ -301,7 +300,7 @@ func TestVerifyWritesNoMoreThanItReserved(t *testing.T) {
 	}
 	s := New(Config{
 		Locations: oneLocation(t, fs, m),
-		Metrics:   m, Limits: config.Limits{}.WithDefaults(), InUse: retention.NewInUse(nil, nil, nil),
+		Metrics:   m, Limits: config.Limits{}.WithDefaults(),
 		ScratchDir: t.TempDir(),
 	})
 	_, err = s.VerifyBackup(context.Background(), &ebv1.VerifyBackupRequest{Name: "grown"})

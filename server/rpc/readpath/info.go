@@ -1,4 +1,4 @@
-package rpc
+package readpath
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/stream"
 )
 
 // GetServerInfo implements ebv1.InfoServiceServer.
@@ -15,8 +17,8 @@ func (s *Service) GetServerInfo(context.Context, *ebv1.GetServerInfoRequest) (*e
 		Version:   version.Version,
 		GitCommit: version.Commit(),
 		Limits: &ebv1.ServerLimits{
-			MaxChunkBytes: MaxChunkBytes,
-			MaxNameLength: MaxNameLength,
+			MaxChunkBytes: stream.MaxChunkBytes,
+			MaxNameLength: edge.MaxNameLength,
 		},
 	}
 	for i, t := range s.targets {
