@@ -1,7 +1,8 @@
 // Package server wires the data server together: it checks the
 // configuration, builds the request handlers (server/rpc) and the
-// background controller (server/controller) over shared metrics and
-// retention, and serves them — the user and agent listeners, health,
+// background controller (server/controller) over one set of locations
+// (server/domain), one starter of agent work (server/work), shared
+// metrics and retention, and serves them — the user and agent listeners, health,
 // recovery and authorization interceptors, the controller's goroutine
 // (on the replica server/leader elects), the drain at shutdown.
 package server
@@ -62,7 +63,9 @@ type Config struct {
 	// Targets are the etcd clusters CreateBackup can back up; the first is
 	// the default. New checks them with config.ValidateTargets.
 	Targets []config.Target
-	// Agents launches backup agents; nil means CreateBackup is refused.
+	// Agents launches the agents (backup, restore, drill, delta, fold);
+	// nil refuses what needs one (CreateBackup, restores, drills) and
+	// leaves the controller nothing to do.
 	Agents *jobs.Launcher
 	// ScratchDir holds temporary files of VerifyBackup; "" is os.TempDir().
 	ScratchDir string
@@ -93,9 +96,9 @@ type Config struct {
 	// shuts down (rpc.Service.HandOffDownloads), for their clients to
 	// resume on another replica at once; set it when several run.
 	HandOffDownloads bool
-	// PollInterval is how often Serve looks at agent Jobs (to count
-	// finished runs and apply retention) and at the schedules; 0 means
-	// controller.DefaultPollInterval.
+	// PollInterval is how often the controller's rounds look at agent
+	// Jobs, storage and the schedules when no scheduled time comes
+	// sooner; 0 means controller.DefaultPollInterval.
 	PollInterval time.Duration
 }
 
@@ -116,8 +119,7 @@ type Listeners struct {
 // controller, and what serves them.
 type Server struct {
 	// Service is the handlers, embedded so that a Server implements the
-	// etcdbackup.v1 services itself (breakglass serves it in-process,
-	// tests call it directly).
+	// etcdbackup.v1 services itself (tests call it directly).
 	*rpc.Service
 
 	controller *controller.Controller

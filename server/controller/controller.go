@@ -24,8 +24,8 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 )
 
-// DefaultPollInterval is how often the server looks at its agent Jobs and
-// schedules when no scheduled time comes sooner.
+// DefaultPollInterval is how often the controller runs a round when no
+// scheduled time comes sooner.
 const DefaultPollInterval = 10 * time.Second
 
 // Config is what a Controller needs.
@@ -111,10 +111,11 @@ type watcher struct {
 	drills []*drillTarget
 }
 
-// Run is the server's scheduler and run observer (server.Serve runs it
-// on a goroutine of its own): each round it counts agent runs that
-// finished (metrics, then retention after a scheduled one) and starts the
-// scheduled backups that are due, until ctx ends.
+// Run is the server's background loop (server.Serve runs it on a
+// goroutine of its own, on the elected replica): each round (round) it
+// counts the agent runs that finished, starts the scheduled backups and
+// drills that are due, and supervises the delta agents and chain folds,
+// until ctx ends.
 func (c *Controller) Run(ctx context.Context) {
 	w := c.newWatcher()
 	if w == nil {
@@ -196,7 +197,8 @@ func (c *Controller) untilNext(w *watcher) time.Duration {
 	return d
 }
 
-// round is one pass of the loop.
+// round is one pass of the loop. Its parts share one listing of each
+// location (domain.Listings), read again only after a part changed it.
 func (c *Controller) round(ctx context.Context, w *watcher) {
 	runs, err := c.agents.List(ctx)
 	if err != nil {

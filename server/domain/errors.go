@@ -17,10 +17,6 @@ var (
 	ErrNoAgents = errors.New("this server launches no agents")
 	// ErrAlreadyRunning: an agent doing the same work runs already.
 	ErrAlreadyRunning = errors.New("already running")
-	// ErrPrecondition: the work cannot start in the state things are in
-	// (the configuration, the backup, the cluster); retrying the same
-	// request does not help.
-	ErrPrecondition = errors.New("precondition not met")
 )
 
 // NotConfiguredError is a storage location or an etcd target the server
@@ -54,9 +50,10 @@ func (e *AlreadyRunningError) Error() string {
 
 func (e *AlreadyRunningError) Is(target error) bool { return target == ErrAlreadyRunning }
 
-// PreconditionError is work that cannot start as things are; Error is
-// the whole sentence for the user, Err (may be nil) the cause, for
-// errors.Is.
+// PreconditionError is work that cannot start in the state things are
+// in (the configuration, the backup, the cluster), so that retrying the
+// same request does not help; Error is the whole sentence for the user,
+// Err (may be nil) the cause, for errors.Is.
 type PreconditionError struct {
 	Msg string
 	Err error
@@ -64,8 +61,6 @@ type PreconditionError struct {
 
 func (e *PreconditionError) Error() string { return e.Msg }
 func (e *PreconditionError) Unwrap() error { return e.Err }
-
-func (e *PreconditionError) Is(target error) bool { return target == ErrPrecondition }
 
 // StorageError is a storage call that failed on behalf of work on backup
 // Name ("" for the whole location) in location Location; Err wraps the

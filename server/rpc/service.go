@@ -54,7 +54,8 @@ type Config struct {
 	// Targets are the etcd clusters CreateBackup can back up; the first
 	// is the default.
 	Targets []config.Target
-	// Agents launches backup and restore agents; nil refuses both.
+	// Agents launches the agents (backup, restore, drill, delta, fold)
+	// and reads their Jobs; nil refuses whatever needs one.
 	Agents *jobs.Launcher
 	// Work starts backups and drills (shared with the controller); nil
 	// is one over Locations, Targets and Agents.
