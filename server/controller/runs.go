@@ -86,7 +86,7 @@ func (c *Controller) retain(ctx context.Context, ls *domain.Listings, target, lo
 		return
 	}
 	pruned, _, err := c.pruner.Prune(ctx, retention.Request{
-		Location: locName, Store: loc, Manifests: manifests, Target: *t, By: "retention",
+		Location: loc, Manifests: manifests, Target: *t, By: "retention",
 	})
 	if len(pruned) > 0 || err != nil {
 		ls.Forget(locName) // the listing no longer says what is stored

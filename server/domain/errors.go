@@ -62,6 +62,14 @@ type PreconditionError struct {
 func (e *PreconditionError) Error() string { return e.Msg }
 func (e *PreconditionError) Unwrap() error { return e.Err }
 
+// ClusterError is a question the Kubernetes API could not answer (the
+// agent Jobs could not be listed, say): Err says what was being asked and
+// why it failed. Retrying may help.
+type ClusterError struct{ Err error }
+
+func (e *ClusterError) Error() string { return e.Err.Error() }
+func (e *ClusterError) Unwrap() error { return e.Err }
+
 // StorageError is a storage call that failed on behalf of work on backup
 // Name ("" for the whole location) in location Location; Err wraps the
 // storage's error (storage.ErrNotFound, storage.ErrAlreadyExists,

@@ -52,7 +52,7 @@ func (s *Service) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupReques
 func (s *Service) checkNoRestoreReads(ctx context.Context, locName, name string) error {
 	running, err := s.inUse.RestoresReading(ctx, locName, name, "deleting")
 	if err != nil {
-		return err
+		return edge.Status("delete", err)
 	}
 	if len(running) > 0 {
 		ns, job, _ := strings.Cut(running[0], "/")

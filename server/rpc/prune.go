@@ -54,7 +54,7 @@ func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsReques
 		}
 		for _, t := range targets {
 			pruned, inUse, err := s.pruner.Prune(ctx, retention.Request{
-				Location: locName, Store: loc, Manifests: manifests, Target: t,
+				Location: loc, Manifests: manifests, Target: t,
 				IncludeUnscheduled: req.GetIncludeUnscheduled(), DryRun: req.GetDryRun(), By: caller(ctx),
 			})
 			if err != nil {

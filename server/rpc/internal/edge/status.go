@@ -38,6 +38,7 @@ func Status(op string, err error) error {
 		nc *domain.NotConfiguredError
 		ue *locations.UnavailableError
 		pe *domain.PreconditionError
+		ce *domain.ClusterError
 	)
 	switch {
 	case errors.As(err, &se):
@@ -54,6 +55,8 @@ func Status(op string, err error) error {
 			"this server has no etcd targets configured; add one under `targets:` in its config file")
 	case errors.As(err, &pe):
 		return status.Error(codes.FailedPrecondition, pe.Error())
+	case errors.As(err, &ce):
+		return ebv1.ServerErrorf(codes.Unavailable, "%v", err)
 	}
 	return ebv1.ServerErrorf(codes.Internal, "%v", err)
 }
