@@ -99,12 +99,3 @@ func (s *Service) runs(ctx context.Context, locName string) (map[string]*ebv1.Ba
 	}
 	return out, nil
 }
-
-// run returns the agent run of a backup that is not stored, or nil.
-func (s *Service) run(ctx context.Context, locName, name string) *ebv1.Backup {
-	runs, err := s.runs(ctx, locName)
-	if err != nil {
-		return nil
-	}
-	return runs[name]
-}

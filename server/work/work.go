@@ -84,7 +84,7 @@ func (s *Starter) StartBackup(ctx context.Context, req BackupRequest) (*Backup, 
 	if err != nil {
 		return nil, err
 	}
-	loc, err := s.locations.Get(cmp.Or(req.Location, t.Location))
+	loc, err := s.locations.Get(cmp.Or(req.Location, s.locations.OfTarget(*t)))
 	if err != nil {
 		return nil, err
 	}
