@@ -62,15 +62,15 @@ func (s *Service) CreateBackup(ctx context.Context, req *ebv1.CreateBackupReques
 
 // GetBackupLogs implements ebv1.BackupServiceServer.
 func (s *Service) GetBackupLogs(req *ebv1.GetBackupLogsRequest, stream ebv1.BackupService_GetBackupLogsServer) error {
+	if s.agents == nil {
+		return s.Service.GetBackupLogs(req, stream)
+	}
 	if err := edge.ValidateName("backup", req.GetName()); err != nil {
 		return err
 	}
 	locName, _, err := s.location(req.GetLocation())
 	if err != nil {
 		return err
-	}
-	if s.agents == nil {
-		return status.Error(codes.FailedPrecondition, "this server launches no agents, so there are no agent logs")
 	}
 	w := &logWriter{stream: stream}
 	err = s.agents.Logs(stream.Context(), locName, req.GetName(), req.GetFollow(), w)
@@ -101,15 +101,15 @@ func (w *logWriter) Write(p []byte) (int, error) {
 
 // GetBackupEvents implements ebv1.BackupServiceServer.
 func (s *Service) GetBackupEvents(ctx context.Context, req *ebv1.GetBackupEventsRequest) (*ebv1.GetBackupEventsResponse, error) {
+	if s.agents == nil {
+		return s.Service.GetBackupEvents(ctx, req)
+	}
 	if err := edge.ValidateName("backup", req.GetName()); err != nil {
 		return nil, err
 	}
 	locName, _, err := s.location(req.GetLocation())
 	if err != nil {
 		return nil, err
-	}
-	if s.agents == nil {
-		return nil, status.Error(codes.FailedPrecondition, "this server launches no agents, so there are no agent events")
 	}
 	job, events, err := s.agents.Events(ctx, locName, req.GetName())
 	if errors.Is(err, jobs.ErrNoRun) {

@@ -13,7 +13,8 @@ import (
 // A server that launches no agents (break-glass; a server outside a
 // cluster) has no agent logs or events: it says so for a backup it
 // could have, as describe expects ("Events: <none>"). server/rpc's
-// Service answers these itself when it launches agents.
+// Service answers these itself when it launches agents, and with these
+// when it does not.
 
 // GetBackupLogs implements ebv1.BackupServiceServer.
 func (s *Service) GetBackupLogs(req *ebv1.GetBackupLogsRequest, _ ebv1.BackupService_GetBackupLogsServer) error {
