@@ -6,10 +6,8 @@ import (
 )
 
 // Errors the domain's operations return (wrapped, or as the typed errors
-// below, which match them with errors.Is).
+// below, which match them with errors.Is where one is named).
 var (
-	// ErrNotConfigured: no location or target of the name asked for.
-	ErrNotConfigured = errors.New("not configured on this server")
 	// ErrNoTargets: the server has no etcd targets at all.
 	ErrNoTargets = errors.New("this server has no etcd targets configured")
 	// ErrNoAgents: the server launches no agents (it runs outside a
@@ -32,8 +30,6 @@ type NotConfiguredError struct {
 func (e *NotConfiguredError) Error() string {
 	return fmt.Sprintf("%s %q is not configured on this server; it has %v", e.Kind, e.Name, e.Have)
 }
-
-func (e *NotConfiguredError) Is(target error) bool { return target == ErrNotConfigured }
 
 // AlreadyRunningError is work whose agent runs already: a backup being
 // taken under the name, a drill of the backup.
