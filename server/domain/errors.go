@@ -17,10 +17,16 @@ var (
 	ErrAlreadyRunning = errors.New("already running")
 )
 
+// What a NotConfiguredError is of.
+const (
+	KindLocation = "storage location"
+	KindTarget   = "etcd target"
+)
+
 // NotConfiguredError is a storage location or an etcd target the server
 // has none of by that name.
 type NotConfiguredError struct {
-	// Kind is "storage location" or "etcd target".
+	// Kind is KindLocation or KindTarget.
 	Kind string
 	Name string
 	// Have are the names it has, in order.

@@ -104,7 +104,7 @@ func (ls *Locations) Get(name string) (*Location, error) {
 	}
 	l, ok := ls.Lookup(name)
 	if !ok {
-		return nil, &NotConfiguredError{Kind: "storage location", Name: name, Have: ls.Names()}
+		return nil, &NotConfiguredError{Kind: KindLocation, Name: name, Have: ls.Names()}
 	}
 	if ue := l.Unavailable(); ue != nil {
 		return nil, ue

@@ -21,7 +21,7 @@ func (ts Targets) Get(name string) (*config.Target, error) {
 			return &ts[i], nil
 		}
 	}
-	return nil, &NotConfiguredError{Kind: "etcd target", Name: name, Have: ts.Names()}
+	return nil, &NotConfiguredError{Kind: KindTarget, Name: name, Have: ts.Names()}
 }
 
 // Names are the targets' names in order.

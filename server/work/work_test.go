@@ -78,10 +78,10 @@ func TestStartsRefuseWithDomainErrors(t *testing.T) {
 		t.Errorf("backup of a stored name: %v", err)
 	}
 	var nc *domain.NotConfiguredError
-	if _, err := s.StartBackup(ctx, work.BackupRequest{Target: "nope"}); !errors.As(err, &nc) || nc.Kind != "etcd target" {
+	if _, err := s.StartBackup(ctx, work.BackupRequest{Target: "nope"}); !errors.As(err, &nc) || nc.Kind != domain.KindTarget {
 		t.Errorf("backup of an unknown target: %v", err)
 	}
-	if _, err := s.StartBackup(ctx, work.BackupRequest{Location: "nope"}); !errors.As(err, &nc) || nc.Kind != "storage location" {
+	if _, err := s.StartBackup(ctx, work.BackupRequest{Location: "nope"}); !errors.As(err, &nc) || nc.Kind != domain.KindLocation {
 		t.Errorf("backup to an unknown location: %v", err)
 	}
 	refused := errors.New("refused by the request layer")

@@ -43,7 +43,7 @@ func Status(op string, err error) error {
 	switch {
 	case errors.As(err, &se):
 		return StorageStatus(op, se.Location, se.Name, se.Err)
-	case errors.As(err, &nc) && nc.Kind == "etcd target":
+	case errors.As(err, &nc) && nc.Kind == domain.KindTarget:
 		return status.Errorf(codes.NotFound, "etcd target %q is not configured on this server; it has %v (see `kubectl etcdbackup version`)", nc.Name, nc.Have)
 	case errors.As(err, &nc):
 		return status.Errorf(codes.NotFound,
