@@ -93,7 +93,7 @@ type Config struct {
 	// for one replica. A registry with a Run method runs while Serve does.
 	Coordination coord.Registry
 	// HandOffDownloads makes Serve end the downloads in flight when it
-	// shuts down (rpc.Service.HandOffDownloads), for their clients to
+	// shuts down (readpath.Service.HandOffDownloads), for their clients to
 	// resume on another replica at once; set it when several run.
 	HandOffDownloads bool
 	// PollInterval is how often the controller's rounds look at agent

@@ -67,7 +67,7 @@ func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsReques
 	return resp, nil
 }
 
-// backupsFromManifests is backupFromManifest of each of ms.
+// backupsFromManifests is edge.Backup of each of ms.
 func backupsFromManifests(loc string, ms []*storage.Manifest) []*ebv1.Backup {
 	var out []*ebv1.Backup
 	for _, m := range ms {

@@ -361,8 +361,9 @@ var errIdle = errors.New("upload idle")
 // waiting and returns, gRPC cancels the stream, which ends the Recv, and
 // the goroutine with it. The timer runs only while the handler waits, so
 // a slow storage write never counts as the client's idleness. After the
-// header, the same waits are held to limits.minTransferRate (rateWatch):
-// an upload that keeps sending, but too little, ends with errTooSlow.
+// header, the same waits are held to limits.minTransferRate
+// (stream.RateWatch): an upload that keeps sending, but too little, ends
+// with stream.ErrTooSlow.
 //
 // It receives one message ahead: the next chunk is decoded while the
 // handler hashes and stores this one. After an error or io.EOF nothing
