@@ -72,6 +72,14 @@ type ClusterError struct{ Err error }
 func (e *ClusterError) Error() string { return e.Err.Error() }
 func (e *ClusterError) Unwrap() error { return e.Err }
 
+// ReservedNameError is a name chosen for a backup that has the form of
+// Target's scheduled backups (Targets.ReservedBy).
+type ReservedNameError struct{ Name, Target string }
+
+func (e *ReservedNameError) Error() string {
+	return fmt.Sprintf("name %q has the form of target %q's scheduled backups, which only its schedule may take", e.Name, e.Target)
+}
+
 // StorageError is a storage call that failed on behalf of work on backup
 // Name ("" for the whole location) in location Location; Err wraps the
 // storage's error (storage.ErrNotFound, storage.ErrAlreadyExists,

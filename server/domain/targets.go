@@ -1,6 +1,9 @@
 package domain
 
-import "github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+import (
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
+)
 
 // Targets are the configured etcd targets in order; the first is the
 // default.
@@ -22,6 +25,18 @@ func (ts Targets) Get(name string) (*config.Target, error) {
 		}
 	}
 	return nil, &NotConfiguredError{Kind: KindTarget, Name: name, Have: ts.Names()}
+}
+
+// ReservedBy is the target whose scheduled backups' names have the form
+// of name (TARGET-YYYYMMDD-HHMMSS): only its schedule may take such a
+// name, which, taken by anything else, would stop that run.
+func (ts Targets) ReservedBy(name string) (target string, ok bool) {
+	for _, t := range ts {
+		if schedule.Reserved(t.Name, name) {
+			return t.Name, true
+		}
+	}
+	return "", false
 }
 
 // Names are the targets' names in order.

@@ -13,7 +13,6 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 )
 
@@ -144,12 +143,8 @@ func (s *Service) GetBackupEvents(ctx context.Context, req *ebv1.GetBackupEvents
 // reservedName refuses a name a user chose when it has the form of a
 // target's scheduled backups: taken, it would stop that run.
 func (s *Service) reservedName(what, name string) error {
-	for _, t := range s.targets {
-		if schedule.Reserved(t.Name, name) {
-			return status.Errorf(codes.InvalidArgument,
-				"%s: name %q has the form of target %q's scheduled backups (%s-YYYYMMDD-HHMMSS), which only its schedule may take; choose another name (--name)",
-				what, name, t.Name, t.Name)
-		}
+	if t, ok := s.targets.ReservedBy(name); ok {
+		return edge.Status(what, &domain.ReservedNameError{Name: name, Target: t})
 	}
 	return nil
 }

@@ -75,7 +75,8 @@ type Backup struct {
 
 // StartBackup launches the agent Job of a backup. The name must be free
 // in the location: stored, it is a domain.StorageError wrapping
-// storage.ErrAlreadyExists; being taken, a *domain.AlreadyRunningError.
+// storage.ErrAlreadyExists; being taken, a *domain.AlreadyRunningError;
+// a name chosen must not be a schedule's (*domain.ReservedNameError).
 func (s *Starter) StartBackup(ctx context.Context, req BackupRequest) (*Backup, error) {
 	if s.agents == nil {
 		return nil, domain.ErrNoAgents
@@ -93,6 +94,13 @@ func (s *Starter) StartBackup(ctx context.Context, req BackupRequest) (*Backup, 
 	if req.Check != nil {
 		if err := req.Check(name, compression); err != nil {
 			return nil, err
+		}
+	}
+	// A name chosen, not the schedule's own, must not take a scheduled
+	// run's (the request layer's Check says so first, in its order).
+	if req.Name != "" && !req.Scheduled {
+		if t, ok := s.targets.ReservedBy(name); ok {
+			return nil, &domain.ReservedNameError{Name: name, Target: t}
 		}
 	}
 	if _, err := loc.Stat(ctx, name); err == nil {

@@ -69,7 +69,7 @@ func TestStartsRefuseWithDomainErrors(t *testing.T) {
 		t.Fatalf("default backup: %+v, %v", b, err)
 	}
 	var running *domain.AlreadyRunningError
-	if _, err := s.StartBackup(ctx, work.BackupRequest{Name: b.Name}); !errors.As(err, &running) || running.Kind != "backup" || running.Name != b.Name {
+	if _, err := s.StartBackup(ctx, work.BackupRequest{Name: b.Name, Scheduled: true}); !errors.As(err, &running) || running.Kind != "backup" || running.Name != b.Name {
 		t.Errorf("second start of %s: %v; want it already running", b.Name, err)
 	}
 	backuptest.Put(t, fs, &storage.Manifest{Name: "stored"}, []byte("data"))
@@ -83,6 +83,13 @@ func TestStartsRefuseWithDomainErrors(t *testing.T) {
 	}
 	if _, err := s.StartBackup(ctx, work.BackupRequest{Location: "nope"}); !errors.As(err, &nc) || nc.Kind != domain.KindLocation {
 		t.Errorf("backup to an unknown location: %v", err)
+	}
+	var re *domain.ReservedNameError
+	if _, err := s.StartBackup(ctx, work.BackupRequest{Name: "cp-20261201-000000", By: "delta capture"}); !errors.As(err, &re) || re.Target != "cp" {
+		t.Errorf("a chosen name of cp's schedule: %v", err)
+	}
+	if _, err := s.StartBackup(ctx, work.BackupRequest{Name: "cp-20261201-000000", Scheduled: true}); err != nil {
+		t.Errorf("cp's schedule taking its own name: %v", err)
 	}
 	refused := errors.New("refused by the request layer")
 	if _, err := s.StartBackup(ctx, work.BackupRequest{Name: "x", Check: func(string, string) error { return refused }}); err != refused {

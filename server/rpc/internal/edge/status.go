@@ -39,6 +39,7 @@ func Status(op string, err error) error {
 		ue *locations.UnavailableError
 		pe *domain.PreconditionError
 		ce *domain.ClusterError
+		re *domain.ReservedNameError
 	)
 	switch {
 	case errors.As(err, &se):
@@ -57,6 +58,10 @@ func Status(op string, err error) error {
 		return status.Error(codes.FailedPrecondition, pe.Error())
 	case errors.As(err, &ce):
 		return ebv1.ServerErrorf(codes.Unavailable, "%v", err)
+	case errors.As(err, &re):
+		return status.Errorf(codes.InvalidArgument,
+			"%s: name %q has the form of target %q's scheduled backups (%s-YYYYMMDD-HHMMSS), which only its schedule may take; choose another name (--name)",
+			op, re.Name, re.Target, re.Target)
 	}
 	return ebv1.ServerErrorf(codes.Internal, "%v", err)
 }

@@ -46,6 +46,8 @@ func TestStatusOfDomainErrors(t *testing.T) {
 		{&domain.StorageError{Location: "s3", Name: "b", Err: unavailable}, codes.Unavailable, `op "b": storage location "s3" is unavailable`, true, "s3"},
 		{&domain.StorageError{Location: "default", Name: "b", Err: context.Canceled}, codes.Canceled, "cancelled", false, ""},
 		{&domain.StorageError{Location: "default", Name: "b", Err: errors.New("disk on fire")}, codes.Internal, `op "b" in location "default": disk on fire`, true, ""},
+		{&domain.ReservedNameError{Name: "cp-20261201-000000", Target: "cp"}, codes.InvalidArgument,
+			`op: name "cp-20261201-000000" has the form of target "cp"'s scheduled backups (cp-YYYYMMDD-HHMMSS)`, false, ""},
 		{errors.New("start backup agent for \"b\": boom"), codes.Internal, "start backup agent for \"b\": boom", true, ""},
 	} {
 		st := status.Convert(edge.Status("op", tc.err))
