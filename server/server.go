@@ -1,7 +1,8 @@
 // Package server wires the data server together: it checks the
 // configuration, builds the request handlers (server/rpc) and the
-// background controller (server/controller) over shared metrics and
-// retention, and serves them — the user and agent listeners, health,
+// background controller (server/controller) over one set of locations
+// (server/domain), one starter of agent work (server/work), shared
+// metrics and retention, and serves them — the user and agent listeners, health,
 // recovery and authorization interceptors, the controller's goroutine
 // (on the replica server/leader elects), the drain at shutdown.
 package server
@@ -35,11 +36,13 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/controller"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/coord"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/leader"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
@@ -60,7 +63,9 @@ type Config struct {
 	// Targets are the etcd clusters CreateBackup can back up; the first is
 	// the default. New checks them with config.ValidateTargets.
 	Targets []config.Target
-	// Agents launches backup agents; nil means CreateBackup is refused.
+	// Agents launches the agents (backup, restore, drill, delta, fold);
+	// nil refuses what needs one (CreateBackup, restores, drills) and
+	// leaves the controller nothing to do.
 	Agents *jobs.Launcher
 	// ScratchDir holds temporary files of VerifyBackup; "" is os.TempDir().
 	ScratchDir string
@@ -88,12 +93,12 @@ type Config struct {
 	// for one replica. A registry with a Run method runs while Serve does.
 	Coordination coord.Registry
 	// HandOffDownloads makes Serve end the downloads in flight when it
-	// shuts down (rpc.Service.HandOffDownloads), for their clients to
+	// shuts down (readpath.Service.HandOffDownloads), for their clients to
 	// resume on another replica at once; set it when several run.
 	HandOffDownloads bool
-	// PollInterval is how often Serve looks at agent Jobs (to count
-	// finished runs and apply retention) and at the schedules; 0 means
-	// controller.DefaultPollInterval.
+	// PollInterval is how often the controller's rounds look at agent
+	// Jobs, storage and the schedules when no scheduled time comes
+	// sooner; 0 means controller.DefaultPollInterval.
 	PollInterval time.Duration
 }
 
@@ -114,8 +119,7 @@ type Listeners struct {
 // controller, and what serves them.
 type Server struct {
 	// Service is the handlers, embedded so that a Server implements the
-	// etcdbackup.v1 services itself (breakglass serves it in-process,
-	// tests call it directly).
+	// etcdbackup.v1 services itself (tests call it directly).
 	*rpc.Service
 
 	controller *controller.Controller
@@ -155,6 +159,13 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The one set of locations, every call to them counted, for the
+	// handlers, the controller and retention alike.
+	locs, err := domain.NewLocations(cfg.Locations, m)
+	if err != nil {
+		return nil, err
+	}
+	starter := work.New(locs, cfg.Targets, cfg.Agents, log, now)
 	reg := cfg.Coordination
 	if reg == nil {
 		reg = coord.NewLocal()
@@ -180,13 +191,13 @@ func New(cfg Config) (*Server, error) {
 		s.agentGuard = refuseAll{}
 	}
 	s.Service = rpc.New(rpc.Config{
-		Locations: cfg.Locations, Logger: log, Now: now, Metrics: m,
-		Targets: cfg.Targets, Agents: cfg.Agents, ScratchDir: cfg.ScratchDir, Limits: s.limits,
+		Locations: locs, Logger: log, Now: now, Metrics: m,
+		Targets: cfg.Targets, Agents: cfg.Agents, Work: starter, ScratchDir: cfg.ScratchDir, Limits: s.limits,
 		Coordination: reg, InUse: inUse, Pruner: pruner, DeltaFence: cfg.DeltaFence,
 	})
 	s.controller = controller.New(controller.Config{
-		Locations: cfg.Locations, Targets: cfg.Targets, Agents: cfg.Agents, Metrics: m, Pruner: pruner,
-		StartBackup: s.StartBackup, StartDrill: s.StartDrill, Logger: log, Now: now, PollInterval: cfg.PollInterval,
+		Locations: locs, Targets: cfg.Targets, Agents: cfg.Agents, Metrics: m, Pruner: pruner,
+		Work: starter, Logger: log, Now: now, PollInterval: cfg.PollInterval,
 	})
 	return s, nil
 }

@@ -2,10 +2,12 @@
 // server info, list, get, download, verify — from storage locations opened
 // on the operator's own machine, with the operator's own credentials: the
 // plugin's --storage-config, for the day the API server is down. It runs
-// the server's own request layer over an in-process connection, so every
-// check of the online path (stored SHA-256, etcd's trailer, decompression
-// bound, age decryption) holds, and it opens the locations read-only:
-// nothing is written to them.
+// the server's own read path (server/rpc/readpath) over an in-process
+// connection, so every check of the online path (stored SHA-256, etcd's
+// trailer, decompression bound, age decryption, an unavailable location)
+// holds, and it opens the locations read-only: nothing is written to
+// them. It links nothing else of the server: no Jobs, authorization,
+// controller or coordination.
 package breakglass
 
 import (
@@ -19,12 +21,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/test/bufconn"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server"
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/readpath"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
@@ -116,20 +124,55 @@ func Open(ctx context.Context, file string) (dial func(context.Context, string) 
 		cancel()
 		return nil, "", nil, err
 	}
-	srv, err := server.New(server.Config{Locations: named})
+	locs, err := domain.NewLocations(named, nil)
 	if err != nil {
 		cancel()
 		return nil, "", nil, err
 	}
+	g := newServer(readpath.New(readpath.Config{Locations: locs, Limits: config.Limits{}.WithDefaults()}))
 	lis := bufconn.Listen(1 << 20)
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, server.Listeners{Users: lis}, drainTimeout) }()
+	go func() { done <- g.Serve(lis) }()
 	stop = sync.OnceFunc(func() {
 		cancel()
+		drain(g, drainTimeout)
 		if err := <-done; err != nil && !errors.Is(err, net.ErrClosed) {
 			slog.Debug("break-glass server stopped", "error", err)
 		}
 	})
 	dial = func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }
 	return dial, "storage config " + file, stop, nil
+}
+
+// newServer is a gRPC server of rp alone, with what the data server's
+// user port has that matters in-process: the streams' options, a panic
+// in a handler made the server's INTERNAL error rather than the end of
+// the plugin, and room for the client's keepalive pings.
+func newServer(rp *readpath.Service) *grpc.Server {
+	onPanic := recovery.WithRecoveryHandler(func(any) error {
+		return ebv1.ServerError(codes.Internal, "internal error; see the server log")
+	})
+	g := grpc.NewServer(append(readpath.ServerOptions(),
+		// Clients ping every 20 s; the default policy would answer that
+		// with GOAWAY during a long download.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(onPanic)),
+		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(onPanic)))...)
+	rp.Register(g)
+	return g
+}
+
+// drain lets calls in flight finish for up to d, then cancels them.
+func drain(g *grpc.Server, d time.Duration) {
+	stopped := make(chan struct{})
+	go func() {
+		g.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(d):
+		g.Stop()
+		<-stopped
+	}
 }

@@ -1,10 +1,12 @@
-// Package controller is the data server's background loop: it starts
-// each target's scheduled backups when they are due, observes the agent
-// runs that finished (metrics, the counted annotation on their Job) and
-// applies retention after a successful scheduled one. Other work the
-// server does on its own, not on request — restore drills, supervising
-// delta agents, folding long delta chains into new full backups —
-// belongs here too.
+// Package controller is the data server's background loop, the work it
+// does on its own, not on request: it starts each target's scheduled
+// backups when they are due, observes the agent runs that finished
+// (metrics, the counted annotation on their Job) and applies retention
+// after a successful scheduled one; it starts scheduled restore drills
+// and records every drill's verdict; it keeps a delta agent on each
+// delta target's newest chain and folds long chains into new full
+// backups. It starts work through server/work, as the request layer
+// does, and decides on the domain's errors (server/domain).
 package controller
 
 import (
@@ -13,31 +15,24 @@ import (
 	"log/slog"
 	"time"
 
-	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 )
 
-// DefaultPollInterval is how often the server looks at its agent Jobs and
-// schedules when no scheduled time comes sooner.
+// DefaultPollInterval is how often the controller runs a round when no
+// scheduled time comes sooner.
 const DefaultPollInterval = 10 * time.Second
-
-// StartBackup launches the agent Job of a backup after the checks an
-// on-demand backup passes: the request layer's (rpc.Service.StartBackup),
-// so a scheduled run and CreateBackup make the same checks and the same
-// Jobs, which the agent guard admits. scheduled labels the Job; by names
-// who started it, for the log.
-type StartBackup func(ctx context.Context, req *ebv1.CreateBackupRequest, scheduled bool, by string) (*ebv1.Backup, error)
 
 // Config is what a Controller needs.
 type Config struct {
-	// Locations in order; the first is the default.
-	Locations []locations.Named
+	// Locations are the server's storage locations (shared with the
+	// request layer).
+	Locations *domain.Locations
 	// Targets are the etcd clusters; those with a schedule are backed up
 	// on it.
 	Targets []config.Target
@@ -47,10 +42,9 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Pruner applies retention after a successful scheduled run.
 	Pruner *retention.Pruner
-	// StartBackup starts a scheduled run.
-	StartBackup StartBackup
-	// StartDrill starts a scheduled drill.
-	StartDrill StartDrill
+	// Work starts scheduled backups and drills, and the full backups
+	// new delta chains start from.
+	Work *work.Starter
 	// Logger nil logs nothing; Now nil is time.Now.
 	Logger *slog.Logger
 	Now    func() time.Time
@@ -61,14 +55,12 @@ type Config struct {
 
 // Controller runs the server's background loop (Run).
 type Controller struct {
-	locations    map[string]storage.Location
-	order        []string
-	targets      []config.Target
+	locations    *domain.Locations
+	targets      domain.Targets
 	agents       *jobs.Launcher
 	metrics      *metrics.Metrics
 	pruner       *retention.Pruner
-	startBackup  StartBackup
-	startDrill   StartDrill
+	work         *work.Starter
 	log          *slog.Logger
 	now          func() time.Time
 	pollInterval time.Duration
@@ -77,13 +69,12 @@ type Controller struct {
 // New returns the Controller cfg describes.
 func New(cfg Config) *Controller {
 	c := &Controller{
-		locations:    map[string]storage.Location{},
+		locations:    cfg.Locations,
 		targets:      cfg.Targets,
 		agents:       cfg.Agents,
 		metrics:      cfg.Metrics,
 		pruner:       cfg.Pruner,
-		startBackup:  cfg.StartBackup,
-		startDrill:   cfg.StartDrill,
+		work:         cfg.Work,
 		log:          cfg.Logger,
 		now:          cfg.Now,
 		pollInterval: cmp.Or(cfg.PollInterval, DefaultPollInterval),
@@ -93,10 +84,6 @@ func New(cfg Config) *Controller {
 	}
 	if c.now == nil {
 		c.now = time.Now
-	}
-	for _, l := range cfg.Locations {
-		c.locations[l.Name] = l.Location
-		c.order = append(c.order, l.Name)
 	}
 	return c
 }
@@ -124,10 +111,11 @@ type watcher struct {
 	drills []*drillTarget
 }
 
-// Run is the server's scheduler and run observer (server.Serve runs it
-// on a goroutine of its own): each round it counts agent runs that
-// finished (metrics, then retention after a scheduled one) and starts the
-// scheduled backups that are due, until ctx ends.
+// Run is the server's background loop (server.Serve runs it on a
+// goroutine of its own, on the elected replica): each round (round) it
+// counts the agent runs that finished, starts the scheduled backups and
+// drills that are due, and supervises the delta agents and chain folds,
+// until ctx ends.
 func (c *Controller) Run(ctx context.Context) {
 	w := c.newWatcher()
 	if w == nil {
@@ -179,7 +167,7 @@ func (c *Controller) newWatcher() *watcher {
 	w.drills = c.newDrills(c.now())
 	// Series an alert reads exist from the start, at zero.
 	for _, t := range c.targets {
-		loc := cmp.Or(t.Location, c.order[0])
+		loc := c.locations.OfTarget(t)
 		for _, r := range []string{metrics.ResultSucceeded, metrics.ResultFailed} {
 			c.metrics.Runs.WithLabelValues(t.Name, loc, r)
 		}
@@ -209,21 +197,24 @@ func (c *Controller) untilNext(w *watcher) time.Duration {
 	return d
 }
 
-// round is one pass of the loop.
+// round is one pass of the loop. Its parts share one listing of each
+// location (domain.Listings), read again only after a part changed it.
 func (c *Controller) round(ctx context.Context, w *watcher) {
 	runs, err := c.agents.List(ctx)
 	if err != nil {
 		c.log.Warn("scheduler: list backup agents", "error", err)
 		return
 	}
+	// One listing per location for the round, however many readers.
+	ls := domain.NewListings()
 	if !w.ready {
-		if err := c.recall(ctx, w, runs); err != nil {
+		if err := c.recall(ctx, ls, w, runs); err != nil {
 			c.log.Warn("scheduler: read what earlier runs did (retrying)", "error", err)
 			return
 		}
 		w.ready = true
 	}
-	c.observe(ctx, w, runs)
+	c.observe(ctx, ls, w, runs)
 	now := c.now()
 	for _, st := range w.targets {
 		due, ok := st.sched.Latest(st.last, now)
@@ -233,7 +224,7 @@ func (c *Controller) round(ctx context.Context, w *watcher) {
 		st.last = due
 		c.startScheduled(ctx, st, due, now, runs)
 	}
-	c.drillRound(ctx, w, now)
-	c.deltaRound(ctx, runs)
-	c.foldRound(ctx, runs)
+	c.drillRound(ctx, ls, w, now)
+	c.deltaRound(ctx, ls, runs)
+	c.foldRound(ctx, ls, runs)
 }

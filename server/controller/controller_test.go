@@ -17,11 +17,13 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
@@ -41,7 +43,7 @@ type schedWorld struct {
 	cs      *fake.Clientset
 	loc     storage.Location
 	target  config.Target
-	srv     *rpc.Service // the handlers, whose StartBackup the controller calls
+	srv     *rpc.Service // the handlers, sharing the controller's work.Starter
 	c       *Controller
 	metrics *metrics.Metrics
 	agents  *jobs.Launcher
@@ -87,15 +89,18 @@ func (sw *schedWorld) restart() {
 	if sw.metrics, err = metrics.New(prometheus.NewRegistry()); err != nil {
 		sw.t.Fatal(err)
 	}
-	locs := []locations.Named{{Name: "default", Location: sw.loc}}
+	locs, err := domain.NewLocations([]locations.Named{{Name: "default", Location: sw.loc}}, sw.metrics)
+	if err != nil {
+		sw.t.Fatal(err)
+	}
 	targets := []config.Target{sw.target}
 	now := func() time.Time { return sw.now }
 	inUse := retention.NewInUse(l, targets, nil)
 	pruner := &retention.Pruner{InUse: inUse, Metrics: sw.metrics, Log: slog.New(slog.DiscardHandler), Now: now}
-	sw.srv = rpc.New(rpc.Config{Locations: locs, Targets: targets, Agents: l, Now: now, Metrics: sw.metrics,
+	starter := work.New(locs, targets, l, nil, now)
+	sw.srv = rpc.New(rpc.Config{Locations: locs, Targets: targets, Agents: l, Work: starter, Now: now, Metrics: sw.metrics,
 		Limits: config.Limits{}.WithDefaults(), InUse: inUse, Pruner: pruner})
-	sw.c = New(Config{Locations: locs, Targets: targets, Agents: l, Metrics: sw.metrics, Pruner: pruner,
-		StartBackup: sw.srv.StartBackup, StartDrill: sw.srv.StartDrill, Now: now})
+	sw.c = New(Config{Locations: locs, Targets: targets, Agents: l, Metrics: sw.metrics, Pruner: pruner, Work: starter, Now: now})
 	// What Run sets up before its loop; the test runs the rounds.
 	if sw.w = sw.c.newWatcher(); sw.w == nil {
 		sw.t.Fatal("watch set up nothing")

@@ -8,7 +8,9 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
@@ -18,7 +20,7 @@ import (
 // (etcd compacted past the agent, a revision was missing) or there is no
 // full backup to start from, starts a full backup, whose chain the next
 // round starts.
-func (c *Controller) deltaRound(ctx context.Context, runs []jobs.Run) {
+func (c *Controller) deltaRound(ctx context.Context, ls *domain.Listings, runs []jobs.Run) {
 	var deltaTargets []config.Target
 	for _, t := range c.targets {
 		if t.Deltas != nil {
@@ -36,32 +38,29 @@ func (c *Controller) deltaRound(ctx context.Context, runs []jobs.Run) {
 		return
 	}
 	for _, t := range deltaTargets {
-		if err := c.superviseDelta(ctx, t, agents, runs); err != nil {
+		if err := c.superviseDelta(ctx, ls, t, agents, runs); err != nil {
 			c.log.Warn("delta agent", "target", t.Name, "error", err)
 		}
 	}
 }
 
-func (c *Controller) superviseDelta(ctx context.Context, t config.Target, agents []jobs.DeltaRun, runs []jobs.Run) error {
-	locName := cmp.Or(t.Location, c.order[0])
-	loc := c.locations[locName]
-	all, err := loc.List(ctx)
+// superviseDelta keeps t's delta agent on the chain of its newest full
+// backup (deltaRound).
+func (c *Controller) superviseDelta(ctx context.Context, ls *domain.Listings, t config.Target, agents []jobs.DeltaRun, runs []jobs.Run) error {
+	ch, err := c.newestChain(ctx, ls, t)
 	if err != nil {
-		c.metrics.StorageErrors.WithLabelValues(locName, "list").Inc()
-		return fmt.Errorf("list backups: %w", err)
+		return err
 	}
-	backups, segments := storage.SplitSegments(all)
-	full := newestChainBase(backups, t.Name)
-	chains := storage.Chains(segments)
+	full, locName := ch.full, ch.location
 	var ended string
 	if full != nil {
-		for _, m := range chains[full.Name] {
+		for _, m := range ch.segments {
 			if m.Delta != nil && m.Delta.EndReason != "" {
 				ended = m.Delta.EndReason
 			}
 		}
-		if last := lastStored(chains[full.Name]); last != nil {
-			c.metrics.SetDeltaPosition(t.Name, last.Delta.LastTime)
+		if n := len(ch.segments); n > 0 {
+			c.metrics.SetDeltaPosition(t.Name, ch.segments[n-1].Delta.LastTime)
 		}
 	}
 	running := false
@@ -144,11 +143,32 @@ func takenAfter(a, b *storage.Manifest) bool {
 	return a.Etcd.Revision > b.Etcd.Revision
 }
 
-func lastStored(segs []*storage.Manifest) *storage.Manifest {
-	if len(segs) == 0 {
-		return nil
+// chain is a target's newest chain as stored: the location it is in,
+// the full backup it starts from (nil: none yet) and the segments that
+// name that full, in revision order, contiguous or not.
+type chain struct {
+	location string
+	full     *storage.Manifest
+	segments []*storage.Manifest
+}
+
+// newestChain reads t's newest chain from its location's listing (ls: the
+// round's, shared by the delta supervisor and the folds).
+func (c *Controller) newestChain(ctx context.Context, ls *domain.Listings, t config.Target) (chain, error) {
+	ch := chain{location: c.locations.OfTarget(t)}
+	loc, ok := c.locations.Lookup(ch.location)
+	if !ok { // config.ValidateTargets names only configured locations
+		return ch, fmt.Errorf("location %q is not configured", ch.location)
 	}
-	return segs[len(segs)-1]
+	all, err := ls.List(ctx, loc)
+	if err != nil {
+		return ch, fmt.Errorf("list backups: %w", err)
+	}
+	backups, segments := storage.SplitSegments(all)
+	if ch.full = newestChainBase(backups, t.Name); ch.full != nil {
+		ch.segments = storage.Chains(segments)[ch.full.Name]
+	}
+	return ch, nil
 }
 
 // startChainBase starts a full backup of t to start a new chain from,
@@ -164,7 +184,7 @@ func (c *Controller) startChainBase(ctx context.Context, t config.Target, locNam
 	if why == "" {
 		why = "no full backup of the target to start a chain from"
 	}
-	_, err := c.startBackup(ctx, &ebv1.CreateBackupRequest{Name: name, Location: locName, Target: t.Name}, false, "delta capture ("+why+")")
+	_, err := c.work.StartBackup(ctx, work.BackupRequest{Name: name, Location: locName, Target: t.Name, By: "delta capture (" + why + ")"})
 	if err != nil {
 		return fmt.Errorf("start full backup %q for a new delta chain: %w", name, err)
 	}

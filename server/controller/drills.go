@@ -7,21 +7,16 @@ import (
 	"fmt"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
-
-// StartDrill launches the drill agent Job of a stored backup after the
-// checks an on-demand drill passes (rpc.Service.StartDrill).
-type StartDrill func(ctx context.Context, location, name string, scheduled bool, by string) (*ebv1.DrillBackupResponse, error)
 
 // drillTarget is one target's drill schedule and the latest drill time
 // handled.
@@ -44,7 +39,7 @@ func (c *Controller) newDrills(now time.Time) []*drillTarget {
 			c.log.Error("target drill schedule", "target", t.Name, "error", err)
 			continue
 		}
-		loc := cmp.Or(t.Location, c.order[0])
+		loc := c.locations.OfTarget(t)
 		for _, r := range []string{metrics.DrillSucceeded, metrics.DrillFailed, metrics.DrillError} {
 			c.metrics.DrillRuns.WithLabelValues(t.Name, r)
 		}
@@ -68,7 +63,7 @@ func (c *Controller) recallVerified(m *storage.Manifest, loc string) {
 
 // drillRound records the verdicts of drills that finished and starts
 // the drills that are due.
-func (c *Controller) drillRound(ctx context.Context, w *watcher, now time.Time) {
+func (c *Controller) drillRound(ctx context.Context, ls *domain.Listings, w *watcher, now time.Time) {
 	// From the cache: on-demand drills are recorded too, with or without
 	// drill schedules.
 	drills, err := c.agents.Drills(ctx)
@@ -76,20 +71,20 @@ func (c *Controller) drillRound(ctx context.Context, w *watcher, now time.Time) 
 		c.log.Warn("drills: list drill agents", "error", err)
 		return
 	}
-	c.recordDrills(ctx, w, drills)
+	c.recordDrills(ctx, ls, w, drills)
 	for _, dt := range w.drills {
 		due, ok := dt.sched.Latest(dt.last, now)
 		if !ok {
 			continue
 		}
 		dt.last = due
-		c.startScheduledDrill(ctx, dt, drills)
+		c.startScheduledDrill(ctx, ls, dt, drills)
 	}
 }
 
 // startScheduledDrill drills the newest stored backup of the target that
 // records a keyspace fingerprint, unless a drill of the target runs.
-func (c *Controller) startScheduledDrill(ctx context.Context, dt *drillTarget, drills []jobs.DrillRun) {
+func (c *Controller) startScheduledDrill(ctx context.Context, ls *domain.Listings, dt *drillTarget, drills []jobs.DrillRun) {
 	t := dt.target
 	for _, d := range drills {
 		if d.Target == t.Name && d.Phase == jobs.PhaseRunning {
@@ -97,14 +92,13 @@ func (c *Controller) startScheduledDrill(ctx context.Context, dt *drillTarget, d
 			return
 		}
 	}
-	locName := cmp.Or(t.Location, c.order[0])
-	loc, ok := c.locations[locName]
+	locName := c.locations.OfTarget(t)
+	loc, ok := c.locations.Lookup(locName)
 	if !ok {
 		return
 	}
-	manifests, err := loc.List(ctx)
+	manifests, err := ls.List(ctx, loc)
 	if err != nil {
-		c.metrics.StorageErrors.WithLabelValues(locName, "list").Inc()
 		c.log.Warn("scheduled drill: list backups", "target", t.Name, "location", locName, "error", err)
 		return
 	}
@@ -122,8 +116,8 @@ func (c *Controller) startScheduledDrill(ctx context.Context, dt *drillTarget, d
 		c.log.Warn("scheduled drill: the target has no stored backup that records a keyspace fingerprint yet", "target", t.Name, "location", locName)
 		return
 	}
-	_, err = c.startDrill(ctx, locName, newest.Name, true, "drill schedule")
-	if status.Code(err) == codes.AlreadyExists {
+	_, err = c.work.StartDrill(ctx, work.DrillRequest{Location: locName, Name: newest.Name, Scheduled: true, By: "drill schedule"})
+	if errors.Is(err, domain.ErrAlreadyRunning) {
 		return
 	}
 	if err != nil {
@@ -132,6 +126,7 @@ func (c *Controller) startScheduledDrill(ctx context.Context, dt *drillTarget, d
 	}
 	if errors.Is(err, jobs.ErrIdentitySecret) {
 		c.recordNotStarted(ctx, loc, newest, err)
+		ls.Forget(locName)
 	}
 }
 
@@ -153,12 +148,12 @@ func (c *Controller) recordNotStarted(ctx context.Context, loc storage.Location,
 
 // recordDrills writes the verdict of every drill that finished into its
 // backup's manifest, once (the Job is then marked counted).
-func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs.DrillRun) {
+func (c *Controller) recordDrills(ctx context.Context, ls *domain.Listings, w *watcher, drills []jobs.DrillRun) {
 	for _, d := range drills {
 		if d.Phase == jobs.PhaseRunning || d.Counted || w.counted[d.JobName] {
 			continue
 		}
-		loc, ok := c.locations[d.Location]
+		loc, ok := c.locations.Lookup(d.Location)
 		if !ok {
 			continue
 		}
@@ -174,12 +169,12 @@ func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs
 		var err error
 		if keep := c.verifiedBefore(ctx, loc, d, v); !keep {
 			err = setVerification(ctx, loc, d.Backup, v)
+			ls.Forget(d.Location) // the manifest changed
 		}
 		switch {
 		case errors.Is(err, storage.ErrNotFound):
 			c.log.Info("drill finished after its backup was removed", "backup", d.Backup, "location", d.Location, "job", d.JobName)
 		case err != nil:
-			c.metrics.StorageErrors.WithLabelValues(d.Location, "verification").Inc()
 			c.log.Warn("drill: record its verdict (retrying)", "backup", d.Backup, "location", d.Location, "error", err)
 			continue
 		}
@@ -198,7 +193,7 @@ func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs
 			if err == nil && v.Result == storage.VerificationFailed && d.Target != "" {
 				// A backup verified before may have lost that status:
 				// the metric says the newest backup still verified.
-				c.resetLastVerified(ctx, loc, d.Target, d.Location)
+				c.resetLastVerified(ctx, ls, loc, d.Target)
 			}
 			continue
 		}
@@ -209,7 +204,7 @@ func (c *Controller) recordDrills(ctx context.Context, w *watcher, drills []jobs
 			}
 			// The backup retention kept as the newest verified one may
 			// now go.
-			c.retain(ctx, d.Target, d.Location)
+			c.retain(ctx, ls, d.Target, d.Location)
 		}
 	}
 }
@@ -245,13 +240,13 @@ func unreadableData(ctx context.Context, loc storage.Location, d jobs.DrillRun, 
 // resetLastVerified sets the target's last-verified metric in the
 // location to its newest backup whose newest drill succeeded (0: none),
 // after a drill failed one that may have been it.
-func (c *Controller) resetLastVerified(ctx context.Context, loc storage.Location, target, locName string) {
+func (c *Controller) resetLastVerified(ctx context.Context, ls *domain.Listings, loc *domain.Location, target string) {
 	if target == "" {
 		return
 	}
-	manifests, err := loc.List(ctx)
+	locName := loc.Name
+	manifests, err := ls.List(ctx, loc)
 	if err != nil {
-		c.metrics.StorageErrors.WithLabelValues(locName, "list").Inc()
 		c.log.Warn("drill: list backups to find the newest verified one", "location", locName, "target", target, "error", err)
 		return
 	}

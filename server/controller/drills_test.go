@@ -173,7 +173,7 @@ func TestFailedDrillsAndDrillsWithoutAVerdict(t *testing.T) {
 	sw.storeFingerprinted("b2", backuptest.MustTime(t, "2026-12-01T07:00:00Z"))
 	sw.at("2026-12-01T10:02:00Z")
 	for _, name := range []string{"b1", "b2"} {
-		if _, err := sw.srv.StartDrill(context.Background(), "", name, false, "test"); err != nil {
+		if _, err := sw.srv.DrillBackup(context.Background(), &ebv1.DrillBackupRequest{Name: name}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -197,13 +197,13 @@ func TestFailedDrillsAndDrillsWithoutAVerdict(t *testing.T) {
 		t.Errorf("drill runs: failed %v error %v succeeded %v", sw.drillRuns(metrics.DrillFailed), sw.drillRuns(metrics.DrillError), sw.drillRuns(metrics.DrillSucceeded))
 	}
 	// A drill of the same backup again replaces the finished Job.
-	if _, err := sw.srv.StartDrill(context.Background(), "", "b1", false, "test"); err != nil {
+	if _, err := sw.srv.DrillBackup(context.Background(), &ebv1.DrillBackupRequest{Name: "b1"}); err != nil {
 		t.Fatal(err)
 	}
 
 	// A backup a drill verified keeps that verdict when a later drill of
 	// it learns nothing (its agent evicted, say): retention counts on it.
-	if _, err := sw.srv.StartDrill(context.Background(), "", "b2", false, "test"); err != nil {
+	if _, err := sw.srv.DrillBackup(context.Background(), &ebv1.DrillBackupRequest{Name: "b2"}); err != nil {
 		t.Fatal(err)
 	}
 	sw.synced()
@@ -216,7 +216,7 @@ func TestFailedDrillsAndDrillsWithoutAVerdict(t *testing.T) {
 	if v := sw.verification("b2"); v == nil || v.Result != storage.VerificationSucceeded {
 		t.Fatalf("verification of b2 after a successful drill %+v", v)
 	}
-	if _, err := sw.srv.StartDrill(context.Background(), "", "b2", false, "test"); err != nil {
+	if _, err := sw.srv.DrillBackup(context.Background(), &ebv1.DrillBackupRequest{Name: "b2"}); err != nil {
 		t.Fatal(err)
 	}
 	sw.synced()
@@ -248,7 +248,7 @@ func TestRetentionAfterASuccessfulDrill(t *testing.T) {
 	}
 	sw.storeFingerprinted("cp-2", backuptest.MustTime(t, "2026-12-01T09:00:00Z"))
 	sw.at("2026-12-01T10:02:00Z")
-	if _, err := sw.srv.StartDrill(context.Background(), "", "cp-2", false, "test"); err != nil {
+	if _, err := sw.srv.DrillBackup(context.Background(), &ebv1.DrillBackupRequest{Name: "cp-2"}); err != nil {
 		t.Fatal(err)
 	}
 	sw.synced()
@@ -273,7 +273,7 @@ func TestDrillWithoutItsIdentitySecret(t *testing.T) {
 	sw.storeFingerprinted("cp-new", backuptest.MustTime(t, "2026-12-01T09:00:00Z"))
 	sw.at("2026-12-01T10:02:00Z")
 
-	_, err := sw.srv.StartDrill(ctx, "", "cp-old", false, "test")
+	_, err := sw.srv.DrillBackup(ctx, &ebv1.DrillBackupRequest{Name: "cp-old"})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("on-demand drill without its identity Secret: %v; want FailedPrecondition", err)
 	}
@@ -341,7 +341,7 @@ func TestAFailedDrillReplacesAVerification(t *testing.T) {
 		t.Fatalf("last verified = %v, want cp-1's time", got)
 	}
 
-	if _, err := sw.srv.StartDrill(ctx, "", "cp-1", false, "test"); err != nil {
+	if _, err := sw.srv.DrillBackup(ctx, &ebv1.DrillBackupRequest{Name: "cp-1"}); err != nil {
 		t.Fatal(err)
 	}
 	sw.synced()
@@ -369,7 +369,7 @@ func TestAFailedDrillReplacesAVerification(t *testing.T) {
 	if err := os.Remove(filepath.Join(sw.dir, "backups", "cp-2.db")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := sw.srv.StartDrill(ctx, "", "cp-2", false, "test"); err != nil {
+	if _, err := sw.srv.DrillBackup(ctx, &ebv1.DrillBackupRequest{Name: "cp-2"}); err != nil {
 		t.Fatal(err)
 	}
 	sw.synced()

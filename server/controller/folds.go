@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +8,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -23,7 +23,7 @@ const foldRetryAfter = 15 * time.Minute
 // revisions than that: one fold Job at a time per target. The delta
 // supervisor then starts the next chain from the folded full, the newest
 // agent backup of the target.
-func (c *Controller) foldRound(ctx context.Context, runs []jobs.Run) {
+func (c *Controller) foldRound(ctx context.Context, ls *domain.Listings, runs []jobs.Run) {
 	var targets []config.Target
 	for _, t := range c.targets {
 		if t.Deltas != nil && t.Deltas.CompactAfterRevisions > 0 {
@@ -40,7 +40,7 @@ func (c *Controller) foldRound(ctx context.Context, runs []jobs.Run) {
 	}
 	c.recordFolds(ctx, folds)
 	for _, t := range targets {
-		if err := c.foldChain(ctx, t, folds, runs); err != nil {
+		if err := c.foldChain(ctx, ls, t, folds, runs); err != nil {
 			c.log.Warn("chain fold", "target", t.Name, "error", err)
 		}
 	}
@@ -70,25 +70,18 @@ func (c *Controller) recordFolds(ctx context.Context, folds []jobs.FoldRun) {
 
 // foldChain starts the fold of t's newest chain when it is long enough
 // and no fold of t runs.
-func (c *Controller) foldChain(ctx context.Context, t config.Target, folds []jobs.FoldRun, runs []jobs.Run) error {
-	locName := cmp.Or(t.Location, c.order[0])
+func (c *Controller) foldChain(ctx context.Context, ls *domain.Listings, t config.Target, folds []jobs.FoldRun, runs []jobs.Run) error {
 	for _, f := range folds {
 		if f.Target == t.Name && f.Phase == jobs.PhaseRunning {
 			return nil
 		}
 	}
-	loc := c.locations[locName]
-	all, err := loc.List(ctx)
-	if err != nil {
-		c.metrics.StorageErrors.WithLabelValues(locName, "list").Inc()
-		return fmt.Errorf("list backups: %w", err)
+	ch, err := c.newestChain(ctx, ls, t)
+	if err != nil || ch.full == nil {
+		return err
 	}
-	backups, segments := storage.SplitSegments(all)
-	full := newestChainBase(backups, t.Name)
-	if full == nil {
-		return nil
-	}
-	segs := storage.ContiguousSegments(full.Etcd.Revision, storage.Chains(segments)[full.Name])
+	full, locName := ch.full, ch.location
+	segs := storage.ContiguousSegments(full.Etcd.Revision, ch.segments)
 	if len(segs) == 0 {
 		return nil
 	}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
@@ -14,12 +14,12 @@ import (
 // observe counts the agent runs that finished since the last round, once
 // each (the Job is then annotated, so a restarted server does not count
 // it again), and applies retention after a successful scheduled one.
-func (c *Controller) observe(ctx context.Context, w *watcher, runs []jobs.Run) {
+func (c *Controller) observe(ctx context.Context, ls *domain.Listings, w *watcher, runs []jobs.Run) {
 	for _, r := range runs {
 		if r.Phase == jobs.PhaseRunning || r.Counted || w.counted[runKey(r)] {
 			continue
 		}
-		loc, ok := c.locations[r.Location]
+		loc, ok := c.locations.Lookup(r.Location)
 		if !ok {
 			continue // a location no longer configured
 		}
@@ -34,7 +34,6 @@ func (c *Controller) observe(ctx context.Context, w *watcher, runs []jobs.Run) {
 			case errors.Is(err, storage.ErrNotFound):
 				c.log.Error("backup agent finished but its backup is not in storage", "backup", r.Name, "location", r.Location, "job", r.JobName)
 			default:
-				c.metrics.StorageErrors.WithLabelValues(r.Location, "stat").Inc()
 				c.log.Warn("backup run: stat its backup (retrying)", "backup", r.Name, "location", r.Location, "error", err)
 				continue
 			}
@@ -55,7 +54,7 @@ func (c *Controller) observe(ctx context.Context, w *watcher, runs []jobs.Run) {
 		c.metrics.Size.WithLabelValues(r.Target).Set(float64(m.Size))
 		c.metrics.SetLastSuccess(r.Target, r.Location, m.CreateTime)
 		if r.Scheduled {
-			c.retain(ctx, r.Target, r.Location)
+			c.retain(ctx, ls, r.Target, r.Location)
 		}
 	}
 	// Forget Jobs the cluster no longer has (TTL after finishing).
@@ -72,20 +71,27 @@ func (c *Controller) observe(ctx context.Context, w *watcher, runs []jobs.Run) {
 
 // retain applies target's retention to its scheduled backups in one
 // location, after a scheduled backup there succeeded.
-func (c *Controller) retain(ctx context.Context, target, locName string) {
-	t, ok := c.target(target)
-	if !ok || t.Retention == nil {
+func (c *Controller) retain(ctx context.Context, ls *domain.Listings, target, locName string) {
+	t, err := c.targets.Get(target)
+	if err != nil || t.Retention == nil {
 		return
 	}
-	manifests, err := c.locations[locName].List(ctx)
+	loc, ok := c.locations.Lookup(locName)
+	if !ok {
+		return
+	}
+	manifests, err := ls.List(ctx, loc)
 	if err != nil {
-		c.metrics.StorageErrors.WithLabelValues(locName, "list").Inc()
 		c.log.Warn("retention: list backups", "location", locName, "target", target, "error", err)
 		return
 	}
-	if _, _, err := c.pruner.Prune(ctx, retention.Request{
-		Location: locName, Store: c.locations[locName], Manifests: manifests, Target: t, By: "retention",
-	}); err != nil {
+	pruned, _, err := c.pruner.Prune(ctx, retention.Request{
+		Location: loc, Manifests: manifests, Target: *t, By: "retention",
+	})
+	if len(pruned) > 0 || err != nil {
+		ls.Forget(locName) // the listing no longer says what is stored
+	}
+	if err != nil {
 		c.log.Warn("retention", "location", locName, "target", target, "error", err)
 	}
 }
@@ -93,17 +99,3 @@ func (c *Controller) retain(ctx context.Context, target, locName string) {
 // runKey tells one Job from a later one of the same name (a failed
 // backup's Job is replaced when it is taken again).
 func runKey(r jobs.Run) string { return r.JobName + "@" + r.StartTime.String() }
-
-// target is the configured target called name; "" is the default (the
-// first), as a request's target is.
-func (c *Controller) target(name string) (config.Target, bool) {
-	if name == "" && len(c.targets) > 0 {
-		return c.targets[0], true
-	}
-	for _, t := range c.targets {
-		if t.Name == name {
-			return t, true
-		}
-	}
-	return config.Target{}, false
-}

@@ -1,19 +1,18 @@
 package controller
 
 import (
-	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
@@ -22,7 +21,7 @@ import (
 // last-success metric from the newest stored agent backup of each target.
 // A target with no scheduled backup at all starts from now: its first run
 // is at its next scheduled time.
-func (c *Controller) recall(ctx context.Context, w *watcher, runs []jobs.Run) error {
+func (c *Controller) recall(ctx context.Context, ls *domain.Listings, w *watcher, runs []jobs.Run) error {
 	now := c.now()
 	for _, st := range w.targets {
 		st.last = time.Time{}
@@ -51,10 +50,10 @@ func (c *Controller) recall(ctx context.Context, w *watcher, runs []jobs.Run) er
 			note(r.Target, t)
 		}
 	}
-	for _, locName := range c.order {
-		manifests, err := c.locations[locName].List(ctx)
+	for _, loc := range c.locations.All() {
+		locName := loc.Name
+		manifests, err := ls.List(ctx, loc)
 		if err != nil {
-			c.metrics.StorageErrors.WithLabelValues(locName, "list").Inc()
 			return err
 		}
 		manifests, _ = storage.SplitSegments(manifests)
@@ -106,19 +105,24 @@ func (c *Controller) startScheduled(ctx context.Context, st *scheduledTarget, du
 	}
 	// No labels: that the backup is scheduled is the Job's (signed)
 	// label, which the server writes into the manifest's source.
-	_, err := c.startBackup(ctx, &ebv1.CreateBackupRequest{Name: name, Target: t.Name}, true, "scheduler")
+	loc := c.locations.OfTarget(t)
+	start := func(name string) error {
+		_, err := c.work.StartBackup(ctx, work.BackupRequest{Name: name, Target: t.Name, Scheduled: true, By: "scheduler"})
+		return err
+	}
+	err := start(name)
 	// A name that is not the schedule's (stored before users could not
 	// take such names): the run still backs up, under the next free
 	// alternative, and says so.
 	taken := name
-	for i := 2; status.Code(err) == codes.AlreadyExists && i <= maxAltNames; i++ {
-		if c.ownScheduled(ctx, t.Name, cmp.Or(t.Location, c.order[0]), name) {
+	for i := 2; nameInUse(err) && i <= maxAltNames; i++ {
+		if c.ownScheduled(ctx, t.Name, loc, name) {
 			return // an earlier server started or stored it
 		}
 		name = schedule.AltName(t.Name, due, i)
-		_, err = c.startBackup(ctx, &ebv1.CreateBackupRequest{Name: name, Target: t.Name}, true, "scheduler")
+		err = start(name)
 	}
-	if status.Code(err) == codes.AlreadyExists && c.ownScheduled(ctx, t.Name, cmp.Or(t.Location, c.order[0]), name) {
+	if nameInUse(err) && c.ownScheduled(ctx, t.Name, loc, name) {
 		return
 	}
 	if name != taken {
@@ -126,7 +130,7 @@ func (c *Controller) startScheduled(ctx context.Context, st *scheduledTarget, du
 		return
 	}
 	if err != nil {
-		c.metrics.Runs.WithLabelValues(t.Name, cmp.Or(t.Location, c.order[0]), metrics.ResultFailed).Inc()
+		c.metrics.Runs.WithLabelValues(t.Name, loc, metrics.ResultFailed).Inc()
 		c.log.Error("scheduled backup could not start", "target", t.Name, "backup", name, "error", err)
 	}
 }
@@ -135,7 +139,7 @@ func (c *Controller) startScheduled(ctx context.Context, st *scheduledTarget, du
 // target's scheduled backup (an earlier server's run), rather than one
 // that took its name.
 func (c *Controller) ownScheduled(ctx context.Context, target, loc, name string) bool {
-	l, ok := c.locations[loc]
+	l, ok := c.locations.Lookup(loc)
 	if !ok {
 		return false
 	}
@@ -145,6 +149,12 @@ func (c *Controller) ownScheduled(ctx context.Context, target, loc, name string)
 	}
 	got, ok := retention.ScheduledOf(m)
 	return ok && got == target
+}
+
+// nameInUse says a backup could not start because its name is taken:
+// stored, or an agent takes it now.
+func nameInUse(err error) bool {
+	return errors.Is(err, storage.ErrAlreadyExists) || errors.Is(err, domain.ErrAlreadyRunning)
 }
 
 // maxAltNames bounds the alternative names a scheduled run tries when
@@ -158,7 +168,7 @@ const maxAltNames = 4
 // failed-run counter too).
 func (c *Controller) nameTaken(ctx context.Context, st *scheduledTarget, due, now time.Time, name, alt string, err error) {
 	t := st.target
-	loc := cmp.Or(t.Location, c.order[0])
+	loc := c.locations.OfTarget(t)
 	c.metrics.Skipped.WithLabelValues(t.Name, metrics.SkipNameTaken).Inc()
 	msg := fmt.Sprintf("scheduled backup %q of target %q (due %s): a backup that is not this schedule's has the name in location %q; the run is stored as %q instead. Rename or delete %q",
 		name, t.Name, due.UTC().Format(time.RFC3339), loc, alt, name)

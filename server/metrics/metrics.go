@@ -1,22 +1,15 @@
 // Package metrics holds the data server's Prometheus series — transfers,
 // agent runs, schedules, retention and storage failures — which the
-// request handlers and the background controller update.
+// request handlers and the background controller update (storage
+// failures: server/domain's locations, which every storage call passes).
 package metrics
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 // Results of a backup run (etcdbackup_backup_runs_total's result label).
@@ -204,37 +197,4 @@ func gaugeValue(g prometheus.Gauge) float64 {
 		return 0
 	}
 	return d.GetGauge().GetValue()
-}
-
-// StorageError turns the failure of storage operation op (on backup name,
-// "" for the location) in location loc into a status a client can act
-// on, counting in etcdbackup_storage_errors_total what is the storage's
-// fault: not a missing or existing backup, nor a caller that went away.
-func (m *Metrics) StorageError(op, loc, name string, err error) error {
-	if !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, storage.ErrAlreadyExists) && !errors.Is(err, context.Canceled) {
-		m.StorageErrors.WithLabelValues(loc, op).Inc()
-	}
-	what := op
-	if name != "" {
-		what = fmt.Sprintf("%s %q", op, name)
-	}
-	var ue *locations.UnavailableError
-	switch {
-	case errors.As(err, &ue):
-		return ebv1.LocationUnavailableError(ue.Location, fmt.Sprintf("%s: %v", what, ue))
-	case errors.Is(err, storage.ErrNoSpace):
-		return status.Errorf(codes.ResourceExhausted,
-			"%s: storage location %q is full (%v); nothing was stored: delete old backups or give the location more space", what, loc, err)
-	case errors.Is(err, storage.ErrNotFound):
-		return status.Errorf(codes.NotFound,
-			"backup %q not found in location %q; run `kubectl etcdbackup list --location %s` to see the backups", name, loc, loc)
-	case errors.Is(err, storage.ErrAlreadyExists):
-		return status.Errorf(codes.AlreadyExists,
-			"backup %q already exists in location %q; backups are immutable: choose another name or delete the old one first", name, loc)
-	case errors.Is(err, context.Canceled):
-		return status.Errorf(codes.Canceled, "%s %q: cancelled", op, name)
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Errorf(codes.DeadlineExceeded, "%s %q: deadline exceeded", op, name)
-	}
-	return ebv1.ServerErrorf(codes.Internal, "%s %q in location %q: %v", op, name, loc, err)
 }

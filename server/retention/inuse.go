@@ -2,13 +2,12 @@ package retention
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
-	"google.golang.org/grpc/codes"
-
-	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/coord"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 )
 
@@ -63,14 +62,14 @@ func (u *InUse) Removed(ctx context.Context, loc, name string, log *slog.Logger)
 // under their agents, or, were it uploaded again, give them other
 // content than the restore was started for. Deletion and retention both
 // ask it; doing ("deleting", "removing") is what the caller was about to
-// do, for the Unavailable error when the Jobs cannot be listed.
+// do, for the *domain.ClusterError when the Jobs cannot be listed.
 func (u *InUse) RestoresReading(ctx context.Context, loc, name, doing string) ([]string, error) {
 	if u.agents == nil {
 		return nil, nil
 	}
 	running, err := u.agents.RunningRestores(ctx, loc, name, u.targets)
 	if err != nil {
-		return nil, ebv1.ServerErrorf(codes.Unavailable, "cannot check for restores of backup %q before %s it: %v", name, doing, err)
+		return nil, &domain.ClusterError{Err: fmt.Errorf("cannot check for restores of backup %q before %s it: %w", name, doing, err)}
 	}
 	return running, nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -22,10 +23,9 @@ type Pruner struct {
 
 // Request is one prune: one target's backups in one location.
 type Request struct {
-	// Location is the location's name; Store the location.
-	Location string
-	Store    storage.Location
-	// Manifests are the location's backups (Store.List).
+	// Location is where the backups are.
+	Location *domain.Location
+	// Manifests are the location's backups (its List).
 	Manifests []*storage.Manifest
 	// Target's Retention must be set.
 	Target config.Target
@@ -41,10 +41,11 @@ type Request struct {
 // returns the backups removed (with DryRun, those that would be) and
 // those kept because they are in use; the next prune takes them.
 func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage.Manifest, err error) {
+	loc := r.Location.Name
 	// Delta segments are not backups: they go only with their full.
 	backups, segments := storage.SplitSegments(r.Manifests)
 	for _, m := range Select(backups, r.Target.Name, *r.Target.Retention, r.IncludeUnscheduled, p.Now()) {
-		restores, err := p.InUse.RestoresReading(ctx, r.Location, m.Name, "removing")
+		restores, err := p.InUse.RestoresReading(ctx, loc, m.Name, "removing")
 		if err != nil {
 			return pruned, inUse, err
 		}
@@ -56,7 +57,7 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage
 			pruned = append(pruned, m)
 			continue
 		}
-		done, ok, err := p.InUse.remove(ctx, r.Location, m.Name)
+		done, ok, err := p.InUse.remove(ctx, loc, m.Name)
 		if err != nil {
 			return pruned, inUse, err
 		}
@@ -64,20 +65,20 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage
 			inUse = append(inUse, m)
 			continue
 		}
-		err = r.Store.Delete(ctx, m.Name)
+		err = r.Location.Delete(ctx, m.Name)
 		done()
 		if errors.Is(err, storage.ErrNotFound) {
 			continue // someone else removed it
 		}
 		if err != nil {
-			return pruned, inUse, p.Metrics.StorageError("delete", r.Location, m.Name, err)
+			return pruned, inUse, &domain.StorageError{Location: loc, Name: m.Name, Err: err}
 		}
-		p.InUse.Removed(ctx, r.Location, m.Name, p.Log)
-		if n, err := storage.DeleteChain(ctx, r.Store, segments, m.Name); err != nil {
-			p.Log.Warn("removing the delta chain of a removed backup", "location", r.Location, "backup", m.Name, "removed", n, "error", err)
+		p.InUse.Removed(ctx, loc, m.Name, p.Log)
+		if n, err := storage.DeleteChain(ctx, r.Location, segments, m.Name); err != nil {
+			p.Log.Warn("removing the delta chain of a removed backup", "location", loc, "backup", m.Name, "removed", n, "error", err)
 		}
-		p.Metrics.Pruned.WithLabelValues(r.Target.Name, r.Location).Inc()
-		p.Log.Info("backup removed by retention", "location", r.Location, "backup", m.Name, "target", r.Target.Name, "caller", r.By)
+		p.Metrics.Pruned.WithLabelValues(r.Target.Name, loc).Inc()
+		p.Log.Info("backup removed by retention", "location", loc, "backup", m.Name, "target", r.Target.Name, "caller", r.By)
 		pruned = append(pruned, m)
 	}
 	return pruned, inUse, nil

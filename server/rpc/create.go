@@ -10,104 +10,66 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 )
 
-// CreateBackup implements ebv1.BackupServiceServer.
+// CreateBackup implements ebv1.BackupServiceServer: the request's
+// checks, then the start (server/work) the controller's schedules make
+// too, so both make the same Jobs, which the agent guard admits.
 func (s *Service) CreateBackup(ctx context.Context, req *ebv1.CreateBackupRequest) (*ebv1.CreateBackupResponse, error) {
-	b, err := s.StartBackup(ctx, req, false, caller(ctx))
-	if err != nil {
-		return nil, err
+	// The name and compression are checked once the target's defaults
+	// fill them in.
+	check := func(name, compression string) error {
+		if err := validateCompression(compression); err != nil {
+			return err
+		}
+		if err := edge.ValidateName("backup", name); err != nil {
+			return err
+		}
+		if req.GetName() != "" {
+			if err := s.reservedName("create backup", name); err != nil {
+				return err
+			}
+		}
+		return validateLabels(req.GetLabels(), s.limits)
 	}
-	return &ebv1.CreateBackupResponse{Backup: b}, nil
-}
-
-// StartBackup launches the agent Job of a backup: what CreateBackup does,
-// and what the controller does when a schedule is due (scheduled, by
-// "scheduler"; server.New hands it this method as its
-// controller.StartBackup), so both go through the same checks and make
-// the same Jobs, which the agent guard admits. by names who asked, for
-// the log.
-func (s *Service) StartBackup(ctx context.Context, req *ebv1.CreateBackupRequest, scheduled bool, by string) (*ebv1.Backup, error) {
-	if s.agents == nil {
+	b, err := s.work.StartBackup(ctx, work.BackupRequest{
+		Name: req.GetName(), Location: req.GetLocation(), Target: req.GetTarget(), Compression: req.GetCompression(),
+		Labels: req.GetLabels(), By: caller(ctx), Check: check,
+	})
+	var running *domain.AlreadyRunningError
+	switch {
+	case errors.Is(err, domain.ErrNoAgents):
 		return nil, status.Error(codes.FailedPrecondition,
 			"this server cannot launch backup agents (it runs outside a cluster or without an agent image); upload snapshots with `kubectl etcdbackup upload` instead")
+	case errors.As(err, &running):
+		return nil, status.Errorf(codes.AlreadyExists, "backup %q is already being taken; follow it with `kubectl etcdbackup logs %s -f`", running.Name, running.Name)
+	case err != nil:
+		return nil, edge.Status("create backup", err)
 	}
-	t, err := s.target(req.GetTarget())
-	if err != nil {
-		return nil, err
-	}
-	locName := req.GetLocation()
-	if locName == "" {
-		locName = t.Location
-	}
-	locName, loc, err := s.location(locName)
-	if err != nil {
-		return nil, err
-	}
-	compression := req.GetCompression()
-	if compression == "" {
-		compression = t.Compression
-	}
-	compression = ebv1.CompressionFromName(compression)
-	if err := validateCompression(compression); err != nil {
-		return nil, err
-	}
-	name := req.GetName()
-	if name == "" {
-		name = t.Name + "-" + s.now().UTC().Format("20060102-150405")
-	}
-	if err := validateName("backup", name); err != nil {
-		return nil, err
-	}
-	if !scheduled && req.GetName() != "" {
-		if err := s.reservedName("create backup", name); err != nil {
-			return nil, err
-		}
-	}
-	if err := validateLabels(req.GetLabels(), s.limits); err != nil {
-		return nil, err
-	}
-	if _, err := loc.Stat(ctx, name); err == nil {
-		return nil, s.metrics.StorageError("create backup", locName, name, storage.ErrAlreadyExists)
-	} else if !errors.Is(err, storage.ErrNotFound) {
-		return nil, s.metrics.StorageError("create backup", locName, name, err)
-	}
-	if err := s.agents.CheckTarget(ctx, *t); err != nil {
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
-	}
-	job, err := s.agents.StartBackup(ctx, jobs.BackupSpec{
-		Name: name, Location: locName, Compression: compression, Labels: req.GetLabels(), Target: *t,
-		AgeRecipients: t.AgeRecipients(), Scheduled: scheduled,
-	})
-	if errors.Is(err, jobs.ErrRunning) {
-		return nil, status.Errorf(codes.AlreadyExists, "backup %q is already being taken; follow it with `kubectl etcdbackup logs %s -f`", name, name)
-	}
-	if err != nil {
-		return nil, ebv1.ServerErrorf(codes.Internal, "start backup agent for %q: %v", name, err)
-	}
-	s.log.Info("backup agent started", "backup", name, "location", locName, "target", t.Name, "job", job.Name, "caller", by)
-	return &ebv1.Backup{
-		Name: name, Location: locName, Phase: ebv1.BackupPhase_BACKUP_PHASE_RUNNING,
-		Labels: req.GetLabels(), Compression: compression, CreateTime: timestamppb.New(job.CreationTimestamp.Time),
+	t := b.Target
+	return &ebv1.CreateBackupResponse{Backup: &ebv1.Backup{
+		Name: b.Name, Location: b.Location, Phase: ebv1.BackupPhase_BACKUP_PHASE_RUNNING,
+		Labels: b.Labels, Compression: b.Compression, CreateTime: timestamppb.New(b.Created),
 		Encryption: t.EncryptionName(), AgeRecipients: t.AgeRecipients(),
 		Source: &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: t.Name},
-	}, nil
+	}}, nil
 }
 
 // GetBackupLogs implements ebv1.BackupServiceServer.
 func (s *Service) GetBackupLogs(req *ebv1.GetBackupLogsRequest, stream ebv1.BackupService_GetBackupLogsServer) error {
-	if err := validateName("backup", req.GetName()); err != nil {
+	if s.agents == nil {
+		return s.Service.GetBackupLogs(req, stream)
+	}
+	if err := edge.ValidateName("backup", req.GetName()); err != nil {
 		return err
 	}
 	locName, _, err := s.location(req.GetLocation())
 	if err != nil {
 		return err
-	}
-	if s.agents == nil {
-		return status.Error(codes.FailedPrecondition, "this server launches no agents, so there are no agent logs")
 	}
 	w := &logWriter{stream: stream}
 	err = s.agents.Logs(stream.Context(), locName, req.GetName(), req.GetFollow(), w)
@@ -138,15 +100,15 @@ func (w *logWriter) Write(p []byte) (int, error) {
 
 // GetBackupEvents implements ebv1.BackupServiceServer.
 func (s *Service) GetBackupEvents(ctx context.Context, req *ebv1.GetBackupEventsRequest) (*ebv1.GetBackupEventsResponse, error) {
-	if err := validateName("backup", req.GetName()); err != nil {
+	if s.agents == nil {
+		return s.Service.GetBackupEvents(ctx, req)
+	}
+	if err := edge.ValidateName("backup", req.GetName()); err != nil {
 		return nil, err
 	}
 	locName, _, err := s.location(req.GetLocation())
 	if err != nil {
 		return nil, err
-	}
-	if s.agents == nil {
-		return nil, status.Error(codes.FailedPrecondition, "this server launches no agents, so there are no agent events")
 	}
 	job, events, err := s.agents.Events(ctx, locName, req.GetName())
 	if errors.Is(err, jobs.ErrNoRun) {
@@ -181,12 +143,8 @@ func (s *Service) GetBackupEvents(ctx context.Context, req *ebv1.GetBackupEvents
 // reservedName refuses a name a user chose when it has the form of a
 // target's scheduled backups: taken, it would stop that run.
 func (s *Service) reservedName(what, name string) error {
-	for _, t := range s.targets {
-		if schedule.Reserved(t.Name, name) {
-			return status.Errorf(codes.InvalidArgument,
-				"%s: name %q has the form of target %q's scheduled backups (%s-YYYYMMDD-HHMMSS), which only its schedule may take; choose another name (--name)",
-				what, name, t.Name, t.Name)
-		}
+	if t, ok := s.targets.ReservedBy(name); ok {
+		return edge.Status(what, &domain.ReservedNameError{Name: name, Target: t})
 	}
 	return nil
 }

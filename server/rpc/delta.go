@@ -8,11 +8,11 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
@@ -146,7 +146,7 @@ func (s *Service) chainEnd(ctx context.Context, key string, loc storage.Location
 		return chainEnd{}, status.Errorf(codes.FailedPrecondition, "chain %q: its full backup is not stored (removed?); a delta chain follows a stored full backup", chain)
 	}
 	if err != nil {
-		return chainEnd{}, s.metrics.StorageError("get", "", chain, err)
+		return chainEnd{}, edge.StorageStatus("get", "", chain, err)
 	}
 	if e, ok := s.chains.get(key); ok {
 		return e, nil
@@ -156,10 +156,10 @@ func (s *Service) chainEnd(ctx context.Context, key string, loc storage.Location
 	}
 	all, err := loc.List(ctx)
 	if err != nil {
-		return chainEnd{}, s.metrics.StorageError("list", "", "", err)
+		return chainEnd{}, edge.StorageStatus("list", "", "", err)
 	}
 	_, segments := storage.SplitSegments(all)
-	sum := chainSummary(full, storage.Chains(segments)[chain])
+	sum := edge.ChainSummary(full, storage.Chains(segments)[chain])
 	e := chainEnd{next: full.Etcd.Revision + 1, reason: ""}
 	if sum != nil {
 		e = chainEnd{next: sum.GetLastRevision() + 1, reason: sum.GetEndReason(), epoch: sum.GetEpoch()}
@@ -179,34 +179,6 @@ func (s *Service) segmentStored(locName string, m *storage.Manifest) {
 	}
 }
 
-// chainSummary is what full's chain holds: its segments that follow each
-// other from the full's revision on, with no gap and no overlap, from
-// writers whose epochs never go back. Segments past a gap are not part
-// of it (they cannot be replayed); nil when no segment follows full.
-func chainSummary(full *storage.Manifest, segs []*storage.Manifest) *ebv1.DeltaChain {
-	if full.Etcd == nil || len(segs) == 0 {
-		return nil
-	}
-	var c *ebv1.DeltaChain
-	for _, m := range storage.ContiguousSegments(full.Etcd.Revision, segs) {
-		if c == nil {
-			c = &ebv1.DeltaChain{}
-		}
-		d := m.Delta
-		c.Segments++
-		c.Bytes += m.Size
-		c.LastRevision = d.LastRevision
-		if !d.LastTime.IsZero() {
-			c.LastTime = timestamppb.New(d.LastTime)
-		}
-		c.Epoch, c.EndReason, c.HistoryBreak = d.Epoch, d.EndReason, d.HistoryBreak
-		if d.LastEvent != nil {
-			c.LastEvent = deltaEventOf(d.LastEvent)
-		}
-	}
-	return c
-}
-
 // recordClockOffset records, in d and the metrics, the server's clock
 // minus the agent's as the segment's upload arrives (transit included),
 // and warns when it is more than a restore to a time can ignore.
@@ -222,36 +194,6 @@ func (s *Service) recordClockOffset(target string, d *ebv1.DeltaSegment) {
 		s.log.Warn("delta agent's clock is off the server's: the times it stamps on revisions, which restores to a time go by, are off as much; run NTP (chrony, systemd-timesyncd) on the node",
 			"target", target, "chain", d.GetChain(), "offsetSeconds", offset.Seconds())
 	}
-}
-
-func deltaEventOf(e *storage.DeltaEvent) *ebv1.DeltaEvent {
-	return &ebv1.DeltaEvent{Key: e.Key, Deleted: e.Deleted, ValueSha256: e.ValueSHA256}
-}
-
-// withChain adds full's chain, as stored, to b.
-func withChain(b *ebv1.Backup, full *storage.Manifest, segments map[string][]*storage.Manifest) {
-	if c := chainSummary(full, segments[full.Name]); c != nil {
-		b.Chain = c
-	}
-}
-
-// deltaOf is m's segment description for the API.
-func deltaOf(d *storage.Delta) *ebv1.DeltaSegment {
-	out := &ebv1.DeltaSegment{
-		Chain: d.Chain, Epoch: d.Epoch, FirstRevision: d.FirstRevision, LastRevision: d.LastRevision,
-		Events: d.Events, EndReason: d.EndReason, HistoryBreak: d.HistoryBreak, ClockOffsetSeconds: d.ClockOffset.Seconds(),
-		AuthRevision: d.AuthRevision,
-	}
-	if d.LastEvent != nil {
-		out.LastEvent = deltaEventOf(d.LastEvent)
-	}
-	if !d.FirstTime.IsZero() {
-		out.FirstTime = timestamppb.New(d.FirstTime)
-	}
-	if !d.LastTime.IsZero() {
-		out.LastTime = timestamppb.New(d.LastTime)
-	}
-	return out
 }
 
 // deltaFromHeader is the manifest's record of an admitted segment.

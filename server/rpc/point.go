@@ -11,6 +11,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
@@ -79,7 +80,7 @@ func (s *Service) planPoint(ctx context.Context, locName string, loc storage.Loc
 	op := fmt.Sprintf("restore target %q to %s", target, point)
 	all, err := loc.List(ctx)
 	if err != nil {
-		return nil, s.metrics.StorageError("restore to a point", locName, "", err)
+		return nil, edge.StorageStatus("restore to a point", locName, "", err)
 	}
 	backups, segments := storage.SplitSegments(all)
 	fullByName := map[string]*storage.Manifest{}

@@ -8,7 +8,9 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
@@ -32,30 +34,31 @@ func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsReques
 			}
 		}
 	}
-	locs := s.order
+	locs := s.locations.All()
 	if req.GetLocation() != "" {
-		name, _, err := s.location(req.GetLocation())
+		l, err := s.locations.Get(req.GetLocation())
 		if err != nil {
-			return nil, err
+			return nil, edge.Status("", err)
 		}
-		locs = []string{name}
+		locs = []*domain.Location{l}
 	}
 	resp := &ebv1.PruneBackupsResponse{}
-	for _, locName := range locs {
+	for _, loc := range locs {
 		if len(targets) == 0 {
 			break
 		}
-		manifests, err := s.locations[locName].List(ctx)
+		locName := loc.Name
+		manifests, err := loc.List(ctx)
 		if err != nil {
-			return nil, s.metrics.StorageError("list", locName, "", err)
+			return nil, edge.StorageStatus("list", locName, "", err)
 		}
 		for _, t := range targets {
 			pruned, inUse, err := s.pruner.Prune(ctx, retention.Request{
-				Location: locName, Store: s.locations[locName], Manifests: manifests, Target: t,
+				Location: loc, Manifests: manifests, Target: t,
 				IncludeUnscheduled: req.GetIncludeUnscheduled(), DryRun: req.GetDryRun(), By: caller(ctx),
 			})
 			if err != nil {
-				return resp, err
+				return resp, edge.Status("delete", err)
 			}
 			resp.Pruned = append(resp.Pruned, backupsFromManifests(locName, pruned)...)
 			resp.InUse = append(resp.InUse, backupsFromManifests(locName, inUse)...)
@@ -64,11 +67,11 @@ func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsReques
 	return resp, nil
 }
 
-// backupsFromManifests is backupFromManifest of each of ms.
+// backupsFromManifests is edge.Backup of each of ms.
 func backupsFromManifests(loc string, ms []*storage.Manifest) []*ebv1.Backup {
 	var out []*ebv1.Backup
 	for _, m := range ms {
-		out = append(out, backupFromManifest(loc, m))
+		out = append(out, edge.Backup(loc, m))
 	}
 	return out
 }

@@ -22,7 +22,6 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 const testNS = "etcdbackup-system"
@@ -65,7 +64,7 @@ func newPruneWorld(t *testing.T, target config.Target, now time.Time) *pruneWorl
 	clock := func() time.Time { return sw.now }
 	sw.inUse = retention.NewInUse(l, targets, nil)
 	sw.srv = rpc.New(rpc.Config{
-		Locations: []locations.Named{{Name: "default", Location: sw.loc}}, Targets: targets, Agents: l, Now: clock, Metrics: sw.metrics,
+		Locations: oneLocation(t, sw.loc, sw.metrics), Targets: targets, Agents: l, Now: clock, Metrics: sw.metrics,
 		Limits: config.Limits{}.WithDefaults(), InUse: sw.inUse,
 		Pruner: &retention.Pruner{InUse: sw.inUse, Metrics: sw.metrics, Log: slog.New(slog.DiscardHandler), Now: clock},
 	})

@@ -22,7 +22,6 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 // The rate tests call the handlers with streams of their own inside a
@@ -42,7 +41,7 @@ func newBubbleService(t *testing.T, dir string) *rpc.Service {
 		t.Fatal(err)
 	}
 	return rpc.New(rpc.Config{
-		Locations: []locations.Named{{Name: "default", Location: loc}},
+		Locations: oneLocation(t, loc, m),
 		Metrics:   m, Limits: config.Limits{}.WithDefaults(), InUse: retention.NewInUse(nil, nil, nil),
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/liveness"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -172,7 +173,7 @@ func (s *Service) admitRestore(ctx context.Context, req *ebv1.RestoreBackupReque
 		return nil, err
 	}
 	if req.GetName() != "" || !toPoint {
-		if err := validateName("backup", req.GetName()); err != nil {
+		if err := edge.ValidateName("backup", req.GetName()); err != nil {
 			return nil, err
 		}
 	}
@@ -197,7 +198,7 @@ func (s *Service) admitRestore(ctx context.Context, req *ebv1.RestoreBackupReque
 		}
 		m, name = pp.full, pp.full.Name
 	} else if m, err = loc.Stat(ctx, name); err != nil {
-		return nil, s.metrics.StorageError("restore backup", locName, name, err)
+		return nil, edge.StorageStatus("restore backup", locName, name, err)
 	}
 	encrypted := m.Encryption != ""
 	if pp != nil {
@@ -207,7 +208,7 @@ func (s *Service) admitRestore(ctx context.Context, req *ebv1.RestoreBackupReque
 	}
 	secret := req.GetIdentitySecret()
 	if secret != "" {
-		if err := validateName("identity Secret", secret); err != nil {
+		if err := edge.ValidateName("identity Secret", secret); err != nil {
 			return nil, err
 		}
 	}
@@ -261,7 +262,7 @@ func (s *Service) startRestore(ctx context.Context, req *ebv1.RestoreBackupReque
 
 // GetRestore implements ebv1.BackupServiceServer.
 func (s *Service) GetRestore(ctx context.Context, req *ebv1.GetRestoreRequest) (*ebv1.GetRestoreResponse, error) {
-	if err := validateName("backup", req.GetName()); err != nil {
+	if err := edge.ValidateName("backup", req.GetName()); err != nil {
 		return nil, err
 	}
 	t, err := s.restoreTarget(req.GetTarget())

@@ -7,6 +7,10 @@ import (
 	"testing"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 func randomBytes(t testing.TB, n int) []byte {
@@ -27,4 +31,15 @@ func trailed(t testing.TB, n int) []byte {
 func sha(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
+}
+
+// oneLocation is the location set of a server with l as its one
+// location, "default", its failures counted in m (nil: not counted).
+func oneLocation(t testing.TB, l storage.Location, m *metrics.Metrics) *domain.Locations {
+	t.Helper()
+	locs, err := domain.NewLocations([]locations.Named{{Name: "default", Location: l}}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return locs
 }

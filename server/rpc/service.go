@@ -2,13 +2,15 @@
 // etcdbackup.v1 services, which validate each request, resolve its
 // storage location and etcd target, enforce limits and integrity (sizes
 // and SHA-256) and answer with status codes a client can act on.
-// Requests reach storage only through storage.Location.
+// Requests reach storage only through storage.Location. The read-only
+// handlers are server/rpc/readpath's, embedded in Service with this
+// package's policy (authorization's callers and agents, retention's
+// in-use registry, the agent runs) injected as its hooks.
 package rpc
 
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -19,31 +21,32 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/coord"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/stream"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/readpath"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 const (
 	// MaxChunkBytes is the largest chunk accepted or sent on a stream. It
 	// bounds the memory a stream holds, whatever the backup's size.
-	MaxChunkBytes = 1 << 20
+	MaxChunkBytes = stream.MaxChunkBytes
 	// MaxNameLength keeps NAME.json within the 255-byte file-name limit of
 	// common file systems; S3 keys allow more, names must work everywhere.
-	MaxNameLength = 200
-	// downloadChunkBytes is what the server sends per message: just under
-	// gRPC's 1 MiB pooled buffer size, so each message takes one buffer
-	// (a 256 KiB message would take, and zero, a 1 MiB buffer anyway).
-	downloadChunkBytes = 1<<20 - 64
+	MaxNameLength = edge.MaxNameLength
 )
 
 // Config is what a Service needs. server.New checks it (location names,
 // targets, limits) before it builds one.
 type Config struct {
-	// Locations in order; the first is the default. At least one.
-	Locations []locations.Named
+	// Locations are the server's storage locations (server.New builds
+	// them once, for the controller too).
+	Locations *domain.Locations
 	// Logger nil logs nothing; Now nil is time.Now.
 	Logger  *slog.Logger
 	Now     func() time.Time
@@ -51,8 +54,12 @@ type Config struct {
 	// Targets are the etcd clusters CreateBackup can back up; the first
 	// is the default.
 	Targets []config.Target
-	// Agents launches backup and restore agents; nil refuses both.
+	// Agents launches the agents (backup, restore, drill, delta, fold)
+	// and reads their Jobs; nil refuses whatever needs one.
 	Agents *jobs.Launcher
+	// Work starts backups and drills (shared with the controller); nil
+	// is one over Locations, Targets and Agents.
+	Work *work.Starter
 	// ScratchDir holds temporary files of VerifyBackup; "" is os.TempDir().
 	ScratchDir string
 	// Limits, with their defaults (config.Limits.WithDefaults).
@@ -72,23 +79,21 @@ type Config struct {
 
 // Service implements the etcdbackup.v1 services.
 type Service struct {
-	ebv1.UnimplementedInfoServiceServer
-	ebv1.UnimplementedBackupServiceServer
+	// The read path (GetServerInfo, ListBackups, GetBackup,
+	// DownloadBackup, VerifyBackup, HandOffDownloads) is promoted from
+	// it; Service's own methods answer the rest.
+	*readpath.Service
 	ebv1.UnimplementedAgentServiceServer
 
-	locations map[string]storage.Location
-	order     []string
+	locations *domain.Locations
 	log       *slog.Logger
 	now       func() time.Time
 	metrics   *metrics.Metrics
 
-	targets    []config.Target
-	agents     *jobs.Launcher
-	scratchDir string
-	limits     config.Limits
-	// verifies bounds what VerifyBackup unpacks into scratchDir at once;
-	// its zero value has the defaults.
-	verifies verifyGate
+	targets domain.Targets
+	agents  *jobs.Launcher
+	work    *work.Starter
+	limits  config.Limits
 
 	uploads    claims
 	coord      coord.Registry
@@ -100,40 +105,25 @@ type Service struct {
 	leaseLimits leaseLimits
 	inUse       *retention.InUse
 	pruner      *retention.Pruner
-	// handoff, closed by HandOffDownloads, ends the downloads in flight
-	// and those that start after.
-	handoff     chan struct{}
-	handoffOnce sync.Once
-}
-
-// HandOffDownloads ends every download in flight, and every one that
-// starts later, with Unavailable, so that their clients resume them at
-// once on another replica instead of waiting for this one to drain: for
-// a replica that is shutting down while others serve. Uploads are left
-// to finish.
-func (s *Service) HandOffDownloads() {
-	s.handoffOnce.Do(func() { close(s.handoff) })
 }
 
 // New returns the Service cfg describes.
 func New(cfg Config) *Service {
 	s := &Service{
-		locations:   map[string]storage.Location{},
+		locations:   cfg.Locations,
 		log:         cfg.Logger,
 		now:         cfg.Now,
 		metrics:     cfg.Metrics,
 		targets:     cfg.Targets,
 		agents:      cfg.Agents,
-		scratchDir:  cfg.ScratchDir,
+		work:        cfg.Work,
 		limits:      cfg.Limits,
 		uploads:     claims{perLocation: map[string]int{}},
 		coord:       cfg.Coordination,
-		handoff:     make(chan struct{}),
 		inUse:       cfg.InUse,
 		pruner:      cfg.Pruner,
 		deltaFence:  cfg.DeltaFence,
 		deltaLeases: cfg.DeltaLeases,
-		verifies:    verifyGate{budget: cfg.Limits.VerifyScratchBytes},
 	}
 	if s.deltaFence == nil && cfg.Agents != nil {
 		s.deltaFence = cfg.Agents
@@ -150,12 +140,23 @@ func New(cfg Config) *Service {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	for _, l := range cfg.Locations {
-		s.locations[l.Name] = l.Location
-		s.order = append(s.order, l.Name)
+	if s.work == nil {
+		s.work = work.New(cfg.Locations, cfg.Targets, cfg.Agents, s.log, s.now)
 	}
+	s.Service = readpath.New(readpath.Config{
+		Locations: cfg.Locations, Targets: cfg.Targets, Logger: s.log, Now: s.now, Metrics: s.metrics,
+		ScratchDir: cfg.ScratchDir, Limits: cfg.Limits,
+		Hooks: readpath.Hooks{
+			Caller: caller, MayGet: mayGet, MayDownload: mayDownload, Sending: s.inUse.Download, Runs: s.runs,
+		},
+	})
 	return s
 }
+
+// ServerOptions are the options of a gRPC server these handlers' streams
+// need: the message size a chunk takes, the codec that moves chunks
+// without copies, and the pool received frames come from.
+func ServerOptions() []grpc.ServerOption { return stream.ServerOptions() }
 
 // Register adds the etcdbackup.v1 services to g, which must have
 // ServerOptions (downloads need its codec).
@@ -165,49 +166,23 @@ func (s *Service) Register(g *grpc.Server) {
 	ebv1.RegisterAgentServiceServer(g, s)
 }
 
-// location resolves a request's location name ("" is the default).
+// location resolves a request's location name ("" is the default), or
+// refuses it: not configured, or unavailable now.
 func (s *Service) location(name string) (string, storage.Location, error) {
-	if name == "" {
-		name = s.order[0]
+	l, err := s.locations.Get(name)
+	if err != nil {
+		return "", nil, edge.Status("", err)
 	}
-	l, ok := s.locations[name]
-	if !ok {
-		return "", nil, status.Errorf(codes.NotFound,
-			"storage location %q does not exist on this server; it has %v (see `kubectl etcdbackup version`)", name, s.order)
-	}
-	if err := unavailable(name, l); err != nil {
-		return "", nil, ebv1.LocationUnavailableError(name, err.Error())
-	}
-	return name, l, nil
-}
-
-// unavailable is the UnavailableError of a location that cannot be used
-// now, or nil.
-func unavailable(name string, l storage.Location) error {
-	since, err := locations.Status(l)
-	if err == nil {
-		return nil
-	}
-	return &locations.UnavailableError{Location: name, Since: since, Err: err}
+	return l.Name, l, nil
 }
 
 // target resolves a request's target name ("" is the default).
 func (s *Service) target(name string) (*config.Target, error) {
-	if len(s.targets) == 0 {
-		return nil, status.Error(codes.FailedPrecondition,
-			"this server has no etcd targets configured; add one under `targets:` in its config file")
+	t, err := s.targets.Get(name)
+	if err != nil {
+		return nil, edge.Status("", err)
 	}
-	if name == "" {
-		return &s.targets[0], nil
-	}
-	var names []string
-	for i := range s.targets {
-		if s.targets[i].Name == name {
-			return &s.targets[i], nil
-		}
-		names = append(names, s.targets[i].Name)
-	}
-	return nil, status.Errorf(codes.NotFound, "etcd target %q is not configured on this server; it has %v (see `kubectl etcdbackup version`)", name, names)
+	return t, nil
 }
 
 // caller names who made a call, for the log: the user strict mode
@@ -221,6 +196,30 @@ func caller(ctx context.Context) string {
 		return a.String()
 	}
 	return "port-forward"
+}
+
+// mayGet holds an agent to its chain's full backup on GetBackup (a delta
+// agent reads where its chain starts): it learns nothing of other
+// backups, not even whether one exists.
+func mayGet(ctx context.Context, name, location string) error {
+	if a, ok := auth.AgentFrom(ctx); ok && (a.Kind != auth.AgentDelta || a.Backup != name || a.Location != location) {
+		return status.Errorf(codes.PermissionDenied, "%s may read only its chain's backup %q in location %q", a, a.Backup, a.Location)
+	}
+	return nil
+}
+
+// mayDownload holds an agent to the backup it restores, or a delta
+// segment its Job lists, each as stored when its Job was made.
+func mayDownload(ctx context.Context, name, location string) (*readpath.Pin, error) {
+	a, ok := auth.AgentFrom(ctx)
+	if !ok {
+		return nil, nil
+	}
+	sha, err := a.MayDownload(name, location)
+	if err != nil {
+		return nil, err
+	}
+	return &readpath.Pin{Who: a.String(), SHA256: sha}, nil
 }
 
 // agentMay holds an agent to the one backup its Job was created for.

@@ -19,6 +19,8 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/stream"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
@@ -44,7 +46,7 @@ func (s *Service) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (er
 
 	up, err := u.loc.Create(ctx, u.name())
 	if err != nil {
-		return s.metrics.StorageError("upload", u.locName, u.name(), err)
+		return edge.StorageStatus("upload", u.locName, u.name(), err)
 	}
 	committed := false
 	defer func() {
@@ -65,7 +67,7 @@ func (s *Service) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (er
 	committed = true
 	s.log.Info("backup stored", "location", u.locName, "backup", m.Name, "bytes", r.size, "sha256", r.digest, "caller", caller(ctx),
 		"seconds", s.now().Sub(start).Seconds())
-	return stream.SendAndClose(&ebv1.UploadBackupResponse{Backup: backupFromManifest(u.locName, m)})
+	return stream.SendAndClose(&ebv1.UploadBackupResponse{Backup: edge.Backup(u.locName, m)})
 }
 
 // upload is an admitted upload: its header, who sends it, and where it
@@ -196,11 +198,11 @@ func (s *Service) receiveUpload(ctx context.Context, u *upload, recv func() (*eb
 		}
 		chunk := msg.GetChunk()
 		if _, err := w.Write(chunk); err != nil {
-			return nil, s.metrics.StorageError("upload", u.locName, u.name(), err)
+			return nil, edge.StorageStatus("upload", u.locName, u.name(), err)
 		}
 		s.metrics.BytesIn.Add(float64(len(chunk)))
 		// Stored and hashed: nothing holds the bytes any more.
-		releaseUploadChunk(chunk)
+		stream.ReleaseUploadChunk(chunk)
 	}
 	r.digest, r.digestErr = digestOf()
 	return r, nil
@@ -232,10 +234,10 @@ func (s *Service) uploadBroken(ctx context.Context, u *upload, size int64, err e
 			"upload of %q: nothing arrived for %s (limits.uploadIdleTimeout) after %d bytes; the upload was aborted and nothing was stored",
 			u.name(), s.limits.UploadIdleTimeout.Duration, size)
 	}
-	if errors.Is(err, errTooSlow) {
+	if errors.Is(err, stream.ErrTooSlow) {
 		s.log.Warn("upload aborted: too slow", "location", u.locName, "backup", u.name(), "received", size,
 			"minTransferRate", s.limits.MinTransferRate, "window", s.limits.MinTransferRateWindow.Duration, "caller", caller(ctx))
-		return s.tooSlow(fmt.Sprintf("upload of %q", u.name()), size)
+		return stream.TooSlow(fmt.Sprintf("upload of %q", u.name()), size, s.limits)
 	}
 	s.log.Warn("upload interrupted", "location", u.locName, "backup", u.name(), "received", size, "error", err)
 	if ctx.Err() != nil {
@@ -308,7 +310,7 @@ func (s *Service) commitUpload(ctx context.Context, u *upload, r *received, up s
 	}
 	withSnapshotStatus(m, r.trailer.GetEtcd())
 	if err := up.Commit(ctx, m); err != nil {
-		return nil, s.metrics.StorageError("upload", u.locName, u.name(), err)
+		return nil, edge.StorageStatus("upload", u.locName, u.name(), err)
 	}
 	if m.Delta != nil {
 		s.segmentStored(u.locName, m)
@@ -359,13 +361,14 @@ var errIdle = errors.New("upload idle")
 // waiting and returns, gRPC cancels the stream, which ends the Recv, and
 // the goroutine with it. The timer runs only while the handler waits, so
 // a slow storage write never counts as the client's idleness. After the
-// header, the same waits are held to limits.minTransferRate (rateWatch):
-// an upload that keeps sending, but too little, ends with errTooSlow.
+// header, the same waits are held to limits.minTransferRate
+// (stream.RateWatch): an upload that keeps sending, but too little, ends
+// with stream.ErrTooSlow.
 //
 // It receives one message ahead: the next chunk is decoded while the
 // handler hashes and stores this one. After an error or io.EOF nothing
 // more is received, so SendAndClose never runs beside a Recv.
-func (s *Service) receiver(stream ebv1.BackupService_UploadBackupServer) func() (*ebv1.UploadBackupRequest, error) {
+func (s *Service) receiver(in ebv1.BackupService_UploadBackupServer) func() (*ebv1.UploadBackupRequest, error) {
 	type result struct {
 		msg *ebv1.UploadBackupRequest
 		err error
@@ -373,14 +376,14 @@ func (s *Service) receiver(stream ebv1.BackupService_UploadBackupServer) func() 
 	start := func() chan result {
 		c := make(chan result, 1)
 		go func() {
-			m, err := stream.Recv()
+			m, err := in.Recv()
 			c <- result{m, err}
 		}()
 		return c
 	}
 	var next chan result
 	// After the header, the chunks are held to limits.minTransferRate.
-	var watch *rateWatch
+	var watch *stream.RateWatch
 	return func() (*ebv1.UploadBackupRequest, error) {
 		if next == nil {
 			next = start()
@@ -389,8 +392,8 @@ func (s *Service) receiver(stream ebv1.BackupService_UploadBackupServer) func() 
 		defer t.Stop()
 		var slow <-chan time.Time
 		if watch != nil {
-			watch.wait()
-			st := time.NewTimer(watch.left())
+			watch.Wait()
+			st := time.NewTimer(watch.Left())
 			defer st.Stop()
 			slow = st.C
 		}
@@ -402,9 +405,9 @@ func (s *Service) receiver(stream ebv1.BackupService_UploadBackupServer) func() 
 					next = start()
 				}
 				if watch == nil {
-					watch = s.newRateWatch()
+					watch = stream.NewRateWatch(s.limits, s.now)
 				} else if r.err == nil {
-					if err := watch.moved(len(r.msg.GetChunk())); err != nil {
+					if err := watch.Moved(len(r.msg.GetChunk())); err != nil {
 						return nil, err
 					}
 				}
@@ -412,10 +415,10 @@ func (s *Service) receiver(stream ebv1.BackupService_UploadBackupServer) func() 
 			case <-t.C:
 				return nil, errIdle
 			case <-slow:
-				if err := watch.lapsed(); err != nil {
+				if err := watch.Lapsed(); err != nil {
 					return nil, err
 				}
-				slow = time.After(watch.left())
+				slow = time.After(watch.Left())
 			}
 		}
 	}

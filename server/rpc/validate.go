@@ -13,24 +13,8 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 )
-
-// validateName checks a backup or location name: a DNS-1123 subdomain
-// (lower case alphanumerics, '-' and '.', starting and ending
-// alphanumeric) of at most MaxNameLength characters. That rules out empty
-// names, path separators, "..", and absolute paths.
-func validateName(what, name string) error {
-	if name == "" {
-		return status.Errorf(codes.InvalidArgument, "%s name is empty; give a name such as \"etcd-2026-01-31\"", what)
-	}
-	if len(name) > MaxNameLength {
-		return status.Errorf(codes.InvalidArgument, "%s name is %d characters long; the limit is %d", what, len(name), MaxNameLength)
-	}
-	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-		return status.Errorf(codes.InvalidArgument, "%s name %q is invalid: %s", what, name, strings.Join(errs, "; "))
-	}
-	return nil
-}
 
 // validateLabels checks each label as Kubernetes would, and their number
 // and bytes against lim: labels are stored in every manifest and sent in
@@ -141,7 +125,7 @@ func validateEtcdFacts(where string, e *ebv1.EtcdInfo) error {
 }
 
 func validateUploadHeader(h *ebv1.UploadHeader, lim config.Limits) (kind string, err error) {
-	if err := validateName("backup", h.GetName()); err != nil {
+	if err := edge.ValidateName("backup", h.GetName()); err != nil {
 		return "", err
 	}
 	if h.ExpectedSize != nil && h.GetExpectedSize() < 0 {

@@ -1,4 +1,8 @@
-package rpc
+// Package stream is how the request layer's streams move a backup's
+// bytes: the chunk codec and its buffer pools, and the minimum transfer
+// rate both directions are held to. server/rpc (uploads) and
+// server/rpc/readpath (downloads) share it.
+package stream
 
 import (
 	"encoding/binary"
@@ -14,8 +18,19 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/grpcbuf"
 )
 
-// ServerOptions are the options of a gRPC server these handlers' streams
-// need: the message size a chunk takes, the codec that moves chunks
+const (
+	// MaxChunkBytes is the largest chunk accepted or sent on a stream. It
+	// bounds the memory a stream holds, whatever the backup's size.
+	MaxChunkBytes = 1 << 20
+	// DownloadChunkBytes is what the server sends per message: just
+	// under gRPC's 1 MiB pooled buffer size, so each message takes one
+	// buffer (a 256 KiB message would take, and zero, a 1 MiB buffer
+	// anyway).
+	DownloadChunkBytes = 1<<20 - 64
+)
+
+// ServerOptions are the options of a gRPC server the request layer's
+// streams need: the message size a chunk takes, the codec that moves chunks
 // without copies, and the pool received frames come from.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
@@ -30,22 +45,22 @@ func ServerOptions() []grpc.ServerOption {
 	}
 }
 
-// chunkOut is a DownloadBackupResponse chunk already in a gRPC buffer:
+// ChunkOut is a DownloadBackupResponse chunk already in a gRPC buffer:
 // chunkCodec sends those bytes as they are, where proto.Marshal would
 // copy each chunk into a new buffer first.
-type chunkOut struct{ data mem.Buffer }
+type ChunkOut struct{ Data mem.Buffer }
 
 // chunkCodec is gRPC's proto codec plus the two messages that carry a
-// backup's bytes, forced on the gRPC servers of these handlers
+// backup's bytes, forced on the gRPC servers of the request layer
 // (ServerOptions) rather than registered globally: gRPC has no
 // per-method codec, and the registry is every server's and client's in
 // the process. Every other message is marshalled by the proto codec
 // unchanged.
 //
-//   - chunkOut (a download chunk) goes out as the buffer it was read into.
+//   - ChunkOut (a download chunk) goes out as the buffer it was read into.
 //   - An upload chunk is copied once, from the frames it arrived in, into
 //     a buffer of uploadBuffers that the handler returns once it has
-//     stored the bytes (releaseUploadChunk). The proto codec copies twice
+//     stored the bytes (ReleaseUploadChunk). The proto codec copies twice
 //     (gathering the frames into a buffer of gRPC's default pool, which
 //     clears it first, then into a new slice for every chunk, which the
 //     garbage collector must clear and collect): on an upload, a third of
@@ -56,11 +71,11 @@ type chunkCodec struct{ encoding.CodecV2 }
 func newChunkCodec() chunkCodec { return chunkCodec{encoding.GetCodecV2(proto.Name)} }
 
 func (c chunkCodec) Marshal(v any) (mem.BufferSlice, error) {
-	m, ok := v.(*chunkOut)
+	m, ok := v.(*ChunkOut)
 	if !ok {
 		return c.CodecV2.Marshal(v)
 	}
-	return grpcbuf.ChunkMessage(mem.BufferSlice{m.data}), nil
+	return grpcbuf.ChunkMessage(mem.BufferSlice{m.Data}), nil
 }
 
 func (c chunkCodec) Unmarshal(data mem.BufferSlice, v any) error {
@@ -120,22 +135,22 @@ var (
 	recvBuffers   = &grpcbuf.Pool{}
 )
 
-// releaseUploadChunk returns a chunk's buffer once the handler has stored
+// ReleaseUploadChunk returns a chunk's buffer once the handler has stored
 // its bytes. A chunk the proto codec decoded is the handler's alone as
 // well, so whatever its size, putting it back is safe.
-func releaseUploadChunk(chunk []byte) {
+func ReleaseUploadChunk(chunk []byte) {
 	b := chunk[:cap(chunk)]
 	uploadBuffers.Put(&b)
 }
 
-// chunkBuffers holds the download chunks' buffers, which gRPC returns once
+// ChunkBuffers holds the download chunks' buffers, which gRPC returns once
 // it has written them. Unlike gRPC's default pool it does not clear them:
 // each is filled by the read before it is sent.
-var chunkBuffers = &chunkPool{sync.Pool{New: func() any { b := make([]byte, downloadChunkBytes); return &b }}}
+var ChunkBuffers = &chunkPool{sync.Pool{New: func() any { b := make([]byte, DownloadChunkBytes); return &b }}}
 
 type chunkPool struct{ sync.Pool }
 
-// Get returns a buffer of n bytes, n at most downloadChunkBytes.
+// Get returns a buffer of n bytes, n at most DownloadChunkBytes.
 func (p *chunkPool) Get(n int) *[]byte {
 	b := p.Pool.Get().(*[]byte)
 	*b = (*b)[:n]
@@ -143,7 +158,7 @@ func (p *chunkPool) Get(n int) *[]byte {
 }
 
 func (p *chunkPool) Put(b *[]byte) {
-	if cap(*b) >= downloadChunkBytes {
+	if cap(*b) >= DownloadChunkBytes {
 		p.Pool.Put(b)
 	}
 }

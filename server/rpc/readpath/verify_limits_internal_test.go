@@ -1,4 +1,4 @@
-package rpc
+package readpath
 
 import (
 	"context"
@@ -19,11 +19,9 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 // These tests are inside the package: they shrink the verify budget
@@ -91,8 +89,8 @@ func newVerifyWorld(t *testing.T, names ...string) *verifyWorld {
 	loc := &heldLocation{Location: fs, opened: make(chan string, len(names)), release: make(chan struct{})}
 	scratch := t.TempDir()
 	s := New(Config{
-		Locations: []locations.Named{{Name: "default", Location: loc}},
-		Metrics:   m, Limits: config.Limits{}.WithDefaults(), InUse: retention.NewInUse(nil, nil, nil),
+		Locations: oneLocation(t, loc, m),
+		Metrics:   m, Limits: config.Limits{}.WithDefaults(),
 		ScratchDir: scratch,
 	})
 	// Plenty of room, whatever this machine's disk holds; the budget is
@@ -245,10 +243,10 @@ func TestVerifyThatCannotFitIsRefused(t *testing.T) {
 	_, err := w.verify("big")
 	wantExhausted(t, err, `verify of "big"`, "more than the", "(limits.verifyScratchBytes)", "inspect big")
 	// The budget is the configured limit.
-	if b := New(Config{Locations: []locations.Named{{Name: "default", Location: w.loc}}, Limits: config.Limits{VerifyScratchBytes: 12345}.WithDefaults()}).verifies.budget; b != 12345 {
+	if b := New(Config{Locations: oneLocation(t, w.loc, nil), Limits: config.Limits{VerifyScratchBytes: 12345}.WithDefaults()}).verifies.budget; b != 12345 {
 		t.Fatalf("verify budget %d with limits.verifyScratchBytes 12345", b)
 	}
-	if b := New(Config{Locations: []locations.Named{{Name: "default", Location: w.loc}}, Limits: config.Limits{}.WithDefaults()}).verifies.budget; b != config.DefaultVerifyScratchBytes {
+	if b := New(Config{Locations: oneLocation(t, w.loc, nil), Limits: config.Limits{}.WithDefaults()}).verifies.budget; b != config.DefaultVerifyScratchBytes {
 		t.Fatalf("default verify budget %d", b)
 	}
 
@@ -301,8 +299,8 @@ func TestVerifyWritesNoMoreThanItReserved(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := New(Config{
-		Locations: []locations.Named{{Name: "default", Location: fs}},
-		Metrics:   m, Limits: config.Limits{}.WithDefaults(), InUse: retention.NewInUse(nil, nil, nil),
+		Locations: oneLocation(t, fs, m),
+		Metrics:   m, Limits: config.Limits{}.WithDefaults(),
 		ScratchDir: t.TempDir(),
 	})
 	_, err = s.VerifyBackup(context.Background(), &ebv1.VerifyBackupRequest{Name: "grown"})

@@ -1,6 +1,6 @@
 //go:build unix
 
-package rpc
+package readpath
 
 import (
 	"fmt"

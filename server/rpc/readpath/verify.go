@@ -1,4 +1,4 @@
-package rpc
+package readpath
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ctxio"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -26,7 +27,7 @@ import (
 // access, so the snapshot is unpacked into a scratch file (disk, not
 // memory) that is removed afterwards.
 func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupRequest) (*ebv1.VerifyBackupResponse, error) {
-	if err := validateName("backup", req.GetName()); err != nil {
+	if err := edge.ValidateName("backup", req.GetName()); err != nil {
 		return nil, err
 	}
 	locName, loc, err := s.location(req.GetLocation())
@@ -35,7 +36,7 @@ func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupReques
 	}
 	r, m, err := loc.Open(ctx, req.GetName(), 0, 0)
 	if err != nil {
-		return nil, s.metrics.StorageError("verify", locName, req.GetName(), err)
+		return nil, edge.StorageStatus("verify", locName, req.GetName(), err)
 	}
 	defer r.Close()
 	if m.Encryption != "" {
@@ -78,11 +79,11 @@ func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupReques
 		return nil, corrupt("%v", err)
 	}
 	if err != nil {
-		return nil, s.metrics.StorageError("verify", locName, req.GetName(), err)
+		return nil, edge.StorageStatus("verify", locName, req.GetName(), err)
 	}
 	// Drain what decompression did not need, so the stored hash covers it.
 	if _, err := io.Copy(stored, r); err != nil {
-		return nil, s.metrics.StorageError("verify", locName, req.GetName(), err)
+		return nil, edge.StorageStatus("verify", locName, req.GetName(), err)
 	}
 	if got := hex.EncodeToString(stored.Sum(nil)); got != m.SHA256 {
 		return nil, corrupt("its data has SHA-256 %s, but %s was recorded when it was stored", got, m.SHA256)
@@ -98,7 +99,7 @@ func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupReques
 		return nil, corrupt("%v", err)
 	}
 	return &ebv1.VerifyBackupResponse{
-		Backup:   backupFromManifest(locName, m),
+		Backup:   edge.Backup(locName, m),
 		Revision: st.Revision, TotalKeys: int64(st.TotalKey), TotalSize: st.TotalSize, Hash: st.Hash, StorageVersion: st.Version,
 	}, nil
 }
@@ -120,16 +121,16 @@ func (s *Service) verifyStored(ctx context.Context, locName string, m *storage.M
 		return nil, corrupt("it is recorded as age-encrypted, but %v", err)
 	}
 	if err != nil {
-		return nil, s.metrics.StorageError("verify", locName, m.Name, err)
+		return nil, edge.StorageStatus("verify", locName, m.Name, err)
 	}
 	if _, err := io.Copy(stored, ctxio.NewReader(ctx, r)); err != nil {
-		return nil, s.metrics.StorageError("verify", locName, m.Name, err)
+		return nil, edge.StorageStatus("verify", locName, m.Name, err)
 	}
 	if got := hex.EncodeToString(stored.Sum(nil)); got != m.SHA256 {
 		return nil, corrupt("its data has SHA-256 %s, but %s was recorded when it was stored", got, m.SHA256)
 	}
 	return &ebv1.VerifyBackupResponse{
-		Backup:     backupFromManifest(locName, m),
+		Backup:     edge.Backup(locName, m),
 		StoredOnly: true,
 		Message: fmt.Sprintf("the stored bytes match their SHA-256 and start with an age header for %d recipient(s); the content is encrypted and the server holds no key: "+
 			"run `kubectl etcdbackup verify %s --identity KEYFILE` to check etcd's trailer and database on your machine", len(h.StanzaTypes), m.Name),

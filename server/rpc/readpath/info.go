@@ -1,14 +1,14 @@
-package rpc
+package readpath
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/stream"
 )
 
 // GetServerInfo implements ebv1.InfoServiceServer.
@@ -17,23 +17,21 @@ func (s *Service) GetServerInfo(context.Context, *ebv1.GetServerInfoRequest) (*e
 		Version:   version.Version,
 		GitCommit: version.Commit(),
 		Limits: &ebv1.ServerLimits{
-			MaxChunkBytes: MaxChunkBytes,
-			MaxNameLength: MaxNameLength,
+			MaxChunkBytes: stream.MaxChunkBytes,
+			MaxNameLength: edge.MaxNameLength,
 		},
 	}
 	for i, t := range s.targets {
 		resp.Targets = append(resp.Targets, &ebv1.EtcdTarget{Name: t.Name, Endpoints: t.Endpoints, Default: i == 0})
 	}
-	for i, name := range s.order {
-		l := s.locations[name]
+	for i, l := range s.locations.All() {
 		sl := &ebv1.StorageLocation{
-			Name:        name,
+			Name:        l.Name,
 			Type:        l.Type(),
 			Default:     i == 0,
 			Description: l.Describe(),
 		}
-		var ue *locations.UnavailableError
-		if errors.As(unavailable(name, l), &ue) {
+		if ue := l.Unavailable(); ue != nil {
 			sl.Unavailable = true
 			sl.Error = fmt.Sprintf("%v (since %s)", ue.Err, ue.Since.UTC().Format(time.RFC3339))
 		}

@@ -1,0 +1,49 @@
+package domain
+
+import (
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
+)
+
+// Targets are the configured etcd targets in order; the first is the
+// default.
+type Targets []config.Target
+
+// Get resolves a target a request names ("" is the default):
+// ErrNoTargets when there are none, a *NotConfiguredError when there is
+// none of the name.
+func (ts Targets) Get(name string) (*config.Target, error) {
+	if len(ts) == 0 {
+		return nil, ErrNoTargets
+	}
+	if name == "" {
+		return &ts[0], nil
+	}
+	for i := range ts {
+		if ts[i].Name == name {
+			return &ts[i], nil
+		}
+	}
+	return nil, &NotConfiguredError{Kind: KindTarget, Name: name, Have: ts.Names()}
+}
+
+// ReservedBy is the target whose scheduled backups' names have the form
+// of name (TARGET-YYYYMMDD-HHMMSS): only its schedule may take such a
+// name, which, taken by anything else, would stop that run.
+func (ts Targets) ReservedBy(name string) (target string, ok bool) {
+	for _, t := range ts {
+		if schedule.Reserved(t.Name, name) {
+			return t.Name, true
+		}
+	}
+	return "", false
+}
+
+// Names are the targets' names in order.
+func (ts Targets) Names() []string {
+	var out []string
+	for _, t := range ts {
+		out = append(out, t.Name)
+	}
+	return out
+}

@@ -1,0 +1,276 @@
+package readpath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+
+	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/stream"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+)
+
+// DownloadBackup implements ebv1.BackupServiceServer: admit the request
+// (its range, the caller's right to the backup, the backup stored),
+// register the download so retention keeps the backup, open the range,
+// then send a header and the range's chunks.
+func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, out ebv1.BackupService_DownloadBackupServer) (err error) {
+	ctx := out.Context()
+	start := s.now()
+	d, err := s.admitDownload(ctx, req)
+	if err != nil {
+		return err
+	}
+	if sending := s.hooks.Sending; sending != nil {
+		done, err := sending(ctx, d.locName, req.GetName())
+		if err != nil {
+			return err
+		}
+		defer done()
+	}
+	s.metrics.InFlight.WithLabelValues("download").Inc()
+	defer s.metrics.InFlight.WithLabelValues("download").Dec()
+	defer func() { s.metrics.ObserveTransfer("download", start, err) }()
+	// The store cuts a length past the end (a parallel download's last
+	// range asks for whatever is left); what is sent is measured on the
+	// manifest Open returned, as everything below is.
+	r, m, err := d.loc.Open(ctx, req.GetName(), req.GetOffset(), req.GetLength())
+	if err != nil {
+		return edge.StorageStatus("download", d.locName, req.GetName(), err)
+	}
+	// The sending goroutine closes r once it has started (sendWatched).
+	sending := false
+	defer func() {
+		if !sending {
+			r.Close()
+		}
+	}()
+	end := m.Size
+	if req.GetLength() > 0 {
+		end = min(m.Size, req.GetOffset()+req.GetLength())
+	}
+	// Checked on what Open returned: that is what is sent. The hashes
+	// are not named: the agent logs the refusal.
+	if p := d.pin; p != nil && m.SHA256 != p.SHA256 {
+		return status.Errorf(codes.PermissionDenied,
+			"%s was started for %q with another SHA-256 than the stored one has (replaced under the same name?); start the restore again",
+			p.Who, req.GetName())
+	}
+	// Every backup holds every Secret of its cluster: say who read it.
+	s.log.Info("backup download", "location", d.locName, "backup", req.GetName(), "offset", req.GetOffset(), "length", end-req.GetOffset(), "caller", s.caller(ctx))
+
+	if err := out.Send(&ebv1.DownloadBackupResponse{Msg: &ebv1.DownloadBackupResponse_Header{Header: &ebv1.DownloadHeader{
+		Backup: edge.Backup(d.locName, m),
+		Offset: req.GetOffset(),
+		Length: end - req.GetOffset(),
+	}}}); err != nil {
+		return err
+	}
+	sending = true
+	return s.sendWatched(ctx, out, d, req.GetOffset(), func(w *sendWatch) error {
+		defer r.Close()
+		return s.sendChunks(w, r, d, m.Size, req.GetOffset(), end)
+	})
+}
+
+// download is an admitted download: where the backup is, and the one
+// content its caller may read, if it is pinned to one.
+type download struct {
+	name    string
+	locName string
+	loc     storage.Location
+	pin     *Pin
+}
+
+// admitDownload checks a download request: its name and range, its
+// location, that its caller may read the backup (Hooks.MayDownload: an
+// agent asks only for the backup it restores, or a delta segment its Job
+// lists), and that the backup is stored (not still being taken, nor
+// failed) and has the offset.
+func (s *Service) admitDownload(ctx context.Context, req *ebv1.DownloadBackupRequest) (*download, error) {
+	if err := edge.ValidateName("backup", req.GetName()); err != nil {
+		return nil, err
+	}
+	if req.GetOffset() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "offset %d is negative", req.GetOffset())
+	}
+	if req.GetLength() < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "length %d is negative; 0 asks for everything from the offset to the end", req.GetLength())
+	}
+	d := &download{name: req.GetName()}
+	var err error
+	if d.locName, d.loc, err = s.location(req.GetLocation()); err != nil {
+		return nil, err
+	}
+	if may := s.hooks.MayDownload; may != nil {
+		if d.pin, err = may(ctx, req.GetName(), d.locName); err != nil {
+			return nil, err
+		}
+	}
+	m, err := d.loc.Stat(ctx, req.GetName())
+	if errors.Is(err, storage.ErrNotFound) {
+		if b := s.run(ctx, d.locName, req.GetName()); b != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "backup %q is %s, not stored: %s", req.GetName(),
+				map[bool]string{true: "still being taken", false: "failed"}[b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_RUNNING], b.GetMessage())
+		}
+	}
+	if err != nil {
+		return nil, edge.StorageStatus("download", d.locName, req.GetName(), err)
+	}
+	if req.GetOffset() > m.Size {
+		return nil, status.Errorf(codes.OutOfRange,
+			"offset %d is past the end of backup %q (%d bytes); a partial download larger than the backup is not of this backup: delete it and download again",
+			req.GetOffset(), req.GetName(), m.Size)
+	}
+	return d, nil
+}
+
+// sendChunks sends r's bytes from offset sent to end as chunks. Each is
+// read into a pooled buffer and handed to the transport as it is
+// (chunkCodec), which returns it to the pool once written; gRPC's
+// per-stream write quota bounds how many are queued. Data ending before
+// end is DataLoss: the stored data is shorter than the size its manifest
+// records.
+func (s *Service) sendChunks(out interface{ SendMsg(any) error }, r io.Reader, d *download, size, sent, end int64) error {
+	pool := stream.ChunkBuffers
+	for sent < end {
+		bp := pool.Get(int(min(stream.DownloadChunkBytes, end-sent)))
+		n, rerr := io.ReadFull(r, *bp)
+		if n > 0 {
+			*bp = (*bp)[:n]
+			chunk := mem.NewBuffer(bp, pool)
+			err := out.SendMsg(&stream.ChunkOut{Data: chunk})
+			chunk.Free()
+			if err != nil {
+				return err
+			}
+			sent += int64(n)
+			s.metrics.BytesOut.Add(float64(n))
+		} else {
+			pool.Put(bp)
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+				return status.Errorf(codes.DataLoss,
+					"backup %q in location %q is truncated: its manifest says %d bytes but the data ends at %d", d.name, d.locName, size, sent)
+			}
+			return edge.StorageStatus("download", d.locName, d.name, rerr)
+		}
+	}
+	return nil
+}
+
+// sendWatch is a download stream whose sends are held to
+// limits.minTransferRate: the time each SendMsg waits is the client's
+// (gRPC's flow control blocks it while the client does not read).
+type sendWatch struct {
+	out     interface{ SendMsg(any) error }
+	mu      sync.Mutex
+	watch   *stream.RateWatch
+	waiting bool
+	sent    int64
+	// kick tells sendWatched that a wait started or ended.
+	kick chan struct{}
+}
+
+// SendMsg sends m, timing the wait.
+func (w *sendWatch) SendMsg(m any) error {
+	n := 0
+	if c, ok := m.(*stream.ChunkOut); ok {
+		n = c.Data.Len()
+	}
+	w.mu.Lock()
+	w.waiting = true
+	w.watch.Wait()
+	w.mu.Unlock()
+	w.poke()
+	err := w.out.SendMsg(m)
+	w.mu.Lock()
+	w.waiting = false
+	if err == nil {
+		w.sent += int64(n)
+		if werr := w.watch.Moved(n); werr != nil {
+			err = werr
+		}
+	}
+	w.mu.Unlock()
+	w.poke()
+	return err
+}
+
+func (w *sendWatch) poke() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// sendWatched runs send, a download's sending of its chunks, on a
+// goroutine of its own and ends the download with ResourceExhausted when
+// its client reads slower than limits.minTransferRate. A send blocked on
+// a client that reads nothing can only be ended by the stream's end:
+// this handler returns, and gRPC cancels the stream, which ends the
+// blocked send and the goroutine with it.
+func (s *Service) sendWatched(ctx context.Context, out interface{ SendMsg(any) error }, d *download, offset int64, send func(*sendWatch) error) error {
+	w := &sendWatch{out: out, watch: stream.NewRateWatch(s.limits, s.now), kick: make(chan struct{}, 1)}
+	done := make(chan error, 1)
+	go func() { done <- send(w) }()
+	slow := func() error {
+		w.mu.Lock()
+		sent := w.sent
+		w.mu.Unlock()
+		s.log.Warn("download aborted: too slow", "location", d.locName, "backup", d.name, "offset", offset, "sent", sent,
+			"minTransferRate", s.limits.MinTransferRate, "window", s.limits.MinTransferRateWindow.Duration, "caller", s.caller(ctx))
+		return stream.TooSlow(fmt.Sprintf("download of %q from byte %d", d.name, offset), sent, s.limits)
+	}
+	for {
+		w.mu.Lock()
+		var timeout <-chan time.Time
+		var t *time.Timer
+		if w.waiting {
+			t = time.NewTimer(w.watch.Left())
+			timeout = t.C
+		}
+		w.mu.Unlock()
+		select {
+		case err := <-done:
+			if t != nil {
+				t.Stop()
+			}
+			if errors.Is(err, stream.ErrTooSlow) {
+				return slow()
+			}
+			return err
+		case <-w.kick:
+		case <-s.handoff:
+			w.mu.Lock()
+			sent := w.sent
+			w.mu.Unlock()
+			s.log.Info("download handed off: this replica is shutting down, the client resumes on another",
+				"location", d.locName, "backup", d.name, "offset", offset, "sent", sent, "caller", s.caller(ctx))
+			return ebv1.ServerErrorf(codes.Unavailable,
+				"this server replica is shutting down after %d bytes of %q from byte %d; resume the download on another replica", sent, d.name, offset)
+		case <-timeout:
+			w.mu.Lock()
+			var err error
+			if w.waiting {
+				err = w.watch.Lapsed()
+			}
+			w.mu.Unlock()
+			if err != nil {
+				return slow()
+			}
+		}
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
