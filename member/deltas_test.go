@@ -1,23 +1,12 @@
-package restore
+package member
 
 import (
-	"bytes"
-	"context"
-	"errors"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"filippo.io/age"
-	"go.etcd.io/etcd/api/v3/mvccpb"
-
-	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/agetest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -25,7 +14,7 @@ const pin = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 func TestValidateDeltas(t *testing.T) {
 	m := snapshot.Member{Name: "m1", DataDir: "/tmp/x", InitialCluster: "m1=http://127.0.0.1:2380", InitialAdvertisePeerURLs: []string{"http://127.0.0.1:2380"}}
-	ok := &Deltas{Segments: []SegmentRef{{Name: "b.delta-11", SHA256: pin}}, Point: delta.Point{Revision: 20}}
+	ok := &Deltas{Segments: []fetch.Pin{{Name: "b.delta-11", SHA256: pin}}, Point: delta.Point{Revision: 20}}
 	if err := (Options{Name: "b", Member: m, Deltas: ok}).Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -34,69 +23,12 @@ func TestValidateDeltas(t *testing.T) {
 		want string
 	}{
 		"from a file": {Options{FromFile: "/x.db", Member: m, Deltas: ok}, "cannot start from a downloaded file"},
-		"unpinned":    {Options{Name: "b", Member: m, Deltas: &Deltas{Segments: []SegmentRef{{Name: "b.delta-11"}}}}, "not a SHA-256"},
-		"nameless":    {Options{Name: "b", Member: m, Deltas: &Deltas{Segments: []SegmentRef{{SHA256: pin}}}}, "without a name"},
+		"unpinned":    {Options{Name: "b", Member: m, Deltas: &Deltas{Segments: []fetch.Pin{{Name: "b.delta-11"}}}}, "not a SHA-256"},
+		"nameless":    {Options{Name: "b", Member: m, Deltas: &Deltas{Segments: []fetch.Pin{{SHA256: pin}}}}, "without a name"},
 		"both points": {Options{Name: "b", Member: m, Deltas: &Deltas{Point: delta.Point{Revision: 1, Time: time.Unix(1, 0)}}}, "not both"},
 	} {
 		if err := tc.o.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error containing %q", name, err, tc.want)
 		}
-	}
-}
-
-// A segment stored compressed and encrypted, as the delta agent stores
-// it, unpacks to the segment written.
-func TestUnpackSegment(t *testing.T) {
-	var seg bytes.Buffer
-	w, err := delta.NewWriter(&seg, delta.Header{Chain: "b", Epoch: 1, FirstRevision: 11})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ev := &mvccpb.Event{Kv: &mvccpb.KeyValue{Key: []byte("k"), Value: []byte("v"), ModRevision: 11, CreateRevision: 11, Version: 1}}
-	if err := w.AddRevision(delta.Revision{Revision: 11, Events: []*mvccpb.Event{ev}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.Close(""); err != nil {
-		t.Fatal(err)
-	}
-	key := agetest.NewKey(t)
-	ctx := context.Background()
-	for _, f := range []snapshot.Form{{}, {Compression: ebv1.CompressionZstd}, {Compression: ebv1.CompressionZstd, Encryption: ebv1.EncryptionAge}} {
-		t.Run(f.Compression+"+"+f.Encryption, func(t *testing.T) {
-			dir := t.TempDir()
-			var r io.Reader = bytes.NewReader(seg.Bytes())
-			z, err := snapshot.Compress(ctx, r, f.Compression)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer z.Close()
-			r = z
-			if f.Encryption != "" {
-				if r, err = crypt.Encrypt(ctx, r, []age.Recipient{key.Identity.Recipient()}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			stored, err := io.ReadAll(r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			in, out := filepath.Join(dir, "stored"), filepath.Join(dir, "plain")
-			if err := os.WriteFile(in, stored, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			if err := unpackSegment(ctx, in, out, f, Options{Identities: []age.Identity{key.Identity}}); err != nil {
-				t.Fatal(err)
-			}
-			got, _ := os.ReadFile(out)
-			if !bytes.Equal(got, seg.Bytes()) {
-				t.Fatal("the unpacked segment differs from the one written")
-			}
-			if f.Encryption != "" {
-				err := unpackSegment(ctx, in, out, f, Options{})
-				if !errors.Is(err, crypt.ErrIdentityRequired) && !errors.Is(err, crypt.ErrNoMatchingIdentity) {
-					t.Fatalf("without an identity: %v", err)
-				}
-			}
-		})
 	}
 }

@@ -1,33 +1,32 @@
-// Package restore is the restore flow: it checks that a member's data
-// directory may be rebuilt, fetches a backup through the data server (or
-// takes a file downloaded earlier), decrypts it with the age identities
-// it is given (never the server's: it has none), undoes its compression,
-// verifies it (stored SHA-256, etcd's trailer, bolt's consistency) and
-// rebuilds the data directory with etcd's own restore code, bumping its
-// revision and marking it compacted unless told not to
-// (snapshot.Member.BumpRevision). The in-cluster restore agent and the
-// plugin's `restore --local` run this same flow; they differ only in how
-// they report it (Events).
-package restore
+// Package member rebuilds one etcd member's data directory from a
+// backup: it checks that the data directory may be rebuilt, fetches the
+// backup through the data server with every check (package fetch) or
+// takes a file downloaded earlier, decrypts it with the age identities it
+// is given (never the server's: it has none), replays delta segments onto
+// it for a restore to a point (delta/replay), rebuilds the data directory
+// with etcd's own restore code, bumping its revision and marking it
+// compacted unless told not to (snapshot.Member.BumpRevision), and
+// removes the data server's key Secrets from what it restored. The
+// in-cluster restore agent (agents/restore) and the plugin's `restore
+// --local` run this same flow; they differ only in how they report it
+// (Events).
+package member
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"filippo.io/age"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta/replay"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -107,14 +106,6 @@ type Result struct {
 	RevokedServerKeys []string
 }
 
-// DownloadError wraps an error of fetching the backup through the server
-// (the API's status codes are in it), as opposed to a corrupt backup or a
-// refused data directory.
-type DownloadError struct{ Err error }
-
-func (e *DownloadError) Error() string { return e.Err.Error() }
-func (e *DownloadError) Unwrap() error { return e.Err }
-
 // DefaultWorkDir is where a restore into dataDir keeps backup name's
 // download: beside the data directory, on the same volume.
 func DefaultWorkDir(dataDir, name string) string {
@@ -127,7 +118,7 @@ func (o Options) Validate() error {
 		return errors.New("restore needs the name of a backup")
 	}
 	if o.SHA256 != "" {
-		if validSHA256(o.SHA256) != nil {
+		if fetch.CheckSHA256(o.SHA256) != nil {
 			return fmt.Errorf("--sha256 %q is not a SHA-256 in lowercase hex (64 characters)", o.SHA256)
 		}
 	}
@@ -142,20 +133,14 @@ func (o Options) Validate() error {
 	return o.Member.Validate()
 }
 
-func validSHA256(s string) error {
-	if b, err := hex.DecodeString(s); err != nil || len(b) != sha256.Size || strings.ToLower(s) != s {
-		return fmt.Errorf("%q is not a SHA-256 in lowercase hex (64 characters)", s)
-	}
-	return nil
-}
-
-// Run restores. c may be nil with FromFile. A corrupt backup wraps
-// snapshot.ErrCorrupt and changes nothing; so does a data directory that
+// Restore restores. c may be nil with FromFile. A corrupt backup wraps
+// snapshot.ErrCorrupt and changes nothing (fetch.Error says which check
+// failed, or that the server did); so does a data directory that
 // is not empty without Member.MoveAside (snapshot.ErrDataDirNotEmpty), one
 // a running etcd holds (snapshot.ErrMemberRunning) and one another restore
 // holds (snapshot.ErrRestoreInProgress). The data directory is checked
 // before the download and again, under its lock, just before writing.
-func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, error) {
+func Restore(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -184,7 +169,15 @@ func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, 
 		if c == nil {
 			return nil, errors.New("restore: no server connection and no file to restore from")
 		}
-		path, v, err = Fetch(ctx, c, FetchRequest{Name: o.Name, Location: o.Location, Dir: work, Identities: o.Identities, Progress: ev.Downloading, SHA256: o.SHA256})
+		path = filepath.Join(work, o.Name+".db")
+		var f *fetch.Fetched
+		f, err = fetch.Snapshot(ctx, c, fetch.Request{
+			Name: o.Name, Location: o.Location, SHA256: o.SHA256, Identities: o.Identities, Progress: ev.Downloading,
+			Path: path, Replace: true, Resume: true, CheckDatabase: true,
+		})
+		if f != nil {
+			v = Verified{Backup: f.Backup, Status: f.Status}
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -250,101 +243,4 @@ func checkFile(ctx context.Context, file, work string, ids []age.Identity) (stri
 		return "", Verified{}, fmt.Errorf("%s is not a usable etcd snapshot, refusing to restore it: %w", file, err)
 	}
 	return path, Verified{File: file, Status: st}, nil
-}
-
-// FetchRequest says which backup Fetch downloads, where to and how to
-// decrypt it.
-type FetchRequest struct {
-	Name, Location string
-	// Dir keeps the stored bytes (resumable) and the plain snapshot.
-	Dir        string
-	Identities []age.Identity
-	Progress   func(done, total int64)
-	// SHA256, when set, is the stored SHA-256 the backup must have
-	// (ErrWrongBackup otherwise).
-	SHA256 string
-}
-
-// ErrWrongBackup is returned when the backup stored under the name is not
-// the one the restore was pinned to (Options.SHA256).
-var ErrWrongBackup = errors.New("the backup stored under this name is not the one this restore was started for")
-
-// Fetch downloads backup (name, location) through c into dir, verifying the
-// stored SHA-256, then decrypts it, undoes compression, checks the plain
-// snapshot's SHA-256 and etcd's trailer, and checks the result with
-// snapshot.Check. It returns the path of the etcd snapshot file. The
-// download resumes from a .part file left by an interrupted Fetch. An
-// encrypted backup without identities is refused before any byte is
-// downloaded (crypt.ErrIdentityRequired).
-func Fetch(ctx context.Context, c *client.Client, req FetchRequest) (string, Verified, error) {
-	name, dir := req.Name, req.Dir
-	stored := filepath.Join(dir, name+".backup")
-	var total int64
-	b, err := c.DownloadFile(ctx, client.FileDownload{
-		Path:    stored,
-		Replace: true,
-		DownloadRequest: client.DownloadRequest{
-			Name: name, Location: req.Location,
-			OnHeader: func(b *ebv1.Backup) error {
-				if req.SHA256 != "" && b.GetSha256() != req.SHA256 {
-					// Neither hash is named: the error reaches the agent's
-					// log and its Job's status.
-					return fmt.Errorf("backup %q: %w: its SHA-256 differs (it was replaced under the same name?); nothing was restored, start the restore again if the new content is what you want",
-						name, ErrWrongBackup)
-				}
-				if b.GetEncryption() != ebv1.EncryptionNone && len(req.Identities) == 0 {
-					return fmt.Errorf("backup %q: %w", name, crypt.ErrIdentityRequired)
-				}
-				total = b.GetSize()
-				return nil
-			},
-			Progress: func(n int64) {
-				if req.Progress != nil {
-					req.Progress(n, total)
-				}
-			},
-		},
-	})
-	if errors.Is(err, crypt.ErrIdentityRequired) || errors.Is(err, ErrWrongBackup) {
-		return "", Verified{}, err
-	}
-	if errors.Is(err, client.ErrCorrupt) {
-		return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w: %w", name, snapshot.ErrCorrupt, err)
-	}
-	if err != nil {
-		return "", Verified{}, &DownloadError{Err: err}
-	}
-	// The header was checked; the bytes are what the header says (the
-	// download verified them against it), so they are the pinned backup.
-	if req.SHA256 != "" && b.GetSha256() != req.SHA256 {
-		// Neither hash is named: the error reaches the agent's log and
-		// its Job's status.
-		return "", Verified{}, fmt.Errorf("backup %q: %w: its SHA-256 is not the one the restore was started for", name, ErrWrongBackup)
-	}
-	path := stored
-	// A plain stored backup was checked against its SHA-256 only; a packed
-	// one had etcd's trailer verified while WritePlainFile wrote it.
-	check := snapshot.Check
-	if form := snapshot.FormOf(b); form.Compression != ebv1.CompressionNone || form.Encryption != ebv1.EncryptionNone {
-		check = snapshot.CheckDatabase
-		path = filepath.Join(dir, name+".db")
-		in, err := os.Open(stored)
-		if err != nil {
-			return "", Verified{}, err
-		}
-		_, err = snapshot.WritePlainFile(ctx, path, in, form, req.Identities, nil)
-		in.Close()
-		if errors.Is(err, snapshot.ErrCorrupt) {
-			return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w", name, err)
-		}
-		if err != nil {
-			return "", Verified{}, fmt.Errorf("backup %q: %w", name, err)
-		}
-		os.Remove(stored)
-	}
-	st, err := check(path)
-	if err != nil {
-		return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w", name, err)
-	}
-	return path, Verified{Backup: b, Status: st}, nil
 }

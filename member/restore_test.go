@@ -1,9 +1,8 @@
-package restore_test
+package member_test
 
 import (
 	"context"
 	"errors"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"math"
 	"net/url"
 	"os"
@@ -12,15 +11,18 @@ import (
 	"strings"
 	"testing"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"go.etcd.io/etcd/client/pkg/v3/fileutil"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/member"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
@@ -41,7 +43,7 @@ func backUp(t *testing.T, name, compression, value string) *servertest.Server {
 	return srv
 }
 
-func member(t *testing.T, dataDir string) (snapshot.Member, url.URL) {
+func memberAt(t *testing.T, dataDir string) (snapshot.Member, url.URL) {
 	peer := etcdtest.FreeURL(t)
 	return snapshot.Member{Name: "m1", InitialCluster: "m1=" + peer.String(), InitialAdvertisePeerURLs: []string{peer.String()}, DataDir: dataDir}, peer
 }
@@ -51,12 +53,12 @@ func TestRestoreThroughTheServerBringsTheDataBack(t *testing.T) {
 		t.Run("compression="+compression, func(t *testing.T) {
 			srv := backUp(t, "b1", compression, "before")
 			dataDir := filepath.Join(t.TempDir(), "data")
-			m, peer := member(t, dataDir)
-			var verified restore.Verified
+			m, peer := memberAt(t, dataDir)
+			var verified member.Verified
 			var progressed bool
-			res, err := restore.Run(context.Background(), srv.Client, restore.Options{Name: "b1", Member: m}, restore.Events{
+			res, err := member.Restore(context.Background(), srv.Client, member.Options{Name: "b1", Member: m}, member.Events{
 				Downloading: func(done, total int64) { progressed = progressed || (done > 0 && total > 0) },
-				Verified:    func(v restore.Verified) { verified = v },
+				Verified:    func(v member.Verified) { verified = v },
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -69,7 +71,7 @@ func TestRestoreThroughTheServerBringsTheDataBack(t *testing.T) {
 				res.Revision != verified.Status.Revision+snapshot.DefaultRevisionBump {
 				t.Fatalf("result %+v after a snapshot at revision %d, want it bumped by %d and marked compacted", res, verified.Status.Revision, snapshot.DefaultRevisionBump)
 			}
-			if _, err := os.Stat(restore.DefaultWorkDir(dataDir, "b1")); !os.IsNotExist(err) {
+			if _, err := os.Stat(member.DefaultWorkDir(dataDir, "b1")); !os.IsNotExist(err) {
 				t.Errorf("work dir left behind: %v", err)
 			}
 			if got := readMarker(t, m, peer); got != "before" {
@@ -85,10 +87,10 @@ func TestRestoreFromAFileNeedsNoServer(t *testing.T) {
 	if _, err := srv.Client.DownloadFile(context.Background(), client.FileDownload{Path: file, DownloadRequest: client.DownloadRequest{Name: "b1"}}); err != nil {
 		t.Fatal(err)
 	}
-	m, peer := member(t, filepath.Join(t.TempDir(), "data"))
-	var verified restore.Verified
-	if _, err := restore.Run(context.Background(), nil, restore.Options{Name: "b1", FromFile: file, Member: m}, restore.Events{
-		Verified: func(v restore.Verified) { verified = v },
+	m, peer := memberAt(t, filepath.Join(t.TempDir(), "data"))
+	var verified member.Verified
+	if _, err := member.Restore(context.Background(), nil, member.Options{Name: "b1", FromFile: file, Member: m}, member.Events{
+		Verified: func(v member.Verified) { verified = v },
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -107,11 +109,11 @@ func TestRestoreRefusesWithoutTouchingTheDataDir(t *testing.T) {
 	// A backup that does not exist: a download error carrying the API's
 	// NotFound, and no data dir.
 	dataDir := filepath.Join(t.TempDir(), "data")
-	m, _ := member(t, dataDir)
-	_, err := restore.Run(ctx, srv.Client, restore.Options{Name: "missing", Member: m}, restore.Events{})
-	var de *restore.DownloadError
-	if !errors.As(err, &de) || status.Code(de.Err) != codes.NotFound {
-		t.Fatalf("got %v, want a DownloadError with NotFound", err)
+	m, _ := memberAt(t, dataDir)
+	_, err := member.Restore(ctx, srv.Client, member.Options{Name: "missing", Member: m}, member.Events{})
+	var fe *fetch.Error
+	if !errors.As(err, &fe) || fe.Kind != fetch.Download || status.Code(fe.Err) != codes.NotFound {
+		t.Fatalf("got %v, want a fetch.Error of its download with NotFound", err)
 	}
 	if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
 		t.Fatal("a failed restore created the data dir")
@@ -120,8 +122,8 @@ func TestRestoreRefusesWithoutTouchingTheDataDir(t *testing.T) {
 	// A non-empty data dir is refused before anything is downloaded.
 	full := t.TempDir()
 	os.WriteFile(filepath.Join(full, "keep"), []byte("precious"), 0o600)
-	m2, _ := member(t, full)
-	_, err = restore.Run(ctx, srv.Client, restore.Options{Name: "b1", Member: m2}, restore.Events{
+	m2, _ := memberAt(t, full)
+	_, err = member.Restore(ctx, srv.Client, member.Options{Name: "b1", Member: m2}, member.Events{
 		Downloading: func(int64, int64) { t.Error("downloaded although the data dir is not empty") },
 	})
 	if !errors.Is(err, snapshot.ErrDataDirNotEmpty) {
@@ -139,7 +141,7 @@ func TestRestoreRefusesWithoutTouchingTheDataDir(t *testing.T) {
 	}
 	b[len(b)/2] ^= 1
 	os.WriteFile(stored, b, 0o600)
-	_, err = restore.Run(ctx, srv.Client, restore.Options{Name: "b1", Member: m}, restore.Events{})
+	_, err = member.Restore(ctx, srv.Client, member.Options{Name: "b1", Member: m}, member.Events{})
 	if err == nil || !strings.Contains(err.Error(), "corrupt") || !errors.Is(err, snapshot.ErrCorrupt) {
 		t.Fatalf("got %v, want corrupt", err)
 	}
@@ -149,15 +151,15 @@ func TestRestoreRefusesWithoutTouchingTheDataDir(t *testing.T) {
 }
 
 func TestOptionsValidateDoesNoIO(t *testing.T) {
-	if err := (restore.Options{}).Validate(); err == nil || !strings.Contains(err.Error(), "name of a backup") {
+	if err := (member.Options{}).Validate(); err == nil || !strings.Contains(err.Error(), "name of a backup") {
 		t.Fatalf("got %v", err)
 	}
-	if err := (restore.Options{Name: "b", Member: snapshot.Member{Name: "m"}}).Validate(); err == nil || !strings.Contains(err.Error(), "initial cluster") {
+	if err := (member.Options{Name: "b", Member: snapshot.Member{Name: "m"}}).Validate(); err == nil || !strings.Contains(err.Error(), "initial cluster") {
 		t.Fatalf("got %v", err)
 	}
-	m, _ := member(t, "/d")
+	m, _ := memberAt(t, "/d")
 	m.BumpRevision = ptr[int64](-1)
-	if err := (restore.Options{Name: "b", Member: m}).Validate(); err == nil || !strings.Contains(err.Error(), "revision bump -1 is negative") {
+	if err := (member.Options{Name: "b", Member: m}).Validate(); err == nil || !strings.Contains(err.Error(), "revision bump -1 is negative") {
 		t.Fatalf("negative bump: %v", err)
 	}
 }
@@ -171,9 +173,9 @@ func TestRestoreRevisionBump(t *testing.T) {
 	srv := backUp(t, "b1", "", "kept")
 	ctx := context.Background()
 
-	m, peer := member(t, filepath.Join(t.TempDir(), "data"))
+	m, peer := memberAt(t, filepath.Join(t.TempDir(), "data"))
 	m.BumpRevision = ptr[int64](0)
-	res, err := restore.Run(ctx, srv.Client, restore.Options{Name: "b1", Member: m}, restore.Events{})
+	res, err := member.Restore(ctx, srv.Client, member.Options{Name: "b1", Member: m}, member.Events{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,9 +188,9 @@ func TestRestoreRevisionBump(t *testing.T) {
 		t.Fatalf("restored member: %+v %v, want marker=kept at revision %d", got, err, res.SnapshotRevision)
 	}
 
-	huge, _ := member(t, filepath.Join(t.TempDir(), "data"))
+	huge, _ := memberAt(t, filepath.Join(t.TempDir(), "data"))
 	huge.BumpRevision = ptr[int64](math.MaxInt64)
-	_, err = restore.Run(ctx, srv.Client, restore.Options{Name: "b1", Member: huge}, restore.Events{})
+	_, err = member.Restore(ctx, srv.Client, member.Options{Name: "b1", Member: huge}, member.Events{})
 	if err == nil || !strings.Contains(err.Error(), "past the largest etcd can hold") {
 		t.Fatalf("bump of MaxInt64: %v", err)
 	}
@@ -227,10 +229,10 @@ func TestRestorePinnedToASHA256RefusesABackupReplacedUnderTheSameName(t *testing
 	}
 
 	dataDir := filepath.Join(t.TempDir(), "data")
-	m, peer := member(t, dataDir)
-	_, err = restore.Run(ctx, srv.Client, restore.Options{Name: "b1", Member: m, SHA256: pinned}, restore.Events{})
+	m, peer := memberAt(t, dataDir)
+	_, err = member.Restore(ctx, srv.Client, member.Options{Name: "b1", Member: m, SHA256: pinned}, member.Events{})
 	// The hashes stay out of the error: it reaches the agent's log.
-	if !errors.Is(err, restore.ErrWrongBackup) || strings.Contains(err.Error(), pinned) || strings.Contains(err.Error(), replaced.GetSha256()) {
+	if !errors.Is(err, fetch.ErrWrongBackup) || strings.Contains(err.Error(), pinned) || strings.Contains(err.Error(), replaced.GetSha256()) {
 		t.Fatalf("restore pinned to %s of a backup now %s: %v; want ErrWrongBackup naming neither hash", pinned, replaced.GetSha256(), err)
 	}
 	if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
@@ -238,7 +240,7 @@ func TestRestorePinnedToASHA256RefusesABackupReplacedUnderTheSameName(t *testing
 	}
 
 	// Pinned to what is stored now, the same restore goes through.
-	if _, err := restore.Run(ctx, srv.Client, restore.Options{Name: "b1", Member: m, SHA256: replaced.GetSha256()}, restore.Events{}); err != nil {
+	if _, err := member.Restore(ctx, srv.Client, member.Options{Name: "b1", Member: m, SHA256: replaced.GetSha256()}, member.Events{}); err != nil {
 		t.Fatal(err)
 	}
 	if got := readMarker(t, m, peer); got != "replaced" {
@@ -247,8 +249,8 @@ func TestRestorePinnedToASHA256RefusesABackupReplacedUnderTheSameName(t *testing
 }
 
 func TestRestoreRefusesAMalformedSHA256(t *testing.T) {
-	m, _ := member(t, filepath.Join(t.TempDir(), "data"))
-	err := restore.Options{Name: "b1", Member: m, SHA256: "abc"}.Validate()
+	m, _ := memberAt(t, filepath.Join(t.TempDir(), "data"))
+	err := member.Options{Name: "b1", Member: m, SHA256: "abc"}.Validate()
 	if err == nil || !strings.Contains(err.Error(), "--sha256") {
 		t.Fatalf("Validate with --sha256 abc: %v; want an error naming --sha256", err)
 	}
@@ -261,7 +263,7 @@ func TestRestoreRechecksJustBeforeWriting(t *testing.T) {
 	srv := backUp(t, "b1", "", "x")
 	dataDir := filepath.Join(t.TempDir(), "data")
 	wal := filepath.Join(dataDir, "member", "wal", "0000000000000000-0000000000000000.wal")
-	m, _ := member(t, dataDir)
+	m, _ := memberAt(t, dataDir)
 	m.MoveAside = true
 	var held *fileutil.LockedFile
 	defer func() {
@@ -269,8 +271,8 @@ func TestRestoreRechecksJustBeforeWriting(t *testing.T) {
 			held.Close()
 		}
 	}()
-	_, err := restore.Run(context.Background(), srv.Client, restore.Options{Name: "b1", Member: m}, restore.Events{
-		Verified: func(restore.Verified) {
+	_, err := member.Restore(context.Background(), srv.Client, member.Options{Name: "b1", Member: m}, member.Events{
+		Verified: func(member.Verified) {
 			// A member starts on the directory: it writes its WAL and locks it.
 			if err := os.MkdirAll(filepath.Dir(wal), 0o700); err != nil {
 				t.Fatal(err)
@@ -313,8 +315,8 @@ func TestRestoreRevokesTheServersKeys(t *testing.T) {
 	if _, err := backup.Run(ctx, c, srv.Client, backup.Options{Endpoint: te.Endpoint, Name: "cp"}); err != nil {
 		t.Fatal(err)
 	}
-	m, peer := member(t, filepath.Join(t.TempDir(), "data"))
-	res, err := restore.Run(ctx, srv.Client, restore.Options{Name: "cp", Member: m}, restore.Events{})
+	m, peer := memberAt(t, filepath.Join(t.TempDir(), "data"))
+	res, err := member.Restore(ctx, srv.Client, member.Options{Name: "cp", Member: m}, member.Events{})
 	if err != nil {
 		t.Fatal(err)
 	}

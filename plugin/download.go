@@ -12,7 +12,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
 )
 
 // DownloadOptions are the options of `kubectl etcdbackup download`.
@@ -174,7 +174,7 @@ func (o *DownloadOptions) plain(ctx context.Context, conn *Connection, ids []age
 		return needIdentity(o.Name, b, ", or --raw to download the encrypted bytes as stored")
 	}
 	if o.File == "-" {
-		_, err := downloadPlain(ctx, conn, b, o.Out, ids, nil)
+		_, err := fetchPlain(ctx, conn, b, o.Out, ids, nil)
 		return err
 	}
 	if p := o.parallel(b.GetSize()); p > 1 {
@@ -199,7 +199,7 @@ func (o *DownloadOptions) plain(ctx context.Context, conn *Connection, ids []age
 		}
 	}()
 	bar := newProgress(o.ErrOut, b.GetSize(), "downloading "+o.Name)
-	p, err := downloadPlain(ctx, conn, b, f, ids, bar.Set)
+	p, err := fetchPlain(ctx, conn, b, f, ids, bar.Set)
 	bar.Finish(err == nil)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -248,46 +248,27 @@ func (o *DownloadOptions) connector() client.Connector {
 }
 
 // plainParallel downloads a backup stored as a plain snapshot (neither
-// compressed nor encrypted) in n ranges, and checks it as
-// downloadSnapshot does, from the one pass that hashes the file. Like
-// plain, it keeps nothing on failure.
+// compressed nor encrypted) in n ranges written in place into FILE.part,
+// checked as fetchPlain checks a stream, from the one pass that hashes
+// the file. Like plain, it keeps nothing on failure.
 func (o *DownloadOptions) plainParallel(ctx context.Context, conn *Connection, b *ebv1.Backup, n int) error {
-	part := o.File + ".part"
 	bar := newProgress(o.ErrOut, b.GetSize(), "downloading "+o.Name)
-	check := snapshot.NewTrailerCheck()
-	p := snapshot.Plain{Size: b.GetSize(), SHA256: b.GetSha256()}
-	_, err := conn.DownloadFile(ctx, client.FileDownload{
-		Sum:  check.Hash(),
+	f, err := fetch.Snapshot(ctx, conn.Client, fetch.Request{
+		Name: o.Name, Location: o.Location, Record: b, Progress: progressOf(bar.Set),
 		Path: o.File, Replace: o.Overwrite, Parallel: n, Connect: o.connector(),
-		DownloadRequest: client.DownloadRequest{
-			Name: o.Name, Location: o.Location,
-			OnHeader: func(h *ebv1.Backup) error {
-				if h.GetSha256() != b.GetSha256() {
-					return fmt.Errorf("backup %q changed on the server since it was looked up; download it again", b.GetName())
-				}
-				return nil
-			},
-			Progress: bar.Set,
-		},
-		// The stored SHA-256 matched, from check's pass over the file.
-		Verify: func(*os.File) error { return checkSnapshot(b, check) },
 	})
 	bar.Finish(err == nil)
-	if err != nil {
-		os.Remove(part)
-		os.Remove(part + client.RangesSuffix)
-		switch {
-		case ctx.Err() != nil:
-			return fmt.Errorf("download of %q interrupted; nothing was kept, run the same command again (or use --raw to download resumably)", o.Name)
-		case errors.Is(err, client.ErrCorrupt):
-			return fmt.Errorf("%w; nothing was kept (if it fails again the stored backup is damaged: `kubectl etcdbackup verify %s`)", err, b.GetName())
-		case errors.Is(err, client.ErrExists):
-			return fmt.Errorf("%s appeared while downloading; run again with --overwrite or another -o", o.File)
-		}
-		return conn.explain("download "+quote(o.Name), err)
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return fmt.Errorf("download of %q interrupted; nothing was kept, run the same command again (or use --raw to download resumably)", o.Name)
+	case errors.Is(err, client.ErrExists):
+		return fmt.Errorf("%s appeared while downloading; run again with --overwrite or another -o", o.File)
+	default:
+		return explainFetch(conn, b, err)
 	}
 	fmt.Fprintf(o.ErrOut, "backup %q downloaded to %s as a plain etcd snapshot (%d bytes, sha256 %s; etcd trailer and stored sha256 %s verified)\n",
-		o.Name, o.File, p.Size, p.SHA256, b.GetSha256())
+		o.Name, o.File, f.Plain.Size, f.Plain.SHA256, b.GetSha256())
 	return nil
 }
 
@@ -342,50 +323,4 @@ func partSize(path string) int64 {
 		return 0
 	}
 	return st.Size()
-}
-
-// downloadSnapshot is downloadPlain for a backup stored as the plain
-// snapshot (neither compressed nor encrypted): the stored bytes are the
-// snapshot, so the one SHA-256 client.Download computes of them serves
-// for both checks — its state after all but the last 32 bytes is etcd's
-// trailer, its end the stored (and plain) SHA-256. The bytes go straight
-// to w: no pipe, no decoder, no second and third hash of every byte.
-func downloadSnapshot(ctx context.Context, conn *Connection, b *ebv1.Backup, w io.Writer, progress func(int64)) (snapshot.Plain, error) {
-	check := snapshot.NewTrailerCheck()
-	_, err := conn.Download(ctx, w, client.DownloadRequest{
-		Name: b.GetName(), Location: b.GetLocation(), Prefix: check.Hash(),
-		OnHeader: func(h *ebv1.Backup) error {
-			if h.GetSha256() != b.GetSha256() {
-				return fmt.Errorf("backup %q changed on the server since it was looked up; download it again", b.GetName())
-			}
-			return nil
-		},
-		Progress: progress,
-	})
-	p := snapshot.Plain{Size: b.GetSize(), SHA256: b.GetSha256()}
-	switch {
-	case errors.Is(err, client.ErrCorrupt):
-		return p, fmt.Errorf("%w; nothing was kept (if it fails again the stored backup is damaged: `kubectl etcdbackup verify %s`)", err, b.GetName())
-	case err != nil:
-		return p, conn.explain("download "+quote(b.GetName()), err)
-	}
-	// The stored SHA-256 matched: now the content.
-	return p, checkSnapshot(b, check)
-}
-
-// checkSnapshot says whether the bytes check was written are a whole
-// etcd snapshot of backup b: etcd's trailer (snapshot.TrailerCheck), and
-// the plain size and SHA-256 recorded when it was stored (those of the
-// stored bytes, which the download verified).
-func checkSnapshot(b *ebv1.Backup, check *snapshot.TrailerCheck) error {
-	size := b.GetSize()
-	_, err := check.Finish()
-	if err == nil && (b.GetRawSize() != 0 && b.GetRawSize() != size || b.GetRawSha256() != "" && b.GetRawSha256() != b.GetSha256()) {
-		err = fmt.Errorf("%w: the snapshot is %d bytes with SHA-256 %s, but %d bytes with SHA-256 %s were recorded when it was stored",
-			snapshot.ErrCorrupt, size, b.GetSha256(), b.GetRawSize(), b.GetRawSha256())
-	}
-	if err != nil {
-		return fmt.Errorf("backup %q: %w; do not restore it", b.GetName(), err)
-	}
-	return nil
 }

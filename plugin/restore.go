@@ -13,11 +13,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/member"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -241,7 +242,7 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 	o.Member.DataDir = dataDir
 	work := o.WorkDir
 	if work == "" {
-		work = restore.DefaultWorkDir(dataDir, cmp.Or(o.Name, "to-point"))
+		work = member.DefaultWorkDir(dataDir, cmp.Or(o.Name, "to-point"))
 	}
 	if o.DryRun && o.toPoint() {
 		return o.restoreLocal(ctx, work)
@@ -255,7 +256,7 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 	return o.restoreLocal(ctx, work)
 }
 
-// restoreLocal runs the restore agent's own flow (agents/restore) on this
+// restoreLocal runs the restore agent's own flow (package member) on this
 // machine — fetch (or --from-file), verify, rebuild o.Member's data
 // directory — reporting to the terminal where the agent logs.
 func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
@@ -265,7 +266,7 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 	}
 	var conn *Connection
 	var c *client.Client
-	var deltas *restore.Deltas
+	var deltas *member.Deltas
 	var sha string
 	if o.FromFile == "" {
 		if conn, err = o.Connect(ctx); err != nil {
@@ -282,14 +283,14 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 		}
 	}
 	var bar *progress
-	ev := restore.Events{
+	ev := member.Events{
 		Downloading: func(done, total int64) {
 			if bar == nil {
 				bar = newProgress(o.ErrOut, total, "downloading "+o.Name)
 			}
 			bar.Set(done)
 		},
-		Verified: func(v restore.Verified) {
+		Verified: func(v member.Verified) {
 			bar.Finish(true)
 			bar = nil
 			if v.File != "" {
@@ -300,7 +301,7 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 		},
 		MovedAside: func(to string) { fmt.Fprintf(o.ErrOut, "the old data directory was moved to %s\n", to) },
 	}
-	res, err := restore.Run(ctx, c, restore.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work, Identities: ids, SHA256: sha, Deltas: deltas}, ev)
+	res, err := member.Restore(ctx, c, member.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work, Identities: ids, SHA256: sha, Deltas: deltas}, ev)
 	bar.Finish(false)
 	if errors.Is(err, crypt.ErrIdentityRequired) {
 		return fmt.Errorf("restore %q: the backup is age-encrypted and no identity was given: pass --identity KEYFILE, or set %s=KEYFILE, with a secret key of one of its recipients; nothing was changed", o.Name, IdentityEnv)
@@ -308,9 +309,14 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 	if errors.Is(err, crypt.ErrNoMatchingIdentity) {
 		return fmt.Errorf("restore %q: none of the identities given can decrypt the backup (see its recipients with `kubectl etcdbackup get %s -o yaml`); nothing was changed", o.Name, o.Name)
 	}
-	var de *restore.DownloadError
-	if errors.As(err, &de) {
-		return conn.explain("download "+quote(o.Name), de.Err)
+	var fe *fetch.Error
+	if errors.As(err, &fe) && fe.Kind == fetch.Download {
+		// The server's words; a segment's error names the segment.
+		cause := fe.Err
+		if fe.Segment {
+			cause = fe
+		}
+		return conn.explain("download "+quote(o.Name), cause)
 	}
 	if err != nil {
 		return err

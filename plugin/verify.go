@@ -127,7 +127,7 @@ func (o *VerifyOptions) verifyHere(ctx context.Context, conn *Connection, b *ebv
 		return nil, fmt.Errorf("verify: %w", err)
 	}
 	bar := newProgress(o.ErrOut, b.GetSize(), "verifying "+o.Name)
-	_, err = downloadPlain(ctx, conn, b, f, ids, bar.Set)
+	_, err = fetchPlain(ctx, conn, b, f, ids, bar.Set)
 	bar.Finish(err == nil)
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -138,7 +138,7 @@ func (o *VerifyOptions) verifyHere(ctx context.Context, conn *Connection, b *ebv
 	if err != nil {
 		return nil, err
 	}
-	// downloadPlain verified etcd's trailer as the file was written.
+	// fetchPlain verified etcd's trailer as the file was written.
 	st, err := snapshot.CheckDatabase(path)
 	if err != nil {
 		return nil, withCode(ExitFailed, fmt.Errorf("verify %q: backup %q is corrupt: %w; do not restore it", o.Name, o.Name, err))

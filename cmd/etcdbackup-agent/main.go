@@ -31,6 +31,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/member"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -182,7 +183,7 @@ func newBackupCmd() *cobra.Command {
 func newRestoreCmd() *cobra.Command {
 	var srv serverFlags
 	var identityDir string
-	var o restore.Options
+	var o member.Options
 	var bump int64
 	var point pointFlags
 	cmd := &cobra.Command{
@@ -219,36 +220,8 @@ func newRestoreCmd() *cobra.Command {
 				return err
 			}
 			defer conn.Close()
-			if deltas != nil {
-				log.Info("downloading backup and delta segments", "backup", o.Name, "location", o.Location, "segments", len(deltas.Segments), "point", deltas.Point.String())
-			} else {
-				log.Info("downloading backup", "backup", o.Name, "location", o.Location)
-			}
-			res, err := restore.Run(cmd.Context(), c, o, restore.Events{
-				Verified: func(v restore.Verified) {
-					// No SHA-256 in the log (see the backup command).
-					log.Info("backup verified", "backup", o.Name, "revision", v.Status.Revision, "keys", v.Status.TotalKey)
-				},
-				MovedAside: func(to string) { log.Info("old data directory moved aside", "to", to) },
-			})
-			if err != nil {
-				return err
-			}
-			if deltas != nil {
-				log.Info("delta segments replayed", "backup", o.Name, "segments", len(deltas.Segments), "replayedRevisions", res.ReplayedRevisions,
-					"toRevision", res.ToRevision, "pointTime", res.PointTime)
-			}
-			log.Info("member data restored", "member", o.Member.Name, "dataDir", res.DataDir,
-				"snapshotRevision", res.SnapshotRevision, "revision", res.Revision, "bumpRevision", res.BumpRevision, "markedCompacted", res.MarkedCompacted)
-			if len(res.RevokedServerKeys) > 0 {
-				log.Warn("the restored cluster held the data server's Job-signing key and agent CA, as every backup of it does: their Secrets were removed one revision past the restored keyspace, and the server makes new ones within 30 s; agent Jobs of before are refused",
-					"member", o.Member.Name, "removed", res.RevokedServerKeys, "revision", res.Revision)
-			}
-			if res.BumpRevision == 0 {
-				log.Warn("revisions kept as in the snapshot (--bump-revision 0), nothing marked compacted: Kubernetes clients of this etcd (kube-apiserver's watch cache, informers, kubelets) may keep stale caches and miss changes; restart them",
-					"member", o.Member.Name, "revision", res.Revision)
-			}
-			return nil
+			_, err = restore.Run(cmd.Context(), c, o, log)
+			return err
 		},
 	}
 	fl := cmd.Flags()

@@ -9,8 +9,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/member"
 )
 
 // pointFlags are a restore to a point's: where replay stops, and the
@@ -28,7 +29,7 @@ type pointFlags struct {
 
 // deltas are the restore's Deltas, nil for a restore of the backup as it
 // is.
-func (f pointFlags) deltas() (*restore.Deltas, error) {
+func (f pointFlags) deltas() (*member.Deltas, error) {
 	p := delta.Point{Revision: f.toRevision, MinRevision: f.toMinRevision}
 	if f.toTime != "" {
 		t, err := time.Parse(time.RFC3339Nano, f.toTime)
@@ -61,9 +62,9 @@ func (f pointFlags) deltas() (*restore.Deltas, error) {
 	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != f.segmentsSHA256 {
 		return nil, fmt.Errorf("--segments-file %s is not the segment list this Job was started with (its SHA-256 differs from --segments-sha256; the pod's annotation was edited?); nothing was restored, start the restore again", f.segmentsFile)
 	}
-	var segs []restore.SegmentRef
+	var segs []fetch.Pin
 	if err := json.Unmarshal(b, &segs); err != nil {
 		return nil, fmt.Errorf("--segments-file %s: %w", f.segmentsFile, err)
 	}
-	return &restore.Deltas{Segments: segs, Point: p, AllowLeaseLoss: f.allowLeaseLoss}, nil
+	return &member.Deltas{Segments: segs, Point: p, AllowLeaseLoss: f.allowLeaseLoss}, nil
 }
