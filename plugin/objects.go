@@ -52,7 +52,9 @@ type BackupSpec struct {
 
 // BackupSource says how the backup arrived.
 type BackupSource struct {
-	// Kind is "upload" or "agent" (ebv1.SourceUpload, ebv1.SourceAgent).
+	// Kind is one of the API's source kinds: "upload", "agent" (a backup
+	// or fold agent's full) or "delta" (ebv1.SourceUpload, SourceAgent,
+	// SourceDelta).
 	Kind        string       `json:"kind"`
 	Description string       `json:"description,omitempty"`
 	StartTime   *metav1.Time `json:"startTime,omitempty"`
