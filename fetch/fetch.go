@@ -76,8 +76,9 @@ type Request struct {
 	// it wrote. Nothing is kept on disk. Exactly one of Out and Path.
 	Out io.Writer
 	// Path is the file the plain snapshot is written to, through
-	// Path.part (or Path.stored for a backup stored compressed or
-	// encrypted), renamed once every check passed.
+	// Path.part (with Resume, Path.stored for a backup stored compressed
+	// or encrypted: the stored bytes are what resumes), renamed once every
+	// check passed.
 	Path string
 	// Replace lets the fetch replace an existing Path (client.ErrExists
 	// otherwise).
@@ -127,11 +128,13 @@ func Snapshot(ctx context.Context, c *client.Client, req Request) (*Fetched, err
 	var err error
 	switch {
 	case req.Out != nil:
-		f, err = req.stream(ctx, c)
+		f, err = req.stream(ctx, c, req.Out)
 	case req.Record != nil && storedPlain(req.Record):
 		f, err = req.toFile(ctx, c)
-	default:
+	case req.Resume:
 		f, err = req.unpackToFile(ctx, c)
+	default:
+		f, err = req.streamToFile(ctx, c)
 	}
 	if err != nil || !req.CheckDatabase {
 		return f, err
@@ -245,16 +248,16 @@ type switchWriter struct{ w io.Writer }
 
 func (s *switchWriter) Write(p []byte) (int, error) { return s.w.Write(p) }
 
-// stream writes the plain snapshot to req.Out. A backup stored plain goes
-// straight to Out, its trailer checked from the download's own SHA-256:
+// stream writes the plain snapshot to out. A backup stored plain goes
+// straight to out, its trailer checked from the download's own SHA-256:
 // no pipe, no decoder, no second hash of every byte. Otherwise the
 // stored bytes pass through a pipe to snapshot.WritePlain. Nothing is
 // buffered beyond the pipe and the decoders' windows.
-func (req *Request) stream(ctx context.Context, c *client.Client) (*Fetched, error) {
+func (req *Request) stream(ctx context.Context, c *client.Client, out io.Writer) (*Fetched, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	check := snapshot.NewTrailerCheck()
-	out := &switchWriter{}
+	dst := &switchWriter{}
 	var pr *io.PipeReader
 	var pw *io.PipeWriter
 	type plainResult struct {
@@ -262,15 +265,15 @@ func (req *Request) stream(ctx context.Context, c *client.Client) (*Fetched, err
 		err error
 	}
 	done := make(chan plainResult, 1)
-	b, dlErr := c.Download(ctx, out, req.download(check, false, func(b *ebv1.Backup) {
+	b, dlErr := c.Download(ctx, dst, req.download(check, false, func(b *ebv1.Backup) {
 		if storedPlain(b) {
-			out.w = req.Out
+			dst.w = out
 			return
 		}
 		pr, pw = io.Pipe()
-		out.w = pw
+		dst.w = pw
 		go func() {
-			p, err := snapshot.WritePlain(ctx, req.Out, pr, snapshot.FormOf(b), req.Identities, nil)
+			p, err := snapshot.WritePlain(ctx, out, pr, snapshot.FormOf(b), req.Identities, nil)
 			switch {
 			case err == nil:
 				// The decoders may stop before the last stored byte; the
@@ -305,7 +308,7 @@ func (req *Request) stream(ctx context.Context, c *client.Client) (*Fetched, err
 	case errors.Is(err, snapshot.ErrCorrupt), errors.Is(err, crypt.ErrIdentityRequired), errors.Is(err, crypt.ErrNoMatchingIdentity):
 		return f, req.plainError(err, false)
 	case err != nil:
-		return f, err // Out's own, or ctx's
+		return f, err // out's own, or ctx's
 	}
 	return f, nil
 }
@@ -381,6 +384,43 @@ func (req *Request) unpackToFile(ctx context.Context, c *client.Client) (*Fetche
 		return f, req.plainError(err, false)
 	}
 	os.Remove(stored)
+	return f, nil
+}
+
+// streamToFile streams the plain snapshot into Path.part (which must not
+// exist), fsyncs it and renames it to Path; a failed fetch removes it.
+func (req *Request) streamToFile(ctx context.Context, c *client.Client) (*Fetched, error) {
+	part := req.Path + ".part"
+	out, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, &Error{Kind: Local, Name: req.Name, Err: err}
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			out.Close()
+			os.Remove(part)
+		}
+	}()
+	f, err := req.stream(ctx, c, out)
+	if err != nil {
+		return f, err
+	}
+	if err := out.Sync(); err != nil {
+		return f, &Error{Kind: Local, Name: req.Name, Err: fmt.Errorf("sync %s: %w", part, err)}
+	}
+	if err := out.Close(); err != nil {
+		return f, &Error{Kind: Local, Name: req.Name, Err: fmt.Errorf("close %s: %w", part, err)}
+	}
+	if !req.Replace {
+		if _, err := os.Stat(req.Path); err == nil {
+			return f, fmt.Errorf("%s: %w", req.Path, client.ErrExists)
+		}
+	}
+	if err := os.Rename(part, req.Path); err != nil {
+		return f, &Error{Kind: Local, Name: req.Name, Err: err}
+	}
+	keep = true
 	return f, nil
 }
 

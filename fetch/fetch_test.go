@@ -107,6 +107,23 @@ func TestSnapshotOfEveryFormToEveryDestination(t *testing.T) {
 		if left, _ := filepath.Glob(path + ".*"); len(left) != 0 {
 			t.Fatalf("%s to a file left %v", f.name, left)
 		}
+
+		// Looked up first: a backup stored plain comes in ranges, the
+		// others stream into the file; an existing file is not replaced.
+		path = filepath.Join(t.TempDir(), "looked-up.db")
+		if _, err = fetch.Snapshot(ctx, w.srv.Client, fetch.Request{Name: f.name, Record: b, Identities: ids, Path: path, Parallel: 2}); err != nil {
+			t.Fatalf("%s looked up, to a file: %v", f.name, err)
+		}
+		if file, err := os.ReadFile(path); err != nil || !bytes.Equal(file, want) {
+			t.Fatalf("%s looked up, to a file: %v, %d bytes", f.name, err, len(file))
+		}
+		_, err = fetch.Snapshot(ctx, w.srv.Client, fetch.Request{Name: f.name, Record: b, Identities: ids, Path: path})
+		if !errors.Is(err, client.ErrExists) {
+			t.Fatalf("%s over an existing file: %v, want ErrExists", f.name, err)
+		}
+		if left, _ := filepath.Glob(path + ".*"); len(left) != 0 {
+			t.Fatalf("%s to an existing file left %v", f.name, left)
+		}
 	}
 }
 

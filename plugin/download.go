@@ -157,8 +157,11 @@ func (o *DownloadOptions) Run(ctx context.Context) error {
 	return o.plain(ctx, conn, ids)
 }
 
-// plain writes the plain etcd snapshot to -o. An encrypted backup without
-// an identity is refused before anything is created or written.
+// plain writes the plain etcd snapshot to -o, through FILE.part renamed
+// once every check passed (fetch.Snapshot), in parallel ranges when the
+// stored bytes are the snapshot. An encrypted backup without an identity
+// is refused before anything is created or written; a failed download
+// keeps nothing.
 func (o *DownloadOptions) plain(ctx context.Context, conn *Connection, ids []agelib.Identity) error {
 	resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: o.Name, Location: o.Location})
 	if err != nil {
@@ -177,53 +180,30 @@ func (o *DownloadOptions) plain(ctx context.Context, conn *Connection, ids []age
 		_, err := fetchPlain(ctx, conn, b, o.Out, ids, nil)
 		return err
 	}
-	if p := o.parallel(b.GetSize()); p > 1 {
-		if b.GetCompression() != ebv1.CompressionNone || b.GetEncryption() != ebv1.EncryptionNone {
-			if o.Parallel > 1 {
-				return fmt.Errorf("--parallel %d: backup %q is stored compressed or encrypted, so its ranges are not the snapshot's; download it with --raw --parallel, or drop --parallel", o.Parallel, o.Name)
-			}
-		} else {
-			return o.plainParallel(ctx, conn, b, p)
+	n := o.parallel(b.GetSize())
+	if n > 1 && (b.GetCompression() != ebv1.CompressionNone || b.GetEncryption() != ebv1.EncryptionNone) {
+		if o.Parallel > 1 {
+			return fmt.Errorf("--parallel %d: backup %q is stored compressed or encrypted, so its ranges are not the snapshot's; download it with --raw --parallel, or drop --parallel", o.Parallel, o.Name)
 		}
+		n = 1
 	}
-	part := o.File + ".part"
-	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("download: %w", err)
-	}
-	keep := false
-	defer func() {
-		if !keep {
-			f.Close()
-			os.Remove(part)
-		}
-	}()
 	bar := newProgress(o.ErrOut, b.GetSize(), "downloading "+o.Name)
-	p, err := fetchPlain(ctx, conn, b, f, ids, bar.Set)
+	f, err := fetch.Snapshot(ctx, conn.Client, fetch.Request{
+		Name: o.Name, Location: o.Location, Record: b, Identities: ids, Progress: progressOf(bar.Set),
+		Path: o.File, Replace: o.Overwrite, Parallel: n, Connect: o.connector(),
+	})
 	bar.Finish(err == nil)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("download of %q interrupted; nothing was kept, run the same command again (or use --raw to download resumably)", o.Name)
-		}
-		return err
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return fmt.Errorf("download of %q interrupted; nothing was kept, run the same command again (or use --raw to download resumably)", o.Name)
+	case errors.Is(err, client.ErrExists):
+		return fmt.Errorf("%s appeared while downloading; run again with --overwrite or another -o", o.File)
+	default:
+		return explainFetch(conn, b, err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", part, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", part, err)
-	}
-	if !o.Overwrite {
-		if _, err := os.Stat(o.File); err == nil {
-			return fmt.Errorf("%s appeared while downloading; run again with --overwrite or another -o", o.File)
-		}
-	}
-	if err := os.Rename(part, o.File); err != nil {
-		return err
-	}
-	keep = true
 	fmt.Fprintf(o.ErrOut, "backup %q downloaded to %s as a plain etcd snapshot (%d bytes, sha256 %s; etcd trailer and stored sha256 %s verified)\n",
-		o.Name, o.File, p.Size, p.SHA256, b.GetSha256())
+		o.Name, o.File, f.Plain.Size, f.Plain.SHA256, b.GetSha256())
 	return nil
 }
 
@@ -245,31 +225,6 @@ func (o *DownloadOptions) connector() client.Connector {
 		}
 		return c.Client, func() { c.Close() }, nil
 	}
-}
-
-// plainParallel downloads a backup stored as a plain snapshot (neither
-// compressed nor encrypted) in n ranges written in place into FILE.part,
-// checked as fetchPlain checks a stream, from the one pass that hashes
-// the file. Like plain, it keeps nothing on failure.
-func (o *DownloadOptions) plainParallel(ctx context.Context, conn *Connection, b *ebv1.Backup, n int) error {
-	bar := newProgress(o.ErrOut, b.GetSize(), "downloading "+o.Name)
-	f, err := fetch.Snapshot(ctx, conn.Client, fetch.Request{
-		Name: o.Name, Location: o.Location, Record: b, Progress: progressOf(bar.Set),
-		Path: o.File, Replace: o.Overwrite, Parallel: n, Connect: o.connector(),
-	})
-	bar.Finish(err == nil)
-	switch {
-	case err == nil:
-	case ctx.Err() != nil:
-		return fmt.Errorf("download of %q interrupted; nothing was kept, run the same command again (or use --raw to download resumably)", o.Name)
-	case errors.Is(err, client.ErrExists):
-		return fmt.Errorf("%s appeared while downloading; run again with --overwrite or another -o", o.File)
-	default:
-		return explainFetch(conn, b, err)
-	}
-	fmt.Fprintf(o.ErrOut, "backup %q downloaded to %s as a plain etcd snapshot (%d bytes, sha256 %s; etcd trailer and stored sha256 %s verified)\n",
-		o.Name, o.File, f.Plain.Size, f.Plain.SHA256, b.GetSha256())
-	return nil
 }
 
 func (o *DownloadOptions) toFile(ctx context.Context, conn *Connection) error {

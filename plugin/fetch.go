@@ -27,6 +27,19 @@ func fetchPlain(ctx context.Context, conn *Connection, b *ebv1.Backup, w io.Writ
 	return plainOf(f), explainFetch(conn, b, err)
 }
 
+// fetchToFile writes backup b's plain etcd snapshot, checked as
+// fetchPlain checks it, to the new file path (through path.part, removed
+// on failure), showing progress on errOut as doing (a verb) b.
+func fetchToFile(ctx context.Context, conn *Connection, b *ebv1.Backup, path string, ids []agelib.Identity, errOut io.Writer, doing string) error {
+	bar := newProgress(errOut, b.GetSize(), doing+" "+b.GetName())
+	_, err := fetch.Snapshot(ctx, conn.Client, fetch.Request{
+		Name: b.GetName(), Location: b.GetLocation(), Record: b, Identities: ids,
+		Progress: progressOf(bar.Set), Path: path,
+	})
+	bar.Finish(err == nil)
+	return explainFetch(conn, b, err)
+}
+
 // progressOf adapts a progress bar's Set to fetch's progress.
 func progressOf(set func(int64)) func(done, total int64) {
 	if set == nil {
