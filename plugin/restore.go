@@ -40,11 +40,8 @@ type RestoreOptions struct {
 	BumpRevision int64
 	WorkDir      string
 	Target       string
-	Wait         bool
 	DryRun       bool
-	// WaitTimeout bounds --wait; PollInterval is how often it asks.
-	WaitTimeout  time.Duration
-	PollInterval time.Duration
+	WaitOptions
 	// ToRevision and ToTime (--to-revision, --to-time) restore to a
 	// point: the newest full backup before it and the delta segments
 	// after that full, replayed up to it. AllowLeaseLoss is
@@ -61,7 +58,7 @@ type RestoreOptions struct {
 
 // NewCmdRestore returns the restore command.
 func NewCmdRestore(g *GlobalOptions) *cobra.Command {
-	o := &RestoreOptions{GlobalOptions: g, PrintFlags: newPrintFlags(plainFormats), WaitTimeout: time.Hour, PollInterval: time.Second}
+	o := &RestoreOptions{GlobalOptions: g, PrintFlags: newPrintFlags(plainFormats), WaitOptions: defaultWait()}
 	cmd := &cobra.Command{
 		Use:   "restore NAME (--target T | --local --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U)",
 		Short: "Rebuild etcd member data from a backup",
@@ -142,9 +139,8 @@ kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity
 	f.StringVar(&o.WorkDir, "work-dir", "", "where the download is kept until restored (default: beside the data directory)")
 	f.StringVar(&o.Target, "target", "", "restore the members of this etcd target in the cluster")
 	_ = cmd.RegisterFlagCompletionFunc("target", completeServerInfo(g, targetNamesOf))
-	f.BoolVar(&o.Wait, "wait", false, "with --target: wait until every member's data is rebuilt, printing each member's phase changes on stderr")
+	o.WaitOptions.addFlags(f, "with --target: wait until every member's data is rebuilt, printing each member's phase changes on stderr")
 	f.BoolVar(&o.DryRun, "dry-run", false, "print what would be done, change nothing")
-	f.DurationVar(&o.WaitTimeout, "timeout", o.WaitTimeout, "how long --wait waits")
 	addIdentityFlag(cmd, &o.IdentityFiles, "an encrypted backup (with --local)")
 	addStorageConfigFlag(cmd, g)
 	f.StringVar(&o.IdentitySecret, "identity-secret", "", "with --target: `SECRET` in the members' namespace holding the age identity of an encrypted backup, mounted only into the restore Jobs")
