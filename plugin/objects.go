@@ -400,19 +400,7 @@ func hexID(id uint64) string {
 	return fmt.Sprintf("%x", id)
 }
 
-func restorePhaseString(p ebv1.RestorePhase) string {
-	switch p {
-	case ebv1.RestorePhase_RESTORE_PHASE_PENDING:
-		return "Pending"
-	case ebv1.RestorePhase_RESTORE_PHASE_RUNNING:
-		return "Running"
-	case ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED:
-		return "Succeeded"
-	case ebv1.RestorePhase_RESTORE_PHASE_FAILED:
-		return "Failed"
-	}
-	return "Unknown"
-}
+func restorePhaseString(p ebv1.RestorePhase) string { return enumWord(p, "RESTORE_PHASE_") }
 
 // restoreObject turns a restore's members into the printed object.
 func restoreObject(spec RestoreSpec, members []*ebv1.MemberRestore) *Restore {
