@@ -49,8 +49,8 @@ type Options struct {
 	// the download.
 	WorkDir string
 	// SHA256, when set, is the only stored SHA-256 (hex) accepted: a
-	// backup replaced under the same name is refused before any byte of
-	// it is downloaded, and again after download.
+	// backup replaced under the same name is refused at the download's
+	// header, before any byte of it is written (fetch.ErrWrongBackup).
 	SHA256 string
 	// Deltas, when set, restore to a point after the backup: its chain's
 	// segments are fetched through the same server and replayed onto it
@@ -133,9 +133,11 @@ func (o Options) Validate() error {
 	return o.Member.Validate()
 }
 
-// Restore restores. c may be nil with FromFile. A corrupt backup wraps
-// snapshot.ErrCorrupt and changes nothing (fetch.Error says which check
-// failed, or that the server did); so does a data directory that
+// Restore rebuilds o.Member's data directory from backup o.Name fetched
+// through c (or from o.FromFile, when c may be nil), replayed to a point
+// with o.Deltas. A corrupt backup wraps snapshot.ErrCorrupt and changes
+// nothing (a *fetch.Error says which check failed, or that the server
+// did); so does a data directory that
 // is not empty without Member.MoveAside (snapshot.ErrDataDirNotEmpty), one
 // a running etcd holds (snapshot.ErrMemberRunning) and one another restore
 // holds (snapshot.ErrRestoreInProgress). The data directory is checked
