@@ -43,10 +43,14 @@ func loadIdentities(files []string) ([]agelib.Identity, error) {
 	return ids, nil
 }
 
+// passIdentity is what to do about an encrypted backup or file without a
+// key, the same wherever it is refused.
+const passIdentity = "pass --identity KEYFILE, or set " + IdentityEnv + "=KEYFILE, with a secret key of one of its recipients"
+
 // needIdentity is the refusal for an encrypted backup without a key.
 func needIdentity(name string, b *ebv1.Backup, alternative string) error {
-	return fmt.Errorf("backup %q is age-encrypted (to %d recipient(s)) and no identity was given: pass --identity KEYFILE, or set %s=KEYFILE, with a secret key of one of its recipients%s",
-		name, len(b.GetAgeRecipients()), IdentityEnv, alternative)
+	return fmt.Errorf("backup %q is age-encrypted (to %d recipient(s)) and no identity was given: %s%s",
+		name, len(b.GetAgeRecipients()), passIdentity, alternative)
 }
 
 // identityError turns the decryption refusals into sentences that say

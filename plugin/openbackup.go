@@ -90,7 +90,7 @@ func (s *backupSource) open(ctx context.Context, g *GlobalOptions, op, name stri
 		if path, err = snapshot.UnpackWith(ctx, s.FromFile, dir, ids); err != nil {
 			switch {
 			case errors.Is(err, crypt.ErrIdentityRequired):
-				return nil, fmt.Errorf("%s is age-encrypted and no identity was given: pass --identity KEYFILE, or set %s=KEYFILE, with a secret key of one of its recipients", s.FromFile, IdentityEnv)
+				return nil, fmt.Errorf("%s is age-encrypted and no identity was given: %s", s.FromFile, passIdentity)
 			case errors.Is(err, crypt.ErrNoMatchingIdentity):
 				return nil, fmt.Errorf("none of the identities given can decrypt %s: pass the right --identity", s.FromFile)
 			}

@@ -300,7 +300,7 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 	res, err := member.Restore(ctx, c, member.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work, Identities: ids, SHA256: sha, Deltas: deltas}, ev)
 	bar.Finish(false)
 	if errors.Is(err, crypt.ErrIdentityRequired) {
-		return fmt.Errorf("restore %q: the backup is age-encrypted and no identity was given: pass --identity KEYFILE, or set %s=KEYFILE, with a secret key of one of its recipients; nothing was changed", o.Name, IdentityEnv)
+		return fmt.Errorf("restore %q: the backup is age-encrypted and no identity was given: %s; nothing was changed", o.Name, passIdentity)
 	}
 	if errors.Is(err, crypt.ErrNoMatchingIdentity) {
 		return fmt.Errorf("restore %q: none of the identities given can decrypt the backup (see its recipients with `kubectl etcdbackup get %s -o yaml`); nothing was changed", o.Name, o.Name)
