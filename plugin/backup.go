@@ -20,15 +20,12 @@ type BackupOptions struct {
 	Target      string
 	Compression string
 	Labels      map[string]string
-	Wait        bool
-	WaitTimeout time.Duration
-	// PollInterval is how often --wait asks the server.
-	PollInterval time.Duration
+	WaitOptions
 }
 
 // NewCmdBackup returns the backup command.
 func NewCmdBackup(g *GlobalOptions) *cobra.Command {
-	o := &BackupOptions{GlobalOptions: g, PrintFlags: newPrintFlags(tableFormats), WaitTimeout: time.Hour, PollInterval: time.Second}
+	o := &BackupOptions{GlobalOptions: g, PrintFlags: newPrintFlags(tableFormats), WaitOptions: defaultWait()}
 	cmd := &cobra.Command{
 		Use:   "backup",
 		Short: "Take a backup of an etcd target now, with an agent Job in the cluster",
@@ -51,8 +48,7 @@ kubectl etcdbackup backup --target control-plane --location s3 --name before-upg
 	_ = cmd.RegisterFlagCompletionFunc("target", completeServerInfo(g, targetNamesOf))
 	f.StringVar(&o.Compression, "compression", "", "zstd or none (default: the target's setting)")
 	f.StringToStringVar(&o.Labels, "labels", nil, "labels to store with the backup, as key=value pairs")
-	f.BoolVar(&o.Wait, "wait", false, "wait until the backup is Completed or Failed, printing each phase change on stderr")
-	f.DurationVar(&o.WaitTimeout, "timeout", o.WaitTimeout, "how long --wait waits")
+	o.WaitOptions.addFlags(f, "wait until the backup is Completed or Failed, printing each phase change on stderr")
 	o.PrintFlags.AddFlags(cmd, "output format")
 	return cmd
 }

@@ -75,7 +75,7 @@ func (g *GlobalOptions) connectTunnel(ctx context.Context) (*Connection, error) 
 		return nil, err
 	}
 	d.Trace = traceFunc()
-	usePrefetchHint(d, g.prefetchHintPath(cfg.Host))
+	usePodHint(d, g.podHintPath(cfg.Host))
 	trace("API clients built")
 	dctx, cancel := context.WithTimeout(ctx, g.ConnectTimeout)
 	defer cancel()

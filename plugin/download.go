@@ -12,7 +12,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
 )
 
 // DownloadOptions are the options of `kubectl etcdbackup download`.
@@ -157,8 +157,11 @@ func (o *DownloadOptions) Run(ctx context.Context) error {
 	return o.plain(ctx, conn, ids)
 }
 
-// plain writes the plain etcd snapshot to -o. An encrypted backup without
-// an identity is refused before anything is created or written.
+// plain writes the plain etcd snapshot to -o, through FILE.part renamed
+// once every check passed (fetch.Snapshot), in parallel ranges when the
+// stored bytes are the snapshot. An encrypted backup without an identity
+// is refused before anything is created or written; a failed download
+// keeps nothing.
 func (o *DownloadOptions) plain(ctx context.Context, conn *Connection, ids []agelib.Identity) error {
 	resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: o.Name, Location: o.Location})
 	if err != nil {
@@ -174,56 +177,33 @@ func (o *DownloadOptions) plain(ctx context.Context, conn *Connection, ids []age
 		return needIdentity(o.Name, b, ", or --raw to download the encrypted bytes as stored")
 	}
 	if o.File == "-" {
-		_, err := downloadPlain(ctx, conn, b, o.Out, ids, nil)
+		_, err := fetchPlain(ctx, conn, b, o.Out, ids, nil)
 		return err
 	}
-	if p := o.parallel(b.GetSize()); p > 1 {
-		if b.GetCompression() != ebv1.CompressionNone || b.GetEncryption() != ebv1.EncryptionNone {
-			if o.Parallel > 1 {
-				return fmt.Errorf("--parallel %d: backup %q is stored compressed or encrypted, so its ranges are not the snapshot's; download it with --raw --parallel, or drop --parallel", o.Parallel, o.Name)
-			}
-		} else {
-			return o.plainParallel(ctx, conn, b, p)
+	n := o.parallel(b.GetSize())
+	if n > 1 && (b.GetCompression() != ebv1.CompressionNone || b.GetEncryption() != ebv1.EncryptionNone) {
+		if o.Parallel > 1 {
+			return fmt.Errorf("--parallel %d: backup %q is stored compressed or encrypted, so its ranges are not the snapshot's; download it with --raw --parallel, or drop --parallel", o.Parallel, o.Name)
 		}
+		n = 1
 	}
-	part := o.File + ".part"
-	f, err := os.OpenFile(part, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("download: %w", err)
-	}
-	keep := false
-	defer func() {
-		if !keep {
-			f.Close()
-			os.Remove(part)
-		}
-	}()
 	bar := newProgress(o.ErrOut, b.GetSize(), "downloading "+o.Name)
-	p, err := downloadPlain(ctx, conn, b, f, ids, bar.Set)
+	f, err := fetch.Snapshot(ctx, conn.Client, fetch.Request{
+		Name: o.Name, Location: o.Location, Record: b, Identities: ids, Progress: progressOf(bar.Set),
+		Path: o.File, Replace: o.Overwrite, Parallel: n, Connect: o.connector(),
+	})
 	bar.Finish(err == nil)
-	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("download of %q interrupted; nothing was kept, run the same command again (or use --raw to download resumably)", o.Name)
-		}
-		return err
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		return fmt.Errorf("download of %q interrupted; nothing was kept, run the same command again (or use --raw to download resumably)", o.Name)
+	case errors.Is(err, client.ErrExists):
+		return fmt.Errorf("%s appeared while downloading; run again with --overwrite or another -o", o.File)
+	default:
+		return explainFetch(conn, b, err)
 	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", part, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", part, err)
-	}
-	if !o.Overwrite {
-		if _, err := os.Stat(o.File); err == nil {
-			return fmt.Errorf("%s appeared while downloading; run again with --overwrite or another -o", o.File)
-		}
-	}
-	if err := os.Rename(part, o.File); err != nil {
-		return err
-	}
-	keep = true
 	fmt.Fprintf(o.ErrOut, "backup %q downloaded to %s as a plain etcd snapshot (%d bytes, sha256 %s; etcd trailer and stored sha256 %s verified)\n",
-		o.Name, o.File, p.Size, p.SHA256, b.GetSha256())
+		o.Name, o.File, f.Plain.Size, f.Plain.SHA256, b.GetSha256())
 	return nil
 }
 
@@ -245,50 +225,6 @@ func (o *DownloadOptions) connector() client.Connector {
 		}
 		return c.Client, func() { c.Close() }, nil
 	}
-}
-
-// plainParallel downloads a backup stored as a plain snapshot (neither
-// compressed nor encrypted) in n ranges, and checks it as
-// downloadSnapshot does, from the one pass that hashes the file. Like
-// plain, it keeps nothing on failure.
-func (o *DownloadOptions) plainParallel(ctx context.Context, conn *Connection, b *ebv1.Backup, n int) error {
-	part := o.File + ".part"
-	bar := newProgress(o.ErrOut, b.GetSize(), "downloading "+o.Name)
-	check := snapshot.NewTrailerCheck()
-	p := snapshot.Plain{Size: b.GetSize(), SHA256: b.GetSha256()}
-	_, err := conn.DownloadFile(ctx, client.FileDownload{
-		Sum:  check.Hash(),
-		Path: o.File, Replace: o.Overwrite, Parallel: n, Connect: o.connector(),
-		DownloadRequest: client.DownloadRequest{
-			Name: o.Name, Location: o.Location,
-			OnHeader: func(h *ebv1.Backup) error {
-				if h.GetSha256() != b.GetSha256() {
-					return fmt.Errorf("backup %q changed on the server since it was looked up; download it again", b.GetName())
-				}
-				return nil
-			},
-			Progress: bar.Set,
-		},
-		// The stored SHA-256 matched, from check's pass over the file.
-		Verify: func(*os.File) error { return checkSnapshot(b, check) },
-	})
-	bar.Finish(err == nil)
-	if err != nil {
-		os.Remove(part)
-		os.Remove(part + client.RangesSuffix)
-		switch {
-		case ctx.Err() != nil:
-			return fmt.Errorf("download of %q interrupted; nothing was kept, run the same command again (or use --raw to download resumably)", o.Name)
-		case errors.Is(err, client.ErrCorrupt):
-			return fmt.Errorf("%w; nothing was kept (if it fails again the stored backup is damaged: `kubectl etcdbackup verify %s`)", err, b.GetName())
-		case errors.Is(err, client.ErrExists):
-			return fmt.Errorf("%s appeared while downloading; run again with --overwrite or another -o", o.File)
-		}
-		return conn.explain("download "+quote(o.Name), err)
-	}
-	fmt.Fprintf(o.ErrOut, "backup %q downloaded to %s as a plain etcd snapshot (%d bytes, sha256 %s; etcd trailer and stored sha256 %s verified)\n",
-		o.Name, o.File, p.Size, p.SHA256, b.GetSha256())
-	return nil
 }
 
 func (o *DownloadOptions) toFile(ctx context.Context, conn *Connection) error {
@@ -342,50 +278,4 @@ func partSize(path string) int64 {
 		return 0
 	}
 	return st.Size()
-}
-
-// downloadSnapshot is downloadPlain for a backup stored as the plain
-// snapshot (neither compressed nor encrypted): the stored bytes are the
-// snapshot, so the one SHA-256 client.Download computes of them serves
-// for both checks — its state after all but the last 32 bytes is etcd's
-// trailer, its end the stored (and plain) SHA-256. The bytes go straight
-// to w: no pipe, no decoder, no second and third hash of every byte.
-func downloadSnapshot(ctx context.Context, conn *Connection, b *ebv1.Backup, w io.Writer, progress func(int64)) (snapshot.Plain, error) {
-	check := snapshot.NewTrailerCheck()
-	_, err := conn.Download(ctx, w, client.DownloadRequest{
-		Name: b.GetName(), Location: b.GetLocation(), Prefix: check.Hash(),
-		OnHeader: func(h *ebv1.Backup) error {
-			if h.GetSha256() != b.GetSha256() {
-				return fmt.Errorf("backup %q changed on the server since it was looked up; download it again", b.GetName())
-			}
-			return nil
-		},
-		Progress: progress,
-	})
-	p := snapshot.Plain{Size: b.GetSize(), SHA256: b.GetSha256()}
-	switch {
-	case errors.Is(err, client.ErrCorrupt):
-		return p, fmt.Errorf("%w; nothing was kept (if it fails again the stored backup is damaged: `kubectl etcdbackup verify %s`)", err, b.GetName())
-	case err != nil:
-		return p, conn.explain("download "+quote(b.GetName()), err)
-	}
-	// The stored SHA-256 matched: now the content.
-	return p, checkSnapshot(b, check)
-}
-
-// checkSnapshot says whether the bytes check was written are a whole
-// etcd snapshot of backup b: etcd's trailer (snapshot.TrailerCheck), and
-// the plain size and SHA-256 recorded when it was stored (those of the
-// stored bytes, which the download verified).
-func checkSnapshot(b *ebv1.Backup, check *snapshot.TrailerCheck) error {
-	size := b.GetSize()
-	_, err := check.Finish()
-	if err == nil && (b.GetRawSize() != 0 && b.GetRawSize() != size || b.GetRawSha256() != "" && b.GetRawSha256() != b.GetSha256()) {
-		err = fmt.Errorf("%w: the snapshot is %d bytes with SHA-256 %s, but %d bytes with SHA-256 %s were recorded when it was stored",
-			snapshot.ErrCorrupt, size, b.GetSha256(), b.GetRawSize(), b.GetRawSha256())
-	}
-	if err != nil {
-		return fmt.Errorf("backup %q: %w; do not restore it", b.GetName(), err)
-	}
-	return nil
 }

@@ -14,17 +14,14 @@ import (
 // DrillOptions are the options of `kubectl etcdbackup drill`.
 type DrillOptions struct {
 	*GlobalOptions
-	PrintFlags  *PrintFlags
-	Name        string
-	Wait        bool
-	WaitTimeout time.Duration
-	// PollInterval is how often --wait asks the server.
-	PollInterval time.Duration
+	PrintFlags *PrintFlags
+	Name       string
+	WaitOptions
 }
 
 // NewCmdDrill returns the drill command.
 func NewCmdDrill(g *GlobalOptions) *cobra.Command {
-	o := &DrillOptions{GlobalOptions: g, PrintFlags: newPrintFlags(tableFormats), WaitTimeout: time.Hour, PollInterval: time.Second}
+	o := &DrillOptions{GlobalOptions: g, PrintFlags: newPrintFlags(tableFormats), WaitOptions: defaultWait()}
 	cmd := &cobra.Command{
 		Use:   "drill NAME",
 		Short: "Prove a backup restores: restore it in the cluster into scratch space and compare it with the cluster it came from",
@@ -50,8 +47,7 @@ kubectl etcdbackup drill control-plane-20261201-020000`),
 		RunE:              runE(o),
 	}
 	f := cmd.Flags()
-	f.BoolVar(&o.Wait, "wait", false, "wait for the verdict; exit 5 when the backup fails its drill")
-	f.DurationVar(&o.WaitTimeout, "timeout", o.WaitTimeout, "how long --wait waits")
+	o.WaitOptions.addFlags(f, "wait for the verdict; exit 5 when the backup fails its drill")
 	o.PrintFlags.AddFlags(cmd, "output format of the backup, with --wait")
 	return cmd
 }

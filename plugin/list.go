@@ -63,7 +63,7 @@ func (o *ListOptions) Validate() error { return o.PrintFlags.Validate() }
 func (o *ListOptions) Run(ctx context.Context) error {
 	traceAt(traceInit, "plugin initialised")
 	trace("list started")
-	defer latencyFirst()()
+	defer gcOnlyAtHeapLimit()()
 	conn, err := o.Connect(ctx)
 	if err != nil {
 		return err

@@ -52,7 +52,9 @@ type BackupSpec struct {
 
 // BackupSource says how the backup arrived.
 type BackupSource struct {
-	// Kind is "upload" or "agent" (ebv1.SourceUpload, ebv1.SourceAgent).
+	// Kind is one of the API's source kinds: "upload", "agent" (a backup
+	// or fold agent's full) or "delta" (ebv1.SourceUpload, SourceAgent,
+	// SourceDelta).
 	Kind        string       `json:"kind"`
 	Description string       `json:"description,omitempty"`
 	StartTime   *metav1.Time `json:"startTime,omitempty"`
@@ -398,19 +400,7 @@ func hexID(id uint64) string {
 	return fmt.Sprintf("%x", id)
 }
 
-func restorePhaseString(p ebv1.RestorePhase) string {
-	switch p {
-	case ebv1.RestorePhase_RESTORE_PHASE_PENDING:
-		return "Pending"
-	case ebv1.RestorePhase_RESTORE_PHASE_RUNNING:
-		return "Running"
-	case ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED:
-		return "Succeeded"
-	case ebv1.RestorePhase_RESTORE_PHASE_FAILED:
-		return "Failed"
-	}
-	return "Unknown"
-}
+func restorePhaseString(p ebv1.RestorePhase) string { return enumWord(p, "RESTORE_PHASE_") }
 
 // restoreObject turns a restore's members into the printed object.
 func restoreObject(spec RestoreSpec, members []*ebv1.MemberRestore) *Restore {

@@ -20,7 +20,7 @@ import (
 // backupSource is where inspect and extract read a snapshot from: a
 // backup downloaded through the server (or, with --storage-config, read
 // from its storage location) into a temporary file, or --from-file. The
-// download is download's own (downloadPlain: decryption with
+// download is download's own (fetchToFile: decryption with
 // --identity, decompression, etcd's trailer and the stored and plain
 // SHA-256 checked as it streams), then bolt's check; a file is unpacked
 // and checked as restore --from-file does.
@@ -90,7 +90,7 @@ func (s *backupSource) open(ctx context.Context, g *GlobalOptions, op, name stri
 		if path, err = snapshot.UnpackWith(ctx, s.FromFile, dir, ids); err != nil {
 			switch {
 			case errors.Is(err, crypt.ErrIdentityRequired):
-				return nil, fmt.Errorf("%s is age-encrypted and no identity was given: pass --identity KEYFILE, or set %s=KEYFILE, with a secret key of one of its recipients", s.FromFile, IdentityEnv)
+				return nil, fmt.Errorf("%s is age-encrypted and no identity was given: %s", s.FromFile, passIdentity)
 			case errors.Is(err, crypt.ErrNoMatchingIdentity):
 				return nil, fmt.Errorf("none of the identities given can decrypt %s: pass the right --identity", s.FromFile)
 			}
@@ -146,23 +146,13 @@ func (s *backupSource) download(ctx context.Context, g *GlobalOptions, op, name,
 		return "", nil, snapshot.Status{}, needIdentity(name, b, "")
 	}
 	path := filepath.Join(dir, "snapshot.db")
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return "", nil, snapshot.Status{}, fmt.Errorf("%s: %w", what, err)
-	}
-	bar := newProgress(g.ErrOut, b.GetSize(), "downloading "+name)
-	_, err = downloadPlain(ctx, conn, b, f, ids, bar.Set)
-	bar.Finish(err == nil)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := fetchToFile(ctx, conn, b, path, ids, g.ErrOut, "downloading"); err != nil {
 		if ctx.Err() != nil {
 			return "", nil, snapshot.Status{}, fmt.Errorf("%s interrupted; nothing was kept", what)
 		}
 		return "", nil, snapshot.Status{}, err
 	}
-	// downloadPlain verified etcd's trailer and the SHA-256s as the file
+	// fetchToFile verified etcd's trailer and the SHA-256s as the file
 	// was written; the database's consistency is left.
 	st, err := snapshot.CheckDatabase(path)
 	if err != nil {

@@ -23,8 +23,8 @@ import (
 
 	agentdelta "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/fold"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
@@ -344,14 +344,14 @@ func (o *oracle) fold(t *testing.T, chain string, rev int64) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := fold.Inputs{Full: restore.SegmentRef{Name: chain, SHA256: full.GetBackup().GetSha256()}, ToRevision: rev}
+	in := fold.Inputs{Full: fetch.Pin{Name: chain, SHA256: full.GetBackup().GetSha256()}, ToRevision: rev}
 	segs := resp.GetBackups()
 	slices.SortFunc(segs, func(a, b *ebv1.Backup) int {
 		return cmp.Compare(a.GetDelta().GetFirstRevision(), b.GetDelta().GetFirstRevision())
 	})
 	for _, b := range segs {
 		if b.GetDelta().GetFirstRevision() <= rev {
-			in.Segments = append(in.Segments, restore.SegmentRef{Name: b.GetName(), SHA256: b.GetSha256()})
+			in.Segments = append(in.Segments, fetch.Pin{Name: b.GetName(), SHA256: b.GetSha256()})
 		}
 	}
 	pins := map[string]string{in.Full.Name: in.Full.SHA256}

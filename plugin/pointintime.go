@@ -8,9 +8,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/member"
 )
 
 // Restores to a point (--to-revision, --to-time) and recoverable windows
@@ -109,7 +110,7 @@ func stampTime(ts *timestamppb.Timestamp) time.Time {
 // o.point needs, among --target's backups in --location (the server's
 // default without it), and names the full in o. With --dry-run it prints
 // the plan.
-func (o *RestoreOptions) planPoint(ctx context.Context, conn *Connection) (*restore.Deltas, string, error) {
+func (o *RestoreOptions) planPoint(ctx context.Context, conn *Connection) (*member.Deltas, string, error) {
 	op := "restore to " + o.point.String()
 	tc, err := readTargetChains(ctx, conn, o.Location, o.Target, o.Name)
 	if err != nil {
@@ -130,9 +131,9 @@ func (o *RestoreOptions) planPoint(ctx context.Context, conn *Connection) (*rest
 	for _, w := range plan.Warnings {
 		fmt.Fprintf(o.ErrOut, "warning: %s\n", w)
 	}
-	d := &restore.Deltas{Point: plan.ReplayPoint(), AllowLeaseLoss: o.AllowLeaseLoss}
+	d := &member.Deltas{Point: plan.ReplayPoint(), AllowLeaseLoss: o.AllowLeaseLoss}
 	for _, s := range plan.Segments {
-		d.Segments = append(d.Segments, restore.SegmentRef{Name: s.Name, SHA256: s.SHA256})
+		d.Segments = append(d.Segments, fetch.Pin{Name: s.Name, SHA256: s.SHA256})
 	}
 	if o.DryRun {
 		fmt.Fprintf(o.Out, "would restore %s: full backup %q (revision %d) and %d delta segments replayed up to it, into %s for member %q\n",

@@ -89,27 +89,27 @@ func verifiedString(v *ebv1.Verification, now time.Time) string {
 }
 
 func verificationResultString(r ebv1.VerificationResult) string {
-	switch r {
-	case ebv1.VerificationResult_VERIFICATION_RESULT_SUCCEEDED:
-		return "Succeeded"
-	case ebv1.VerificationResult_VERIFICATION_RESULT_FAILED:
-		return "Failed"
-	case ebv1.VerificationResult_VERIFICATION_RESULT_ERROR:
-		return "Error"
-	}
-	return "Unknown"
+	return enumWord(r, "VERIFICATION_RESULT_")
 }
 
-func phaseString(p ebv1.BackupPhase) string {
-	switch p {
-	case ebv1.BackupPhase_BACKUP_PHASE_RUNNING:
-		return "Running"
-	case ebv1.BackupPhase_BACKUP_PHASE_COMPLETED:
-		return "Completed"
-	case ebv1.BackupPhase_BACKUP_PHASE_FAILED:
-		return "Failed"
+func phaseString(p ebv1.BackupPhase) string { return enumWord(p, "BACKUP_PHASE_") }
+
+// enumWord is a protobuf enum value as the plugin prints it: its name
+// without the enum's prefix, each word capitalised ("BACKUP_PHASE_RUNNING"
+// is "Running"), and "Unknown" for UNSPECIFIED or a number this build does
+// not name.
+func enumWord(v fmt.Stringer, prefix string) string {
+	rest, ok := strings.CutPrefix(v.String(), prefix)
+	if !ok || rest == "UNSPECIFIED" {
+		return "Unknown"
 	}
-	return "Unknown"
+	var b strings.Builder
+	for _, w := range strings.Split(rest, "_") {
+		if w != "" {
+			b.WriteString(w[:1] + strings.ToLower(w[1:]))
+		}
+	}
+	return b.String()
 }
 
 func sourceString(s *ebv1.BackupSource) string {

@@ -13,11 +13,12 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/member"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -39,11 +40,8 @@ type RestoreOptions struct {
 	BumpRevision int64
 	WorkDir      string
 	Target       string
-	Wait         bool
 	DryRun       bool
-	// WaitTimeout bounds --wait; PollInterval is how often it asks.
-	WaitTimeout  time.Duration
-	PollInterval time.Duration
+	WaitOptions
 	// ToRevision and ToTime (--to-revision, --to-time) restore to a
 	// point: the newest full backup before it and the delta segments
 	// after that full, replayed up to it. AllowLeaseLoss is
@@ -60,7 +58,7 @@ type RestoreOptions struct {
 
 // NewCmdRestore returns the restore command.
 func NewCmdRestore(g *GlobalOptions) *cobra.Command {
-	o := &RestoreOptions{GlobalOptions: g, PrintFlags: newPrintFlags(plainFormats), WaitTimeout: time.Hour, PollInterval: time.Second}
+	o := &RestoreOptions{GlobalOptions: g, PrintFlags: newPrintFlags(plainFormats), WaitOptions: defaultWait()}
 	cmd := &cobra.Command{
 		Use:   "restore NAME (--target T | --local --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U)",
 		Short: "Rebuild etcd member data from a backup",
@@ -141,9 +139,8 @@ kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity
 	f.StringVar(&o.WorkDir, "work-dir", "", "where the download is kept until restored (default: beside the data directory)")
 	f.StringVar(&o.Target, "target", "", "restore the members of this etcd target in the cluster")
 	_ = cmd.RegisterFlagCompletionFunc("target", completeServerInfo(g, targetNamesOf))
-	f.BoolVar(&o.Wait, "wait", false, "with --target: wait until every member's data is rebuilt, printing each member's phase changes on stderr")
+	o.WaitOptions.addFlags(f, "with --target: wait until every member's data is rebuilt, printing each member's phase changes on stderr")
 	f.BoolVar(&o.DryRun, "dry-run", false, "print what would be done, change nothing")
-	f.DurationVar(&o.WaitTimeout, "timeout", o.WaitTimeout, "how long --wait waits")
 	addIdentityFlag(cmd, &o.IdentityFiles, "an encrypted backup (with --local)")
 	addStorageConfigFlag(cmd, g)
 	f.StringVar(&o.IdentitySecret, "identity-secret", "", "with --target: `SECRET` in the members' namespace holding the age identity of an encrypted backup, mounted only into the restore Jobs")
@@ -241,7 +238,7 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 	o.Member.DataDir = dataDir
 	work := o.WorkDir
 	if work == "" {
-		work = restore.DefaultWorkDir(dataDir, cmp.Or(o.Name, "to-point"))
+		work = member.DefaultWorkDir(dataDir, cmp.Or(o.Name, "to-point"))
 	}
 	if o.DryRun && o.toPoint() {
 		return o.restoreLocal(ctx, work)
@@ -255,7 +252,7 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 	return o.restoreLocal(ctx, work)
 }
 
-// restoreLocal runs the restore agent's own flow (agents/restore) on this
+// restoreLocal runs the restore agent's own flow (package member) on this
 // machine — fetch (or --from-file), verify, rebuild o.Member's data
 // directory — reporting to the terminal where the agent logs.
 func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
@@ -265,7 +262,7 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 	}
 	var conn *Connection
 	var c *client.Client
-	var deltas *restore.Deltas
+	var deltas *member.Deltas
 	var sha string
 	if o.FromFile == "" {
 		if conn, err = o.Connect(ctx); err != nil {
@@ -282,14 +279,14 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 		}
 	}
 	var bar *progress
-	ev := restore.Events{
+	ev := member.Events{
 		Downloading: func(done, total int64) {
 			if bar == nil {
 				bar = newProgress(o.ErrOut, total, "downloading "+o.Name)
 			}
 			bar.Set(done)
 		},
-		Verified: func(v restore.Verified) {
+		Verified: func(v member.Verified) {
 			bar.Finish(true)
 			bar = nil
 			if v.File != "" {
@@ -300,17 +297,22 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 		},
 		MovedAside: func(to string) { fmt.Fprintf(o.ErrOut, "the old data directory was moved to %s\n", to) },
 	}
-	res, err := restore.Run(ctx, c, restore.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work, Identities: ids, SHA256: sha, Deltas: deltas}, ev)
+	res, err := member.Restore(ctx, c, member.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work, Identities: ids, SHA256: sha, Deltas: deltas}, ev)
 	bar.Finish(false)
 	if errors.Is(err, crypt.ErrIdentityRequired) {
-		return fmt.Errorf("restore %q: the backup is age-encrypted and no identity was given: pass --identity KEYFILE, or set %s=KEYFILE, with a secret key of one of its recipients; nothing was changed", o.Name, IdentityEnv)
+		return fmt.Errorf("restore %q: the backup is age-encrypted and no identity was given: %s; nothing was changed", o.Name, passIdentity)
 	}
 	if errors.Is(err, crypt.ErrNoMatchingIdentity) {
 		return fmt.Errorf("restore %q: none of the identities given can decrypt the backup (see its recipients with `kubectl etcdbackup get %s -o yaml`); nothing was changed", o.Name, o.Name)
 	}
-	var de *restore.DownloadError
-	if errors.As(err, &de) {
-		return conn.explain("download "+quote(o.Name), de.Err)
+	var fe *fetch.Error
+	if errors.As(err, &fe) && fe.Kind == fetch.Download {
+		// The server's words; a segment's error names the segment.
+		cause := fe.Err
+		if fe.Segment {
+			cause = fe
+		}
+		return conn.explain("download "+quote(o.Name), cause)
 	}
 	if err != nil {
 		return err

@@ -23,8 +23,8 @@ func TestRestoreFlagCombinations(t *testing.T) {
 		{RestoreOptions{Name: "b", Local: true, Target: "t"}, "not both"},
 		{RestoreOptions{Name: "b", Target: "t", FromFile: "f"}, "--from-file goes with --local"},
 		{RestoreOptions{Name: "b", Target: "t", WorkDir: "/w"}, "server's configuration"},
-		{RestoreOptions{Name: "b", Local: true, Wait: true}, "--wait goes with --target"},
-		{RestoreOptions{Name: "b", Target: "t", Wait: true, DryRun: true}, ""},
+		{RestoreOptions{Name: "b", Local: true, WaitOptions: WaitOptions{Wait: true}}, "--wait goes with --target"},
+		{RestoreOptions{Name: "b", Target: "t", WaitOptions: WaitOptions{Wait: true}, DryRun: true}, ""},
 		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Name: "b", Target: "t"}, "--storage-config reads a backup on this machine"},
 		{RestoreOptions{GlobalOptions: &GlobalOptions{StorageConfig: "s.yaml"}, Name: "b", Local: true, FromFile: "f"}, "give one"},
 		// In the cluster to a point: NAME optional, --target required.

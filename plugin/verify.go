@@ -122,23 +122,14 @@ func (o *VerifyOptions) verifyHere(ctx context.Context, conn *Connection, b *ebv
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "snapshot.db")
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("verify: %w", err)
-	}
-	bar := newProgress(o.ErrOut, b.GetSize(), "verifying "+o.Name)
-	_, err = downloadPlain(ctx, conn, b, f, ids, bar.Set)
-	bar.Finish(err == nil)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	err = fetchToFile(ctx, conn, b, path, ids, o.ErrOut, "verifying")
 	if errors.Is(err, snapshot.ErrCorrupt) {
 		return nil, withCode(ExitFailed, fmt.Errorf("verify %q: backup %q is corrupt: %w; do not restore it", o.Name, o.Name, err))
 	}
 	if err != nil {
 		return nil, err
 	}
-	// downloadPlain verified etcd's trailer as the file was written.
+	// fetchToFile verified etcd's trailer as the file was written.
 	st, err := snapshot.CheckDatabase(path)
 	if err != nil {
 		return nil, withCode(ExitFailed, fmt.Errorf("verify %q: backup %q is corrupt: %w; do not restore it", o.Name, o.Name, err))

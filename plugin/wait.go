@@ -8,10 +8,31 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
+
+// WaitOptions are --wait and --timeout of the commands that start work in
+// the cluster (backup, drill, restore --target), and how often the wait
+// asks the server.
+type WaitOptions struct {
+	Wait bool
+	// WaitTimeout bounds --wait (--timeout); PollInterval is how often it
+	// asks.
+	WaitTimeout  time.Duration
+	PollInterval time.Duration
+}
+
+// defaultWait waits up to an hour, asking every second.
+func defaultWait() WaitOptions { return WaitOptions{WaitTimeout: time.Hour, PollInterval: time.Second} }
+
+// addFlags adds --wait, saying what it waits for, and --timeout.
+func (w *WaitOptions) addFlags(f *pflag.FlagSet, waitsFor string) {
+	f.BoolVar(&w.Wait, "wait", false, waitsFor)
+	f.DurationVar(&w.WaitTimeout, "timeout", w.WaitTimeout, "how long --wait waits")
+}
 
 // pollTimeout bounds one poll of --wait: a poll that hangs on a dead
 // connection fails and is retried like a broken one.

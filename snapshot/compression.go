@@ -12,20 +12,14 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ctxio"
 )
 
-// Decompress copies r to w, undoing the backup's compression (one of
-// ebv1.Compressions). A damaged compressed stream wraps ErrCorrupt. It
-// stops when ctx is done.
-func Decompress(ctx context.Context, w io.Writer, r io.Reader, compression string) (int64, error) {
-	return DecompressLimit(ctx, w, r, compression, 0)
-}
-
-// DecompressLimit is Decompress that writes at most max bytes: a stream
-// that would expand past them fails with a *TooLargeError (matching
-// ErrTooLarge and ErrCorrupt) as soon as the first excess byte is decoded,
-// with exactly max bytes written. Pass a backup's recorded raw size; max
-// <= 0 (none recorded) bounds compressed data by DefaultMaxRawSize and
-// leaves data stored as is unbounded. An error of w or of r is returned
-// as is.
+// DecompressLimit copies r to w, undoing the backup's compression (one of
+// ebv1.Compressions), and writes at most max bytes: a stream that would
+// expand past them fails with a *TooLargeError (matching ErrTooLarge and
+// ErrCorrupt) as soon as the first excess byte is decoded, with exactly
+// max bytes written. Pass a backup's recorded raw size; max <= 0 (none
+// recorded) bounds compressed data by DefaultMaxRawSize and leaves data
+// stored as is unbounded. A damaged compressed stream wraps ErrCorrupt;
+// an error of w or of r is returned as is. It stops when ctx is done.
 func DecompressLimit(ctx context.Context, w io.Writer, r io.Reader, compression string, max int64) (int64, error) {
 	return DecompressBounded(ctx, w, r, compression, max, 0)
 }

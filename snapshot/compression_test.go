@@ -31,7 +31,7 @@ func TestCompressDecompressRoundTrip(t *testing.T) {
 			t.Errorf("zstd: %d bytes from %d, not compressed", len(stored), len(snap))
 		}
 		var out bytes.Buffer
-		n, err := Decompress(context.Background(), &out, bytes.NewReader(stored), c)
+		n, err := DecompressLimit(context.Background(), &out, bytes.NewReader(stored), c, 0)
 		if err != nil || n != int64(len(snap)) || !bytes.Equal(out.Bytes(), snap) {
 			t.Fatalf("%q: %d bytes, %v", c, n, err)
 		}
@@ -39,7 +39,7 @@ func TestCompressDecompressRoundTrip(t *testing.T) {
 }
 
 func TestUnknownCompressionIsRefused(t *testing.T) {
-	_, err := Decompress(context.Background(), io.Discard, strings.NewReader("x"), "gzip")
+	_, err := DecompressLimit(context.Background(), io.Discard, strings.NewReader("x"), "gzip", 0)
 	if err == nil || !strings.Contains(err.Error(), `"gzip" is not supported`) || !strings.Contains(err.Error(), "zstd") {
 		t.Fatalf("got %v", err)
 	}
@@ -55,7 +55,7 @@ func TestDamagedZstdIsCorrupt(t *testing.T) {
 	enc.Close()
 	b := buf.Bytes()
 	b[len(b)/2] ^= 0xff
-	_, err := Decompress(context.Background(), io.Discard, bytes.NewReader(b), ebv1.CompressionZstd)
+	_, err := DecompressLimit(context.Background(), io.Discard, bytes.NewReader(b), ebv1.CompressionZstd, 0)
 	if !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("got %v, want ErrCorrupt", err)
 	}
@@ -64,7 +64,7 @@ func TestDamagedZstdIsCorrupt(t *testing.T) {
 func TestDecompressStopsWithItsContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := Decompress(ctx, io.Discard, bytes.NewReader(snapshotBytes(4)), ebv1.CompressionNone)
+	_, err := DecompressLimit(ctx, io.Discard, bytes.NewReader(snapshotBytes(4)), ebv1.CompressionNone, 0)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("got %v", err)
 	}

@@ -5,9 +5,9 @@
 // a verified plain snapshot (WritePlain, Unpack), checks a
 // snapshot file's bolt database (Check) and rebuilds a member's data
 // directory with etcd's own restore code (Restore, from
-// go.etcd.io/etcd/etcdutl/v3/snapshot). It has no network code: the backup
-// agent, the restore agent, the server's verify and the plugin's local
-// restore all feed it bytes they fetched themselves.
+// go.etcd.io/etcd/etcdutl/v3/snapshot). It has no network code: the
+// agents, the server's verify and the plugin feed it bytes they read
+// themselves, a stored backup's through package fetch.
 package snapshot
 
 import "errors"

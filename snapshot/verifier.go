@@ -132,9 +132,6 @@ func (c *TrailerCheck) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Size is the number of bytes written.
-func (c *TrailerCheck) Size() int64 { return c.size }
-
 // Finish checks that what was written is a whole bolt database followed
 // by its SHA-256, and returns the hex SHA-256 of all of it. A failed check
 // wraps ErrCorrupt. Nothing may be written after Finish.

@@ -204,7 +204,7 @@ func decode(t *testing.T, segs []agent.Segment, start int64, ids []age.Identity)
 			}
 		}
 		var plain bytes.Buffer
-		if _, err := snapshot.Decompress(context.Background(), &plain, body, seg.Compression); err != nil {
+		if _, err := snapshot.DecompressLimit(context.Background(), &plain, body, seg.Compression, seg.RawSize); err != nil {
 			t.Fatalf("%s: %v", seg.Name, err)
 		}
 		if int64(plain.Len()) != seg.RawSize {

@@ -1,6 +1,6 @@
 // Package drill proves that a backup restores: it fetches the backup pinned
-// to its SHA-256 through the data server (as a restore agent does, with
-// the same checks), rebuilds a member's data in scratch space with etcd's
+// to its SHA-256 through the data server (package fetch, as a restore
+// does, with the same checks), rebuilds a member's data in scratch space with etcd's
 // own restore code, starts an etcd on loopback from it, and compares the
 // revision, the number of keys and etcd's HashKV that member answers with
 // the keyspace fingerprint the backup's manifest recorded — for an agent
@@ -22,11 +22,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/loopetcd"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
@@ -96,14 +96,15 @@ func run(ctx context.Context, c *client.Client, o Options) (Result, error) {
 	if err := os.Mkdir(download, 0o700); err != nil {
 		return scratchProblem(err), nil
 	}
-	path, v, err := restore.Fetch(ctx, c, restore.FetchRequest{
-		Name: o.Name, Location: o.Location, Dir: download,
-		Identities: o.Identities, SHA256: o.SHA256,
+	path := filepath.Join(download, o.Name+".db")
+	f, err := fetch.Snapshot(ctx, c, fetch.Request{
+		Name: o.Name, Location: o.Location, SHA256: o.SHA256, Identities: o.Identities,
+		Path: path, Replace: true, CheckDatabase: true,
 	})
 	if err != nil {
 		return fetchVerdict(ctx, o, err)
 	}
-	want := v.Backup.GetEtcd()
+	want := f.Backup.GetEtcd()
 	if !want.GetKeyspace() {
 		return Result{Message: "the backup records no keyspace fingerprint (taken by an older version?): there is nothing to compare a restore with; take a new backup"}, nil
 	}
@@ -129,7 +130,8 @@ const doNotRestore = "do not restore it: take a new backup, drill it, and find o
 // when the drill could not judge it (no identity, a wrong one, the
 // server unreachable, no scratch space) — with what to fix.
 func fetchVerdict(ctx context.Context, o Options, err error) (Result, error) {
-	var dl *restore.DownloadError
+	var dl *fetch.Error
+	downloadFailed := errors.As(err, &dl) && dl.Kind == fetch.Download
 	switch {
 	case ctx.Err() != nil:
 		return Result{}, fmt.Errorf("drill %q: %w", o.Name, ctx.Err())
@@ -144,7 +146,7 @@ func fetchVerdict(ctx context.Context, o Options, err error) (Result, error) {
 		// A wrong key says nothing about the backup.
 		return Result{NoVerdict: true, Message: "the drill's identity does not decrypt the backup (it is encrypted to other age recipients): " +
 			"nothing was learned about the backup; put the identity matching the target's ageRecipients into the drill's identitySecret and drill it again"}, nil
-	case errors.Is(err, restore.ErrWrongBackup):
+	case errors.Is(err, fetch.ErrWrongBackup):
 		return Result{Message: fmt.Sprintf("the backup does not restore as the drill was started for it: %v", err)}, nil
 	case errors.Is(err, client.ErrCorrupt):
 		return Result{Message: fmt.Sprintf("the backup does not restore: the stored SHA-256 check failed — the bytes stored are not the ones recorded when the backup was stored (altered or damaged in storage since): %v; %s", err, doNotRestore)}, nil
@@ -154,16 +156,16 @@ func fetchVerdict(ctx context.Context, o Options, err error) (Result, error) {
 		return Result{Message: fmt.Sprintf("the backup does not restore: the plain-size check failed — it unpacks past the size recorded when it was stored: %v; %s", err, doNotRestore)}, nil
 	case errors.Is(err, snapshot.ErrCorrupt):
 		return Result{Message: fmt.Sprintf("the backup does not restore: etcd's snapshot checks failed (its SHA-256 trailer, the plain size and SHA-256 recorded at upload, or bolt's check of every page): %v; %s", err, doNotRestore)}, nil
-	case errors.As(err, &dl) && status.Code(dl.Err) == codes.DataLoss:
+	case downloadFailed && status.Code(dl.Err) == codes.DataLoss:
 		return Result{Message: fmt.Sprintf("the backup does not restore: the stored-size check failed — the stored data is shorter than the size recorded with it, so its stored SHA-256 cannot match: %v; %s", err, doNotRestore)}, nil
-	case errors.As(err, &dl) && status.Code(dl.Err) == codes.NotFound:
+	case downloadFailed && status.Code(dl.Err) == codes.NotFound:
 		// The server found no data for the backup, or data other than
 		// what its manifest recorded (S3: another object than the one
 		// stored). The drill cannot tell that from a backup removed
 		// meanwhile: the server, which records the verdict, can (it
 		// checks the stored data when a drill reports this).
 		return Result{NoVerdict: true, Message: fmt.Sprintf("the data server could not read the backup's stored data (%v): it was removed meanwhile, or its data is missing or not the data recorded with it", err)}, nil
-	case errors.As(err, &dl):
+	case downloadFailed:
 		return Result{NoVerdict: true, Message: fmt.Sprintf("the drill could not fetch the backup through the data server (%v): nothing was learned about the backup; check that the server runs and that the drill's pod reaches it (its Service, network policies), then drill it again", err)}, nil
 	case isScratchError(err):
 		return scratchProblem(err), nil

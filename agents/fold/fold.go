@@ -29,13 +29,13 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta/replay"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/loopetcd"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
@@ -47,9 +47,9 @@ import (
 // the agent reads from a file the downward API mounts: a chain's list of
 // segments can be longer than arguments should be.
 type Inputs struct {
-	Full       restore.SegmentRef   `json:"full"`
-	Segments   []restore.SegmentRef `json:"segments"`
-	ToRevision int64                `json:"toRevision"`
+	Full       fetch.Pin   `json:"full"`
+	Segments   []fetch.Pin `json:"segments"`
+	ToRevision int64       `json:"toRevision"`
 }
 
 // Validate checks the inputs without I/O.
@@ -188,7 +188,6 @@ func build(ctx context.Context, c *client.Client, o Options, work string) (out s
 		return "", replayed, Result{}, fmt.Errorf("fold: scratch space: %w", err)
 	}
 	verdict := func(what string, err error) (string, replay.Result, Result, error) {
-		var dl *restore.DownloadError
 		switch {
 		case errors.Is(err, crypt.ErrIdentityRequired) && o.IdentityProblem != "":
 			return "", replayed, Result{NoVerdict: true, Message: "the chain is encrypted and this fold could not read its identity (" + o.IdentityProblem + "): " +
@@ -200,13 +199,15 @@ func build(ctx context.Context, c *client.Client, o Options, work string) (out s
 			// A wrong key says nothing about the chain.
 			return "", replayed, Result{NoVerdict: true, Message: "the fold's identity does not decrypt the chain (it is encrypted to other age recipients): " +
 				"put the identity matching the target's ageRecipients into the deltas' identitySecret"}, nil
-		case errors.As(err, &dl):
+		case fetch.KindOf(err) == fetch.Download:
 			return "", replayed, Result{}, fmt.Errorf("fold of chain %q: %s: %w", o.Full.Name, what, err)
 		}
 		return "", replayed, Result{Message: fmt.Sprintf("%s: %v; nothing was stored", what, err)}, nil
 	}
-	base, v, err := restore.Fetch(ctx, c, restore.FetchRequest{
-		Name: o.Full.Name, Location: o.Location, Dir: download, Identities: o.Identities, SHA256: o.Full.SHA256,
+	base := filepath.Join(download, o.Full.Name+".db")
+	v, err := fetch.Snapshot(ctx, c, fetch.Request{
+		Name: o.Full.Name, Location: o.Location, SHA256: o.Full.SHA256, Identities: o.Identities,
+		Path: base, Replace: true, CheckDatabase: true,
 	})
 	if err != nil {
 		return verdict("the chain's full backup", err)
@@ -217,7 +218,8 @@ func build(ctx context.Context, c *client.Client, o Options, work string) (out s
 	}
 	segs := make([]string, 0, len(o.Segments))
 	for _, s := range o.Segments {
-		p, err := restore.FetchSegment(ctx, c, o.Location, o.Identities, download, s)
+		p := filepath.Join(download, s.Name)
+		err := fetch.Segment(ctx, c, fetch.Request{Name: s.Name, Location: o.Location, SHA256: s.SHA256, Identities: o.Identities, Path: p})
 		if err != nil {
 			return verdict("delta segment "+s.Name, err)
 		}

@@ -22,8 +22,8 @@ import (
 
 	agentdelta "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/fold"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/loopetcd"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
@@ -184,14 +184,14 @@ func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := fold.Inputs{Full: restore.SegmentRef{Name: "cp-full", SHA256: full.GetSha256()}, ToRevision: newest}
+	in := fold.Inputs{Full: fetch.Pin{Name: "cp-full", SHA256: full.GetSha256()}, ToRevision: newest}
 	pins := map[string]string{"cp-full": full.GetSha256()}
 	segs := resp.GetBackups()
 	slices.SortFunc(segs, func(a, b *ebv1.Backup) int {
 		return cmp.Compare(a.GetDelta().GetFirstRevision(), b.GetDelta().GetFirstRevision())
 	})
 	for _, b := range segs {
-		in.Segments = append(in.Segments, restore.SegmentRef{Name: b.GetName(), SHA256: b.GetSha256()})
+		in.Segments = append(in.Segments, fetch.Pin{Name: b.GetName(), SHA256: b.GetSha256()})
 		pins[b.GetName()] = b.GetSha256()
 	}
 	if len(in.Segments) < 2 {
@@ -251,8 +251,8 @@ func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 	}
 
 	// Restored, it is the source at the chain's last revision, key by key.
-	path, _, err := restore.Fetch(ctx, srv.Client, restore.FetchRequest{Name: name, Dir: t.TempDir(), SHA256: b.GetSha256()})
-	if err != nil {
+	path := filepath.Join(t.TempDir(), name+".db")
+	if _, err := fetch.Snapshot(ctx, srv.Client, fetch.Request{Name: name, SHA256: b.GetSha256(), Path: path, CheckDatabase: true}); err != nil {
 		t.Fatal(err)
 	}
 	folded, err := os.Stat(path)

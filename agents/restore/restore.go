@@ -1,350 +1,51 @@
-// Package restore is the restore flow: it checks that a member's data
-// directory may be rebuilt, fetches a backup through the data server (or
-// takes a file downloaded earlier), decrypts it with the age identities
-// it is given (never the server's: it has none), undoes its compression,
-// verifies it (stored SHA-256, etcd's trailer, bolt's consistency) and
-// rebuilds the data directory with etcd's own restore code, bumping its
-// revision and marking it compacted unless told not to
-// (snapshot.Member.BumpRevision). The in-cluster restore agent and the
-// plugin's `restore --local` run this same flow; they differ only in how
-// they report it (Events).
+// Package restore is the restore agent's flow: it rebuilds one etcd
+// member's data directory from a backup fetched through the data server
+// (package member, the flow `restore --local` runs too) and reports each
+// step as a structured log line, which the Job's log keeps for the
+// operator and for the server's last words of a failed restore.
 package restore
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
-	"fmt"
-	"math"
-	"os"
-	"path/filepath"
-	"strings"
-	"time"
+	"log/slog"
 
-	"filippo.io/age"
-
-	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta/replay"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/member"
 )
 
-// Options say what to restore and where.
-type Options struct {
-	// Name and Location of the backup on the server.
-	Name, Location string
-	// FromFile, if set, is a backup downloaded earlier (as stored, possibly
-	// zstd-compressed) to restore instead of downloading: the path for a
-	// dead control plane, when no API server answers.
-	FromFile string
-	// Member is the layout the data directory is rebuilt for.
-	Member snapshot.Member
-	// Identities decrypt an age-encrypted backup. Without them, an
-	// encrypted backup is refused before any byte is downloaded.
-	Identities []age.Identity
-	// WorkDir keeps the download until it is restored; "" is a directory
-	// beside the data directory (DefaultWorkDir). It is removed after a
-	// successful restore and kept after a failed one, so a rerun resumes
-	// the download.
-	WorkDir string
-	// SHA256, when set, is the only stored SHA-256 (hex) accepted: a
-	// backup replaced under the same name is refused before any byte of
-	// it is downloaded, and again after download.
-	SHA256 string
-	// Deltas, when set, restore to a point after the backup: its chain's
-	// segments are fetched through the same server and replayed onto it
-	// before the data directory is rebuilt. Not with FromFile.
-	Deltas *Deltas
-}
-
-// Events report the flow's progress; any may be nil.
-type Events struct {
-	// Downloading is called as bytes arrive.
-	Downloading func(done, total int64)
-	// Verified is called once the snapshot passed every check.
-	Verified func(Verified)
-	// MovedAside is called when a non-empty data directory was renamed.
-	MovedAside func(to string)
-}
-
-// Verified is what was checked before the data directory is touched.
-type Verified struct {
-	// Backup is the server's record of the backup (nil with FromFile).
-	Backup *ebv1.Backup
-	// File is FromFile, when restoring from a file.
-	File   string
-	Status snapshot.Status
-}
-
-// Result is what a restore did.
-type Result struct {
-	// DataDir is the absolute data directory that was rebuilt.
-	DataDir string
-	// MovedTo is where the old data went, if anywhere.
-	MovedTo string
-	// SnapshotRevision is the snapshot's revision; Revision the restored
-	// member's: SnapshotRevision + BumpRevision.
-	SnapshotRevision, Revision int64
-	// BumpRevision is what was added to the revision (0: nothing), and
-	// MarkedCompacted whether the restored revision was marked compacted,
-	// so that every watch from before it is cancelled and relists.
-	BumpRevision    int64
-	MarkedCompacted bool
-	// ToRevision is the revision deltas were replayed to (with Deltas;
-	// SnapshotRevision then equals it), ReplayedRevisions how many
-	// revisions that took and PointTime when the last one was seen (zero
-	// when none was replayed).
-	ToRevision        int64
-	ReplayedRevisions int64
-	PointTime         time.Time
-	// RevokedServerKeys are the data server's key Secrets the restored
-	// keyspace held, removed one revision past it
-	// (snapshot.RevokeServerKeys): the server makes new keys, which no
-	// backup holds. Revision is then one more. Empty for any etcd but
-	// the one of a Kubernetes cluster the server runs in.
-	RevokedServerKeys []string
-}
-
-// DownloadError wraps an error of fetching the backup through the server
-// (the API's status codes are in it), as opposed to a corrupt backup or a
-// refused data directory.
-type DownloadError struct{ Err error }
-
-func (e *DownloadError) Error() string { return e.Err.Error() }
-func (e *DownloadError) Unwrap() error { return e.Err }
-
-// DefaultWorkDir is where a restore into dataDir keeps backup name's
-// download: beside the data directory, on the same volume.
-func DefaultWorkDir(dataDir, name string) string {
-	return filepath.Join(filepath.Dir(filepath.Clean(dataDir)), ".etcdbackup-restore-"+name)
-}
-
-// Validate checks the options without I/O.
-func (o Options) Validate() error {
-	if o.Name == "" && o.FromFile == "" {
-		return errors.New("restore needs the name of a backup")
-	}
-	if o.SHA256 != "" {
-		if validSHA256(o.SHA256) != nil {
-			return fmt.Errorf("--sha256 %q is not a SHA-256 in lowercase hex (64 characters)", o.SHA256)
-		}
-	}
-	if o.Deltas != nil {
-		if o.FromFile != "" {
-			return errors.New("a restore to a point in time replays delta segments fetched through the server: it cannot start from a downloaded file; restore through the server, or restore the file without a point")
-		}
-		if err := o.Deltas.validate(); err != nil {
-			return err
-		}
-	}
-	return o.Member.Validate()
-}
-
-func validSHA256(s string) error {
-	if b, err := hex.DecodeString(s); err != nil || len(b) != sha256.Size || strings.ToLower(s) != s {
-		return fmt.Errorf("%q is not a SHA-256 in lowercase hex (64 characters)", s)
-	}
-	return nil
-}
-
-// Run restores. c may be nil with FromFile. A corrupt backup wraps
-// snapshot.ErrCorrupt and changes nothing; so does a data directory that
-// is not empty without Member.MoveAside (snapshot.ErrDataDirNotEmpty), one
-// a running etcd holds (snapshot.ErrMemberRunning) and one another restore
-// holds (snapshot.ErrRestoreInProgress). The data directory is checked
-// before the download and again, under its lock, just before writing.
-func Run(ctx context.Context, c *client.Client, o Options, ev Events) (*Result, error) {
-	if err := o.Validate(); err != nil {
-		return nil, err
-	}
-	dataDir, err := filepath.Abs(o.Member.DataDir)
-	if err != nil {
-		return nil, err
-	}
-	o.Member.DataDir = dataDir
-	// Refuse before a byte is downloaded.
-	if err := snapshot.CheckDataDir(o.Member); err != nil {
-		return nil, err
-	}
-	work := o.WorkDir
-	if work == "" {
-		work = DefaultWorkDir(dataDir, o.Name)
-	}
-	if err := os.MkdirAll(work, 0o700); err != nil {
-		return nil, fmt.Errorf("work directory: %w", err)
-	}
-
-	var path string
-	var v Verified
-	if o.FromFile != "" {
-		path, v, err = checkFile(ctx, o.FromFile, work, o.Identities)
+// Run restores o.Member from backup o.Name through c, logging to log what
+// it fetched, checked, moved aside and restored, and the warnings an
+// operator must act on (the server's keys removed, no revision bump).
+// Errors are member.Restore's.
+func Run(ctx context.Context, c *client.Client, o member.Options, log *slog.Logger) (*member.Result, error) {
+	if d := o.Deltas; d != nil {
+		log.Info("downloading backup and delta segments", "backup", o.Name, "location", o.Location, "segments", len(d.Segments), "point", d.Point.String())
 	} else {
-		if c == nil {
-			return nil, errors.New("restore: no server connection and no file to restore from")
-		}
-		path, v, err = Fetch(ctx, c, FetchRequest{Name: o.Name, Location: o.Location, Dir: work, Identities: o.Identities, Progress: ev.Downloading, SHA256: o.SHA256})
+		log.Info("downloading backup", "backup", o.Name, "location", o.Location)
 	}
-	if err != nil {
-		return nil, err
-	}
-	if ev.Verified != nil {
-		ev.Verified(v)
-	}
-	var replayed replay.Result
-	if o.Deltas != nil {
-		if path, replayed, err = replayDeltas(ctx, c, o, work, path, v); err != nil {
-			return nil, err
-		}
-		// What is restored is the replayed snapshot: its status replaces
-		// the full's (the bump starts from its revision).
-		if v.Status, err = snapshot.Check(path); err != nil {
-			return nil, fmt.Errorf("the snapshot replayed from backup %q and its deltas does not check: %w", o.Name, err)
-		}
-	}
-	bump := o.Member.RevisionBump()
-	// etcd adds the bump without checking: past int64 the revision would
-	// wrap negative and the member would not start.
-	if bump > math.MaxInt64-v.Status.Revision {
-		return nil, fmt.Errorf("a revision bump of %d would take the snapshot's revision %d past the largest etcd can hold (%d); choose a smaller one (default %d)",
-			bump, v.Status.Revision, int64(math.MaxInt64), snapshot.DefaultRevisionBump)
-	}
-	movedTo, err := snapshot.Restore(path, o.Member)
-	if movedTo != "" && ev.MovedAside != nil {
-		ev.MovedAside(movedTo)
-	}
-	if err != nil {
-		return &Result{DataDir: dataDir, MovedTo: movedTo}, err
-	}
-	// Every backup of the cluster the server runs in holds the keys its
-	// trust rests on; the restored cluster must not trust them again.
-	revoked, err := snapshot.RevokeServerKeys(dataDir)
-	if err != nil {
-		return &Result{DataDir: dataDir, MovedTo: movedTo}, fmt.Errorf("restored %s, but could not remove the data server's key Secrets from it: %w; restore again, or delete Secrets %v of the server's namespace once the cluster runs",
-			dataDir, err, snapshot.ServerKeySecrets)
-	}
-	after := int64(0)
-	if len(revoked) > 0 {
-		after = 1
-	}
-	_ = os.RemoveAll(work)
-	return &Result{RevokedServerKeys: revoked,
-		DataDir: dataDir, MovedTo: movedTo,
-		// etcdutl bumps the snapshot's newest revision, the one its status
-		// reports.
-		SnapshotRevision: v.Status.Revision, Revision: v.Status.Revision + bump + after,
-		BumpRevision: bump, MarkedCompacted: o.Member.MarksCompacted(),
-		ToRevision: replayed.Revision, ReplayedRevisions: replayed.Revisions, PointTime: replayed.Time,
-	}, nil
-}
-
-// checkFile unpacks and checks a backup downloaded earlier.
-func checkFile(ctx context.Context, file, work string, ids []age.Identity) (string, Verified, error) {
-	path, err := snapshot.UnpackWith(ctx, file, work, ids)
-	if err != nil {
-		return "", Verified{}, fmt.Errorf("%s: %w", file, err)
-	}
-	st, err := snapshot.Check(path)
-	if err != nil {
-		return "", Verified{}, fmt.Errorf("%s is not a usable etcd snapshot, refusing to restore it: %w", file, err)
-	}
-	return path, Verified{File: file, Status: st}, nil
-}
-
-// FetchRequest says which backup Fetch downloads, where to and how to
-// decrypt it.
-type FetchRequest struct {
-	Name, Location string
-	// Dir keeps the stored bytes (resumable) and the plain snapshot.
-	Dir        string
-	Identities []age.Identity
-	Progress   func(done, total int64)
-	// SHA256, when set, is the stored SHA-256 the backup must have
-	// (ErrWrongBackup otherwise).
-	SHA256 string
-}
-
-// ErrWrongBackup is returned when the backup stored under the name is not
-// the one the restore was pinned to (Options.SHA256).
-var ErrWrongBackup = errors.New("the backup stored under this name is not the one this restore was started for")
-
-// Fetch downloads backup (name, location) through c into dir, verifying the
-// stored SHA-256, then decrypts it, undoes compression, checks the plain
-// snapshot's SHA-256 and etcd's trailer, and checks the result with
-// snapshot.Check. It returns the path of the etcd snapshot file. The
-// download resumes from a .part file left by an interrupted Fetch. An
-// encrypted backup without identities is refused before any byte is
-// downloaded (crypt.ErrIdentityRequired).
-func Fetch(ctx context.Context, c *client.Client, req FetchRequest) (string, Verified, error) {
-	name, dir := req.Name, req.Dir
-	stored := filepath.Join(dir, name+".backup")
-	var total int64
-	b, err := c.DownloadFile(ctx, client.FileDownload{
-		Path:    stored,
-		Replace: true,
-		DownloadRequest: client.DownloadRequest{
-			Name: name, Location: req.Location,
-			OnHeader: func(b *ebv1.Backup) error {
-				if req.SHA256 != "" && b.GetSha256() != req.SHA256 {
-					// Neither hash is named: the error reaches the agent's
-					// log and its Job's status.
-					return fmt.Errorf("backup %q: %w: its SHA-256 differs (it was replaced under the same name?); nothing was restored, start the restore again if the new content is what you want",
-						name, ErrWrongBackup)
-				}
-				if b.GetEncryption() != ebv1.EncryptionNone && len(req.Identities) == 0 {
-					return fmt.Errorf("backup %q: %w", name, crypt.ErrIdentityRequired)
-				}
-				total = b.GetSize()
-				return nil
-			},
-			Progress: func(n int64) {
-				if req.Progress != nil {
-					req.Progress(n, total)
-				}
-			},
+	res, err := member.Restore(ctx, c, o, member.Events{
+		Verified: func(v member.Verified) {
+			// No SHA-256 in the log (see the backup command).
+			log.Info("backup verified", "backup", o.Name, "revision", v.Status.Revision, "keys", v.Status.TotalKey)
 		},
+		MovedAside: func(to string) { log.Info("old data directory moved aside", "to", to) },
 	})
-	if errors.Is(err, crypt.ErrIdentityRequired) || errors.Is(err, ErrWrongBackup) {
-		return "", Verified{}, err
-	}
-	if errors.Is(err, client.ErrCorrupt) {
-		return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w: %w", name, snapshot.ErrCorrupt, err)
-	}
 	if err != nil {
-		return "", Verified{}, &DownloadError{Err: err}
+		return res, err
 	}
-	// The header was checked; the bytes are what the header says (the
-	// download verified them against it), so they are the pinned backup.
-	if req.SHA256 != "" && b.GetSha256() != req.SHA256 {
-		// Neither hash is named: the error reaches the agent's log and
-		// its Job's status.
-		return "", Verified{}, fmt.Errorf("backup %q: %w: its SHA-256 is not the one the restore was started for", name, ErrWrongBackup)
+	if d := o.Deltas; d != nil {
+		log.Info("delta segments replayed", "backup", o.Name, "segments", len(d.Segments), "replayedRevisions", res.ReplayedRevisions,
+			"toRevision", res.ToRevision, "pointTime", res.PointTime)
 	}
-	path := stored
-	// A plain stored backup was checked against its SHA-256 only; a packed
-	// one had etcd's trailer verified while WritePlainFile wrote it.
-	check := snapshot.Check
-	if form := snapshot.FormOf(b); form.Compression != ebv1.CompressionNone || form.Encryption != ebv1.EncryptionNone {
-		check = snapshot.CheckDatabase
-		path = filepath.Join(dir, name+".db")
-		in, err := os.Open(stored)
-		if err != nil {
-			return "", Verified{}, err
-		}
-		_, err = snapshot.WritePlainFile(ctx, path, in, form, req.Identities, nil)
-		in.Close()
-		if errors.Is(err, snapshot.ErrCorrupt) {
-			return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w", name, err)
-		}
-		if err != nil {
-			return "", Verified{}, fmt.Errorf("backup %q: %w", name, err)
-		}
-		os.Remove(stored)
+	log.Info("member data restored", "member", o.Member.Name, "dataDir", res.DataDir,
+		"snapshotRevision", res.SnapshotRevision, "revision", res.Revision, "bumpRevision", res.BumpRevision, "markedCompacted", res.MarkedCompacted)
+	if len(res.RevokedServerKeys) > 0 {
+		log.Warn("the restored cluster held the data server's Job-signing key and agent CA, as every backup of it does: their Secrets were removed one revision past the restored keyspace, and the server makes new ones within 30 s; agent Jobs of before are refused",
+			"member", o.Member.Name, "removed", res.RevokedServerKeys, "revision", res.Revision)
 	}
-	st, err := check(path)
-	if err != nil {
-		return "", Verified{}, fmt.Errorf("backup %q is corrupt, refusing to restore it: %w", name, err)
+	if res.BumpRevision == 0 {
+		log.Warn("revisions kept as in the snapshot (--bump-revision 0), nothing marked compacted: Kubernetes clients of this etcd (kube-apiserver's watch cache, informers, kubelets) may keep stale caches and miss changes; restart them",
+			"member", o.Member.Name, "revision", res.Revision)
 	}
-	return path, Verified{Backup: b, Status: st}, nil
+	return res, nil
 }

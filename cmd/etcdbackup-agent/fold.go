@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/fold"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 )
 
@@ -92,11 +91,7 @@ func readInputs(path string) (fold.Inputs, error) {
 	if err != nil {
 		return fold.Inputs{}, fmt.Errorf("--inputs-file %s: not the chain to fold: %w", path, err)
 	}
-	in := fold.Inputs{Full: restore.SegmentRef(chain.Full), ToRevision: chain.ToRevision}
-	for _, s := range chain.Segments {
-		in.Segments = append(in.Segments, restore.SegmentRef(s))
-	}
-	return in, nil
+	return fold.Inputs{Full: chain.Full, Segments: chain.Segments, ToRevision: chain.ToRevision}, nil
 }
 
 // limitedReader fails past left bytes, instead of cutting the JSON

@@ -35,6 +35,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/version"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/member"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
 
@@ -229,7 +230,7 @@ func (c commands) restore() *cobra.Command {
 		if f.BumpRevision < 0 {
 			return fmt.Errorf("--bump-revision %d is negative: give 0 to keep the snapshot's revisions, or a positive amount", f.BumpRevision)
 		}
-		o := restore.Options{
+		o := member.Options{
 			Name: f.Name, Location: f.Location, WorkDir: f.WorkDir, SHA256: f.SHA256,
 			Member: snapshot.Member{
 				DataDir: f.DataDir, Name: f.MemberName, InitialCluster: f.InitialCluster, InitialAdvertisePeerURLs: f.InitialAdvertisePeerURLs,
@@ -257,36 +258,8 @@ func (c commands) restore() *cobra.Command {
 			return err
 		}
 		defer conn.Close()
-		if deltas != nil {
-			log.Info("downloading backup and delta segments", "backup", o.Name, "location", o.Location, "segments", len(deltas.Segments), "point", deltas.Point.String())
-		} else {
-			log.Info("downloading backup", "backup", o.Name, "location", o.Location)
-		}
-		res, err := restore.Run(cmd.Context(), c, o, restore.Events{
-			Verified: func(v restore.Verified) {
-				// No SHA-256 in the log (see the backup command).
-				log.Info("backup verified", "backup", o.Name, "revision", v.Status.Revision, "keys", v.Status.TotalKey)
-			},
-			MovedAside: func(to string) { log.Info("old data directory moved aside", "to", to) },
-		})
-		if err != nil {
-			return err
-		}
-		if deltas != nil {
-			log.Info("delta segments replayed", "backup", o.Name, "segments", len(deltas.Segments), "replayedRevisions", res.ReplayedRevisions,
-				"toRevision", res.ToRevision, "pointTime", res.PointTime)
-		}
-		log.Info("member data restored", "member", o.Member.Name, "dataDir", res.DataDir,
-			"snapshotRevision", res.SnapshotRevision, "revision", res.Revision, "bumpRevision", res.BumpRevision, "markedCompacted", res.MarkedCompacted)
-		if len(res.RevokedServerKeys) > 0 {
-			log.Warn("the restored cluster held the data server's Job-signing key and agent CA, as every backup of it does: their Secrets were removed one revision past the restored keyspace, and the server makes new ones within 30 s; agent Jobs of before are refused",
-				"member", o.Member.Name, "removed", res.RevokedServerKeys, "revision", res.Revision)
-		}
-		if res.BumpRevision == 0 {
-			log.Warn("revisions kept as in the snapshot (--bump-revision 0), nothing marked compacted: Kubernetes clients of this etcd (kube-apiserver's watch cache, informers, kubelets) may keep stale caches and miss changes; restart them",
-				"member", o.Member.Name, "revision", res.Revision)
-		}
-		return nil
+		_, err = restore.Run(cmd.Context(), c, o, log)
+		return err
 	})
 	fl := cmd.Flags()
 	fl.StringVar(&f.Name, agentjob.FlagName, "", "backup to restore")

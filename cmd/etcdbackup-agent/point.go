@@ -9,9 +9,10 @@ import (
 	"os"
 	"time"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/member"
 )
 
 // restoreDeltas are the Deltas of a restore to a point, nil for a
@@ -19,7 +20,7 @@ import (
 // segments to replay, listed in a file (the server's Job shows its
 // annotation there through the downward API: a long chain does not fit
 // in args) whose SHA-256 is given in args.
-func restoreDeltas(f agentjob.RestoreFlags) (*restore.Deltas, error) {
+func restoreDeltas(f agentjob.RestoreFlags) (*member.Deltas, error) {
 	p := delta.Point{Revision: f.ToRevision, MinRevision: f.ToMinRevision}
 	if f.ToTime != "" {
 		t, err := time.Parse(time.RFC3339Nano, f.ToTime)
@@ -52,13 +53,9 @@ func restoreDeltas(f agentjob.RestoreFlags) (*restore.Deltas, error) {
 	if sum := sha256.Sum256(b); hex.EncodeToString(sum[:]) != f.SegmentsSHA256 {
 		return nil, fmt.Errorf("--segments-file %s is not the segment list this Job was started with (its SHA-256 differs from --segments-sha256; the pod's annotation was edited?); nothing was restored, start the restore again", f.SegmentsFile)
 	}
-	var pins []agentjob.Ref
-	if err := json.Unmarshal(b, &pins); err != nil {
+	var segs []fetch.Pin
+	if err := json.Unmarshal(b, &segs); err != nil {
 		return nil, fmt.Errorf("--segments-file %s: %w", f.SegmentsFile, err)
 	}
-	segs := make([]restore.SegmentRef, 0, len(pins))
-	for _, s := range pins {
-		segs = append(segs, restore.SegmentRef(s))
-	}
-	return &restore.Deltas{Segments: segs, Point: p, AllowLeaseLoss: f.AllowLeaseLoss}, nil
+	return &member.Deltas{Segments: segs, Point: p, AllowLeaseLoss: f.AllowLeaseLoss}, nil
 }

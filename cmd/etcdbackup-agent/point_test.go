@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
 )
 
 // The agent reads the segment list as the server's Job writes it
@@ -28,7 +28,7 @@ func TestRestorePointFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	if d.Point.Revision != 25 || !d.AllowLeaseLoss || len(d.Segments) != 2 ||
-		d.Segments[1] != (restore.SegmentRef{Name: "f1.delta-21", SHA256: strings.Repeat("c", 64)}) {
+		d.Segments[1] != (fetch.Pin{Name: "f1.delta-21", SHA256: strings.Repeat("c", 64)}) {
 		t.Fatalf("deltas %+v", d)
 	}
 	d, err = restoreDeltas(agentjob.RestoreFlags{ToTime: "2026-03-01T10:05:00Z", SegmentsFile: file, SegmentsSHA256: digest})

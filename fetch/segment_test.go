@@ -1,4 +1,4 @@
-package restore
+package fetch
 
 import (
 	"bytes"
@@ -7,9 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
-	"time"
 
 	"filippo.io/age"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -20,29 +18,6 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/agetest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
-
-const pin = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-
-func TestValidateDeltas(t *testing.T) {
-	m := snapshot.Member{Name: "m1", DataDir: "/tmp/x", InitialCluster: "m1=http://127.0.0.1:2380", InitialAdvertisePeerURLs: []string{"http://127.0.0.1:2380"}}
-	ok := &Deltas{Segments: []SegmentRef{{Name: "b.delta-11", SHA256: pin}}, Point: delta.Point{Revision: 20}}
-	if err := (Options{Name: "b", Member: m, Deltas: ok}).Validate(); err != nil {
-		t.Fatal(err)
-	}
-	for name, tc := range map[string]struct {
-		o    Options
-		want string
-	}{
-		"from a file": {Options{FromFile: "/x.db", Member: m, Deltas: ok}, "cannot start from a downloaded file"},
-		"unpinned":    {Options{Name: "b", Member: m, Deltas: &Deltas{Segments: []SegmentRef{{Name: "b.delta-11"}}}}, "not a SHA-256"},
-		"nameless":    {Options{Name: "b", Member: m, Deltas: &Deltas{Segments: []SegmentRef{{SHA256: pin}}}}, "without a name"},
-		"both points": {Options{Name: "b", Member: m, Deltas: &Deltas{Point: delta.Point{Revision: 1, Time: time.Unix(1, 0)}}}, "not both"},
-	} {
-		if err := tc.o.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v, want an error containing %q", name, err, tc.want)
-		}
-	}
-}
 
 // A segment stored compressed and encrypted, as the delta agent stores
 // it, unpacks to the segment written.
@@ -84,7 +59,7 @@ func TestUnpackSegment(t *testing.T) {
 			if err := os.WriteFile(in, stored, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			if err := unpackSegment(ctx, in, out, f, Options{Identities: []age.Identity{key.Identity}}); err != nil {
+			if err := unpackSegment(ctx, in, out, f, Request{Identities: []age.Identity{key.Identity}}); err != nil {
 				t.Fatal(err)
 			}
 			got, _ := os.ReadFile(out)
@@ -92,7 +67,7 @@ func TestUnpackSegment(t *testing.T) {
 				t.Fatal("the unpacked segment differs from the one written")
 			}
 			if f.Encryption != "" {
-				err := unpackSegment(ctx, in, out, f, Options{})
+				err := unpackSegment(ctx, in, out, f, Request{})
 				if !errors.Is(err, crypt.ErrIdentityRequired) && !errors.Is(err, crypt.ErrNoMatchingIdentity) {
 					t.Fatalf("without an identity: %v", err)
 				}

@@ -19,8 +19,8 @@ import (
 // stale or altered file costs that command the time it saves, never its
 // correctness.
 
-// prefetchHint is what the file holds.
-type prefetchHint struct {
+// podHint is what the file holds.
+type podHint struct {
 	Pod  string `json:"pod"`
 	Port int32  `json:"port"`
 }
@@ -29,9 +29,9 @@ type prefetchHint struct {
 // into a directory name, as kubectl's discovery cache has them.
 var unsafeHostChars = regexp.MustCompile(`[^\w.-]`)
 
-// prefetchHintPath is where the hint for host and the server's Service
+// podHintPath is where the hint for host and the server's Service
 // is kept, or "" when there is no cache directory.
-func (g *GlobalOptions) prefetchHintPath(host string) string {
+func (g *GlobalOptions) podHintPath(host string) string {
 	if g.ConfigFlags.CacheDir == nil || *g.ConfigFlags.CacheDir == "" {
 		return ""
 	}
@@ -41,14 +41,14 @@ func (g *GlobalOptions) prefetchHintPath(host string) string {
 		unsafeHostChars.ReplaceAllString(g.namespace()+"_"+g.ServerService, "_")+".json")
 }
 
-// usePrefetchHint gives d the hint kept at path, if any, and has d keep
+// usePodHint gives d the hint kept at path, if any, and has d keep
 // the endpoint it resolves there for the next command. Failing to read
 // or write the file only costs the time a hint saves.
-func usePrefetchHint(d *tunnel.Dialer, path string) {
+func usePodHint(d *tunnel.Dialer, path string) {
 	if path == "" {
 		return
 	}
-	var h prefetchHint
+	var h podHint
 	if data, err := os.ReadFile(path); err == nil && json.Unmarshal(data, &h) == nil {
 		d.SetHint(tunnel.Hint{Pod: h.Pod, Port: h.Port})
 	}
@@ -58,7 +58,7 @@ func usePrefetchHint(d *tunnel.Dialer, path string) {
 	d.Resolved = func(ep *tunnel.Endpoint) {
 		mu.Lock()
 		defer mu.Unlock()
-		next := prefetchHint{Pod: ep.Pod.Name, Port: ep.Port}
+		next := podHint{Pod: ep.Pod.Name, Port: ep.Port}
 		if next == h {
 			return
 		}

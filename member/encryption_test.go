@@ -1,4 +1,4 @@
-package restore_test
+package member_test
 
 import (
 	"bytes"
@@ -12,10 +12,10 @@ import (
 	"filippo.io/age"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/agetest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/member"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
@@ -83,12 +83,12 @@ func TestEncryptedBackupIsOpaqueAndRestorable(t *testing.T) {
 			}
 
 			dataDir := filepath.Join(t.TempDir(), "data")
-			m, peer := member(t, dataDir)
+			m, peer := memberAt(t, dataDir)
 			ids, err := crypt.ReadIdentityFiles(key.File)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := restore.Run(context.Background(), srv.Client, restore.Options{Name: "enc", Member: m, Identities: ids}, restore.Events{}); err != nil {
+			if _, err := member.Restore(context.Background(), srv.Client, member.Options{Name: "enc", Member: m, Identities: ids}, member.Events{}); err != nil {
 				t.Fatal(err)
 			}
 			if got := readMarker(t, m, peer); got != marker {
@@ -108,8 +108,8 @@ func TestEncryptedBackupRefusals(t *testing.T) {
 
 	try := func(ids []age.Identity, fromFile string) error {
 		dataDir := filepath.Join(t.TempDir(), "data")
-		m, _ := member(t, dataDir)
-		_, err := restore.Run(ctx, srv.Client, restore.Options{Name: "enc", Member: m, Identities: ids, FromFile: fromFile}, restore.Events{})
+		m, _ := memberAt(t, dataDir)
+		_, err := member.Restore(ctx, srv.Client, member.Options{Name: "enc", Member: m, Identities: ids, FromFile: fromFile}, member.Events{})
 		if _, serr := os.Stat(dataDir); !errors.Is(serr, os.ErrNotExist) {
 			t.Errorf("data dir created after %v", err)
 		}

@@ -20,7 +20,7 @@ import (
 // "etcdbackup-trace <unix microseconds> <phase>" line each: with the time
 // the process was started (a benchmark's exec) they say where a command's
 // latency goes. It is for measuring, not for users: it has no flag, and
-// the product's build leaves it out (latency_notrace.go), so no package
+// the product's build leaves it out (phasetrace_off.go), so no package
 // global there writes around IOStreams.
 var traceOn = os.Getenv("KUBECTL_ETCDBACKUP_TRACE") == "1"
 

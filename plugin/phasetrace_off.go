@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// The product's build has no phase trace: these are latency_trace.go's
+// The product's build has no phase trace: these are phasetrace.go's
 // hooks doing nothing (build with -tags etcdbackup_trace to measure).
 
 var traceInit time.Time

@@ -14,24 +14,24 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tunnel"
 )
 
-func TestPrefetchHintPath(t *testing.T) {
+func TestPodHintPath(t *testing.T) {
 	dir := t.TempDir()
 	g := &GlobalOptions{ConfigFlags: genericclioptions.NewConfigFlags(true), ServerService: "etcdbackup"}
 	g.ConfigFlags.CacheDir = &dir
-	got := g.prefetchHintPath("https://10.0.0.1:6443/some path")
+	got := g.podHintPath("https://10.0.0.1:6443/some path")
 	if want := filepath.Join(dir, "etcdbackup", "10.0.0.1_6443_some_path", DefaultNamespace+"_etcdbackup.json"); got != want {
 		t.Errorf("hint path %q, want %q", got, want)
 	}
 	empty := ""
 	g.ConfigFlags.CacheDir = &empty
-	if got := g.prefetchHintPath("https://10.0.0.1:6443"); got != "" {
+	if got := g.podHintPath("https://10.0.0.1:6443"); got != "" {
 		t.Errorf("hint path without a cache dir: %q, want none", got)
 	}
 }
 
 // The endpoint a dial resolves is kept for the next command, written
 // only when it changed; a missing or damaged file is no hint.
-func TestPrefetchHintKept(t *testing.T) {
+func TestPodHintKept(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "etcdbackup", "host", "ns_svc.json")
 	newDialer := func() *tunnel.Dialer {
 		d, err := tunnel.New(&rest.Config{Host: "https://127.0.0.1:1"}, tunnel.Target{Namespace: "ns", Service: "svc"})
@@ -45,7 +45,7 @@ func TestPrefetchHintKept(t *testing.T) {
 	}
 
 	d := newDialer()
-	usePrefetchHint(d, path)
+	usePodHint(d, path)
 	d.Resolved(ep("server-1"))
 	data, err := os.ReadFile(path)
 	if err != nil || string(data) != `{"pod":"server-1","port":9443}` {
@@ -57,7 +57,7 @@ func TestPrefetchHintKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	d = newDialer()
-	usePrefetchHint(d, path)
+	usePodHint(d, path)
 	d.Resolved(ep("server-1"))
 	// Changed, and the directory not writable: no error, the old hint stays.
 	d.Resolved(ep("server-2"))
@@ -72,7 +72,7 @@ func TestPrefetchHintKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	d = newDialer()
-	usePrefetchHint(d, path)
+	usePodHint(d, path)
 	d.Resolved(ep("server-3"))
 	if data, _ := os.ReadFile(path); string(data) != `{"pod":"server-3","port":9443}` {
 		t.Fatalf("hint file after a damaged one: %q", data)

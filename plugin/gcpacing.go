@@ -7,13 +7,13 @@ import "runtime/debug"
 // takes.
 const listHeapLimit = 64 << 20
 
-// latencyFirst turns the garbage collector's pacing off up to
+// gcOnlyAtHeapLimit turns the garbage collector's pacing off up to
 // listHeapLimit for a command that is over in tens of milliseconds and
 // allocates a few MiB: its background workers otherwise take a core from
 // the TLS handshakes and decoding on the way to the first answer (on two
 // cores, 5–10 ms of a list). It returns the function that restores the
 // settings.
-func latencyFirst() (restore func()) {
+func gcOnlyAtHeapLimit() (restore func()) {
 	gc := debug.SetGCPercent(-1)
 	limit := debug.SetMemoryLimit(listHeapLimit)
 	return func() {
