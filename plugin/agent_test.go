@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 )
 
@@ -20,7 +21,7 @@ type agentAs struct {
 func (g *agentAs) set(target, backup string, scheduled bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.a = auth.Agent{Kind: auth.AgentBackup, JobNamespace: serverNS, JobName: "backup-" + backup,
+	g.a = auth.Agent{Kind: agentjob.Backup, JobNamespace: serverNS, JobName: "backup-" + backup,
 		Backup: backup, Location: "default", Target: target, Scheduled: scheduled}
 }
 

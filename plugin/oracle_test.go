@@ -23,6 +23,7 @@ import (
 
 	agentdelta "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/fold"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
@@ -152,7 +153,7 @@ func oracleRound(t *testing.T, seed uint64, deadline time.Time) int {
 	}
 	stop()
 	o.w.fence.transitions.Add(1)
-	chain3 := o.replica(t, auth.Agent{Kind: auth.AgentDelta, JobNamespace: serverNS, JobName: "delta-cp-3", Backup: folded, Location: "default", Target: "cp", Pod: "delta-pod"})
+	chain3 := o.replica(t, auth.Agent{Kind: agentjob.Delta, JobNamespace: serverNS, JobName: "delta-cp-3", Backup: folded, Location: "default", Target: "cp", Pod: "delta-pod"})
 	store3 := &agentdelta.ServerStore{Client: chain3.AgentClient, Chain: folded, Target: "cp"}
 	stop = o.runAgent(t, store3, folded)
 	o.workload(t, 20)
@@ -178,9 +179,9 @@ func oracleRound(t *testing.T, seed uint64, deadline time.Time) int {
 	if chain3End > oldLast {
 		t.Fatalf("the chain of %s holds revisions up to %d, past the old history's end %d: it took writes of the new history", folded, chain3End, oldLast)
 	}
-	full4 := o.takeFull(t, o.replica(t, auth.Agent{Kind: auth.AgentBackup, JobNamespace: serverNS, JobName: "backup-cp-full4", Backup: "cp-full4", Location: "default", Target: "cp"}), "cp-full4")
+	full4 := o.takeFull(t, o.replica(t, auth.Agent{Kind: agentjob.Backup, JobNamespace: serverNS, JobName: "backup-cp-full4", Backup: "cp-full4", Location: "default", Target: "cp"}), "cp-full4")
 	o.w.fence.transitions.Add(1)
-	chain4 := o.replica(t, auth.Agent{Kind: auth.AgentDelta, JobNamespace: serverNS, JobName: "delta-cp-4", Backup: "cp-full4", Location: "default", Target: "cp", Pod: "delta-pod"})
+	chain4 := o.replica(t, auth.Agent{Kind: agentjob.Delta, JobNamespace: serverNS, JobName: "delta-cp-4", Backup: "cp-full4", Location: "default", Target: "cp", Pod: "delta-pod"})
 	store4 := &agentdelta.ServerStore{Client: chain4.AgentClient, Chain: "cp-full4", Target: "cp"}
 	stop = o.runAgent(t, store4, "cp-full4")
 	var afterRestore []timed
@@ -359,7 +360,7 @@ func (o *oracle) fold(t *testing.T, chain string, rev int64) string {
 		pins[r.Name] = r.SHA256
 	}
 	name := jobs.FoldName("cp", rev)
-	folder := o.replica(t, auth.Agent{Kind: auth.AgentFold, JobNamespace: serverNS, JobName: "fold-cp", Backup: name, Location: "default", Target: "cp", Inputs: pins})
+	folder := o.replica(t, auth.Agent{Kind: agentjob.Fold, JobNamespace: serverNS, JobName: "fold-cp", Backup: name, Location: "default", Target: "cp", Inputs: pins})
 	res, err := fold.Run(ctx, folder.AgentClient, fold.Options{Inputs: in, Target: "cp", Name: name, Compression: ebv1.CompressionZstd, ScratchDir: t.TempDir()})
 	if err != nil || !res.Succeeded {
 		t.Fatalf("fold of %s to %d: %+v, %v", chain, rev, res, err)
@@ -378,8 +379,8 @@ func newOracle(t *testing.T, seed uint64) *oracle {
 		})
 	}
 	o.replica = func(t *testing.T, a auth.Agent) *servertest.Server { return replica(a) }
-	o.fullUp = replica(auth.Agent{Kind: auth.AgentBackup, JobNamespace: serverNS, JobName: "backup-cp-full2", Backup: "cp-full2", Location: "default", Target: "cp"})
-	o.chain2 = replica(auth.Agent{Kind: auth.AgentDelta, JobNamespace: serverNS, JobName: "delta-cp-2", Backup: "cp-full2", Location: "default", Target: "cp", Pod: "delta-pod"})
+	o.fullUp = replica(auth.Agent{Kind: agentjob.Backup, JobNamespace: serverNS, JobName: "backup-cp-full2", Backup: "cp-full2", Location: "default", Target: "cp"})
+	o.chain2 = replica(auth.Agent{Kind: agentjob.Delta, JobNamespace: serverNS, JobName: "delta-cp-2", Backup: "cp-full2", Location: "default", Target: "cp", Pod: "delta-pod"})
 	return o
 }
 

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	agentdelta "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
@@ -259,7 +260,7 @@ func newCaptureWorld(tb testing.TB) *captureWorld {
 		tb.Fatal(err)
 	}
 	w.agent.mu.Lock()
-	w.agent.a = auth.Agent{Kind: auth.AgentDelta, JobNamespace: serverNS, JobName: "delta-cp", Backup: "cp-full", Location: "default", Target: "cp", Pod: "delta-pod"}
+	w.agent.a = auth.Agent{Kind: agentjob.Delta, JobNamespace: serverNS, JobName: "delta-cp", Backup: "cp-full", Location: "default", Target: "cp", Pod: "delta-pod"}
 	w.agent.mu.Unlock()
 	w.store = &agentdelta.ServerStore{Client: w.srv.AgentClient, Chain: "cp-full", Target: "cp"}
 	return w

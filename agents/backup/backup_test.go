@@ -22,10 +22,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
@@ -84,7 +84,7 @@ func TestBackupEqualsSnapshotSave(t *testing.T) {
 			}
 			// Through the agent listener, as the Job's agent the guard admitted.
 			srv := servertest.StartWith(t, servertest.Options{AgentGuard: servertest.AsAgent{
-				Kind: auth.AgentBackup, JobNamespace: "etcdbackup-system", JobName: "backup-b1-0123456789",
+				Kind: agentjob.Backup, JobNamespace: "etcdbackup-system", JobName: "backup-b1-0123456789",
 				Backup: "b1", Location: "default", Target: "test-etcd",
 			}})
 
@@ -304,7 +304,7 @@ func TestBackupRecordsTheSnapshotsOwnStatus(t *testing.T) {
 	c := te.Client(t)
 	etcdtest.Fill(t, c, 2000, 1024)
 	srv := servertest.StartWith(t, servertest.Options{AgentGuard: servertest.AsAgent{
-		Kind: auth.AgentBackup, JobNamespace: "etcdbackup-system", JobName: "backup-b1-0123456789",
+		Kind: agentjob.Backup, JobNamespace: "etcdbackup-system", JobName: "backup-b1-0123456789",
 		Backup: "b1", Location: "default", Target: "test-etcd",
 	}})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -353,7 +353,7 @@ func TestBackupFailsWithoutScratchSpace(t *testing.T) {
 	c := te.Client(t)
 	etcdtest.Fill(t, c, 200, 1024)
 	srv := servertest.StartWith(t, servertest.Options{AgentGuard: servertest.AsAgent{
-		Kind: auth.AgentBackup, JobNamespace: "etcdbackup-system", JobName: "backup-b1-0123456789",
+		Kind: agentjob.Backup, JobNamespace: "etcdbackup-system", JobName: "backup-b1-0123456789",
 		Backup: "b1", Location: "default", Target: "test-etcd",
 	}})
 	_, err := backup.Run(context.Background(), c, srv.AgentClient, backup.Options{

@@ -75,11 +75,9 @@ type measured struct {
 // full) is a Result with NoVerdict and a message that says what to fix.
 // It returns an error only when ctx ended or no scratch directory was
 // given.
-func Run(ctx context.Context, c *client.Client, o Options) (Result, error) {
-	start := time.Now()
-	res, err := run(ctx, c, o)
-	res.Duration = time.Since(start)
-	return res, err
+func Run(ctx context.Context, c *client.Client, o Options) (res Result, err error) {
+	defer func(start time.Time) { res.Duration = time.Since(start) }(time.Now())
+	return run(ctx, c, o)
 }
 
 func run(ctx context.Context, c *client.Client, o Options) (Result, error) {

@@ -101,11 +101,9 @@ type Result = agentjob.FoldVerdict
 // backup, the scratch space is unusable); a chain that does not replay,
 // or replays to something etcd does not serve at its last revision, is a
 // Result with Succeeded false and nothing stored.
-func Run(ctx context.Context, c *client.Client, o Options) (Result, error) {
-	start := time.Now()
-	res, err := run(ctx, c, o)
-	res.Duration = time.Since(start)
-	return res, err
+func Run(ctx context.Context, c *client.Client, o Options) (res Result, err error) {
+	defer func(start time.Time) { res.Duration = time.Since(start) }(time.Now())
+	return run(ctx, c, o)
 }
 
 func run(ctx context.Context, c *client.Client, o Options) (Result, error) {

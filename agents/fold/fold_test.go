@@ -22,6 +22,7 @@ import (
 
 	agentdelta "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/fold"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/fetch"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
@@ -110,7 +111,7 @@ func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	guard.set(auth.Agent{Kind: auth.AgentBackup, JobNamespace: "etcdbackup", JobName: "backup-cp-full", Backup: "cp-full", Location: "default", Target: "cp"})
+	guard.set(auth.Agent{Kind: agentjob.Backup, JobNamespace: "etcdbackup", JobName: "backup-cp-full", Backup: "cp-full", Location: "default", Target: "cp"})
 	f, err := os.Open(snap)
 	if err != nil {
 		t.Fatal(err)
@@ -123,7 +124,7 @@ func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 
 	// The delta agent of cp on cp-full's chain, under writes of every
 	// kind: puts, overwrites, deletes, a transaction, a leased key.
-	guard.set(auth.Agent{Kind: auth.AgentDelta, JobNamespace: "etcdbackup", JobName: "delta-cp", Backup: "cp-full", Location: "default", Target: "cp", Pod: "delta-pod"})
+	guard.set(auth.Agent{Kind: agentjob.Delta, JobNamespace: "etcdbackup", JobName: "delta-cp", Backup: "cp-full", Location: "default", Target: "cp", Pod: "delta-pod"})
 	store := &agentdelta.ServerStore{Client: srv.AgentClient, Chain: "cp-full", Target: "cp"}
 	capCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -199,7 +200,7 @@ func TestFoldAChainCapturedFromARealEtcd(t *testing.T) {
 	}
 
 	name := jobs.FoldName("cp", newest)
-	guard.set(auth.Agent{Kind: auth.AgentFold, JobNamespace: "etcdbackup", JobName: "fold-cp", Backup: name, Location: "default", Target: "cp", Inputs: pins})
+	guard.set(auth.Agent{Kind: agentjob.Fold, JobNamespace: "etcdbackup", JobName: "fold-cp", Backup: name, Location: "default", Target: "cp", Inputs: pins})
 	// Uncompressed, as targets store by default (the oracle folds with
 	// zstd): the plain snapshot goes to the server as it is read.
 	res, err := fold.Run(ctx, srv.AgentClient, fold.Options{Inputs: in, Target: "cp", Name: name, Compression: ebv1.CompressionNone, ScratchDir: t.TempDir()})

@@ -25,7 +25,6 @@ import (
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
@@ -103,7 +102,7 @@ func startElected(ctx context.Context, t *testing.T, kube kubernetes.Interface, 
 	}
 	pod, _, _ := strings.Cut(el.identity, "_")
 	srv := servertest.StartWith(t, servertest.Options{Agents: launcher,
-		AgentGuard: servertest.AsAgent{Kind: auth.AgentDelta, Target: "t", Pod: pod, JobNamespace: "etcdbackup", JobName: "delta-t"}})
+		AgentGuard: servertest.AsAgent{Kind: agentjob.Delta, Target: "t", Pod: pod, JobNamespace: "etcdbackup", JobName: "delta-t"}})
 	lock := delta.NewServerLock(srv.AgentClient.Agents, el.name, el.identity)
 	r := &electedRun{done: make(chan struct{})}
 	go func() {

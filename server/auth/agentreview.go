@@ -182,14 +182,9 @@ func (r *agentReviewer) authenticate(ctx context.Context, token string, c agentC
 	}
 	// Concurrent calls with one token share one review: the cache alone
 	// would let each of them miss it and ask the API server too.
-	v, err := shared(ctx, &r.flight, string(key[:]), func(ctx context.Context) any {
+	return sharedReview(ctx, &r.flight, string(key[:]), func(ctx context.Context) reviewEntry {
 		return r.review(ctx, key, token, c, known)
 	})
-	if err != nil {
-		return authnv1.UserInfo{}, err
-	}
-	e := v.(reviewEntry)
-	return e.user, e.err
 }
 
 func (r *agentReviewer) cached(key [32]byte) (reviewEntry, bool) {
@@ -241,6 +236,16 @@ func shared(ctx context.Context, g *singleflight.Group, key string, fn func(cont
 	case <-ctx.Done():
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
+}
+
+// sharedReview is shared for a TokenReview, its answer unpacked.
+func sharedReview(ctx context.Context, g *singleflight.Group, key string, review func(context.Context) reviewEntry) (authnv1.UserInfo, error) {
+	v, err := shared(ctx, g, key, func(ctx context.Context) any { return review(ctx) })
+	if err != nil {
+		return authnv1.UserInfo{}, err
+	}
+	e := v.(reviewEntry)
+	return e.user, e.err
 }
 
 // precheck refuses a token that cannot be an agent's, from its

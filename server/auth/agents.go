@@ -38,18 +38,8 @@ const (
 	MethodPutDeltaLease = ebv1.AgentService_PutDeltaLease_FullMethodName
 )
 
-// Kinds of agent, as Agent.Kind names them: agentjob.Kinds' rows,
-// whose columns say what each may do here.
-const (
-	AgentBackup  = string(agentjob.Backup)
-	AgentRestore = string(agentjob.Restore)
-	AgentDrill   = string(agentjob.Drill)
-	AgentDelta   = string(agentjob.Delta)
-	AgentFold    = string(agentjob.Fold)
-)
-
 // spec is a's kind's row.
-func (a *Agent) spec() agentjob.Spec { return agentjob.Of(agentjob.Kind(a.Kind)) }
+func (a *Agent) spec() agentjob.Spec { return agentjob.Of(a.Kind) }
 
 // Downloads says whether a's kind reads a backup (agentjob.Spec.Downloads):
 // restore and drill agents, each only the one its Job pins, and fold
@@ -92,8 +82,8 @@ func kindList(conj, suffix string, can func(agentjob.Spec) bool) string {
 // from the API server: the Job its pod belongs to and what that Job was
 // created for. Handlers hold the call to exactly this.
 type Agent struct {
-	// Kind is one of agentjob.Kinds (AgentBackup, AgentRestore …).
-	Kind string
+	// Kind is the kind of its Job, one of agentjob.Kinds.
+	Kind agentjob.Kind
 	// JobNamespace and JobName name the agent's Job.
 	JobNamespace, JobName string
 	// Backup and Location are the backup the Job works on (the location
@@ -130,7 +120,7 @@ func (a *Agent) MayDownload(name, location string) (string, error) {
 	if location != a.Location {
 		return "", status.Errorf(codes.PermissionDenied, "%s may download only from location %q, not %q", a, a.Location, location)
 	}
-	if a.Kind == AgentFold {
+	if a.Kind == agentjob.Fold {
 		if sha, ok := a.Inputs[name]; ok && sha != "" {
 			return sha, nil
 		}
@@ -429,7 +419,7 @@ func (g *AgentGuard) checkKind(name string, job *batchv1.Job, c jobs.JobClaims, 
 		return status.Errorf(codes.PermissionDenied, "Job %s is not a %s agent (label %s=%q)", name,
 			kindList("or", "", func(agentjob.Spec) bool { return true }), jobs.LabelComponent, job.Labels[jobs.LabelComponent])
 	}
-	a.Kind = string(kind.Kind)
+	a.Kind = kind.Kind
 	switch {
 	case kind.InRestoreNamespace && job.Namespace != restoreNS:
 		return status.Errorf(codes.PermissionDenied, "%s Job %s is not in namespace %s, where restores of target %q run", kind.Kind, name, restoreNS, c.Target)

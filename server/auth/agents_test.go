@@ -582,7 +582,7 @@ func TestAgentGuardFoldAgent(t *testing.T) {
 			t.Fatalf("%s: %v", m, err)
 		}
 		a, _ := auth.AgentFrom(ctx)
-		want := auth.Agent{Kind: auth.AgentFold, JobNamespace: serverNS, JobName: fj.Name, Backup: "app-fold-20", Location: "default", Target: target.Name,
+		want := auth.Agent{Kind: agentjob.Fold, JobNamespace: serverNS, JobName: fj.Name, Backup: "app-fold-20", Location: "default", Target: target.Name,
 			Pod: "fold-pod", Inputs: map[string]string{"b1": sum, "b1.delta-11": seg}}
 		if !reflect.DeepEqual(*a, want) {
 			t.Fatalf("agent %+v, want %+v", a, want)
@@ -642,7 +642,7 @@ func TestAgentGuardDeltaAgent(t *testing.T) {
 			t.Fatalf("%s: %v", m, err)
 		}
 		a, _ := auth.AgentFrom(ctx)
-		if a.Kind != auth.AgentDelta || a.Target != target.Name || a.Pod != "delta-pod" || a.Backup != "b1" {
+		if a.Kind != agentjob.Delta || a.Target != target.Name || a.Pod != "delta-pod" || a.Backup != "b1" {
 			t.Fatalf("%s: agent %+v", m, a)
 		}
 	}
@@ -699,7 +699,7 @@ func TestAgentGuardFollowsTheKindTable(t *testing.T) {
 				case may && err != nil:
 					t.Errorf("%s: %v; its row allows it", method, err)
 				case may:
-					if a, _ := auth.AgentFrom(admitted); a == nil || a.Kind != string(kind.Kind) || a.JobName != j.Name {
+					if a, _ := auth.AgentFrom(admitted); a == nil || a.Kind != kind.Kind || a.JobName != j.Name {
 						t.Errorf("%s: admitted as %+v", method, a)
 					}
 				case status.Code(err) != codes.PermissionDenied:

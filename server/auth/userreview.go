@@ -161,14 +161,9 @@ func (r *userReviewer) authenticate(ctx context.Context, key [32]byte, token str
 	if e, ok := r.cachedUser(key); ok {
 		return e.user, e.err
 	}
-	v, err := shared(ctx, &r.flight, "token/"+string(key[:]), func(ctx context.Context) any {
+	return sharedReview(ctx, &r.flight, "token/"+string(key[:]), func(ctx context.Context) reviewEntry {
 		return r.tokenReview(ctx, key, token, exp)
 	})
-	if err != nil {
-		return authnv1.UserInfo{}, err
-	}
-	e := v.(reviewEntry)
-	return e.user, e.err
 }
 
 func (r *userReviewer) cachedUser(key [32]byte) (reviewEntry, bool) {

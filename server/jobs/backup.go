@@ -35,7 +35,7 @@ type BackupSpec struct {
 }
 
 func backupJobName(location, backup string) string {
-	return KindBackup.JobName(backup, runID(location, backup))
+	return agentjob.Backup.JobName(backup, runID(location, backup))
 }
 
 // StartBackup creates the agent Job for spec. A finished, failed Job of the
@@ -57,7 +57,7 @@ func (l *Launcher) backupJob(spec BackupSpec) *batchv1.Job {
 	mounts := []corev1.VolumeMount{{Name: "work", MountPath: workMountPath}}
 	flags.Etcd, volumes, mounts = etcdAccess(t, volumes, mounts)
 	job := l.agentJob(jobMeta{
-		name: backupJobName(spec.Location, spec.Name), namespace: l.namespaceOf(KindBackup, t), run: runID(spec.Location, spec.Name),
+		name: backupJobName(spec.Location, spec.Name), namespace: l.namespaceOf(agentjob.Backup, t), run: runID(spec.Location, spec.Name),
 		annotations: map[string]string{AnnotationBackup: spec.Name, AnnotationLocation: spec.Location, AnnotationTarget: t.Name},
 	}, agentSecurityContext(), flags, volumes, mounts)
 	if spec.Scheduled {
@@ -93,7 +93,7 @@ type Run struct {
 // Job name, from the cache. A Job being deleted is left out, and so is a
 // finished Job whose backup was forgotten (ForgetBackup).
 func (l *Launcher) List(ctx context.Context) ([]Run, error) {
-	return listRuns(l, KindBackup, func(j *batchv1.Job, phase Phase, msg string) (Run, bool) {
+	return listRuns(l, agentjob.Backup, func(j *batchv1.Job, phase Phase, msg string) (Run, bool) {
 		return Run{
 			Name: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation], Target: j.Annotations[AnnotationTarget],
 			Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, JobName: j.Name,

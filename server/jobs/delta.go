@@ -37,7 +37,7 @@ type DeltaSpec struct {
 }
 
 func deltaJobName(target, chain string) string {
-	return KindDelta.JobName(target, runID("delta", target, chain))
+	return agentjob.Delta.JobName(target, runID("delta", target, chain))
 }
 
 // StartDelta creates the delta agent Job of spec in the server's
@@ -58,7 +58,7 @@ func (l *Launcher) deltaJob(spec DeltaSpec) *batchv1.Job {
 	var mounts []corev1.VolumeMount
 	flags.Etcd, volumes, mounts = etcdAccess(t, volumes, mounts)
 	job := l.agentJob(jobMeta{
-		name: deltaJobName(t.Name, spec.Chain), namespace: l.namespaceOf(KindDelta, t), run: runID("delta", t.Name, spec.Chain),
+		name: deltaJobName(t.Name, spec.Chain), namespace: l.namespaceOf(agentjob.Delta, t), run: runID("delta", t.Name, spec.Chain),
 		annotations: map[string]string{AnnotationBackup: spec.Chain, AnnotationLocation: spec.Location, AnnotationTarget: t.Name},
 	}, agentSecurityContext(), flags, volumes, mounts)
 	pod := &job.Spec.Template.Spec
@@ -87,7 +87,7 @@ type DeltaRun struct {
 // Deltas returns every delta agent Job in the server's namespace, from the
 // cache.
 func (l *Launcher) Deltas(ctx context.Context) ([]DeltaRun, error) {
-	return listRuns(l, KindDelta, func(j *batchv1.Job, phase Phase, msg string) (DeltaRun, bool) {
+	return listRuns(l, agentjob.Delta, func(j *batchv1.Job, phase Phase, msg string) (DeltaRun, bool) {
 		r := DeltaRun{
 			Target: j.Annotations[AnnotationTarget], Chain: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation],
 			JobName: j.Name, Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, FinishTime: finishTime(j),

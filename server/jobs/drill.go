@@ -24,7 +24,7 @@ type DrillSpec struct {
 }
 
 func drillJobName(location, backup string) string {
-	return KindDrill.JobName(backup, runID("drill", location, backup))
+	return agentjob.Drill.JobName(backup, runID("drill", location, backup))
 }
 
 // StartDrill creates the drill agent Job for spec in the server's
@@ -53,7 +53,7 @@ func (l *Launcher) drillJob(spec DrillSpec) *batchv1.Job {
 		volumes, mounts = append(volumes, v), append(mounts, m)
 	}
 	job := l.agentJob(jobMeta{
-		name: drillJobName(spec.Location, spec.Backup), namespace: l.namespaceOf(KindDrill, config.Target{Name: spec.Target}), run: runID("drill", spec.Location, spec.Backup),
+		name: drillJobName(spec.Location, spec.Backup), namespace: l.namespaceOf(agentjob.Drill, config.Target{Name: spec.Target}), run: runID("drill", spec.Location, spec.Backup),
 		annotations: map[string]string{
 			AnnotationBackup: spec.Backup, AnnotationLocation: spec.Location, AnnotationTarget: spec.Target, AnnotationSHA256: spec.SHA256,
 		},
@@ -84,7 +84,7 @@ type DrillRun struct {
 // Drills returns every drill agent Job in the server's namespace, from
 // the cache.
 func (l *Launcher) Drills(ctx context.Context) ([]DrillRun, error) {
-	return listRuns(l, KindDrill, func(j *batchv1.Job, phase Phase, msg string) (DrillRun, bool) {
+	return listRuns(l, agentjob.Drill, func(j *batchv1.Job, phase Phase, msg string) (DrillRun, bool) {
 		r := DrillRun{
 			Backup: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation], Target: j.Annotations[AnnotationTarget],
 			SHA256: j.Annotations[AnnotationSHA256], JobName: j.Name, Phase: phase, Message: msg,

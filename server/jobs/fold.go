@@ -70,7 +70,7 @@ func FoldName(target string, revision int64) string {
 }
 
 func foldJobName(location, backup string) string {
-	return KindFold.JobName(backup, runID("fold", location, backup))
+	return agentjob.Fold.JobName(backup, runID("fold", location, backup))
 }
 
 // StartFold creates the fold agent Job of spec in the server's namespace.
@@ -128,7 +128,7 @@ func (l *Launcher) foldJob(spec FoldSpec) (*batchv1.Job, error) {
 	// The pod's annotations carry the inputs too (agentJob copies them):
 	// the downward API reads the pod's, not the Job's.
 	job := l.agentJob(jobMeta{
-		name: foldJobName(spec.Location, spec.Backup), namespace: l.namespaceOf(KindFold, t), run: runID("fold", spec.Location, spec.Backup),
+		name: foldJobName(spec.Location, spec.Backup), namespace: l.namespaceOf(agentjob.Fold, t), run: runID("fold", spec.Location, spec.Backup),
 		annotations: map[string]string{
 			AnnotationBackup: spec.Backup, AnnotationLocation: spec.Location, AnnotationTarget: t.Name,
 			AnnotationFoldInputs: string(inputs),
@@ -157,7 +157,7 @@ type FoldRun struct {
 // Folds returns every fold agent Job in the server's namespace, from the
 // cache.
 func (l *Launcher) Folds(ctx context.Context) ([]FoldRun, error) {
-	return listRuns(l, KindFold, func(j *batchv1.Job, phase Phase, msg string) (FoldRun, bool) {
+	return listRuns(l, agentjob.Fold, func(j *batchv1.Job, phase Phase, msg string) (FoldRun, bool) {
 		r := FoldRun{
 			Target: j.Annotations[AnnotationTarget], Backup: j.Annotations[AnnotationBackup], Location: j.Annotations[AnnotationLocation],
 			JobName: j.Name, Phase: phase, Message: msg, StartTime: j.CreationTimestamp.Time, FinishTime: finishTime(j),

@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 )
@@ -39,7 +40,7 @@ func TestFoldJob(t *testing.T) {
 		t.Fatalf("labels %v in %s", j.Labels, j.Namespace)
 	}
 	c := jobs.ClaimsOf(j)
-	if c.Kind != jobs.KindFold || c.Backup != "control-plane-fold-5000" || c.Target != target.Name || c.Location != "default" {
+	if c.Kind != agentjob.Fold || c.Backup != "control-plane-fold-5000" || c.Target != target.Name || c.Location != "default" {
 		t.Fatalf("claims %+v", c)
 	}
 	got, err := jobs.ParseFoldInputs(j.Annotations[jobs.AnnotationFoldInputs])

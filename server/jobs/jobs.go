@@ -64,22 +64,14 @@ const (
 	tlsMountPath = "/etc/etcdbackup/etcd-tls"
 )
 
-// The kinds of agent Job, as JobClaims name them, and their
-// LabelComponent values: agentjob.Kinds' rows, by name for callers.
-const (
-	KindBackup  = agentjob.Backup
-	KindRestore = agentjob.Restore
-	KindDrill   = agentjob.Drill
-	KindDelta   = agentjob.Delta
-	KindFold    = agentjob.Fold
-)
-
+// Each kind's LabelComponent value (agentjob.Kinds' rows), by name for
+// callers.
 var (
-	ComponentBackup  = agentjob.Of(KindBackup).Component
-	ComponentRestore = agentjob.Of(KindRestore).Component
-	ComponentDrill   = agentjob.Of(KindDrill).Component
-	ComponentDelta   = agentjob.Of(KindDelta).Component
-	ComponentFold    = agentjob.Of(KindFold).Component
+	ComponentBackup  = agentjob.Of(agentjob.Backup).Component
+	ComponentRestore = agentjob.Of(agentjob.Restore).Component
+	ComponentDrill   = agentjob.Of(agentjob.Drill).Component
+	ComponentDelta   = agentjob.Of(agentjob.Delta).Component
+	ComponentFold    = agentjob.Of(agentjob.Fold).Component
 )
 
 // The agent's credential towards the server: a projected ServiceAccount

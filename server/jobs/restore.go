@@ -284,7 +284,7 @@ func (spec RestoreSpec) ToPoint() bool { return spec.ToRevision > 0 || !spec.ToT
 // RestoreJobName is the Job that restores member of target from backup
 // (location, name): one per member and backup.
 func RestoreJobName(location, name, target, member string) string {
-	return KindRestore.JobName(member, runID(location, name, target, member))
+	return agentjob.Restore.JobName(member, runID(location, name, target, member))
 }
 
 // StartRestore creates one restore agent Job per member of spec.Target.
@@ -292,7 +292,7 @@ func RestoreJobName(location, name, target, member string) string {
 // running, nothing is created and ErrRunning is returned. Whether one
 // runs is asked of the API, not the cache: it decides deletes.
 func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batchv1.Job, error) {
-	ns := l.namespaceOf(KindRestore, spec.Target)
+	ns := l.namespaceOf(agentjob.Restore, spec.Target)
 	jobs := l.client.BatchV1().Jobs(ns)
 	var want []*batchv1.Job
 	for _, m := range spec.Target.Members {
@@ -357,7 +357,7 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) (*batchv1.Job, 
 		maps.Copy(ann, point)
 	}
 	job := l.agentJob(jobMeta{
-		name: RestoreJobName(spec.Location, spec.Name, t.Name, m.Name), namespace: l.namespaceOf(KindRestore, t),
+		name: RestoreJobName(spec.Location, spec.Name, t.Name, m.Name), namespace: l.namespaceOf(agentjob.Restore, t),
 		run: runID(spec.Location, spec.Name, t.Name, m.Name), annotations: ann,
 	}, restoreSecurityContext(t), pod.flags, pod.volumes, pod.mounts)
 	job.Spec.Template.Spec.NodeName = m.NodeName
@@ -481,7 +481,7 @@ func (l *Launcher) restoreJobs(ns string) ([]*batchv1.Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	list, err := nc.jobList(selectorOf(KindRestore))
+	list, err := nc.jobList(selectorOf(agentjob.Restore))
 	if err != nil {
 		return nil, fmt.Errorf("list restore jobs in namespace %s: %w", ns, err)
 	}

@@ -140,7 +140,7 @@ func ClaimsOf(j *batchv1.Job) JobClaims {
 	if k, ok := agentjob.OfComponent(j.Labels[LabelComponent]); ok {
 		c.Kind = k.Kind
 	}
-	if c.Kind == KindFold {
+	if c.Kind == agentjob.Fold {
 		c.FoldInputs = j.Annotations[AnnotationFoldInputs]
 	}
 	return c
@@ -164,7 +164,7 @@ func (c JobClaims) canonical() []byte {
 			fields = append(fields, c.ToMinRevision)
 		}
 	}
-	if c.Kind == KindFold {
+	if c.Kind == agentjob.Fold {
 		// Only a fold's: the other kinds' signatures stay what they were.
 		fields = append(fields, c.FoldInputs)
 	}

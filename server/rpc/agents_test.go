@@ -14,8 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 )
 
@@ -53,7 +53,7 @@ func TestAgentSnapshotIsCheckedAgainstEtcdsTrailer(t *testing.T) {
 	db := bytes.Repeat([]byte("bolt page "), 60000)[:512*1024] // whole 512-byte pages
 	etcdSum := sha256.Sum256(db)
 	good := append(append([]byte{}, db...), etcdSum[:]...)
-	agent := servertest.AsAgent{Kind: auth.AgentBackup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "b1", Location: "default"}
+	agent := servertest.AsAgent{Kind: agentjob.Backup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "b1", Location: "default"}
 	srv := servertest.StartWith(t, servertest.Options{AgentGuard: agent})
 
 	bad := append([]byte{}, good...)
@@ -119,7 +119,7 @@ func TestRestoreAgentDownloadsOnlyItsPinnedBackup(t *testing.T) {
 			}
 		}
 	}
-	agent := servertest.AsAgent{Kind: auth.AgentRestore, JobNamespace: "app", JobName: "restore-m0-x", Backup: "b1", Location: "default", SHA256: sha(data)}
+	agent := servertest.AsAgent{Kind: agentjob.Restore, JobNamespace: "app", JobName: "restore-m0-x", Backup: "b1", Location: "default", SHA256: sha(data)}
 	if err := download(t, agent, "b1"); err != nil {
 		t.Fatalf("the restore agent of b1 downloading b1 as pinned: %v", err)
 	}
@@ -155,7 +155,7 @@ func TestRestoreAgentDownloadsOnlyItsPinnedBackup(t *testing.T) {
 	}
 
 	backupAgent := agent
-	backupAgent.Kind, backupAgent.SHA256 = auth.AgentBackup, ""
+	backupAgent.Kind, backupAgent.SHA256 = agentjob.Backup, ""
 	if err := download(t, backupAgent, "b1"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "only restore agents") {
 		t.Fatalf("backup agent downloading: %v", err)
 	}
@@ -198,7 +198,7 @@ func TestDeleteRefusedWhileARestoreReadsTheBackup(t *testing.T) {
 func TestUploadWithTheServersLabelsIsRefused(t *testing.T) {
 	ctx := context.Background()
 	srv := servertest.StartWith(t, servertest.Options{AgentGuard: servertest.AsAgent{
-		Kind: auth.AgentBackup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "b1", Location: "default", Target: "cp"}})
+		Kind: agentjob.Backup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "b1", Location: "default", Target: "cp"}})
 	for _, labels := range []map[string]string{
 		{"etcdbackup.io/scheduled": "true", "etcdbackup.io/target": "cp"},
 		{"team": "a", "etcdbackup.io/target": "cp"},
@@ -230,7 +230,7 @@ func TestUploadWithTheServersLabelsIsRefused(t *testing.T) {
 func TestScheduledAgentsBackupIsMarkedByTheServer(t *testing.T) {
 	ctx := context.Background()
 	srv := servertest.StartWith(t, servertest.Options{AgentGuard: servertest.AsAgent{
-		Kind: auth.AgentBackup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "cp-20261201-100500", Location: "default",
+		Kind: agentjob.Backup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "cp-20261201-100500", Location: "default",
 		Target: "cp", Scheduled: true}})
 	if _, err := srv.AgentClient.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: "cp-20261201-100500"}, nil); err != nil {
 		t.Fatal(err)
@@ -254,7 +254,7 @@ func TestScheduledAgentsBackupIsMarkedByTheServer(t *testing.T) {
 func TestFoldAgentReadsItsChainAndStoresItsOneBackup(t *testing.T) {
 	ctx := context.Background()
 	full, other := trailed(t, 1), trailed(t, 2)
-	fold := servertest.AsAgent{Kind: auth.AgentFold, JobNamespace: "etcdbackup", JobName: "fold-cp-x", Backup: "cp-fold-20", Location: "default", Target: "cp",
+	fold := servertest.AsAgent{Kind: agentjob.Fold, JobNamespace: "etcdbackup", JobName: "fold-cp-x", Backup: "cp-fold-20", Location: "default", Target: "cp",
 		Inputs: map[string]string{"cp-full": sha(full), "cp-other": sha([]byte("what cp-other was when the fold started"))}}
 	srv := servertest.StartWith(t, servertest.Options{AgentGuard: fold})
 	for name, data := range map[string][]byte{"cp-full": full, "cp-other": other, "cp-unlisted": other} {

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
@@ -87,7 +88,7 @@ func (c *chains) set(key string, e chainEnd) {
 func (s *Service) admitSegment(ctx context.Context, a *auth.Agent, h *ebv1.UploadHeader, locName string, loc storage.Location) (func(), error) {
 	d := h.GetDelta()
 	switch {
-	case a == nil || a.Kind != auth.AgentDelta:
+	case a == nil || a.Kind != agentjob.Delta:
 		return nil, status.Error(codes.PermissionDenied, "only a target's delta agent stores delta segments")
 	case d == nil:
 		return nil, status.Errorf(codes.PermissionDenied, "%s may upload only delta segments (the header's delta)", a)

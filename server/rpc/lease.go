@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
@@ -62,7 +63,7 @@ func (s *Service) deltaAgent(ctx context.Context, method string) (*auth.Agent, e
 	switch {
 	case !ok:
 		return nil, status.Errorf(codes.PermissionDenied, "%s is served to delta agents on the agent port only", method)
-	case a.Kind != auth.AgentDelta:
+	case a.Kind != agentjob.Delta:
 		return nil, status.Errorf(codes.PermissionDenied, "%s is a %s agent; only delta agents hold a delta Lease", a, a.Kind)
 	case s.deltaLeases == nil:
 		return nil, status.Error(codes.FailedPrecondition, "this server runs no delta agents, so it holds no delta Lease")

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
@@ -31,7 +32,7 @@ func TestDeltaLeaseOnlyForItsDeltaAgent(t *testing.T) {
 	start := func(a auth.Agent) *servertest.Server {
 		return servertest.StartWith(t, servertest.Options{Agents: launcher, AgentGuard: servertest.AsAgent(a)})
 	}
-	delta := start(auth.Agent{Kind: auth.AgentDelta, Target: "app", Pod: "delta-app-x", JobNamespace: "etcdbackup", JobName: "delta-app"})
+	delta := start(auth.Agent{Kind: agentjob.Delta, Target: "app", Pod: "delta-app-x", JobNamespace: "etcdbackup", JobName: "delta-app"})
 	put, err := delta.AgentClient.Agents.PutDeltaLease(ctx, &ebv1.PutDeltaLeaseRequest{Lease: &ebv1.DeltaLease{HolderIdentity: "delta-app-x_1", LeaseDurationSeconds: 15}})
 	if err != nil {
 		t.Fatal(err)
@@ -54,11 +55,11 @@ func TestDeltaLeaseOnlyForItsDeltaAgent(t *testing.T) {
 		t.Fatalf("PutDeltaLease naming another pod: %v", err)
 	}
 	// Another target's delta agent reads its own (missing) Lease, not app's.
-	other := start(auth.Agent{Kind: auth.AgentDelta, Target: "other", Pod: "delta-other-y"})
+	other := start(auth.Agent{Kind: agentjob.Delta, Target: "other", Pod: "delta-other-y"})
 	if _, err := other.AgentClient.Agents.GetDeltaLease(ctx, &ebv1.GetDeltaLeaseRequest{}); status.Code(err) != codes.NotFound {
 		t.Fatalf("GetDeltaLease of target other: %v, want NotFound", err)
 	}
-	for _, a := range []auth.Agent{{Kind: auth.AgentBackup, Target: "app", Pod: "backup-app-z"}, {Kind: auth.AgentFold, Target: "app", Pod: "fold-app-z"}} {
+	for _, a := range []auth.Agent{{Kind: agentjob.Backup, Target: "app", Pod: "backup-app-z"}, {Kind: agentjob.Fold, Target: "app", Pod: "fold-app-z"}} {
 		s := start(a)
 		if _, err := s.AgentClient.Agents.GetDeltaLease(ctx, &ebv1.GetDeltaLeaseRequest{}); status.Code(err) != codes.PermissionDenied {
 			t.Errorf("a %s agent's GetDeltaLease: %v", a.Kind, err)
@@ -80,7 +81,7 @@ type podGuard struct{}
 func (podGuard) Admit(ctx context.Context, _ string) (context.Context, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	pod := md.Get("pod")[0]
-	return auth.WithAgent(ctx, &auth.Agent{Kind: auth.AgentDelta, Target: strings.TrimPrefix(pod, "delta-"), Pod: pod}), nil
+	return auth.WithAgent(ctx, &auth.Agent{Kind: agentjob.Delta, Target: strings.TrimPrefix(pod, "delta-"), Pod: pod}), nil
 }
 
 // A delta agent pod calling its Lease faster than any elector does is

@@ -10,9 +10,9 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"google.golang.org/grpc/codes"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
@@ -140,7 +140,7 @@ func TestVerifyBoundsAZstdBomb(t *testing.T) {
 // (limits.agentUploadsPerLocation), is stored all the same.
 func TestSlowUserUploadsLeaveAgentsTheirSlots(t *testing.T) {
 	ctx := context.Background()
-	agent := servertest.AsAgent{Kind: auth.AgentBackup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "scheduled", Location: "default"}
+	agent := servertest.AsAgent{Kind: agentjob.Backup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "scheduled", Location: "default"}
 	srv := servertest.StartWith(t, servertest.Options{AgentGuard: agent})
 	for _, name := range []string{"slow-1", "slow-2", "slow-3", "slow-4"} {
 		srv.OpenUpload(t, "default", name)
@@ -161,7 +161,7 @@ func TestSlowUserUploadsLeaveAgentsTheirSlots(t *testing.T) {
 
 // Nor does an agent's upload take a user's slot.
 func TestAgentUploadDoesNotTakeAUserSlot(t *testing.T) {
-	agent := servertest.AsAgent{Kind: auth.AgentBackup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "scheduled", Location: "default"}
+	agent := servertest.AsAgent{Kind: agentjob.Backup, JobNamespace: "etcdbackup", JobName: "backup-x", Backup: "scheduled", Location: "default"}
 	srv := servertest.StartWith(t, servertest.Options{AgentGuard: agent, Limits: config.Limits{UploadsPerLocation: 1, AgentUploadsPerLocation: 1}})
 	stream, err := srv.AgentClient.Backups.UploadBackup(t.Context())
 	if err != nil {

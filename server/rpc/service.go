@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
@@ -202,7 +203,7 @@ func caller(ctx context.Context) string {
 // agent reads where its chain starts): it learns nothing of other
 // backups, not even whether one exists.
 func mayGet(ctx context.Context, name, location string) error {
-	if a, ok := auth.AgentFrom(ctx); ok && (a.Kind != auth.AgentDelta || a.Backup != name || a.Location != location) {
+	if a, ok := auth.AgentFrom(ctx); ok && (a.Kind != agentjob.Delta || a.Backup != name || a.Location != location) {
 		return status.Errorf(codes.PermissionDenied, "%s may read only its chain's backup %q in location %q", a, a.Backup, a.Location)
 	}
 	return nil
@@ -223,7 +224,7 @@ func mayDownload(ctx context.Context, name, location string) (*readpath.Pin, err
 }
 
 // agentMay holds an agent to the one backup its Job was created for.
-func agentMay(a *auth.Agent, kind, verb, name, location string) error {
+func agentMay(a *auth.Agent, kind agentjob.Kind, verb, name, location string) error {
 	if a.Kind != kind {
 		return status.Errorf(codes.PermissionDenied, "%s may not %s: only %s agents may", a, verb, kind)
 	}

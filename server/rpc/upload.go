@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
@@ -115,7 +116,7 @@ func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBack
 		return nil, err
 	}
 	if agent, ok := auth.AgentFrom(ctx); ok {
-		if agent.Kind == auth.AgentDelta || h.GetDelta() != nil {
+		if agent.Kind == agentjob.Delta || h.GetDelta() != nil {
 			if u.unlockChain, err = s.admitSegment(ctx, agent, h, u.locName, u.loc); err != nil {
 				return nil, err
 			}
@@ -152,11 +153,11 @@ func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBack
 // agent stores its one new full backup as a backup agent stores its
 // snapshot; any other agent is held to a backup agent's rule (and
 // refused by it unless it is one).
-func uploaderKind(a *auth.Agent) string {
-	if a.Kind == auth.AgentFold {
-		return auth.AgentFold
+func uploaderKind(a *auth.Agent) agentjob.Kind {
+	if a.Kind == agentjob.Fold {
+		return agentjob.Fold
 	}
-	return auth.AgentBackup
+	return agentjob.Backup
 }
 
 // received is what arrived after an upload's header.
