@@ -129,7 +129,7 @@ func (o *BackupOptions) wait(ctx context.Context, conn *Connection, b *ebv1.Back
 			return phase != ebv1.BackupPhase_BACKUP_PHASE_RUNNING, nil
 		})
 	if wait.Interrupted(err) {
-		return nil, fmt.Errorf("backup %q still running after %s; follow it with `kubectl etcdbackup logs %s -f`", name, o.WaitTimeout, name)
+		return nil, stillRunning(ctx, start, "backup "+quote(name), fmt.Sprintf("follow it with `kubectl etcdbackup logs %s -f`", name))
 	}
 	if err != nil {
 		return nil, err

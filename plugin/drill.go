@@ -111,7 +111,7 @@ func (o *DrillOptions) wait(ctx context.Context, conn *Connection, started time.
 			return v != nil && !v.GetTime().AsTime().Before(started.Truncate(time.Second)), nil
 		})
 	if wait.Interrupted(err) {
-		return nil, fmt.Errorf("the drill of backup %q has no verdict after %s; see `kubectl etcdbackup describe %s` later", o.Name, time.Since(begin).Round(time.Second), o.Name)
+		return nil, stillRunning(ctx, begin, "the drill of backup "+quote(o.Name), fmt.Sprintf("its verdict will be in `kubectl etcdbackup describe %s`", o.Name))
 	}
 	if err != nil {
 		return nil, err

@@ -42,12 +42,18 @@ func run(t *testing.T, args ...string) result {
 // execute runs the real command tree with args, writing to out and
 // errOut.
 func execute(out, errOut io.Writer, args ...string) error {
+	return executeContext(context.Background(), out, errOut, args...)
+}
+
+// executeContext is execute under ctx: what main's signal handling
+// cancels.
+func executeContext(ctx context.Context, out, errOut io.Writer, args ...string) error {
 	streams := genericiooptions.IOStreams{In: &bytes.Buffer{}, Out: out, ErrOut: errOut}
 	cmd := NewCmdRoot(streams)
 	cmd.SetArgs(args)
 	cmd.SetOut(out)
 	cmd.SetErr(errOut)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	return cmd.ExecuteContext(ctx)
 }
@@ -79,8 +85,14 @@ type running struct {
 
 // start runs the real command tree as run does, in the background.
 func start(args ...string) *running {
+	return startContext(context.Background(), args...)
+}
+
+// startContext is start under ctx, which the test may cancel as Ctrl-C
+// would.
+func startContext(ctx context.Context, args ...string) *running {
 	r := &running{done: make(chan error, 1)}
-	go func() { r.done <- execute(&r.out, &r.errOut, args...) }()
+	go func() { r.done <- executeContext(ctx, &r.out, &r.errOut, args...) }()
 	return r
 }
 

@@ -472,7 +472,7 @@ func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error
 			return done, nil
 		})
 	if wait.Interrupted(err) {
-		return fmt.Errorf("restore of %q into target %q still running after %s; see `kubectl get jobs -A -l app.kubernetes.io/component=restore-agent`", o.Name, o.Target, o.WaitTimeout)
+		return stillRunning(ctx, start, fmt.Sprintf("the restore of %q into target %q", o.Name, o.Target), "see `kubectl get jobs -A -l app.kubernetes.io/component=restore-agent`")
 	}
 	if err != nil {
 		return err

@@ -34,6 +34,18 @@ func (w *WaitOptions) addFlags(f *pflag.FlagSet, waitsFor string) {
 	f.DurationVar(&w.WaitTimeout, "timeout", w.WaitTimeout, "how long --wait waits")
 }
 
+// stillRunning is the error of a --wait that ended before the run it
+// waits for: what is still running, for how long it was waited on, and
+// next, what to do. An interrupted wait (ctx ended: Ctrl-C) says so
+// rather than blaming --timeout, which it may be far from.
+func stillRunning(ctx context.Context, began time.Time, what, next string) error {
+	waited := time.Since(began).Round(time.Second)
+	if ctx.Err() != nil {
+		return fmt.Errorf("stopped waiting after %s: %s is still running in the cluster; %s", waited, what, next)
+	}
+	return fmt.Errorf("%s is still running after %s (--timeout); %s", what, waited, next)
+}
+
 // pollTimeout bounds one poll of --wait: a poll that hangs on a dead
 // connection fails and is retried like a broken one.
 const pollTimeout = 30 * time.Second

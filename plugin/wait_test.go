@@ -186,6 +186,28 @@ func TestBackupWaitShowsPhasesAndFailure(t *testing.T) {
 	}
 }
 
+// A --wait that ends before its backup says how long it waited and
+// why: past --timeout, or interrupted (Ctrl-C) — not the whole --timeout
+// when it was interrupted long before it.
+func TestBackupWaitSaysWhyItStopped(t *testing.T) {
+	w := newAgentWorld(t, "cp")
+
+	r := run(t, w.addr, "backup", "--target", "cp", "--name", "slow", "--wait", "--timeout", "1s")
+	if r.err == nil || !regexp.MustCompile(`^backup "slow" is still running after \d+s \(--timeout\); follow it with .kubectl etcdbackup logs slow -f.$`).MatchString(r.err.Error()) {
+		t.Errorf("backup --wait past --timeout: %v", r.err)
+	}
+
+	ctx, interrupt := context.WithCancel(context.Background())
+	defer interrupt()
+	cmd := startContext(ctx, w.addr, "backup", "--target", "cp", "--name", "stopped", "--wait", "--timeout", "1h")
+	cmd.waitErrOut(t, `backup "stopped": Running`)
+	interrupt()
+	r = cmd.result()
+	if r.err == nil || !regexp.MustCompile(`^stopped waiting after \d+s: backup "stopped" is still running in the cluster; follow it with .kubectl etcdbackup logs stopped -f.$`).MatchString(r.err.Error()) {
+		t.Errorf("interrupted backup --wait: %v", r.err)
+	}
+}
+
 // describeShowsFailure: describe of the failed backup "down" shows the
 // failure, the agent Job and its events, oldest first (recorded here as
 // the Job controller and kubelet would), and the next command to run.
