@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
@@ -164,7 +165,7 @@ func Start(ctx context.Context, o Options) (*Member, error) {
 			quota = MaxQuotaBytes
 		}
 	}
-	peer, err := freeLoopbackURL("http")
+	peer, err := pickLoopbackURL("http")
 	if err != nil {
 		return nil, err
 	}
@@ -191,17 +192,11 @@ func Start(ctx context.Context, o Options) (*Member, error) {
 		_ = os.RemoveAll(tlsDir)
 		return nil, fmt.Errorf("TLS certificates for the restored member: %w", err)
 	}
-	clientURL, err := freeLoopbackURL("https")
-	if err != nil {
-		_ = os.RemoveAll(tlsDir)
-		return nil, err
-	}
 	cfg := embed.NewConfig()
 	cfg.Name, cfg.Dir = name, o.DataDir
 	cfg.Logger, cfg.LogLevel = "zap", "error"
 	cfg.LogOutputs = []string{filepath.Join(filepath.Dir(o.DataDir), "etcd.log")}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{clientURL}, []url.URL{clientURL}
+	cfg.AdvertisePeerUrls = []url.URL{peer}
 	cfg.ListenMetricsUrls = nil
 	cfg.InitialCluster = sm.InitialCluster
 	// Only clients holding a certificate of the member's own CA: the
@@ -217,10 +212,32 @@ func Start(ctx context.Context, o Options) (*Member, error) {
 	}
 	// The member is thrown away: nothing it writes needs to survive a crash.
 	cfg.UnsafeNoFsync = true
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		_ = os.RemoveAll(tlsDir)
-		return nil, fmt.Errorf("start etcd on the restored data: %w", err)
+	// The ports are picked free, then bound by etcd: another process may
+	// take one in between, on a busy machine. etcd binds before it reads
+	// the data, so it is started again on new ports; the member listens
+	// for peers on any port (it has none), advertising the one its
+	// restored membership records.
+	var e *embed.Etcd
+	var clientURL url.URL
+	listenPeer := peer
+	for attempt := 1; ; attempt++ {
+		if clientURL, err = pickLoopbackURL("https"); err != nil {
+			_ = os.RemoveAll(tlsDir)
+			return nil, err
+		}
+		cfg.ListenPeerUrls = []url.URL{listenPeer}
+		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{clientURL}, []url.URL{clientURL}
+		if e, err = embed.StartEtcd(cfg); err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) || attempt == maxStartAttempts {
+			_ = os.RemoveAll(tlsDir)
+			return nil, fmt.Errorf("start etcd on the restored data: %w", err)
+		}
+		if listenPeer, err = pickLoopbackURL("http"); err != nil {
+			_ = os.RemoveAll(tlsDir)
+			return nil, err
+		}
 	}
 	m := &Member{Endpoint: clientURL.String(), e: e, tls: mtls, tlsDir: tlsDir, maxRequestBytes: o.MaxRequestBytes}
 	timeout := o.StartTimeout
@@ -268,6 +285,13 @@ func (m *Member) connect(ctx context.Context) error {
 	}
 	return nil
 }
+
+// maxStartAttempts is how many times Start picks new ports when one it
+// picked was taken before etcd bound it.
+const maxStartAttempts = 5
+
+// pickLoopbackURL is freeLoopbackURL; a test makes it pick a taken port.
+var pickLoopbackURL = freeLoopbackURL
 
 func freeLoopbackURL(scheme string) (url.URL, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
