@@ -11,6 +11,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -70,20 +72,32 @@ func Start(t testing.TB, withTLS bool) *Etcd {
 		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: files.serverCert, KeyFile: files.serverKey, TrustedCAFile: files.ca, ClientCertAuth: true}
 		te.TLS = &transport.TLSInfo{CertFile: files.clientCert, KeyFile: files.clientKey, TrustedCAFile: files.ca}
 	}
-	client, peer := freeURL(t, scheme), freeURL(t, "http")
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	te.cfg, te.Endpoint, te.PeerURL, te.InitialCluster = cfg, client.String(), peer.String(), cfg.InitialCluster
-	te.run(t)
-	return te
+	// The ports are picked free, then bound by etcd: a test in another
+	// package may take one in between. etcd binds before it touches its
+	// data dir, so it is started again on new ports.
+	for attempt := 1; ; attempt++ {
+		client, peer := freeURL(t, scheme), freeURL(t, "http")
+		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+		te.cfg, te.Endpoint, te.PeerURL, te.InitialCluster = cfg, client.String(), peer.String(), cfg.InitialCluster
+		err := te.run(t)
+		if err == nil {
+			return te
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) || attempt == 5 {
+			t.Fatal(err)
+		}
+	}
 }
 
-func (te *Etcd) run(t testing.TB) {
+// run starts te's etcd and waits until it serves; an error is etcd's
+// refusal to start.
+func (te *Etcd) run(t testing.TB) error {
 	t.Helper()
 	e, err := embed.StartEtcd(te.cfg)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	te.Stop = sync.OnceFunc(e.Close)
 	t.Cleanup(te.Stop)
@@ -92,6 +106,7 @@ func (te *Etcd) run(t testing.TB) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("etcd not ready")
 	}
+	return nil
 }
 
 // RestartOn stops the member and starts it again on dataDir (a data
@@ -103,7 +118,9 @@ func (te *Etcd) RestartOn(t testing.TB, dataDir string) {
 	cfg := *te.cfg
 	cfg.Dir = dataDir
 	te.cfg, te.DataDir = &cfg, dataDir
-	te.run(t)
+	if err := te.run(t); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Config is a client configuration for the member.
