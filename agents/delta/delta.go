@@ -425,7 +425,8 @@ func (c *capture) add(ctx context.Context, rev int64, evs []*mvccpb.Event) error
 		}
 		return err
 	}
-	c.next, c.last, c.fill.last = rev+1, evs[0], evs[0]
+	m := markEvent(evs)
+	c.next, c.last, c.fill.last = rev+1, m, m
 	c.held()
 	return nil
 }
@@ -531,22 +532,46 @@ const (
 	verifyBytes = 4 << 20
 )
 
+// markEvent is the event of one revision that best proves it: a put
+// (its value is checked) before a delete (only its key's absence and
+// presence just before are).
+func markEvent(evs []*mvccpb.Event) *mvccpb.Event {
+	for _, ev := range evs {
+		if ev.Type == mvccpb.Event_PUT {
+			return ev
+		}
+	}
+	return evs[0]
+}
+
+// checkOps are the reads that prove etcd holds m: a put's key at m.rev;
+// a delete's key at m.rev and, counted, at m.rev-1. Absence alone would
+// hold in any history without the key at m.rev (seen: etcd restored in
+// place under a chain whose last stored revision was a delete went on
+// as if nothing changed); a delete is proven by the key being there
+// just before.
+func checkOps(m mark) []clientv3.Op {
+	ops := []clientv3.Op{clientv3.OpGet(string(m.ev.Key), clientv3.WithRev(m.rev))}
+	if m.ev.Deleted {
+		ops = append(ops, clientv3.OpGet(string(m.ev.Key), clientv3.WithRev(m.rev-1), clientv3.WithCountOnly()))
+	}
+	return ops
+}
+
 // verify checks that etcd still holds every mark and the filling
 // segment's newest write: a linearizable read-only transaction per batch.
 func (c *capture) verify(ctx context.Context) error {
 	checks := append(c.marks[:len(c.marks):len(c.marks)], markOf(c.next-1, c.fill.last))
 	for len(checks) > 0 {
+		var ops []clientv3.Op
 		n, size := 0, 0
-		for n < len(checks) && n < verifyOps && (n == 0 || size+checks[n].size <= verifyBytes) {
+		for n < len(checks) && len(ops)+2 <= verifyOps && (n == 0 || size+checks[n].size <= verifyBytes) {
 			size += checks[n].size
+			ops = append(ops, checkOps(checks[n])...)
 			n++
 		}
 		batch := checks[:n]
 		checks = checks[n:]
-		ops := make([]clientv3.Op, len(batch))
-		for i, m := range batch {
-			ops[i] = clientv3.OpGet(string(m.ev.Key), clientv3.WithRev(m.rev))
-		}
 		resp, err := c.o.Etcd.Txn(ctx).Then(ops...).Commit()
 		if errors.Is(err, rpctypes.ErrCompacted) || errors.Is(err, rpctypes.ErrFutureRev) {
 			// One of them is out of etcd's range: ask one by one.
@@ -563,8 +588,15 @@ func (c *capture) verify(ctx context.Context) error {
 		if err := c.checkCluster(resp.Header.ClusterId); err != nil {
 			return err
 		}
-		for i, m := range batch {
-			if !holds(resp.Responses[i].GetResponseRange().GetKvs(), m.ev, m.rev) {
+		i := 0
+		for _, m := range batch {
+			ok := holds(resp.Responses[i].GetResponseRange().GetKvs(), m.ev, m.rev)
+			i++
+			if m.ev.Deleted {
+				ok = ok && resp.Responses[i].GetResponseRange().GetCount() == 1
+				i++
+			}
+			if !ok {
 				return c.changedUnder(m)
 			}
 		}
@@ -589,7 +621,30 @@ func (c *capture) verifyOne(ctx context.Context, m mark) error {
 	if !holds(resp.Kvs, m.ev, m.rev) {
 		return c.changedUnder(m)
 	}
+	if there, err := c.thereBefore(ctx, m.ev, m.rev); err != nil || !there {
+		if err != nil {
+			return err
+		}
+		return c.changedUnder(m)
+	}
 	return nil
+}
+
+// thereBefore says whether a deleted key was there just before the
+// revision that deleted it (see checkOps); a put, or a revision etcd
+// compacted away, cannot say otherwise.
+func (c *capture) thereBefore(ctx context.Context, ev *Event, rev int64) (bool, error) {
+	if !ev.Deleted {
+		return true, nil
+	}
+	resp, err := c.o.Etcd.Get(ctx, string(ev.Key), clientv3.WithRev(rev-1), clientv3.WithCountOnly())
+	switch {
+	case errors.Is(err, rpctypes.ErrCompacted):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("check held revision %d against etcd: %w", rev, err)
+	}
+	return resp.Count == 1, nil
 }
 
 // holds says whether kvs, etcd's answer for ev's key at rev, is ev.
@@ -888,7 +943,11 @@ func (c *capture) checkHistory(ctx context.Context) error {
 	if ev == nil {
 		return nil
 	}
-	if !holds(resp.Kvs, ev, held) {
+	there, err := c.thereBefore(ctx, ev, held)
+	if err != nil {
+		return err
+	}
+	if !holds(resp.Kvs, ev, held) || !there {
 		return chainEnd{historyBreak: true, reason: fmt.Sprintf("etcd holds another write at revision %d than the chain does (key %q): its history changed under the chain (restored without a revision bump, or re-created); the chain ends here and a full backup starts a new one", held, ev.Key)}
 	}
 	return nil

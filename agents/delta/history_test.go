@@ -179,6 +179,70 @@ func TestRunningAgentSeesEtcdRestoredUnderIt(t *testing.T) {
 	}
 }
 
+// The same restore under a running agent, where the last revision the
+// chain stored is a delete and the new history never had that key: the
+// key is absent at that revision in both histories, so absence proves
+// nothing. The agent must also see that the key was there just before,
+// and end the chain holding none of the new history (found by
+// TestPointRestoreOracle, seed 1796505340066441378).
+func TestRunningAgentSeesARestoreUnderAStoredDelete(t *testing.T) {
+	te := etcdtest.Start(t, false)
+	c := te.Client(t)
+	ctx := context.Background()
+	snap := filepath.Join(t.TempDir(), "snap.db")
+	f, err := os.Create(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.ReadFrom(rc); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	store := &memStore{start: rev(t, c) + 1}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	r := start(runCtx, agent.Options{Etcd: c, Store: store, Chain: "full-1", Epoch: epoch1, Period: 20 * time.Millisecond})
+	for i := range 5 {
+		if _, err := c.Put(ctx, fmt.Sprintf("/old/a%02d", i), "old"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	del, err := c.Delete(ctx, "/old/a04")
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldEnd := del.Header.Revision
+	waitFor(t, "the delete stored", func() bool { return store.last() == oldEnd })
+
+	zero := int64(0)
+	dir := filepath.Join(t.TempDir(), "restored")
+	if _, err := snapshot.Restore(snap, snapshot.Member{Name: te.Name, InitialCluster: te.InitialCluster,
+		InitialAdvertisePeerURLs: []string{te.PeerURL}, DataDir: dir, BumpRevision: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	te.RestartOn(t, dir)
+	for rev(t, c) <= oldEnd+5 {
+		if _, err := c.Put(ctx, "/new/filler", "new"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := r.wait(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	segs := store.segments()
+	if end := segs[len(segs)-1]; !end.HistoryBreak || end.Summary.Revisions != 0 || end.Summary.FirstRevision != oldEnd+1 {
+		t.Fatalf("the chain ended with %+v; want an empty end segment at revision %d marking a history break", end.Summary, oldEnd+1)
+	}
+	if !strings.Contains(res.ChainEnded, "history changed") || !strings.Contains(res.ChainEnded, "/old/a04") {
+		t.Fatalf("chain ended: %q; want it to say etcd's history changed at the deleted key", res.ChainEnded)
+	}
+}
+
 // An etcd of another cluster under the target's name ends the chain.
 func TestChainEndsOnAnotherCluster(t *testing.T) {
 	te := etcdtest.Start(t, false)
