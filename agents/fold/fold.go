@@ -43,27 +43,10 @@ import (
 // Inputs are what a fold reads: the chain's full backup and its
 // segments, in chain order, each pinned to its stored SHA-256, and the
 // revision the chain reaches. The server writes them, as JSON, into the
-// fold Job's annotation (server/jobs.FoldInputs, the same shape), which
-// the agent reads from a file the downward API mounts: a chain's list of
-// segments can be longer than arguments should be.
-type Inputs struct {
-	Full       fetch.Pin   `json:"full"`
-	Segments   []fetch.Pin `json:"segments"`
-	ToRevision int64       `json:"toRevision"`
-}
-
-// Validate checks the inputs without I/O.
-func (in Inputs) Validate() error {
-	switch {
-	case in.Full.Name == "" || in.Full.SHA256 == "":
-		return errors.New("fold: the chain's full backup and its SHA-256 are required")
-	case len(in.Segments) == 0:
-		return errors.New("fold: no delta segments: there is nothing to fold")
-	case in.ToRevision <= 0:
-		return fmt.Errorf("fold: revision %d to fold to: etcd revisions are positive", in.ToRevision)
-	}
-	return nil
-}
+// fold Job's annotation, which the agent reads from a file the downward
+// API mounts: a chain's list of segments can be longer than arguments
+// should be.
+type Inputs = agentjob.FoldInputs
 
 // Options say what to fold and where to store the result.
 type Options struct {
@@ -108,7 +91,7 @@ func Run(ctx context.Context, c *client.Client, o Options) (res Result, err erro
 
 func run(ctx context.Context, c *client.Client, o Options) (Result, error) {
 	if err := o.Inputs.Validate(); err != nil {
-		return Result{}, err
+		return Result{}, fmt.Errorf("fold: the chain to fold: %w", err)
 	}
 	if o.Name == "" || o.ScratchDir == "" {
 		return Result{}, errors.New("fold: a name for the new backup and a scratch directory are required")

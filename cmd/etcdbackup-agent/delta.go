@@ -45,8 +45,8 @@ func (c commands) delta() *cobra.Command {
 	cmd.RunE = c.runE(func() agentjob.Flags { return f }, func(cmd *cobra.Command) error {
 		ctx := cmd.Context()
 		log := newLogger()
-		if f.Chain == "" || f.Target == "" {
-			return errors.New("--chain and --target are required")
+		if err := required(agentjob.FlagChain, f.Chain, agentjob.FlagTarget, f.Target); err != nil {
+			return err
 		}
 		id, err := identity()
 		if err != nil {

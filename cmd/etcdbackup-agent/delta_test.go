@@ -271,11 +271,17 @@ func TestWriteDeltaEnd(t *testing.T) {
 	}
 }
 
-// The subcommand refuses to start without its chain and target.
+// The subcommand refuses to start without its chain and target, naming
+// those missing.
 func TestDeltaRequiredFlags(t *testing.T) {
 	root := newRoot()
 	root.SetArgs([]string{"delta", "--server=127.0.0.1:1", "--target=t"})
-	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "--chain and --target are required") {
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "--chain is required") {
 		t.Fatalf("delta without --chain: %v", err)
+	}
+	root = newRoot()
+	root.SetArgs([]string{"delta", "--server=127.0.0.1:1"})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "--chain and --target are required") {
+		t.Fatalf("delta without --chain and --target: %v", err)
 	}
 }

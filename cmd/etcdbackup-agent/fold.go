@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -22,7 +21,7 @@ const maxInputsBytes = 256 << 10
 
 func (c commands) fold() *cobra.Command {
 	var f agentjob.FoldFlags
-	var resultFile string
+	v := verdictEnd{what: "fold", failed: errFoldFailed}
 	o := fold.Options{}
 	cmd := &cobra.Command{
 		Use:   "fold --server HOST:PORT --target T --name NEW --inputs-file FILE --scratch-dir DIR",
@@ -32,8 +31,9 @@ func (c commands) fold() *cobra.Command {
 	srv := addServerFlags(cmd, &f.Conn, "data server gRPC address")
 	cmd.RunE = c.runE(func() agentjob.Flags { return f }, func(cmd *cobra.Command) error {
 		log := newLogger()
-		if f.Name == "" || f.Target == "" || f.InputsFile == "" || f.ScratchDir == "" {
-			return errors.New("--name, --target, --inputs-file and --scratch-dir are required")
+		if err := required(agentjob.FlagName, f.Name, agentjob.FlagTarget, f.Target, agentjob.FlagInputsFile, f.InputsFile,
+			agentjob.FlagScratchDir, f.ScratchDir); err != nil {
+			return err
 		}
 		in, err := readInputs(f.InputsFile)
 		if err != nil {
@@ -53,18 +53,9 @@ func (c commands) fold() *cobra.Command {
 			log.Error("fold reached no verdict", "chain", o.Full.Name, "error", err.Error())
 			return err
 		}
-		if err := writeReport(resultFile, res); err != nil {
-			return err
-		}
 		log.Info("fold finished", "chain", o.Full.Name, "succeeded", res.Succeeded, "backup", res.Backup, "revision", res.Revision,
 			"keys", res.Keys, "hashKV", res.HashKV, "revisions", res.Revisions, "seconds", res.Duration.Seconds(), "message", res.Message)
-		switch {
-		case res.NoVerdict:
-			return errors.New("the fold reached no verdict: " + res.Message)
-		case !res.Succeeded:
-			return errFoldFailed
-		}
-		return nil
+		return v.end(res, res.Succeeded, res.NoVerdict, res.Message)
 	})
 	fl := cmd.Flags()
 	fl.StringVar(&f.Target, agentjob.FlagTarget, "", "the etcd target the chain is of, recorded with the new backup")
@@ -73,9 +64,8 @@ func (c commands) fold() *cobra.Command {
 	fl.StringVar(&f.InputsFile, agentjob.FlagInputsFile, "", `JSON {"full":{"name","sha256"},"segments":[{"name","sha256"},…],"toRevision":N}: the chain to fold, each part pinned to its SHA-256 (the Job's annotation, mounted by the downward API)`)
 	addEncodingFlags(fl, &f.Compression, &f.EncryptTo, "the new backup")
 	fl.StringVar(&f.ScratchDir, agentjob.FlagScratchDir, "", "scratch space for the downloads, the replay and the check (about three times the database)")
-	fl.DurationVar(&o.StartTimeout, "start-timeout", 2*time.Minute, "how long each loopback etcd may take to serve")
 	fl.StringVar(&f.IdentityDir, agentjob.FlagIdentityDir, "", "directory of age identity files (a mounted Secret) to decrypt an encrypted chain")
-	fl.StringVar(&resultFile, "result-file", "/dev/termination-log", "where the verdict is written as JSON (the pod's termination message, which the server reads)")
+	v.addFlags(fl, &o.StartTimeout, "each loopback etcd")
 	return cmd
 }
 
@@ -91,7 +81,7 @@ func readInputs(path string) (fold.Inputs, error) {
 	if err != nil {
 		return fold.Inputs{}, fmt.Errorf("--inputs-file %s: not the chain to fold: %w", path, err)
 	}
-	return fold.Inputs{Full: chain.Full, Segments: chain.Segments, ToRevision: chain.ToRevision}, nil
+	return chain, nil
 }
 
 // limitedReader fails past left bytes, instead of cutting the JSON

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -170,8 +171,8 @@ func (c commands) backup() *cobra.Command {
 	cmd.RunE = c.runE(func() agentjob.Flags { return f }, func(cmd *cobra.Command) error {
 		ctx := cmd.Context()
 		log := newLogger()
-		if f.Name == "" {
-			return errors.New("--name is required")
+		if err := required(agentjob.FlagName, f.Name); err != nil {
+			return err
 		}
 		opts := backup.Options{
 			Name: f.Name, Location: f.Location, Target: f.Target, Compression: f.Compression, Labels: f.Labels,
@@ -224,8 +225,8 @@ func (c commands) restore() *cobra.Command {
 	srv := addServerFlags(cmd, &f.Conn, "data server gRPC address")
 	cmd.RunE = c.runE(func() agentjob.Flags { return f }, func(cmd *cobra.Command) error {
 		log := newLogger()
-		if f.Name == "" {
-			return errors.New("--name is required")
+		if err := required(agentjob.FlagName, f.Name); err != nil {
+			return err
 		}
 		if f.BumpRevision < 0 {
 			return fmt.Errorf("--bump-revision %d is negative: give 0 to keep the snapshot's revisions, or a positive amount", f.BumpRevision)
@@ -321,4 +322,23 @@ func writeReport(path string, r agentjob.Report) error {
 		return fmt.Errorf("--result-file: %w", err)
 	}
 	return nil
+}
+
+// required refuses a run whose required flags, given as name and value
+// pairs, are empty, naming those that are.
+func required(namesAndValues ...string) error {
+	var missing []string
+	for i := 0; i+1 < len(namesAndValues); i += 2 {
+		if namesAndValues[i+1] == "" {
+			missing = append(missing, "--"+namesAndValues[i])
+		}
+	}
+	switch n := len(missing); n {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("%s is required", missing[0])
+	default:
+		return fmt.Errorf("%s and %s are required", strings.Join(missing[:n-1], ", "), missing[n-1])
+	}
 }

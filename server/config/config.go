@@ -72,6 +72,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"time"
@@ -200,39 +201,17 @@ type Limits struct {
 
 // WithDefaults returns l with the defaults of its zero fields filled in.
 func (l Limits) WithDefaults() Limits {
-	if l.UploadsPerLocation == 0 {
-		l.UploadsPerLocation = DefaultUploadsPerLocation
-	}
-	if l.AgentUploadsPerLocation == 0 {
-		l.AgentUploadsPerLocation = DefaultAgentUploadsPerLocation
-	}
-	if l.UploadIdleTimeout.Duration == 0 {
-		l.UploadIdleTimeout.Duration = DefaultUploadIdleTimeout
-	}
-	if l.MaxRawSize == 0 {
-		l.MaxRawSize = DefaultMaxRawSize
-	}
-	if l.MinTransferRate == 0 {
-		l.MinTransferRate = DefaultMinTransferRate
-	}
-	if l.MinTransferRateWindow.Duration == 0 {
-		l.MinTransferRateWindow.Duration = DefaultMinTransferRateWindow
-	}
-	if l.MaxLabels == 0 {
-		l.MaxLabels = DefaultMaxLabels
-	}
-	if l.MaxLabelBytes == 0 {
-		l.MaxLabelBytes = DefaultMaxLabelBytes
-	}
-	if l.MaxFieldBytes == 0 {
-		l.MaxFieldBytes = DefaultMaxFieldBytes
-	}
-	if l.MaxConcurrentStreams == 0 {
-		l.MaxConcurrentStreams = DefaultMaxConcurrentStreams
-	}
-	if l.VerifyScratchBytes == 0 {
-		l.VerifyScratchBytes = DefaultVerifyScratchBytes
-	}
+	l.UploadsPerLocation = cmp.Or(l.UploadsPerLocation, DefaultUploadsPerLocation)
+	l.AgentUploadsPerLocation = cmp.Or(l.AgentUploadsPerLocation, DefaultAgentUploadsPerLocation)
+	l.UploadIdleTimeout.Duration = cmp.Or(l.UploadIdleTimeout.Duration, DefaultUploadIdleTimeout)
+	l.MaxRawSize = cmp.Or(l.MaxRawSize, DefaultMaxRawSize)
+	l.MinTransferRate = cmp.Or(l.MinTransferRate, DefaultMinTransferRate)
+	l.MinTransferRateWindow.Duration = cmp.Or(l.MinTransferRateWindow.Duration, DefaultMinTransferRateWindow)
+	l.MaxLabels = cmp.Or(l.MaxLabels, DefaultMaxLabels)
+	l.MaxLabelBytes = cmp.Or(l.MaxLabelBytes, DefaultMaxLabelBytes)
+	l.MaxFieldBytes = cmp.Or(l.MaxFieldBytes, DefaultMaxFieldBytes)
+	l.MaxConcurrentStreams = cmp.Or(l.MaxConcurrentStreams, DefaultMaxConcurrentStreams)
+	l.VerifyScratchBytes = cmp.Or(l.VerifyScratchBytes, DefaultVerifyScratchBytes)
 	return l
 }
 

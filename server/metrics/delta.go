@@ -24,31 +24,19 @@ type deltaSeries struct {
 
 func newDeltaSeries() deltaSeries {
 	return deltaSeries{
-		Segments: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "etcdbackup", Name: "delta_segments_total",
-			Help: "Delta segments stored, by target.",
-		}, []string{"target"}),
-		Bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "etcdbackup", Name: "delta_bytes_total",
-			Help: "Stored bytes of delta segments (compressed, encrypted), by target.",
-		}, []string{"target"}),
-		Events: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "etcdbackup", Name: "delta_events_total",
-			Help: "etcd events stored in delta segments, by target.",
-		}, []string{"target"}),
-		ChainEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "etcdbackup", Name: "delta_chain_ends_total",
-			Help: "Delta chains that ended before a new full backup replaced them (etcd compacted past the agent, a revision was missing), by target: each starts a full backup.",
-		}, []string{"target"}),
-		DeltaPeriod: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "etcdbackup", Name: "delta_period_seconds",
-			Help: "A target's deltas.period: the lag alert allows a multiple of it.",
-		}, []string{"target"}),
-		ClockOffset: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "etcdbackup", Name: "delta_clock_offset_seconds",
-			Help: "The data server's clock minus the delta agent's when its newest segment arrived, by target (upload transit included). " +
-				"The agent's clock stamps the time of every revision a restore to a time goes by: more than a second off moves writes across a point.",
-		}, []string{"target"}),
+		Segments: counterVec("delta_segments_total",
+			"Delta segments stored, by target.", "target"),
+		Bytes: counterVec("delta_bytes_total",
+			"Stored bytes of delta segments (compressed, encrypted), by target.", "target"),
+		Events: counterVec("delta_events_total",
+			"etcd events stored in delta segments, by target.", "target"),
+		ChainEnds: counterVec("delta_chain_ends_total",
+			"Delta chains that ended before a new full backup replaced them (etcd compacted past the agent, a revision was missing), by target: each starts a full backup.", "target"),
+		DeltaPeriod: gaugeVec("delta_period_seconds",
+			"A target's deltas.period: the lag alert allows a multiple of it.", "target"),
+		ClockOffset: gaugeVec("delta_clock_offset_seconds",
+			"The data server's clock minus the delta agent's when its newest segment arrived, by target (upload transit included). "+
+				"The agent's clock stamps the time of every revision a restore to a time goes by: more than a second off moves writes across a point.", "target"),
 		lag: &lagCollector{last: map[string]time.Time{}, now: time.Now, desc: prometheus.NewDesc("etcdbackup_delta_lag_seconds",
 			"Seconds since the newest etcd event stored in a delta segment of a target was seen: how much a restore to now would lose. "+
 				"It grows when the agent stops storing, and also when etcd takes no writes (a Kubernetes cluster writes every few seconds).",

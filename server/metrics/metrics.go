@@ -76,76 +76,42 @@ const (
 // New makes the series and registers them with reg; nil registers none.
 func New(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
-		BytesIn: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "etcdbackup", Name: "received_bytes_total",
-			Help: "Backup bytes received by uploads.",
-		}),
-		BytesOut: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "etcdbackup", Name: "sent_bytes_total",
-			Help: "Backup bytes sent by downloads.",
-		}),
-		Transfers: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: "etcdbackup", Name: "transfer_duration_seconds",
-			Help:    "Duration of uploads and downloads, by direction and gRPC status code.",
-			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10),
-		}, []string{"direction", "code"}),
-		InFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "etcdbackup", Name: "transfers_in_flight",
-			Help: "Uploads and downloads in progress, by direction.",
-		}, []string{"direction"}),
-		ConnectionsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "etcdbackup", Name: "connections_refused_total",
-			Help: "Connections to the agent or health port (port label) closed as soon as accepted because their source address held its share of connections already: a flood, or an agent pod holding many.",
-		}, []string{"port"}),
-		Runs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "etcdbackup", Name: "backup_runs_total",
-			Help: "Backup agent runs (scheduled and on demand) that finished, by target, location and result (succeeded, failed).",
-		}, []string{"target", "location", "result"}),
-		LastSuccess: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "etcdbackup", Name: "last_successful_backup_timestamp_seconds",
-			Help: "Unix time the newest stored agent backup of a target was taken, by target and location.",
-		}, []string{"target", "location"}),
-		Duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: "etcdbackup", Name: "backup_duration_seconds",
-			Help:    "Duration of successful backup agent runs, from Job creation to completion, by target.",
-			Buckets: prometheus.ExponentialBuckets(5, 2, 12), // 5 s … ≈ 2.8 h
-		}, []string{"target"}),
-		Size: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "etcdbackup", Name: "backup_size_bytes",
-			Help: "Stored size of the last successful agent backup of a target.",
-		}, []string{"target"}),
-		Period: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "etcdbackup", Name: "backup_schedule_period_seconds",
-			Help: "The longest gap between two scheduled backups of a target: alerts allow a multiple of it.",
-		}, []string{"target"}),
-		Skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "etcdbackup", Name: "scheduled_runs_skipped_total",
-			Help: "Scheduled backups not started, by target and reason (running: the previous one still ran; missed: later than startingDeadline; name-taken: another backup had the run's name).",
-		}, []string{"target", "reason"}),
-		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "etcdbackup", Name: "pruned_backups_total",
-			Help: "Backups removed by retention, by target and location.",
-		}, []string{"target", "location"}),
-		StorageErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "etcdbackup", Name: "storage_errors_total",
-			Help: "Storage operations that failed (not: not found, already exists, cancelled), by location and operation.",
-		}, []string{"location", "operation"}),
-		DrillRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "etcdbackup", Name: "drill_runs_total",
-			Help: "Restore drills that finished, by target and result (succeeded: restored as recorded; failed: did not; error: no verdict).",
-		}, []string{"target", "result"}),
-		LastVerified: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "etcdbackup", Name: "last_verified_backup_timestamp_seconds",
-			Help: "Unix time the newest backup of a target that a restore drill verified was taken, by target and location.",
-		}, []string{"target", "location"}),
-		VerifiedWithin: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "etcdbackup", Name: "drill_verified_within_seconds",
-			Help: "How old a drilled target's newest verified backup may get before alerting (its drill.verifiedWithin), by target.",
-		}, []string{"target"}),
-		ControllerLeader: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: "etcdbackup", Name: "controller_leader",
-			Help: "1 on the replica that runs the controller (schedules, retention, drills, delta agents), 0 on the others.",
-		}),
+		BytesIn: counter("received_bytes_total",
+			"Backup bytes received by uploads."),
+		BytesOut: counter("sent_bytes_total",
+			"Backup bytes sent by downloads."),
+		Transfers: histogramVec("transfer_duration_seconds",
+			"Duration of uploads and downloads, by direction and gRPC status code.",
+			prometheus.ExponentialBuckets(0.01, 4, 10), "direction", "code"),
+		InFlight: gaugeVec("transfers_in_flight",
+			"Uploads and downloads in progress, by direction.", "direction"),
+		ConnectionsRefused: counterVec("connections_refused_total",
+			"Connections to the agent or health port (port label) closed as soon as accepted because their source address held its share of connections already: a flood, or an agent pod holding many.", "port"),
+		Runs: counterVec("backup_runs_total",
+			"Backup agent runs (scheduled and on demand) that finished, by target, location and result (succeeded, failed).", "target", "location", "result"),
+		LastSuccess: gaugeVec("last_successful_backup_timestamp_seconds",
+			"Unix time the newest stored agent backup of a target was taken, by target and location.", "target", "location"),
+		Duration: histogramVec("backup_duration_seconds",
+			"Duration of successful backup agent runs, from Job creation to completion, by target.",
+			prometheus.ExponentialBuckets(5, 2, 12), "target"), // 5 s … ≈ 2.8 h
+		Size: gaugeVec("backup_size_bytes",
+			"Stored size of the last successful agent backup of a target.", "target"),
+		Period: gaugeVec("backup_schedule_period_seconds",
+			"The longest gap between two scheduled backups of a target: alerts allow a multiple of it.", "target"),
+		Skipped: counterVec("scheduled_runs_skipped_total",
+			"Scheduled backups not started, by target and reason (running: the previous one still ran; missed: later than startingDeadline; name-taken: another backup had the run's name).", "target", "reason"),
+		Pruned: counterVec("pruned_backups_total",
+			"Backups removed by retention, by target and location.", "target", "location"),
+		StorageErrors: counterVec("storage_errors_total",
+			"Storage operations that failed (not: not found, already exists, cancelled), by location and operation.", "location", "operation"),
+		DrillRuns: counterVec("drill_runs_total",
+			"Restore drills that finished, by target and result (succeeded: restored as recorded; failed: did not; error: no verdict).", "target", "result"),
+		LastVerified: gaugeVec("last_verified_backup_timestamp_seconds",
+			"Unix time the newest backup of a target that a restore drill verified was taken, by target and location.", "target", "location"),
+		VerifiedWithin: gaugeVec("drill_verified_within_seconds",
+			"How old a drilled target's newest verified backup may get before alerting (its drill.verifiedWithin), by target.", "target"),
+		ControllerLeader: gauge("controller_leader",
+			"1 on the replica that runs the controller (schedules, retention, drills, delta agents), 0 on the others."),
 		deltaSeries: newDeltaSeries(),
 	}
 	for _, d := range []string{"upload", "download"} {
@@ -198,3 +164,28 @@ func gaugeValue(g prometheus.Gauge) float64 {
 	}
 	return d.GetGauge().GetValue()
 }
+
+// The series' constructors: every series is etcdbackup_NAME.
+
+func counter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help})
+}
+
+func counterVec(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, labels)
+}
+
+func gauge(name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help})
+}
+
+func gaugeVec(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, labels)
+}
+
+func histogramVec(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: name, Help: help, Buckets: buckets}, labels)
+}
+
+// namespace prefixes every series' name.
+const namespace = "etcdbackup"

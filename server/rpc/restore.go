@@ -289,17 +289,16 @@ func (s *Service) GetRestore(ctx context.Context, req *ebv1.GetRestoreRequest) (
 			p.Message = "no restore Job for this member (deleted?); start the restore again"
 			continue
 		}
-		switch r.Phase {
-		case jobs.PhaseRunning:
-			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_RUNNING
-		case jobs.PhaseSucceeded:
-			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED
-		case jobs.PhaseFailed:
-			p.Phase = ebv1.RestorePhase_RESTORE_PHASE_FAILED
-		}
-		p.Message = r.Message
+		p.Phase, p.Message = restorePhases[r.Phase], r.Message
 		// What the member's Job was started with (its annotation).
 		p.BumpRevision, p.MarkCompacted = r.BumpRevision, r.BumpRevision > 0
 	}
 	return &ebv1.GetRestoreResponse{Members: plan}, nil
+}
+
+// restorePhases is a member's phase as its restore Job's says.
+var restorePhases = map[jobs.Phase]ebv1.RestorePhase{
+	jobs.PhaseRunning:   ebv1.RestorePhase_RESTORE_PHASE_RUNNING,
+	jobs.PhaseSucceeded: ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED,
+	jobs.PhaseFailed:    ebv1.RestorePhase_RESTORE_PHASE_FAILED,
 }

@@ -4,6 +4,7 @@
 package locations
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -73,15 +74,9 @@ func (o Options) withDefaults() Options {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.OpenTimeout <= 0 {
-		o.OpenTimeout = DefaultOpenTimeout
-	}
-	if o.CallTimeout <= 0 {
-		o.CallTimeout = DefaultCallTimeout
-	}
-	if o.ListTimeout <= 0 {
-		o.ListTimeout = DefaultListTimeout
-	}
+	o.OpenTimeout = cmp.Or(o.OpenTimeout, DefaultOpenTimeout)
+	o.CallTimeout = cmp.Or(o.CallTimeout, DefaultCallTimeout)
+	o.ListTimeout = cmp.Or(o.ListTimeout, DefaultListTimeout)
 	return o
 }
 
