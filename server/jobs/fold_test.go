@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -93,7 +94,7 @@ func TestFoldJob(t *testing.T) {
 	}
 
 	// A second fold to the same revision while this one runs is refused.
-	if _, err := l.StartFold(context.Background(), jobs.FoldSpec{Target: target, Backup: jobs.FoldName(target.Name, 5000), Location: "default", Inputs: in}); err != jobs.ErrRunning {
+	if _, err := l.StartFold(context.Background(), jobs.FoldSpec{Target: target, Backup: jobs.FoldName(target.Name, 5000), Location: "default", Inputs: in}); !errors.Is(err, jobs.ErrRunning) || !strings.Contains(err.Error(), "fold agent's Job") {
 		t.Fatalf("second fold: %v, want ErrRunning", err)
 	}
 	synced(t, l)

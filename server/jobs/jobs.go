@@ -129,10 +129,10 @@ func New(client kubernetes.Interface, namespace string, agents config.Agents) (*
 	return l, nil
 }
 
-// ErrRunning is returned when the agent of the same run (of any kind:
-// the same backup, drill, chain, fold or member's restore) is still
-// running.
-var ErrRunning = errors.New("a backup agent for this backup is still running")
+// ErrRunning is returned, wrapped with the Job's kind and name, when
+// the agent of the same run (of any kind: the same backup, drill,
+// chain, fold or member's restore) is still running.
+var ErrRunning = errors.New("still running")
 
 // CheckTarget verifies that what the target's Job would mount exists.
 func (l *Launcher) CheckTarget(ctx context.Context, t config.Target) error {

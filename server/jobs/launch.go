@@ -43,7 +43,7 @@ func (l *Launcher) start(ctx context.Context, job *batchv1.Job) (*batchv1.Job, e
 			return nil, fmt.Errorf("get existing job %s: %w", job.Name, gerr)
 		}
 		if phase, _ := l.phase(old); phase == PhaseRunning {
-			return nil, ErrRunning
+			return nil, runningErr(old)
 		}
 		if err := l.replace(ctx, old); err != nil {
 			return nil, err
@@ -242,4 +242,9 @@ func (l *Launcher) namespaceOf(k agentjob.Kind, t config.Target) string {
 // with the pod's token and the server's CA (agentJob mounts both).
 func (l *Launcher) conn() agentjob.Conn {
 	return agentjob.Conn{Server: l.agents.ServerAddress, TokenFile: TokenPath, ServerCA: ServerCAPath}
+}
+
+// runningErr is ErrRunning for job.
+func runningErr(job *batchv1.Job) error {
+	return fmt.Errorf("the %s agent's Job %s/%s is %w", ClaimsOf(job).Kind, job.Namespace, job.Name, ErrRunning)
 }

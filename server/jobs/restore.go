@@ -312,7 +312,7 @@ func (l *Launcher) StartRestore(ctx context.Context, spec RestoreSpec) ([]*batch
 			return nil, fmt.Errorf("get existing job %s: %w", j.Name, err)
 		}
 		if phase, _ := l.phase(o); phase == PhaseRunning && o.DeletionTimestamp == nil {
-			return nil, ErrRunning
+			return nil, runningErr(o)
 		}
 		old[j.Name] = o
 	}
