@@ -47,7 +47,10 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
-require github.com/pbnjay/memory v0.0.0-20210728143218-7b4eea64cf58 // indirect
+require (
+	github.com/pbnjay/memory v0.0.0-20210728143218-7b4eea64cf58 // indirect
+	k8s.io/apiserver v0.37.2 // indirect
+)
 
 require (
 	filippo.io/hpke v0.4.0 // indirect

@@ -99,8 +99,12 @@ Objects that controllers make (Pods of a ReplicaSet, ReplicaSets of a
 Deployment, EndpointSlices) are better recreated by restoring their owner.
 
 Objects the API server encrypted at rest (EncryptionConfiguration: values
-starting "k8s:enc:") cannot be read without its keys: each is named on
-stderr with its provider and key, and skipped. So is an object of a type this
+starting "k8s:enc:") are read with --encryption-config FILE, the API
+server's EncryptionConfiguration as it was when the backup was taken: its
+aescbc, aesgcm and secretbox keys open them, offline. KMS providers keep
+their keys in the KMS, so their objects cannot be opened here. Without the
+file, or without the key, each is named on stderr with its provider and key
+(and why it did not open), and skipped. So is an object of a type this
 build cannot decode.
 
 Exit codes: 0 when every object asked for was printed; 3 when a named OBJECT
@@ -112,6 +116,10 @@ kubectl etcdbackup extract etcd-2026-01-31 configmap app-config --object-namespa
 
 # Recover a deleted Secret (the output holds its data)
 kubectl etcdbackup extract etcd-2026-01-31 secret db-password --object-namespace shop | kubectl create -f -
+
+# The same Secret, encrypted at rest by the API server
+kubectl etcdbackup extract etcd-2026-01-31 secret db-password --object-namespace shop \
+  --encryption-config /etc/kubernetes/enc/encryption-config.yaml | kubectl create -f -
 
 # Every Deployment, ConfigMap and Secret of namespace shop labelled app=web
 kubectl etcdbackup extract etcd-2026-01-31 deployments,configmaps,secrets --object-namespace shop -l app=web > shop.yaml

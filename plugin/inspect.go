@@ -1,10 +1,13 @@
 package plugin
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
+	"strings"
 
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
@@ -162,11 +165,24 @@ type ResourceContents struct {
 	Internal bool `json:"internal,omitempty"`
 	Unknown  bool `json:"unknown,omitempty"`
 	// EtcdPath is where its objects are kept.
-	EtcdPath   string              `json:"etcdPath"`
-	Objects    int64               `json:"objects"`
-	SizeBytes  int64               `json:"sizeBytes"`
-	Encrypted  int64               `json:"encrypted"`
-	Namespaces []NamespaceContents `json:"namespaces,omitempty"`
+	EtcdPath  string `json:"etcdPath"`
+	Objects   int64  `json:"objects"`
+	SizeBytes int64  `json:"sizeBytes"`
+	Encrypted int64  `json:"encrypted"`
+	// EncryptedBy counts the encrypted objects by the provider and key
+	// of the API server's EncryptionConfiguration that encrypted them.
+	EncryptedBy []EncryptionCount   `json:"encryptedBy,omitempty"`
+	Namespaces  []NamespaceContents `json:"namespaces,omitempty"`
+}
+
+// EncryptionCount is how many objects one provider's key encrypted.
+type EncryptionCount struct {
+	// Provider is aescbc, aesgcm, secretbox or kms; Key the key's name
+	// (the plugin's, for kms).
+	Provider string `json:"provider"`
+	Version  string `json:"version,omitempty"`
+	Key      string `json:"key,omitempty"`
+	Objects  int64  `json:"objects"`
 }
 
 // NamespaceContents counts a resource's objects in one namespace.
@@ -206,6 +222,12 @@ func (o *InspectOptions) contentsObject(b *openedBackup, c *kube.Contents) *Back
 			Custom: r.Custom, Internal: r.Internal, Unknown: r.Unknown, EtcdPath: c.Prefix + r.Path + "/",
 			Objects: int64(rc.Objects), SizeBytes: rc.Bytes, Encrypted: int64(rc.Encrypted),
 		}
+		for e, n := range rc.EncryptedBy {
+			out.EncryptedBy = append(out.EncryptedBy, EncryptionCount{Provider: e.Provider, Version: e.Version, Key: e.Key, Objects: int64(n)})
+		}
+		slices.SortFunc(out.EncryptedBy, func(a, b EncryptionCount) int {
+			return cmp.Or(cmp.Compare(a.Provider, b.Provider), cmp.Compare(a.Key, b.Key), cmp.Compare(a.Version, b.Version))
+		})
 		for _, n := range rc.Namespaces {
 			out.Namespaces = append(out.Namespaces, NamespaceContents{Namespace: n.Namespace, Objects: int64(n.Objects), SizeBytes: n.Bytes, Encrypted: int64(n.Encrypted)})
 		}
@@ -224,7 +246,13 @@ func contentsSummary(doc *BackupContents) string {
 	line := fmt.Sprintf("%s: etcd revision %d, %d keys; %d objects under %s (%s)",
 		what, s.Revision, s.TotalKeys, s.Objects, doc.Spec.EtcdPrefix, humanize.IBytes(uint64(s.SizeBytes)))
 	if s.Encrypted > 0 {
-		line += fmt.Sprintf(", %d of them encrypted at rest", s.Encrypted)
+		var by []string
+		for _, r := range s.Resources {
+			for _, e := range r.EncryptedBy {
+				by = append(by, fmt.Sprintf("%d %s by %s", e.Objects, r.Resource, kube.Encryption{Provider: e.Provider, Version: e.Version, Key: e.Key}))
+			}
+		}
+		line += fmt.Sprintf(", %d of them encrypted at rest (%s)", s.Encrypted, strings.Join(by, "; "))
 	}
 	line += fmt.Sprintf("; %d %s outside it", s.OtherKeys, plural(s.OtherKeys, "key", "keys"))
 	if s.Objects == 0 && s.OtherKeys > 0 {

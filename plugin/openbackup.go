@@ -15,6 +15,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot/kube"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot/kube/atrest"
 )
 
 // backupSource is where inspect and extract read a snapshot from: a
@@ -29,6 +30,9 @@ type backupSource struct {
 	IdentityFiles []string
 	WorkDir       string
 	EtcdPrefix    string
+	// EncryptionConfig is the API server's EncryptionConfiguration,
+	// whose keys open the objects it encrypted at rest.
+	EncryptionConfig string
 }
 
 func (s *backupSource) addFlags(cmd *cobra.Command, g *GlobalOptions) {
@@ -37,6 +41,7 @@ func (s *backupSource) addFlags(cmd *cobra.Command, g *GlobalOptions) {
 	f.StringVar(&s.WorkDir, "work-dir", "", "`DIR` for the downloaded snapshot while it is read, removed afterwards (default: the system's temporary directory); it holds the cluster's Secrets meanwhile")
 	f.StringVar(&s.EtcdPrefix, "etcd-prefix", kube.DefaultPrefix, "the prefix kube-apiserver keeps its objects under (its --etcd-prefix)")
 	addIdentityFlag(cmd, &s.IdentityFiles, "an encrypted backup")
+	f.StringVar(&s.EncryptionConfig, "encryption-config", "", "the API server's EncryptionConfiguration (the `FILE` its --encryption-provider-config names, as it was when the backup was taken): its aescbc, aesgcm and secretbox keys open the objects it encrypted at rest (KMS keys stay in the KMS)")
 	addStorageConfigFlag(cmd, g)
 }
 
@@ -74,6 +79,12 @@ func (s *backupSource) open(ctx context.Context, g *GlobalOptions, op, name stri
 	if err != nil {
 		return nil, err
 	}
+	var atRest *atrest.Keys
+	if s.EncryptionConfig != "" {
+		if atRest, err = atrest.Load(s.EncryptionConfig); err != nil {
+			return nil, fmt.Errorf("--encryption-config: %w", err)
+		}
+	}
 	dir, err := os.MkdirTemp(s.WorkDir, "etcdbackup-"+op+"-")
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
@@ -106,6 +117,9 @@ func (s *backupSource) open(ctx context.Context, g *GlobalOptions, op, name stri
 	}
 	if ob.Snapshot, err = kube.Open(path, s.EtcdPrefix); err != nil {
 		return nil, err
+	}
+	if atRest != nil {
+		ob.Snapshot.OpenEncryptedWith(atRest)
 	}
 	ob.Catalog, ob.CatalogErrors = ob.Snapshot.Catalog()
 	ok = true

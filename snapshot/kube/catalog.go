@@ -29,11 +29,13 @@ func (s *Snapshot) Catalog() (*Catalog, []error) {
 			if k.res != crdPath {
 				continue
 			}
-			if k.enc != nil {
-				errs = append(errs, &EncryptedError{Resource: crds, Name: k.name, Encryption: *k.enc})
-				continue
-			}
 			v, err := s.value(b, k)
+			if err == nil && k.enc != nil {
+				if v, err = s.open(crds, k, v); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+			}
 			if err == nil {
 				var r Resource
 				if r, err = crdResource(v); err == nil {

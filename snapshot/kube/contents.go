@@ -27,8 +27,10 @@ type Count struct {
 	// Bytes are the stored values' size, as etcd holds them (encoded,
 	// and encrypted where the API server encrypts).
 	Bytes int64
-	// Encrypted are the objects the API server encrypted at rest.
-	Encrypted int
+	// Encrypted are the objects the API server encrypted at rest;
+	// EncryptedBy counts them by provider and key.
+	Encrypted   int
+	EncryptedBy map[Encryption]int
 }
 
 func (c *Count) add(k key) {
@@ -36,6 +38,10 @@ func (c *Count) add(k key) {
 	c.Bytes += int64(k.size)
 	if k.enc != nil {
 		c.Encrypted++
+		if c.EncryptedBy == nil {
+			c.EncryptedBy = map[Encryption]int{}
+		}
+		c.EncryptedBy[*k.enc]++
 	}
 }
 

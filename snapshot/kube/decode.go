@@ -97,18 +97,40 @@ func printable(s string) string {
 	return s
 }
 
-// EncryptedError is an object kube-apiserver encrypted at rest: its
-// name, from its key, is all that can be read of it without the
-// EncryptionConfiguration's keys.
+// EncryptedError is an object kube-apiserver encrypted at rest that
+// could not be opened: its name, from its key, is all that can be read
+// of it without the EncryptionConfiguration's keys.
 type EncryptedError struct {
 	Resource        Resource
 	Namespace, Name string
 	Encryption      Encryption
+	// Err is why the keys given did not open it (nil: none were given).
+	Err error
 }
 
 func (e *EncryptedError) Error() string {
-	return fmt.Sprintf("%s %s is encrypted at rest by the API server (%s): its content cannot be read without that key",
+	if e.Err != nil {
+		return fmt.Sprintf("%s %s is encrypted at rest by the API server (%s) and the encryption configuration given does not open it: %v",
+			e.Resource.String(), objectName(e.Namespace, e.Name), e.Encryption, e.Err)
+	}
+	return fmt.Sprintf("%s %s is encrypted at rest by the API server (%s): its content cannot be read without that key (--encryption-config: the API server's EncryptionConfiguration)",
 		e.Resource.String(), objectName(e.Namespace, e.Name), e.Encryption)
+}
+
+func (e *EncryptedError) Unwrap() error { return e.Err }
+
+// open opens k's value v, which the API server encrypted at rest, with
+// the snapshot's opener; one it cannot open is an *EncryptedError of
+// resource r.
+func (s *Snapshot) open(r Resource, k key, v []byte) ([]byte, error) {
+	if s.opener == nil {
+		return nil, &EncryptedError{Resource: r, Namespace: k.ns, Name: k.name, Encryption: *k.enc}
+	}
+	plain, err := s.opener.Open(k.path, v)
+	if err != nil {
+		return nil, &EncryptedError{Resource: r, Namespace: k.ns, Name: k.name, Encryption: *k.enc, Err: err}
+	}
+	return plain, nil
 }
 
 // DecodeError is an object whose stored bytes could not be decoded.

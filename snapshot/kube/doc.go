@@ -9,6 +9,8 @@
 // apimachinery's own serializer), JSON or CBOR for custom resources —
 // into objects ready to apply again (Objects, Manifest). Custom resources
 // are resolved with the CustomResourceDefinitions the snapshot holds.
-// Values the API server encrypted at rest ("k8s:enc:…") are reported by
-// name and provider, never decoded.
+// Values the API server encrypted at rest ("k8s:enc:…") are counted by
+// provider and key, and opened only by an Opener given to the snapshot
+// (atrest.Keys, from the API server's EncryptionConfiguration); else
+// they are reported by name and provider, not decoded.
 package kube

@@ -56,13 +56,15 @@ func (s *Snapshot) Objects(sel Selection, fn func(Object, error) error) error {
 				continue
 			}
 			o := Object{Namespace: k.ns, Name: k.name, Revision: k.rev.Main}
-			if k.enc != nil {
-				if err := fn(o, &EncryptedError{Resource: sel.Resource, Namespace: k.ns, Name: k.name, Encryption: *k.enc}); err != nil {
-					return err
-				}
-				continue
-			}
 			v, err := s.value(b, k)
+			if err == nil && k.enc != nil {
+				if v, err = s.open(sel.Resource, k, v); err != nil {
+					if err := fn(o, err); err != nil {
+						return err
+					}
+					continue
+				}
+			}
 			if err == nil {
 				o.Object, err = Decode(v)
 			}

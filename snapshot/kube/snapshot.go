@@ -33,7 +33,21 @@ type Snapshot struct {
 	// bytes.
 	otherKeys  int
 	otherBytes int64
+	// opener opens values the API server encrypted at rest (nil: they
+	// are reported, not read).
+	opener Opener
 }
+
+// Opener opens a value kube-apiserver encrypted at rest, stored at the
+// etcd key key (atrest.Keys, read from its EncryptionConfiguration).
+type Opener interface {
+	Open(key string, value []byte) ([]byte, error)
+}
+
+// OpenEncryptedWith makes Objects and Catalog read the values the API
+// server encrypted at rest with o; one it does not open is still
+// reported as an *EncryptedError, saying why.
+func (s *Snapshot) OpenEncryptedWith(o Opener) { s.opener = o }
 
 // key is the latest revision of a live key under the prefix.
 type key struct {
