@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
 
@@ -146,6 +147,17 @@ func TestInspectAndExtract(t *testing.T) {
 				t.Errorf("inspect counts %d %s in %s, kubectl get counted %d", got, name, ns, counted[name])
 			}
 		}
+		// The API server encrypts Secrets at rest: every one is counted
+		// as encrypted, by the sandbox's aescbc key.
+		for _, r := range doc.Status.Resources {
+			if r.Resource != "secrets" {
+				continue
+			}
+			if r.Encrypted != r.Objects || len(r.EncryptedBy) != 1 || r.EncryptedBy[0].Provider != "aescbc" ||
+				r.EncryptedBy[0].Key != sandbox.EncryptionKeyName || r.EncryptedBy[0].Objects != r.Objects {
+				t.Errorf("secrets: %d objects, %d encrypted, by %+v; want all by aescbc key %s", r.Objects, r.Encrypted, r.EncryptedBy, sandbox.EncryptionKeyName)
+			}
+		}
 		// etcd's own count of live keys is the objects and the rest.
 		if doc.Status.Revision == 0 || doc.Status.Objects == 0 || doc.Status.Objects+doc.Status.OtherKeys != doc.Status.TotalKeys ||
 			doc.count("customresourcedefinitions.apiextensions.k8s.io", "") == 0 {
@@ -189,9 +201,19 @@ func TestInspectAndExtract(t *testing.T) {
 		if !strings.Contains(r.Stdout, "SECRET DATA") {
 			t.Errorf("extract's help does not warn that the output holds secret data")
 		}
-		// The same objects online and with the API server not asked.
-		online := mustSucceed(t, c.run(t, nil, "etcdbackup", "extract", "objects", "cm,secrets,deploy,wdg", "--object-namespace", ns), "extract").Stdout
-		offline := mustSucceed(t, c.run(t, []string{"KUBECONFIG=" + os.DevNull}, "etcdbackup", "extract", "objects", "cm,secrets,deploy,wdg", "--object-namespace", ns, "--storage-config", storageConfig), "extract --storage-config").Stdout
+		// The Secret is encrypted at rest: without the API server's
+		// EncryptionConfiguration it is named and skipped (exit 6), its
+		// data nowhere in the output.
+		encConfig := sb.EncryptionConfigFile()
+		r = c.run(t, nil, "etcdbackup", "extract", "objects", "secrets", "--object-namespace", ns)
+		if r.ExitCode != 6 || !strings.Contains(r.Stderr, `secrets "`+ns+`/db-credentials" is encrypted at rest by the API server (aescbc v1, key "`+sandbox.EncryptionKeyName+`")`) ||
+			strings.Contains(r.Stdout, "db-credentials") {
+			t.Errorf("extract of an encrypted Secret without the encryption config: %s", r)
+		}
+		// The same objects online and with the API server not asked,
+		// the Secret opened with the API server's own configuration.
+		online := mustSucceed(t, c.run(t, nil, "etcdbackup", "extract", "objects", "cm,secrets,deploy,wdg", "--object-namespace", ns, "--encryption-config", encConfig), "extract").Stdout
+		offline := mustSucceed(t, c.run(t, []string{"KUBECONFIG=" + os.DevNull}, "etcdbackup", "extract", "objects", "cm,secrets,deploy,wdg", "--object-namespace", ns, "--storage-config", storageConfig, "--encryption-config", encConfig), "extract --storage-config").Stdout
 		if online != offline {
 			t.Errorf("extract online:\n%s\nwith --storage-config:\n%s", online, offline)
 		}
@@ -207,7 +229,7 @@ func TestInspectAndExtract(t *testing.T) {
 		for _, script := range []string{
 			"kubectl etcdbackup extract objects configmaps -l app=shop --object-namespace " + ns + " | kubectl apply -f -",
 			"kubectl etcdbackup extract objects configmap notes --object-namespace " + ns + " -o json | kubectl create -f -",
-			"kubectl etcdbackup extract objects deployments,secrets,wdg --object-namespace " + ns + " | kubectl apply -f -",
+			"kubectl etcdbackup extract objects deployments,secrets,wdg --object-namespace " + ns + " --encryption-config " + encConfig + " | kubectl apply -f -",
 		} {
 			sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
 			r := world.RunCommand(k.Shell(sctx, script))
@@ -243,9 +265,15 @@ type inspectDoc struct {
 		Objects   int64 `json:"objects"`
 		OtherKeys int64 `json:"otherKeys"`
 		Resources []struct {
-			Resource   string `json:"resource"`
-			Group      string `json:"group"`
-			Objects    int    `json:"objects"`
+			Resource    string `json:"resource"`
+			Group       string `json:"group"`
+			Objects     int    `json:"objects"`
+			Encrypted   int    `json:"encrypted"`
+			EncryptedBy []struct {
+				Provider string `json:"provider"`
+				Key      string `json:"key"`
+				Objects  int    `json:"objects"`
+			} `json:"encryptedBy"`
 			Namespaces []struct {
 				Namespace string `json:"namespace"`
 				Objects   int    `json:"objects"`

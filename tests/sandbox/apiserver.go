@@ -40,6 +40,9 @@ func apiserverArgs(dir string, p *pki, etcdURL string, port int) []string {
 		"--service-account-key-file=" + p.saPubFile,
 		"--service-account-signing-key-file=" + p.saKeyFile,
 		"--service-cluster-ip-range=" + ServiceCIDR,
+		// Secrets encrypted at rest (aescbc), as on-prem clusters keep
+		// them: a backup holds them encrypted.
+		"--encryption-provider-config=" + p.encryptionConfigFile,
 		"--authorization-mode=Node,RBAC",
 		// As kubeadm: a node may only touch its own Node, Lease and Pods.
 		"--enable-admission-plugins=NodeRestriction",

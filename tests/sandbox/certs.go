@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -66,6 +67,10 @@ type pki struct {
 
 	saKeyFile string // service-account signing key (private)
 	saPubFile string // service-account verification key (public)
+
+	// encryptionConfigFile is the API server's EncryptionConfiguration:
+	// Secrets encrypted at rest with aescbc, as on-prem clusters do.
+	encryptionConfigFile string
 }
 
 // newPKI generates the sandbox's certificates and writes them under dir.
@@ -171,7 +176,45 @@ func newPKI(dir string) (*pki, error) {
 	if err := p.newServiceAccountKey(); err != nil {
 		return nil, err
 	}
+	if err := p.newEncryptionConfig(); err != nil {
+		return nil, err
+	}
 	return p, nil
+}
+
+// EncryptionKeyName is the name of the aescbc key the sandbox's API
+// server encrypts Secrets with: they are stored as
+// "k8s:enc:aescbc:v1:sandbox-1:…".
+const EncryptionKeyName = "sandbox-1"
+
+// newEncryptionConfig writes an EncryptionConfiguration with a new
+// random aescbc key for Secrets beside the PKI, in enc/ (kubeadm leaves
+// the place to the operator; /etc/kubernetes/enc/ is the usual one).
+func (p *pki) newEncryptionConfig() error {
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return fmt.Errorf("generate the encryption key: %w", err)
+	}
+	dir := filepath.Join(filepath.Dir(p.dir), "enc")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	p.encryptionConfigFile = filepath.Join(dir, "encryption-config.yaml")
+	config := fmt.Sprintf(`apiVersion: apiserver.config.k8s.io/v1
+kind: EncryptionConfiguration
+resources:
+- resources: [secrets]
+  providers:
+  - aescbc:
+      keys:
+      - name: %s
+        secret: %s
+  - identity: {}
+`, EncryptionKeyName, base64.StdEncoding.EncodeToString(key))
+	if err := os.WriteFile(p.encryptionConfigFile, []byte(config), 0o600); err != nil {
+		return fmt.Errorf("write the encryption configuration: %w", err)
+	}
+	return nil
 }
 
 // nodeCerts issues a node's kubelet certificates: its serving certificate

@@ -328,6 +328,11 @@ func (s *Sandbox) APIServerPID() int {
 	return s.apiserver.cmd.Process.Pid
 }
 
+// EncryptionConfigFile is the API server's EncryptionConfiguration
+// (--encryption-provider-config): Secrets are encrypted at rest with its
+// aescbc key EncryptionKeyName.
+func (s *Sandbox) EncryptionConfigFile() string { return s.pki.encryptionConfigFile }
+
 // Dir is the sandbox work dir (absolute).
 func (s *Sandbox) Dir() string { return s.dir }
 
