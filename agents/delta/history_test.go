@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	agent "github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
@@ -129,19 +131,7 @@ func TestRunningAgentSeesEtcdRestoredUnderIt(t *testing.T) {
 		write(fmt.Sprintf("/old/a%02d", i), "old")
 	}
 	waitFor(t, "the agent holding 10 revisions", func() bool { return taken.Load() == 10 })
-	snap := filepath.Join(t.TempDir(), "snap.db")
-	f, err := os.Create(snap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := c.Snapshot(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.ReadFrom(rc); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	snap := saveSnapshot(t, c)
 	var oldEnd int64
 	for i := range 10 {
 		oldEnd = write(fmt.Sprintf("/old/b%02d", i), "old")
@@ -189,19 +179,7 @@ func TestRunningAgentSeesARestoreUnderAStoredDelete(t *testing.T) {
 	te := etcdtest.Start(t, false)
 	c := te.Client(t)
 	ctx := context.Background()
-	snap := filepath.Join(t.TempDir(), "snap.db")
-	f, err := os.Create(snap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := c.Snapshot(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.ReadFrom(rc); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	snap := saveSnapshot(t, c)
 	store := &memStore{start: rev(t, c) + 1}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -241,6 +219,27 @@ func TestRunningAgentSeesARestoreUnderAStoredDelete(t *testing.T) {
 	if !strings.Contains(res.ChainEnded, "history changed") || !strings.Contains(res.ChainEnded, "/old/a04") {
 		t.Fatalf("chain ended: %q; want it to say etcd's history changed at the deleted key", res.ChainEnded)
 	}
+}
+
+// saveSnapshot writes etcd's snapshot, as its client streams it, into a
+// new file and returns its path.
+func saveSnapshot(t *testing.T, c *clientv3.Client) string {
+	t.Helper()
+	snap := filepath.Join(t.TempDir(), "snap.db")
+	f, err := os.Create(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rc, err := c.Snapshot(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	if _, err := f.ReadFrom(rc); err != nil {
+		t.Fatal(err)
+	}
+	return snap
 }
 
 // An etcd of another cluster under the target's name ends the chain.

@@ -98,7 +98,9 @@ func TestRulesReadExportedSeries(t *testing.T) {
 	for _, m := range regexp.MustCompile(`NewDesc\("etcdbackup_(\w+)"`).FindAllStringSubmatch(string(src), -1) {
 		exported["etcdbackup_"+m[1]] = true
 	}
-	for _, m := range regexp.MustCompile(`Namespace: "etcdbackup", Name: "(\w+)"`).FindAllStringSubmatch(string(src), -1) {
+	// Series made with the package's constructors (counter, gaugeVec, …,
+	// all under the etcdbackup namespace) or spelled out.
+	for _, m := range regexp.MustCompile(`(?:\b(?:counter|counterVec|gauge|gaugeVec|histogramVec)\(|Namespace: "etcdbackup", Name: )"(\w+)"`).FindAllStringSubmatch(string(src), -1) {
 		name := "etcdbackup_" + m[1]
 		exported[name] = true
 		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
