@@ -135,12 +135,9 @@ type BackupContentsStatus struct {
 	// Objects and OtherKeys together.
 	Revision  int64 `json:"revision"`
 	TotalKeys int64 `json:"totalKeys"`
-	// Objects are the live keys under the prefix (the latest revision of
-	// each, deleted ones left out), SizeBytes their stored values' size,
-	// Encrypted those the API server encrypted at rest.
-	Objects   int64 `json:"objects"`
-	SizeBytes int64 `json:"sizeBytes"`
-	Encrypted int64 `json:"encrypted"`
+	// ObjectCount counts the live keys under the prefix (the latest
+	// revision of each, deleted ones left out).
+	ObjectCount
 	// OtherKeys are the live keys outside the prefix.
 	OtherKeys      int64 `json:"otherKeys"`
 	OtherSizeBytes int64 `json:"otherSizeBytes"`
@@ -165,14 +162,26 @@ type ResourceContents struct {
 	Internal bool `json:"internal,omitempty"`
 	Unknown  bool `json:"unknown,omitempty"`
 	// EtcdPath is where its objects are kept.
-	EtcdPath  string `json:"etcdPath"`
-	Objects   int64  `json:"objects"`
-	SizeBytes int64  `json:"sizeBytes"`
-	Encrypted int64  `json:"encrypted"`
+	EtcdPath string `json:"etcdPath"`
+	ObjectCount
 	// EncryptedBy counts the encrypted objects by the provider and key
 	// of the API server's EncryptionConfiguration that encrypted them.
 	EncryptedBy []EncryptionCount   `json:"encryptedBy,omitempty"`
 	Namespaces  []NamespaceContents `json:"namespaces,omitempty"`
+}
+
+// NamespaceContents counts a resource's objects in one namespace.
+type NamespaceContents struct {
+	Namespace string `json:"namespace"`
+	ObjectCount
+}
+
+// ObjectCount is a number of objects (JSON: inline), their stored
+// values' size, and how many of them the API server encrypted at rest.
+type ObjectCount struct {
+	Objects   int64 `json:"objects"`
+	SizeBytes int64 `json:"sizeBytes"`
+	Encrypted int64 `json:"encrypted"`
 }
 
 // EncryptionCount is how many objects one provider's key encrypted.
@@ -185,12 +194,8 @@ type EncryptionCount struct {
 	Objects  int64  `json:"objects"`
 }
 
-// NamespaceContents counts a resource's objects in one namespace.
-type NamespaceContents struct {
-	Namespace string `json:"namespace"`
-	Objects   int64  `json:"objects"`
-	SizeBytes int64  `json:"sizeBytes"`
-	Encrypted int64  `json:"encrypted"`
+func countOf(c kube.Count) ObjectCount {
+	return ObjectCount{Objects: int64(c.Objects), SizeBytes: c.Bytes, Encrypted: int64(c.Encrypted)}
 }
 
 func (c *BackupContents) DeepCopyObject() runtime.Object { d := *c; return &d }
@@ -204,8 +209,8 @@ func (o *InspectOptions) contentsObject(b *openedBackup, c *kube.Contents) *Back
 		Spec:     BackupContentsSpec{File: o.Source.FromFile, EtcdPrefix: c.Prefix},
 		Status: BackupContentsStatus{
 			Revision: b.Status.Revision, TotalKeys: int64(b.Status.TotalKey),
-			Objects: int64(c.Objects), SizeBytes: c.Bytes, Encrypted: int64(c.Encrypted),
-			OtherKeys: int64(c.OtherKeys), OtherSizeBytes: c.OtherBytes,
+			ObjectCount: countOf(c.Count),
+			OtherKeys:   int64(c.OtherKeys), OtherSizeBytes: c.OtherBytes,
 			Resources: []ResourceContents{},
 		},
 	}
@@ -220,7 +225,7 @@ func (o *InspectOptions) contentsObject(b *openedBackup, c *kube.Contents) *Back
 		out := ResourceContents{
 			Resource: r.Resource, Group: r.Group, Kind: r.Kind, Namespaced: r.Namespaced,
 			Custom: r.Custom, Internal: r.Internal, Unknown: r.Unknown, EtcdPath: c.Prefix + r.Path + "/",
-			Objects: int64(rc.Objects), SizeBytes: rc.Bytes, Encrypted: int64(rc.Encrypted),
+			ObjectCount: countOf(rc.Count),
 		}
 		for e, n := range rc.EncryptedBy {
 			out.EncryptedBy = append(out.EncryptedBy, EncryptionCount{Provider: e.Provider, Version: e.Version, Key: e.Key, Objects: int64(n)})
@@ -229,7 +234,7 @@ func (o *InspectOptions) contentsObject(b *openedBackup, c *kube.Contents) *Back
 			return cmp.Or(cmp.Compare(a.Provider, b.Provider), cmp.Compare(a.Key, b.Key), cmp.Compare(a.Version, b.Version))
 		})
 		for _, n := range rc.Namespaces {
-			out.Namespaces = append(out.Namespaces, NamespaceContents{Namespace: n.Namespace, Objects: int64(n.Objects), SizeBytes: n.Bytes, Encrypted: int64(n.Encrypted)})
+			out.Namespaces = append(out.Namespaces, NamespaceContents{Namespace: n.Namespace, ObjectCount: countOf(n.Count)})
 		}
 		doc.Status.Resources = append(doc.Status.Resources, out)
 	}
