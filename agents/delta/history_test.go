@@ -141,13 +141,7 @@ func TestRunningAgentSeesEtcdRestoredUnderIt(t *testing.T) {
 		t.Fatalf("%d segments stored before the restore; want the writes held", n)
 	}
 
-	zero := int64(0)
-	dir := filepath.Join(t.TempDir(), "restored")
-	if _, err := snapshot.Restore(snap, snapshot.Member{Name: te.Name, InitialCluster: te.InitialCluster,
-		InitialAdvertisePeerURLs: []string{te.PeerURL}, DataDir: dir, BumpRevision: &zero}); err != nil {
-		t.Fatal(err)
-	}
-	te.RestartOn(t, dir)
+	restoreInPlace(t, te, snap)
 	// The new history passes the old one's end, then a write over
 	// MaxBytes makes the agent cut.
 	for rev(t, c) <= oldEnd {
@@ -196,13 +190,7 @@ func TestRunningAgentSeesARestoreUnderAStoredDelete(t *testing.T) {
 	oldEnd := del.Header.Revision
 	waitFor(t, "the delete stored", func() bool { return store.last() == oldEnd })
 
-	zero := int64(0)
-	dir := filepath.Join(t.TempDir(), "restored")
-	if _, err := snapshot.Restore(snap, snapshot.Member{Name: te.Name, InitialCluster: te.InitialCluster,
-		InitialAdvertisePeerURLs: []string{te.PeerURL}, DataDir: dir, BumpRevision: &zero}); err != nil {
-		t.Fatal(err)
-	}
-	te.RestartOn(t, dir)
+	restoreInPlace(t, te, snap)
 	for rev(t, c) <= oldEnd+5 {
 		if _, err := c.Put(ctx, "/new/filler", "new"); err != nil {
 			t.Fatal(err)
@@ -240,6 +228,20 @@ func saveSnapshot(t *testing.T, c *clientv3.Client) string {
 		t.Fatal(err)
 	}
 	return snap
+}
+
+// restoreInPlace restores te from snap without a revision bump, as an
+// operator restoring in place does, and starts it again on that data:
+// same URL, same cluster and member IDs.
+func restoreInPlace(t *testing.T, te *etcdtest.Etcd, snap string) {
+	t.Helper()
+	zero := int64(0)
+	dir := filepath.Join(t.TempDir(), "restored")
+	if _, err := snapshot.Restore(snap, snapshot.Member{Name: te.Name, InitialCluster: te.InitialCluster,
+		InitialAdvertisePeerURLs: []string{te.PeerURL}, DataDir: dir, BumpRevision: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	te.RestartOn(t, dir)
 }
 
 // An etcd of another cluster under the target's name ends the chain.
