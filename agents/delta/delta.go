@@ -943,11 +943,13 @@ func (c *capture) checkHistory(ctx context.Context) error {
 	if ev == nil {
 		return nil
 	}
-	there, err := c.thereBefore(ctx, ev, held)
-	if err != nil {
-		return err
+	there := false
+	if holds(resp.Kvs, ev, held) {
+		if there, err = c.thereBefore(ctx, ev, held); err != nil {
+			return err
+		}
 	}
-	if !holds(resp.Kvs, ev, held) || !there {
+	if !there {
 		return chainEnd{historyBreak: true, reason: fmt.Sprintf("etcd holds another write at revision %d than the chain does (key %q): its history changed under the chain (restored without a revision bump, or re-created); the chain ends here and a full backup starts a new one", held, ev.Key)}
 	}
 	return nil

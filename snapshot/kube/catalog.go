@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -29,12 +30,10 @@ func (s *Snapshot) Catalog() (*Catalog, []error) {
 			if k.res != crdPath {
 				continue
 			}
-			v, err := s.value(b, k)
-			if err == nil && k.enc != nil {
-				if v, err = s.open(crds, k, v); err != nil {
-					errs = append(errs, err)
-					continue
-				}
+			v, err := s.plain(b, crds, k)
+			if enc := (*EncryptedError)(nil); errors.As(err, &enc) {
+				errs = append(errs, enc)
+				continue
 			}
 			if err == nil {
 				var r Resource

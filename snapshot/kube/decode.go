@@ -119,20 +119,6 @@ func (e *EncryptedError) Error() string {
 
 func (e *EncryptedError) Unwrap() error { return e.Err }
 
-// open opens k's value v, which the API server encrypted at rest, with
-// the snapshot's opener; one it cannot open is an *EncryptedError of
-// resource r.
-func (s *Snapshot) open(r Resource, k key, v []byte) ([]byte, error) {
-	if s.opener == nil {
-		return nil, &EncryptedError{Resource: r, Namespace: k.ns, Name: k.name, Encryption: *k.enc}
-	}
-	plain, err := s.opener.Open(k.path, v)
-	if err != nil {
-		return nil, &EncryptedError{Resource: r, Namespace: k.ns, Name: k.name, Encryption: *k.enc, Err: err}
-	}
-	return plain, nil
-}
-
 // DecodeError is an object whose stored bytes could not be decoded.
 type DecodeError struct {
 	Resource        Resource

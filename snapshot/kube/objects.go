@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"errors"
 	"sort"
 	"strings"
 
@@ -56,14 +57,12 @@ func (s *Snapshot) Objects(sel Selection, fn func(Object, error) error) error {
 				continue
 			}
 			o := Object{Namespace: k.ns, Name: k.name, Revision: k.rev.Main}
-			v, err := s.value(b, k)
-			if err == nil && k.enc != nil {
-				if v, err = s.open(sel.Resource, k, v); err != nil {
-					if err := fn(o, err); err != nil {
-						return err
-					}
-					continue
+			v, err := s.plain(b, sel.Resource, k)
+			if enc := (*EncryptedError)(nil); errors.As(err, &enc) {
+				if err := fn(o, enc); err != nil {
+					return err
 				}
+				continue
 			}
 			if err == nil {
 				o.Object, err = Decode(v)

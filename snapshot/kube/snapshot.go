@@ -203,6 +203,25 @@ func (s *Snapshot) value(b *bolt.Bucket, k key) ([]byte, error) {
 	return kv.Value, nil
 }
 
+// plain is k's value as the API server wrote it before any encryption:
+// read, and opened with the snapshot's opener when the API server
+// encrypted it at rest (without an opener it is not read). One that
+// cannot be opened is an *EncryptedError of resource r.
+func (s *Snapshot) plain(b *bolt.Bucket, r Resource, k key) ([]byte, error) {
+	if k.enc != nil && s.opener == nil {
+		return nil, &EncryptedError{Resource: r, Namespace: k.ns, Name: k.name, Encryption: *k.enc}
+	}
+	v, err := s.value(b, k)
+	if err != nil || k.enc == nil {
+		return v, err
+	}
+	plain, err := s.opener.Open(k.path, v)
+	if err != nil {
+		return nil, &EncryptedError{Resource: r, Namespace: k.ns, Name: k.name, Encryption: *k.enc, Err: err}
+	}
+	return plain, nil
+}
+
 // paths returns the distinct resource paths of the live keys.
 func (s *Snapshot) paths() []string {
 	seen := map[string]bool{}

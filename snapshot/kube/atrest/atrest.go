@@ -159,9 +159,11 @@ func (k *Keys) Open(key string, value []byte) ([]byte, error) {
 		end += i + 1
 	}
 	prefix := string(value[:len(magic)+end])
+	// what is PROVIDER:VERSION:NAME, for errors.
+	what := prefix[len(magic) : len(prefix)-1]
 	openers := k.byPrefix[prefix]
 	if len(openers) == 0 {
-		return nil, fmt.Errorf("%s: %w (it has %s)", strings.TrimSuffix(strings.TrimPrefix(prefix, magic), ":"), ErrNoKey, strings.Join(k.names, ", "))
+		return nil, fmt.Errorf("%s: %w (it has %s)", what, ErrNoKey, strings.Join(k.names, ", "))
 	}
 	ciphertext := value[len(prefix):]
 	var last error
@@ -172,7 +174,7 @@ func (k *Keys) Open(key string, value []byte) ([]byte, error) {
 		}
 		last = err
 	}
-	return nil, fmt.Errorf("%s: %w: %v", strings.TrimSuffix(strings.TrimPrefix(prefix, magic), ":"), ErrNotOpened, last)
+	return nil, fmt.Errorf("%s: %w: %v", what, ErrNotOpened, last)
 }
 
 func cbcOpener(secret []byte) (opener, error) {
