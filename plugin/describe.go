@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"strings"
 	"time"
 
@@ -137,6 +138,7 @@ func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
 	describeData(w, b)
 	describeVerification(w, b, now)
 	describeChain(w, b, now)
+	describeKit(w, b)
 	if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_FAILED {
 		fmt.Fprintf(w, "Next:\tkubectl etcdbackup logs %s --location %s\n", b.GetName(), b.GetLocation())
 	}
@@ -213,13 +215,7 @@ func describeData(w io.Writer, b *ebv1.Backup) {
 	subfield(w, "Compression", orNone(b.GetCompression()))
 	if b.GetEncryption() != "" {
 		subfield(w, "Encryption", b.GetEncryption())
-		for i, r := range b.GetAgeRecipients() {
-			k := ""
-			if i == 0 {
-				k = "Recipients"
-			}
-			fmt.Fprintf(w, "  %s\t%s\n", pad(k), r)
-		}
+		lines(w, "Recipients", b.GetAgeRecipients())
 	} else {
 		subfield(w, "Encryption", "<none>")
 	}
@@ -277,6 +273,32 @@ func describeChain(w io.Writer, b *ebv1.Backup, now time.Time) {
 	}
 }
 
+// describeKit writes the backup's recovery kit: what it holds, the
+// versions a rebuild checks, and who can open it.
+func describeKit(w io.Writer, b *ebv1.Backup) {
+	k := b.GetKit()
+	if k == nil {
+		return
+	}
+	fmt.Fprintln(w, "Recovery Kit:")
+	subfield(w, "Stored As", k.GetName())
+	subfield(w, "Size", sizeString(k.GetSize()))
+	subfield(w, "SHA256", k.GetSha256())
+	subfield(w, "Node", orNone(k.GetNode()))
+	subfield(w, "Paths", strings.Join(k.GetPaths(), ", "))
+	subfield(w, "Versions", fmt.Sprintf("etcd %s, Kubernetes %s", orNone(k.GetVersions().GetEtcd()), orNone(k.GetVersions().GetKubernetes())))
+	lines(w, "Encrypted To", k.GetAgeRecipients())
+	subfield(w, "Entries", k.GetEntries())
+	for _, f := range k.GetFiles() {
+		line := fmt.Sprintf("%s %8d %s", fs.FileMode(f.GetMode()), f.GetSize(), f.GetPath())
+		if l := f.GetLink(); l != "" {
+			line += " -> " + l
+		}
+		fmt.Fprintf(w, "    %s\n", line)
+	}
+	fmt.Fprintf(w, "  Next:\tkubectl etcdbackup verify %s --identity KEYFILE (opens it here and checks every file); restore --local --rebuild brings a lost node back from it\n", b.GetName())
+}
+
 func sizeString(n int64) string {
 	return fmt.Sprintf("%s (%d bytes)", humanize.IBytes(uint64(n)), n)
 }
@@ -285,6 +307,17 @@ func sizeString(n int64) string {
 // the zero time a Job without a creation time converts to.
 func knownTime(t *timestamppb.Timestamp) bool {
 	return t != nil && t.AsTime().Unix() > 0
+}
+
+// lines writes a section's field of several values, one per line.
+func lines(w io.Writer, key string, values []string) {
+	for i, v := range values {
+		k := ""
+		if i == 0 {
+			k = key
+		}
+		fmt.Fprintf(w, "  %s\t%s\n", pad(k), v)
+	}
 }
 
 // pad writes a key of a multi-line value: "Key:" on the first line,

@@ -1,9 +1,9 @@
 package plugin
 
 import (
-	"time"
-
 	"fmt"
+	"io/fs"
+	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -80,6 +80,38 @@ type BackupStatus struct {
 	Chain *DeltaChain `json:"chain,omitempty"`
 	// Delta is what a delta segment (list --chain) holds.
 	Delta *DeltaSegment `json:"delta,omitempty"`
+	// Kit is the control plane's recovery kit stored with the backup.
+	Kit *Kit `json:"kit,omitempty"`
+}
+
+// Kit is a backup's recovery kit as stored: age-encrypted to
+// AgeRecipients, read on Node from Paths. Files are listed by get and
+// describe (not by list, which gives Entries only).
+type Kit struct {
+	Name          string       `json:"name"`
+	SizeBytes     int64        `json:"sizeBytes"`
+	SHA256        string       `json:"sha256"`
+	Created       *metav1.Time `json:"created,omitempty"`
+	Node          string       `json:"node,omitempty"`
+	Paths         []string     `json:"paths,omitempty"`
+	Entries       int32        `json:"entries"`
+	Files         []KitFile    `json:"files,omitempty"`
+	Versions      KitVersions  `json:"versions"`
+	AgeRecipients []string     `json:"ageRecipients"`
+}
+
+// KitFile is one entry of a kit; Mode is as ls -l shows it.
+type KitFile struct {
+	Path      string `json:"path"`
+	Mode      string `json:"mode"`
+	SizeBytes int64  `json:"sizeBytes,omitempty"`
+	Link      string `json:"link,omitempty"`
+}
+
+// KitVersions are the versions a kit was taken with.
+type KitVersions struct {
+	Etcd       string `json:"etcd,omitempty"`
+	Kubernetes string `json:"kubernetes,omitempty"`
 }
 
 // DeltaSegment is one stored piece of a delta chain: the events of
@@ -273,6 +305,20 @@ type VerifyResultStatus struct {
 	TotalSizeBytes int64  `json:"totalSizeBytes"`
 	Hash           uint32 `json:"hash"`
 	StorageVersion string `json:"storageVersion,omitempty"`
+	// Kit is the check of the backup's recovery kit, if it has one.
+	Kit *KitVerification `json:"kit,omitempty"`
+}
+
+// KitVerification is what verify found of a recovery kit: its stored
+// bytes (StoredOnly, without an identity), or every file opened here
+// against the index sealed with it (Opened).
+type KitVerification struct {
+	Name       string `json:"name"`
+	SHA256     string `json:"sha256"`
+	Entries    int32  `json:"entries"`
+	StoredOnly bool   `json:"storedOnly,omitempty"`
+	Opened     bool   `json:"opened,omitempty"`
+	Message    string `json:"message"`
 }
 
 func (b *Backup) DeepCopyObject() runtime.Object       { c := *b; return &c }
@@ -371,6 +417,21 @@ func backupObject(b *ebv1.Backup) Backup {
 	if c := b.GetChain(); c != nil {
 		o.Status.Chain = &DeltaChain{Segments: c.GetSegments(), LastRevision: c.GetLastRevision(), LastTime: timeOf(c.GetLastTime()),
 			Bytes: c.GetBytes(), Epoch: c.GetEpoch(), EndReason: c.GetEndReason()}
+	}
+	if k := b.GetKit(); k != nil {
+		o.Status.Kit = kitObject(k)
+	}
+	return o
+}
+
+func kitObject(k *ebv1.Kit) *Kit {
+	o := &Kit{
+		Name: k.GetName(), SizeBytes: k.GetSize(), SHA256: k.GetSha256(), Created: timeOf(k.GetCreateTime()),
+		Node: k.GetNode(), Paths: k.GetPaths(), Entries: k.GetEntries(), AgeRecipients: k.GetAgeRecipients(),
+		Versions: KitVersions{Etcd: k.GetVersions().GetEtcd(), Kubernetes: k.GetVersions().GetKubernetes()},
+	}
+	for _, f := range k.GetFiles() {
+		o.Files = append(o.Files, KitFile{Path: f.GetPath(), Mode: fs.FileMode(f.GetMode()).String(), SizeBytes: f.GetSize(), Link: f.GetLink()})
 	}
 	return o
 }

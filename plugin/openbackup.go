@@ -111,8 +111,12 @@ func (s *backupSource) open(ctx context.Context, g *GlobalOptions, op, name stri
 			return nil, fmt.Errorf("%s is not a usable etcd snapshot: %w", s.FromFile, err)
 		}
 	} else {
-		if path, ob.Backup, ob.Status, err = s.download(ctx, g, op, name, dir); err != nil {
+		var kitKeys *atrest.Keys
+		if path, ob.Backup, ob.Status, kitKeys, err = s.download(ctx, g, op, name, dir); err != nil {
 			return nil, err
+		}
+		if atRest == nil {
+			atRest = kitKeys
 		}
 	}
 	if ob.Snapshot, err = kube.Open(path, s.EtcdPrefix); err != nil {
@@ -127,21 +131,51 @@ func (s *backupSource) open(ctx context.Context, g *GlobalOptions, op, name stri
 }
 
 // download writes backup name's plain snapshot into dir, as download
-// does, and checks its database.
-func (s *backupSource) download(ctx context.Context, g *GlobalOptions, op, name, dir string) (string, *ebv1.Backup, snapshot.Status, error) {
+// does, and checks its database. Without --encryption-config, the keys
+// of an EncryptionConfiguration the backup's recovery kit holds are
+// returned too, when the identities given open the kit.
+func (s *backupSource) download(ctx context.Context, g *GlobalOptions, op, name, dir string) (string, *ebv1.Backup, snapshot.Status, *atrest.Keys, error) {
+	path, b, st, conn, err := s.downloadSnapshot(ctx, g, op, name, dir)
+	if conn != nil {
+		defer conn.Close()
+	}
+	if err != nil || s.EncryptionConfig != "" || b.GetKit() == nil {
+		return path, b, st, nil, err
+	}
+	ids, err := loadIdentities(s.IdentityFiles)
+	if err != nil || len(ids) == 0 {
+		return path, b, st, nil, err
+	}
+	c, err := fetchKit(ctx, conn, b, ids)
+	if err != nil {
+		fmt.Fprintf(g.ErrOut, "the recovery kit of %q does not open (%v): objects encrypted at rest stay closed unless --encryption-config names their keys\n", name, err)
+		return path, b, st, nil, nil
+	}
+	file, keys := kitEncryptionConfig(c)
+	if keys != nil {
+		fmt.Fprintf(g.ErrOut, "objects encrypted at rest are opened with the EncryptionConfiguration of the backup's recovery kit (%s)\n", file)
+	}
+	return path, b, st, keys, nil
+}
+
+// downloadSnapshot is download's snapshot, and the connection it came
+// through (for the kit), which the caller closes.
+func (s *backupSource) downloadSnapshot(ctx context.Context, g *GlobalOptions, op, name, dir string) (string, *ebv1.Backup, snapshot.Status, *Connection, error) {
 	what := op + " " + quote(name)
 	conn, err := g.Connect(ctx)
 	if err != nil {
-		return "", nil, snapshot.Status{}, err
+		return "", nil, snapshot.Status{}, nil, err
 	}
-	defer conn.Close()
+	fail := func(err error) (string, *ebv1.Backup, snapshot.Status, *Connection, error) {
+		return "", nil, snapshot.Status{}, conn, err
+	}
 	location, err := g.resolveLocation(ctx, conn, what, name)
 	if err != nil {
-		return "", nil, snapshot.Status{}, err
+		return fail(err)
 	}
 	resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name, Location: location})
 	if err != nil {
-		return "", nil, snapshot.Status{}, conn.explain(what, err)
+		return fail(conn.explain(what, err))
 	}
 	b := resp.GetBackup()
 	if b.GetPhase() != ebv1.BackupPhase_BACKUP_PHASE_COMPLETED {
@@ -150,27 +184,27 @@ func (s *backupSource) download(ctx context.Context, g *GlobalOptions, op, name,
 		if err == nil {
 			err = fmt.Errorf("backup %q is %s", name, phaseString(b.GetPhase()))
 		}
-		return "", nil, snapshot.Status{}, conn.explain(what, err)
+		return fail(conn.explain(what, err))
 	}
 	ids, err := loadIdentities(s.IdentityFiles)
 	if err != nil {
-		return "", nil, snapshot.Status{}, err
+		return fail(err)
 	}
 	if b.GetEncryption() != ebv1.EncryptionNone && len(ids) == 0 {
-		return "", nil, snapshot.Status{}, needIdentity(name, b, "")
+		return fail(needIdentity(name, b, ""))
 	}
 	path := filepath.Join(dir, "snapshot.db")
 	if err := fetchToFile(ctx, conn, b, path, ids, g.ErrOut, "downloading"); err != nil {
 		if ctx.Err() != nil {
-			return "", nil, snapshot.Status{}, fmt.Errorf("%s interrupted; nothing was kept", what)
+			return fail(fmt.Errorf("%s interrupted; nothing was kept", what))
 		}
-		return "", nil, snapshot.Status{}, err
+		return fail(err)
 	}
 	// fetchToFile verified etcd's trailer and the SHA-256s as the file
 	// was written; the database's consistency is left.
 	st, err := snapshot.CheckDatabase(path)
 	if err != nil {
-		return "", nil, snapshot.Status{}, withCode(ExitFailed, fmt.Errorf("%s: backup %q is corrupt: %w", what, name, err))
+		return fail(withCode(ExitFailed, fmt.Errorf("%s: backup %q is corrupt: %w", what, name, err)))
 	}
-	return path, b, st, nil
+	return path, b, st, conn, nil
 }

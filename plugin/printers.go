@@ -28,6 +28,7 @@ var backupColumns = []metav1.TableColumnDefinition{
 	{Name: "Keys", Type: "string", Priority: 1},
 	{Name: "Hash", Type: "string", Priority: 1},
 	{Name: "Compression", Type: "string", Priority: 1},
+	{Name: "Kit", Type: "string", Priority: 1},
 	{Name: "SHA256", Type: "string", Priority: 1},
 	{Name: "Labels", Type: "string", Priority: 1},
 }
@@ -61,11 +62,21 @@ func printBackupTable(out io.Writer, bs []*ebv1.Backup, wide, noHeaders bool, no
 			keysString(b),
 			hashString(b),
 			orNone(b.GetCompression()),
+			kitString(b.GetKit()),
 			b.GetSha256(),
 			labelsString(b.GetLabels()),
 		}})
 	}
 	return printers.NewTablePrinter(printers.PrintOptions{Wide: wide, NoHeaders: noHeaders}).PrintObj(table, out)
+}
+
+// kitString is the KIT column: the recovery kit's entries and size, or
+// <none>.
+func kitString(k *ebv1.Kit) string {
+	if k == nil {
+		return "<none>"
+	}
+	return fmt.Sprintf("%d entries, %s", k.GetEntries(), humanize.IBytes(uint64(k.GetSize())))
 }
 
 func age(b *ebv1.Backup, now time.Time) string {

@@ -54,6 +54,10 @@ type RestoreOptions struct {
 	// restore to a point (plannedRevision 0 when only replay can tell).
 	segments        []string
 	plannedRevision int64
+	// Rebuild is --rebuild and its flags; rebuilding is set while one
+	// restores etcd's member (the kubelet, not the operator, starts it).
+	Rebuild    RebuildOptions
+	rebuilding bool
 }
 
 // NewCmdRestore returns the restore command.
@@ -144,6 +148,7 @@ kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity
 	addIdentityFlag(cmd, &o.IdentityFiles, "an encrypted backup (with --local)")
 	addStorageConfigFlag(cmd, g)
 	f.StringVar(&o.IdentitySecret, "identity-secret", "", "with --target: `SECRET` in the members' namespace holding the age identity of an encrypted backup, mounted only into the restore Jobs")
+	o.Rebuild.addFlags(f)
 	o.PrintFlags.AddFlags(cmd, "output format (with --target)")
 	return cmd
 }
@@ -211,6 +216,8 @@ func (o *RestoreOptions) Validate() error {
 		return errors.New("--identity goes with --local: the key stays on this machine; with --target name a Secret in the members' namespace with --identity-secret")
 	case o.Local && !o.PrintFlags.Human():
 		return errors.New("-o goes with --target; --local prints what it did for a person")
+	case o.Rebuild.Rebuild || o.Rebuild.Root != "/" && o.Rebuild.Root != "":
+		return o.validateRebuild()
 	case o.Local:
 		if err := o.Member.Validate(); err != nil {
 			return fmt.Errorf("%w (flags --data-dir, --member-name, --initial-cluster, --initial-advertise-peer-urls)", err)
@@ -225,6 +232,9 @@ func (o *RestoreOptions) Validate() error {
 // Run restores. With --local a data directory that is not empty is
 // refused first, before anything is downloaded, and even for --dry-run.
 func (o *RestoreOptions) Run(ctx context.Context) error {
+	if o.Rebuild.Rebuild {
+		return o.rebuild(ctx)
+	}
 	if !o.Local {
 		return o.runTarget(ctx)
 	}
@@ -241,7 +251,7 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 		work = member.DefaultWorkDir(dataDir, cmp.Or(o.Name, "to-point"))
 	}
 	if o.DryRun && o.toPoint() {
-		return o.restoreLocal(ctx, work)
+		return o.restoreLocal(ctx, nil, work)
 	}
 	if o.DryRun {
 		fmt.Fprintf(o.Out, "would download backup %q to %s, verify it, and rebuild %s for member %q of cluster %s (peer URLs %s)\n",
@@ -249,22 +259,24 @@ func (o *RestoreOptions) Run(ctx context.Context) error {
 		fmt.Fprintf(o.Out, "after restoring: %s\n", bumpSummary(o.Member.RevisionBump()))
 		return nil
 	}
-	return o.restoreLocal(ctx, work)
+	return o.restoreLocal(ctx, nil, work)
 }
 
 // restoreLocal runs the restore agent's own flow (package member) on this
 // machine — fetch (or --from-file), verify, rebuild o.Member's data
-// directory — reporting to the terminal where the agent logs.
-func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
+// directory — reporting to the terminal where the agent logs; through
+// conn, else a connection of its own.
+func (o *RestoreOptions) restoreLocal(ctx context.Context, conn *Connection, work string) error {
 	ids, err := loadIdentities(o.IdentityFiles)
 	if err != nil {
 		return err
 	}
-	var conn *Connection
 	var c *client.Client
 	var deltas *member.Deltas
 	var sha string
-	if o.FromFile == "" {
+	if conn != nil {
+		c = conn.Client
+	} else if o.FromFile == "" {
 		if conn, err = o.Connect(ctx); err != nil {
 			return err
 		}
@@ -327,8 +339,12 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, work string) error {
 			fmt.Fprintf(o.Out, "restore the target's other members with --to-revision %d (not --to-time), so that every member holds this same keyspace\n", res.ToRevision)
 		}
 	}
-	fmt.Fprintf(o.Out, "restored %q into %s for member %q; start etcd with --data-dir %s --name %s --initial-cluster %s --initial-advertise-peer-urls %s\n",
-		o.Name, o.Member.DataDir, o.Member.Name, o.Member.DataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
+	if o.rebuilding {
+		fmt.Fprintf(o.Out, "restored %q into %s for etcd member %q of cluster %s\n", o.Name, o.Member.DataDir, o.Member.Name, o.Member.InitialCluster)
+	} else {
+		fmt.Fprintf(o.Out, "restored %q into %s for member %q; start etcd with --data-dir %s --name %s --initial-cluster %s --initial-advertise-peer-urls %s\n",
+			o.Name, o.Member.DataDir, o.Member.Name, o.Member.DataDir, o.Member.Name, o.Member.InitialCluster, strings.Join(o.Member.InitialAdvertisePeerURLs, ","))
+	}
 	if res.BumpRevision > 0 {
 		fmt.Fprintf(o.Out, "revision bumped by %d (from %d to %d) and marked compacted (watchers and informers will relist)\n",
 			res.BumpRevision, res.SnapshotRevision, res.SnapshotRevision+res.BumpRevision)

@@ -113,6 +113,7 @@ backups.etcdbackup.io and restores.etcdbackup.io. With --server-address only
 		NewCmdPrune(g),
 		NewCmdInspect(g),
 		NewCmdExtract(g),
+		NewCmdRotateKeys(g),
 	)
 	_ = cmd.RegisterFlagCompletionFunc("location", completeServerInfo(g, locationNamesOf))
 	setUsageErrors(cmd)

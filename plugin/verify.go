@@ -91,6 +91,10 @@ func (o *VerifyOptions) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	kv, err := o.verifyKit(ctx, conn, location, ids)
+	if err != nil {
+		return err
+	}
 	obj := &VerifyResult{
 		TypeMeta: typeMeta("BackupVerification"),
 		Metadata: ObjectMeta{Name: o.Name},
@@ -98,10 +102,13 @@ func (o *VerifyOptions) Run(ctx context.Context) error {
 			Intact: !r.GetStoredOnly(), StoredOnly: r.GetStoredOnly(), Message: r.GetMessage(),
 			Location: r.GetBackup().GetLocation(), SHA256: r.GetBackup().GetSha256(),
 			Revision: r.GetRevision(), TotalKeys: r.GetTotalKeys(), TotalSizeBytes: r.GetTotalSize(),
-			Hash: r.GetHash(), StorageVersion: r.GetStorageVersion(),
+			Hash: r.GetHash(), StorageVersion: r.GetStorageVersion(), Kit: kv,
 		},
 	}
 	return o.PrintFlags.Print(o.Out, obj, func(w io.Writer) error {
+		if kv != nil {
+			fmt.Fprintf(w, "recovery kit %q: %s\n", kv.Name, kv.Message)
+		}
 		if r.GetStoredOnly() {
 			fmt.Fprintf(w, "backup %q: stored bytes intact (sha256 %s), age-encrypted\n", o.Name, r.GetBackup().GetSha256())
 			_, err := fmt.Fprintf(w, "%s\n", r.GetMessage())
@@ -111,6 +118,41 @@ func (o *VerifyOptions) Run(ctx context.Context) error {
 		_, err := fmt.Fprintf(w, "revision %d, %d keys, database %d bytes, etcd hash %d\n", r.GetRevision(), r.GetTotalKeys(), r.GetTotalSize(), r.GetHash())
 		return err
 	})
+}
+
+// verifyKit checks the backup's recovery kit, if it has one: its stored
+// bytes and age header on the server, and with identities, every file
+// against the index sealed with it, here.
+func (o *VerifyOptions) verifyKit(ctx context.Context, conn *Connection, location string, ids []agelib.Identity) (*KitVerification, error) {
+	got, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: o.Name, Location: location})
+	if err != nil {
+		return nil, conn.explain("verify "+quote(o.Name), err)
+	}
+	b := got.GetBackup()
+	k := b.GetKit()
+	if k == nil {
+		return nil, nil
+	}
+	kr, err := conn.Backups.VerifyBackup(ctx, &ebv1.VerifyBackupRequest{Name: k.GetName(), Location: location})
+	if err != nil {
+		return nil, conn.explain("verify the recovery kit of "+quote(o.Name), err)
+	}
+	if kr.GetBackup().GetSha256() != k.GetSha256() {
+		return nil, withCode(ExitFailed, fmt.Errorf("verify %q: the stored recovery kit is not the one the backup records (sha256 %s, recorded %s)", o.Name, kr.GetBackup().GetSha256(), k.GetSha256()))
+	}
+	v := &KitVerification{Name: k.GetName(), SHA256: k.GetSha256(), Entries: k.GetEntries(), StoredOnly: true,
+		Message: fmt.Sprintf("stored bytes intact (sha256 %s), age-encrypted to %d recipient(s); pass --identity to open it here and check every file", k.GetSha256(), len(k.GetAgeRecipients()))}
+	if len(ids) == 0 {
+		return v, nil
+	}
+	c, err := fetchKit(ctx, conn, b, ids)
+	if err != nil {
+		return nil, err
+	}
+	v.StoredOnly, v.Opened = false, true
+	v.Message = fmt.Sprintf("opened here: %d entries, every file as collected on %s (etcd %s, Kubernetes %s)",
+		len(c.Index.Files), orNone(c.Index.Node), orNone(c.Index.Versions.Etcd), orNone(c.Index.Versions.Kubernetes))
+	return v, nil
 }
 
 // verifyHere checks an encrypted backup on this machine: bolt needs random

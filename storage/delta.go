@@ -24,19 +24,20 @@ func SegmentName(chain string, first int64) string {
 // IsSegment says whether m is a delta segment rather than a backup.
 func (m *Manifest) IsSegment() bool { return m.Delta != nil || m.Source.Kind == ebv1.SourceDelta }
 
-// SplitSegments separates a location's listing into backups and delta
-// segments. Everything that handles backups (listing, retention,
-// schedules, drills) sees only the first: a segment is not a backup, it
-// exists only as part of its full backup's chain.
-func SplitSegments(ms []*Manifest) (backups, segments []*Manifest) {
+// SplitParts separates a location's listing into backups and the parts
+// stored with them: delta segments and recovery kits. Everything that
+// handles backups (listing, retention, schedules, drills) sees only the
+// first: a segment exists only as part of its full backup's chain, a
+// kit only beside its backup.
+func SplitParts(ms []*Manifest) (backups, parts []*Manifest) {
 	for _, m := range ms {
-		if m.IsSegment() {
-			segments = append(segments, m)
+		if m.IsSegment() || m.IsKit() {
+			parts = append(parts, m)
 		} else {
 			backups = append(backups, m)
 		}
 	}
-	return backups, segments
+	return backups, parts
 }
 
 // Chains groups segments by the full backup they follow, each chain in
@@ -60,18 +61,23 @@ func Chains(segments []*Manifest) map[string][]*Manifest {
 	return out
 }
 
-// DeleteChain removes the delta segments of the chain that starts from
-// full, after full itself was removed: segments go only with their full.
-// It returns how many it removed.
-func DeleteChain(ctx context.Context, loc Location, segments []*Manifest, full string) (int, error) {
+// DeleteParts removes the parts stored with backup full after full itself
+// was removed — the delta segments of the chain that starts from it and
+// its recovery kit: they go only with their backup. It returns how many
+// it removed.
+func DeleteParts(ctx context.Context, loc Location, parts []*Manifest, full string) (int, error) {
 	n := 0
 	var errs []error
-	for _, m := range segments {
-		if m.Delta == nil || m.Delta.Chain != full {
+	for _, m := range parts {
+		what := "delta segment"
+		switch {
+		case m.Kit != nil && m.Kit.Backup == full:
+			what = "recovery kit"
+		case m.Delta == nil || m.Delta.Chain != full:
 			continue
 		}
 		if err := loc.Delete(ctx, m.Name); err != nil && !errors.Is(err, ErrNotFound) {
-			errs = append(errs, fmt.Errorf("delta segment %q: %w", m.Name, err))
+			errs = append(errs, fmt.Errorf("%s %q: %w", what, m.Name, err))
 			continue
 		}
 		n++

@@ -81,6 +81,8 @@ type Manifest struct {
 	// Delta is set on a delta segment (Source.Kind ebv1.SourceDelta): the
 	// revisions it holds and the chain it belongs to.
 	Delta *Delta `json:"delta,omitempty"`
+	// Kit is set on a backup's recovery kit (Source.Kind ebv1.SourceKit).
+	Kit *Kit `json:"kit,omitempty"`
 }
 
 // Clone is a copy of m that shares nothing with it.
@@ -100,6 +102,7 @@ func (m *Manifest) Clone() *Manifest {
 		d := *m.Delta
 		c.Delta = &d
 	}
+	c.Kit = m.Kit.clone()
 	return &c
 }
 
@@ -178,7 +181,8 @@ type VerificationWriter interface {
 
 // Source records where a backup's data came from.
 type Source struct {
-	// Kind is ebv1.SourceUpload, ebv1.SourceAgent or ebv1.SourceDelta.
+	// Kind is ebv1.SourceUpload, ebv1.SourceAgent, ebv1.SourceDelta or
+	// ebv1.SourceKit.
 	Kind        string    `json:"kind"`
 	Description string    `json:"description,omitempty"`
 	Target      string    `json:"target,omitempty"`

@@ -51,6 +51,11 @@ const (
 	FlagMaxBytes = "max-bytes"
 
 	FlagInputsFile = "inputs-file"
+
+	FlagPath        = "path"
+	FlagHostRoot    = "host-root"
+	FlagNode        = "node"
+	FlagKubeVersion = "kube-version"
 )
 
 // Flags are one kind's flags, as a Job passes them to its agent.
@@ -157,6 +162,7 @@ func (RestoreFlags) Kind() Kind { return Restore }
 func (DrillFlags) Kind() Kind   { return Drill }
 func (DeltaFlags) Kind() Kind   { return Delta }
 func (FoldFlags) Kind() Kind    { return Fold }
+func (KitFlags) Kind() Kind     { return Kit }
 
 // Args implements Flags.
 func (f BackupFlags) Args() []string {
@@ -233,6 +239,35 @@ func (f FoldFlags) Args() []string {
 	a.opt(FlagCompression, f.Compression)
 	a.each(FlagEncryptTo, f.EncryptTo)
 	a.opt(FlagIdentityDir, f.IdentityDir)
+	return a.conn(f.Conn)
+}
+
+// KitFlags are a kit agent's: read the host directories Paths (seen
+// under HostRoot in its pod) on Node into backup Name's recovery kit,
+// sealed to EncryptTo, once the backup is stored in Location;
+// KubeVersion is the API server's, as the server read it.
+type KitFlags struct {
+	Conn
+	Name, Location, Target string
+	Paths                  []string
+	HostRoot               string
+	EncryptTo              []string
+	Node                   string
+	KubeVersion            string
+}
+
+// Args implements Flags.
+func (f KitFlags) Args() []string {
+	a := args{string(Kit)}
+	a.set(FlagServer, f.Server)
+	a.set(FlagName, f.Name)
+	a.set(FlagLocation, f.Location)
+	a.set(FlagTarget, f.Target)
+	a.each(FlagPath, f.Paths)
+	a.set(FlagHostRoot, f.HostRoot)
+	a.each(FlagEncryptTo, f.EncryptTo)
+	a.set(FlagNode, f.Node)
+	a.opt(FlagKubeVersion, f.KubeVersion)
 	return a.conn(f.Conn)
 }
 

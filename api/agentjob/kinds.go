@@ -26,6 +26,7 @@ const (
 	Drill   Kind = "drill"
 	Delta   Kind = "delta"
 	Fold    Kind = "fold"
+	Kit     Kind = "kit"
 )
 
 // Labels every agent Job and its pod template carry.
@@ -55,9 +56,18 @@ type Spec struct {
 	// Downloads: the agent reads through the agent port what its Job
 	// pins to a SHA-256.
 	Downloads bool
-	// DeltaWriter: the agent reads its chain's record (GetBackup) and
-	// holds its target's delta Lease through the server.
+	// DeltaWriter: the agent holds its target's delta Lease through the
+	// server.
 	DeltaWriter bool
+	// ReadsRecord: the agent reads its own backup's record (GetBackup): a
+	// delta agent where its chain stands, a kit agent whether the backup
+	// it goes with is stored.
+	ReadsRecord bool
+	// ReadsHost: the agent reads directories of the node its target names
+	// (hostPath volumes, read-only), as root with no capability but
+	// CAP_DAC_READ_SEARCH; such a kind is InRestoreNamespace, the one
+	// namespace whose Pod Security admits it.
+	ReadsHost bool
 	// PinsBackup: the Job names the stored SHA-256 of the backup it reads
 	// (annotation etcdbackup.io/sha256); one without is refused.
 	PinsBackup bool
@@ -88,8 +98,9 @@ var Kinds = []Spec{
 	{Kind: Backup, Component: "backup-agent", Uploads: true, RetriedWhenDisrupted: true},
 	{Kind: Restore, Component: "restore-agent", InRestoreNamespace: true, Downloads: true, PinsBackup: true},
 	{Kind: Drill, Component: "drill-agent", Downloads: true, PinsBackup: true, AnyBackup: true, RetriedWhenDisrupted: true, Reports: true},
-	{Kind: Delta, Component: "delta-agent", Uploads: true, DeltaWriter: true, Restarts: 6, Reports: true, Supervised: true},
+	{Kind: Delta, Component: "delta-agent", Uploads: true, DeltaWriter: true, ReadsRecord: true, Restarts: 6, Reports: true, Supervised: true},
 	{Kind: Fold, Component: "fold-agent", Uploads: true, Downloads: true, Reports: true, Supervised: true},
+	{Kind: Kit, Component: "kit-agent", InRestoreNamespace: true, ReadsHost: true, Uploads: true, ReadsRecord: true, RetriedWhenDisrupted: true},
 }
 
 // Of is kind k's row; the zero Spec for a kind that is none.

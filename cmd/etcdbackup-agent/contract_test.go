@@ -39,6 +39,9 @@ func TestJobArgsParseIntoTheirFlags(t *testing.T) {
 		Members: []config.Member{{Name: "m1", PeerURL: "https://10.0.0.1:2380", DataDir: "member-1",
 			Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-m1"}}}},
 	}
+	kitTarget := config.Target{Name: "cp", Endpoints: tlsTarget.Endpoints, Kit: &config.Kit{
+		NodeName: "cp-1", Paths: []string{"/etc/kubernetes", "/etc/encryption"}, AgeRecipients: []string{"age1one", "age1two"},
+	}}
 	plainTarget := config.Target{Name: "app", Endpoints: []string{"http://etcd:2379"}, InsecurePlaintext: true, Members: tlsTarget.Members}
 	sha := strings.Repeat("ab", 32)
 	chain := jobs.FoldInputs{Full: jobs.FoldRef{Name: "cp-full", SHA256: sha}, Segments: []jobs.FoldRef{{Name: "cp-full.delta-11", SHA256: sha}}, ToRevision: 20}
@@ -78,6 +81,9 @@ func TestJobArgsParseIntoTheirFlags(t *testing.T) {
 			one(l.StartDelta(ctx, jobs.DeltaSpec{Target: tlsTarget, Chain: "b1", Location: "default", FromRevision: 10, Compression: "zstd",
 				AgeRecipients: []string{"age1one"}, Period: 90 * time.Second, MaxBytes: 1 << 20})),
 			one(l.StartDelta(ctx, jobs.DeltaSpec{Target: plainTarget, Chain: "b2", Location: "default", Period: time.Minute, MaxBytes: 1})),
+		},
+		agentjob.Kit: {
+			one(l.StartKit(ctx, jobs.KitSpec{Backup: "b1", Location: "default", Target: kitTarget})),
 		},
 		agentjob.Fold: {
 			one(l.StartFold(ctx, jobs.FoldSpec{Target: tlsTarget, Backup: "cp-fold-20", Location: "default", Inputs: chain, Compression: "zstd",

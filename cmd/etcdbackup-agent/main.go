@@ -66,12 +66,12 @@ type commands struct {
 func (c commands) root() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "etcdbackup-agent",
-		Short:         "The agents of kubectl-etcdbackup, one command per kind: backup, restore, drill, delta and fold",
+		Short:         "The agents of kubectl-etcdbackup, one command per kind: backup, restore, drill, delta, fold and kit",
 		Version:       version.Version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(c.backup(), c.restore(), c.drill(), c.delta(), c.fold())
+	root.AddCommand(c.backup(), c.restore(), c.drill(), c.delta(), c.fold(), c.kit())
 	return root
 }
 

@@ -30,7 +30,8 @@ const (
 	MethodUploadBackup   = ebv1.BackupService_UploadBackup_FullMethodName
 	MethodDownloadBackup = ebv1.BackupService_DownloadBackup_FullMethodName
 	MethodGetServerInfo  = ebv1.InfoService_GetServerInfo_FullMethodName
-	// MethodGetBackup: a delta agent asks where its chain stands.
+	// MethodGetBackup: a delta agent asks where its chain stands, a kit
+	// agent whether its backup is stored.
 	MethodGetBackup = ebv1.BackupService_GetBackup_FullMethodName
 	// MethodGetDeltaLease and MethodPutDeltaLease: a delta agent holds
 	// its own target's delta Lease through the server.
@@ -57,6 +58,7 @@ var (
 	uploaders    = kindsThat(func(k agentjob.Spec) bool { return k.Uploads })
 	downloaders  = kindsThat(func(k agentjob.Spec) bool { return k.Downloads })
 	deltaWriters = kindsThat(func(k agentjob.Spec) bool { return k.DeltaWriter })
+	readers      = kindsThat(func(k agentjob.Spec) bool { return k.ReadsRecord })
 )
 
 // kindsThat names the kinds of agent whose row has can, for messages:
@@ -96,8 +98,9 @@ type Agent struct {
 	// upload is stored as a scheduled backup of Target.
 	Scheduled bool
 	// Pod is the calling pod's name: a delta agent's Lease holder
-	// identity starts with it.
-	Pod string
+	// identity starts with it. Node is the node it runs on: a kit
+	// agent's must be its kit's.
+	Pod, Node string
 	// Segments are the delta segments a restore to a point replays, by
 	// name, each with the SHA-256 it must have: from its Job's signed
 	// annotation, the only other things it may download.
@@ -212,8 +215,8 @@ var _ Guard = (*AgentGuard)(nil)
 // signature, cfg.Signer, fits the Job's namespace, name, UID and what
 // it is for), in the namespace its kind and target run in, not finished.
 // What a kind may call is its row of agentjob.Kinds: UploadBackup
-// (Uploads), DownloadBackup (Downloads), GetBackup and the delta Lease
-// (DeltaWriter); every kind GetServerInfo. The handlers then hold each
+// (Uploads), DownloadBackup (Downloads), GetBackup (ReadsRecord), the
+// delta Lease (DeltaWriter); every kind GetServerInfo. The handlers then hold each
 // call to the Job's own backup (AgentFrom).
 func NewAgentGuard(cfg AgentGuardConfig) (*AgentGuard, error) {
 	switch {
@@ -239,8 +242,8 @@ func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Cont
 	case MethodUploadBackup, MethodDownloadBackup, MethodGetServerInfo, MethodGetBackup, MethodGetDeltaLease, MethodPutDeltaLease:
 	default:
 		return nil, status.Errorf(codes.PermissionDenied,
-			"%s: the agent port serves only UploadBackup (%s agents), DownloadBackup (%s agents), GetBackup, GetDeltaLease and PutDeltaLease (%s agents) and GetServerInfo; users reach the server through `kubectl etcdbackup` (port-forward)",
-			fullMethod, uploaders, downloaders, deltaWriters)
+			"%s: the agent port serves only UploadBackup (%s agents), DownloadBackup (%s agents), GetBackup (%s agents), GetDeltaLease and PutDeltaLease (%s agents) and GetServerInfo; users reach the server through `kubectl etcdbackup` (port-forward)",
+			fullMethod, uploaders, downloaders, readers, deltaWriters)
 	}
 	token, err := BearerToken(ctx)
 	if err != nil {
@@ -272,8 +275,8 @@ func (g *AgentGuard) Admit(ctx context.Context, fullMethod string) (context.Cont
 	switch {
 	case fullMethod == MethodUploadBackup && !kind.Uploads:
 		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents may upload", a.JobNamespace, a.JobName, a.Kind, uploaders)
-	case fullMethod == MethodGetBackup && !kind.DeltaWriter:
-		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents may read a backup's record", a.JobNamespace, a.JobName, a.Kind, deltaWriters)
+	case fullMethod == MethodGetBackup && !kind.ReadsRecord:
+		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents may read a backup's record", a.JobNamespace, a.JobName, a.Kind, readers)
 	case (fullMethod == MethodGetDeltaLease || fullMethod == MethodPutDeltaLease) && !kind.DeltaWriter:
 		return nil, status.Errorf(codes.PermissionDenied, "job %s/%s is a %s agent; only %s agents hold a delta Lease", a.JobNamespace, a.JobName, a.Kind, deltaWriters)
 	case fullMethod == MethodDownloadBackup && !kind.Downloads:
@@ -357,7 +360,11 @@ func (g *AgentGuard) agentOfPod(pod *corev1.Pod, ref *metav1.OwnerReference, job
 			return nil, status.Errorf(codes.PermissionDenied, "pod %s/%s is not the pod Job %s/%s would run: %v; agents are started only by the server", pod.Namespace, pod.Name, job.Namespace, job.Name, err)
 		}
 	}
-	return g.agentOfJob(pod.Name, ref.UID, job)
+	a, err := g.agentOfJob(pod.Name, ref.UID, job)
+	if a != nil {
+		a.Node = pod.Spec.NodeName
+	}
+	return a, err
 }
 
 // unavailable is the refusal of a call whose caller could not be

@@ -85,8 +85,8 @@ func newCluster(t testing.TB) *cluster {
 func (c *cluster) newGuard(t testing.TB, l *jobs.Launcher) *auth.AgentGuard {
 	t.Helper()
 	g, err := auth.NewAgentGuard(auth.AgentGuardConfig{
-		Client: c.cs, Namespace: serverNS, RestoreNamespaces: []string{appNS, otherNS}, ServiceAccount: config.DefaultServiceAccount,
-		Signer: l.Signer(), TargetNamespaces: map[string]string{"app": appNS, "other": otherNS},
+		Client: c.cs, Namespace: serverNS, RestoreNamespaces: []string{appNS, otherNS, config.DefaultRestoreNamespace}, ServiceAccount: config.DefaultServiceAccount,
+		Signer: l.Signer(), TargetNamespaces: map[string]string{"app": appNS, "other": otherNS, "cp": l.RestoreNamespace(kitTarget)},
 		// The tests edit Jobs and pods and look at the very next call,
 		// each of which reads them.
 		Lookups: auth.AgentLookups{CacheTTL: -1, QPS: 1000, Burst: 1000},
@@ -115,6 +115,13 @@ var target = config.Target{
 	Name: "app", Endpoints: []string{"http://etcd:2379"}, InsecurePlaintext: true, Namespace: appNS,
 	Members: []config.Member{{Name: "m0", PeerURL: "http://m0:2380", DataDir: "data",
 		Volume: config.MemberVolume{PersistentVolumeClaim: &config.ClaimRef{ClaimName: "data-m0"}}}},
+}
+
+// kitTarget is a control plane's, with a recovery kit: its kit agents
+// run in the agents' restore namespace, on its node.
+var kitTarget = config.Target{
+	Name: "cp", Endpoints: []string{"https://10.0.0.1:2379"},
+	Kit: &config.Kit{NodeName: "cp-1", AgeRecipients: []string{"age1zvkyg2lqzraa2lnjvqej32nkuu0ues2s82hzrye869xeexvn73equnujwj"}},
 }
 
 // backupJob starts a real backup Job of b1 and gives it a UID, as the API
@@ -219,7 +226,7 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 
 	// Each kind only its own verb.
 	refused(t, c.guard, btok, auth.MethodDownloadBackup, codes.PermissionDenied, "only restore, drill and fold agents may download")
-	refused(t, c.guard, rtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup, delta and fold agents may upload")
+	refused(t, c.guard, rtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup, delta, fold and kit agents may upload")
 	// Only delta agents hold a delta Lease (through the server).
 	for _, m := range []string{auth.MethodGetDeltaLease, auth.MethodPutDeltaLease} {
 		refused(t, c.guard, btok, m, codes.PermissionDenied, "only delta agents hold a delta Lease")
@@ -242,7 +249,7 @@ func TestAgentGuardAdmitsItsJobsPods(t *testing.T) {
 	if !reflect.DeepEqual(*a, want) {
 		t.Fatalf("agent %+v, want %+v", a, want)
 	}
-	refused(t, c.guard, dtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup, delta and fold agents may upload")
+	refused(t, c.guard, dtok, auth.MethodUploadBackup, codes.PermissionDenied, "only backup, delta, fold and kit agents may upload")
 }
 
 func TestAgentGuardRefuses(t *testing.T) {
@@ -598,7 +605,7 @@ func TestAgentGuardFoldAgent(t *testing.T) {
 			}
 		}
 	}
-	refused(t, c.guard, tok, auth.MethodGetBackup, codes.PermissionDenied, "only delta agents may read a backup's record")
+	refused(t, c.guard, tok, auth.MethodGetBackup, codes.PermissionDenied, "only delta and kit agents may read a backup's record")
 
 	// One more segment, or another pin, in the annotation: not what the
 	// server signed.
@@ -656,8 +663,8 @@ func TestAgentGuardDeltaAgent(t *testing.T) {
 
 // What a Job's pod may call is its kind's row of agentjob.Kinds, for
 // every kind: UploadBackup when it uploads, DownloadBackup when it
-// downloads, GetBackup and the delta Lease when it writes a delta chain,
-// GetServerInfo always.
+// downloads, GetBackup when it reads its backup's record, the delta Lease
+// when it writes a delta chain, GetServerInfo always.
 func TestAgentGuardFollowsTheKindTable(t *testing.T) {
 	c := newCluster(t)
 	ctx := context.Background()
@@ -672,6 +679,9 @@ func TestAgentGuardFollowsTheKindTable(t *testing.T) {
 		},
 		agentjob.Delta: func() (*batchv1.Job, error) {
 			return c.launcher.StartDelta(ctx, jobs.DeltaSpec{Target: target, Chain: "b1", Location: "default", Period: time.Minute, MaxBytes: 1 << 20})
+		},
+		agentjob.Kit: func() (*batchv1.Job, error) {
+			return c.launcher.StartKit(ctx, jobs.KitSpec{Backup: "b1", Location: "default", Target: kitTarget})
 		},
 		agentjob.Fold: func() (*batchv1.Job, error) {
 			return c.launcher.StartFold(ctx, jobs.FoldSpec{Target: target, Backup: jobs.FoldName(target.Name, 20), Location: "default",
@@ -691,7 +701,7 @@ func TestAgentGuardFollowsTheKindTable(t *testing.T) {
 			tok := c.tokenFor(c.pod(t, j, string(kind.Kind)+"-pod", true))
 			for method, may := range map[string]bool{
 				auth.MethodUploadBackup: kind.Uploads, auth.MethodDownloadBackup: kind.Downloads,
-				auth.MethodGetBackup: kind.DeltaWriter, auth.MethodGetDeltaLease: kind.DeltaWriter, auth.MethodPutDeltaLease: kind.DeltaWriter,
+				auth.MethodGetBackup: kind.ReadsRecord, auth.MethodGetDeltaLease: kind.DeltaWriter, auth.MethodPutDeltaLease: kind.DeltaWriter,
 				auth.MethodGetServerInfo: true,
 			} {
 				admitted, err := c.guard.Admit(withToken(tok), method)
@@ -701,6 +711,8 @@ func TestAgentGuardFollowsTheKindTable(t *testing.T) {
 				case may:
 					if a, _ := auth.AgentFrom(admitted); a == nil || a.Kind != kind.Kind || a.JobName != j.Name {
 						t.Errorf("%s: admitted as %+v", method, a)
+					} else if kind.ReadsHost && a.Node != kitTarget.Kit.NodeName {
+						t.Errorf("%s: a kit agent admitted on node %q, its pod's is %q", method, a.Node, kitTarget.Kit.NodeName)
 					}
 				case status.Code(err) != codes.PermissionDenied:
 					t.Errorf("%s: %v; its row does not allow it", method, err)

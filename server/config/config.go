@@ -30,6 +30,10 @@
 //	    timeZone: Europe/Berlin     # IANA zone of the schedule (default UTC)
 //	    startingDeadline: 1h        # how late a missed run may start (default: one period)
 //	    retention: {keepLast: 28, maxAge: 720h}
+//	    kit:                        # a recovery kit with every backup (docs/disaster-recovery.md)
+//	      nodeName: cp-1            # the control-plane node whose files it holds
+//	      paths: [/etc/kubernetes]  # host directories, whole (this is the default)
+//	      ageRecipients: [age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p]  # required
 //	  - name: app-etcd              # etcd in the cluster, restorable in place
 //	    endpoints: [https://app-etcd-0.app-etcd.app.svc:2379]
 //	    tlsSecret: app-etcd-client
@@ -56,7 +60,7 @@
 //	    requests: {cpu: 100m, memory: 128Mi}
 //	    limits: {memory: 512Mi}
 //	  scratchSizeLimit: 20Gi      # sizeLimit of an agent's emptyDir scratch volumes
-//	  restoreNamespace: etcdbackup-restore  # hostPath restores run here
+//	  restoreNamespace: etcdbackup-restore  # hostPath restores and kit agents run here
 //	limits:                       # every key is optional; these are the defaults
 //	  uploadsPerLocation: 4       # users' uploads in flight to one location
 //	  agentUploadsPerLocation: 4  # backup agents' uploads in flight to one location (a pool of their own)
@@ -82,6 +86,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/kit"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
@@ -295,6 +300,35 @@ type Target struct {
 	// revision or time up to seconds ago (`restore --to-revision`,
 	// `--to-time`). docs/design.md "Delta capture".
 	Deltas *Deltas `json:"deltas,omitempty"`
+	// Kit, when set, stores a recovery kit with every backup of the
+	// target: the files a control-plane node keeps outside etcd (its
+	// PKI, encryption configuration, static-pod manifests, kubeconfigs),
+	// read by the backup agent on that node and encrypted there, so that
+	// `restore --local --rebuild` can bring back a lost node.
+	// docs/disaster-recovery.md.
+	Kit *Kit `json:"kit,omitempty"`
+}
+
+// Kit is what a target's recovery kit holds and who can open it.
+type Kit struct {
+	// NodeName is the control-plane node whose files the kit holds: the
+	// backup agent runs there.
+	NodeName string `json:"nodeName"`
+	// Paths are the host directories collected, whole (default
+	// /etc/kubernetes, kubeadm's). Each is mounted read-only into the
+	// agent; a file elsewhere is named by its directory.
+	Paths []string `json:"paths,omitempty"`
+	// AgeRecipients are the age public keys the kit is encrypted to,
+	// required: the kit holds the cluster's CA key.
+	AgeRecipients []string `json:"ageRecipients"`
+}
+
+// KitPaths are the directories k collects: Paths, or kubeadm's.
+func (k Kit) KitPaths() []string {
+	if len(k.Paths) == 0 {
+		return kit.DefaultPaths
+	}
+	return k.Paths
 }
 
 // Deltas is how often a target's delta agent stores what it saw.

@@ -278,3 +278,37 @@ func TestReplicas(t *testing.T) {
 		t.Errorf("a filesystem location not shared beside an s3 one: %v", err)
 	}
 }
+
+// A recovery kit is refused at startup without recipients (it holds the
+// cluster's CA key), without its node, with a path that cannot be
+// mounted, and on a target whose members run in pods; a secret key given
+// as a recipient is never repeated.
+func TestKit(t *testing.T) {
+	const good = "age1ql3z7hjy54pw3hyww5ayyfg7zqgvc7w3j2elw8zmrj2kg5sfn9aqmcac8p"
+	const secret = "AGE-SECRET-KEY-1GFPYYSJZGFPYYSJZGFPYYSJZGFPYYSJZGFPYYSJZGFPYYSJZGFPQ4EGAEX"
+	base := head[:strings.Index(head, "targets:")] + "targets:\n  - name: t\n    endpoints: [http://e:2379]\n"
+	f, err := load(t, base+"    kit: {nodeName: cp-1, ageRecipients: ["+good+"]}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := f.Targets[0].Kit; k == nil || k.NodeName != "cp-1" || len(k.KitPaths()) != 1 || k.KitPaths()[0] != "/etc/kubernetes" {
+		t.Fatalf("kit %+v; want kubeadm's /etc/kubernetes by default", k)
+	}
+	for _, tc := range []struct{ name, kit, want string }{
+		{"no recipients", "    kit: {nodeName: cp-1}\n", "targets[0].kit.ageRecipients: Required value: the age public keys"},
+		{"secret key", "    kit: {nodeName: cp-1, ageRecipients: [" + secret + "]}\n", "targets[0].kit.ageRecipients[0]: Invalid value: this is an age identity"},
+		{"no node", "    kit: {ageRecipients: [" + good + "]}\n", "targets[0].kit.nodeName: Required value"},
+		{"relative path", "    kit: {nodeName: cp-1, paths: [etc/kubernetes], ageRecipients: [" + good + "]}\n", "targets[0].kit.paths[0]: Invalid value"},
+		{"the whole host", "    kit: {nodeName: cp-1, paths: [/], ageRecipients: [" + good + "]}\n", "is the whole host"},
+		{"members in claims", "    kit: {nodeName: cp-1, ageRecipients: [" + good + "]}\n    members:\n      - {name: m0, peerURL: http://m0:2380, volume: {persistentVolumeClaim: {claimName: d}}}\n",
+			"targets[0].kit: Invalid value: a recovery kit holds a control-plane node's files"},
+	} {
+		_, err := load(t, base+tc.kit)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v, want %q", tc.name, err, tc.want)
+		}
+		if err != nil && strings.Contains(err.Error(), secret) {
+			t.Errorf("%s: the error repeats the secret key", tc.name)
+		}
+	}
+}

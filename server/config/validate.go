@@ -15,6 +15,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/kit"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -101,6 +102,13 @@ func ValidateTargets(targets []Target, locations []string, fldPath *field.Path) 
 		errs = append(errs, validateSchedule(t, p)...)
 		errs = append(errs, validateDrill(t.Drill, p.Child("drill"))...)
 		errs = append(errs, validateDeltas(t.Deltas, len(t.AgeRecipients()) > 0, p.Child("deltas"))...)
+		if t.Kit != nil {
+			errs = append(errs, validateKit(*t.Kit, p.Child("kit"))...)
+			if len(t.Members) > 0 && t.Members[0].Volume.HostPath == nil {
+				errs = append(errs, field.Invalid(p.Child("kit"), field.OmitValueType{},
+					"a recovery kit holds a control-plane node's files; this target's members keep their data in PersistentVolumeClaims, so it runs in pods a kit cannot rebuild: remove kit"))
+			}
+		}
 	}
 	return errs
 }
@@ -245,21 +253,46 @@ func validateMembers(members []Member, fldPath *field.Path) field.ErrorList {
 // age parses and can use together. A secret key put there by mistake is
 // never repeated in the error.
 func validateEncryption(e Encryption, p *field.Path) field.ErrorList {
-	rp := p.Child("ageRecipients")
-	if len(e.AgeRecipients) == 0 {
-		return field.ErrorList{field.Required(rp, "the age public keys (age1...) backups are encrypted to; remove encryption to store backups unencrypted")}
+	return validateRecipients(e.AgeRecipients, p.Child("ageRecipients"),
+		"the age public keys (age1...) backups are encrypted to; remove encryption to store backups unencrypted")
+}
+
+// validateKit checks a target's recovery kit: the node it is read on,
+// directories that can be mounted, and recipients, which it cannot go
+// without (it holds the cluster's CA key).
+func validateKit(k Kit, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if k.NodeName == "" {
+		errs = append(errs, field.Required(p.Child("nodeName"), "the control-plane node whose files the kit holds: the backup agent runs there to read them"))
+	} else {
+		errs = append(errs, validateDNS(k.NodeName, p.Child("nodeName"), validation.IsDNS1123Subdomain)...)
 	}
-	if len(e.AgeRecipients) > ebv1.MaxAgeRecipients {
-		return field.ErrorList{field.TooMany(rp, len(e.AgeRecipients), ebv1.MaxAgeRecipients)}
+	for i, d := range k.Paths {
+		if err := kit.CheckPaths([]string{d}); err != nil {
+			errs = append(errs, field.Invalid(p.Child("paths").Index(i), d, err.Error()))
+		}
+	}
+	return append(errs, validateRecipients(k.AgeRecipients, p.Child("ageRecipients"),
+		"the age public keys (age1...) the kit is encrypted to: it holds the cluster's CA and encryption keys, which are never stored unencrypted; keep one identity offline, away from the cluster")...)
+}
+
+// validateRecipients checks age public keys; required says what they
+// are for when none is given.
+func validateRecipients(keys []string, rp *field.Path, required string) field.ErrorList {
+	if len(keys) == 0 {
+		return field.ErrorList{field.Required(rp, required)}
+	}
+	if len(keys) > ebv1.MaxAgeRecipients {
+		return field.ErrorList{field.TooMany(rp, len(keys), ebv1.MaxAgeRecipients)}
 	}
 	var errs field.ErrorList
-	for i, r := range e.AgeRecipients {
+	for i, r := range keys {
 		if _, err := crypt.ParseRecipient(r); err != nil {
 			errs = append(errs, field.Invalid(rp.Index(i), field.OmitValueType{}, err.Error()))
 		}
 	}
 	if len(errs) == 0 {
-		if _, err := crypt.ParseRecipients(e.AgeRecipients); err != nil {
+		if _, err := crypt.ParseRecipients(keys); err != nil {
 			errs = append(errs, field.Invalid(rp, field.OmitValueType{}, err.Error()))
 		}
 	}

@@ -164,7 +164,7 @@ func (c *Controller) newestChain(ctx context.Context, ls *domain.Listings, t con
 	if err != nil {
 		return ch, fmt.Errorf("list backups: %w", err)
 	}
-	backups, segments := storage.SplitSegments(all)
+	backups, segments := storage.SplitParts(all)
 	if ch.full = newestChainBase(backups, t.Name); ch.full != nil {
 		ch.segments = storage.Chains(segments)[ch.full.Name]
 	}

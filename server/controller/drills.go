@@ -103,7 +103,7 @@ func (c *Controller) startScheduledDrill(ctx context.Context, ls *domain.Listing
 		return
 	}
 	var newest *storage.Manifest
-	manifests, _ = storage.SplitSegments(manifests)
+	manifests, _ = storage.SplitParts(manifests)
 	for _, m := range manifests {
 		if !m.OfTarget(t.Name) || m.Etcd == nil || !m.Etcd.Keyspace {
 			continue

@@ -56,7 +56,7 @@ func (c *Controller) recall(ctx context.Context, ls *domain.Listings, w *watcher
 		if err != nil {
 			return err
 		}
-		manifests, _ = storage.SplitSegments(manifests)
+		manifests, _ = storage.SplitParts(manifests)
 		for _, m := range manifests {
 			if target, ok := retention.ScheduledOf(m); ok {
 				t := m.Source.ScheduledTime

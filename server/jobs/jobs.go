@@ -104,6 +104,8 @@ type Launcher struct {
 	caches    atomic.Pointer[caches]
 	// publishCA is SetServerCAPublisher's.
 	publishCA func(ctx context.Context, namespace string) error
+	// kubeVersions is what kit Jobs record of the API server.
+	kubeVersions kubeVersions
 	// signer signs the Jobs this Launcher creates and tells its own
 	// from forged ones (sign.go).
 	signer atomic.Pointer[Signer]

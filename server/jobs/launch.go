@@ -219,6 +219,12 @@ func (l *Launcher) agentJob(meta jobMeta, sc *corev1.PodSecurityContext, flags a
 		job.Spec.BackoffLimit = ptr.To(kind.Restarts)
 		job.Spec.Template.Spec.RestartPolicy = corev1.RestartPolicyOnFailure
 	}
+	if kind.ReadsHost {
+		// Root may read what only root may (a kubeadm node's keys) by
+		// this one capability; it can change nothing, its mounts being
+		// read-only.
+		job.Spec.Template.Spec.Containers[0].SecurityContext.Capabilities.Add = []corev1.Capability{"DAC_READ_SEARCH"}
+	}
 	if kind.Reports {
 		// The report (agentjob.Report) is the termination message; the
 		// agent exits non-zero when its verdict is a failure, so the Job

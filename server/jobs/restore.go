@@ -138,10 +138,12 @@ func hostPathTarget(t config.Target) bool {
 // RestoreNamespace is where the restore Jobs of t run: beside its
 // members' claims, or for hostPath members in agents.restoreNamespace,
 // whose Pod Security level admits hostPath volumes (the server's
-// namespace enforces "restricted", which forbids them).
+// namespace enforces "restricted", which forbids them). A target with a
+// recovery kit is a control plane's (config refuses one with claims):
+// its kit agents read the node there too.
 func (l *Launcher) RestoreNamespace(t config.Target) string {
 	switch {
-	case hostPathTarget(t):
+	case hostPathTarget(t) || t.Kit != nil:
 		return l.agents.RestoreNamespace
 	case t.Namespace != "":
 		return t.Namespace

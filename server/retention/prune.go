@@ -43,7 +43,7 @@ type Request struct {
 func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage.Manifest, err error) {
 	loc := r.Location.Name
 	// Delta segments are not backups: they go only with their full.
-	backups, segments := storage.SplitSegments(r.Manifests)
+	backups, segments := storage.SplitParts(r.Manifests)
 	for _, m := range Select(backups, r.Target.Name, *r.Target.Retention, r.IncludeUnscheduled, p.Now()) {
 		restores, err := p.InUse.RestoresReading(ctx, loc, m.Name, "removing")
 		if err != nil {
@@ -74,7 +74,7 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage
 			return pruned, inUse, &domain.StorageError{Location: loc, Name: m.Name, Err: err}
 		}
 		p.InUse.Removed(ctx, loc, m.Name, p.Log)
-		if n, err := storage.DeleteChain(ctx, r.Location, segments, m.Name); err != nil {
+		if n, err := storage.DeleteParts(ctx, r.Location, segments, m.Name); err != nil {
 			p.Log.Warn("removing the delta chain of a removed backup", "location", loc, "backup", m.Name, "removed", n, "error", err)
 		}
 		p.Metrics.Pruned.WithLabelValues(r.Target.Name, loc).Inc()

@@ -29,6 +29,12 @@ func (s *Service) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupReques
 				"%q is a delta segment of backup %q's chain: segments go only with their full backup; delete %q to remove the chain", req.GetName(), chain, chain)
 		}
 	}
+	if backup, ok := storage.KitOf(req.GetName()); ok {
+		if m, err := loc.Stat(ctx, req.GetName()); err == nil && m.IsKit() {
+			return nil, status.Errorf(codes.FailedPrecondition,
+				"%q is the recovery kit of backup %q: a kit goes only with its backup; delete %q to remove both", req.GetName(), backup, backup)
+		}
+	}
 	if err := s.checkNoRestoreReads(ctx, locName, req.GetName()); err != nil {
 		return nil, err
 	}
@@ -37,9 +43,9 @@ func (s *Service) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupReques
 	}
 	s.inUse.Removed(ctx, locName, req.GetName(), s.log)
 	if all, err := loc.List(ctx); err == nil {
-		_, segments := storage.SplitSegments(all)
-		if n, err := storage.DeleteChain(ctx, loc, segments, req.GetName()); err != nil || n > 0 {
-			s.log.Info("delta chain removed with its backup", "location", locName, "backup", req.GetName(), "segments", n, "error", err)
+		_, segments := storage.SplitParts(all)
+		if n, err := storage.DeleteParts(ctx, loc, segments, req.GetName()); err != nil || n > 0 {
+			s.log.Info("delta chain and recovery kit removed with their backup", "location", locName, "backup", req.GetName(), "parts", n, "error", err)
 		}
 	}
 	s.log.Info("backup deleted", "location", locName, "backup", req.GetName(), "caller", caller(ctx))

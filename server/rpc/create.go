@@ -14,6 +14,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // CreateBackup implements ebv1.BackupServiceServer: the request's
@@ -51,8 +52,12 @@ func (s *Service) CreateBackup(ctx context.Context, req *ebv1.CreateBackupReques
 		return nil, edge.Status("create backup", err)
 	}
 	t := b.Target
+	var msg string
+	if b.KitErr != nil {
+		msg = b.KitErr.Error()
+	}
 	return &ebv1.CreateBackupResponse{Backup: &ebv1.Backup{
-		Name: b.Name, Location: b.Location, Phase: ebv1.BackupPhase_BACKUP_PHASE_RUNNING,
+		Name: b.Name, Location: b.Location, Phase: ebv1.BackupPhase_BACKUP_PHASE_RUNNING, Message: msg,
 		Labels: b.Labels, Compression: b.Compression, CreateTime: timestamppb.New(b.Created),
 		Encryption: t.EncryptionName(), AgeRecipients: t.AgeRecipients(),
 		Source: &ebv1.BackupSource{Kind: ebv1.SourceAgent, Target: t.Name},
@@ -143,6 +148,9 @@ func (s *Service) GetBackupEvents(ctx context.Context, req *ebv1.GetBackupEvents
 // reservedName refuses a name a user chose when it has the form of a
 // target's scheduled backups: taken, it would stop that run.
 func (s *Service) reservedName(what, name string) error {
+	if b, ok := storage.KitOf(name); ok {
+		return status.Errorf(codes.InvalidArgument, "%s: the name %q ends in %q, which names the recovery kit of backup %q; choose another name", what, name, storage.KitSuffix, b)
+	}
 	if t, ok := s.targets.ReservedBy(name); ok {
 		return edge.Status(what, &domain.ReservedNameError{Name: name, Target: t})
 	}

@@ -159,7 +159,7 @@ func (s *Service) chainEnd(ctx context.Context, key string, loc storage.Location
 	if err != nil {
 		return chainEnd{}, edge.StorageStatus("list", "", "", err)
 	}
-	_, segments := storage.SplitSegments(all)
+	_, segments := storage.SplitParts(all)
 	sum := edge.ChainSummary(full, storage.Chains(segments)[chain])
 	e := chainEnd{next: full.Etcd.Revision + 1, reason: ""}
 	if sum != nil {

@@ -82,7 +82,7 @@ func (s *Service) planPoint(ctx context.Context, locName string, loc storage.Loc
 	if err != nil {
 		return nil, edge.StorageStatus("restore to a point", locName, "", err)
 	}
-	backups, segments := storage.SplitSegments(all)
+	backups, segments := storage.SplitParts(all)
 	fullByName := map[string]*storage.Manifest{}
 	var fulls []delta.FullInfo
 	for _, m := range backups {

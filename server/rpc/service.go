@@ -199,12 +199,13 @@ func caller(ctx context.Context) string {
 	return "port-forward"
 }
 
-// mayGet holds an agent to its chain's full backup on GetBackup (a delta
-// agent reads where its chain starts): it learns nothing of other
-// backups, not even whether one exists.
+// mayGet holds an agent to its own backup on GetBackup (a delta agent
+// reads where its chain starts, a kit agent whether the backup it goes
+// with is stored): it learns nothing of other backups, not even whether
+// one exists.
 func mayGet(ctx context.Context, name, location string) error {
-	if a, ok := auth.AgentFrom(ctx); ok && (a.Kind != agentjob.Delta || a.Backup != name || a.Location != location) {
-		return status.Errorf(codes.PermissionDenied, "%s may read only its chain's backup %q in location %q", a, a.Backup, a.Location)
+	if a, ok := auth.AgentFrom(ctx); ok && (!agentjob.Of(a.Kind).ReadsRecord || a.Backup != name || a.Location != location) {
+		return status.Errorf(codes.PermissionDenied, "%s may read only its own backup %q in location %q", a, a.Backup, a.Location)
 	}
 	return nil
 }

@@ -116,16 +116,25 @@ func (s *Service) admitUpload(ctx context.Context, recv func() (*ebv1.UploadBack
 		return nil, err
 	}
 	if agent, ok := auth.AgentFrom(ctx); ok {
-		if agent.Kind == agentjob.Delta || h.GetDelta() != nil {
+		switch {
+		case agent.Kind == agentjob.Delta || h.GetDelta() != nil:
 			if u.unlockChain, err = s.admitSegment(ctx, agent, h, u.locName, u.loc); err != nil {
 				return nil, err
 			}
-		} else if err := agentMay(agent, uploaderKind(agent), "upload", h.GetName(), u.locName); err != nil {
-			return nil, err
+		case agent.Kind == agentjob.Kit || h.GetKit() != nil:
+			if err := s.admitKit(ctx, agent, h, u.locName, u.loc); err != nil {
+				return nil, err
+			}
+		default:
+			if err := agentMay(agent, uploaderKind(agent), "upload", h.GetName(), u.locName); err != nil {
+				return nil, err
+			}
 		}
 		u.agent = agent
 	} else if h.GetDelta() != nil || u.kind == ebv1.SourceDelta {
 		return nil, status.Error(codes.PermissionDenied, "upload: only a target's delta agent stores delta segments")
+	} else if h.GetKit() != nil || u.kind == ebv1.SourceKit {
+		return nil, status.Error(codes.PermissionDenied, "upload: only a backup's kit agent stores its recovery kit")
 	} else if u.kind == ebv1.SourceAgent {
 		// Only an authenticated agent's backup is an agent's: a user
 		// cannot make an upload look like one.
@@ -292,6 +301,9 @@ func (s *Service) commitUpload(ctx context.Context, u *upload, r *received, up s
 		m.Source.Kind, m.Source.Description, m.Source.Target, m.Source.ClaimedTarget = ebv1.SourceAgent, "job "+a.JobNamespace+"/"+a.JobName, a.Target, ""
 		if d := u.header.GetDelta(); d != nil {
 			m.Source.Kind, m.Delta = ebv1.SourceDelta, deltaFromHeader(d)
+		}
+		if k := u.header.GetKit(); k != nil {
+			m.Source.Kind, m.Kit = ebv1.SourceKit, kitFromHeader(k, a.Backup)
 		}
 		if a.Scheduled {
 			// A scheduled run: the server's signed Job says so, and its

@@ -87,7 +87,7 @@ func validateSourceKind(kind string) (string, error) {
 	switch kind {
 	case "":
 		return ebv1.SourceUpload, nil
-	case ebv1.SourceUpload, ebv1.SourceAgent, ebv1.SourceDelta:
+	case ebv1.SourceUpload, ebv1.SourceAgent, ebv1.SourceDelta, ebv1.SourceKit:
 		return kind, nil
 	}
 	return "", status.Errorf(codes.InvalidArgument, "source kind %q is not one of %q, %q", kind, ebv1.SourceUpload, ebv1.SourceAgent)

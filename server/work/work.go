@@ -71,6 +71,10 @@ type Backup struct {
 	// Job is the agent Job's name, Created its creation time.
 	Job     string
 	Created time.Time
+	// KitJob is the kit agent Job's name, for a target with a recovery
+	// kit; KitErr says why there is none.
+	KitJob string
+	KitErr error
 }
 
 // StartBackup launches the agent Job of a backup. The name must be free
@@ -122,10 +126,23 @@ func (s *Starter) StartBackup(ctx context.Context, req BackupRequest) (*Backup, 
 		return nil, fmt.Errorf("start backup agent for %q: %w", name, err)
 	}
 	s.log.Info("backup agent started", "backup", name, "location", loc.Name, "target", t.Name, "job", job.Name, "caller", req.By)
-	return &Backup{
+	b := &Backup{
 		Name: name, Location: loc.Name, Compression: compression, Labels: req.Labels, Target: t,
 		Job: job.Name, Created: job.CreationTimestamp.Time,
-	}, nil
+	}
+	if t.Kit != nil {
+		// The backup runs whatever becomes of its kit: a backup without
+		// one still restores etcd.
+		kj, err := s.agents.StartKit(ctx, jobs.KitSpec{Backup: name, Location: loc.Name, Target: *t})
+		if err != nil {
+			b.KitErr = fmt.Errorf("the backup was started, but not its recovery kit's agent, so it will be stored without a kit: %w", err)
+			s.log.Error("kit agent not started", "backup", name, "location", loc.Name, "target", t.Name, "error", err, "caller", req.By)
+		} else {
+			b.KitJob = kj.Name
+			s.log.Info("kit agent started", "backup", name, "location", loc.Name, "target", t.Name, "job", kj.Namespace+"/"+kj.Name, "node", t.Kit.NodeName)
+		}
+	}
+	return b, nil
 }
 
 // DrillRequest is a drill to start: of backup Name in Location ("" the

@@ -130,29 +130,7 @@ func TestControlPlaneDisasterRecovery(t *testing.T) {
 		t.Logf("the data server lists the backups %s after the control plane came back", time.Since(serving).Round(time.Millisecond))
 		// The controllers' informers recovered: a pod deleted now is
 		// replaced.
-		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
-		if err != nil || len(pods.Items) == 0 {
-			t.Fatalf("pods of the Deployment: %v %v", pods, err)
-		}
-		old := pods.Items[0].Name
-		if err := cs.CoreV1().Pods(ns).Delete(ctx, old, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-			t.Fatal(err)
-		}
-		err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
-			pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
-			if err != nil {
-				return false, nil
-			}
-			for _, p := range pods.Items {
-				if p.Name != old && p.DeletionTimestamp == nil && podReady(&p) {
-					return true, nil
-				}
-			}
-			return false, nil
-		})
-		if err != nil {
-			t.Errorf("the Deployment did not replace pod %s: %v", old, err)
-		}
+		deletedPodIsReplaced(ctx, t, sb, ns, "web")
 	})
 
 	t.Run("without-the-bump-resource-versions-go-backwards", func(t *testing.T) {
@@ -299,6 +277,36 @@ func pauseDeployment(sb *sandbox.Sandbox, ns, name string) *appsv1.Deployment {
 				},
 			},
 		},
+	}
+}
+
+// deletedPodIsReplaced deletes a pod of Deployment app in ns and waits
+// for another, Ready: the controllers and the node work.
+func deletedPodIsReplaced(ctx context.Context, t *testing.T, sb *sandbox.Sandbox, ns, app string) {
+	t.Helper()
+	cs := sb.Client()
+	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+	if err != nil || len(pods.Items) == 0 {
+		t.Fatalf("pods of the Deployment: %v %v", pods, err)
+	}
+	old := pods.Items[0].Name
+	if err := cs.CoreV1().Pods(ns).Delete(ctx, old, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+		if err != nil {
+			return false, nil
+		}
+		for _, p := range pods.Items {
+			if p.Name != old && p.DeletionTimestamp == nil && podReady(&p) {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("the Deployment did not replace pod %s: %v", old, err)
 	}
 }
 

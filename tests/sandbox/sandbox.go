@@ -186,7 +186,8 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	step := time.Now()
-	if s.pki, err = newPKI(filepath.Join(dir, "pki")); err != nil {
+	// Where kubeadm keeps them: /etc/kubernetes/pki (staticpods.go).
+	if s.pki, err = newPKI(filepath.Join(dir, "kubernetes", "pki")); err != nil {
 		return nil, fmt.Errorf("sandbox: certificates: %w", err)
 	}
 	// The node's network first: the API server and etcd listen on the
@@ -213,6 +214,9 @@ func Start(ctx context.Context, cfg Config) (_ *Sandbox, err error) {
 	}
 	s.apiserverURL = s.apiserver.url
 	s.logf("kube-apiserver ready at %s (%s, log %s)", s.apiserver.url, since(step), s.apiserver.logPath)
+	if err := s.writeStaticPods(); err != nil {
+		return nil, fmt.Errorf("sandbox: %w", err)
+	}
 
 	s.restConfig = s.configFor(s.pki.admin.certPEM, s.pki.admin.keyPEM)
 	if s.client, err = kubernetes.NewForConfig(s.restConfig); err != nil {
@@ -358,7 +362,7 @@ func resetDir(dir string) error {
 			}
 		}
 	}
-	for _, name := range []string{"pki", "etcd", "apiserver-certs", "etcd.log", "kube-apiserver.log", "kubeconfig", "kubeconfigs",
+	for _, name := range []string{"kubernetes", "pki", "etcd", "apiserver-certs", "etcd.log", "kube-apiserver.log", "kubeconfig", "kubeconfigs",
 		"kube-controller-manager.log", "kube-scheduler.log", "containerd.log", "kubelet.log", "kube-proxy.log", "kube-network-policies.log", "node", "node-config",
 		"containerd-2.log", "kubelet-2.log", "kube-proxy-2.log", "kube-network-policies-2.log", "node-2", "node-2-config"} {
 		if err := os.RemoveAll(filepath.Join(dir, name)); err != nil {

@@ -59,6 +59,25 @@ type ProductOptions struct {
 	// HA installs the HA layout (manifests/components/ha): two replicas
 	// electing the controller, the filesystem location on a shared claim.
 	HA bool
+	// Kit, when set, gives target control-plane a recovery kit, and
+	// applies manifests/restore-namespace/, where its kit agents run.
+	Kit *Kit
+}
+
+// Kit is the control-plane target's recovery kit: the node's directories
+// it holds, sealed to Recipients.
+type Kit struct {
+	NodeName   string
+	Paths      []string
+	Recipients []string
+}
+
+func kitLines(k *Kit) string {
+	if k == nil {
+		return ""
+	}
+	return fmt.Sprintf("        kit:\n          nodeName: %s\n          paths: [%s]\n          ageRecipients: [%s]\n",
+		k.NodeName, strings.Join(k.Paths, ", "), strings.Join(k.Recipients, ", "))
 }
 
 // ClusterTarget is an etcd cluster running in the sandbox without TLS,
@@ -116,6 +135,14 @@ func InstallProductWith(ctx context.Context, sb *sandbox.Sandbox, k *Kubectl, di
 	p.Overlay = filepath.Join(dir, "overlay")
 	if err := writeOverlay(p.Overlay, root, sb, s3, opts); err != nil {
 		return nil, err
+	}
+	if opts.Kit != nil {
+		// As docs/install.md says: the namespace kit agents run in.
+		cmd := k.Command(ctx, "apply", "-k", filepath.Join(root, "manifests", "restore-namespace"))
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Run(); err != nil {
+			return nil, fmt.Errorf("kubectl apply -k manifests/restore-namespace: %w", err)
+		}
 	}
 	cmd := k.Command(ctx, "apply", "-k", p.Overlay)
 	cmd.Stdout, cmd.Stderr = out, out
@@ -310,9 +337,9 @@ data:
       - name: control-plane
         endpoints: [%[6]s]
         tlsSecret: etcd-client
-%[4]s    agents:
+%[9]s%[4]s    agents:
       serviceAccount: etcdbackup-agent
-%[5]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), authorization(opts.Authorization), EtcdServiceURL, replicas, shared),
+%[5]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), authorization(opts.Authorization), EtcdServiceURL, replicas, shared, kitLines(opts.Kit)),
 		"deployment.yaml": `apiVersion: apps/v1
 kind: Deployment
 metadata:

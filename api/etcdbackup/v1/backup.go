@@ -15,6 +15,9 @@ const (
 	// SourceDelta is a delta segment a delta agent cut from etcd's watch:
 	// its manifest is a segment's, not a snapshot's.
 	SourceDelta = "delta"
+	// SourceKit is a backup's recovery kit, stored beside it by its
+	// agent: its manifest is a kit's, not a snapshot's.
+	SourceKit = "kit"
 )
 
 // OfTarget says whether a backup of source kind kind recorded with

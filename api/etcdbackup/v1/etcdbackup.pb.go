@@ -564,7 +564,12 @@ type Backup struct {
 	// For a delta segment (source kind "delta"): the revisions it holds.
 	Delta *DeltaSegment `protobuf:"bytes,21,opt,name=delta,proto3" json:"delta,omitempty"`
 	// For a full backup that starts a delta chain: the chain as stored.
-	Chain         *DeltaChain `protobuf:"bytes,22,opt,name=chain,proto3" json:"chain,omitempty"`
+	Chain *DeltaChain `protobuf:"bytes,22,opt,name=chain,proto3" json:"chain,omitempty"`
+	// The control plane's recovery kit stored with the backup, when its
+	// target names one (kit: in the server's configuration): the files
+	// etcd's data alone cannot bring back, encrypted to age recipients by
+	// the agent that collected them. docs/disaster-recovery.md.
+	Kit           *Kit `protobuf:"bytes,23,opt,name=kit,proto3" json:"kit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -725,6 +730,269 @@ func (x *Backup) GetChain() *DeltaChain {
 	return nil
 }
 
+func (x *Backup) GetKit() *Kit {
+	if x != nil {
+		return x.Kit
+	}
+	return nil
+}
+
+// Kit is a backup's recovery kit as stored: an age file, stored as the
+// object NAME.kit beside the backup, of a tar of the files an agent read
+// on a control-plane node. Everything here but the files' contents is
+// known to the server; their SHA-256 are inside the encryption.
+type Kit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stored object's name: the backup's name + ".kit".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Size and lower-case hex SHA-256 of the stored (encrypted) bytes.
+	Size       int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Sha256     string                 `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The node the files were read on.
+	Node string `protobuf:"bytes,5,opt,name=node,proto3" json:"node,omitempty"`
+	// The host directories collected, as the target names them.
+	Paths    []string     `protobuf:"bytes,6,rep,name=paths,proto3" json:"paths,omitempty"`
+	Files    []*KitFile   `protobuf:"bytes,7,rep,name=files,proto3" json:"files,omitempty"`
+	Versions *KitVersions `protobuf:"bytes,8,opt,name=versions,proto3" json:"versions,omitempty"`
+	// The age recipients (public keys) the kit is encrypted to: one of
+	// their identities opens it. Never a secret.
+	AgeRecipients []string `protobuf:"bytes,9,rep,name=age_recipients,json=ageRecipients,proto3" json:"age_recipients,omitempty"`
+	// How many entries the kit holds. ListBackups leaves files out (a
+	// kit's entries are in GetBackup); entries is set either way.
+	Entries       int32 `protobuf:"varint,10,opt,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Kit) Reset() {
+	*x = Kit{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Kit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Kit) ProtoMessage() {}
+
+func (x *Kit) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Kit.ProtoReflect.Descriptor instead.
+func (*Kit) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Kit) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Kit) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Kit) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *Kit) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *Kit) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *Kit) GetPaths() []string {
+	if x != nil {
+		return x.Paths
+	}
+	return nil
+}
+
+func (x *Kit) GetFiles() []*KitFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *Kit) GetVersions() *KitVersions {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+func (x *Kit) GetAgeRecipients() []string {
+	if x != nil {
+		return x.AgeRecipients
+	}
+	return nil
+}
+
+func (x *Kit) GetEntries() int32 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+// KitFile is one entry of a kit: a file, a directory or a symbolic link,
+// with its path on the node.
+type KitFile struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// Unix mode bits and type as Go's fs.FileMode.
+	Mode uint32 `protobuf:"varint,2,opt,name=mode,proto3" json:"mode,omitempty"`
+	Size int64  `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	// A symbolic link's target (never followed when collected).
+	Link          string `protobuf:"bytes,4,opt,name=link,proto3" json:"link,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KitFile) Reset() {
+	*x = KitFile{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KitFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KitFile) ProtoMessage() {}
+
+func (x *KitFile) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KitFile.ProtoReflect.Descriptor instead.
+func (*KitFile) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *KitFile) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *KitFile) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *KitFile) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *KitFile) GetLink() string {
+	if x != nil {
+		return x.Link
+	}
+	return ""
+}
+
+// KitVersions are the component versions a kit was taken with: a rebuild
+// refuses a node whose installed versions differ.
+type KitVersions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// etcd's server version, as the member reported it ("3.6.5").
+	Etcd string `protobuf:"bytes,1,opt,name=etcd,proto3" json:"etcd,omitempty"`
+	// The API server's /version gitVersion ("v1.37.2").
+	Kubernetes    string `protobuf:"bytes,2,opt,name=kubernetes,proto3" json:"kubernetes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KitVersions) Reset() {
+	*x = KitVersions{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KitVersions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KitVersions) ProtoMessage() {}
+
+func (x *KitVersions) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KitVersions.ProtoReflect.Descriptor instead.
+func (*KitVersions) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *KitVersions) GetEtcd() string {
+	if x != nil {
+		return x.Etcd
+	}
+	return ""
+}
+
+func (x *KitVersions) GetKubernetes() string {
+	if x != nil {
+		return x.Kubernetes
+	}
+	return ""
+}
+
 // DeltaSegment is one stored piece of a delta chain: every event of the
 // revisions first_revision..last_revision of the etcd a target names,
 // with the wall-clock time each revision was seen. A chain's segments
@@ -777,7 +1045,7 @@ type DeltaSegment struct {
 
 func (x *DeltaSegment) Reset() {
 	*x = DeltaSegment{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -789,7 +1057,7 @@ func (x *DeltaSegment) String() string {
 func (*DeltaSegment) ProtoMessage() {}
 
 func (x *DeltaSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -802,7 +1070,7 @@ func (x *DeltaSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeltaSegment.ProtoReflect.Descriptor instead.
 func (*DeltaSegment) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{6}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeltaSegment) GetChain() string {
@@ -909,7 +1177,7 @@ type DeltaEvent struct {
 
 func (x *DeltaEvent) Reset() {
 	*x = DeltaEvent{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -921,7 +1189,7 @@ func (x *DeltaEvent) String() string {
 func (*DeltaEvent) ProtoMessage() {}
 
 func (x *DeltaEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -934,7 +1202,7 @@ func (x *DeltaEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeltaEvent.ProtoReflect.Descriptor instead.
 func (*DeltaEvent) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{7}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeltaEvent) GetKey() []byte {
@@ -983,7 +1251,7 @@ type DeltaChain struct {
 
 func (x *DeltaChain) Reset() {
 	*x = DeltaChain{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -995,7 +1263,7 @@ func (x *DeltaChain) String() string {
 func (*DeltaChain) ProtoMessage() {}
 
 func (x *DeltaChain) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1008,7 +1276,7 @@ func (x *DeltaChain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeltaChain.ProtoReflect.Descriptor instead.
 func (*DeltaChain) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{8}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeltaChain) GetSegments() int64 {
@@ -1088,7 +1356,7 @@ type Verification struct {
 
 func (x *Verification) Reset() {
 	*x = Verification{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1368,7 @@ func (x *Verification) String() string {
 func (*Verification) ProtoMessage() {}
 
 func (x *Verification) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1381,7 @@ func (x *Verification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Verification.ProtoReflect.Descriptor instead.
 func (*Verification) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{9}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Verification) GetTime() *timestamppb.Timestamp {
@@ -1205,7 +1473,7 @@ type BackupSource struct {
 
 func (x *BackupSource) Reset() {
 	*x = BackupSource{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1217,7 +1485,7 @@ func (x *BackupSource) String() string {
 func (*BackupSource) ProtoMessage() {}
 
 func (x *BackupSource) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,7 +1498,7 @@ func (x *BackupSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupSource.ProtoReflect.Descriptor instead.
 func (*BackupSource) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{10}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *BackupSource) GetKind() string {
@@ -1332,7 +1600,7 @@ type EtcdInfo struct {
 
 func (x *EtcdInfo) Reset() {
 	*x = EtcdInfo{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1612,7 @@ func (x *EtcdInfo) String() string {
 func (*EtcdInfo) ProtoMessage() {}
 
 func (x *EtcdInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1625,7 @@ func (x *EtcdInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EtcdInfo.ProtoReflect.Descriptor instead.
 func (*EtcdInfo) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{11}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EtcdInfo) GetClusterId() uint64 {
@@ -1480,7 +1748,7 @@ type ListBackupsRequest struct {
 
 func (x *ListBackupsRequest) Reset() {
 	*x = ListBackupsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1492,7 +1760,7 @@ func (x *ListBackupsRequest) String() string {
 func (*ListBackupsRequest) ProtoMessage() {}
 
 func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1505,7 +1773,7 @@ func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsRequest.ProtoReflect.Descriptor instead.
 func (*ListBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{12}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListBackupsRequest) GetLocation() string {
@@ -1555,7 +1823,7 @@ type ListBackupsResponse struct {
 
 func (x *ListBackupsResponse) Reset() {
 	*x = ListBackupsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +1835,7 @@ func (x *ListBackupsResponse) String() string {
 func (*ListBackupsResponse) ProtoMessage() {}
 
 func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1848,7 @@ func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsResponse.ProtoReflect.Descriptor instead.
 func (*ListBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{13}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListBackupsResponse) GetBackups() []*Backup {
@@ -1607,7 +1875,7 @@ type GetBackupRequest struct {
 
 func (x *GetBackupRequest) Reset() {
 	*x = GetBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1619,7 +1887,7 @@ func (x *GetBackupRequest) String() string {
 func (*GetBackupRequest) ProtoMessage() {}
 
 func (x *GetBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1632,7 +1900,7 @@ func (x *GetBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{14}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetBackupRequest) GetName() string {
@@ -1658,7 +1926,7 @@ type GetBackupResponse struct {
 
 func (x *GetBackupResponse) Reset() {
 	*x = GetBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1670,7 +1938,7 @@ func (x *GetBackupResponse) String() string {
 func (*GetBackupResponse) ProtoMessage() {}
 
 func (x *GetBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1683,7 +1951,7 @@ func (x *GetBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{15}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetBackupResponse) GetBackup() *Backup {
@@ -1703,7 +1971,7 @@ type DeleteBackupRequest struct {
 
 func (x *DeleteBackupRequest) Reset() {
 	*x = DeleteBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +1983,7 @@ func (x *DeleteBackupRequest) String() string {
 func (*DeleteBackupRequest) ProtoMessage() {}
 
 func (x *DeleteBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +1996,7 @@ func (x *DeleteBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackupRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{16}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DeleteBackupRequest) GetName() string {
@@ -1753,7 +2021,7 @@ type DeleteBackupResponse struct {
 
 func (x *DeleteBackupResponse) Reset() {
 	*x = DeleteBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1765,7 +2033,7 @@ func (x *DeleteBackupResponse) String() string {
 func (*DeleteBackupResponse) ProtoMessage() {}
 
 func (x *DeleteBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1778,7 +2046,7 @@ func (x *DeleteBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackupResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{17}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{20}
 }
 
 type UploadBackupRequest struct {
@@ -1795,7 +2063,7 @@ type UploadBackupRequest struct {
 
 func (x *UploadBackupRequest) Reset() {
 	*x = UploadBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +2075,7 @@ func (x *UploadBackupRequest) String() string {
 func (*UploadBackupRequest) ProtoMessage() {}
 
 func (x *UploadBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +2088,7 @@ func (x *UploadBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadBackupRequest.ProtoReflect.Descriptor instead.
 func (*UploadBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{18}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UploadBackupRequest) GetMsg() isUploadBackupRequest_Msg {
@@ -1908,14 +2176,19 @@ type UploadHeader struct {
 	// Set by delta agents: the upload is a delta segment of a chain, not a
 	// snapshot (source kind "delta"). The server checks it against the
 	// chain and the writer's Lease before storing it.
-	Delta         *DeltaSegment `protobuf:"bytes,13,opt,name=delta,proto3" json:"delta,omitempty"`
+	Delta *DeltaSegment `protobuf:"bytes,13,opt,name=delta,proto3" json:"delta,omitempty"`
+	// Set by the backup agent of a target with a recovery kit: the upload,
+	// named BACKUP.kit, is backup BACKUP's kit, age-encrypted to the
+	// target's kit recipients. Only that backup's agent may store it; the
+	// server fills in name, size, sha256, create_time and age_recipients.
+	Kit           *Kit `protobuf:"bytes,14,opt,name=kit,proto3" json:"kit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *UploadHeader) Reset() {
 	*x = UploadHeader{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1927,7 +2200,7 @@ func (x *UploadHeader) String() string {
 func (*UploadHeader) ProtoMessage() {}
 
 func (x *UploadHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1940,7 +2213,7 @@ func (x *UploadHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadHeader.ProtoReflect.Descriptor instead.
 func (*UploadHeader) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{19}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *UploadHeader) GetName() string {
@@ -2034,6 +2307,13 @@ func (x *UploadHeader) GetDelta() *DeltaSegment {
 	return nil
 }
 
+func (x *UploadHeader) GetKit() *Kit {
+	if x != nil {
+		return x.Kit
+	}
+	return nil
+}
+
 // UploadTrailer lets a client that hashes while it streams have the server
 // check what arrived, without reading its input twice.
 type UploadTrailer struct {
@@ -2057,7 +2337,7 @@ type UploadTrailer struct {
 
 func (x *UploadTrailer) Reset() {
 	*x = UploadTrailer{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2069,7 +2349,7 @@ func (x *UploadTrailer) String() string {
 func (*UploadTrailer) ProtoMessage() {}
 
 func (x *UploadTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2082,7 +2362,7 @@ func (x *UploadTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadTrailer.ProtoReflect.Descriptor instead.
 func (*UploadTrailer) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{20}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *UploadTrailer) GetSize() int64 {
@@ -2129,7 +2409,7 @@ type UploadBackupResponse struct {
 
 func (x *UploadBackupResponse) Reset() {
 	*x = UploadBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2141,7 +2421,7 @@ func (x *UploadBackupResponse) String() string {
 func (*UploadBackupResponse) ProtoMessage() {}
 
 func (x *UploadBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2154,7 +2434,7 @@ func (x *UploadBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadBackupResponse.ProtoReflect.Descriptor instead.
 func (*UploadBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{21}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *UploadBackupResponse) GetBackup() *Backup {
@@ -2182,7 +2462,7 @@ type DownloadBackupRequest struct {
 
 func (x *DownloadBackupRequest) Reset() {
 	*x = DownloadBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2194,7 +2474,7 @@ func (x *DownloadBackupRequest) String() string {
 func (*DownloadBackupRequest) ProtoMessage() {}
 
 func (x *DownloadBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2207,7 +2487,7 @@ func (x *DownloadBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadBackupRequest.ProtoReflect.Descriptor instead.
 func (*DownloadBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{22}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DownloadBackupRequest) GetName() string {
@@ -2251,7 +2531,7 @@ type DownloadBackupResponse struct {
 
 func (x *DownloadBackupResponse) Reset() {
 	*x = DownloadBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2263,7 +2543,7 @@ func (x *DownloadBackupResponse) String() string {
 func (*DownloadBackupResponse) ProtoMessage() {}
 
 func (x *DownloadBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2276,7 +2556,7 @@ func (x *DownloadBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadBackupResponse.ProtoReflect.Descriptor instead.
 func (*DownloadBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{23}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DownloadBackupResponse) GetMsg() isDownloadBackupResponse_Msg {
@@ -2338,7 +2618,7 @@ type DownloadHeader struct {
 
 func (x *DownloadHeader) Reset() {
 	*x = DownloadHeader{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2350,7 +2630,7 @@ func (x *DownloadHeader) String() string {
 func (*DownloadHeader) ProtoMessage() {}
 
 func (x *DownloadHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2363,7 +2643,7 @@ func (x *DownloadHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadHeader.ProtoReflect.Descriptor instead.
 func (*DownloadHeader) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{24}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DownloadHeader) GetBackup() *Backup {
@@ -2398,7 +2678,7 @@ type DrillBackupRequest struct {
 
 func (x *DrillBackupRequest) Reset() {
 	*x = DrillBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2410,7 +2690,7 @@ func (x *DrillBackupRequest) String() string {
 func (*DrillBackupRequest) ProtoMessage() {}
 
 func (x *DrillBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2423,7 +2703,7 @@ func (x *DrillBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrillBackupRequest.ProtoReflect.Descriptor instead.
 func (*DrillBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{25}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DrillBackupRequest) GetName() string {
@@ -2453,7 +2733,7 @@ type DrillBackupResponse struct {
 
 func (x *DrillBackupResponse) Reset() {
 	*x = DrillBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2465,7 +2745,7 @@ func (x *DrillBackupResponse) String() string {
 func (*DrillBackupResponse) ProtoMessage() {}
 
 func (x *DrillBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2478,7 +2758,7 @@ func (x *DrillBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrillBackupResponse.ProtoReflect.Descriptor instead.
 func (*DrillBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{26}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DrillBackupResponse) GetJob() string {
@@ -2512,7 +2792,7 @@ type CreateBackupRequest struct {
 
 func (x *CreateBackupRequest) Reset() {
 	*x = CreateBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2524,7 +2804,7 @@ func (x *CreateBackupRequest) String() string {
 func (*CreateBackupRequest) ProtoMessage() {}
 
 func (x *CreateBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2537,7 +2817,7 @@ func (x *CreateBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBackupRequest.ProtoReflect.Descriptor instead.
 func (*CreateBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{27}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CreateBackupRequest) GetName() string {
@@ -2584,7 +2864,7 @@ type CreateBackupResponse struct {
 
 func (x *CreateBackupResponse) Reset() {
 	*x = CreateBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2596,7 +2876,7 @@ func (x *CreateBackupResponse) String() string {
 func (*CreateBackupResponse) ProtoMessage() {}
 
 func (x *CreateBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2609,7 +2889,7 @@ func (x *CreateBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBackupResponse.ProtoReflect.Descriptor instead.
 func (*CreateBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{28}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CreateBackupResponse) GetBackup() *Backup {
@@ -2631,7 +2911,7 @@ type GetBackupLogsRequest struct {
 
 func (x *GetBackupLogsRequest) Reset() {
 	*x = GetBackupLogsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2643,7 +2923,7 @@ func (x *GetBackupLogsRequest) String() string {
 func (*GetBackupLogsRequest) ProtoMessage() {}
 
 func (x *GetBackupLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2656,7 +2936,7 @@ func (x *GetBackupLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupLogsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{29}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetBackupLogsRequest) GetName() string {
@@ -2690,7 +2970,7 @@ type GetBackupLogsResponse struct {
 
 func (x *GetBackupLogsResponse) Reset() {
 	*x = GetBackupLogsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2702,7 +2982,7 @@ func (x *GetBackupLogsResponse) String() string {
 func (*GetBackupLogsResponse) ProtoMessage() {}
 
 func (x *GetBackupLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2715,7 +2995,7 @@ func (x *GetBackupLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupLogsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{30}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetBackupLogsResponse) GetData() []byte {
@@ -2735,7 +3015,7 @@ type VerifyBackupRequest struct {
 
 func (x *VerifyBackupRequest) Reset() {
 	*x = VerifyBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2747,7 +3027,7 @@ func (x *VerifyBackupRequest) String() string {
 func (*VerifyBackupRequest) ProtoMessage() {}
 
 func (x *VerifyBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2760,7 +3040,7 @@ func (x *VerifyBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyBackupRequest.ProtoReflect.Descriptor instead.
 func (*VerifyBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{31}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *VerifyBackupRequest) GetName() string {
@@ -2802,7 +3082,7 @@ type VerifyBackupResponse struct {
 
 func (x *VerifyBackupResponse) Reset() {
 	*x = VerifyBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2814,7 +3094,7 @@ func (x *VerifyBackupResponse) String() string {
 func (*VerifyBackupResponse) ProtoMessage() {}
 
 func (x *VerifyBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2827,7 +3107,7 @@ func (x *VerifyBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyBackupResponse.ProtoReflect.Descriptor instead.
 func (*VerifyBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{32}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *VerifyBackupResponse) GetBackup() *Backup {
@@ -2927,7 +3207,7 @@ type RestoreBackupRequest struct {
 
 func (x *RestoreBackupRequest) Reset() {
 	*x = RestoreBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2939,7 +3219,7 @@ func (x *RestoreBackupRequest) String() string {
 func (*RestoreBackupRequest) ProtoMessage() {}
 
 func (x *RestoreBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2952,7 +3232,7 @@ func (x *RestoreBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreBackupRequest.ProtoReflect.Descriptor instead.
 func (*RestoreBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{33}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RestoreBackupRequest) GetName() string {
@@ -3044,7 +3324,7 @@ type RestoreBackupResponse struct {
 
 func (x *RestoreBackupResponse) Reset() {
 	*x = RestoreBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3056,7 +3336,7 @@ func (x *RestoreBackupResponse) String() string {
 func (*RestoreBackupResponse) ProtoMessage() {}
 
 func (x *RestoreBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3069,7 +3349,7 @@ func (x *RestoreBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreBackupResponse.ProtoReflect.Descriptor instead.
 func (*RestoreBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{34}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RestoreBackupResponse) GetMembers() []*MemberRestore {
@@ -3136,7 +3416,7 @@ type MemberRestore struct {
 
 func (x *MemberRestore) Reset() {
 	*x = MemberRestore{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3148,7 +3428,7 @@ func (x *MemberRestore) String() string {
 func (*MemberRestore) ProtoMessage() {}
 
 func (x *MemberRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3161,7 +3441,7 @@ func (x *MemberRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberRestore.ProtoReflect.Descriptor instead.
 func (*MemberRestore) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{35}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *MemberRestore) GetMember() string {
@@ -3252,7 +3532,7 @@ type GetRestoreRequest struct {
 
 func (x *GetRestoreRequest) Reset() {
 	*x = GetRestoreRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3264,7 +3544,7 @@ func (x *GetRestoreRequest) String() string {
 func (*GetRestoreRequest) ProtoMessage() {}
 
 func (x *GetRestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3277,7 +3557,7 @@ func (x *GetRestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRestoreRequest.ProtoReflect.Descriptor instead.
 func (*GetRestoreRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{36}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetRestoreRequest) GetName() string {
@@ -3310,7 +3590,7 @@ type GetRestoreResponse struct {
 
 func (x *GetRestoreResponse) Reset() {
 	*x = GetRestoreResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3322,7 +3602,7 @@ func (x *GetRestoreResponse) String() string {
 func (*GetRestoreResponse) ProtoMessage() {}
 
 func (x *GetRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3335,7 +3615,7 @@ func (x *GetRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRestoreResponse.ProtoReflect.Descriptor instead.
 func (*GetRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{37}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetRestoreResponse) GetMembers() []*MemberRestore {
@@ -3355,7 +3635,7 @@ type GetBackupEventsRequest struct {
 
 func (x *GetBackupEventsRequest) Reset() {
 	*x = GetBackupEventsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3367,7 +3647,7 @@ func (x *GetBackupEventsRequest) String() string {
 func (*GetBackupEventsRequest) ProtoMessage() {}
 
 func (x *GetBackupEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3380,7 +3660,7 @@ func (x *GetBackupEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupEventsRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupEventsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{38}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetBackupEventsRequest) GetName() string {
@@ -3409,7 +3689,7 @@ type GetBackupEventsResponse struct {
 
 func (x *GetBackupEventsResponse) Reset() {
 	*x = GetBackupEventsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3421,7 +3701,7 @@ func (x *GetBackupEventsResponse) String() string {
 func (*GetBackupEventsResponse) ProtoMessage() {}
 
 func (x *GetBackupEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3434,7 +3714,7 @@ func (x *GetBackupEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupEventsResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupEventsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{39}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetBackupEventsResponse) GetJobName() string {
@@ -3469,7 +3749,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3481,7 +3761,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3494,7 +3774,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{40}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *JobEvent) GetType() string {
@@ -3564,7 +3844,7 @@ type PruneBackupsRequest struct {
 
 func (x *PruneBackupsRequest) Reset() {
 	*x = PruneBackupsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3576,7 +3856,7 @@ func (x *PruneBackupsRequest) String() string {
 func (*PruneBackupsRequest) ProtoMessage() {}
 
 func (x *PruneBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3589,7 +3869,7 @@ func (x *PruneBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneBackupsRequest.ProtoReflect.Descriptor instead.
 func (*PruneBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{41}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *PruneBackupsRequest) GetLocation() string {
@@ -3633,7 +3913,7 @@ type PruneBackupsResponse struct {
 
 func (x *PruneBackupsResponse) Reset() {
 	*x = PruneBackupsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[42]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3645,7 +3925,7 @@ func (x *PruneBackupsResponse) String() string {
 func (*PruneBackupsResponse) ProtoMessage() {}
 
 func (x *PruneBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[42]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3658,7 +3938,7 @@ func (x *PruneBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneBackupsResponse.ProtoReflect.Descriptor instead.
 func (*PruneBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{42}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *PruneBackupsResponse) GetPruned() []*Backup {
@@ -3683,7 +3963,7 @@ type GetDeltaLeaseRequest struct {
 
 func (x *GetDeltaLeaseRequest) Reset() {
 	*x = GetDeltaLeaseRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[43]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3695,7 +3975,7 @@ func (x *GetDeltaLeaseRequest) String() string {
 func (*GetDeltaLeaseRequest) ProtoMessage() {}
 
 func (x *GetDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[43]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3708,7 +3988,7 @@ func (x *GetDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeltaLeaseRequest.ProtoReflect.Descriptor instead.
 func (*GetDeltaLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{43}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{46}
 }
 
 type GetDeltaLeaseResponse struct {
@@ -3720,7 +4000,7 @@ type GetDeltaLeaseResponse struct {
 
 func (x *GetDeltaLeaseResponse) Reset() {
 	*x = GetDeltaLeaseResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[44]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3732,7 +4012,7 @@ func (x *GetDeltaLeaseResponse) String() string {
 func (*GetDeltaLeaseResponse) ProtoMessage() {}
 
 func (x *GetDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[44]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3745,7 +4025,7 @@ func (x *GetDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeltaLeaseResponse.ProtoReflect.Descriptor instead.
 func (*GetDeltaLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{44}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetDeltaLeaseResponse) GetLease() *DeltaLease {
@@ -3766,7 +4046,7 @@ type PutDeltaLeaseRequest struct {
 
 func (x *PutDeltaLeaseRequest) Reset() {
 	*x = PutDeltaLeaseRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[45]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3778,7 +4058,7 @@ func (x *PutDeltaLeaseRequest) String() string {
 func (*PutDeltaLeaseRequest) ProtoMessage() {}
 
 func (x *PutDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[45]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3791,7 +4071,7 @@ func (x *PutDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutDeltaLeaseRequest.ProtoReflect.Descriptor instead.
 func (*PutDeltaLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{45}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *PutDeltaLeaseRequest) GetLease() *DeltaLease {
@@ -3811,7 +4091,7 @@ type PutDeltaLeaseResponse struct {
 
 func (x *PutDeltaLeaseResponse) Reset() {
 	*x = PutDeltaLeaseResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3823,7 +4103,7 @@ func (x *PutDeltaLeaseResponse) String() string {
 func (*PutDeltaLeaseResponse) ProtoMessage() {}
 
 func (x *PutDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3836,7 +4116,7 @@ func (x *PutDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutDeltaLeaseResponse.ProtoReflect.Descriptor instead.
 func (*PutDeltaLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{46}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *PutDeltaLeaseResponse) GetLease() *DeltaLease {
@@ -3865,7 +4145,7 @@ type DeltaLease struct {
 
 func (x *DeltaLease) Reset() {
 	*x = DeltaLease{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3877,7 +4157,7 @@ func (x *DeltaLease) String() string {
 func (*DeltaLease) ProtoMessage() {}
 
 func (x *DeltaLease) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3890,7 +4170,7 @@ func (x *DeltaLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeltaLease.ProtoReflect.Descriptor instead.
 func (*DeltaLease) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{47}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DeltaLease) GetHolderIdentity() string {
@@ -3962,7 +4242,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x05error\x18\x06 \x01(\tR\x05error\"^\n" +
 	"\fServerLimits\x12&\n" +
 	"\x0fmax_chunk_bytes\x18\x01 \x01(\x03R\rmaxChunkBytes\x12&\n" +
-	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\x8d\x06\n" +
+	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\xb3\x06\n" +
 	"\x06Backup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x120\n" +
@@ -3986,10 +4266,34 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x0eage_recipients\x18\x0f \x03(\tR\rageRecipients\x12?\n" +
 	"\fverification\x18\x14 \x01(\v2\x1b.etcdbackup.v1.VerificationR\fverification\x121\n" +
 	"\x05delta\x18\x15 \x01(\v2\x1b.etcdbackup.v1.DeltaSegmentR\x05delta\x12/\n" +
-	"\x05chain\x18\x16 \x01(\v2\x19.etcdbackup.v1.DeltaChainR\x05chain\x1a9\n" +
+	"\x05chain\x18\x16 \x01(\v2\x19.etcdbackup.v1.DeltaChainR\x05chain\x12$\n" +
+	"\x03kit\x18\x17 \x01(\v2\x12.etcdbackup.v1.KitR\x03kit\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa0\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x02\n" +
+	"\x03Kit\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256\x12;\n" +
+	"\vcreate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12\x12\n" +
+	"\x04node\x18\x05 \x01(\tR\x04node\x12\x14\n" +
+	"\x05paths\x18\x06 \x03(\tR\x05paths\x12,\n" +
+	"\x05files\x18\a \x03(\v2\x16.etcdbackup.v1.KitFileR\x05files\x126\n" +
+	"\bversions\x18\b \x01(\v2\x1a.etcdbackup.v1.KitVersionsR\bversions\x12%\n" +
+	"\x0eage_recipients\x18\t \x03(\tR\rageRecipients\x12\x18\n" +
+	"\aentries\x18\n" +
+	" \x01(\x05R\aentries\"Y\n" +
+	"\aKitFile\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\x12\x12\n" +
+	"\x04link\x18\x04 \x01(\tR\x04link\"A\n" +
+	"\vKitVersions\x12\x12\n" +
+	"\x04etcd\x18\x01 \x01(\tR\x04etcd\x12\x1e\n" +
+	"\n" +
+	"kubernetes\x18\x02 \x01(\tR\n" +
+	"kubernetes\"\xa0\x04\n" +
 	"\fDeltaSegment\x12\x14\n" +
 	"\x05chain\x18\x01 \x01(\tR\x05chain\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x03R\x05epoch\x12%\n" +
@@ -4086,7 +4390,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x06header\x18\x01 \x01(\v2\x1b.etcdbackup.v1.UploadHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunk\x128\n" +
 	"\atrailer\x18\x03 \x01(\v2\x1c.etcdbackup.v1.UploadTrailerH\x00R\atrailerB\x05\n" +
-	"\x03msg\"\xd7\x04\n" +
+	"\x03msg\"\xfd\x04\n" +
 	"\fUploadHeader\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x12(\n" +
@@ -4104,7 +4408,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"encryption\x18\v \x01(\tR\n" +
 	"encryption\x12%\n" +
 	"\x0eage_recipients\x18\f \x03(\tR\rageRecipients\x121\n" +
-	"\x05delta\x18\r \x01(\v2\x1b.etcdbackup.v1.DeltaSegmentR\x05delta\x1a9\n" +
+	"\x05delta\x18\r \x01(\v2\x1b.etcdbackup.v1.DeltaSegmentR\x05delta\x12$\n" +
+	"\x03kit\x18\x0e \x01(\v2\x12.etcdbackup.v1.KitR\x03kit\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
@@ -4300,7 +4605,7 @@ func file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP() []byte {
 }
 
 var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(BackupPhase)(0),                // 0: etcdbackup.v1.BackupPhase
 	(VerificationResult)(0),         // 1: etcdbackup.v1.VerificationResult
@@ -4311,143 +4616,151 @@ var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(*StorageLocation)(nil),         // 6: etcdbackup.v1.StorageLocation
 	(*ServerLimits)(nil),            // 7: etcdbackup.v1.ServerLimits
 	(*Backup)(nil),                  // 8: etcdbackup.v1.Backup
-	(*DeltaSegment)(nil),            // 9: etcdbackup.v1.DeltaSegment
-	(*DeltaEvent)(nil),              // 10: etcdbackup.v1.DeltaEvent
-	(*DeltaChain)(nil),              // 11: etcdbackup.v1.DeltaChain
-	(*Verification)(nil),            // 12: etcdbackup.v1.Verification
-	(*BackupSource)(nil),            // 13: etcdbackup.v1.BackupSource
-	(*EtcdInfo)(nil),                // 14: etcdbackup.v1.EtcdInfo
-	(*ListBackupsRequest)(nil),      // 15: etcdbackup.v1.ListBackupsRequest
-	(*ListBackupsResponse)(nil),     // 16: etcdbackup.v1.ListBackupsResponse
-	(*GetBackupRequest)(nil),        // 17: etcdbackup.v1.GetBackupRequest
-	(*GetBackupResponse)(nil),       // 18: etcdbackup.v1.GetBackupResponse
-	(*DeleteBackupRequest)(nil),     // 19: etcdbackup.v1.DeleteBackupRequest
-	(*DeleteBackupResponse)(nil),    // 20: etcdbackup.v1.DeleteBackupResponse
-	(*UploadBackupRequest)(nil),     // 21: etcdbackup.v1.UploadBackupRequest
-	(*UploadHeader)(nil),            // 22: etcdbackup.v1.UploadHeader
-	(*UploadTrailer)(nil),           // 23: etcdbackup.v1.UploadTrailer
-	(*UploadBackupResponse)(nil),    // 24: etcdbackup.v1.UploadBackupResponse
-	(*DownloadBackupRequest)(nil),   // 25: etcdbackup.v1.DownloadBackupRequest
-	(*DownloadBackupResponse)(nil),  // 26: etcdbackup.v1.DownloadBackupResponse
-	(*DownloadHeader)(nil),          // 27: etcdbackup.v1.DownloadHeader
-	(*DrillBackupRequest)(nil),      // 28: etcdbackup.v1.DrillBackupRequest
-	(*DrillBackupResponse)(nil),     // 29: etcdbackup.v1.DrillBackupResponse
-	(*CreateBackupRequest)(nil),     // 30: etcdbackup.v1.CreateBackupRequest
-	(*CreateBackupResponse)(nil),    // 31: etcdbackup.v1.CreateBackupResponse
-	(*GetBackupLogsRequest)(nil),    // 32: etcdbackup.v1.GetBackupLogsRequest
-	(*GetBackupLogsResponse)(nil),   // 33: etcdbackup.v1.GetBackupLogsResponse
-	(*VerifyBackupRequest)(nil),     // 34: etcdbackup.v1.VerifyBackupRequest
-	(*VerifyBackupResponse)(nil),    // 35: etcdbackup.v1.VerifyBackupResponse
-	(*RestoreBackupRequest)(nil),    // 36: etcdbackup.v1.RestoreBackupRequest
-	(*RestoreBackupResponse)(nil),   // 37: etcdbackup.v1.RestoreBackupResponse
-	(*MemberRestore)(nil),           // 38: etcdbackup.v1.MemberRestore
-	(*GetRestoreRequest)(nil),       // 39: etcdbackup.v1.GetRestoreRequest
-	(*GetRestoreResponse)(nil),      // 40: etcdbackup.v1.GetRestoreResponse
-	(*GetBackupEventsRequest)(nil),  // 41: etcdbackup.v1.GetBackupEventsRequest
-	(*GetBackupEventsResponse)(nil), // 42: etcdbackup.v1.GetBackupEventsResponse
-	(*JobEvent)(nil),                // 43: etcdbackup.v1.JobEvent
-	(*PruneBackupsRequest)(nil),     // 44: etcdbackup.v1.PruneBackupsRequest
-	(*PruneBackupsResponse)(nil),    // 45: etcdbackup.v1.PruneBackupsResponse
-	(*GetDeltaLeaseRequest)(nil),    // 46: etcdbackup.v1.GetDeltaLeaseRequest
-	(*GetDeltaLeaseResponse)(nil),   // 47: etcdbackup.v1.GetDeltaLeaseResponse
-	(*PutDeltaLeaseRequest)(nil),    // 48: etcdbackup.v1.PutDeltaLeaseRequest
-	(*PutDeltaLeaseResponse)(nil),   // 49: etcdbackup.v1.PutDeltaLeaseResponse
-	(*DeltaLease)(nil),              // 50: etcdbackup.v1.DeltaLease
-	nil,                             // 51: etcdbackup.v1.Backup.LabelsEntry
-	nil,                             // 52: etcdbackup.v1.UploadHeader.LabelsEntry
-	nil,                             // 53: etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),   // 54: google.protobuf.Timestamp
+	(*Kit)(nil),                     // 9: etcdbackup.v1.Kit
+	(*KitFile)(nil),                 // 10: etcdbackup.v1.KitFile
+	(*KitVersions)(nil),             // 11: etcdbackup.v1.KitVersions
+	(*DeltaSegment)(nil),            // 12: etcdbackup.v1.DeltaSegment
+	(*DeltaEvent)(nil),              // 13: etcdbackup.v1.DeltaEvent
+	(*DeltaChain)(nil),              // 14: etcdbackup.v1.DeltaChain
+	(*Verification)(nil),            // 15: etcdbackup.v1.Verification
+	(*BackupSource)(nil),            // 16: etcdbackup.v1.BackupSource
+	(*EtcdInfo)(nil),                // 17: etcdbackup.v1.EtcdInfo
+	(*ListBackupsRequest)(nil),      // 18: etcdbackup.v1.ListBackupsRequest
+	(*ListBackupsResponse)(nil),     // 19: etcdbackup.v1.ListBackupsResponse
+	(*GetBackupRequest)(nil),        // 20: etcdbackup.v1.GetBackupRequest
+	(*GetBackupResponse)(nil),       // 21: etcdbackup.v1.GetBackupResponse
+	(*DeleteBackupRequest)(nil),     // 22: etcdbackup.v1.DeleteBackupRequest
+	(*DeleteBackupResponse)(nil),    // 23: etcdbackup.v1.DeleteBackupResponse
+	(*UploadBackupRequest)(nil),     // 24: etcdbackup.v1.UploadBackupRequest
+	(*UploadHeader)(nil),            // 25: etcdbackup.v1.UploadHeader
+	(*UploadTrailer)(nil),           // 26: etcdbackup.v1.UploadTrailer
+	(*UploadBackupResponse)(nil),    // 27: etcdbackup.v1.UploadBackupResponse
+	(*DownloadBackupRequest)(nil),   // 28: etcdbackup.v1.DownloadBackupRequest
+	(*DownloadBackupResponse)(nil),  // 29: etcdbackup.v1.DownloadBackupResponse
+	(*DownloadHeader)(nil),          // 30: etcdbackup.v1.DownloadHeader
+	(*DrillBackupRequest)(nil),      // 31: etcdbackup.v1.DrillBackupRequest
+	(*DrillBackupResponse)(nil),     // 32: etcdbackup.v1.DrillBackupResponse
+	(*CreateBackupRequest)(nil),     // 33: etcdbackup.v1.CreateBackupRequest
+	(*CreateBackupResponse)(nil),    // 34: etcdbackup.v1.CreateBackupResponse
+	(*GetBackupLogsRequest)(nil),    // 35: etcdbackup.v1.GetBackupLogsRequest
+	(*GetBackupLogsResponse)(nil),   // 36: etcdbackup.v1.GetBackupLogsResponse
+	(*VerifyBackupRequest)(nil),     // 37: etcdbackup.v1.VerifyBackupRequest
+	(*VerifyBackupResponse)(nil),    // 38: etcdbackup.v1.VerifyBackupResponse
+	(*RestoreBackupRequest)(nil),    // 39: etcdbackup.v1.RestoreBackupRequest
+	(*RestoreBackupResponse)(nil),   // 40: etcdbackup.v1.RestoreBackupResponse
+	(*MemberRestore)(nil),           // 41: etcdbackup.v1.MemberRestore
+	(*GetRestoreRequest)(nil),       // 42: etcdbackup.v1.GetRestoreRequest
+	(*GetRestoreResponse)(nil),      // 43: etcdbackup.v1.GetRestoreResponse
+	(*GetBackupEventsRequest)(nil),  // 44: etcdbackup.v1.GetBackupEventsRequest
+	(*GetBackupEventsResponse)(nil), // 45: etcdbackup.v1.GetBackupEventsResponse
+	(*JobEvent)(nil),                // 46: etcdbackup.v1.JobEvent
+	(*PruneBackupsRequest)(nil),     // 47: etcdbackup.v1.PruneBackupsRequest
+	(*PruneBackupsResponse)(nil),    // 48: etcdbackup.v1.PruneBackupsResponse
+	(*GetDeltaLeaseRequest)(nil),    // 49: etcdbackup.v1.GetDeltaLeaseRequest
+	(*GetDeltaLeaseResponse)(nil),   // 50: etcdbackup.v1.GetDeltaLeaseResponse
+	(*PutDeltaLeaseRequest)(nil),    // 51: etcdbackup.v1.PutDeltaLeaseRequest
+	(*PutDeltaLeaseResponse)(nil),   // 52: etcdbackup.v1.PutDeltaLeaseResponse
+	(*DeltaLease)(nil),              // 53: etcdbackup.v1.DeltaLease
+	nil,                             // 54: etcdbackup.v1.Backup.LabelsEntry
+	nil,                             // 55: etcdbackup.v1.UploadHeader.LabelsEntry
+	nil,                             // 56: etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 57: google.protobuf.Timestamp
 }
 var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	6,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
 	7,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
 	5,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
 	0,  // 3: etcdbackup.v1.Backup.phase:type_name -> etcdbackup.v1.BackupPhase
-	54, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
-	51, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
-	13, // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
-	14, // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	12, // 8: etcdbackup.v1.Backup.verification:type_name -> etcdbackup.v1.Verification
-	9,  // 9: etcdbackup.v1.Backup.delta:type_name -> etcdbackup.v1.DeltaSegment
-	11, // 10: etcdbackup.v1.Backup.chain:type_name -> etcdbackup.v1.DeltaChain
-	54, // 11: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
-	54, // 12: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
-	54, // 13: etcdbackup.v1.DeltaSegment.sent_time:type_name -> google.protobuf.Timestamp
-	10, // 14: etcdbackup.v1.DeltaSegment.last_event:type_name -> etcdbackup.v1.DeltaEvent
-	54, // 15: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
-	10, // 16: etcdbackup.v1.DeltaChain.last_event:type_name -> etcdbackup.v1.DeltaEvent
-	54, // 17: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
-	1,  // 18: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
-	54, // 19: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
-	54, // 20: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
-	54, // 21: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
-	8,  // 22: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
-	8,  // 23: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	22, // 24: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
-	23, // 25: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	52, // 26: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
-	13, // 27: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
-	14, // 28: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	9,  // 29: etcdbackup.v1.UploadHeader.delta:type_name -> etcdbackup.v1.DeltaSegment
-	14, // 30: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	8,  // 31: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	27, // 32: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
-	8,  // 33: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	54, // 34: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
-	53, // 35: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	8,  // 36: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	8,  // 37: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	54, // 38: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
-	38, // 39: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	2,  // 40: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
-	38, // 41: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	43, // 42: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
-	54, // 43: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
-	54, // 44: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
-	8,  // 45: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
-	8,  // 46: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
-	50, // 47: etcdbackup.v1.GetDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
-	50, // 48: etcdbackup.v1.PutDeltaLeaseRequest.lease:type_name -> etcdbackup.v1.DeltaLease
-	50, // 49: etcdbackup.v1.PutDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
-	54, // 50: etcdbackup.v1.DeltaLease.acquire_time:type_name -> google.protobuf.Timestamp
-	54, // 51: etcdbackup.v1.DeltaLease.renew_time:type_name -> google.protobuf.Timestamp
-	3,  // 52: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	15, // 53: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	17, // 54: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	19, // 55: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	21, // 56: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	25, // 57: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	30, // 58: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	32, // 59: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	34, // 60: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	36, // 61: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
-	39, // 62: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
-	28, // 63: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
-	41, // 64: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
-	44, // 65: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
-	46, // 66: etcdbackup.v1.AgentService.GetDeltaLease:input_type -> etcdbackup.v1.GetDeltaLeaseRequest
-	48, // 67: etcdbackup.v1.AgentService.PutDeltaLease:input_type -> etcdbackup.v1.PutDeltaLeaseRequest
-	4,  // 68: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	16, // 69: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	18, // 70: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	20, // 71: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	24, // 72: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	26, // 73: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	31, // 74: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	33, // 75: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	35, // 76: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	37, // 77: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
-	40, // 78: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
-	29, // 79: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
-	42, // 80: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
-	45, // 81: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
-	47, // 82: etcdbackup.v1.AgentService.GetDeltaLease:output_type -> etcdbackup.v1.GetDeltaLeaseResponse
-	49, // 83: etcdbackup.v1.AgentService.PutDeltaLease:output_type -> etcdbackup.v1.PutDeltaLeaseResponse
-	68, // [68:84] is the sub-list for method output_type
-	52, // [52:68] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	57, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
+	54, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
+	16, // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
+	17, // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	15, // 8: etcdbackup.v1.Backup.verification:type_name -> etcdbackup.v1.Verification
+	12, // 9: etcdbackup.v1.Backup.delta:type_name -> etcdbackup.v1.DeltaSegment
+	14, // 10: etcdbackup.v1.Backup.chain:type_name -> etcdbackup.v1.DeltaChain
+	9,  // 11: etcdbackup.v1.Backup.kit:type_name -> etcdbackup.v1.Kit
+	57, // 12: etcdbackup.v1.Kit.create_time:type_name -> google.protobuf.Timestamp
+	10, // 13: etcdbackup.v1.Kit.files:type_name -> etcdbackup.v1.KitFile
+	11, // 14: etcdbackup.v1.Kit.versions:type_name -> etcdbackup.v1.KitVersions
+	57, // 15: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
+	57, // 16: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
+	57, // 17: etcdbackup.v1.DeltaSegment.sent_time:type_name -> google.protobuf.Timestamp
+	13, // 18: etcdbackup.v1.DeltaSegment.last_event:type_name -> etcdbackup.v1.DeltaEvent
+	57, // 19: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
+	13, // 20: etcdbackup.v1.DeltaChain.last_event:type_name -> etcdbackup.v1.DeltaEvent
+	57, // 21: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
+	1,  // 22: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
+	57, // 23: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
+	57, // 24: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
+	57, // 25: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
+	8,  // 26: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
+	8,  // 27: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	25, // 28: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
+	26, // 29: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
+	55, // 30: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	16, // 31: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
+	17, // 32: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	12, // 33: etcdbackup.v1.UploadHeader.delta:type_name -> etcdbackup.v1.DeltaSegment
+	9,  // 34: etcdbackup.v1.UploadHeader.kit:type_name -> etcdbackup.v1.Kit
+	17, // 35: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	8,  // 36: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	30, // 37: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
+	8,  // 38: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
+	57, // 39: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
+	56, // 40: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	8,  // 41: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	8,  // 42: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	57, // 43: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
+	41, // 44: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	2,  // 45: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
+	41, // 46: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	46, // 47: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
+	57, // 48: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
+	57, // 49: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
+	8,  // 50: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
+	8,  // 51: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
+	53, // 52: etcdbackup.v1.GetDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
+	53, // 53: etcdbackup.v1.PutDeltaLeaseRequest.lease:type_name -> etcdbackup.v1.DeltaLease
+	53, // 54: etcdbackup.v1.PutDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
+	57, // 55: etcdbackup.v1.DeltaLease.acquire_time:type_name -> google.protobuf.Timestamp
+	57, // 56: etcdbackup.v1.DeltaLease.renew_time:type_name -> google.protobuf.Timestamp
+	3,  // 57: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	18, // 58: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	20, // 59: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	22, // 60: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	24, // 61: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	28, // 62: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	33, // 63: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	35, // 64: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	37, // 65: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	39, // 66: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	42, // 67: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	31, // 68: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
+	44, // 69: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
+	47, // 70: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
+	49, // 71: etcdbackup.v1.AgentService.GetDeltaLease:input_type -> etcdbackup.v1.GetDeltaLeaseRequest
+	51, // 72: etcdbackup.v1.AgentService.PutDeltaLease:input_type -> etcdbackup.v1.PutDeltaLeaseRequest
+	4,  // 73: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	19, // 74: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	21, // 75: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	23, // 76: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	27, // 77: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	29, // 78: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	34, // 79: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	36, // 80: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	38, // 81: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	40, // 82: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	43, // 83: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	32, // 84: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
+	45, // 85: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
+	48, // 86: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
+	50, // 87: etcdbackup.v1.AgentService.GetDeltaLease:output_type -> etcdbackup.v1.GetDeltaLeaseResponse
+	52, // 88: etcdbackup.v1.AgentService.PutDeltaLease:output_type -> etcdbackup.v1.PutDeltaLeaseResponse
+	73, // [73:89] is the sub-list for method output_type
+	57, // [57:73] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -4455,24 +4768,24 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 	if File_etcdbackup_v1_etcdbackup_proto != nil {
 		return
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[18].OneofWrappers = []any{
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[21].OneofWrappers = []any{
 		(*UploadBackupRequest_Header)(nil),
 		(*UploadBackupRequest_Chunk)(nil),
 		(*UploadBackupRequest_Trailer)(nil),
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[19].OneofWrappers = []any{}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[23].OneofWrappers = []any{
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[22].OneofWrappers = []any{}
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[26].OneofWrappers = []any{
 		(*DownloadBackupResponse_Header)(nil),
 		(*DownloadBackupResponse_Chunk)(nil),
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[33].OneofWrappers = []any{}
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[36].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdbackup_v1_etcdbackup_proto_rawDesc), len(file_etcdbackup_v1_etcdbackup_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   51,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -51,8 +51,8 @@ func (s *Service) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest)
 	if err != nil {
 		return nil, edge.StorageStatus("list", locName, "", err)
 	}
-	manifests, segments := storage.SplitSegments(manifests)
-	chains := storage.Chains(segments)
+	manifests, parts := storage.SplitParts(manifests)
+	chains, kits := storage.Chains(parts), storage.Kits(parts)
 	if c := req.GetChain(); c != "" {
 		return listChain(locName, chains[c], after, req)
 	}
@@ -66,6 +66,7 @@ func (s *Service) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest)
 		if sel.Matches(labels.Set(m.Labels)) {
 			b := edge.Backup(locName, m)
 			edge.WithChain(b, m, chains)
+			edge.WithKit(b, kits[m.Name], false)
 			resp.Backups = append(resp.Backups, b)
 		}
 	}
@@ -166,6 +167,11 @@ func (s *Service) GetBackup(ctx context.Context, req *ebv1.GetBackupRequest) (*e
 		return nil, edge.StorageStatus("get", locName, req.GetName(), err)
 	}
 	b := edge.Backup(locName, m)
+	if !m.IsSegment() && !m.IsKit() {
+		if k, err := loc.Stat(ctx, storage.KitName(m.Name)); err == nil && k.IsKit() {
+			edge.WithKit(b, k, true)
+		}
+	}
 	if !m.IsSegment() && m.OfTarget(m.Source.Target) && s.capturesDeltas(m.Source.Target) {
 		// The chain is in the listing: read it only for targets that
 		// have one.
@@ -173,7 +179,7 @@ func (s *Service) GetBackup(ctx context.Context, req *ebv1.GetBackupRequest) (*e
 		if err != nil {
 			return nil, edge.StorageStatus("list", locName, "", err)
 		}
-		_, segments := storage.SplitSegments(all)
+		_, segments := storage.SplitParts(all)
 		edge.WithChain(b, m, storage.Chains(segments))
 	}
 	return &ebv1.GetBackupResponse{Backup: b}, nil

@@ -170,3 +170,22 @@ func deltaOf(d *storage.Delta) *ebv1.DeltaSegment {
 	}
 	return out
 }
+
+// WithKit sets b's kit from its stored manifest m (nil: none). A listing
+// leaves the kit's entries out (withFiles false): they are GetBackup's.
+func WithKit(b *ebv1.Backup, m *storage.Manifest, withFiles bool) {
+	if m == nil || m.Kit == nil {
+		return
+	}
+	k := &ebv1.Kit{
+		Name: m.Name, Size: m.Size, Sha256: m.SHA256, CreateTime: timestamppb.New(m.CreateTime),
+		Node: m.Kit.Node, Paths: m.Kit.Paths, AgeRecipients: m.AgeRecipients, Entries: int32(len(m.Kit.Files)),
+		Versions: &ebv1.KitVersions{Etcd: m.Kit.Versions.Etcd, Kubernetes: m.Kit.Versions.Kubernetes},
+	}
+	if withFiles {
+		for _, f := range m.Kit.Files {
+			k.Files = append(k.Files, &ebv1.KitFile{Path: f.Path, Mode: f.Mode, Size: f.Size, Link: f.Link})
+		}
+	}
+	b.Kit = k
+}
