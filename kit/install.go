@@ -127,9 +127,7 @@ func (c *Contents) Install(steps []Step) error {
 				return err
 			}
 		}
-		// Owners as collected; where this process may not set them (not
-		// root), the files stay its own.
-		if err := os.Lchown(s.Target, s.UID, s.GID); err != nil && !errors.Is(err, fs.ErrPermission) {
+		if err := setOwner(s.Target, s.UID, s.GID); err != nil {
 			return err
 		}
 	}

@@ -29,7 +29,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"filippo.io/age"
@@ -152,9 +151,7 @@ func Collect(ctx context.Context, hostRoot string, paths []string, meta Index) (
 				return err
 			}
 			f := File{Path: name, Mode: info.Mode()}
-			if st, ok := info.Sys().(*syscall.Stat_t); ok {
-				f.UID, f.GID = int(st.Uid), int(st.Gid)
-			}
+			f.UID, f.GID = owner(info)
 			switch {
 			case info.Mode().IsRegular():
 				b, err := readBounded(p, MaxBytes-total)

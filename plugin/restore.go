@@ -87,6 +87,16 @@ on this machine with etcd's own restore code — what an operator does on a
 kubeadm control-plane node to recover from losing etcd. Run it once per
 member, with that member's name and peer URLs and the same --initial-cluster.
 
+With --local --rebuild, a lost control-plane node comes back from the
+backup and its recovery kit (a target's kit: in the server's
+configuration): the kit is opened here with --identity and checked, the
+node's kubelet must be of the kit's Kubernetes version, then the kit's
+files (PKI, encryption configuration, kubeconfigs) are written under --root,
+etcd's member is rebuilt from the backup as its static pod's manifest
+describes it, and the static-pod manifests are written last, so that the
+kubelet starts the control plane on restored data. What is in the way is
+renamed aside, never deleted; --dry-run prints every file it would write.
+
 A data directory that is not empty is refused unless --move-aside is given,
 which renames it to DIR.before-restore-TIMESTAMP; nothing is ever deleted.
 
@@ -119,6 +129,11 @@ kubectl etcdbackup restore control-plane-20260131-020000 --local \
     --data-dir /var/lib/etcd --member-name cp-1 \
     --initial-cluster cp-1=https://10.0.0.10:2380,cp-2=https://10.0.0.11:2380,cp-3=https://10.0.0.12:2380 \
     --initial-advertise-peer-urls https://10.0.0.10:2380
+
+# Bring back a lost control-plane node, the API server down: the kit's files,
+# etcd's member, then the static-pod manifests (first with --dry-run)
+KUBECONFIG=/dev/null kubectl etcdbackup restore control-plane-20260131-020000 --local --rebuild \
+    --storage-config etcdbackup-storage.yaml --identity kit-key.txt
 
 # Rebuild target app-etcd from an encrypted backup, the key in Secret etcd-age-key
 kubectl etcdbackup restore app-etcd-20260131-020000 --target app-etcd --identity-secret etcd-age-key --wait`),

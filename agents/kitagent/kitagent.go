@@ -76,6 +76,14 @@ func Run(ctx context.Context, c *client.Client, o Options) (*ebv1.Backup, error)
 		Kit:    Describe(contents.Index),
 	}
 	k, err := c.Upload(ctx, bytes.NewReader(sealed.Data), h, nil)
+	if status.Code(err) == codes.AlreadyExists {
+		// Only this Job may store it: an earlier attempt of its pod did
+		// (disrupted after storing it).
+		if got, gerr := c.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: o.Name, Location: o.Location}); gerr == nil && got.GetBackup().GetKit() != nil {
+			sk := got.GetBackup().GetKit()
+			return &ebv1.Backup{Name: sk.GetName(), Location: o.Location, Size: sk.GetSize(), Sha256: sk.GetSha256(), Kit: sk}, nil
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store the recovery kit of %q: %w", o.Name, err)
 	}

@@ -195,6 +195,13 @@ func TestKitUploadsAreHeldToTheirBackup(t *testing.T) {
 	if _, err := srv.AgentClient.Upload(ctx, bytes.NewReader(sealedTo(key.Recipient)), header("b1.kit", key.Recipient), nil); err != nil {
 		t.Errorf("the kit agent's own kit: %v", err)
 	}
+	// A second attempt of the same Job (its pod disrupted after it stored
+	// the kit) finds it stored and succeeds.
+	k, err := kitagent.Run(ctx, srv.AgentClient, kitagent.Options{Name: "b1", Location: "default", Target: "cp", Paths: []string{"/etc/kubernetes"},
+		HostRoot: controlPlaneHost(t), Recipients: []string{key.Recipient}, Node: "cp-1"})
+	if err != nil || k.GetName() != "b1.kit" {
+		t.Errorf("a second attempt: %v %v", k, err)
+	}
 }
 
 // A kit agent pod that runs on another node than its kit's is refused:
