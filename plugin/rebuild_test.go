@@ -202,9 +202,35 @@ func TestRebuildChecksTheKubeletsVersion(t *testing.T) {
 	if _, err := os.Stat(kubelet); err != nil {
 		t.Skipf("no kubelet at %s (make node-bins builds it)", kubelet)
 	}
-	o := &RestoreOptions{Rebuild: RebuildOptions{Kubelet: kubelet}}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+
+	// A kit recorded for another Kubernetes version, against a real
+	// kubelet: the whole command refuses and changes nothing.
+	key := agetest.NewKey(t)
+	peer := freeURL(t)
+	host, _ := controlPlaneNode(t, peer.String())
+	cp := config.Target{Name: "cp", Endpoints: []string{"https://10.0.0.10:2379"}, Kit: &config.Kit{NodeName: "cp-1", AgeRecipients: []string{key.Recipient}}}
+	srv := servertest.StartWith(t, servertest.Options{Targets: []config.Target{cp}, AgentGuard: servertest.AsAgent{
+		Kind: agentjob.Kit, JobNamespace: "etcdbackup-restore", JobName: "kit-old", Backup: "old", Location: "default", Target: "cp", Node: "cp-1",
+	}})
+	addr := "--server-address=" + srv.Addr
+	mustRun(t, addr, "upload", etcdSnapshot(t, map[string]string{"k": "v"}), "--name", "old")
+	if _, err := kitagent.Run(ctx, srv.AgentClient, kitagent.Options{Name: "old", Location: "default", Target: "cp", Paths: []string{"/etc/kubernetes"},
+		HostRoot: host, Recipients: []string{key.Recipient}, Node: "cp-1", KubeVersion: "v1.36.4"}); err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	r := run(t, addr, "restore", "old", "--local", "--rebuild", "--root", root, "--identity", key.File, "--kubelet", kubelet)
+	if ExitCode(r.err) != ExitRefused || !strings.Contains(r.err.Error(), "the kit was taken with Kubernetes v1.36.4 but this node's kubelet is v1.37.2: install kubelet (and kubeadm, kubectl) 1.36.x first") ||
+		!strings.Contains(r.err.Error(), "nothing was changed") {
+		t.Errorf("a kit of another version: %v (exit %d)", r.err, ExitCode(r.err))
+	}
+	if entries, _ := os.ReadDir(root); len(entries) != 0 {
+		t.Errorf("the refused rebuild wrote %d entries", len(entries))
+	}
+
+	o := &RestoreOptions{Rebuild: RebuildOptions{Kubelet: kubelet}}
 	if skew := o.checkVersions(ctx, kit.Versions{Kubernetes: "v1.37.2"}); len(skew) != 0 {
 		t.Errorf("the kit's own version: %v", skew)
 	}
