@@ -127,7 +127,7 @@ func (s *Sandbox) StartControlPlaneFromManifests(ctx context.Context) error {
 	for _, pod := range []*corev1.Pod{etcd, apiserver} {
 		for _, a := range pod.Spec.Containers[0].Command {
 			k, v, ok := strings.Cut(a, "=")
-			if ok && (strings.HasSuffix(k, "-file") || strings.HasSuffix(k, "-config") || k == "--cert-file" || k == "--key-file") && filepath.IsAbs(v) {
+			if ok && (strings.HasSuffix(k, "-file") || strings.HasSuffix(k, "-config")) && filepath.IsAbs(v) {
 				if _, err := os.Stat(v); err != nil {
 					return fmt.Errorf("sandbox: static pod %s: %s: %w", pod.Name, k, err)
 				}
