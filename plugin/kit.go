@@ -23,7 +23,7 @@ import (
 func fetchKit(ctx context.Context, conn *Connection, b *ebv1.Backup, ids []agelib.Identity) (*kit.Contents, error) {
 	k := b.GetKit()
 	if k == nil {
-		return nil, withCode(ExitRefused, fmt.Errorf("backup %q has no recovery kit: its target names no kit: in the server's configuration, or its kit agent did not store one (see `kubectl etcdbackup logs %s`)", b.GetName(), b.GetName()))
+		return nil, withCode(ExitRefused, fmt.Errorf("backup %q has no recovery kit: its target names no kit: in the server's configuration, or its kit agent did not store one (its log: kubectl -n etcdbackup-restore logs -l app.kubernetes.io/component=kit-agent, in the server's agents.restoreNamespace)", b.GetName()))
 	}
 	if len(ids) == 0 {
 		return nil, withCode(ExitUsage, fmt.Errorf("the recovery kit of %q is age-encrypted to %s: %s", b.GetName(), strings.Join(k.GetAgeRecipients(), ", "), passIdentity))
@@ -84,10 +84,8 @@ func kitEncryptionConfig(c *kit.Contents) (string, *atrest.Keys) {
 		if path.Base(p) != "kube-apiserver.yaml" {
 			continue
 		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if _, v, ok := strings.Cut(strings.TrimSpace(line), "--encryption-provider-config="); ok {
-				named = append(named, strings.Trim(strings.TrimSpace(v), `"'`))
-			}
+		if _, _, flags, err := staticPod(b, "kube-apiserver"); err == nil && flags["encryption-provider-config"] != "" {
+			named = append(named, flags["encryption-provider-config"])
 		}
 	}
 	for _, p := range named {

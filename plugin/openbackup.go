@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	agelib "filippo.io/age"
 	"github.com/spf13/cobra"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
@@ -112,7 +113,7 @@ func (s *backupSource) open(ctx context.Context, g *GlobalOptions, op, name stri
 		}
 	} else {
 		var kitKeys *atrest.Keys
-		if path, ob.Backup, ob.Status, kitKeys, err = s.download(ctx, g, op, name, dir); err != nil {
+		if path, ob.Backup, ob.Status, kitKeys, err = s.download(ctx, g, op, name, dir, ids); err != nil {
 			return nil, err
 		}
 		if atRest == nil {
@@ -134,16 +135,12 @@ func (s *backupSource) open(ctx context.Context, g *GlobalOptions, op, name stri
 // does, and checks its database. Without --encryption-config, the keys
 // of an EncryptionConfiguration the backup's recovery kit holds are
 // returned too, when the identities given open the kit.
-func (s *backupSource) download(ctx context.Context, g *GlobalOptions, op, name, dir string) (string, *ebv1.Backup, snapshot.Status, *atrest.Keys, error) {
-	path, b, st, conn, err := s.downloadSnapshot(ctx, g, op, name, dir)
+func (s *backupSource) download(ctx context.Context, g *GlobalOptions, op, name, dir string, ids []agelib.Identity) (string, *ebv1.Backup, snapshot.Status, *atrest.Keys, error) {
+	path, b, st, conn, err := s.downloadSnapshot(ctx, g, op, name, dir, ids)
 	if conn != nil {
 		defer conn.Close()
 	}
-	if err != nil || s.EncryptionConfig != "" || b.GetKit() == nil {
-		return path, b, st, nil, err
-	}
-	ids, err := loadIdentities(s.IdentityFiles)
-	if err != nil || len(ids) == 0 {
+	if err != nil || s.EncryptionConfig != "" || b.GetKit() == nil || len(ids) == 0 {
 		return path, b, st, nil, err
 	}
 	c, err := fetchKit(ctx, conn, b, ids)
@@ -160,7 +157,7 @@ func (s *backupSource) download(ctx context.Context, g *GlobalOptions, op, name,
 
 // downloadSnapshot is download's snapshot, and the connection it came
 // through (for the kit), which the caller closes.
-func (s *backupSource) downloadSnapshot(ctx context.Context, g *GlobalOptions, op, name, dir string) (string, *ebv1.Backup, snapshot.Status, *Connection, error) {
+func (s *backupSource) downloadSnapshot(ctx context.Context, g *GlobalOptions, op, name, dir string, ids []agelib.Identity) (string, *ebv1.Backup, snapshot.Status, *Connection, error) {
 	what := op + " " + quote(name)
 	conn, err := g.Connect(ctx)
 	if err != nil {
@@ -185,10 +182,6 @@ func (s *backupSource) downloadSnapshot(ctx context.Context, g *GlobalOptions, o
 			err = fmt.Errorf("backup %q is %s", name, phaseString(b.GetPhase()))
 		}
 		return fail(conn.explain(what, err))
-	}
-	ids, err := loadIdentities(s.IdentityFiles)
-	if err != nil {
-		return fail(err)
 	}
 	if b.GetEncryption() != ebv1.EncryptionNone && len(ids) == 0 {
 		return fail(needIdentity(name, b, ""))

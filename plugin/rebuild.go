@@ -77,27 +77,38 @@ type staticMember struct {
 	HostDataDir string
 }
 
-// etcdMember reads the member a static etcd pod runs, from its manifest:
-// kubeadm's flags, the data directory mapped through its hostPath volume.
-func etcdMember(manifest []byte) (staticMember, error) {
+// staticPod reads a static pod's manifest as kubeadm writes it: the Pod,
+// its container called container (else its first), and that container's
+// --NAME=VALUE flags by name.
+func staticPod(manifest []byte, container string) (*corev1.Pod, *corev1.Container, map[string]string, error) {
 	var pod corev1.Pod
 	if err := yaml.Unmarshal(manifest, &pod); err != nil {
-		return staticMember{}, fmt.Errorf("not a Pod: %w", err)
+		return nil, nil, nil, fmt.Errorf("not a Pod: %w", err)
 	}
 	var c *corev1.Container
 	for i := range pod.Spec.Containers {
-		if pod.Spec.Containers[i].Name == "etcd" || c == nil {
+		if pod.Spec.Containers[i].Name == container || c == nil {
 			c = &pod.Spec.Containers[i]
 		}
 	}
 	if c == nil {
-		return staticMember{}, errors.New("no container")
+		return nil, nil, nil, errors.New("no container")
 	}
 	flags := map[string]string{}
 	for _, a := range append(append([]string{}, c.Command...), c.Args...) {
 		if k, v, ok := strings.Cut(strings.TrimPrefix(a, "--"), "="); ok && strings.HasPrefix(a, "--") {
 			flags[k] = v
 		}
+	}
+	return &pod, c, flags, nil
+}
+
+// etcdMember reads the member a static etcd pod runs, from its manifest:
+// kubeadm's flags, the data directory mapped through its hostPath volume.
+func etcdMember(manifest []byte) (staticMember, error) {
+	pod, c, flags, err := staticPod(manifest, "etcd")
+	if err != nil {
+		return staticMember{}, err
 	}
 	m := staticMember{Member: snapshot.Member{
 		Name: flags["name"], InitialCluster: flags["initial-cluster"], InitialClusterToken: flags["initial-cluster-token"],

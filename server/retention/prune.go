@@ -42,8 +42,9 @@ type Request struct {
 // those kept because they are in use; the next prune takes them.
 func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage.Manifest, err error) {
 	loc := r.Location.Name
-	// Delta segments are not backups: they go only with their full.
-	backups, segments := storage.SplitParts(r.Manifests)
+	// Delta segments and kits are not backups: they go only with their
+	// backup.
+	backups, parts := storage.SplitParts(r.Manifests)
 	for _, m := range Select(backups, r.Target.Name, *r.Target.Retention, r.IncludeUnscheduled, p.Now()) {
 		restores, err := p.InUse.RestoresReading(ctx, loc, m.Name, "removing")
 		if err != nil {
@@ -74,8 +75,8 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage
 			return pruned, inUse, &domain.StorageError{Location: loc, Name: m.Name, Err: err}
 		}
 		p.InUse.Removed(ctx, loc, m.Name, p.Log)
-		if n, err := storage.DeleteParts(ctx, r.Location, segments, m.Name); err != nil {
-			p.Log.Warn("removing the delta chain of a removed backup", "location", loc, "backup", m.Name, "removed", n, "error", err)
+		if n, err := storage.DeleteParts(ctx, r.Location, parts, m.Name); err != nil {
+			p.Log.Warn("removing the delta chain and recovery kit of a removed backup", "location", loc, "backup", m.Name, "removed", n, "error", err)
 		}
 		p.Metrics.Pruned.WithLabelValues(r.Target.Name, loc).Inc()
 		p.Log.Info("backup removed by retention", "location", loc, "backup", m.Name, "target", r.Target.Name, "caller", r.By)

@@ -43,8 +43,8 @@ func (s *Service) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupReques
 	}
 	s.inUse.Removed(ctx, locName, req.GetName(), s.log)
 	if all, err := loc.List(ctx); err == nil {
-		_, segments := storage.SplitParts(all)
-		if n, err := storage.DeleteParts(ctx, loc, segments, req.GetName()); err != nil || n > 0 {
+		_, parts := storage.SplitParts(all)
+		if n, err := storage.DeleteParts(ctx, loc, parts, req.GetName()); err != nil || n > 0 {
 			s.log.Info("delta chain and recovery kit removed with their backup", "location", locName, "backup", req.GetName(), "parts", n, "error", err)
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/kit"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -29,15 +28,11 @@ func (s *Service) admitKit(ctx context.Context, a *auth.Agent, h *ebv1.UploadHea
 	if want := storage.KitName(a.Backup); h.GetName() != want || locName != a.Location {
 		return status.Errorf(codes.PermissionDenied, "%s may store only %q in location %q, not %q in location %q", a, want, a.Location, h.GetName(), locName)
 	}
-	var k *config.Kit
-	for _, t := range s.targets {
-		if t.Name == a.Target && t.Kit != nil {
-			k = t.Kit
-		}
-	}
-	if k == nil {
+	t, err := s.targets.Get(a.Target)
+	if err != nil || a.Target == "" || t.Kit == nil {
 		return status.Errorf(codes.FailedPrecondition, "target %q has no recovery kit configured (kit:); nothing was stored", a.Target)
 	}
+	k := t.Kit
 	if a.Node != k.NodeName {
 		return status.Errorf(codes.PermissionDenied, "%s runs on node %q, not on node %q whose files target %q's kit holds; nothing was stored", a, a.Node, k.NodeName, a.Target)
 	}

@@ -71,9 +71,8 @@ type Backup struct {
 	// Job is the agent Job's name, Created its creation time.
 	Job     string
 	Created time.Time
-	// KitJob is the kit agent Job's name, for a target with a recovery
-	// kit; KitErr says why there is none.
-	KitJob string
+	// KitErr, for a target with a recovery kit, says why its kit agent
+	// was not started.
 	KitErr error
 }
 
@@ -138,7 +137,6 @@ func (s *Starter) StartBackup(ctx context.Context, req BackupRequest) (*Backup, 
 			b.KitErr = fmt.Errorf("the backup was started, but not its recovery kit's agent, so it will be stored without a kit: %w", err)
 			s.log.Error("kit agent not started", "backup", name, "location", loc.Name, "target", t.Name, "error", err, "caller", req.By)
 		} else {
-			b.KitJob = kj.Name
 			s.log.Info("kit agent started", "backup", name, "location", loc.Name, "target", t.Name, "job", kj.Namespace+"/"+kj.Name, "node", t.Kit.NodeName)
 		}
 	}
