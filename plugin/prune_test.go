@@ -43,14 +43,21 @@ func TestPrune(t *testing.T) {
 	}
 	all := []string{"backup/by-hand", "backup/cp-0", "backup/cp-1", "backup/cp-2", "backup/cp-3", "backup/cp-4"}
 
+	// The dry run's plan: every backup counted, what it does with each
+	// and the rules that keep it.
 	r := mustRun(t, "prune", "--dry-run", addr)
 	_, rows := parseTable(t, r.out)
 	var listed []string
 	for _, row := range rows {
-		listed = append(listed, row["NAME"])
+		listed = append(listed, row["NAME"]+" "+row["PLAN"]+" "+row["RULES"])
 	}
-	if !slices.Equal(listed, []string{"cp-2", "cp-1"}) || !strings.Contains(r.errOut, "Dry run") {
-		t.Fatalf("prune --dry-run listed %q\nstderr: %s", listed, r.errOut)
+	want := []string{"cp-4 keep newest, keepLast #1", "cp-3 keep keepLast #2", "cp-2 remove <none>", "cp-1 remove <none>"}
+	if !slices.Equal(listed, want) || !strings.Contains(r.errOut, "Dry run: the backups marked remove would be removed, nothing was.") {
+		t.Fatalf("prune --dry-run planned %q, want %q\nstderr: %s", listed, want, r.errOut)
+	}
+	// A script's view of a dry run stays the removed backups.
+	if r := mustRun(t, "prune", "--dry-run", "-o", "name", addr); r.out != "backup/cp-2\nbackup/cp-1\n" {
+		t.Fatalf("prune --dry-run -o name: %q", r.out)
 	}
 	if got := names(); !slices.Equal(got, all) {
 		t.Fatalf("after --dry-run: %q, want all of %q", got, all)

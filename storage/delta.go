@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -116,4 +117,33 @@ func ContiguousSegments(from int64, segs []*Manifest) []*Manifest {
 		}
 	}
 	return out
+}
+
+// NewestChainBase is the newest backup of target a chain can start
+// from: one an agent took, whose revision was read from the snapshot
+// itself (a chain starts at exactly that revision + 1).
+func NewestChainBase(backups []*Manifest, target string) *Manifest {
+	var newest *Manifest
+	for _, m := range backups {
+		if m.Source.Kind != ebv1.SourceAgent || m.Source.Target != target || m.Etcd == nil || !m.Etcd.SnapshotStatus || m.Etcd.Revision <= 0 {
+			continue
+		}
+		if newest == nil || TakenAfter(m, newest) {
+			newest = m
+		}
+	}
+	return newest
+}
+
+// TakenAfter says whether full a holds a later state of its target than
+// b: by when its state was taken, then by revision. Revision alone would
+// keep an old full when etcd's history went back (restored without a
+// revision bump, re-created): every new full would then be older than it
+// and the controller would start one each round.
+func TakenAfter(a, b *Manifest) bool {
+	ta, tb := cmp.Or(a.Source.StartTime, a.CreateTime), cmp.Or(b.Source.StartTime, b.CreateTime)
+	if !ta.Equal(tb) {
+		return ta.After(tb)
+	}
+	return a.Etcd.Revision > b.Etcd.Revision
 }

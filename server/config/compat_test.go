@@ -71,6 +71,18 @@ func TestKubeadmExampleLoads(t *testing.T) {
 			t.Errorf("member %s: want kubeadm's /var/lib/etcd on a named node, got %+v", m.Name, m)
 		}
 	}
+	// The schedule and retention it suggests, commented out, load too.
+	config := cm.Data["config.yaml"]
+	for _, key := range []string{"schedule:", "timeZone:", "retention:"} {
+		config = strings.Replace(config, "# "+key, key, 1)
+	}
+	f, err = load(t, config)
+	if err != nil {
+		t.Fatalf("with its schedule and retention: %v", err)
+	}
+	if r := f.Targets[0].Retention; f.Targets[0].Schedule != "@hourly" || r == nil || r.KeepMonthly != 12 {
+		t.Errorf("with its schedule and retention: %+v", f.Targets[0])
+	}
 }
 
 // TestHAComponentLoads loads the configuration of the component

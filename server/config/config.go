@@ -403,15 +403,38 @@ type Drill struct {
 	VerifiedWithin *metav1.Duration `json:"verifiedWithin,omitempty"`
 }
 
-// Retention is how many scheduled backups of a target are kept. A backup
-// is removed when it is beyond the newest KeepLast or older than MaxAge;
-// the newest backup of the target is never removed.
+// Retention is which of a target's backups are kept: its scheduled
+// backups and the fulls its delta capture takes (chain bases, folds).
+// The count rules are restic's and borg's: KeepLast keeps the newest N;
+// each calendar rule keeps the newest backup of each of the newest N
+// hours, days, ISO weeks, months or years (in the target's timeZone) that
+// have one. A backup any count rule keeps is kept; with no count rule,
+// every backup is. MaxAge then removes whatever is older, kept or not.
+// The newest backup of the target, its newest verified one and the full
+// its delta chain grows from are never removed.
 type Retention struct {
-	// KeepLast keeps the newest N backups (0: no count limit).
+	// KeepLast keeps the newest N backups (0: no such rule).
 	KeepLast int `json:"keepLast,omitempty"`
+	// KeepHourly, KeepDaily, KeepWeekly, KeepMonthly and KeepYearly keep
+	// the newest backup of each of the newest N hours, days, weeks,
+	// months and years that have one (0: no such rule).
+	KeepHourly  int `json:"keepHourly,omitempty"`
+	KeepDaily   int `json:"keepDaily,omitempty"`
+	KeepWeekly  int `json:"keepWeekly,omitempty"`
+	KeepMonthly int `json:"keepMonthly,omitempty"`
+	KeepYearly  int `json:"keepYearly,omitempty"`
 	// MaxAge removes backups older than this (0: no age limit).
 	MaxAge metav1.Duration `json:"maxAge,omitempty"`
 }
+
+// Calendar says whether r has a rule counting hours, days, weeks,
+// months or years, which the target's timeZone places.
+func (r Retention) Calendar() bool {
+	return r.KeepHourly > 0 || r.KeepDaily > 0 || r.KeepWeekly > 0 || r.KeepMonthly > 0 || r.KeepYearly > 0
+}
+
+// Counts says whether r has any count rule (KeepLast or a calendar one).
+func (r Retention) Counts() bool { return r.KeepLast > 0 || r.Calendar() }
 
 // Encryption is how a target's backups are encrypted: age, to public keys
 // only. The identities (secret keys) that decrypt them never reach the

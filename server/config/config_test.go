@@ -131,8 +131,11 @@ func TestErrorsNameTheField(t *testing.T) {
 		{"time zone", head + member + "    schedule: \"@daily\"\n    timeZone: Mars/Olympus\n", `targets[0].timeZone: Invalid value: "Mars/Olympus": unknown time zone`},
 		{"time zone without schedule", head + member + "    timeZone: UTC\n", `targets[0].timeZone: Invalid value: "UTC": needs a schedule`},
 		{"starting deadline", head + member + "    schedule: \"@daily\"\n    startingDeadline: -1m\n", `targets[0].startingDeadline: Invalid value: "-1m0s": must be positive`},
-		{"empty retention", head + member + "    retention: {}\n", "targets[0].retention: Required value: keepLast or maxAge"},
+		{"empty retention", head + member + "    retention: {}\n", "targets[0].retention: Required value: at least one of keepLast, keepHourly, keepDaily, keepWeekly, keepMonthly, keepYearly or maxAge"},
 		{"negative keepLast", head + member + "    retention: {keepLast: -2}\n", "targets[0].retention.keepLast: Invalid value: -2"},
+		{"negative keepWeekly", head + member + "    retention: {keepDaily: 7, keepWeekly: -1}\n", "targets[0].retention.keepWeekly: Invalid value: -1"},
+		{"time zone with a retention that counts only", head + member + "    timeZone: Europe/Berlin\n    retention: {keepLast: 3}\n",
+			`targets[0].timeZone: Invalid value: "Europe/Berlin": needs a schedule, or a retention that counts hours, days, weeks, months or years`},
 		{"compactAfterRevisions too small", head + member + "    deltas: {compactAfterRevisions: 999}\n",
 			"targets[0].deltas.compactAfterRevisions: Invalid value: 999: must be 0 (never fold chains) or at least 1000"},
 		{"compactAfterRevisions negative", head + member + "    deltas: {compactAfterRevisions: -1}\n", "targets[0].deltas.compactAfterRevisions: Invalid value: -1"},
@@ -310,5 +313,19 @@ func TestKit(t *testing.T) {
 		if err != nil && strings.Contains(err.Error(), secret) {
 			t.Errorf("%s: the error repeats the secret key", tc.name)
 		}
+	}
+}
+
+// Grandfather-father-son rules load with the target's time zone, which a
+// calendar rule needs even without a schedule.
+func TestRetentionCalendarRules(t *testing.T) {
+	base := head[:strings.Index(head, "targets:")] + "targets:\n  - name: t\n    endpoints: [http://e:2379]\n"
+	f, err := load(t, base+"    timeZone: Europe/Berlin\n    retention: {keepLast: 3, keepHourly: 24, keepDaily: 7, keepWeekly: 4, keepMonthly: 12, keepYearly: 3, maxAge: 8760h}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := f.Targets[0].Retention
+	if got := fmt.Sprint(r.KeepLast, r.KeepHourly, r.KeepDaily, r.KeepWeekly, r.KeepMonthly, r.KeepYearly, r.MaxAge.Duration); got != "3 24 7 4 12 3 8760h0m0s" || !r.Calendar() {
+		t.Fatalf("retention read as %s", got)
 	}
 }

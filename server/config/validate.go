@@ -171,8 +171,8 @@ func validateSchedule(t Target, p *field.Path) field.ErrorList {
 			errs = append(errs, field.TooLong(p.Child("name"), t.Name, 200-(n-len(t.Name))))
 		}
 	} else {
-		if t.TimeZone != "" {
-			errs = append(errs, field.Invalid(p.Child("timeZone"), t.TimeZone, "needs a schedule"))
+		if t.TimeZone != "" && (t.Retention == nil || !t.Retention.Calendar()) {
+			errs = append(errs, field.Invalid(p.Child("timeZone"), t.TimeZone, "needs a schedule, or a retention that counts hours, days, weeks, months or years"))
 		}
 		if t.StartingDeadline != nil {
 			errs = append(errs, field.Invalid(p.Child("startingDeadline"), t.StartingDeadline.Duration.String(), "needs a schedule"))
@@ -188,14 +188,19 @@ func validateSchedule(t Target, p *field.Path) field.ErrorList {
 	}
 	if r := t.Retention; r != nil {
 		rp := p.Child("retention")
-		if r.KeepLast < 0 {
-			errs = append(errs, field.Invalid(rp.Child("keepLast"), r.KeepLast, "must not be negative"))
+		for _, c := range []struct {
+			name string
+			n    int
+		}{{"keepLast", r.KeepLast}, {"keepHourly", r.KeepHourly}, {"keepDaily", r.KeepDaily}, {"keepWeekly", r.KeepWeekly}, {"keepMonthly", r.KeepMonthly}, {"keepYearly", r.KeepYearly}} {
+			if c.n < 0 {
+				errs = append(errs, field.Invalid(rp.Child(c.name), c.n, "must not be negative"))
+			}
 		}
 		if r.MaxAge.Duration < 0 {
 			errs = append(errs, field.Invalid(rp.Child("maxAge"), r.MaxAge.Duration.String(), "must not be negative"))
 		}
-		if r.KeepLast == 0 && r.MaxAge.Duration == 0 {
-			errs = append(errs, field.Required(rp, "keepLast or maxAge (or both)"))
+		if !r.Counts() && r.MaxAge.Duration <= 0 {
+			errs = append(errs, field.Required(rp, "at least one of keepLast, keepHourly, keepDaily, keepWeekly, keepMonthly, keepYearly or maxAge"))
 		}
 	}
 	return errs

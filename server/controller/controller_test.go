@@ -145,6 +145,12 @@ func (sw *schedWorld) store(name string, scheduled bool, created time.Time) {
 // successful agent has stored its backup first.
 func (sw *schedWorld) finish(backup string, ok bool) {
 	sw.t.Helper()
+	sw.finishJob(backup, ok, ok)
+}
+
+// finishJob ends the Job of backup, storing its backup first if store.
+func (sw *schedWorld) finishJob(backup string, ok, store bool) {
+	sw.t.Helper()
 	for _, j := range sw.jobs() {
 		if j.Annotations[jobs.AnnotationBackup] != backup {
 			continue
@@ -152,6 +158,8 @@ func (sw *schedWorld) finish(backup string, ok bool) {
 		cond := batchv1.JobFailed
 		if ok {
 			cond = batchv1.JobComplete
+		}
+		if store {
 			sw.store(backup, j.Labels[jobs.LabelScheduled] == "true", sw.now)
 		}
 		j.Status.Conditions = append(j.Status.Conditions, batchv1.JobCondition{Type: cond, Status: corev1.ConditionTrue})

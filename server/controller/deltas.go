@@ -10,6 +10,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/work"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -114,35 +115,6 @@ func (c *Controller) superviseDelta(ctx context.Context, ls *domain.Listings, t 
 	return nil
 }
 
-// newestChainBase is the newest backup of target a chain can start
-// from: one an agent took, whose revision was read from the snapshot
-// itself (a chain starts at exactly that revision + 1).
-func newestChainBase(backups []*storage.Manifest, target string) *storage.Manifest {
-	var newest *storage.Manifest
-	for _, m := range backups {
-		if m.Source.Kind != ebv1.SourceAgent || m.Source.Target != target || m.Etcd == nil || !m.Etcd.SnapshotStatus || m.Etcd.Revision <= 0 {
-			continue
-		}
-		if newest == nil || takenAfter(m, newest) {
-			newest = m
-		}
-	}
-	return newest
-}
-
-// takenAfter says whether full a holds a later state of its target than
-// b: by when its state was taken, then by revision. Revision alone would
-// keep an old full when etcd's history went back (restored without a
-// revision bump, re-created): every new full would then be older than it
-// and the controller would start one each round.
-func takenAfter(a, b *storage.Manifest) bool {
-	ta, tb := cmp.Or(a.Source.StartTime, a.CreateTime), cmp.Or(b.Source.StartTime, b.CreateTime)
-	if !ta.Equal(tb) {
-		return ta.After(tb)
-	}
-	return a.Etcd.Revision > b.Etcd.Revision
-}
-
 // chain is a target's newest chain as stored: the location it is in,
 // the full backup it starts from (nil: none yet) and the segments that
 // name that full, in revision order, contiguous or not.
@@ -165,7 +137,7 @@ func (c *Controller) newestChain(ctx context.Context, ls *domain.Listings, t con
 		return ch, fmt.Errorf("list backups: %w", err)
 	}
 	backups, segments := storage.SplitParts(all)
-	if ch.full = newestChainBase(backups, t.Name); ch.full != nil {
+	if ch.full = storage.NewestChainBase(backups, t.Name); ch.full != nil {
 		ch.segments = storage.Chains(segments)[ch.full.Name]
 	}
 	return ch, nil
@@ -180,11 +152,11 @@ func (c *Controller) startChainBase(ctx context.Context, t config.Target, locNam
 			return nil
 		}
 	}
-	name := fmt.Sprintf("%s-chain-%s", t.Name, c.now().UTC().Format("20060102-150405"))
+	name := schedule.ChainName(t.Name, c.now())
 	if why == "" {
 		why = "no full backup of the target to start a chain from"
 	}
-	_, err := c.work.StartBackup(ctx, work.BackupRequest{Name: name, Location: locName, Target: t.Name, By: "delta capture (" + why + ")"})
+	_, err := c.work.StartBackup(ctx, work.BackupRequest{Name: name, Location: locName, Target: t.Name, ChainBase: true, By: "delta capture (" + why + ")"})
 	if err != nil {
 		return fmt.Errorf("start full backup %q for a new delta chain: %w", name, err)
 	}

@@ -331,7 +331,7 @@ func TestAFailedDrillReplacesAVerification(t *testing.T) {
 			t.Fatal(err)
 		}
 		var out []string
-		for _, m := range retention.Select(manifests, "cp", *target.Retention, false, sw.now) {
+		for _, m := range retention.Select(manifests, retention.Policy{Target: "cp", Retention: *target.Retention, IncludeUnscheduled: false}, sw.now) {
 			out = append(out, m.Name)
 		}
 		return out

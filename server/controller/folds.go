@@ -38,7 +38,7 @@ func (c *Controller) foldRound(ctx context.Context, ls *domain.Listings, runs []
 		c.log.Warn("chain folds: list their Jobs", "error", err)
 		return
 	}
-	c.recordFolds(ctx, folds)
+	c.recordFolds(ctx, ls, folds)
 	for _, t := range targets {
 		if err := c.foldChain(ctx, ls, t, folds, runs); err != nil {
 			c.log.Warn("chain fold", "target", t.Name, "error", err)
@@ -46,8 +46,9 @@ func (c *Controller) foldRound(ctx context.Context, ls *domain.Listings, runs []
 	}
 }
 
-// recordFolds logs each finished fold once.
-func (c *Controller) recordFolds(ctx context.Context, folds []jobs.FoldRun) {
+// recordFolds logs each finished fold once, and applies the target's
+// retention after one stored its full.
+func (c *Controller) recordFolds(ctx context.Context, ls *domain.Listings, folds []jobs.FoldRun) {
 	for _, f := range folds {
 		if f.Phase == jobs.PhaseRunning || f.Counted {
 			continue
@@ -64,6 +65,9 @@ func (c *Controller) recordFolds(ctx context.Context, folds []jobs.FoldRun) {
 		}
 		if err := c.agents.MarkCounted(ctx, f.JobName); err != nil {
 			c.log.Warn("chain folds: mark a finished fold", "job", f.JobName, "error", err)
+		}
+		if f.Verdict != nil && f.Verdict.Succeeded {
+			c.retain(ctx, ls, f.Target, f.Location)
 		}
 	}
 }

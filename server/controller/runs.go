@@ -13,7 +13,8 @@ import (
 
 // observe counts the agent runs that finished since the last round, once
 // each (the Job is then annotated, so a restarted server does not count
-// it again), and applies retention after a successful scheduled one.
+// it again), and applies retention after a successful scheduled one or
+// a delta chain's new full.
 func (c *Controller) observe(ctx context.Context, ls *domain.Listings, w *watcher, runs []jobs.Run) {
 	for _, r := range runs {
 		if r.Phase == jobs.PhaseRunning || r.Counted || w.counted[runKey(r)] {
@@ -53,7 +54,9 @@ func (c *Controller) observe(ctx context.Context, ls *domain.Listings, w *watche
 		}
 		c.metrics.Size.WithLabelValues(r.Target).Set(float64(m.Size))
 		c.metrics.SetLastSuccess(r.Target, r.Location, m.CreateTime)
-		if r.Scheduled {
+		// A scheduled run and a delta chain's new full are the server's
+		// own backups: retention counts them, so it follows each.
+		if r.Scheduled || retention.Automatic(m, r.Target) {
 			c.retain(ctx, ls, r.Target, r.Location)
 		}
 	}
@@ -69,8 +72,9 @@ func (c *Controller) observe(ctx context.Context, ls *domain.Listings, w *watche
 	}
 }
 
-// retain applies target's retention to its scheduled backups in one
-// location, after a scheduled backup there succeeded.
+// retain applies target's retention to its backups in one location,
+// after one of the server's own backups of it (scheduled, a chain base, a
+// fold) was stored there.
 func (c *Controller) retain(ctx context.Context, ls *domain.Listings, target, locName string) {
 	t, err := c.targets.Get(target)
 	if err != nil || t.Retention == nil {
@@ -85,10 +89,10 @@ func (c *Controller) retain(ctx context.Context, ls *domain.Listings, target, lo
 		c.log.Warn("retention: list backups", "location", locName, "target", target, "error", err)
 		return
 	}
-	pruned, _, err := c.pruner.Prune(ctx, retention.Request{
-		Location: loc, Manifests: manifests, Target: *t, By: "retention",
+	res, err := c.pruner.Prune(ctx, retention.Request{
+		Location: loc, Manifests: manifests, Policy: retention.PolicyOf(*t, false), By: "retention",
 	})
-	if len(pruned) > 0 || err != nil {
+	if len(res.Pruned) > 0 || err != nil {
 		ls.Forget(locName) // the listing no longer says what is stored
 	}
 	if err != nil {

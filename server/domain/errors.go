@@ -3,6 +3,8 @@ package domain
 import (
 	"errors"
 	"fmt"
+
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 )
 
 // Errors the domain's operations return (wrapped, or as the typed errors
@@ -73,11 +75,17 @@ func (e *ClusterError) Error() string { return e.Err.Error() }
 func (e *ClusterError) Unwrap() error { return e.Err }
 
 // ReservedNameError is a name chosen for a backup that has the form of
-// Target's scheduled backups (Targets.ReservedBy).
-type ReservedNameError struct{ Name, Target string }
+// Target's own backups of Kind (Targets.ReservedBy).
+type ReservedNameError struct{ Name, Target, Kind string }
 
 func (e *ReservedNameError) Error() string {
-	return fmt.Sprintf("name %q has the form of target %q's scheduled backups, which only its schedule may take", e.Name, e.Target)
+	switch e.Kind {
+	case schedule.KindChain:
+		return fmt.Sprintf("name %q has the form of the fulls target %q's delta capture starts its chains from (%s-chain-YYYYMMDD-HHMMSS), which only the server may take", e.Name, e.Target, e.Target)
+	case schedule.KindFold:
+		return fmt.Sprintf("name %q has the form of target %q's folded delta chains (%s-fold-REVISION), which only the server may take", e.Name, e.Target, e.Target)
+	}
+	return fmt.Sprintf("name %q has the form of target %q's scheduled backups (%s-YYYYMMDD-HHMMSS), which only its schedule may take", e.Name, e.Target, e.Target)
 }
 
 // StorageError is a storage call that failed on behalf of work on backup

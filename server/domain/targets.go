@@ -27,16 +27,18 @@ func (ts Targets) Get(name string) (*config.Target, error) {
 	return nil, &NotConfiguredError{Kind: KindTarget, Name: name, Have: ts.Names()}
 }
 
-// ReservedBy is the target whose scheduled backups' names have the form
-// of name (TARGET-YYYYMMDD-HHMMSS): only its schedule may take such a
-// name, which, taken by anything else, would stop that run.
-func (ts Targets) ReservedBy(name string) (target string, ok bool) {
+// ReservedBy is the target whose own backups' names have the form of
+// name — its scheduled runs' (TARGET-YYYYMMDD-HHMMSS), its delta chain
+// bases' (TARGET-chain-YYYYMMDD-HHMMSS) or its folds' (TARGET-fold-N) —
+// and which of them: only the server may take such a name, which, taken
+// by anything else, would stop that run or be counted by retention.
+func (ts Targets) ReservedBy(name string) (target, kind string, ok bool) {
 	for _, t := range ts {
-		if schedule.Reserved(t.Name, name) {
-			return t.Name, true
+		if kind, ok := schedule.Automatic(t.Name, name); ok {
+			return t.Name, kind, true
 		}
 	}
-	return "", false
+	return "", "", false
 }
 
 // Names are the targets' names in order.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/schedule"
 )
 
 // AnnotationFoldInputs holds, as JSON (FoldInputs), the chain a fold Job
@@ -66,7 +66,7 @@ type FoldSpec struct {
 // FoldName is the name of the full backup a fold of target's chain to
 // revision stores.
 func FoldName(target string, revision int64) string {
-	return target + "-fold-" + strconv.FormatInt(revision, 10)
+	return schedule.FoldName(target, revision)
 }
 
 func foldJobName(location, backup string) string {

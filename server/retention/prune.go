@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
@@ -27,43 +26,56 @@ type Request struct {
 	Location *domain.Location
 	// Manifests are the location's backups (its List).
 	Manifests []*storage.Manifest
-	// Target's Retention must be set.
-	Target config.Target
-	// IncludeUnscheduled counts the target's other agent backups too.
-	IncludeUnscheduled bool
+	// Policy is the target's retention (PolicyOf).
+	Policy Policy
 	// DryRun removes nothing: pruned is what would go.
 	DryRun bool
 	// By is who asked, for the log.
 	By string
 }
 
-// Prune applies r.Target's retention to its backups in one location. It
-// returns the backups removed (with DryRun, those that would be) and
-// those kept because they are in use; the next prune takes them.
-func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage.Manifest, err error) {
+// Result is what one prune did.
+type Result struct {
+	// Pruned are the backups removed (with DryRun, those that would be).
+	Pruned []*storage.Manifest
+	// InUse are those retention selected but kept because they are in
+	// use; the next prune takes them.
+	InUse []*storage.Manifest
+	// Kept are those retention keeps, with the rules that keep them.
+	Kept []Decision
+}
+
+// Prune applies r.Policy to its target's backups in one location.
+func (p *Pruner) Prune(ctx context.Context, r Request) (Result, error) {
+	var res Result
 	loc := r.Location.Name
 	// Delta segments and kits are not backups: they go only with their
 	// backup.
 	backups, parts := storage.SplitParts(r.Manifests)
-	for _, m := range Select(backups, r.Target.Name, *r.Target.Retention, r.IncludeUnscheduled, p.Now()) {
+	for _, d := range Plan(backups, r.Policy, p.Now()) {
+		if d.Keep {
+			res.Kept = append(res.Kept, d)
+			continue
+		}
+		m := d.Manifest
 		restores, err := p.InUse.RestoresReading(ctx, loc, m.Name, "removing")
 		if err != nil {
-			return pruned, inUse, err
+			return res, err
 		}
 		if len(restores) > 0 {
-			inUse = append(inUse, m)
+			res.InUse = append(res.InUse, m)
 			continue
 		}
 		if r.DryRun {
-			pruned = append(pruned, m)
+			res.Pruned = append(res.Pruned, m)
 			continue
 		}
 		done, ok, err := p.InUse.remove(ctx, loc, m.Name)
 		if err != nil {
-			return pruned, inUse, err
+			return res, err
 		}
 		if !ok {
-			inUse = append(inUse, m)
+			res.InUse = append(res.InUse, m)
 			continue
 		}
 		err = r.Location.Delete(ctx, m.Name)
@@ -72,15 +84,15 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (pruned, inUse []*storage
 			continue // someone else removed it
 		}
 		if err != nil {
-			return pruned, inUse, &domain.StorageError{Location: loc, Name: m.Name, Err: err}
+			return res, &domain.StorageError{Location: loc, Name: m.Name, Err: err}
 		}
 		p.InUse.Removed(ctx, loc, m.Name, p.Log)
 		if n, err := storage.DeleteParts(ctx, r.Location, parts, m.Name); err != nil {
 			p.Log.Warn("removing the delta chain and recovery kit of a removed backup", "location", loc, "backup", m.Name, "removed", n, "error", err)
 		}
-		p.Metrics.Pruned.WithLabelValues(r.Target.Name, loc).Inc()
-		p.Log.Info("backup removed by retention", "location", loc, "backup", m.Name, "target", r.Target.Name, "caller", r.By)
-		pruned = append(pruned, m)
+		p.Metrics.Pruned.WithLabelValues(r.Policy.Target, loc).Inc()
+		p.Log.Info("backup removed by retention", "location", loc, "backup", m.Name, "target", r.Policy.Target, "rule", d.Rules[0], "caller", r.By)
+		res.Pruned = append(res.Pruned, m)
 	}
-	return pruned, inUse, nil
+	return res, nil
 }

@@ -151,8 +151,8 @@ func (s *Service) reservedName(what, name string) error {
 	if b, ok := storage.KitOf(name); ok {
 		return status.Errorf(codes.InvalidArgument, "%s: the name %q ends in %q, which names the recovery kit of backup %q; choose another name", what, name, storage.KitSuffix, b)
 	}
-	if t, ok := s.targets.ReservedBy(name); ok {
-		return edge.Status(what, &domain.ReservedNameError{Name: name, Target: t})
+	if t, kind, ok := s.targets.ReservedBy(name); ok {
+		return edge.Status(what, &domain.ReservedNameError{Name: name, Target: t, Kind: kind})
 	}
 	return nil
 }

@@ -24,7 +24,7 @@ func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsReques
 		}
 		if t.Retention == nil {
 			return nil, status.Errorf(codes.FailedPrecondition,
-				"target %q has no retention configured; add `retention: {keepLast: N, maxAge: DURATION}` to it in the server's config", t.Name)
+				"target %q has no retention configured; add `retention: {keepLast: N, keepDaily: N, …, maxAge: DURATION}` to it in the server's config", t.Name)
 		}
 		targets = append(targets, *t)
 	} else {
@@ -53,15 +53,18 @@ func (s *Service) PruneBackups(ctx context.Context, req *ebv1.PruneBackupsReques
 			return nil, edge.StorageStatus("list", locName, "", err)
 		}
 		for _, t := range targets {
-			pruned, inUse, err := s.pruner.Prune(ctx, retention.Request{
-				Location: loc, Manifests: manifests, Target: t,
-				IncludeUnscheduled: req.GetIncludeUnscheduled(), DryRun: req.GetDryRun(), By: caller(ctx),
+			res, err := s.pruner.Prune(ctx, retention.Request{
+				Location: loc, Manifests: manifests, Policy: retention.PolicyOf(t, req.GetIncludeUnscheduled()),
+				DryRun: req.GetDryRun(), By: caller(ctx),
 			})
 			if err != nil {
 				return resp, edge.Status("delete", err)
 			}
-			resp.Pruned = append(resp.Pruned, backupsFromManifests(locName, pruned)...)
-			resp.InUse = append(resp.InUse, backupsFromManifests(locName, inUse)...)
+			resp.Pruned = append(resp.Pruned, backupsFromManifests(locName, res.Pruned)...)
+			resp.InUse = append(resp.InUse, backupsFromManifests(locName, res.InUse)...)
+			for _, d := range res.Kept {
+				resp.Kept = append(resp.Kept, &ebv1.KeptBackup{Backup: edge.Backup(locName, d.Manifest), Rules: d.Rules})
+			}
 		}
 	}
 	return resp, nil

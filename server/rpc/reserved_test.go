@@ -55,4 +55,21 @@ func TestScheduledNamesAreReserved(t *testing.T) {
 	}
 	_, err = s.CreateBackup(ctx, &ebv1.CreateBackupRequest{Target: "cp", Name: "cp-20260131-120500"})
 	servertest.WantRefusal(t, err, codes.InvalidArgument, "scheduled backups", "choose another name")
+
+	// The fulls a delta capture takes are the server's too: retention
+	// counts them, so no user may give a backup their names.
+	for name, what := range map[string]string{
+		"cp-chain-20261201-100500": "the fulls target \"cp\"'s delta capture starts its chains from",
+		"cp-fold-12345":            "target \"cp\"'s folded delta chains",
+	} {
+		_, err := srv.Client.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: name}, nil)
+		servertest.WantRefusal(t, err, codes.InvalidArgument, `name "`+name+`" has the form of `+what, "choose another name")
+		_, err = s.CreateBackup(ctx, &ebv1.CreateBackupRequest{Target: "cp", Name: name})
+		servertest.WantRefusal(t, err, codes.InvalidArgument, what, "choose another name")
+	}
+	for _, name := range []string{"cp-chain-of-custody", "cp-fold-x1", "cp-folder"} {
+		if _, err := srv.Client.Upload(ctx, bytes.NewReader(trailed(t, 1)), &ebv1.UploadHeader{Name: name}, nil); err != nil {
+			t.Fatalf("upload of %q: %v", name, err)
+		}
+	}
 }

@@ -119,3 +119,26 @@ func TestTimeOf(t *testing.T) {
 		t.Error("scheduled names are not reserved")
 	}
 }
+
+// The names the server gives a target's own backups are told apart, and
+// only those.
+func TestAutomatic(t *testing.T) {
+	at := time.Date(2026, 12, 1, 10, 5, 0, 0, time.UTC)
+	for name, want := range map[string]string{
+		Name("cp", at):                       KindScheduled,
+		AltName("cp", at, 2):                 KindScheduled,
+		ChainName("cp", at):                  KindChain,
+		FoldName("cp", 1200):                 KindFold,
+		"cp-chain-20261301-000000":           "", // no such month
+		"cp-fold-12a":                        "",
+		"cp-fold-":                           "",
+		"app-chain-20261201-100500":          "",
+		"cp-2-chain-20261201-100500":         "",
+		"cp-" + at.Format("20060102-150405"): KindScheduled,
+	} {
+		got, ok := Automatic("cp", name)
+		if got != want || ok != (want != "") {
+			t.Errorf("Automatic(cp, %q) = %q, %v; want %q", name, got, ok, want)
+		}
+	}
+}

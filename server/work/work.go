@@ -55,6 +55,9 @@ type BackupRequest struct {
 	Labels                              map[string]string
 	// Scheduled marks a run of the target's schedule (its Job's label).
 	Scheduled bool
+	// ChainBase marks the full a new delta chain starts from: its name
+	// is the server's (schedule.ChainName), which no user may choose.
+	ChainBase bool
 	// By names who asked, for the log.
 	By string
 	// Check, when set, vets the name and compression once the defaults
@@ -101,9 +104,9 @@ func (s *Starter) StartBackup(ctx context.Context, req BackupRequest) (*Backup, 
 	}
 	// A name chosen, not the schedule's own, must not take a scheduled
 	// run's (the request layer's Check says so first, in its order).
-	if req.Name != "" && !req.Scheduled {
-		if t, ok := s.targets.ReservedBy(name); ok {
-			return nil, &domain.ReservedNameError{Name: name, Target: t}
+	if req.Name != "" && !req.Scheduled && !req.ChainBase {
+		if t, kind, ok := s.targets.ReservedBy(name); ok {
+			return nil, &domain.ReservedNameError{Name: name, Target: t, Kind: kind}
 		}
 	}
 	if _, err := loc.Stat(ctx, name); err == nil {

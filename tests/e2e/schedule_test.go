@@ -174,8 +174,16 @@ func TestSchedule(t *testing.T) {
 	t.Run("prune-dry-run", func(t *testing.T) {
 		before := mustSucceed(t, c.run(t, nil, "etcdbackup", "list", "-o", "name"), "list")
 		r := mustSucceed(t, c.run(t, nil, "etcdbackup", "prune", "--dry-run"), "prune --dry-run")
-		if strings.TrimSpace(r.Stdout) != "" || !strings.Contains(r.Stderr, "No backups to prune.") {
+		// The plan names every scheduled backup of sched, each kept by
+		// a rule, none removed.
+		lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+		if !strings.Contains(r.Stderr, "Dry run: no backups would be removed.") || len(lines) < 2 || !strings.HasPrefix(lines[0], "NAME") {
 			t.Errorf("prune --dry-run: %s", r)
+		}
+		for _, l := range lines[1:] {
+			if f := strings.Fields(l); len(f) < 5 || f[3] != "keep" || !strings.HasPrefix(f[0], "sched-") {
+				t.Errorf("prune --dry-run plans %q, want sched's backups kept by a rule", l)
+			}
 		}
 		after := mustSucceed(t, c.run(t, nil, "etcdbackup", "list", "-o", "name"), "list")
 		// Only runs that finished in between may add backups.

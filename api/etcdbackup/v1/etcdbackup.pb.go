@@ -3906,7 +3906,9 @@ type PruneBackupsResponse struct {
 	Pruned []*Backup `protobuf:"bytes,1,rep,name=pruned,proto3" json:"pruned,omitempty"`
 	// What retention selected but kept because it is being downloaded or
 	// restored; the next prune removes it.
-	InUse         []*Backup `protobuf:"bytes,2,rep,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	InUse []*Backup `protobuf:"bytes,2,rep,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	// What retention keeps, newest first, each with the rules that keep it.
+	Kept          []*KeptBackup `protobuf:"bytes,3,rep,name=kept,proto3" json:"kept,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3955,6 +3957,271 @@ func (x *PruneBackupsResponse) GetInUse() []*Backup {
 	return nil
 }
 
+func (x *PruneBackupsResponse) GetKept() []*KeptBackup {
+	if x != nil {
+		return x.Kept
+	}
+	return nil
+}
+
+// KeptBackup is a backup retention keeps and why.
+type KeptBackup struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Backup *Backup                `protobuf:"bytes,1,opt,name=backup,proto3" json:"backup,omitempty"`
+	// The rules that keep it, as a person reads them: "newest",
+	// "newest verified", "keepLast 3", "keepDaily 2026-12-05",
+	// "keepWeekly 2026-W49", ... A backup no count rule names is kept
+	// because no count rule is configured (only maxAge): "within maxAge".
+	Rules         []string `protobuf:"bytes,2,rep,name=rules,proto3" json:"rules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeptBackup) Reset() {
+	*x = KeptBackup{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeptBackup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeptBackup) ProtoMessage() {}
+
+func (x *KeptBackup) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeptBackup.ProtoReflect.Descriptor instead.
+func (*KeptBackup) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *KeptBackup) GetBackup() *Backup {
+	if x != nil {
+		return x.Backup
+	}
+	return nil
+}
+
+func (x *KeptBackup) GetRules() []string {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+type CheckLocationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Storage location; empty means the default.
+	Location      string `protobuf:"bytes,1,opt,name=location,proto3" json:"location,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckLocationRequest) Reset() {
+	*x = CheckLocationRequest{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckLocationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckLocationRequest) ProtoMessage() {}
+
+func (x *CheckLocationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckLocationRequest.ProtoReflect.Descriptor instead.
+func (*CheckLocationRequest) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *CheckLocationRequest) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
+type CheckLocationResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Location string                 `protobuf:"bytes,1,opt,name=location,proto3" json:"location,omitempty"`
+	// "filesystem" or "s3".
+	Type string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	// Every step, in the order they ran.
+	Steps []*LocationCheckStep `protobuf:"bytes,3,rep,name=steps,proto3" json:"steps,omitempty"`
+	// True when no step failed.
+	Ok            bool `protobuf:"varint,4,opt,name=ok,proto3" json:"ok,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckLocationResponse) Reset() {
+	*x = CheckLocationResponse{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckLocationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckLocationResponse) ProtoMessage() {}
+
+func (x *CheckLocationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckLocationResponse.ProtoReflect.Descriptor instead.
+func (*CheckLocationResponse) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *CheckLocationResponse) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
+func (x *CheckLocationResponse) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *CheckLocationResponse) GetSteps() []*LocationCheckStep {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *CheckLocationResponse) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+// LocationCheckStep is one step of a location check.
+type LocationCheckStep struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What the step does: "write", "multipart write", "ranged read",
+	// "list", "conditional create", "checksums", "object lock", "delete".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// "ok", "failed" or "skipped" (the store or its configuration has no
+	// such thing, or an earlier step it needs failed).
+	Result string `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
+	// What happened, for a failed or skipped step (the store's own error,
+	// without any secret).
+	Detail string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	// What to do about a failed step: the setting that works around it.
+	Advice string `protobuf:"bytes,4,opt,name=advice,proto3" json:"advice,omitempty"`
+	// How long the step took, in milliseconds.
+	DurationMs    int64 `protobuf:"varint,5,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocationCheckStep) Reset() {
+	*x = LocationCheckStep{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocationCheckStep) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocationCheckStep) ProtoMessage() {}
+
+func (x *LocationCheckStep) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocationCheckStep.ProtoReflect.Descriptor instead.
+func (*LocationCheckStep) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *LocationCheckStep) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *LocationCheckStep) GetResult() string {
+	if x != nil {
+		return x.Result
+	}
+	return ""
+}
+
+func (x *LocationCheckStep) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *LocationCheckStep) GetAdvice() string {
+	if x != nil {
+		return x.Advice
+	}
+	return ""
+}
+
+func (x *LocationCheckStep) GetDurationMs() int64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
 type GetDeltaLeaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3963,7 +4230,7 @@ type GetDeltaLeaseRequest struct {
 
 func (x *GetDeltaLeaseRequest) Reset() {
 	*x = GetDeltaLeaseRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3975,7 +4242,7 @@ func (x *GetDeltaLeaseRequest) String() string {
 func (*GetDeltaLeaseRequest) ProtoMessage() {}
 
 func (x *GetDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3988,7 +4255,7 @@ func (x *GetDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeltaLeaseRequest.ProtoReflect.Descriptor instead.
 func (*GetDeltaLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{46}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{50}
 }
 
 type GetDeltaLeaseResponse struct {
@@ -4000,7 +4267,7 @@ type GetDeltaLeaseResponse struct {
 
 func (x *GetDeltaLeaseResponse) Reset() {
 	*x = GetDeltaLeaseResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4012,7 +4279,7 @@ func (x *GetDeltaLeaseResponse) String() string {
 func (*GetDeltaLeaseResponse) ProtoMessage() {}
 
 func (x *GetDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4025,7 +4292,7 @@ func (x *GetDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeltaLeaseResponse.ProtoReflect.Descriptor instead.
 func (*GetDeltaLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{47}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetDeltaLeaseResponse) GetLease() *DeltaLease {
@@ -4046,7 +4313,7 @@ type PutDeltaLeaseRequest struct {
 
 func (x *PutDeltaLeaseRequest) Reset() {
 	*x = PutDeltaLeaseRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[48]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4058,7 +4325,7 @@ func (x *PutDeltaLeaseRequest) String() string {
 func (*PutDeltaLeaseRequest) ProtoMessage() {}
 
 func (x *PutDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[48]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4071,7 +4338,7 @@ func (x *PutDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutDeltaLeaseRequest.ProtoReflect.Descriptor instead.
 func (*PutDeltaLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{48}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PutDeltaLeaseRequest) GetLease() *DeltaLease {
@@ -4091,7 +4358,7 @@ type PutDeltaLeaseResponse struct {
 
 func (x *PutDeltaLeaseResponse) Reset() {
 	*x = PutDeltaLeaseResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[49]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4103,7 +4370,7 @@ func (x *PutDeltaLeaseResponse) String() string {
 func (*PutDeltaLeaseResponse) ProtoMessage() {}
 
 func (x *PutDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[49]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4116,7 +4383,7 @@ func (x *PutDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutDeltaLeaseResponse.ProtoReflect.Descriptor instead.
 func (*PutDeltaLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{49}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *PutDeltaLeaseResponse) GetLease() *DeltaLease {
@@ -4145,7 +4412,7 @@ type DeltaLease struct {
 
 func (x *DeltaLease) Reset() {
 	*x = DeltaLease{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[50]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4157,7 +4424,7 @@ func (x *DeltaLease) String() string {
 func (*DeltaLease) ProtoMessage() {}
 
 func (x *DeltaLease) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[50]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4170,7 +4437,7 @@ func (x *DeltaLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeltaLease.ProtoReflect.Descriptor instead.
 func (*DeltaLease) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{50}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DeltaLease) GetHolderIdentity() string {
@@ -4535,10 +4802,29 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\blocation\x18\x01 \x01(\tR\blocation\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x17\n" +
 	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12/\n" +
-	"\x13include_unscheduled\x18\x04 \x01(\bR\x12includeUnscheduled\"s\n" +
+	"\x13include_unscheduled\x18\x04 \x01(\bR\x12includeUnscheduled\"\xa2\x01\n" +
 	"\x14PruneBackupsResponse\x12-\n" +
 	"\x06pruned\x18\x01 \x03(\v2\x15.etcdbackup.v1.BackupR\x06pruned\x12,\n" +
-	"\x06in_use\x18\x02 \x03(\v2\x15.etcdbackup.v1.BackupR\x05inUse\"\x16\n" +
+	"\x06in_use\x18\x02 \x03(\v2\x15.etcdbackup.v1.BackupR\x05inUse\x12-\n" +
+	"\x04kept\x18\x03 \x03(\v2\x19.etcdbackup.v1.KeptBackupR\x04kept\"Q\n" +
+	"\n" +
+	"KeptBackup\x12-\n" +
+	"\x06backup\x18\x01 \x01(\v2\x15.etcdbackup.v1.BackupR\x06backup\x12\x14\n" +
+	"\x05rules\x18\x02 \x03(\tR\x05rules\"2\n" +
+	"\x14CheckLocationRequest\x12\x1a\n" +
+	"\blocation\x18\x01 \x01(\tR\blocation\"\x8f\x01\n" +
+	"\x15CheckLocationResponse\x12\x1a\n" +
+	"\blocation\x18\x01 \x01(\tR\blocation\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x126\n" +
+	"\x05steps\x18\x03 \x03(\v2 .etcdbackup.v1.LocationCheckStepR\x05steps\x12\x0e\n" +
+	"\x02ok\x18\x04 \x01(\bR\x02ok\"\x90\x01\n" +
+	"\x11LocationCheckStep\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06result\x18\x02 \x01(\tR\x06result\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\x12\x16\n" +
+	"\x06advice\x18\x04 \x01(\tR\x06advice\x12\x1f\n" +
+	"\vduration_ms\x18\x05 \x01(\x03R\n" +
+	"durationMs\"\x16\n" +
 	"\x14GetDeltaLeaseRequest\"H\n" +
 	"\x15GetDeltaLeaseResponse\x12/\n" +
 	"\x05lease\x18\x01 \x01(\v2\x19.etcdbackup.v1.DeltaLeaseR\x05lease\"G\n" +
@@ -4572,7 +4858,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x17RESTORE_PHASE_SUCCEEDED\x10\x03\x12\x18\n" +
 	"\x14RESTORE_PHASE_FAILED\x10\x042i\n" +
 	"\vInfoService\x12Z\n" +
-	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\x9a\t\n" +
+	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\xf6\t\n" +
 	"\rBackupService\x12T\n" +
 	"\vListBackups\x12!.etcdbackup.v1.ListBackupsRequest\x1a\".etcdbackup.v1.ListBackupsResponse\x12N\n" +
 	"\tGetBackup\x12\x1f.etcdbackup.v1.GetBackupRequest\x1a .etcdbackup.v1.GetBackupResponse\x12W\n" +
@@ -4587,7 +4873,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"GetRestore\x12 .etcdbackup.v1.GetRestoreRequest\x1a!.etcdbackup.v1.GetRestoreResponse\x12T\n" +
 	"\vDrillBackup\x12!.etcdbackup.v1.DrillBackupRequest\x1a\".etcdbackup.v1.DrillBackupResponse\x12`\n" +
 	"\x0fGetBackupEvents\x12%.etcdbackup.v1.GetBackupEventsRequest\x1a&.etcdbackup.v1.GetBackupEventsResponse\x12W\n" +
-	"\fPruneBackups\x12\".etcdbackup.v1.PruneBackupsRequest\x1a#.etcdbackup.v1.PruneBackupsResponse2\xc6\x01\n" +
+	"\fPruneBackups\x12\".etcdbackup.v1.PruneBackupsRequest\x1a#.etcdbackup.v1.PruneBackupsResponse\x12Z\n" +
+	"\rCheckLocation\x12#.etcdbackup.v1.CheckLocationRequest\x1a$.etcdbackup.v1.CheckLocationResponse2\xc6\x01\n" +
 	"\fAgentService\x12Z\n" +
 	"\rGetDeltaLease\x12#.etcdbackup.v1.GetDeltaLeaseRequest\x1a$.etcdbackup.v1.GetDeltaLeaseResponse\x12Z\n" +
 	"\rPutDeltaLease\x12#.etcdbackup.v1.PutDeltaLeaseRequest\x1a$.etcdbackup.v1.PutDeltaLeaseResponseBQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
@@ -4605,7 +4892,7 @@ func file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP() []byte {
 }
 
 var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(BackupPhase)(0),                // 0: etcdbackup.v1.BackupPhase
 	(VerificationResult)(0),         // 1: etcdbackup.v1.VerificationResult
@@ -4656,48 +4943,52 @@ var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(*JobEvent)(nil),                // 46: etcdbackup.v1.JobEvent
 	(*PruneBackupsRequest)(nil),     // 47: etcdbackup.v1.PruneBackupsRequest
 	(*PruneBackupsResponse)(nil),    // 48: etcdbackup.v1.PruneBackupsResponse
-	(*GetDeltaLeaseRequest)(nil),    // 49: etcdbackup.v1.GetDeltaLeaseRequest
-	(*GetDeltaLeaseResponse)(nil),   // 50: etcdbackup.v1.GetDeltaLeaseResponse
-	(*PutDeltaLeaseRequest)(nil),    // 51: etcdbackup.v1.PutDeltaLeaseRequest
-	(*PutDeltaLeaseResponse)(nil),   // 52: etcdbackup.v1.PutDeltaLeaseResponse
-	(*DeltaLease)(nil),              // 53: etcdbackup.v1.DeltaLease
-	nil,                             // 54: etcdbackup.v1.Backup.LabelsEntry
-	nil,                             // 55: etcdbackup.v1.UploadHeader.LabelsEntry
-	nil,                             // 56: etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),   // 57: google.protobuf.Timestamp
+	(*KeptBackup)(nil),              // 49: etcdbackup.v1.KeptBackup
+	(*CheckLocationRequest)(nil),    // 50: etcdbackup.v1.CheckLocationRequest
+	(*CheckLocationResponse)(nil),   // 51: etcdbackup.v1.CheckLocationResponse
+	(*LocationCheckStep)(nil),       // 52: etcdbackup.v1.LocationCheckStep
+	(*GetDeltaLeaseRequest)(nil),    // 53: etcdbackup.v1.GetDeltaLeaseRequest
+	(*GetDeltaLeaseResponse)(nil),   // 54: etcdbackup.v1.GetDeltaLeaseResponse
+	(*PutDeltaLeaseRequest)(nil),    // 55: etcdbackup.v1.PutDeltaLeaseRequest
+	(*PutDeltaLeaseResponse)(nil),   // 56: etcdbackup.v1.PutDeltaLeaseResponse
+	(*DeltaLease)(nil),              // 57: etcdbackup.v1.DeltaLease
+	nil,                             // 58: etcdbackup.v1.Backup.LabelsEntry
+	nil,                             // 59: etcdbackup.v1.UploadHeader.LabelsEntry
+	nil,                             // 60: etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 61: google.protobuf.Timestamp
 }
 var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	6,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
 	7,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
 	5,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
 	0,  // 3: etcdbackup.v1.Backup.phase:type_name -> etcdbackup.v1.BackupPhase
-	57, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
-	54, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
+	61, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
+	58, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
 	16, // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
 	17, // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
 	15, // 8: etcdbackup.v1.Backup.verification:type_name -> etcdbackup.v1.Verification
 	12, // 9: etcdbackup.v1.Backup.delta:type_name -> etcdbackup.v1.DeltaSegment
 	14, // 10: etcdbackup.v1.Backup.chain:type_name -> etcdbackup.v1.DeltaChain
 	9,  // 11: etcdbackup.v1.Backup.kit:type_name -> etcdbackup.v1.Kit
-	57, // 12: etcdbackup.v1.Kit.create_time:type_name -> google.protobuf.Timestamp
+	61, // 12: etcdbackup.v1.Kit.create_time:type_name -> google.protobuf.Timestamp
 	10, // 13: etcdbackup.v1.Kit.files:type_name -> etcdbackup.v1.KitFile
 	11, // 14: etcdbackup.v1.Kit.versions:type_name -> etcdbackup.v1.KitVersions
-	57, // 15: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
-	57, // 16: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
-	57, // 17: etcdbackup.v1.DeltaSegment.sent_time:type_name -> google.protobuf.Timestamp
+	61, // 15: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
+	61, // 16: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
+	61, // 17: etcdbackup.v1.DeltaSegment.sent_time:type_name -> google.protobuf.Timestamp
 	13, // 18: etcdbackup.v1.DeltaSegment.last_event:type_name -> etcdbackup.v1.DeltaEvent
-	57, // 19: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
+	61, // 19: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
 	13, // 20: etcdbackup.v1.DeltaChain.last_event:type_name -> etcdbackup.v1.DeltaEvent
-	57, // 21: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
+	61, // 21: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
 	1,  // 22: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
-	57, // 23: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
-	57, // 24: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
-	57, // 25: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
+	61, // 23: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
+	61, // 24: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
+	61, // 25: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
 	8,  // 26: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
 	8,  // 27: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	25, // 28: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
 	26, // 29: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	55, // 30: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	59, // 30: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
 	16, // 31: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
 	17, // 32: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
 	12, // 33: etcdbackup.v1.UploadHeader.delta:type_name -> etcdbackup.v1.DeltaSegment
@@ -4706,61 +4997,66 @@ var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	8,  // 36: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	30, // 37: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
 	8,  // 38: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	57, // 39: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
-	56, // 40: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	61, // 39: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
+	60, // 40: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
 	8,  // 41: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
 	8,  // 42: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	57, // 43: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
+	61, // 43: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
 	41, // 44: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
 	2,  // 45: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
 	41, // 46: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
 	46, // 47: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
-	57, // 48: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
-	57, // 49: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
+	61, // 48: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
+	61, // 49: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
 	8,  // 50: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
 	8,  // 51: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
-	53, // 52: etcdbackup.v1.GetDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
-	53, // 53: etcdbackup.v1.PutDeltaLeaseRequest.lease:type_name -> etcdbackup.v1.DeltaLease
-	53, // 54: etcdbackup.v1.PutDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
-	57, // 55: etcdbackup.v1.DeltaLease.acquire_time:type_name -> google.protobuf.Timestamp
-	57, // 56: etcdbackup.v1.DeltaLease.renew_time:type_name -> google.protobuf.Timestamp
-	3,  // 57: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	18, // 58: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	20, // 59: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	22, // 60: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	24, // 61: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	28, // 62: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	33, // 63: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	35, // 64: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	37, // 65: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	39, // 66: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
-	42, // 67: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
-	31, // 68: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
-	44, // 69: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
-	47, // 70: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
-	49, // 71: etcdbackup.v1.AgentService.GetDeltaLease:input_type -> etcdbackup.v1.GetDeltaLeaseRequest
-	51, // 72: etcdbackup.v1.AgentService.PutDeltaLease:input_type -> etcdbackup.v1.PutDeltaLeaseRequest
-	4,  // 73: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	19, // 74: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	21, // 75: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	23, // 76: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	27, // 77: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	29, // 78: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	34, // 79: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	36, // 80: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	38, // 81: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	40, // 82: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
-	43, // 83: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
-	32, // 84: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
-	45, // 85: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
-	48, // 86: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
-	50, // 87: etcdbackup.v1.AgentService.GetDeltaLease:output_type -> etcdbackup.v1.GetDeltaLeaseResponse
-	52, // 88: etcdbackup.v1.AgentService.PutDeltaLease:output_type -> etcdbackup.v1.PutDeltaLeaseResponse
-	73, // [73:89] is the sub-list for method output_type
-	57, // [57:73] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	49, // 52: etcdbackup.v1.PruneBackupsResponse.kept:type_name -> etcdbackup.v1.KeptBackup
+	8,  // 53: etcdbackup.v1.KeptBackup.backup:type_name -> etcdbackup.v1.Backup
+	52, // 54: etcdbackup.v1.CheckLocationResponse.steps:type_name -> etcdbackup.v1.LocationCheckStep
+	57, // 55: etcdbackup.v1.GetDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
+	57, // 56: etcdbackup.v1.PutDeltaLeaseRequest.lease:type_name -> etcdbackup.v1.DeltaLease
+	57, // 57: etcdbackup.v1.PutDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
+	61, // 58: etcdbackup.v1.DeltaLease.acquire_time:type_name -> google.protobuf.Timestamp
+	61, // 59: etcdbackup.v1.DeltaLease.renew_time:type_name -> google.protobuf.Timestamp
+	3,  // 60: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	18, // 61: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	20, // 62: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	22, // 63: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	24, // 64: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	28, // 65: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	33, // 66: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	35, // 67: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	37, // 68: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	39, // 69: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	42, // 70: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	31, // 71: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
+	44, // 72: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
+	47, // 73: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
+	50, // 74: etcdbackup.v1.BackupService.CheckLocation:input_type -> etcdbackup.v1.CheckLocationRequest
+	53, // 75: etcdbackup.v1.AgentService.GetDeltaLease:input_type -> etcdbackup.v1.GetDeltaLeaseRequest
+	55, // 76: etcdbackup.v1.AgentService.PutDeltaLease:input_type -> etcdbackup.v1.PutDeltaLeaseRequest
+	4,  // 77: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	19, // 78: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	21, // 79: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	23, // 80: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	27, // 81: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	29, // 82: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	34, // 83: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	36, // 84: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	38, // 85: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	40, // 86: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	43, // 87: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	32, // 88: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
+	45, // 89: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
+	48, // 90: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
+	51, // 91: etcdbackup.v1.BackupService.CheckLocation:output_type -> etcdbackup.v1.CheckLocationResponse
+	54, // 92: etcdbackup.v1.AgentService.GetDeltaLease:output_type -> etcdbackup.v1.GetDeltaLeaseResponse
+	56, // 93: etcdbackup.v1.AgentService.PutDeltaLease:output_type -> etcdbackup.v1.PutDeltaLeaseResponse
+	77, // [77:94] is the sub-list for method output_type
+	60, // [60:77] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	60, // [60:60] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -4785,7 +5081,7 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdbackup_v1_etcdbackup_proto_rawDesc), len(file_etcdbackup_v1_etcdbackup_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   54,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

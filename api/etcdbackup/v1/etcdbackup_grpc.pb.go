@@ -147,6 +147,7 @@ const (
 	BackupService_DrillBackup_FullMethodName     = "/etcdbackup.v1.BackupService/DrillBackup"
 	BackupService_GetBackupEvents_FullMethodName = "/etcdbackup.v1.BackupService/GetBackupEvents"
 	BackupService_PruneBackups_FullMethodName    = "/etcdbackup.v1.BackupService/PruneBackups"
+	BackupService_CheckLocation_FullMethodName   = "/etcdbackup.v1.BackupService/CheckLocation"
 )
 
 // BackupServiceClient is the client API for BackupService service.
@@ -215,6 +216,12 @@ type BackupServiceClient interface {
 	// target, nor one being downloaded or restored (those are returned in
 	// in_use), and only scheduled backups unless include_unscheduled.
 	PruneBackups(ctx context.Context, in *PruneBackupsRequest, opts ...grpc.CallOption) (*PruneBackupsResponse, error)
+	// CheckLocation runs a round trip against one storage location with a
+	// probe object of its own (write, multipart, ranged read, listing,
+	// conditional create, checksums, object lock, delete) and reports each
+	// step: what the store does not support and the setting that works
+	// around it. It never touches a backup.
+	CheckLocation(ctx context.Context, in *CheckLocationRequest, opts ...grpc.CallOption) (*CheckLocationResponse, error)
 }
 
 type backupServiceClient struct {
@@ -376,6 +383,16 @@ func (c *backupServiceClient) PruneBackups(ctx context.Context, in *PruneBackups
 	return out, nil
 }
 
+func (c *backupServiceClient) CheckLocation(ctx context.Context, in *CheckLocationRequest, opts ...grpc.CallOption) (*CheckLocationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckLocationResponse)
+	err := c.cc.Invoke(ctx, BackupService_CheckLocation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BackupServiceServer is the server API for BackupService service.
 // All implementations must embed UnimplementedBackupServiceServer
 // for forward compatibility.
@@ -442,6 +459,12 @@ type BackupServiceServer interface {
 	// target, nor one being downloaded or restored (those are returned in
 	// in_use), and only scheduled backups unless include_unscheduled.
 	PruneBackups(context.Context, *PruneBackupsRequest) (*PruneBackupsResponse, error)
+	// CheckLocation runs a round trip against one storage location with a
+	// probe object of its own (write, multipart, ranged read, listing,
+	// conditional create, checksums, object lock, delete) and reports each
+	// step: what the store does not support and the setting that works
+	// around it. It never touches a backup.
+	CheckLocation(context.Context, *CheckLocationRequest) (*CheckLocationResponse, error)
 	mustEmbedUnimplementedBackupServiceServer()
 }
 
@@ -490,6 +513,9 @@ func (UnimplementedBackupServiceServer) GetBackupEvents(context.Context, *GetBac
 }
 func (UnimplementedBackupServiceServer) PruneBackups(context.Context, *PruneBackupsRequest) (*PruneBackupsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PruneBackups not implemented")
+}
+func (UnimplementedBackupServiceServer) CheckLocation(context.Context, *CheckLocationRequest) (*CheckLocationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckLocation not implemented")
 }
 func (UnimplementedBackupServiceServer) mustEmbedUnimplementedBackupServiceServer() {}
 func (UnimplementedBackupServiceServer) testEmbeddedByValue()                       {}
@@ -721,6 +747,24 @@ func _BackupService_PruneBackups_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BackupService_CheckLocation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckLocationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupServiceServer).CheckLocation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackupService_CheckLocation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupServiceServer).CheckLocation(ctx, req.(*CheckLocationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BackupService_ServiceDesc is the grpc.ServiceDesc for BackupService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -767,6 +811,10 @@ var BackupService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PruneBackups",
 			Handler:    _BackupService_PruneBackups_Handler,
+		},
+		{
+			MethodName: "CheckLocation",
+			Handler:    _BackupService_CheckLocation_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

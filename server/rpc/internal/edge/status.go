@@ -59,9 +59,7 @@ func Status(op string, err error) error {
 	case errors.As(err, &ce):
 		return ebv1.ServerErrorf(codes.Unavailable, "%v", err)
 	case errors.As(err, &re):
-		return status.Errorf(codes.InvalidArgument,
-			"%s: name %q has the form of target %q's scheduled backups (%s-YYYYMMDD-HHMMSS), which only its schedule may take; choose another name (--name)",
-			op, re.Name, re.Target, re.Target)
+		return status.Errorf(codes.InvalidArgument, "%s: %v; choose another name (--name)", op, re)
 	}
 	return ebv1.ServerErrorf(codes.Internal, "%v", err)
 }
