@@ -126,6 +126,13 @@ func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
 		field(w, "Message", m)
 	}
 	field(w, "Labels", labelsString(b.GetLabels()))
+	if t := b.GetLockedUntil(); t != nil {
+		if t.AsTime().After(now) {
+			field(w, "Locked Until", t.AsTime().UTC().Format(time.RFC3339)+" (object lock: the store refuses to delete it before then)")
+		} else {
+			field(w, "Locked Until", t.AsTime().UTC().Format(time.RFC3339)+" (ended)")
+		}
+	}
 	if t := b.GetCreateTime(); knownTime(t) {
 		field(w, "Created", fmt.Sprintf("%s (%s ago)", t.AsTime().UTC().Format(time.RFC3339), duration.HumanDuration(now.Sub(t.AsTime()))))
 	} else {

@@ -27,8 +27,8 @@ const (
 	// ExitRefused is the server or the API server refusing the caller
 	// (PermissionDenied, Unauthenticated, RBAC on pods/portforward).
 	ExitRefused = 4
-	// ExitFailed is a backup or restore that ran and failed, or a backup
-	// that verify finds corrupt.
+	// ExitFailed is a backup or restore that ran and failed, a backup
+	// that verify finds corrupt, or a location check with a failed step.
 	ExitFailed = 5
 	// ExitIncomplete is a command over every location that did what it
 	// could while a location was unavailable: list printed, and delete
@@ -46,7 +46,8 @@ const exitCodesHelp = `Exit codes:
   2  usage error: unknown flag or command, wrong arguments, flags that do not go together
   3  not found: no such backup, storage location or etcd target
   4  refused: not allowed (RBAC on pods/portforward, PermissionDenied, Unauthenticated)
-  5  a backup or restore failed, or verify found a backup corrupt
+  5  a backup or restore failed, verify found a backup corrupt, or a location
+     check failed a step
   6  incomplete: a storage location was unavailable; list printed (delete -l/--all
      deleted) only the other locations' backups, and a warning names it`
 

@@ -47,13 +47,13 @@ func TestListAndGetTable(t *testing.T) {
 	}
 
 	header, rows = parseTable(t, mustRun(t, addr, "list", "-o", "wide").out)
-	if want := []string{"NAME", "LOCATION", "PHASE", "SIZE", "AGE", "VERIFIED", "SOURCE", "REVISION", "KEYS", "HASH", "COMPRESSION", "KIT", "SHA256", "LABELS"}; !reflect.DeepEqual(header, want) {
+	if want := []string{"NAME", "LOCATION", "PHASE", "SIZE", "AGE", "VERIFIED", "SOURCE", "REVISION", "KEYS", "HASH", "COMPRESSION", "KIT", "LOCKED-UNTIL", "SHA256", "LABELS"}; !reflect.DeepEqual(header, want) {
 		t.Fatalf("list -o wide header %v, want %v", header, want)
 	}
 	// upload records what it read from the snapshot: its revision, keys
 	// and hash.
 	for col, want := range map[string]string{"NAME": "snap.db", "SOURCE": "upload", "REVISION": fmt.Sprint(st.Revision), "KEYS": fmt.Sprint(st.TotalKey),
-		"HASH": fmt.Sprintf("%08x", st.Hash), "COMPRESSION": "<none>", "KIT": "<none>", "SHA256": sum, "LABELS": "env=test,team=etcd"} {
+		"HASH": fmt.Sprintf("%08x", st.Hash), "COMPRESSION": "<none>", "KIT": "<none>", "LOCKED-UNTIL": "<none>", "SHA256": sum, "LABELS": "env=test,team=etcd"} {
 		if rows[0][col] != want {
 			t.Errorf("list -o wide %s = %q, want %q", col, rows[0][col], want)
 		}

@@ -82,6 +82,9 @@ type BackupStatus struct {
 	Delta *DeltaSegment `json:"delta,omitempty"`
 	// Kit is the control plane's recovery kit stored with the backup.
 	Kit *Kit `json:"kit,omitempty"`
+	// LockedUntil is when the store's object lock retention of the
+	// backup's objects ends.
+	LockedUntil *metav1.Time `json:"lockedUntil,omitempty"`
 }
 
 // Kit is a backup's recovery kit as stored: age-encrypted to
@@ -403,6 +406,7 @@ func backupObject(b *ebv1.Backup) Backup {
 			o.Status.Etcd.Keyspace = &Keyspace{Keys: e.GetKeyspaceKeys(), HashKV: e.GetHashKv(), CompactRevision: e.GetCompactRevision()}
 		}
 	}
+	o.Status.LockedUntil = timeOf(b.GetLockedUntil())
 	if v := b.GetVerification(); v != nil {
 		o.Status.Verification = &Verification{
 			Time: timeOf(v.GetTime()), Result: verificationResultString(v.GetResult()),

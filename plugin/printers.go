@@ -29,6 +29,7 @@ var backupColumns = []metav1.TableColumnDefinition{
 	{Name: "Hash", Type: "string", Priority: 1},
 	{Name: "Compression", Type: "string", Priority: 1},
 	{Name: "Kit", Type: "string", Priority: 1},
+	{Name: "Locked-Until", Type: "string", Priority: 1},
 	{Name: "SHA256", Type: "string", Priority: 1},
 	{Name: "Labels", Type: "string", Priority: 1},
 }
@@ -63,6 +64,7 @@ func printBackupTable(out io.Writer, bs []*ebv1.Backup, wide, noHeaders bool, no
 			hashString(b),
 			orNone(b.GetCompression()),
 			kitString(b.GetKit()),
+			lockedUntilString(b, now),
 			b.GetSha256(),
 			labelsString(b.GetLabels()),
 		}})
@@ -177,4 +179,14 @@ func orNone(s string) string {
 		return "<none>"
 	}
 	return s
+}
+
+// lockedUntilString is the LOCKED-UNTIL column: when the store's object
+// lock retention of the backup ends, or <none> (not locked, or no more).
+func lockedUntilString(b *ebv1.Backup, now time.Time) string {
+	t := b.GetLockedUntil()
+	if t == nil || !t.AsTime().After(now) {
+		return "<none>"
+	}
+	return t.AsTime().UTC().Format(time.RFC3339)
 }

@@ -70,6 +70,10 @@ func TestPrune(t *testing.T) {
 	if got := names(); !slices.Equal(got, []string{"backup/by-hand", "backup/cp-0", "backup/cp-3", "backup/cp-4"}) {
 		t.Fatalf("after prune: %q", got)
 	}
+	// Each removal is in the ledger, with who asked and the rule.
+	if out := mustRun(t, "audit", "--backup", "cp-2", "-o", "wide", addr).out; !strings.Contains(out, "prune") || !strings.Contains(out, "retention of target cp: kept by no rule") {
+		t.Errorf("audit of a pruned backup:\n%s", out)
+	}
 	r = mustRun(t, "prune", addr)
 	if r.out != "" || !strings.Contains(r.errOut, "No backups to prune.") {
 		t.Fatalf("second prune: %q %q", r.out, r.errOut)

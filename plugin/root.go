@@ -73,8 +73,8 @@ them all, and a command given a backup's name finds the location holding it.
 Each call carries your kubeconfig user's bearer token (a token, token file,
 exec plugin or OIDC; a client certificate has none), so that a server in
 authorization mode SubjectAccessReview can check it against your RBAC on
-backups.etcdbackup.io and restores.etcdbackup.io. With --server-address only
---token is sent.
+backups.etcdbackup.io, restores.etcdbackup.io and locations.etcdbackup.io.
+With --server-address only --token is sent.
 
 ` + exitCodesHelp,
 		SilenceUsage:  true,
@@ -114,6 +114,8 @@ backups.etcdbackup.io and restores.etcdbackup.io. With --server-address only
 		NewCmdInspect(g),
 		NewCmdExtract(g),
 		NewCmdRotateKeys(g),
+		NewCmdLocation(g),
+		NewCmdAudit(g),
 	)
 	_ = cmd.RegisterFlagCompletionFunc("location", completeServerInfo(g, locationNamesOf))
 	setUsageErrors(cmd)

@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/agetest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/breakglass"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/filesystem"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3/s3test"
 )
 
@@ -58,7 +61,7 @@ func TestStorageConfigReadsAFilesystemLocation(t *testing.T) {
 
 	useBreakGlass(t)
 	cfg := writeConfig(t, fmt.Sprintf("locations:\n  - name: default\n    filesystem: {path: %s}\n", srv.Dir))
-	before := servertest.TreeDigest(t, srv.Dir)
+	before := servertest.TreeDigestBesidesLedger(t, srv.Dir)
 
 	r := mustRun(t, "list", "--storage-config", cfg, "-o", "name")
 	if r.out != "backup/cp-2\nbackup/cp-1\n" && r.out != "backup/cp-1\nbackup/cp-2\n" {
@@ -108,9 +111,39 @@ func TestStorageConfigReadsAFilesystemLocation(t *testing.T) {
 		t.Fatalf("the restored member: %+v, %v", resp, err)
 	}
 
-	if after := servertest.TreeDigest(t, srv.Dir); after != before {
+	if after := servertest.TreeDigestBesidesLedger(t, srv.Dir); after != before {
 		t.Errorf("the location changed under --storage-config:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
+	// Only the ledger grew: each read of the backup's bytes is recorded.
+	entries := breakGlassEntries(t, srv.Dir)
+	if len(entries) < 2 || !slices.Contains(entries, "break-glass read cp-1") {
+		t.Errorf("the break-glass reads in the ledger: %q", entries)
+	}
+}
+
+// breakGlassEntries are the break-glass reads in the filesystem
+// location at dir's ledger, as "ACTION BACKUP".
+func breakGlassEntries(t *testing.T, dir string) []string {
+	t.Helper()
+	loc, err := filesystem.NewReadOnly(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := loc.ReadLedger(context.Background(), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ledger.Verify(recs)
+	if r.Problem != "" {
+		t.Fatalf("the ledger: %s", r.Problem)
+	}
+	var out []string
+	for _, e := range r.Entries {
+		if e.Action == ledger.ActionBreakGlass {
+			out = append(out, e.Action+" "+e.Backup)
+		}
+	}
+	return out
 }
 
 // Every check of the online path holds: a stored backup whose bytes were
@@ -239,8 +272,13 @@ data:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(keysAfter, ",") != strings.Join(keysBefore, ",") {
-		t.Errorf("bucket keys changed: %v → %v", keysBefore, keysAfter)
+	// Nothing but the ledger changed: each read of the backup's bytes is
+	// recorded there.
+	backups := func(keys []string) string {
+		return strings.Join(slices.DeleteFunc(slices.Clone(keys), func(k string) bool { return strings.Contains(k, "/ledger/") }), ",")
+	}
+	if backups(keysAfter) != backups(keysBefore) || len(keysAfter) <= len(keysBefore) {
+		t.Errorf("bucket keys changed: %v → %v; want only ledger records added", keysBefore, keysAfter)
 	}
 }
 

@@ -100,6 +100,12 @@ type Config struct {
 	// Jobs, storage and the schedules when no scheduled time comes
 	// sooner; 0 means controller.DefaultPollInterval.
 	PollInterval time.Duration
+	// CheckLocations makes Serve check every available location once, in
+	// the background, logging each failed step as a warning with its
+	// advice (rpc.Service.CheckLocations); readiness does not wait for it.
+	// The server binary sets it; tests that look at a location's files
+	// leave it off.
+	CheckLocations bool
 }
 
 // Listeners are where a Server serves.
@@ -126,6 +132,7 @@ type Server struct {
 	leader     *leader.Elector
 	coord      coord.Registry
 	handOff    bool
+	checkLocs  bool
 	metrics    *metrics.Metrics
 	health     *health.Server
 	log        *slog.Logger
@@ -176,6 +183,7 @@ func New(cfg Config) (*Server, error) {
 		leader:     cfg.Leader,
 		coord:      reg,
 		handOff:    cfg.HandOffDownloads,
+		checkLocs:  cfg.CheckLocations,
 		metrics:    m,
 		health:     health.NewServer(),
 		log:        log,
@@ -313,6 +321,9 @@ func (s *Server) Serve(ctx context.Context, ls Listeners, drain time.Duration) e
 	}
 	if r, ok := s.coord.(interface{ Run(context.Context) }); ok {
 		watch.Go(func() { r.Run(watchCtx) })
+	}
+	if s.checkLocs {
+		watch.Go(func() { s.CheckLocations(watchCtx) })
 	}
 	defer watch.Wait()
 	defer stopWatch()

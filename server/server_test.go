@@ -4,12 +4,19 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
@@ -109,5 +116,47 @@ func TestGuardSkipsOnlyHealth(t *testing.T) {
 			_, err = logs.Recv()
 		}
 		servertest.WantCode(t, err, codes.Unauthenticated)
+	}
+}
+
+// lockedLog collects a server's log, safe for its goroutines.
+type lockedLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// With CheckLocations, Serve checks each location once in the background
+// while it already answers; a location that passes is one line of the
+// log, and leaves nothing in the store.
+func TestServeChecksLocationsAtStart(t *testing.T) {
+	var log lockedLog
+	ts := servertest.StartWith(t, servertest.Options{CheckLocations: true, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if _, err := ts.Client.Info.GetServerInfo(context.Background(), &ebv1.GetServerInfoRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	want := `level=INFO msg="storage location checked" location=default type=filesystem ok=true failed=[]`
+	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return strings.Contains(log.String(), want), nil
+	}); err != nil {
+		t.Fatalf("the log does not say %s:\n%s", want, log.String())
+	}
+	if strings.Contains(log.String(), "level=WARN") {
+		t.Errorf("a warning:\n%s", log.String())
+	}
+	entries, err := os.ReadDir(filepath.Join(ts.Dir, "backups"))
+	if err != nil || len(entries) != 0 {
+		t.Errorf("backups/ holds %v (%v) after the check", entries, err)
 	}
 }

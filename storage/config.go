@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -73,6 +74,36 @@ type S3Config struct {
 	// NoConditionalWrites stops sending If-None-Match: *, for stores that
 	// reject it.
 	NoConditionalWrites bool `json:"noConditionalWrites,omitempty"`
+	// ObjectLock, when set, writes every object of a backup (data,
+	// manifest, delta segment, recovery kit) with this retention, which
+	// the store enforces: nobody, these credentials included, can delete
+	// or overwrite the bytes before it ends. The bucket must have object
+	// lock enabled (the location refuses to open otherwise).
+	ObjectLock *ObjectLock `json:"objectLock,omitempty"`
+}
+
+// Object lock retention modes (S3's).
+const (
+	// ObjectLockGovernance: a user with s3:BypassGovernanceRetention can
+	// still shorten or remove the retention.
+	ObjectLockGovernance = "GOVERNANCE"
+	// ObjectLockCompliance: nobody can, not even the bucket's root user,
+	// until it ends.
+	ObjectLockCompliance = "COMPLIANCE"
+)
+
+// ObjectLock is the retention every object of an S3 location is written
+// with.
+type ObjectLock struct {
+	// Mode is GOVERNANCE or COMPLIANCE.
+	Mode string `json:"mode"`
+	// Days is how long each object is kept from when it is written.
+	Days int `json:"days"`
+}
+
+// Retention is how long an object written at now is locked.
+func (o ObjectLock) Retention(now time.Time) time.Time {
+	return now.Add(time.Duration(o.Days) * 24 * time.Hour).UTC().Truncate(time.Second)
 }
 
 // ValidateLocations checks a `locations:` list at fldPath: at least one
@@ -225,5 +256,17 @@ func ValidateS3Config(c S3Config, fldPath *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(fldPath.Child("requestChecksum"), c.RequestChecksum,
 			fmt.Sprintf("request checksum must be %q or %q", ChecksumWhenSupported, ChecksumWhenRequired)))
 	}
+	if o := c.ObjectLock; o != nil {
+		p := fldPath.Child("objectLock")
+		if o.Mode != ObjectLockGovernance && o.Mode != ObjectLockCompliance {
+			errs = append(errs, field.NotSupported(p.Child("mode"), o.Mode, []string{ObjectLockGovernance, ObjectLockCompliance}))
+		}
+		if o.Days < 1 || o.Days > MaxObjectLockDays {
+			errs = append(errs, field.Invalid(p.Child("days"), o.Days, fmt.Sprintf("must be between 1 and %d (100 years)", MaxObjectLockDays)))
+		}
+	}
 	return errs
 }
+
+// MaxObjectLockDays bounds ObjectLock.Days (S3's own bound is 100 years).
+const MaxObjectLockDays = 36500

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 )
@@ -69,13 +70,10 @@ func Chains(segments []*Manifest) map[string][]*Manifest {
 func DeleteParts(ctx context.Context, loc Location, parts []*Manifest, full string) (int, error) {
 	n := 0
 	var errs []error
-	for _, m := range parts {
+	for _, m := range PartsOf(parts, full) {
 		what := "delta segment"
-		switch {
-		case m.Kit != nil && m.Kit.Backup == full:
+		if m.Kit != nil {
 			what = "recovery kit"
-		case m.Delta == nil || m.Delta.Chain != full:
-			continue
 		}
 		if err := loc.Delete(ctx, m.Name); err != nil && !errors.Is(err, ErrNotFound) {
 			errs = append(errs, fmt.Errorf("%s %q: %w", what, m.Name, err))
@@ -146,4 +144,29 @@ func TakenAfter(a, b *Manifest) bool {
 		return ta.After(tb)
 	}
 	return a.Etcd.Revision > b.Etcd.Revision
+}
+
+// PartsOf are the parts among parts that go with backup full: its
+// recovery kit and the delta segments of its chain.
+func PartsOf(parts []*Manifest, full string) []*Manifest {
+	var out []*Manifest
+	for _, m := range parts {
+		if (m.Kit != nil && m.Kit.Backup == full) || (m.Delta != nil && m.Delta.Chain == full) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// LockedUntil is when the object lock of backup m and of every part of
+// it among parts (PartsOf) has ended: a backup is removed with its
+// parts, so it is locked while any of them is.
+func LockedUntil(m *Manifest, parts []*Manifest) time.Time {
+	until := m.LockedUntil
+	for _, p := range PartsOf(parts, m.Name) {
+		if p.LockedUntil.After(until) {
+			until = p.LockedUntil
+		}
+	}
+	return until
 }

@@ -32,7 +32,35 @@ var (
 	// read-only: one read for break-glass access, which must leave the
 	// store as it found it for the server that owns it.
 	ErrReadOnly = errors.New("the storage location was opened read-only (break-glass access): nothing can be written to or deleted from it")
+	// ErrLocked is a delete the store's object lock refuses: the backup's
+	// retention has not ended (*LockedError says until when).
+	ErrLocked = errors.New("locked by the store's object lock")
+	// ErrMisconfigured is a store that answers but cannot do what the
+	// location's configuration asks (an S3 bucket without object lock for
+	// a location with objectLock): retrying cannot fix it, so the server
+	// refuses to start.
+	ErrMisconfigured = errors.New("the store does not support what the location's configuration asks")
 )
+
+// LockedError is a delete of a backup whose object lock retention ends
+// at Until; nothing of it was deleted.
+type LockedError struct {
+	Name  string
+	Until time.Time
+	// Mode is the retention mode (GOVERNANCE, COMPLIANCE), when known.
+	Mode string
+}
+
+func (e *LockedError) Error() string {
+	mode := ""
+	if e.Mode != "" {
+		mode = ", " + e.Mode
+	}
+	return fmt.Sprintf("%q is locked until %s (object lock%s): the store refuses to delete it before then; nothing of it was deleted",
+		e.Name, e.Until.UTC().Format(time.RFC3339), mode)
+}
+
+func (e *LockedError) Is(target error) bool { return target == ErrLocked }
 
 // Checker is a Location that can tell cheaply whether it answers, without
 // listing its backups. The server calls it to find out when a location it
@@ -83,7 +111,14 @@ type Manifest struct {
 	Delta *Delta `json:"delta,omitempty"`
 	// Kit is set on a backup's recovery kit (Source.Kind ebv1.SourceKit).
 	Kit *Kit `json:"kit,omitempty"`
+	// LockedUntil is when the object lock retention its objects were
+	// written with ends (S3 locations with objectLock); until then the
+	// store refuses to delete them.
+	LockedUntil time.Time `json:"lockedUntil,omitzero"`
 }
+
+// Locked says whether m's object lock retention has not ended at now.
+func (m *Manifest) Locked(now time.Time) bool { return m.LockedUntil.After(now) }
 
 // Clone is a copy of m that shares nothing with it.
 func (m *Manifest) Clone() *Manifest {

@@ -60,6 +60,7 @@ type options struct {
 	metricsListen       string
 	drain               time.Duration
 	showVersion         bool
+	checkLocations      bool
 }
 
 // parseFlags reads the command line.
@@ -76,6 +77,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.podName, "pod-name", os.Getenv("POD_NAME"), "the server's own pod, whose init container \""+jobs.AgentImageContainer+"\" names the agent image when the config's agents.image does not (default $POD_NAME)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address serving Prometheus /metrics (empty: off)")
 	fs.DurationVar(&o.drain, "shutdown-timeout", 60*time.Second, "how long in-flight transfers may finish after SIGTERM")
+	fs.BoolVar(&o.checkLocations, "check-locations", true, "check every available storage location once at start, in the background, as kubectl etcdbackup location check does (probe objects written, read, listed and deleted), logging each failed step as a warning")
 	fs.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -105,7 +107,7 @@ func run(args []string) error {
 	if err := checkUserListen(o.listen, f.Authorization.Mode); err != nil {
 		return err
 	}
-	cfg := server.Config{Logger: log, Targets: f.Targets, Limits: f.Limits}
+	cfg := server.Config{Logger: log, Targets: f.Targets, Limits: f.Limits, CheckLocations: o.checkLocations}
 	if cfg.Locations, err = locations.Open(ctx, f.Locations, locations.Options{Logger: log}); err != nil {
 		return err
 	}

@@ -24,8 +24,9 @@ const APIGroup = "etcdbackup.io"
 
 // Virtual resources of APIGroup.
 const (
-	ResourceBackups  = "backups"
-	ResourceRestores = "restores"
+	ResourceBackups   = "backups"
+	ResourceRestores  = "restores"
+	ResourceLocations = "locations"
 )
 
 // Permission is what one RPC takes: Verb on Resource (of APIGroup) in the
@@ -73,6 +74,14 @@ var UserPermissions = map[string]Permission{
 
 	ebv1.BackupService_RestoreBackup_FullMethodName: {ResourceRestores, "create"},
 	ebv1.BackupService_GetRestore_FullMethodName:    {ResourceRestores, "get"},
+
+	// The ledger says who read which backup: what an auditor, not every
+	// viewer, reads.
+	ebv1.BackupService_GetLedger_FullMethodName: {ResourceBackups, "audit"},
+
+	// A location check writes, reads and deletes probe objects of its
+	// own, never a backup: what an operator, who stores backups, may do.
+	ebv1.BackupService_CheckLocation_FullMethodName: {ResourceLocations, "check"},
 }
 
 // roleGranting names the smallest shipped ClusterRole
@@ -81,8 +90,9 @@ func roleGranting(p Permission) string {
 	switch {
 	case p.Resource == ResourceBackups && (p.Verb == "list" || p.Verb == "get" || p.Verb == "download" || p.Verb == "logs"):
 		return "etcdbackup-viewer"
-	case p.Resource == ResourceBackups && (p.Verb == "create" || p.Verb == "upload" || p.Verb == "drill"),
-		p.Resource == ResourceRestores && p.Verb == "get":
+	case p.Resource == ResourceBackups && (p.Verb == "create" || p.Verb == "upload" || p.Verb == "drill" || p.Verb == "audit"),
+		p.Resource == ResourceRestores && p.Verb == "get",
+		p.Resource == ResourceLocations && p.Verb == "check":
 		return "etcdbackup-operator"
 	}
 	return "etcdbackup-admin"

@@ -103,6 +103,8 @@ func TestEveryRPCHasItsDocumentedVerb(t *testing.T) {
 		"/etcdbackup.v1.BackupService/GetBackupEvents": "logs backups",
 		"/etcdbackup.v1.BackupService/PruneBackups":    "delete backups",
 		"/etcdbackup.v1.BackupService/DrillBackup":     "drill backups",
+		"/etcdbackup.v1.BackupService/CheckLocation":   "check locations",
+		"/etcdbackup.v1.BackupService/GetLedger":       "audit backups",
 	}
 	for _, sd := range []grpc.ServiceDesc{ebv1.InfoService_ServiceDesc, ebv1.BackupService_ServiceDesc} {
 		var names []string
@@ -192,6 +194,9 @@ func TestRefusalNamesVerbResourceAndCanI(t *testing.T) {
 		}},
 		{ebv1.BackupService_CreateBackup_FullMethodName, []string{
 			"kubectl auth can-i create backups.etcdbackup.io -n etcdbackup-system", "etcdbackup-operator",
+		}},
+		{ebv1.BackupService_CheckLocation_FullMethodName, []string{
+			"may not check locations.etcdbackup.io", "kubectl auth can-i check locations.etcdbackup.io -n etcdbackup-system", "etcdbackup-operator",
 		}},
 	} {
 		_, err := g.Admit(withToken(testToken), tc.method)

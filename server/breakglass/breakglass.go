@@ -11,6 +11,7 @@
 package breakglass
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -129,7 +130,11 @@ func Open(ctx context.Context, file string) (dial func(context.Context, string) 
 		cancel()
 		return nil, "", nil, err
 	}
-	g := newServer(readpath.New(readpath.Config{Locations: locs, Limits: config.Limits{}.WithDefaults()}))
+	// Every read is recorded in the location's ledger, where the
+	// credentials may append to it: a break-glass read of every Secret
+	// is not a quiet one.
+	host, _ := os.Hostname()
+	g := newServer(readpath.New(readpath.Config{Locations: locs, Limits: config.Limits{}.WithDefaults(), BreakGlass: "break-glass on " + cmp.Or(host, "an unnamed host")}))
 	lis := bufconn.Listen(1 << 20)
 	done := make(chan error, 1)
 	go func() { done <- g.Serve(lis) }()

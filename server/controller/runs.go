@@ -90,7 +90,7 @@ func (c *Controller) retain(ctx context.Context, ls *domain.Listings, target, lo
 		return
 	}
 	res, err := c.pruner.Prune(ctx, retention.Request{
-		Location: loc, Manifests: manifests, Policy: retention.PolicyOf(*t, false), By: "retention",
+		Location: loc, Manifests: manifests, Policy: retention.PolicyOf(*t, false), By: "server (retention)",
 	})
 	if len(res.Pruned) > 0 || err != nil {
 		ls.Forget(locName) // the listing no longer says what is stored

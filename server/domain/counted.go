@@ -24,6 +24,7 @@ var (
 	_ storage.Location           = (*counted)(nil)
 	_ storage.VerificationWriter = (*counted)(nil)
 	_ storage.Checker            = (*counted)(nil)
+	_ storage.Wrapper            = (*counted)(nil)
 )
 
 // count counts err against op when it is the storage's fault: not a
@@ -84,6 +85,11 @@ func (c *counted) Check(ctx context.Context) error {
 	}
 	return c.count("check", ch.Check(ctx))
 }
+
+// Unwrap implements storage.Wrapper: a location check's tries of the
+// store's own features (storage.Prober) are not counted, since some are
+// meant to be refused.
+func (c *counted) Unwrap() storage.Location { return c.Location }
 
 // countedUpload counts an upload's failed writes and commit.
 type countedUpload struct {

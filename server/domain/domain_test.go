@@ -140,3 +140,34 @@ func TestListingsListOnceUntilForgotten(t *testing.T) {
 		t.Fatalf("after Forget the listing holds %d backups, want 1", len(ms))
 	}
 }
+
+// A location check's probes are no backups: no listing through the
+// location set shows one, while the store itself (what the check lists)
+// holds it; As finds the store under the counting.
+func TestListingsLeaveProbesOut(t *testing.T) {
+	fs, err := filesystem.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := metrics.New(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	locs, err := domain.NewLocations([]locations.Named{{Name: "a", Location: fs}}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := locs.Lookup("a")
+	backuptest.Put(t, l, &storage.Manifest{Name: "backup"}, []byte("data"))
+	backuptest.Put(t, l, &storage.Manifest{Name: storage.ProbePrefix + "1"}, []byte("probe"))
+	ms, err := l.List(context.Background())
+	if err != nil || len(ms) != 1 || ms[0].Name != "backup" {
+		t.Fatalf("the location set lists %v (%v), want the backup alone", ms, err)
+	}
+	if ms, err := l.Location.List(context.Background()); err != nil || len(ms) != 2 {
+		t.Fatalf("the store lists %d (%v), want the backup and the probe", len(ms), err)
+	}
+	if got, ok := storage.As[*filesystem.Location](l.Location); !ok || got != fs {
+		t.Fatalf("As through the counted location: %v %v", got, ok)
+	}
+}

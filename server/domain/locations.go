@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
@@ -14,13 +16,19 @@ import (
 
 // Location is one configured storage location: the store, every call
 // to which is counted in etcdbackup_storage_errors_total when it fails
-// for a reason of the storage's, and the name clients address it by.
+// for a reason of the storage's, and the name clients address it by. Its
+// listings leave out location checks' probes (List).
 type Location struct {
 	Name string
 	storage.Location
 	// opened is the location as locations.Open returned it: what knows
 	// whether it is available.
 	opened storage.Location
+
+	// ledger appends to the location's audit ledger, made at the first
+	// Record once the store is open (ledger.go).
+	ledgerMu sync.Mutex
+	ledger   *ledger.Writer
 }
 
 // Unavailable is the error of a location that cannot be used now (its
@@ -31,6 +39,15 @@ func (l *Location) Unavailable() *locations.UnavailableError {
 		return nil
 	}
 	return &locations.UnavailableError{Location: l.Name, Since: since, Err: err}
+}
+
+// List implements storage.Location: the store's backups and their parts,
+// without the probes of location checks (storage.IsProbe), which are no
+// backups. Everything above this package lists through here; a location
+// check lists through the store itself (the Location field).
+func (l *Location) List(ctx context.Context) ([]*storage.Manifest, error) {
+	ms, err := l.Location.List(ctx)
+	return storage.WithoutProbes(ms), err
 }
 
 // SetVerification implements storage.VerificationWriter for a store that

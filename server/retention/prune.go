@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
@@ -58,6 +59,12 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (Result, error) {
 			continue
 		}
 		m := d.Manifest
+		if until := storage.LockedUntil(m, parts); until.After(p.Now()) {
+			// The store would refuse (the backup's objects or its parts'):
+			// kept, and said so, never a prune that fails half-way.
+			res.Kept = append(res.Kept, locked(d, until))
+			continue
+		}
 		restores, err := p.InUse.RestoresReading(ctx, loc, m.Name, "removing")
 		if err != nil {
 			return res, err
@@ -83,6 +90,12 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (Result, error) {
 		if errors.Is(err, storage.ErrNotFound) {
 			continue // someone else removed it
 		}
+		if le := (*storage.LockedError)(nil); errors.As(err, &le) {
+			// Locked longer than its manifest says (an operator extended
+			// the retention in the store).
+			res.Kept = append(res.Kept, locked(d, le.Until))
+			continue
+		}
 		if err != nil {
 			return res, &domain.StorageError{Location: loc, Name: m.Name, Err: err}
 		}
@@ -92,7 +105,15 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (Result, error) {
 		}
 		p.Metrics.Pruned.WithLabelValues(r.Policy.Target, loc).Inc()
 		p.Log.Info("backup removed by retention", "location", loc, "backup", m.Name, "target", r.Policy.Target, "rule", d.Rules[0], "caller", r.By)
+		r.Location.Note(ctx, p.Log, ledger.Entry{Action: ledger.ActionPrune, Backup: m.Name, SHA256: m.SHA256, Who: r.By,
+			Detail: "retention of target " + r.Policy.Target + ": " + d.Rules[0]})
 		res.Pruned = append(res.Pruned, m)
 	}
 	return res, nil
+}
+
+// locked is d kept because the store's object lock keeps it until until.
+func locked(d Decision, until time.Time) Decision {
+	d.Keep, d.Rules = true, []string{"locked until " + until.UTC().Format(time.RFC3339) + " (object lock; removed by a prune after that)"}
+	return d
 }

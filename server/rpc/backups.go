@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
@@ -38,12 +40,22 @@ func (s *Service) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupReques
 	if err := s.checkNoRestoreReads(ctx, locName, req.GetName()); err != nil {
 		return nil, err
 	}
+	all, listErr := loc.List(ctx)
+	backups, parts := storage.SplitParts(all)
+	if i := slices.IndexFunc(backups, func(m *storage.Manifest) bool { return m.Name == req.GetName() }); i >= 0 {
+		// The parts go with the backup: while one of them is under object
+		// lock, nothing of it is deleted (the backup's own lock the store
+		// checks again in Delete).
+		if until := storage.LockedUntil(backups[i], parts); until.After(s.now()) {
+			return nil, edge.StorageStatus("delete", locName, req.GetName(), &storage.LockedError{Name: req.GetName(), Until: until})
+		}
+	}
 	if err := loc.Delete(ctx, req.GetName()); err != nil {
 		return nil, edge.StorageStatus("delete", locName, req.GetName(), err)
 	}
 	s.inUse.Removed(ctx, locName, req.GetName(), s.log)
-	if all, err := loc.List(ctx); err == nil {
-		_, parts := storage.SplitParts(all)
+	s.record(ctx, locName, ledger.Entry{Action: ledger.ActionDelete, Backup: req.GetName(), SHA256: sha256Of(backups, req.GetName()), Who: caller(ctx)})
+	if listErr == nil {
 		if n, err := storage.DeleteParts(ctx, loc, parts, req.GetName()); err != nil || n > 0 {
 			s.log.Info("delta chain and recovery kit removed with their backup", "location", locName, "backup", req.GetName(), "parts", n, "error", err)
 		}

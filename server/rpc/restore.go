@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -10,6 +11,7 @@ import (
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/delta"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/liveness"
@@ -113,6 +115,8 @@ func (s *Service) RestoreBackup(ctx context.Context, req *ebv1.RestoreBackupRequ
 	for _, p := range plan {
 		p.Phase = ebv1.RestorePhase_RESTORE_PHASE_RUNNING
 	}
+	s.record(ctx, r.locName, ledger.Entry{Action: ledger.ActionRestore, Backup: r.name, SHA256: r.stored.SHA256, Who: caller(ctx),
+		Detail: fmt.Sprintf("target %s, %d member(s)", r.target.Name, created)})
 	s.log.Info("restore agents started", "backup", r.name, "location", r.locName, "target", r.target.Name, "jobs", created, "bumpRevision", r.bump,
 		"toRevision", resp.GetToRevision(), "toTime", r.pointAt.Time, "segments", len(resp.GetSegments()), "caller", caller(ctx))
 	return resp, nil

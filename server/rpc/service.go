@@ -10,6 +10,7 @@ package rpc
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/coord"
@@ -106,6 +108,8 @@ type Service struct {
 	leaseLimits leaseLimits
 	inUse       *retention.InUse
 	pruner      *retention.Pruner
+	// checking holds the location check that runs (checklocation.go).
+	checking chan struct{}
 }
 
 // New returns the Service cfg describes.
@@ -125,6 +129,7 @@ func New(cfg Config) *Service {
 		pruner:      cfg.Pruner,
 		deltaFence:  cfg.DeltaFence,
 		deltaLeases: cfg.DeltaLeases,
+		checking:    make(chan struct{}, 1),
 	}
 	if s.deltaFence == nil && cfg.Agents != nil {
 		s.deltaFence = cfg.Agents
@@ -234,4 +239,35 @@ func agentMay(a *auth.Agent, kind agentjob.Kind, verb, name, location string) er
 			"%s may %s only backup %q in location %q, not %q in location %q", a, verb, a.Backup, a.Location, name, location)
 	}
 	return nil
+}
+
+// record appends e to location locName's ledger; a failure is logged,
+// and the call goes on (what it records has happened).
+func (s *Service) record(ctx context.Context, locName string, e ledger.Entry) {
+	if l, ok := s.locations.Lookup(locName); ok {
+		l.Note(ctx, s.log, e)
+	}
+}
+
+// uploadDetail says what kind of object an upload stored, for the ledger.
+func uploadDetail(m *storage.Manifest) string {
+	switch {
+	case m.Delta != nil:
+		return fmt.Sprintf("delta segment of %s, revisions %d-%d", m.Delta.Chain, m.Delta.FirstRevision, m.Delta.LastRevision)
+	case m.Kit != nil:
+		return "recovery kit of " + m.Kit.Backup
+	case m.Source.Kind == ebv1.SourceAgent:
+		return "backup of target " + m.Source.Target
+	}
+	return ""
+}
+
+// sha256Of is the SHA-256 of backup name among ms, "" if it is not there.
+func sha256Of(ms []*storage.Manifest, name string) string {
+	for _, m := range ms {
+		if m.Name == name {
+			return m.SHA256
+		}
+	}
+	return ""
 }

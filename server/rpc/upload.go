@@ -18,6 +18,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/agentjob"
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/auth"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
@@ -66,6 +67,7 @@ func (s *Service) UploadBackup(stream ebv1.BackupService_UploadBackupServer) (er
 		return err
 	}
 	committed = true
+	s.record(ctx, u.locName, ledger.Entry{Action: ledger.ActionUpload, Backup: m.Name, SHA256: m.SHA256, Who: caller(ctx), Detail: uploadDetail(m)})
 	s.log.Info("backup stored", "location", u.locName, "backup", m.Name, "bytes", r.size, "sha256", r.digest, "caller", caller(ctx),
 		"seconds", s.now().Sub(start).Seconds())
 	return stream.SendAndClose(&ebv1.UploadBackupResponse{Backup: edge.Backup(u.locName, m)})

@@ -97,6 +97,10 @@ type Options struct {
 	// Dir, when set, is the first location's root instead of a new
 	// temporary directory: several servers on one store, as replicas.
 	Dir string
+	// CheckLocations checks every location once Serve starts
+	// (server.Config.CheckLocations); off, a location holds only what
+	// the test puts there.
+	CheckLocations bool
 }
 
 // AsAgent is a Guard that admits every call as the agent it is: for tests
@@ -144,7 +148,8 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 		names = []string{"default"}
 	}
 	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents, UserGuard: opts.UserGuard, AgentGuard: opts.AgentGuard, Limits: opts.Limits,
-		Logger: opts.Logger, AgentTLS: opts.AgentTLS, DeltaFence: opts.DeltaFence, HandOffDownloads: opts.HandOffDownloads}
+		Logger: opts.Logger, AgentTLS: opts.AgentTLS, DeltaFence: opts.DeltaFence, HandOffDownloads: opts.HandOffDownloads,
+		CheckLocations: opts.CheckLocations}
 	for _, n := range names {
 		loc, err := filesystem.New(dirs[n])
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
@@ -208,5 +209,6 @@ func (s *Starter) StartDrill(ctx context.Context, req DrillRequest) (*Drill, err
 		return nil, fmt.Errorf("start drill agent for %q: %w", name, err)
 	}
 	s.log.Info("drill agent started", "backup", name, "location", loc.Name, "target", spec.Target, "job", job.Name, "caller", req.By)
+	loc.Note(ctx, s.log, ledger.Entry{Action: ledger.ActionDrill, Backup: name, SHA256: m.SHA256, Who: req.By, Detail: "job " + job.Name})
 	return &Drill{Job: job.Name, Created: job.CreationTimestamp.Time}, nil
 }

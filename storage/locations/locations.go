@@ -112,7 +112,16 @@ func Open(ctx context.Context, cfgs []storage.LocationConfig, opts Options) ([]N
 		}
 		openers = append(openers, o)
 	}
-	return openAll(ctx, openers, retryBackoff, opts), nil
+	out := openAll(ctx, openers, retryBackoff, opts)
+	for i, n := range out {
+		// A store that answers but cannot do what the configuration asks
+		// (a bucket without object lock for a location that requires it)
+		// is a configuration error: starting would break the promise.
+		if _, err := Status(n.Location); errors.Is(err, storage.ErrMisconfigured) {
+			return nil, fmt.Errorf("locations[%d] (%q): %w", i, n.Name, err)
+		}
+	}
+	return out, nil
 }
 
 // opener is what it takes to open one location, known before its store

@@ -65,6 +65,7 @@ type managed struct {
 var (
 	_ storage.Location = (*managed)(nil)
 	_ storage.Checker  = (*managed)(nil)
+	_ storage.Wrapper  = (*managed)(nil)
 )
 
 // status returns why the location cannot be used and since when, or a
@@ -240,6 +241,15 @@ func (b *bound) passed() error {
 func (b *bound) release() {
 	b.timer.Stop()
 	b.cancel(nil)
+}
+
+// Unwrap implements storage.Wrapper: the open location, nil until it
+// is. A location check finds its store's storage.Prober through it; the
+// check bounds those calls itself.
+func (l *managed) Unwrap() storage.Location {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.loc
 }
 
 func (l *managed) Type() string     { return l.typ }

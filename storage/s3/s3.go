@@ -51,6 +51,7 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
 	s3sdk "github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go/logging"
 	"golang.org/x/sync/errgroup"
 
@@ -147,6 +148,11 @@ func New(ctx context.Context, cfg Config) (*Location, error) {
 	}
 	if err := l.checkBucket(ctx); err != nil {
 		return nil, err
+	}
+	if cfg.ObjectLock != nil && !cfg.ReadOnly {
+		if err := l.checkObjectLock(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if !cfg.SkipCleanup && !cfg.ReadOnly {
 		l.cleanAtStart(ctx)
@@ -550,10 +556,22 @@ func (l *Location) Delete(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
-	if _, err := l.head(ctx, l.manifestKey(name)); isNotFound(err) {
+	head, err := l.head(ctx, l.manifestKey(name))
+	if isNotFound(err) {
 		return fmt.Errorf("%q: %w", name, storage.ErrNotFound)
 	} else if err != nil {
 		return fmt.Errorf("delete %q from %s: %w", name, l.where, err)
+	}
+	// Under object lock a delete must not begin: on a versioned bucket
+	// it would hide the backup behind a delete marker (the store keeps
+	// the bytes, but the backup is gone from every listing), and the
+	// store refuses the data's removal only later.
+	m, _, err := l.stat(ctx, name)
+	if err != nil && !errors.Is(err, storage.ErrNotFound) {
+		return fmt.Errorf("delete %q from %s: %w", name, l.where, err)
+	}
+	if err := l.lockedError(name, m, head); err != nil {
+		return err
 	}
 	if err := l.deleteObject(ctx, l.manifestKey(name)); err != nil {
 		return fmt.Errorf("delete manifest of %q from %s: %w", name, l.where, err)
@@ -621,6 +639,15 @@ func (l *Location) SetVerification(ctx context.Context, name string, v *storage.
 	}
 	if !l.cfg.NoConditionalWrites {
 		put.IfMatch = out.ETag
+	}
+	if m.Locked(time.Now()) {
+		// The new version keeps the lock the backup was stored with (the
+		// one before it stays locked too).
+		until := m.LockedUntil
+		put.ObjectLockMode, put.ObjectLockRetainUntilDate = out.ObjectLockMode, &until
+		if put.ObjectLockMode == "" && l.cfg.ObjectLock != nil {
+			put.ObjectLockMode = types.ObjectLockMode(l.cfg.ObjectLock.Mode)
+		}
 	}
 	if _, err := l.client.PutObject(ctx, put); err != nil {
 		if isPreconditionFailed(err) || isNotFound(err) {

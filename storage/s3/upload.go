@@ -11,7 +11,9 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
+	tmtypes "github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager/types"
 	s3sdk "github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -46,6 +48,13 @@ func (l *Location) Create(ctx context.Context, name string) (storage.Upload, err
 	uctx, cancel := context.WithCancel(ctx)
 	pr, pw := io.Pipe()
 	u := &upload{loc: l, name: name, pw: pw, cancel: cancel, done: make(chan struct{})}
+	// One retention for the data and the manifest: the backup is locked
+	// until the earlier of the two ends, which is this. A location
+	// check's probes are not locked (its object lock step locks one of
+	// its own for seconds): they must go when the check ends.
+	if !storage.IsProbe(name) {
+		u.lockMode, u.lockedUntil = l.retention(time.Now())
+	}
 	l.mu.Lock()
 	l.active[name]++
 	l.mu.Unlock()
@@ -119,6 +128,11 @@ type upload struct {
 
 	written  int64
 	finished bool // Commit or Abort ran; the caller's goroutine only
+
+	// lockMode and lockedUntil are the object lock retention every
+	// object of the backup is written with (none without objectLock).
+	lockMode    types.ObjectLockMode
+	lockedUntil *time.Time
 }
 
 func (u *upload) run(ctx context.Context, pr *io.PipeReader) {
@@ -132,6 +146,9 @@ func (u *upload) run(ctx context.Context, pr *io.PipeReader) {
 	}
 	if !l.cfg.NoConditionalWrites {
 		in.IfNoneMatch = aws.String("*")
+	}
+	if u.lockedUntil != nil {
+		in.ObjectLockMode, in.ObjectLockRetainUntilDate = tmtypes.ObjectLockMode(u.lockMode), u.lockedUntil
 	}
 	u.out, u.err = l.tm.UploadObject(ctx, in)
 	// Unblock a writer: after a failure nobody reads the pipe any more.
@@ -244,6 +261,9 @@ func (u *upload) finishData(ctx context.Context) (etag string, err error) {
 // object's etag, written only if no other writer published the name.
 func (u *upload) writeManifest(ctx context.Context, m *storage.Manifest, etag string) error {
 	l := u.loc
+	if u.lockedUntil != nil {
+		m.LockedUntil = *u.lockedUntil
+	}
 	body, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode manifest of %q: %w", u.name, err)
@@ -260,6 +280,9 @@ func (u *upload) writeManifest(ctx context.Context, m *storage.Manifest, etag st
 	}
 	if !l.cfg.NoConditionalWrites {
 		put.IfNoneMatch = aws.String("*")
+	}
+	if u.lockedUntil != nil {
+		put.ObjectLockMode, put.ObjectLockRetainUntilDate = u.lockMode, u.lockedUntil
 	}
 	if _, err := l.client.PutObject(ctx, put); err != nil {
 		if isPreconditionFailed(err) {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -137,6 +138,14 @@ func TestInstallDoc(t *testing.T) {
 	r = mustSucceed(t, c.run(t, nil, "etcdbackup", "version"), "kubectl etcdbackup version")
 	if !strings.Contains(r.Stdout, "Server Version:") || !strings.Contains(r.Stdout, "s3") {
 		t.Errorf("version: %s", r)
+	}
+	// The doc's check of the store: every step the sandbox's S3 server
+	// supports passes (object lock is not asked for there).
+	r = mustSucceed(t, c.run(t, nil, "etcdbackup", "location", "check", "s3"), "kubectl etcdbackup location check s3")
+	for _, step := range []string{"write", "multipart write", "ranged read", "list", "conditional create", "checksums", "delete"} {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(step) + `\s+ok\s`).MatchString(r.Stdout) {
+			t.Errorf("location check s3: step %q did not pass:\n%s", step, r.Stdout)
+		}
 	}
 
 	// 6. The first backup.

@@ -569,7 +569,11 @@ type Backup struct {
 	// target names one (kit: in the server's configuration): the files
 	// etcd's data alone cannot bring back, encrypted to age recipients by
 	// the agent that collected them. docs/disaster-recovery.md.
-	Kit           *Kit `protobuf:"bytes,23,opt,name=kit,proto3" json:"kit,omitempty"`
+	Kit *Kit `protobuf:"bytes,23,opt,name=kit,proto3" json:"kit,omitempty"`
+	// When the store's object lock retention of the backup's objects ends
+	// (an S3 location with objectLock); until then nobody can delete it,
+	// and delete and retention leave it. Unset: not locked.
+	LockedUntil   *timestamppb.Timestamp `protobuf:"bytes,24,opt,name=locked_until,json=lockedUntil,proto3" json:"locked_until,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -733,6 +737,13 @@ func (x *Backup) GetChain() *DeltaChain {
 func (x *Backup) GetKit() *Kit {
 	if x != nil {
 		return x.Kit
+	}
+	return nil
+}
+
+func (x *Backup) GetLockedUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LockedUntil
 	}
 	return nil
 }
@@ -3907,7 +3918,9 @@ type PruneBackupsResponse struct {
 	// What retention selected but kept because it is being downloaded or
 	// restored; the next prune removes it.
 	InUse []*Backup `protobuf:"bytes,2,rep,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
-	// What retention keeps, newest first, each with the rules that keep it.
+	// What retention keeps, newest first, each with the rules that keep it
+	// (a backup it would remove but that is still under object lock is
+	// kept, its rule "locked until DATE").
 	Kept          []*KeptBackup `protobuf:"bytes,3,rep,name=kept,proto3" json:"kept,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -4482,6 +4495,178 @@ func (x *DeltaLease) GetResourceVersion() string {
 	return ""
 }
 
+type GetLedgerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Storage location; empty means the default.
+	Location string `protobuf:"bytes,1,opt,name=location,proto3" json:"location,omitempty"`
+	// Records numbered above this (0: from the first).
+	AfterSeq uint64 `protobuf:"varint,2,opt,name=after_seq,json=afterSeq,proto3" json:"after_seq,omitempty"`
+	// At most this many records (0 or above 1000: 1000).
+	PageSize      int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetLedgerRequest) Reset() {
+	*x = GetLedgerRequest{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetLedgerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetLedgerRequest) ProtoMessage() {}
+
+func (x *GetLedgerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetLedgerRequest.ProtoReflect.Descriptor instead.
+func (*GetLedgerRequest) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *GetLedgerRequest) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
+func (x *GetLedgerRequest) GetAfterSeq() uint64 {
+	if x != nil {
+		return x.AfterSeq
+	}
+	return 0
+}
+
+func (x *GetLedgerRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+type GetLedgerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// In order, without gaps unless records were removed from storage.
+	Records []*LedgerRecord `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	// More records follow the last one here.
+	More          bool `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetLedgerResponse) Reset() {
+	*x = GetLedgerResponse{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetLedgerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetLedgerResponse) ProtoMessage() {}
+
+func (x *GetLedgerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetLedgerResponse.ProtoReflect.Descriptor instead.
+func (*GetLedgerResponse) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *GetLedgerResponse) GetRecords() []*LedgerRecord {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+func (x *GetLedgerResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+// LedgerRecord is one record of a location's ledger as stored: a JSON
+// ledger entry (package ledger) that names the SHA-256 of the record
+// before it.
+type LedgerRecord struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LedgerRecord) Reset() {
+	*x = LedgerRecord{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LedgerRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LedgerRecord) ProtoMessage() {}
+
+func (x *LedgerRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LedgerRecord.ProtoReflect.Descriptor instead.
+func (*LedgerRecord) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *LedgerRecord) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *LedgerRecord) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 var File_etcdbackup_v1_etcdbackup_proto protoreflect.FileDescriptor
 
 const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
@@ -4509,7 +4694,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x05error\x18\x06 \x01(\tR\x05error\"^\n" +
 	"\fServerLimits\x12&\n" +
 	"\x0fmax_chunk_bytes\x18\x01 \x01(\x03R\rmaxChunkBytes\x12&\n" +
-	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\xb3\x06\n" +
+	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\xf2\x06\n" +
 	"\x06Backup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x120\n" +
@@ -4534,7 +4719,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\fverification\x18\x14 \x01(\v2\x1b.etcdbackup.v1.VerificationR\fverification\x121\n" +
 	"\x05delta\x18\x15 \x01(\v2\x1b.etcdbackup.v1.DeltaSegmentR\x05delta\x12/\n" +
 	"\x05chain\x18\x16 \x01(\v2\x19.etcdbackup.v1.DeltaChainR\x05chain\x12$\n" +
-	"\x03kit\x18\x17 \x01(\v2\x12.etcdbackup.v1.KitR\x03kit\x1a9\n" +
+	"\x03kit\x18\x17 \x01(\v2\x12.etcdbackup.v1.KitR\x03kit\x12=\n" +
+	"\flocked_until\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\vlockedUntil\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x02\n" +
@@ -4840,7 +5026,17 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\n" +
 	"renew_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\trenewTime\x12+\n" +
 	"\x11lease_transitions\x18\x05 \x01(\x05R\x10leaseTransitions\x12)\n" +
-	"\x10resource_version\x18\x06 \x01(\tR\x0fresourceVersion*z\n" +
+	"\x10resource_version\x18\x06 \x01(\tR\x0fresourceVersion\"h\n" +
+	"\x10GetLedgerRequest\x12\x1a\n" +
+	"\blocation\x18\x01 \x01(\tR\blocation\x12\x1b\n" +
+	"\tafter_seq\x18\x02 \x01(\x04R\bafterSeq\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\"^\n" +
+	"\x11GetLedgerResponse\x125\n" +
+	"\arecords\x18\x01 \x03(\v2\x1b.etcdbackup.v1.LedgerRecordR\arecords\x12\x12\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\"4\n" +
+	"\fLedgerRecord\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data*z\n" +
 	"\vBackupPhase\x12\x1c\n" +
 	"\x18BACKUP_PHASE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BACKUP_PHASE_RUNNING\x10\x01\x12\x1a\n" +
@@ -4858,7 +5054,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x17RESTORE_PHASE_SUCCEEDED\x10\x03\x12\x18\n" +
 	"\x14RESTORE_PHASE_FAILED\x10\x042i\n" +
 	"\vInfoService\x12Z\n" +
-	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\xf6\t\n" +
+	"\rGetServerInfo\x12#.etcdbackup.v1.GetServerInfoRequest\x1a$.etcdbackup.v1.GetServerInfoResponse2\xc6\n" +
+	"\n" +
 	"\rBackupService\x12T\n" +
 	"\vListBackups\x12!.etcdbackup.v1.ListBackupsRequest\x1a\".etcdbackup.v1.ListBackupsResponse\x12N\n" +
 	"\tGetBackup\x12\x1f.etcdbackup.v1.GetBackupRequest\x1a .etcdbackup.v1.GetBackupResponse\x12W\n" +
@@ -4874,7 +5071,8 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\vDrillBackup\x12!.etcdbackup.v1.DrillBackupRequest\x1a\".etcdbackup.v1.DrillBackupResponse\x12`\n" +
 	"\x0fGetBackupEvents\x12%.etcdbackup.v1.GetBackupEventsRequest\x1a&.etcdbackup.v1.GetBackupEventsResponse\x12W\n" +
 	"\fPruneBackups\x12\".etcdbackup.v1.PruneBackupsRequest\x1a#.etcdbackup.v1.PruneBackupsResponse\x12Z\n" +
-	"\rCheckLocation\x12#.etcdbackup.v1.CheckLocationRequest\x1a$.etcdbackup.v1.CheckLocationResponse2\xc6\x01\n" +
+	"\rCheckLocation\x12#.etcdbackup.v1.CheckLocationRequest\x1a$.etcdbackup.v1.CheckLocationResponse\x12N\n" +
+	"\tGetLedger\x12\x1f.etcdbackup.v1.GetLedgerRequest\x1a .etcdbackup.v1.GetLedgerResponse2\xc6\x01\n" +
 	"\fAgentService\x12Z\n" +
 	"\rGetDeltaLease\x12#.etcdbackup.v1.GetDeltaLeaseRequest\x1a$.etcdbackup.v1.GetDeltaLeaseResponse\x12Z\n" +
 	"\rPutDeltaLease\x12#.etcdbackup.v1.PutDeltaLeaseRequest\x1a$.etcdbackup.v1.PutDeltaLeaseResponseBQZOgithub.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1;etcdbackupv1b\x06proto3"
@@ -4892,7 +5090,7 @@ func file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP() []byte {
 }
 
 var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(BackupPhase)(0),                // 0: etcdbackup.v1.BackupPhase
 	(VerificationResult)(0),         // 1: etcdbackup.v1.VerificationResult
@@ -4952,111 +5150,118 @@ var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(*PutDeltaLeaseRequest)(nil),    // 55: etcdbackup.v1.PutDeltaLeaseRequest
 	(*PutDeltaLeaseResponse)(nil),   // 56: etcdbackup.v1.PutDeltaLeaseResponse
 	(*DeltaLease)(nil),              // 57: etcdbackup.v1.DeltaLease
-	nil,                             // 58: etcdbackup.v1.Backup.LabelsEntry
-	nil,                             // 59: etcdbackup.v1.UploadHeader.LabelsEntry
-	nil,                             // 60: etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),   // 61: google.protobuf.Timestamp
+	(*GetLedgerRequest)(nil),        // 58: etcdbackup.v1.GetLedgerRequest
+	(*GetLedgerResponse)(nil),       // 59: etcdbackup.v1.GetLedgerResponse
+	(*LedgerRecord)(nil),            // 60: etcdbackup.v1.LedgerRecord
+	nil,                             // 61: etcdbackup.v1.Backup.LabelsEntry
+	nil,                             // 62: etcdbackup.v1.UploadHeader.LabelsEntry
+	nil,                             // 63: etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 64: google.protobuf.Timestamp
 }
 var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
 	6,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
 	7,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
 	5,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
 	0,  // 3: etcdbackup.v1.Backup.phase:type_name -> etcdbackup.v1.BackupPhase
-	61, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
-	58, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
+	64, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
+	61, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
 	16, // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
 	17, // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
 	15, // 8: etcdbackup.v1.Backup.verification:type_name -> etcdbackup.v1.Verification
 	12, // 9: etcdbackup.v1.Backup.delta:type_name -> etcdbackup.v1.DeltaSegment
 	14, // 10: etcdbackup.v1.Backup.chain:type_name -> etcdbackup.v1.DeltaChain
 	9,  // 11: etcdbackup.v1.Backup.kit:type_name -> etcdbackup.v1.Kit
-	61, // 12: etcdbackup.v1.Kit.create_time:type_name -> google.protobuf.Timestamp
-	10, // 13: etcdbackup.v1.Kit.files:type_name -> etcdbackup.v1.KitFile
-	11, // 14: etcdbackup.v1.Kit.versions:type_name -> etcdbackup.v1.KitVersions
-	61, // 15: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
-	61, // 16: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
-	61, // 17: etcdbackup.v1.DeltaSegment.sent_time:type_name -> google.protobuf.Timestamp
-	13, // 18: etcdbackup.v1.DeltaSegment.last_event:type_name -> etcdbackup.v1.DeltaEvent
-	61, // 19: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
-	13, // 20: etcdbackup.v1.DeltaChain.last_event:type_name -> etcdbackup.v1.DeltaEvent
-	61, // 21: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
-	1,  // 22: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
-	61, // 23: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
-	61, // 24: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
-	61, // 25: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
-	8,  // 26: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
-	8,  // 27: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	25, // 28: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
-	26, // 29: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	59, // 30: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
-	16, // 31: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
-	17, // 32: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	12, // 33: etcdbackup.v1.UploadHeader.delta:type_name -> etcdbackup.v1.DeltaSegment
-	9,  // 34: etcdbackup.v1.UploadHeader.kit:type_name -> etcdbackup.v1.Kit
-	17, // 35: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	8,  // 36: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	30, // 37: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
-	8,  // 38: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	61, // 39: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
-	60, // 40: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	8,  // 41: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	8,  // 42: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	61, // 43: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
-	41, // 44: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	2,  // 45: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
-	41, // 46: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	46, // 47: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
-	61, // 48: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
-	61, // 49: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
-	8,  // 50: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
-	8,  // 51: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
-	49, // 52: etcdbackup.v1.PruneBackupsResponse.kept:type_name -> etcdbackup.v1.KeptBackup
-	8,  // 53: etcdbackup.v1.KeptBackup.backup:type_name -> etcdbackup.v1.Backup
-	52, // 54: etcdbackup.v1.CheckLocationResponse.steps:type_name -> etcdbackup.v1.LocationCheckStep
-	57, // 55: etcdbackup.v1.GetDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
-	57, // 56: etcdbackup.v1.PutDeltaLeaseRequest.lease:type_name -> etcdbackup.v1.DeltaLease
-	57, // 57: etcdbackup.v1.PutDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
-	61, // 58: etcdbackup.v1.DeltaLease.acquire_time:type_name -> google.protobuf.Timestamp
-	61, // 59: etcdbackup.v1.DeltaLease.renew_time:type_name -> google.protobuf.Timestamp
-	3,  // 60: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	18, // 61: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	20, // 62: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	22, // 63: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	24, // 64: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	28, // 65: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	33, // 66: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	35, // 67: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	37, // 68: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	39, // 69: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
-	42, // 70: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
-	31, // 71: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
-	44, // 72: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
-	47, // 73: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
-	50, // 74: etcdbackup.v1.BackupService.CheckLocation:input_type -> etcdbackup.v1.CheckLocationRequest
-	53, // 75: etcdbackup.v1.AgentService.GetDeltaLease:input_type -> etcdbackup.v1.GetDeltaLeaseRequest
-	55, // 76: etcdbackup.v1.AgentService.PutDeltaLease:input_type -> etcdbackup.v1.PutDeltaLeaseRequest
-	4,  // 77: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	19, // 78: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	21, // 79: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	23, // 80: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	27, // 81: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	29, // 82: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	34, // 83: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	36, // 84: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	38, // 85: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	40, // 86: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
-	43, // 87: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
-	32, // 88: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
-	45, // 89: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
-	48, // 90: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
-	51, // 91: etcdbackup.v1.BackupService.CheckLocation:output_type -> etcdbackup.v1.CheckLocationResponse
-	54, // 92: etcdbackup.v1.AgentService.GetDeltaLease:output_type -> etcdbackup.v1.GetDeltaLeaseResponse
-	56, // 93: etcdbackup.v1.AgentService.PutDeltaLease:output_type -> etcdbackup.v1.PutDeltaLeaseResponse
-	77, // [77:94] is the sub-list for method output_type
-	60, // [60:77] is the sub-list for method input_type
-	60, // [60:60] is the sub-list for extension type_name
-	60, // [60:60] is the sub-list for extension extendee
-	0,  // [0:60] is the sub-list for field type_name
+	64, // 12: etcdbackup.v1.Backup.locked_until:type_name -> google.protobuf.Timestamp
+	64, // 13: etcdbackup.v1.Kit.create_time:type_name -> google.protobuf.Timestamp
+	10, // 14: etcdbackup.v1.Kit.files:type_name -> etcdbackup.v1.KitFile
+	11, // 15: etcdbackup.v1.Kit.versions:type_name -> etcdbackup.v1.KitVersions
+	64, // 16: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
+	64, // 17: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
+	64, // 18: etcdbackup.v1.DeltaSegment.sent_time:type_name -> google.protobuf.Timestamp
+	13, // 19: etcdbackup.v1.DeltaSegment.last_event:type_name -> etcdbackup.v1.DeltaEvent
+	64, // 20: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
+	13, // 21: etcdbackup.v1.DeltaChain.last_event:type_name -> etcdbackup.v1.DeltaEvent
+	64, // 22: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
+	1,  // 23: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
+	64, // 24: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
+	64, // 25: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
+	64, // 26: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
+	8,  // 27: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
+	8,  // 28: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	25, // 29: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
+	26, // 30: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
+	62, // 31: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	16, // 32: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
+	17, // 33: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	12, // 34: etcdbackup.v1.UploadHeader.delta:type_name -> etcdbackup.v1.DeltaSegment
+	9,  // 35: etcdbackup.v1.UploadHeader.kit:type_name -> etcdbackup.v1.Kit
+	17, // 36: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	8,  // 37: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	30, // 38: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
+	8,  // 39: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
+	64, // 40: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
+	63, // 41: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	8,  // 42: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	8,  // 43: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	64, // 44: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
+	41, // 45: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	2,  // 46: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
+	41, // 47: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	46, // 48: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
+	64, // 49: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
+	64, // 50: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
+	8,  // 51: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
+	8,  // 52: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
+	49, // 53: etcdbackup.v1.PruneBackupsResponse.kept:type_name -> etcdbackup.v1.KeptBackup
+	8,  // 54: etcdbackup.v1.KeptBackup.backup:type_name -> etcdbackup.v1.Backup
+	52, // 55: etcdbackup.v1.CheckLocationResponse.steps:type_name -> etcdbackup.v1.LocationCheckStep
+	57, // 56: etcdbackup.v1.GetDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
+	57, // 57: etcdbackup.v1.PutDeltaLeaseRequest.lease:type_name -> etcdbackup.v1.DeltaLease
+	57, // 58: etcdbackup.v1.PutDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
+	64, // 59: etcdbackup.v1.DeltaLease.acquire_time:type_name -> google.protobuf.Timestamp
+	64, // 60: etcdbackup.v1.DeltaLease.renew_time:type_name -> google.protobuf.Timestamp
+	60, // 61: etcdbackup.v1.GetLedgerResponse.records:type_name -> etcdbackup.v1.LedgerRecord
+	3,  // 62: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	18, // 63: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	20, // 64: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	22, // 65: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	24, // 66: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	28, // 67: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	33, // 68: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	35, // 69: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	37, // 70: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	39, // 71: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	42, // 72: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	31, // 73: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
+	44, // 74: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
+	47, // 75: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
+	50, // 76: etcdbackup.v1.BackupService.CheckLocation:input_type -> etcdbackup.v1.CheckLocationRequest
+	58, // 77: etcdbackup.v1.BackupService.GetLedger:input_type -> etcdbackup.v1.GetLedgerRequest
+	53, // 78: etcdbackup.v1.AgentService.GetDeltaLease:input_type -> etcdbackup.v1.GetDeltaLeaseRequest
+	55, // 79: etcdbackup.v1.AgentService.PutDeltaLease:input_type -> etcdbackup.v1.PutDeltaLeaseRequest
+	4,  // 80: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	19, // 81: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	21, // 82: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	23, // 83: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	27, // 84: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	29, // 85: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	34, // 86: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	36, // 87: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	38, // 88: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	40, // 89: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	43, // 90: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	32, // 91: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
+	45, // 92: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
+	48, // 93: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
+	51, // 94: etcdbackup.v1.BackupService.CheckLocation:output_type -> etcdbackup.v1.CheckLocationResponse
+	59, // 95: etcdbackup.v1.BackupService.GetLedger:output_type -> etcdbackup.v1.GetLedgerResponse
+	54, // 96: etcdbackup.v1.AgentService.GetDeltaLease:output_type -> etcdbackup.v1.GetDeltaLeaseResponse
+	56, // 97: etcdbackup.v1.AgentService.PutDeltaLease:output_type -> etcdbackup.v1.PutDeltaLeaseResponse
+	80, // [80:98] is the sub-list for method output_type
+	62, // [62:80] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -5081,7 +5286,7 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdbackup_v1_etcdbackup_proto_rawDesc), len(file_etcdbackup_v1_etcdbackup_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   58,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

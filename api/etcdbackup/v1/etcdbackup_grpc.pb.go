@@ -148,6 +148,7 @@ const (
 	BackupService_GetBackupEvents_FullMethodName = "/etcdbackup.v1.BackupService/GetBackupEvents"
 	BackupService_PruneBackups_FullMethodName    = "/etcdbackup.v1.BackupService/PruneBackups"
 	BackupService_CheckLocation_FullMethodName   = "/etcdbackup.v1.BackupService/CheckLocation"
+	BackupService_GetLedger_FullMethodName       = "/etcdbackup.v1.BackupService/GetLedger"
 )
 
 // BackupServiceClient is the client API for BackupService service.
@@ -222,6 +223,10 @@ type BackupServiceClient interface {
 	// step: what the store does not support and the setting that works
 	// around it. It never touches a backup.
 	CheckLocation(ctx context.Context, in *CheckLocationRequest, opts ...grpc.CallOption) (*CheckLocationResponse, error)
+	// GetLedger returns a page of a location's audit ledger as stored: the
+	// records' bytes, which the client parses and whose hash chain it
+	// verifies itself (kubectl etcdbackup audit [--verify]).
+	GetLedger(ctx context.Context, in *GetLedgerRequest, opts ...grpc.CallOption) (*GetLedgerResponse, error)
 }
 
 type backupServiceClient struct {
@@ -393,6 +398,16 @@ func (c *backupServiceClient) CheckLocation(ctx context.Context, in *CheckLocati
 	return out, nil
 }
 
+func (c *backupServiceClient) GetLedger(ctx context.Context, in *GetLedgerRequest, opts ...grpc.CallOption) (*GetLedgerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetLedgerResponse)
+	err := c.cc.Invoke(ctx, BackupService_GetLedger_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BackupServiceServer is the server API for BackupService service.
 // All implementations must embed UnimplementedBackupServiceServer
 // for forward compatibility.
@@ -465,6 +480,10 @@ type BackupServiceServer interface {
 	// step: what the store does not support and the setting that works
 	// around it. It never touches a backup.
 	CheckLocation(context.Context, *CheckLocationRequest) (*CheckLocationResponse, error)
+	// GetLedger returns a page of a location's audit ledger as stored: the
+	// records' bytes, which the client parses and whose hash chain it
+	// verifies itself (kubectl etcdbackup audit [--verify]).
+	GetLedger(context.Context, *GetLedgerRequest) (*GetLedgerResponse, error)
 	mustEmbedUnimplementedBackupServiceServer()
 }
 
@@ -516,6 +535,9 @@ func (UnimplementedBackupServiceServer) PruneBackups(context.Context, *PruneBack
 }
 func (UnimplementedBackupServiceServer) CheckLocation(context.Context, *CheckLocationRequest) (*CheckLocationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckLocation not implemented")
+}
+func (UnimplementedBackupServiceServer) GetLedger(context.Context, *GetLedgerRequest) (*GetLedgerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetLedger not implemented")
 }
 func (UnimplementedBackupServiceServer) mustEmbedUnimplementedBackupServiceServer() {}
 func (UnimplementedBackupServiceServer) testEmbeddedByValue()                       {}
@@ -765,6 +787,24 @@ func _BackupService_CheckLocation_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _BackupService_GetLedger_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetLedgerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupServiceServer).GetLedger(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BackupService_GetLedger_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupServiceServer).GetLedger(ctx, req.(*GetLedgerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BackupService_ServiceDesc is the grpc.ServiceDesc for BackupService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -815,6 +855,10 @@ var BackupService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckLocation",
 			Handler:    _BackupService_CheckLocation_Handler,
+		},
+		{
+			MethodName: "GetLedger",
+			Handler:    _BackupService_GetLedger_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/stream"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
@@ -66,6 +68,8 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, out ebv1.Backu
 	}
 	// Every backup holds every Secret of its cluster: say who read it.
 	s.log.Info("backup download", "location", d.locName, "backup", req.GetName(), "offset", req.GetOffset(), "length", end-req.GetOffset(), "caller", s.caller(ctx))
+	d.loc.Note(ctx, s.log, ledger.Entry{Action: s.readAction(), Backup: req.GetName(), SHA256: m.SHA256, Who: s.caller(ctx),
+		Detail: fmt.Sprintf("bytes %d-%d of %d", req.GetOffset(), end, m.Size)})
 
 	if err := out.Send(&ebv1.DownloadBackupResponse{Msg: &ebv1.DownloadBackupResponse_Header{Header: &ebv1.DownloadHeader{
 		Backup: edge.Backup(d.locName, m),
@@ -86,7 +90,7 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, out ebv1.Backu
 type download struct {
 	name    string
 	locName string
-	loc     storage.Location
+	loc     *domain.Location
 	pin     *Pin
 }
 

@@ -19,12 +19,12 @@ import (
 	"google.golang.org/grpc"
 
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/stream"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
 
 // Config is what a Service needs.
@@ -45,6 +45,10 @@ type Config struct {
 	// Limits, with their defaults (config.Limits.WithDefaults).
 	Limits config.Limits
 	Hooks  Hooks
+	// BreakGlass names who reads in the plugin's break-glass process
+	// ("break-glass on HOST"): downloads are recorded in the ledger as
+	// break-glass reads by it. Empty on the data server.
+	BreakGlass string
 }
 
 // Hooks are the request layer's policy the read path defers to. A nil
@@ -92,6 +96,7 @@ type Service struct {
 	scratchDir string
 	limits     config.Limits
 	hooks      Hooks
+	breakGlass bool
 	// verifies bounds what VerifyBackup unpacks into scratchDir at once;
 	// its zero value has the defaults.
 	verifies verifyGate
@@ -112,6 +117,7 @@ func New(cfg Config) *Service {
 		scratchDir: cfg.ScratchDir,
 		limits:     cfg.Limits,
 		hooks:      cfg.Hooks,
+		breakGlass: cfg.BreakGlass != "",
 		verifies:   verifyGate{budget: cfg.Limits.VerifyScratchBytes},
 		handoff:    make(chan struct{}),
 	}
@@ -120,6 +126,9 @@ func New(cfg Config) *Service {
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	if who := cfg.BreakGlass; who != "" && s.hooks.Caller == nil {
+		s.hooks.Caller = func(context.Context) string { return who }
 	}
 	if s.metrics == nil {
 		s.metrics, _ = metrics.New(nil) // registers nothing, so cannot fail
@@ -150,12 +159,21 @@ func (s *Service) HandOffDownloads() {
 
 // location resolves a request's location name ("" is the default), or
 // refuses it: not configured, or unavailable now.
-func (s *Service) location(name string) (string, storage.Location, error) {
+func (s *Service) location(name string) (string, *domain.Location, error) {
 	l, err := s.locations.Get(name)
 	if err != nil {
 		return "", nil, edge.Status("", err)
 	}
 	return l.Name, l, nil
+}
+
+// readAction is what the ledger calls a download here: a break-glass
+// read in the plugin's process, a download on the data server.
+func (s *Service) readAction() string {
+	if s.breakGlass {
+		return ledger.ActionBreakGlass
+	}
+	return ledger.ActionDownload
 }
 
 // caller names who made a call, for the log.

@@ -13,13 +13,16 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
+	"encoding/xml"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -33,6 +36,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	s3sdk "github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/smithy-go/logging"
@@ -169,7 +173,7 @@ func New(dir, bin string, dnsNames ...string) (*Server, error) {
 		SecretAccessKey: "SK" + randomHex(19),
 		logPath:         filepath.Join(dir, "versitygw.log"),
 	}
-	for _, d := range []string{"data", "iam", "pki", "credentials"} {
+	for _, d := range []string{"data", "versions", "iam", "pki", "credentials"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return nil, err
 		}
@@ -297,7 +301,9 @@ func (s *Server) Restart() error {
 		"--iam-dir", filepath.Join(s.Dir, "iam"),
 		"--cert", filepath.Join(s.Dir, "pki", "tls.crt"),
 		"--key", filepath.Join(s.Dir, "pki", "tls.key"),
-		"posix", filepath.Join(s.Dir, "data"))
+		// Versioning, and with it object lock, for the buckets that ask
+		// (LockedBucket); the others stay unversioned.
+		"posix", "--versioning-dir", filepath.Join(s.Dir, "versions"), filepath.Join(s.Dir, "data"))
 	// Nothing from the test's environment (VGW_*, ROOT_*, AWS_*) applies.
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + s.Dir}
 	cmd.Dir = s.Dir
@@ -316,6 +322,12 @@ func (s *Server) Restart() error {
 	if err := s.waitReady(exit, 20*time.Second); err != nil {
 		s.killLocked()
 		return fmt.Errorf("versitygw did not start: %w\n%s", err, s.LogTail(20))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.createLockedBucket(ctx); err != nil {
+		s.killLocked()
+		return fmt.Errorf("%w\n%s", err, s.LogTail(20))
 	}
 	return nil
 }
@@ -415,18 +427,13 @@ func (s *Server) LogTail(n int) string {
 // Client is an SDK client on the server with the root credentials, for
 // tests to look at the bucket directly (ListMultipartUploads, objects).
 func (s *Server) Client() *s3sdk.Client {
-	pool := x509.NewCertPool()
-	ca, _ := os.ReadFile(s.CAFile)
-	pool.AppendCertsFromPEM(ca)
 	return s3sdk.New(s3sdk.Options{
 		Region:       s.Region,
 		BaseEndpoint: aws.String(s.Endpoint),
 		UsePathStyle: true,
 		Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKeyID, s.SecretAccessKey, ""),
-		HTTPClient: &http.Client{Transport: &http.Transport{
-			TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
-		}},
-		Logger: logging.Nop{},
+		HTTPClient:   s.httpClient(),
+		Logger:       logging.Nop{},
 		DisableLogOutputChecksumValidationSkipped: true,
 	})
 }
@@ -476,4 +483,99 @@ func (s *Server) Config(prefix string) s3.Config {
 		AccessKeyIDFile:     s.AccessKeyIDFile,
 		SecretAccessKeyFile: s.SecretAccessKeyFile,
 	}}
+}
+
+// User is an account of the server other than root, its keys in files as
+// a mounted Secret holds them (ConfigAs).
+type User struct {
+	AccessKeyID         string
+	SecretAccessKey     string
+	AccessKeyIDFile     string
+	SecretAccessKeyFile string
+}
+
+// CreateUser adds an account of role "user" through versitygw's admin API
+// (what `versitygw admin create-user` sends): it may do nothing with the
+// bucket until a bucket policy (PutBucketPolicy) lets it.
+func (s *Server) CreateUser(ctx context.Context) (User, error) {
+	u := User{AccessKeyID: "AU" + randomHex(9), SecretAccessKey: "SU" + randomHex(19)}
+	dir := filepath.Join(s.Dir, "credentials", u.AccessKeyID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return u, err
+	}
+	u.AccessKeyIDFile, u.SecretAccessKeyFile = filepath.Join(dir, "access-key-id"), filepath.Join(dir, "secret-access-key")
+	if err := os.WriteFile(u.AccessKeyIDFile, []byte(u.AccessKeyID+"\n"), 0o600); err != nil {
+		return u, err
+	}
+	if err := os.WriteFile(u.SecretAccessKeyFile, []byte(u.SecretAccessKey+"\n"), 0o600); err != nil {
+		return u, err
+	}
+	body, err := xml.Marshal(struct {
+		XMLName xml.Name `xml:"Account"`
+		Access  string
+		Secret  string
+		Role    string
+	}{Access: u.AccessKeyID, Secret: u.SecretAccessKey, Role: "user"})
+	if err != nil {
+		return u, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPatch, s.Endpoint+"/create-user", bytes.NewReader(body))
+	if err != nil {
+		return u, err
+	}
+	sum := sha256.Sum256(body)
+	payload := hex.EncodeToString(sum[:])
+	req.Header.Set("X-Amz-Content-Sha256", payload)
+	if err := v4.NewSigner().SignHTTP(ctx, aws.Credentials{AccessKeyID: s.AccessKeyID, SecretAccessKey: s.SecretAccessKey},
+		req, payload, "s3", s.Region, time.Now()); err != nil {
+		return u, err
+	}
+	resp, err := s.httpClient().Do(req)
+	if err != nil {
+		return u, fmt.Errorf("create user: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		return u, fmt.Errorf("create user: %s: %s", resp.Status, msg)
+	}
+	return u, nil
+}
+
+// PutBucketPolicy sets the bucket's policy (a JSON document), as root.
+func (s *Server) PutBucketPolicy(ctx context.Context, policy string) error {
+	_, err := s.Client().PutBucketPolicy(ctx, &s3sdk.PutBucketPolicyInput{Bucket: aws.String(s.Bucket), Policy: aws.String(policy)})
+	return err
+}
+
+// PolicyAllowingAllBut is a bucket policy that lets user do everything
+// with the bucket and its objects but the object actions denied (such as
+// "s3:DeleteObject"), which an explicit Deny refuses.
+func (s *Server) PolicyAllowingAllBut(user User, denied ...string) string {
+	bucket, objects := "arn:aws:s3:::"+s.Bucket, "arn:aws:s3:::"+s.Bucket+"/*"
+	allow := fmt.Sprintf(`{"Effect":"Allow","Principal":{"AWS":[%q]},"Action":["s3:*"],"Resource":[%q,%q]}`, user.AccessKeyID, bucket, objects)
+	if len(denied) == 0 {
+		return `{"Version":"2012-10-17","Statement":[` + allow + `]}`
+	}
+	actions := make([]string, len(denied))
+	for i, a := range denied {
+		actions[i] = fmt.Sprintf("%q", a)
+	}
+	deny := fmt.Sprintf(`{"Effect":"Deny","Principal":{"AWS":[%q]},"Action":[%s],"Resource":[%q]}`, user.AccessKeyID, strings.Join(actions, ","), objects)
+	return `{"Version":"2012-10-17","Statement":[` + allow + "," + deny + `]}`
+}
+
+// ConfigAs is Config with user's credentials.
+func (s *Server) ConfigAs(prefix string, user User) s3.Config {
+	c := s.Config(prefix)
+	c.AccessKeyIDFile, c.SecretAccessKeyFile = user.AccessKeyIDFile, user.SecretAccessKeyFile
+	return c
+}
+
+// httpClient trusts the server's CA.
+func (s *Server) httpClient() *http.Client {
+	pool := x509.NewCertPool()
+	ca, _ := os.ReadFile(s.CAFile)
+	pool.AppendCertsFromPEM(ca)
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 }

@@ -82,6 +82,8 @@ func StorageStatus(op, loc, name string, err error) error {
 	case errors.Is(err, storage.ErrNotFound):
 		return status.Errorf(codes.NotFound,
 			"backup %q not found in location %q; run `kubectl etcdbackup list --location %s` to see the backups", name, loc, loc)
+	case errors.Is(err, storage.ErrLocked):
+		return status.Errorf(codes.FailedPrecondition, "%s in location %q: %v; wait until then, or keep it", what, loc, err)
 	case errors.Is(err, storage.ErrAlreadyExists):
 		return status.Errorf(codes.AlreadyExists,
 			"backup %q already exists in location %q; backups are immutable: choose another name or delete the old one first", name, loc)

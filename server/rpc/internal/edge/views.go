@@ -65,6 +65,9 @@ func Backup(loc string, m *storage.Manifest) *ebv1.Backup {
 	if !m.Source.ScheduledTime.IsZero() {
 		b.Source.ScheduledTime = timestamppb.New(m.Source.ScheduledTime)
 	}
+	if !m.LockedUntil.IsZero() {
+		b.LockedUntil = timestamppb.New(m.LockedUntil)
+	}
 	if !m.Source.StartTime.IsZero() {
 		b.Source.StartTime = timestamppb.New(m.Source.StartTime)
 	}
