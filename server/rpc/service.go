@@ -10,7 +10,6 @@ package rpc
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -252,8 +251,6 @@ func (s *Service) record(ctx context.Context, locName string, e ledger.Entry) {
 // uploadDetail says what kind of object an upload stored, for the ledger.
 func uploadDetail(m *storage.Manifest) string {
 	switch {
-	case m.Delta != nil:
-		return fmt.Sprintf("delta segment of %s, revisions %d-%d", m.Delta.Chain, m.Delta.FirstRevision, m.Delta.LastRevision)
 	case m.Kit != nil:
 		return "recovery kit of " + m.Kit.Backup
 	case m.Source.Kind == ebv1.SourceAgent:

@@ -10,6 +10,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	s3sdk "github.com/aws/aws-sdk-go-v2/service/s3"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 )
@@ -85,13 +86,20 @@ func (l *Location) ReadLedger(ctx context.Context, after uint64, limit int) ([]s
 	if limit > 0 && len(seqs) > limit {
 		seqs = seqs[:limit]
 	}
-	out := make([]storage.LedgerRecord, 0, len(seqs))
-	for _, n := range seqs {
-		b, err := l.readLedgerRecord(ctx, n)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, storage.LedgerRecord{Seq: n, Data: b})
+	// A GET per record, listConcurrency at a time, as List reads
+	// manifests.
+	out := make([]storage.LedgerRecord, len(seqs))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(listConcurrency)
+	for i, n := range seqs {
+		g.Go(func() error {
+			b, err := l.readLedgerRecord(gctx, n)
+			out[i] = storage.LedgerRecord{Seq: n, Data: b}
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

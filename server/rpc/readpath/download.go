@@ -68,8 +68,10 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, out ebv1.Backu
 	}
 	// Every backup holds every Secret of its cluster: say who read it.
 	s.log.Info("backup download", "location", d.locName, "backup", req.GetName(), "offset", req.GetOffset(), "length", end-req.GetOffset(), "caller", s.caller(ctx))
-	d.loc.Note(ctx, s.log, ledger.Entry{Action: s.readAction(), Backup: req.GetName(), SHA256: m.SHA256, Who: s.caller(ctx),
-		Detail: fmt.Sprintf("bytes %d-%d of %d", req.GetOffset(), end, m.Size)})
+	if who := s.caller(ctx); s.reads.first(who, d.locName, req.GetName(), m.SHA256, s.now()) {
+		d.loc.Note(ctx, s.log, ledger.Entry{Action: s.readAction(), Backup: req.GetName(), SHA256: m.SHA256, Who: who,
+			Detail: fmt.Sprintf("bytes %d-%d of %d", req.GetOffset(), end, m.Size)})
+	}
 
 	if err := out.Send(&ebv1.DownloadBackupResponse{Msg: &ebv1.DownloadBackupResponse_Header{Header: &ebv1.DownloadHeader{
 		Backup: edge.Backup(d.locName, m),
@@ -277,4 +279,40 @@ func (s *Service) sendWatched(ctx context.Context, out interface{ SendMsg(any) e
 			t.Stop()
 		}
 	}
+}
+
+// readWindow is how long a caller's reads of one backup count as one
+// read in the ledger: a parallel download is many ranged calls (one per
+// 32 MiB piece), a resumed one more; an entry each would bury the
+// ledger's other entries.
+const readWindow = 10 * time.Minute
+
+// recentReads remembers, per caller and backup, when a read was last
+// recorded, so that the ledger has an entry per read, not per call.
+type recentReads struct {
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+// first says whether a read of backup (its content sha256) in location
+// by who at now is the first in readWindow, and remembers it.
+func (r *recentReads) first(who, location, backup, sha256 string, now time.Time) bool {
+	key := who + "\x00" + location + "\x00" + backup + "\x00" + sha256
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.last == nil {
+		r.last = map[string]time.Time{}
+	}
+	if t, ok := r.last[key]; ok && now.Sub(t) < readWindow {
+		return false
+	}
+	if len(r.last) >= 4096 {
+		for k, t := range r.last {
+			if now.Sub(t) >= readWindow {
+				delete(r.last, k)
+			}
+		}
+	}
+	r.last[key] = now
+	return true
 }

@@ -97,6 +97,8 @@ type Service struct {
 	limits     config.Limits
 	hooks      Hooks
 	breakGlass bool
+	// reads keeps the ledger at an entry per read, not per ranged call.
+	reads recentReads
 	// verifies bounds what VerifyBackup unpacks into scratchDir at once;
 	// its zero value has the defaults.
 	verifies verifyGate
