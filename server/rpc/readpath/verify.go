@@ -17,6 +17,7 @@ import (
 	ebv1 "github.com/kubectl-etcdbackup/kubectl-etcdbackup/api/etcdbackup/v1"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/crypt"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/ctxio"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
@@ -39,6 +40,11 @@ func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupReques
 		return nil, edge.StorageStatus("verify", locName, req.GetName(), err)
 	}
 	defer r.Close()
+	if who := s.caller(ctx); s.breakGlass && s.reads.first(who, locName, req.GetName(), m.SHA256, s.now()) {
+		// In the break-glass process the bytes are read on the operator's
+		// machine, not on the server: a read like a download.
+		loc.Note(ctx, s.log, ledger.Entry{Action: ledger.ActionBreakGlass, Backup: req.GetName(), SHA256: m.SHA256, Who: who, Detail: "verify"})
+	}
 	if m.Encryption != "" {
 		return s.verifyStored(ctx, locName, m, r)
 	}

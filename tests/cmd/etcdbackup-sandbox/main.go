@@ -257,7 +257,7 @@ locations:
 			return fmt.Errorf("kubectl %s: %w", strings.Join(args, " "), err)
 		}
 	}
-	step("The ledger: who stored and read each backup, every read above included, hash-chained in each location")
+	step("The ledger: who stored and read each backup, the break-glass verify above included, hash-chained in each location")
 	for _, args := range [][]string{
 		{"etcdbackup", "audit", "--location", "s3"},
 		{"etcdbackup", "audit", "--verify"},
