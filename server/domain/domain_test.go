@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
@@ -169,5 +170,44 @@ func TestListingsLeaveProbesOut(t *testing.T) {
 	}
 	if got, ok := storage.As[*filesystem.Location](l.Location); !ok || got != fs {
 		t.Fatalf("As through the counted location: %v %v", got, ok)
+	}
+}
+
+// An entry the store does not take is counted as the location's
+// failure, under "ledger"; the entries it takes are not, and chain.
+func TestLedgerFailuresAreCounted(t *testing.T) {
+	dir := t.TempDir()
+	fs, err := filesystem.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := metrics.New(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	locs, err := domain.NewLocations([]locations.Named{{Name: "default", Location: fs}}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := locs.Default()
+	ctx := context.Background()
+	if err := l.Record(ctx, ledger.Entry{Action: ledger.ActionDownload, Backup: "cp-1", Who: "user alice"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := storageErrors(t, m, "default", "ledger"); got != 0 {
+		t.Fatalf("ledger failures after an entry the store took: %v", got)
+	}
+	// The ledger directory replaced by a file: no entry can be written.
+	if err := os.RemoveAll(filepath.Join(dir, "ledger")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ledger"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Record(ctx, ledger.Entry{Action: ledger.ActionDownload, Backup: "cp-1", Who: "user alice"}); err == nil {
+		t.Fatal("an entry was recorded where the ledger cannot be written")
+	}
+	if got := storageErrors(t, m, "default", "ledger"); got != 1 {
+		t.Fatalf("ledger failures: %v, want 1", got)
 	}
 }

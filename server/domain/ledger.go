@@ -51,6 +51,12 @@ func (l *Location) Record(ctx context.Context, e ledger.Entry) error {
 	defer cancel()
 	e.Location = l.Name
 	_, err := w.Append(ctx, e)
+	if l.counted != nil {
+		// An entry the store did not take is a storage failure like any:
+		// etcdbackup_storage_errors_total{operation="ledger"}, which
+		// EtcdBackupStorageErrors alerts on.
+		err = l.counted.count("ledger", err)
+	}
 	return err
 }
 

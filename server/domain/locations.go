@@ -29,6 +29,9 @@ type Location struct {
 	// Record once the store is open (ledger.go).
 	ledgerMu sync.Mutex
 	ledger   *ledger.Writer
+	// counted counts the ledger's failures with the store's other ones
+	// (nil: counted nowhere).
+	counted *counted
 }
 
 // Unavailable is the error of a location that cannot be used now (its
@@ -83,7 +86,8 @@ func NewLocations(named []locations.Named, m *metrics.Metrics) (*Locations, erro
 		}
 		l := &Location{Name: n.Name, Location: n.Location, opened: n.Location}
 		if m != nil {
-			l.Location = &counted{Location: n.Location, name: n.Name, metrics: m}
+			l.counted = &counted{Location: n.Location, name: n.Name, metrics: m}
+			l.Location = l.counted
 		}
 		ls.all = append(ls.all, l)
 		ls.byName[n.Name] = l
