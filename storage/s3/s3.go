@@ -566,8 +566,10 @@ func (l *Location) Delete(ctx context.Context, name string) error {
 	// it would hide the backup behind a delete marker (the store keeps
 	// the bytes, but the backup is gone from every listing), and the
 	// store refuses the data's removal only later.
+	// A manifest this program cannot read (errBadManifest) says no lock
+	// of its own; the store's HEAD still does.
 	m, _, err := l.stat(ctx, name)
-	if err != nil && !errors.Is(err, storage.ErrNotFound) {
+	if err != nil && !errors.Is(err, storage.ErrNotFound) && !errors.Is(err, errBadManifest) {
 		return fmt.Errorf("delete %q from %s: %w", name, l.where, err)
 	}
 	if err := l.lockedError(name, m, head); err != nil {
