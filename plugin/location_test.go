@@ -70,13 +70,7 @@ func TestLocationCheck(t *testing.T) {
 // denies the location's credentials s3:DeleteObject.
 func TestLocationCheckFails(t *testing.T) {
 	store := s3test.Start(t)
-	user, err := store.CreateUser(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.PutBucketPolicy(t.Context(), store.PolicyAllowingAllBut(user, "s3:DeleteObject")); err != nil {
-		t.Fatal(err)
-	}
+	user := store.UserDenied(t, "s3:DeleteObject")
 	cfg := store.ConfigAs("plugin", user).S3Config
 	srv := servertest.StartWith(t, servertest.Options{Configured: []storage.LocationConfig{{Name: "s3", S3: &cfg}}})
 	addr := "--server-address=" + srv.Addr

@@ -121,13 +121,7 @@ func TestCheckLocationUnavailable(t *testing.T) {
 func TestCheckLocationCredentialThatMayNotDelete(t *testing.T) {
 	ctx := t.Context()
 	store := s3test.Start(t)
-	user, err := store.CreateUser(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.PutBucketPolicy(ctx, store.PolicyAllowingAllBut(user, "s3:DeleteObject")); err != nil {
-		t.Fatal(err)
-	}
+	user := store.UserDenied(t, "s3:DeleteObject")
 	cfg := store.ConfigAs("no-delete", user).S3Config
 	locs, err := locations.Open(ctx, []storage.LocationConfig{{Name: "s3", S3: &cfg}}, locations.Options{})
 	if err != nil {

@@ -238,13 +238,7 @@ func TestS3ObjectLock(t *testing.T) {
 // grant, and no credential.
 func TestS3CredentialThatMayNotDelete(t *testing.T) {
 	store := s3test.Start(t)
-	user, err := store.CreateUser(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.PutBucketPolicy(t.Context(), store.PolicyAllowingAllBut(user, "s3:DeleteObject")); err != nil {
-		t.Fatal(err)
-	}
+	user := store.UserDenied(t, "s3:DeleteObject")
 	r := probe.Run(t.Context(), newS3(t, store.ConfigAs("check", user)), probe.Options{})
 	wantResults(t, r, "write=ok", "multipart write=ok", "ranged read=ok", "list=ok",
 		"conditional create=ok", "checksums=ok", "object lock=skipped", "delete=failed")

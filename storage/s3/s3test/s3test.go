@@ -565,6 +565,21 @@ func (s *Server) PolicyAllowingAllBut(user User, denied ...string) string {
 	return `{"Version":"2012-10-17","Statement":[` + allow + "," + deny + `]}`
 }
 
+// UserDenied creates a user (CreateUser) whom the bucket's policy lets
+// do everything but the object actions denied (PolicyAllowingAllBut),
+// e.g. "s3:DeleteObject": credentials that may write but not delete.
+func (s *Server) UserDenied(t testing.TB, denied ...string) User {
+	t.Helper()
+	user, err := s.CreateUser(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutBucketPolicy(t.Context(), s.PolicyAllowingAllBut(user, denied...)); err != nil {
+		t.Fatal(err)
+	}
+	return user
+}
+
 // ConfigAs is Config with user's credentials.
 func (s *Server) ConfigAs(prefix string, user User) s3.Config {
 	c := s.Config(prefix)
