@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	s3sdk "github.com/aws/aws-sdk-go-v2/service/s3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	authnv1 "k8s.io/api/authentication/v1"
@@ -30,6 +32,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/internal/etcdtest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3/s3test"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
@@ -52,6 +55,7 @@ func TestSecurity(t *testing.T) {
 		Images:        im,
 		PlainTargets:  []world.PlainTarget{{Name: "plain", Addr: ms[0].clientURL.Host}},
 		Authorization: config.AuthorizationSubjectAccessReview,
+		Vault:         true,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -120,6 +124,51 @@ func TestSecurity(t *testing.T) {
 		}
 		if r := mustSucceed(t, run(as["admin"], "list"), "admin: list"); !strings.Contains(r.Stdout, "real-1") || strings.Contains(r.Stdout, "by-viewer") {
 			t.Fatalf("after the viewer's refused calls: %s", r)
+		}
+	})
+
+	// The attacker with the storage credentials (read from the server's
+	// Secret by cluster-admin) meets the store's object lock: a backup an
+	// agent in the cluster stored in location vault survives the
+	// product's delete and prune, and a raw DeleteObject of its bytes
+	// with the server's own credentials. The ledger names who stored and
+	// read it by their Kubernetes identity; a viewer may not read it.
+	t.Run("locked-backup-survives-its-credentials", func(t *testing.T) {
+		admin := as["admin"]
+		mustSucceed(t, run(admin, "backup", "--target", "plain", "--location", "vault", "--name", "locked-1", "--wait"), "admin: backup into vault")
+		r := mustSucceed(t, run(admin, "get", "locked-1", "--location", "vault", "-o", "jsonpath={.status.lockedUntil}"), "admin: get")
+		until, err := time.Parse(time.RFC3339, strings.TrimSpace(r.Stdout))
+		if err != nil || time.Until(until) < 23*time.Hour {
+			t.Fatalf("locked-1 is locked until %q, want a day from now", r.Stdout)
+		}
+		r = mustFail(t, run(admin, "delete", "locked-1", "--location", "vault", "--yes"), "admin: delete a locked backup")
+		if !strings.Contains(r.Stderr, "is locked until "+until.UTC().Format(time.RFC3339)) || !strings.Contains(r.Stderr, "nothing of it was deleted") {
+			t.Errorf("delete of a locked backup: %s", r)
+		}
+		mustSucceed(t, run(admin, "download", "locked-1", "--location", "vault", "-o", filepath.Join(t.TempDir(), "locked-1.db")), "admin: download")
+
+		// The server's own credentials, straight at the store.
+		s3 := product.S3.Client()
+		key := "sandbox/backups/locked-1.db"
+		versions, err := s3.ListObjectVersions(ctx, &s3sdk.ListObjectVersionsInput{Bucket: aws.String(s3test.LockedBucket), Prefix: aws.String(key)})
+		if err != nil || len(versions.Versions) != 1 {
+			t.Fatalf("versions of %s: %v %+v", key, err, versions)
+		}
+		if _, err := s3.DeleteObject(ctx, &s3sdk.DeleteObjectInput{Bucket: aws.String(s3test.LockedBucket), Key: aws.String(key), VersionId: versions.Versions[0].VersionId}); err == nil {
+			t.Fatal("the store deleted a locked backup's bytes for the server's credentials")
+		}
+		mustSucceed(t, run(admin, "verify", "locked-1", "--location", "vault"), "admin: verify after the raw delete")
+
+		r = mustSucceed(t, run(admin, "audit", "--location", "vault", "--backup", "locked-1"), "admin: audit")
+		for _, want := range []string{"upload", "backup agent of job", "download", "user system:serviceaccount:team:admin"} {
+			if !strings.Contains(r.Stdout, want) {
+				t.Errorf("audit does not say %q:\n%s", want, r.Stdout)
+			}
+		}
+		mustSucceed(t, run(admin, "audit", "--verify"), "admin: audit --verify")
+		r = mustFail(t, run(as["viewer"], "audit"), "viewer: audit")
+		if !strings.Contains(r.Stderr, "audit") || !strings.Contains(r.Stderr, "backups.etcdbackup.io") {
+			t.Errorf("viewer's audit: refusal does not name the verb: %s", r.Stderr)
 		}
 	})
 

@@ -62,6 +62,9 @@ type ProductOptions struct {
 	// Kit, when set, gives target control-plane a recovery kit, and
 	// applies manifests/restore-namespace/, where its kit agents run.
 	Kit *Kit
+	// Vault adds location "vault": the S3 server's bucket with object
+	// lock (s3test.LockedBucket), asking for COMPLIANCE for a day.
+	Vault bool
 }
 
 // Kit is the control-plane target's recovery kit: the node's directories
@@ -70,6 +73,26 @@ type Kit struct {
 	NodeName   string
 	Paths      []string
 	Recipients []string
+}
+
+// vaultLines is location "vault" when asked for: the same store and
+// credentials as location s3, on its bucket with object lock.
+func vaultLines(vault bool, region string) string {
+	if !vault {
+		return ""
+	}
+	return fmt.Sprintf(`      - name: vault
+        s3:
+          bucket: %s
+          prefix: sandbox
+          region: %s
+          endpoint: https://%s
+          pathStyle: true
+          caBundleFile: /etc/etcdbackup/s3-ca/ca.crt
+          accessKeyIDFile: /etc/etcdbackup/s3-credentials/access-key-id
+          secretAccessKeyFile: /etc/etcdbackup/s3-credentials/secret-access-key
+          objectLock: {mode: COMPLIANCE, days: 1}
+`, s3test.LockedBucket, region, S3ServiceName)
 }
 
 func kitLines(k *Kit) string {
@@ -333,13 +356,13 @@ data:
           caBundleFile: /etc/etcdbackup/s3-ca/ca.crt
           accessKeyIDFile: /etc/etcdbackup/s3-credentials/access-key-id
           secretAccessKeyFile: /etc/etcdbackup/s3-credentials/secret-access-key
-    targets:
+%[10]s    targets:
       - name: control-plane
         endpoints: [%[6]s]
         tlsSecret: etcd-client
 %[9]s%[4]s    agents:
       serviceAccount: etcdbackup-agent
-%[5]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), authorization(opts.Authorization), EtcdServiceURL, replicas, shared, kitLines(opts.Kit)),
+%[5]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), authorization(opts.Authorization), EtcdServiceURL, replicas, shared, kitLines(opts.Kit), vaultLines(opts.Vault, s3.Region)),
 		"deployment.yaml": `apiVersion: apps/v1
 kind: Deployment
 metadata:
