@@ -53,13 +53,14 @@ func (p *Pruner) Prune(ctx context.Context, r Request) (Result, error) {
 	// Delta segments and kits are not backups: they go only with their
 	// backup.
 	backups, parts := storage.SplitParts(r.Manifests)
-	for _, d := range Plan(backups, r.Policy, p.Now()) {
+	now := p.Now()
+	for _, d := range Plan(backups, r.Policy, now) {
 		if d.Keep {
 			res.Kept = append(res.Kept, d)
 			continue
 		}
 		m := d.Manifest
-		if until := storage.LockedUntil(m, parts); until.After(p.Now()) {
+		if until := storage.LockedUntil(m, parts); until.After(now) {
 			// The store would refuse (the backup's objects or its parts'):
 			// kept, and said so, never a prune that fails half-way.
 			res.Kept = append(res.Kept, locked(d, until))

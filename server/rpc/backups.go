@@ -42,6 +42,7 @@ func (s *Service) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupReques
 	}
 	all, listErr := loc.List(ctx)
 	backups, parts := storage.SplitParts(all)
+	var sha256 string
 	if i := slices.IndexFunc(backups, func(m *storage.Manifest) bool { return m.Name == req.GetName() }); i >= 0 {
 		// The parts go with the backup: while one of them is under object
 		// lock, nothing of it is deleted (the backup's own lock the store
@@ -49,12 +50,13 @@ func (s *Service) DeleteBackup(ctx context.Context, req *ebv1.DeleteBackupReques
 		if until := storage.LockedUntil(backups[i], parts); until.After(s.now()) {
 			return nil, edge.StorageStatus("delete", locName, req.GetName(), &storage.LockedError{Name: req.GetName(), Until: until})
 		}
+		sha256 = backups[i].SHA256
 	}
 	if err := loc.Delete(ctx, req.GetName()); err != nil {
 		return nil, edge.StorageStatus("delete", locName, req.GetName(), err)
 	}
 	s.inUse.Removed(ctx, locName, req.GetName(), s.log)
-	s.record(ctx, locName, ledger.Entry{Action: ledger.ActionDelete, Backup: req.GetName(), SHA256: sha256Of(backups, req.GetName()), Who: caller(ctx)})
+	s.record(ctx, locName, ledger.Entry{Action: ledger.ActionDelete, Backup: req.GetName(), SHA256: sha256, Who: caller(ctx)})
 	if listErr == nil {
 		if n, err := storage.DeleteParts(ctx, loc, parts, req.GetName()); err != nil || n > 0 {
 			s.log.Info("delta chain and recovery kit removed with their backup", "location", locName, "backup", req.GetName(), "parts", n, "error", err)

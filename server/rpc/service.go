@@ -258,13 +258,3 @@ func uploadDetail(m *storage.Manifest) string {
 	}
 	return ""
 }
-
-// sha256Of is the SHA-256 of backup name among ms, "" if it is not there.
-func sha256Of(ms []*storage.Manifest, name string) string {
-	for _, m := range ms {
-		if m.Name == name {
-			return m.SHA256
-		}
-	}
-	return ""
-}

@@ -56,6 +56,42 @@ func (l *Location) AppendLedger(ctx context.Context, seq uint64, b []byte) error
 
 // ReadLedger implements storage.LedgerStore.
 func (l *Location) ReadLedger(ctx context.Context, after uint64, limit int) ([]storage.LedgerRecord, error) {
+	seqs, err := l.ledgerSeqs(after)
+	if err != nil {
+		return nil, err
+	}
+	if limit > 0 && len(seqs) > limit {
+		seqs = seqs[:limit]
+	}
+	out := make([]storage.LedgerRecord, 0, len(seqs))
+	for _, n := range seqs {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		rec, err := l.readLedgerRecord(n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
+// LedgerTail implements storage.LedgerStore.
+func (l *Location) LedgerTail(ctx context.Context) (*storage.LedgerRecord, error) {
+	seqs, err := l.ledgerSeqs(0)
+	if err != nil || len(seqs) == 0 {
+		return nil, err
+	}
+	rec, err := l.readLedgerRecord(seqs[len(seqs)-1])
+	if err != nil {
+		return nil, err
+	}
+	return &rec, nil
+}
+
+// ledgerSeqs are the numbers of the records above after, in order.
+func (l *Location) ledgerSeqs(after uint64) ([]uint64, error) {
 	entries, err := os.ReadDir(l.ledgerDir())
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -70,21 +106,16 @@ func (l *Location) ReadLedger(ctx context.Context, after uint64, limit int) ([]s
 		}
 	}
 	slices.Sort(seqs)
-	if limit > 0 && len(seqs) > limit {
-		seqs = seqs[:limit]
+	return seqs, nil
+}
+
+// readLedgerRecord reads record n.
+func (l *Location) readLedgerRecord(n uint64) (storage.LedgerRecord, error) {
+	b, err := readLedgerFile(filepath.Join(l.ledgerDir(), storage.LedgerName(n)))
+	if err != nil {
+		return storage.LedgerRecord{}, fmt.Errorf("ledger record %d in %s: %w", n, l.root, err)
 	}
-	out := make([]storage.LedgerRecord, 0, len(seqs))
-	for _, n := range seqs {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		b, err := readLedgerFile(filepath.Join(l.ledgerDir(), storage.LedgerName(n)))
-		if err != nil {
-			return nil, fmt.Errorf("ledger record %d in %s: %w", n, l.root, err)
-		}
-		out = append(out, storage.LedgerRecord{Seq: n, Data: b})
-	}
-	return out, nil
+	return storage.LedgerRecord{Seq: n, Data: b}, nil
 }
 
 // readLedgerFile reads a regular file, at most MaxLedgerRecord bytes of
@@ -103,29 +134,4 @@ func readLedgerFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("more than %d bytes: not a ledger record", storage.MaxLedgerRecord)
 	}
 	return b, nil
-}
-
-// LedgerTail implements storage.LedgerStore.
-func (l *Location) LedgerTail(ctx context.Context) (*storage.LedgerRecord, error) {
-	entries, err := os.ReadDir(l.ledgerDir())
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read the ledger of %s: %w", l.root, err)
-	}
-	var newest uint64
-	for _, e := range entries {
-		if n, ok := storage.LedgerSeq(e.Name()); ok && n > newest {
-			newest = n
-		}
-	}
-	if newest == 0 {
-		return nil, nil
-	}
-	b, err := readLedgerFile(filepath.Join(l.ledgerDir(), storage.LedgerName(newest)))
-	if err != nil {
-		return nil, fmt.Errorf("ledger record %d in %s: %w", newest, l.root, err)
-	}
-	return &storage.LedgerRecord{Seq: newest, Data: b}, nil
 }

@@ -65,26 +65,9 @@ func (l *Location) AppendLedger(ctx context.Context, seq uint64, b []byte) error
 // ReadLedger implements storage.LedgerStore: one listing from after on,
 // then a GET per record.
 func (l *Location) ReadLedger(ctx context.Context, after uint64, limit int) ([]storage.LedgerRecord, error) {
-	prefix := l.ledgerKey()
-	in := &s3sdk.ListObjectsV2Input{Bucket: aws.String(l.cfg.Bucket), Prefix: aws.String(prefix)}
-	if after > 0 {
-		in.StartAfter = aws.String(prefix + storage.LedgerName(after))
-	}
-	var seqs []uint64
-	p := s3sdk.NewListObjectsV2Paginator(l.client, in)
-	for p.HasMorePages() && (limit <= 0 || len(seqs) < limit) {
-		page, err := p.NextPage(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("list the ledger of %s: %w", l.where, err)
-		}
-		for _, o := range page.Contents {
-			if n, ok := storage.LedgerSeq(strings.TrimPrefix(aws.ToString(o.Key), prefix)); ok && n > after {
-				seqs = append(seqs, n)
-			}
-		}
-	}
-	if limit > 0 && len(seqs) > limit {
-		seqs = seqs[:limit]
+	seqs, err := l.ledgerSeqs(ctx, after, limit)
+	if err != nil {
+		return nil, err
 	}
 	// A GET per record, listConcurrency at a time, as List reads
 	// manifests.
@@ -107,28 +90,43 @@ func (l *Location) ReadLedger(ctx context.Context, after uint64, limit int) ([]s
 // LedgerTail implements storage.LedgerStore: the whole listing (1,000
 // names a request), then one GET.
 func (l *Location) LedgerTail(ctx context.Context) (*storage.LedgerRecord, error) {
-	prefix := l.ledgerKey()
-	var newest uint64
-	p := s3sdk.NewListObjectsV2Paginator(l.client, &s3sdk.ListObjectsV2Input{Bucket: aws.String(l.cfg.Bucket), Prefix: aws.String(prefix)})
-	for p.HasMorePages() {
-		page, err := p.NextPage(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("list the ledger of %s: %w", l.where, err)
-		}
-		for _, o := range page.Contents {
-			if n, ok := storage.LedgerSeq(strings.TrimPrefix(aws.ToString(o.Key), prefix)); ok && n > newest {
-				newest = n
-			}
-		}
+	seqs, err := l.ledgerSeqs(ctx, 0, 0)
+	if err != nil || len(seqs) == 0 {
+		return nil, err
 	}
-	if newest == 0 {
-		return nil, nil
-	}
+	newest := seqs[len(seqs)-1]
 	b, err := l.readLedgerRecord(ctx, newest)
 	if err != nil {
 		return nil, err
 	}
 	return &storage.LedgerRecord{Seq: newest, Data: b}, nil
+}
+
+// ledgerSeqs lists the numbers of the records above after, in order (the
+// names sort as the numbers do), at most limit of them (0: all).
+func (l *Location) ledgerSeqs(ctx context.Context, after uint64, limit int) ([]uint64, error) {
+	prefix := l.ledgerKey()
+	in := &s3sdk.ListObjectsV2Input{Bucket: aws.String(l.cfg.Bucket), Prefix: aws.String(prefix)}
+	if after > 0 {
+		in.StartAfter = aws.String(prefix + storage.LedgerName(after))
+	}
+	var seqs []uint64
+	p := s3sdk.NewListObjectsV2Paginator(l.client, in)
+	for p.HasMorePages() && (limit <= 0 || len(seqs) < limit) {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list the ledger of %s: %w", l.where, err)
+		}
+		for _, o := range page.Contents {
+			if n, ok := storage.LedgerSeq(strings.TrimPrefix(aws.ToString(o.Key), prefix)); ok && n > after {
+				seqs = append(seqs, n)
+			}
+		}
+	}
+	if limit > 0 && len(seqs) > limit {
+		seqs = seqs[:limit]
+	}
+	return seqs, nil
 }
 
 // readLedgerRecord reads record n, at most MaxLedgerRecord bytes of it.

@@ -67,8 +67,9 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, out ebv1.Backu
 			p.Who, req.GetName())
 	}
 	// Every backup holds every Secret of its cluster: say who read it.
-	s.log.Info("backup download", "location", d.locName, "backup", req.GetName(), "offset", req.GetOffset(), "length", end-req.GetOffset(), "caller", s.caller(ctx))
-	if who := s.caller(ctx); s.reads.first(who, d.locName, req.GetName(), m.SHA256, s.now()) {
+	who := s.caller(ctx)
+	s.log.Info("backup download", "location", d.locName, "backup", req.GetName(), "offset", req.GetOffset(), "length", end-req.GetOffset(), "caller", who)
+	if s.reads.first(who, d.locName, req.GetName(), m.SHA256, s.now()) {
 		d.loc.Note(ctx, s.log, ledger.Entry{Action: s.readAction(), Backup: req.GetName(), SHA256: m.SHA256, Who: who,
 			Detail: fmt.Sprintf("bytes %d-%d of %d", req.GetOffset(), end, m.Size)})
 	}
