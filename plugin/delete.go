@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -21,6 +22,9 @@ type DeleteOptions struct {
 	Names    []string
 	Selector string
 	All      bool
+	// AllCopies (--all-copies) deletes each named backup in every
+	// location that holds it: the original and its copies.
+	AllCopies bool
 	// Yes skips the confirmation asked on a terminal.
 	Yes bool
 }
@@ -43,7 +47,17 @@ by label selector, or all of them (in every location, or in --location).
 
 On a terminal it lists what it will delete and asks first, unless --yes.
 Without a terminal, deleting by -l or --all needs --yes: a script that
-builds a wrong selector must not empty the store.`,
+builds a wrong selector must not empty the store.
+
+A backup the server copied to other locations (copies: in its
+configuration) is deleted by name from its own location only: its copies
+are kept, and a note on stderr says where. --all-copies deletes it in
+every location that holds it, the original and each copy (the same name and
+SHA-256), one line per location; a location that refuses (a copy under
+object lock) is reported and the others are still deleted. Given the name
+of a backup whose original is gone, delete removes the copy it finds
+first (a note says which). -l and --all without --location delete in
+every location, copies included.`,
 		Example: examples(`
 # Delete one backup, from whichever location holds it
 kubectl etcdbackup delete etcd-2026-01-31
@@ -55,12 +69,16 @@ kubectl etcdbackup delete etcd-2026-01-30 etcd-2026-01-31 --location s3
 kubectl etcdbackup delete -l env=test --yes
 
 # Delete every backup in location s3, after confirming on the terminal
-kubectl etcdbackup delete --all --location s3`),
+kubectl etcdbackup delete --all --location s3
+
+# Delete a backup and every copy of it the server made in other locations
+kubectl etcdbackup delete etcd-2026-01-31 --all-copies`),
 		ValidArgsFunction: completeBackupNames(g, 0),
 		RunE:              runE(o),
 	}
 	cmd.Flags().StringVarP(&o.Selector, "selector", "l", "", "delete the backups matching this label selector (e.g. env=test)")
 	cmd.Flags().BoolVar(&o.All, "all", false, "delete every backup (of --location, or of every location)")
+	cmd.Flags().BoolVar(&o.AllCopies, "all-copies", false, "delete each named backup in every storage location that holds it, its original and its copies (from --location's, if given)")
 	cmd.Flags().BoolVarP(&o.Yes, "yes", "y", false, "do not ask for confirmation")
 	return cmd
 }
@@ -88,13 +106,24 @@ func (o *DeleteOptions) Validate() error {
 		return errors.New("say what to delete: backup names, -l SELECTOR or --all")
 	case ways > 1:
 		return errors.New("give backup names, -l SELECTOR or --all, only one of them")
+	case o.AllCopies && len(o.Names) == 0:
+		return errors.New("--all-copies goes with backup names: -l and --all without --location delete in every location, copies included")
 	case (o.Selector != "" || o.All) && !o.Yes && !isTerminal(o.In):
 		return errors.New("deleting by -l or --all without a terminal to confirm on needs --yes")
 	}
 	return nil
 }
 
-type deletion struct{ name, location string }
+// deletion is one backup to delete. named says to name its location
+// when it is deleted (--all-copies: one line per location); kept are
+// the locations of its copies, which stay.
+type deletion struct {
+	name, location string
+	named          bool
+	kept           []string
+	// copy: the backup deleted is itself a copy (its original gone).
+	copy bool
+}
 
 // Run deletes the chosen backups, reporting each as it goes, and fails if
 // any failed. Every failure is printed here; the error returned carries
@@ -114,12 +143,15 @@ func (o *DeleteOptions) Run(ctx context.Context) error {
 	}
 	if len(o.Names) > 0 {
 		for _, name := range o.Names {
-			location, err := o.resolveLocation(ctx, conn, "delete backup "+quote(name), name)
+			ds, err := o.deletionsOf(ctx, conn, name)
 			if err != nil {
 				report(err)
 				continue
 			}
-			todo = append(todo, deletion{name, location})
+			if ds.incomplete && failed == nil {
+				failed = withCode(ExitIncomplete, errAlreadyReported)
+			}
+			todo = append(todo, ds.todo...)
 		}
 	} else {
 		bs, unavailable, err := o.listBackups(ctx, conn, o.Selector)
@@ -134,7 +166,7 @@ func (o *DeleteOptions) Run(ctx context.Context) error {
 		}
 		for _, b := range bs {
 			if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_COMPLETED {
-				todo = append(todo, deletion{b.GetName(), b.GetLocation()})
+				todo = append(todo, deletion{name: b.GetName(), location: b.GetLocation()})
 			}
 		}
 		if len(todo) == 0 {
@@ -148,12 +180,175 @@ func (o *DeleteOptions) Run(ctx context.Context) error {
 	}
 	for _, d := range todo {
 		if _, err := conn.Backups.DeleteBackup(ctx, &ebv1.DeleteBackupRequest{Name: d.name, Location: d.location}); err != nil {
+			// The server's message names the location; a copy under
+			// object lock reads as a locked original does.
 			report(conn.explain("delete backup "+quote(d.name), err))
 			continue
 		}
-		fmt.Fprintf(o.Out, "backup %q deleted\n", d.name)
+		if d.named {
+			fmt.Fprintf(o.Out, "backup %q deleted from location %s\n", d.name, quote(d.location))
+		} else {
+			fmt.Fprintf(o.Out, "backup %q deleted\n", d.name)
+		}
+		if len(d.kept) > 0 {
+			other := ""
+			if d.copy {
+				other = "other "
+			}
+			fmt.Fprintf(o.ErrOut, "Note: the %scopies of backup %q in %s are kept; delete --all-copies removes them too\n", other, d.name, strings.Join(d.kept, ", "))
+		}
 	}
 	return failedOr(failed, nil)
+}
+
+// deletions are what deleting one named backup deletes.
+type deletions struct {
+	todo []deletion
+	// incomplete: a location that may hold a copy could not be read
+	// (--all-copies), as a warning said.
+	incomplete bool
+}
+
+// deletionsOf finds what deleting the backup called name deletes: the
+// backup findBackup finds (its copies kept), or, with --all-copies, that
+// backup in every location that holds it, its copies first and the
+// original last (interrupted, the delete leaves the original).
+func (o *DeleteOptions) deletionsOf(ctx context.Context, conn *Connection, name string) (deletions, error) {
+	op := "delete backup " + quote(name)
+	if !o.AllCopies {
+		if o.Location == "" {
+			locs, err := o.locationNames(ctx, conn)
+			if err != nil {
+				return deletions{}, err
+			}
+			if len(locs) <= 1 {
+				// One location: no copies; the server's answer to the
+				// delete says whether it is there.
+				return deletions{todo: []deletion{{name: name}}}, nil
+			}
+		}
+		f, err := o.findBackups(ctx, conn, op, name)
+		if err != nil {
+			return deletions{}, err
+		}
+		b := f.backup
+		return deletions{todo: []deletion{{name: name, location: b.GetLocation(), kept: keptCopies(b, f.all), copy: b.GetCopyOf() != nil}}}, nil
+	}
+	start, all, unavailable, err := o.everyCopy(ctx, conn, op, name)
+	if err != nil {
+		return deletions{}, err
+	}
+	o.warnUnavailable(unavailable, fmt.Sprintf("backup %q is not deleted there, if it is there", name))
+	var ds deletions
+	ds.incomplete = len(unavailable) > 0
+	family := sameBackup(start, all)
+	for _, copies := range []bool{true, false} {
+		for _, b := range family {
+			if (b.GetCopyOf() != nil) == copies {
+				ds.todo = append(ds.todo, deletion{name: name, location: b.GetLocation(), named: true})
+			}
+		}
+	}
+	return ds, nil
+}
+
+// everyCopy returns the backup called name that --all-copies starts
+// from (--location's, or the one findBackup would use) and the backups
+// of that name in every location of the server, in location order,
+// with the locations that could not be read.
+func (o *DeleteOptions) everyCopy(ctx context.Context, conn *Connection, op, name string) (*ebv1.Backup, []*ebv1.Backup, []unavailableLocation, error) {
+	var start *ebv1.Backup
+	if o.Location != "" {
+		resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name, Location: o.Location})
+		if err != nil {
+			return nil, nil, nil, conn.explain(op, err)
+		}
+		start = resp.GetBackup()
+	}
+	locs, err := serverLocations(ctx, conn)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if len(locs) <= 1 && start == nil {
+		resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name})
+		if err != nil {
+			return nil, nil, nil, conn.explain(op, err)
+		}
+		start = resp.GetBackup()
+	}
+	others := slices.DeleteFunc(slices.Clone(locs), func(l string) bool { return l == start.GetLocation() })
+	all, searched, unavailable, err := searchBackup(ctx, conn, op, name, others)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if start == nil {
+		if start, err = pickBackup(op, name, locs, all, searched, unavailable); err != nil {
+			return nil, nil, nil, err
+		}
+	} else {
+		all = append(all, start)
+		slices.SortStableFunc(all, func(a, b *ebv1.Backup) int {
+			return slices.Index(locs, a.GetLocation()) - slices.Index(locs, b.GetLocation())
+		})
+	}
+	return start, all, unavailable, nil
+}
+
+// sameBackup returns start and the backups of all that are the same
+// backup: the same SHA-256, and a copy of it, its original, or a copy
+// of one of those (copyOf, or a location its copies name), in all's
+// order.
+func sameBackup(start *ebv1.Backup, all []*ebv1.Backup) []*ebv1.Backup {
+	related := func(a, b *ebv1.Backup) bool {
+		copiesTo := func(x, y *ebv1.Backup) bool {
+			return x.GetCopyOf().GetLocation() == y.GetLocation() ||
+				slices.ContainsFunc(y.GetCopies(), func(c *ebv1.BackupCopy) bool { return c.GetLocation() == x.GetLocation() })
+		}
+		return copiesTo(a, b) || copiesTo(b, a)
+	}
+	in := map[*ebv1.Backup]bool{start: true}
+	for grew := true; grew; {
+		grew = false
+		for _, b := range all {
+			if in[b] || b.GetSha256() == "" || b.GetSha256() != start.GetSha256() {
+				continue
+			}
+			for f := range in {
+				if related(b, f) {
+					in[b], grew = true, true
+					break
+				}
+			}
+		}
+	}
+	var out []*ebv1.Backup
+	for _, b := range all {
+		if in[b] {
+			out = append(out, b)
+		}
+	}
+	if !slices.Contains(out, start) {
+		out = append(out, start)
+	}
+	return out
+}
+
+// keptCopies are the locations of b's copies (its other copies, if b is
+// one), which deleting b leaves: those the server says hold it, and
+// those found.
+func keptCopies(b *ebv1.Backup, all []*ebv1.Backup) []string {
+	var out []string
+	for _, c := range b.GetCopies() {
+		if c.GetState() == ebv1.BackupCopyState_BACKUP_COPY_STATE_COPIED && !slices.Contains(out, c.GetLocation()) {
+			out = append(out, c.GetLocation())
+		}
+	}
+	for _, f := range sameBackup(b, all) {
+		if f != b && !slices.Contains(out, f.GetLocation()) {
+			out = append(out, f.GetLocation())
+		}
+	}
+	return out
 }
 
 // failedOr returns an error that only carries failed's exit code (it was

@@ -35,13 +35,25 @@ func NewCmdDescribe(g *GlobalOptions) *cobra.Command {
 etcd it came from (cluster and member IDs, revision, version), stored and raw
 size, compression, checksums, how it arrived (upload, or the agent Job that
 took it), when and how long it took, and its labels. For scripts use
-"get NAME -o json".`,
+"get NAME -o json".
+
+A copy (a backup the server copied from another location) says so in Copy
+Of. A backup of a location with copies lists them in Copies: each copy
+location, the copy's state (Copied, Pending, Retrying, Conflict, Skipped,
+Unknown), when it was copied and whether its SHA-256 is the backup's, or
+why it is not there yet and when the server tries again. Given a name held
+by a backup and its copies, describe shows the original; if the original
+is gone, or its location cannot be read, the first copy, with a note on
+stderr.`,
 		Example: examples(`
 # Show the details of a backup
 kubectl etcdbackup describe control-plane-20260131-020000
 
 # Show the details of a backup kept in location s3
-kubectl etcdbackup describe control-plane-20260131-020000 --location s3`),
+kubectl etcdbackup describe control-plane-20260131-020000 --location s3
+
+# Show the copy of a backup kept in copy location offsite
+kubectl etcdbackup describe control-plane-20260131-020000 --location offsite`),
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeBackupNames(g, 1),
 		RunE:              runE(o),
@@ -121,6 +133,9 @@ func describeEvents(ctx context.Context, w io.Writer, conn *Connection, b *ebv1.
 func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
 	field(w, "Name", b.GetName())
 	field(w, "Location", b.GetLocation())
+	if c := b.GetCopyOf(); c != nil {
+		field(w, "Copy Of", copyOfString(c, now))
+	}
 	field(w, "Phase", phaseString(b.GetPhase()))
 	if m := b.GetMessage(); m != "" {
 		field(w, "Message", m)
@@ -146,6 +161,7 @@ func describeBackup(w io.Writer, b *ebv1.Backup, now time.Time) {
 	describeVerification(w, b, now)
 	describeChain(w, b, now)
 	describeKit(w, b)
+	describeCopies(w, b, now)
 	if b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_FAILED {
 		fmt.Fprintf(w, "Next:\tkubectl etcdbackup logs %s --location %s\n", b.GetName(), b.GetLocation())
 	}
@@ -304,6 +320,64 @@ func describeKit(w io.Writer, b *ebv1.Backup) {
 		fmt.Fprintf(w, "    %s\n", line)
 	}
 	fmt.Fprintf(w, "  Next:\tkubectl etcdbackup verify %s --identity KEYFILE (opens it here and checks every file); restore --local --rebuild brings a lost node back from it\n", b.GetName())
+}
+
+// copyOfString is a copy's Copy Of line: the location it was copied
+// from and when.
+func copyOfString(c *ebv1.BackupCopyOf, now time.Time) string {
+	if t := c.GetCopyTime(); knownTime(t) {
+		return fmt.Sprintf("%s (copied %s, %s ago)", c.GetLocation(), t.AsTime().UTC().Format(time.RFC3339), duration.HumanDuration(now.Sub(t.AsTime())))
+	}
+	return c.GetLocation()
+}
+
+// describeCopies writes the backup's copies, one subsection per copy
+// location: its state, when it was copied and whether its SHA-256 is
+// the backup's, or why it is not there yet and when the server tries
+// again.
+func describeCopies(w io.Writer, b *ebv1.Backup, now time.Time) {
+	if len(b.GetCopies()) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "Copies:")
+	for _, c := range b.GetCopies() {
+		fmt.Fprintf(w, "  %s:\n", c.GetLocation())
+		state := copyStateString(c.GetState())
+		switch c.GetState() {
+		case ebv1.BackupCopyState_BACKUP_COPY_STATE_RETRYING:
+			if t := c.GetFailingSince(); knownTime(t) {
+				state += fmt.Sprintf(" (failing since %s, %s)", t.AsTime().UTC().Format(time.RFC3339), duration.HumanDuration(now.Sub(t.AsTime())))
+			}
+		case ebv1.BackupCopyState_BACKUP_COPY_STATE_CONFLICT:
+			state += " (the location holds another backup of this name: nothing is copied over it)"
+		case ebv1.BackupCopyState_BACKUP_COPY_STATE_SKIPPED:
+			state += " (the copy was deleted there: it is not copied again)"
+		case ebv1.BackupCopyState_BACKUP_COPY_STATE_UNKNOWN:
+			state += " (the location cannot be read now)"
+		}
+		fmt.Fprintf(w, "    State:\t%s\n", state)
+		if t := c.GetCopyTime(); knownTime(t) {
+			fmt.Fprintf(w, "    Copied:\t%s (%s ago)\n", t.AsTime().UTC().Format(time.RFC3339), duration.HumanDuration(now.Sub(t.AsTime())))
+		}
+		if sum := c.GetSha256(); sum != "" {
+			if sum == b.GetSha256() {
+				sum += " (the backup's)"
+			} else {
+				sum += " (NOT the backup's " + orNone(b.GetSha256()) + ")"
+			}
+			fmt.Fprintf(w, "    SHA256:\t%s\n", sum)
+		}
+		if m := c.GetMessage(); m != "" {
+			fmt.Fprintf(w, "    Message:\t%s\n", m)
+		}
+		if t := c.GetNextAttempt(); knownTime(t) {
+			when := "due now"
+			if d := t.AsTime().Sub(now); d > 0 {
+				when = "in " + duration.HumanDuration(d)
+			}
+			fmt.Fprintf(w, "    Next Attempt:\t%s (%s)\n", t.AsTime().UTC().Format(time.RFC3339), when)
+		}
+	}
 }
 
 func sizeString(n int64) string {

@@ -202,9 +202,22 @@ func (o *DownloadOptions) plain(ctx context.Context, conn *Connection, ids []age
 	default:
 		return explainFetch(conn, b, err)
 	}
+	noteCopyRead(o.ErrOut, b, f.Backup)
 	fmt.Fprintf(o.ErrOut, "backup %q downloaded to %s as a plain etcd snapshot (%d bytes, sha256 %s; etcd trailer and stored sha256 %s verified)\n",
 		o.Name, o.File, f.Plain.Size, f.Plain.SHA256, b.GetSha256())
 	return nil
+}
+
+// noteCopyRead says so when the server read a backup from a copy
+// because the location asked could not serve it (its bytes gone, the
+// location unavailable): asked is the backup as looked up, got as the
+// download's header named it.
+func noteCopyRead(w io.Writer, asked, got *ebv1.Backup) {
+	if got == nil || asked == nil || got.GetLocation() == "" || got.GetLocation() == asked.GetLocation() {
+		return
+	}
+	fmt.Fprintf(w, "Note: storage location %q could not serve backup %q (its bytes are gone or the location is unavailable); the server read its copy in location %q instead\n",
+		asked.GetLocation(), asked.GetName(), got.GetLocation())
 }
 
 // parallel is the number of ranges for a backup of size bytes (-1:
@@ -260,6 +273,9 @@ func (o *DownloadOptions) toFile(ctx context.Context, conn *Connection) error {
 	part := o.File + ".part"
 	switch {
 	case err == nil:
+		if o.Location != "" {
+			noteCopyRead(o.ErrOut, &ebv1.Backup{Name: o.Name, Location: o.Location}, b)
+		}
 		fmt.Fprintf(o.ErrOut, "backup %q downloaded to %s (%d bytes, sha256 %s verified)\n", o.Name, o.File, b.GetSize(), b.GetSha256())
 		return nil
 	case errors.Is(err, client.ErrCorrupt):

@@ -68,6 +68,11 @@ func (o *DrillOptions) Run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
+	// The one location that holds the backup, or its copy when the
+	// original is gone (findBackup says so).
+	if o.Location, err = o.resolveLocation(ctx, conn, "start drill of "+quote(o.Name), o.Name); err != nil {
+		return err
+	}
 	resp, err := conn.Backups.DrillBackup(ctx, &ebv1.DrillBackupRequest{Name: o.Name, Location: o.Location})
 	if err != nil {
 		return conn.explain("start drill of "+quote(o.Name), err)

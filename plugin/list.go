@@ -27,6 +27,21 @@ func NewCmdList(g *GlobalOptions) *cobra.Command {
 		Use:     "list",
 		Aliases: []string{"ls"},
 		Short:   "List the backups in every storage location, or in one",
+		Long: `list prints the backups of every storage location, newest first, or of
+--location only.
+
+A location with copies (copies: in the server's configuration) has each of
+its backups copied, as stored, to its copy locations; the table then has a
+COPIES column. An original's says how many places hold it and what is not
+copied yet, and why: "2/2", "1/2 offsite: pending", "1/2 offsite: retrying
+3m" (failing for 3m), "conflict" (the copy location holds another backup of
+that name), "deleted" (the copy was deleted there: it is not copied again),
+"unknown" (the copy location cannot be read now). Listing every location, a
+copy is shown in its original's row, not on its own; -o name prints the
+name once. A copy whose original is not listed, and every copy of
+--location, is a row of its own: "copy of default". The documents (-o json,
+yaml, jsonpath, go-template, custom-columns) hold every backup of every
+location listed, copies too, with status.copyOf and status.copies.`,
 		Example: examples(`
 # List the backups in every storage location, newest first
 kubectl etcdbackup list
@@ -36,6 +51,9 @@ kubectl etcdbackup list -o wide --location s3
 
 # List the backups labelled env=prod as a BackupList in JSON
 kubectl etcdbackup list -l env=prod -o json
+
+# List the copies kept in location offsite (COPIES says what each is a copy of)
+kubectl etcdbackup list --location offsite
 
 # List target app-etcd's backups and the window restore --to-revision/--to-time can reach
 kubectl etcdbackup list --target app-etcd
@@ -96,7 +114,7 @@ func (o *ListOptions) Run(ctx context.Context) error {
 		if _, err := o.ErrOut.Write([]byte("No backups found.\n")); err != nil {
 			return err
 		}
-	} else if err := printBackups(o.Out, o.PrintFlags, bs, false); err != nil {
+	} else if err := printBackupList(o.Out, o.PrintFlags, bs, o.Location == ""); err != nil {
 		return err
 	}
 	trace("backups printed")

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -26,6 +28,11 @@ func (g *GlobalOptions) locationNames(ctx context.Context, conn *Connection) ([]
 	if g.Location != "" {
 		return []string{g.Location}, nil
 	}
+	return serverLocations(ctx, conn)
+}
+
+// serverLocations returns every location of the server, default first.
+func serverLocations(ctx context.Context, conn *Connection) ([]string, error) {
 	info, err := conn.Info.GetServerInfo(ctx, &ebv1.GetServerInfoRequest{})
 	if err != nil {
 		return nil, conn.explain("list storage locations", err)
@@ -201,7 +208,33 @@ func listLocation(ctx context.Context, conn *Connection, location, selector stri
 // finding the backup in the others: the command goes on with a warning
 // that it could not be searched. Only when the name is in none of the
 // others is that an error, naming what could not be searched.
+//
+// A name held by a backup and its copies (the server's copies of a
+// location: the same SHA-256, each copy's copyOf naming where it came
+// from) is not ambiguous: it is the original, or, when the original is
+// not found or its location cannot be read, its first copy in location
+// order, with a note on stderr saying which copy is used.
 func (g *GlobalOptions) findBackup(ctx context.Context, conn *Connection, op, name string) (*ebv1.Backup, error) {
+	f, err := g.findBackups(ctx, conn, op, name)
+	if err != nil {
+		return nil, err
+	}
+	return f.backup, nil
+}
+
+// found is what findBackups found of a name.
+type found struct {
+	// backup is the one a command acts on.
+	backup *ebv1.Backup
+	// all are the backups of that name found, in location order:
+	// backup and, when it has copies, its copies (or, when it is a
+	// copy, the other copies). Only backup when one location was
+	// searched (--location, or a server with one).
+	all []*ebv1.Backup
+}
+
+// findBackups is findBackup, saying what else it found.
+func (g *GlobalOptions) findBackups(ctx context.Context, conn *Connection, op, name string) (*found, error) {
 	locs, err := g.locationNames(ctx, conn)
 	if err != nil {
 		return nil, err
@@ -212,11 +245,43 @@ func (g *GlobalOptions) findBackup(ctx context.Context, conn *Connection, op, na
 		if err != nil {
 			return nil, conn.explain(op, err)
 		}
-		return resp.GetBackup(), nil
+		return &found{backup: resp.GetBackup(), all: []*ebv1.Backup{resp.GetBackup()}}, nil
 	}
-	var found []*ebv1.Backup
-	var searched []string
-	var unavailable []unavailableLocation
+	all, searched, unavailable, err := searchBackup(ctx, conn, op, name, locs)
+	if err != nil {
+		return nil, err
+	}
+	b, err := pickBackup(op, name, locs, all, searched, unavailable)
+	if err != nil {
+		return nil, err
+	}
+	from := b.GetCopyOf().GetLocation() // "" unless b is a copy: its original is not found
+	for _, u := range unavailable {
+		if u.name == from {
+			fmt.Fprintf(g.ErrOut, "Warning: storage location %s could not be searched for backup %q (unavailable: %s); using its copy in location %s%s\n",
+				quote(u.name), name, u.reason, quote(b.GetLocation()), copiedWhen(b))
+			continue
+		}
+		fmt.Fprintf(g.ErrOut, "Warning: storage location %s could not be searched for backup %q (unavailable: %s); using the one in location %s\n",
+			quote(u.name), name, u.reason, quote(b.GetLocation()))
+	}
+	switch {
+	case from == "" || slices.ContainsFunc(unavailable, func(u unavailableLocation) bool { return u.name == from }):
+	case slices.Contains(searched, from):
+		fmt.Fprintf(g.ErrOut, "Note: backup %q is not in storage location %s, which it was copied from (not found there); using its copy in location %s%s\n",
+			name, quote(from), quote(b.GetLocation()), copiedWhen(b))
+	default:
+		fmt.Fprintf(g.ErrOut, "Note: backup %q was copied from storage location %s, which the server does not have; using its copy in location %s%s\n",
+			name, quote(from), quote(b.GetLocation()), copiedWhen(b))
+	}
+	return &found{backup: b, all: all}, nil
+}
+
+// searchBackup asks each of locs for the backup called name: those
+// found, in locs' order, the locations that answered (found or not),
+// and those the server cannot reach now. Any other failure is the
+// error.
+func searchBackup(ctx context.Context, conn *Connection, op, name string, locs []string) (all []*ebv1.Backup, searched []string, unavailable []unavailableLocation, err error) {
 	for _, l := range locs {
 		resp, err := conn.Backups.GetBackup(ctx, &ebv1.GetBackupRequest{Name: name, Location: l})
 		if u, ok := asUnavailable(err); ok {
@@ -228,30 +293,91 @@ func (g *GlobalOptions) findBackup(ctx context.Context, conn *Connection, op, na
 			continue
 		}
 		if err != nil {
-			return nil, conn.explain(op, err)
+			return nil, nil, nil, conn.explain(op, err)
 		}
 		searched = append(searched, l)
-		found = append(found, resp.GetBackup())
+		all = append(all, resp.GetBackup())
 	}
-	switch len(found) {
-	case 0:
+	return all, searched, unavailable, nil
+}
+
+// pickBackup chooses among the backups of one name found in several
+// locations: the one found, or the original of a backup and its copies
+// (originalOf). Found in none, or several that are not one backup and
+// its copies, is an error.
+func pickBackup(op, name string, locs []string, all []*ebv1.Backup, searched []string, unavailable []unavailableLocation) (*ebv1.Backup, error) {
+	if len(all) == 0 {
 		if len(unavailable) > 0 {
 			return nil, notSearched(op, name, searched, unavailable)
 		}
 		return nil, withCode(ExitNotFound, fmt.Errorf("%s: backup %q not found in any storage location (%s); see `kubectl etcdbackup list`", op, name, strings.Join(locs, ", ")))
-	case 1:
-		b := found[0]
-		for _, u := range unavailable {
-			fmt.Fprintf(g.ErrOut, "Warning: storage location %s could not be searched for backup %q (unavailable: %s); using the one in location %s\n",
-				quote(u.name), name, u.reason, quote(b.GetLocation()))
-		}
+	}
+	if b, ok := originalOf(all); ok {
 		return b, nil
 	}
 	var in []string
-	for _, b := range found {
+	for _, b := range all {
 		in = append(in, b.GetLocation())
 	}
-	return nil, usageError(fmt.Errorf("%s: backup %q is in %d storage locations (%s); say which with --location", op, name, len(found), strings.Join(in, ", ")))
+	return nil, usageError(fmt.Errorf("%s: backup %q is in %d storage locations (%s); say which with --location", op, name, len(all), strings.Join(in, ", ")))
+}
+
+// originalOf returns the backup of bs (one name, in location order) to
+// act on when they are one backup and its copies: all the same SHA-256,
+// at most one of them not a copy (the original), and each copy's copyOf
+// naming the location of another of them (a copy of a copy names its
+// copy) — or, when none is the original, all naming one location
+// besides theirs, the original's, where it is not found. That is the
+// original, or else the first copy made from it. A single backup is
+// itself.
+func originalOf(bs []*ebv1.Backup) (*ebv1.Backup, bool) {
+	if len(bs) == 1 {
+		return bs[0], true
+	}
+	sum := bs[0].GetSha256()
+	in := map[string]bool{}
+	for _, b := range bs {
+		if sum == "" || b.GetSha256() != sum {
+			return nil, false
+		}
+		in[b.GetLocation()] = true
+	}
+	var original *ebv1.Backup
+	elsewhere := map[string]bool{}
+	for _, b := range bs {
+		c := b.GetCopyOf()
+		switch {
+		case c == nil && original != nil:
+			return nil, false
+		case c == nil:
+			original = b
+		case c.GetLocation() == b.GetLocation():
+			return nil, false
+		case !in[c.GetLocation()]:
+			elsewhere[c.GetLocation()] = true
+		}
+	}
+	switch {
+	case original != nil && len(elsewhere) == 0:
+		return original, true
+	case original == nil && len(elsewhere) == 1:
+		// The first copy made from the original, not a copy of a copy.
+		for _, b := range bs {
+			if elsewhere[b.GetCopyOf().GetLocation()] {
+				return b, true
+			}
+		}
+	}
+	return nil, false
+}
+
+// copiedWhen is " (copied TIME)" for a copy that records when it was
+// made.
+func copiedWhen(b *ebv1.Backup) string {
+	if t := b.GetCopyOf().GetCopyTime(); knownTime(t) {
+		return " (copied " + t.AsTime().UTC().Format(time.RFC3339) + ")"
+	}
+	return ""
 }
 
 // notSearched is the error of a name found in none of the locations that

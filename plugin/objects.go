@@ -85,6 +85,36 @@ type BackupStatus struct {
 	// LockedUntil is when the store's object lock retention of the
 	// backup's objects ends.
 	LockedUntil *metav1.Time `json:"lockedUntil,omitempty"`
+	// CopyOf is set on a copy the server made (a backup listed in a
+	// copy location): the location it was copied from, and when.
+	CopyOf *BackupCopyOf `json:"copyOf,omitempty"`
+	// Copies are the backup's copies, one per copy location of its
+	// location, and whether each holds it yet.
+	Copies []BackupCopy `json:"copies,omitempty"`
+}
+
+// BackupCopyOf says where a copy came from: its bytes are the
+// original's (the same sha256).
+type BackupCopyOf struct {
+	Location string       `json:"location"`
+	CopyTime *metav1.Time `json:"copyTime,omitempty"`
+}
+
+// BackupCopy is one copy of a backup. State is Copied (CopyTime and
+// SHA256 are the copy's), Pending (not copied yet), Retrying (the last
+// attempt failed: Message says why, NextAttempt when the server tries
+// again, FailingSince since when it fails), Conflict (the copy location
+// holds another backup of that name), Skipped (the copy was deleted
+// there on purpose: not copied again) or Unknown (the copy location
+// cannot be read now).
+type BackupCopy struct {
+	Location     string       `json:"location"`
+	State        string       `json:"state"`
+	CopyTime     *metav1.Time `json:"copyTime,omitempty"`
+	SHA256       string       `json:"sha256,omitempty"`
+	Message      string       `json:"message,omitempty"`
+	NextAttempt  *metav1.Time `json:"nextAttempt,omitempty"`
+	FailingSince *metav1.Time `json:"failingSince,omitempty"`
 }
 
 // Kit is a backup's recovery kit as stored: age-encrypted to
@@ -407,6 +437,15 @@ func backupObject(b *ebv1.Backup) Backup {
 		}
 	}
 	o.Status.LockedUntil = timeOf(b.GetLockedUntil())
+	if c := b.GetCopyOf(); c != nil {
+		o.Status.CopyOf = &BackupCopyOf{Location: c.GetLocation(), CopyTime: timeOf(c.GetCopyTime())}
+	}
+	for _, c := range b.GetCopies() {
+		o.Status.Copies = append(o.Status.Copies, BackupCopy{
+			Location: c.GetLocation(), State: copyStateString(c.GetState()), CopyTime: timeOf(c.GetCopyTime()),
+			SHA256: c.GetSha256(), Message: c.GetMessage(), NextAttempt: timeOf(c.GetNextAttempt()), FailingSince: timeOf(c.GetFailingSince()),
+		})
+	}
 	if v := b.GetVerification(); v != nil {
 		o.Status.Verification = &Verification{
 			Time: timeOf(v.GetTime()), Result: verificationResultString(v.GetResult()),

@@ -36,6 +36,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/controller"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/coord"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/copies"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/leader"
@@ -129,6 +130,9 @@ type Server struct {
 	*rpc.Service
 
 	controller *controller.Controller
+	// copier copies each location to its copy locations, on the replica
+	// that runs the controller.
+	copier     *copies.Copier
 	leader     *leader.Elector
 	coord      coord.Registry
 	handOff    bool
@@ -198,10 +202,13 @@ func New(cfg Config) (*Server, error) {
 	if s.agentGuard == nil {
 		s.agentGuard = refuseAll{}
 	}
+	s.copier = copies.New(copies.Config{
+		Locations: locs, Targets: cfg.Targets, Pruner: pruner, Metrics: m, Logger: log, Now: now, Interval: cfg.PollInterval,
+	})
 	s.Service = rpc.New(rpc.Config{
 		Locations: locs, Logger: log, Now: now, Metrics: m,
 		Targets: cfg.Targets, Agents: cfg.Agents, Work: starter, ScratchDir: cfg.ScratchDir, Limits: s.limits,
-		Coordination: reg, InUse: inUse, Pruner: pruner, DeltaFence: cfg.DeltaFence,
+		Coordination: reg, InUse: inUse, Pruner: pruner, DeltaFence: cfg.DeltaFence, Copies: s.copier,
 	})
 	s.controller = controller.New(controller.Config{
 		Locations: locs, Targets: cfg.Targets, Agents: cfg.Agents, Metrics: m, Pruner: pruner,
@@ -283,12 +290,15 @@ func (s *Server) recovered(ctx context.Context, p any) error {
 	return ebv1.ServerError(codes.Internal, "internal error; see the server log")
 }
 
-// runController runs the controller until ctx ends, its metric telling
-// which replica runs it.
+// runController runs the controller and the copier until ctx ends, its
+// metric telling which replica runs them.
 func (s *Server) runController(ctx context.Context) {
 	s.metrics.ControllerLeader.Set(1)
 	defer s.metrics.ControllerLeader.Set(0)
+	var wg sync.WaitGroup
+	wg.Go(func() { s.copier.Run(ctx) })
 	s.controller.Run(ctx)
+	wg.Wait()
 }
 
 // Serve serves ls until ctx is done, then stops accepting, reports

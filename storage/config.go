@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -25,6 +26,15 @@ type LocationConfig struct {
 	Name       string            `json:"name"`
 	Filesystem *FilesystemConfig `json:"filesystem,omitempty"`
 	S3         *S3Config         `json:"s3,omitempty"`
+	// Copies are the locations the data server copies everything stored
+	// here to (backups, delta segments, recovery kits), as stored.
+	Copies []CopyConfig `json:"copies,omitempty"`
+}
+
+// CopyConfig is one copy location of a location.
+type CopyConfig struct {
+	// To names another configured location.
+	To string `json:"to"`
 }
 
 // FilesystemConfig is a directory (a mounted PersistentVolumeClaim).
@@ -118,7 +128,77 @@ func ValidateLocations(locs []LocationConfig, fldPath *field.Path) field.ErrorLi
 		names = append(names, l.Name)
 		errs = append(errs, validateLocation(l, fldPath.Index(i))...)
 	}
-	return append(errs, ValidateLocationNames(names, fldPath)...)
+	errs = append(errs, ValidateLocationNames(names, fldPath)...)
+	return append(errs, validateCopies(locs, fldPath)...)
+}
+
+// validateCopies checks the copies of each location: each names another
+// configured location once, and no location's backups come back to it
+// through copies (a cycle would copy each backup back and forth).
+func validateCopies(locs []LocationConfig, fldPath *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	configured := sets.New[string]()
+	for _, l := range locs {
+		configured.Insert(l.Name)
+	}
+	to := map[string][]string{}
+	for i, l := range locs {
+		seen := sets.New[string]()
+		for j, c := range l.Copies {
+			p := fldPath.Index(i).Child("copies").Index(j).Child("to")
+			switch {
+			case c.To == "":
+				errs = append(errs, field.Required(p, "the name of the location to copy to"))
+			case c.To == l.Name:
+				errs = append(errs, field.Invalid(p, c.To, "a location cannot be its own copy: name another location"))
+			case !configured.Has(c.To):
+				errs = append(errs, field.NotFound(p, c.To))
+			case seen.Has(c.To):
+				errs = append(errs, field.Duplicate(p, c.To))
+			default:
+				to[l.Name] = append(to[l.Name], c.To)
+			}
+			seen.Insert(c.To)
+		}
+	}
+	for i, l := range locs {
+		if reachable(to, l.Name, l.Name) {
+			errs = append(errs, field.Invalid(fldPath.Index(i).Child("copies"), field.OmitValueType{},
+				fmt.Sprintf("location %q is copied back to itself through its copies: copies must not form a cycle", l.Name)))
+		}
+	}
+	return errs
+}
+
+// reachable says whether want is reached from from through copies.
+func reachable(to map[string][]string, from, want string) bool {
+	seen := sets.New[string]()
+	next := slices.Clone(to[from])
+	for len(next) > 0 {
+		n := next[len(next)-1]
+		next = next[:len(next)-1]
+		if n == want {
+			return true
+		}
+		if !seen.Has(n) {
+			seen.Insert(n)
+			next = append(next, to[n]...)
+		}
+	}
+	return false
+}
+
+// CopiesOf are the names of the locations loc's backups are copied to.
+func CopiesOf(locs []LocationConfig, loc string) []string {
+	var out []string
+	for _, l := range locs {
+		if l.Name == loc {
+			for _, c := range l.Copies {
+				out = append(out, c.To)
+			}
+		}
+	}
+	return out
 }
 
 func validateLocation(l LocationConfig, p *field.Path) field.ErrorList {

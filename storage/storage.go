@@ -115,6 +115,17 @@ type Manifest struct {
 	// written with ends (S3 locations with objectLock); until then the
 	// store refuses to delete them.
 	LockedUntil time.Time `json:"lockedUntil,omitzero"`
+	// Copy is set on a backup (or part) the server copied into this
+	// location from another: the stored bytes are the original's.
+	Copy *CopyOf `json:"copy,omitempty"`
+}
+
+// CopyOf records where a copy came from.
+type CopyOf struct {
+	// From is the location it was copied from.
+	From string `json:"from"`
+	// Time is when the copy was stored.
+	Time time.Time `json:"time"`
 }
 
 // Locked says whether m's object lock retention has not ended at now.
@@ -138,6 +149,10 @@ func (m *Manifest) Clone() *Manifest {
 		c.Delta = &d
 	}
 	c.Kit = m.Kit.clone()
+	if m.Copy != nil {
+		cp := *m.Copy
+		c.Copy = &cp
+	}
 	return &c
 }
 

@@ -290,6 +290,11 @@ type Target struct {
 	// Retention, applied after each successful scheduled backup and by
 	// `kubectl etcdbackup prune`.
 	Retention *Retention `json:"retention,omitempty"`
+	// CopyRetention is the retention of the target's backups in each copy
+	// location of its location (by the copy location's name), applied
+	// after the server copies some there. A copy location not named here
+	// keeps them as Retention says; without Retention, it keeps them all.
+	CopyRetention map[string]Retention `json:"copyRetention,omitempty"`
 	// Drill, when set, runs restore drills of the target's newest backup
 	// on a schedule: each proves a backup restores and equals the cluster
 	// at its revision (docs/disaster-recovery.md).
@@ -435,6 +440,15 @@ func (r Retention) Calendar() bool {
 
 // Counts says whether r has any count rule (KeepLast or a calendar one).
 func (r Retention) Counts() bool { return r.KeepLast > 0 || r.Calendar() }
+
+// RetentionIn is the retention of t's backups in the copy location
+// called copy: its CopyRetention there, else its Retention (nil: none).
+func (t Target) RetentionIn(copy string) *Retention {
+	if r, ok := t.CopyRetention[copy]; ok {
+		return &r
+	}
+	return t.Retention
+}
 
 // Encryption is how a target's backups are encrypted: age, to public keys
 // only. The identities (secret keys) that decrypt them never reach the

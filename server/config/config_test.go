@@ -146,6 +146,21 @@ func TestErrorsNameTheField(t *testing.T) {
 			"replicas: Invalid value: -1: must not be negative"},
 		{"replicas on a ReadWriteOnce volume", "replicas: 2\n" + head + member,
 			"locations[0].filesystem.sharedVolume: Invalid value: false: replicas is 2, but this location is not marked as shared: a ReadWriteOnce volume mounts on one node only"},
+		{"copy to itself", "locations:\n  - name: a\n    filesystem: {path: /x}\n    copies: [{to: a}]\n",
+			`locations[0].copies[0].to: Invalid value: "a": a location cannot be its own copy`},
+		{"copy to nowhere", "locations:\n  - name: a\n    filesystem: {path: /x}\n    copies: [{to: offsite}]\n",
+			`locations[0].copies[0].to: Not found: "offsite"`},
+		{"copy twice", "locations:\n  - name: a\n    filesystem: {path: /x}\n    copies: [{to: b}, {to: b}]\n  - name: b\n    filesystem: {path: /y}\n",
+			`locations[0].copies[1].to: Duplicate value: "b"`},
+		{"copies in a cycle", "locations:\n  - name: a\n    filesystem: {path: /x}\n    copies: [{to: b}]\n  - name: b\n    filesystem: {path: /y}\n    copies: [{to: a}]\n",
+			`locations[0].copies: Invalid value: location "a" is copied back to itself through its copies`},
+		{"copy retention of no copy location", strings.Replace(head, "    filesystem: {path: /tmp/x}\n", "    filesystem: {path: /tmp/x}\n  - name: other\n    filesystem: {path: /tmp/y}\n", 1) + member +
+			"    copyRetention: {other: {keepLast: 2}}\n",
+			`targets[0].copyRetention[other]: Invalid value: "other": is not a copy location of the target's location "default"`},
+		{"copy retention of an unknown location", head + member + "    copyRetention: {offsite: {keepLast: 2}}\n", `targets[0].copyRetention[offsite]: Not found: "offsite"`},
+		{"empty copy retention", strings.Replace(head, "    filesystem: {path: /tmp/x}\n", "    filesystem: {path: /tmp/x}\n    copies: [{to: offsite}]\n  - name: offsite\n    filesystem: {path: /tmp/y}\n", 1) + member +
+			"    copyRetention: {offsite: {}}\n",
+			"targets[0].copyRetention[offsite]: Required value: at least one of keepLast"},
 		{"fold identity secret name", head + member + "    deltas: {compactAfterRevisions: 1000, identitySecret: Fold_Key}\n",
 			`targets[0].deltas.identitySecret: Invalid value: "Fold_Key"`},
 	} {

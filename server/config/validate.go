@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"net/url"
 	"path"
 	"slices"
@@ -34,6 +35,19 @@ func Validate(f *File) field.ErrorList {
 		names = append(names, l.Name)
 	}
 	errs = append(errs, ValidateTargets(f.Targets, names, field.NewPath("targets"))...)
+	for i, t := range f.Targets {
+		loc := t.Location
+		if loc == "" && len(names) > 0 {
+			loc = names[0]
+		}
+		copies := storage.CopiesOf(f.Locations, loc)
+		for _, name := range slices.Sorted(maps.Keys(t.CopyRetention)) {
+			if slices.Contains(names, name) && !slices.Contains(copies, name) {
+				errs = append(errs, field.Invalid(field.NewPath("targets").Index(i).Child("copyRetention").Key(name), name,
+					fmt.Sprintf("is not a copy location of the target's location %q (its copies: %v): name one of them, or add {to: %s} to that location's copies", loc, copies, name)))
+			}
+		}
+	}
 	errs = append(errs, validateAgents(f.Agents, field.NewPath("agents"))...)
 	errs = append(errs, ValidateLimits(f.Limits, field.NewPath("limits"))...)
 	if m := f.Authorization.Mode; m != "" && m != AuthorizationPortForward && m != AuthorizationSubjectAccessReview {
@@ -99,7 +113,7 @@ func ValidateTargets(targets []Target, locations []string, fldPath *field.Path) 
 		errs = append(errs, validateID(t.RestoreRunAsUser, p.Child("restoreRunAsUser"))...)
 		errs = append(errs, validateID(t.RestoreRunAsGroup, p.Child("restoreRunAsGroup"))...)
 		errs = append(errs, validateMembers(t.Members, p.Child("members"))...)
-		errs = append(errs, validateSchedule(t, p)...)
+		errs = append(errs, validateSchedule(t, locations, p)...)
 		errs = append(errs, validateDrill(t.Drill, p.Child("drill"))...)
 		errs = append(errs, validateDeltas(t.Deltas, len(t.AgeRecipients()) > 0, p.Child("deltas"))...)
 		if t.Kit != nil {
@@ -160,7 +174,7 @@ func validateDrill(d *Drill, p *field.Path) field.ErrorList {
 }
 
 // validateSchedule checks a target's schedule, time zone and retention.
-func validateSchedule(t Target, p *field.Path) field.ErrorList {
+func validateSchedule(t Target, locations []string, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	if t.Schedule != "" {
 		if _, err := schedule.Parse(t.Schedule, ""); err != nil {
@@ -187,7 +201,23 @@ func validateSchedule(t Target, p *field.Path) field.ErrorList {
 		errs = append(errs, field.Invalid(p.Child("startingDeadline"), d.Duration.String(), "must be positive"))
 	}
 	if r := t.Retention; r != nil {
-		rp := p.Child("retention")
+		errs = append(errs, validateRetention(*r, p.Child("retention"))...)
+	}
+	for _, name := range slices.Sorted(maps.Keys(t.CopyRetention)) {
+		cp := p.Child("copyRetention").Key(name)
+		if !slices.Contains(locations, name) {
+			errs = append(errs, field.NotFound(cp, name))
+			continue
+		}
+		errs = append(errs, validateRetention(t.CopyRetention[name], cp)...)
+	}
+	return errs
+}
+
+// validateRetention checks retention rules at rp.
+func validateRetention(r Retention, rp *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	{
 		for _, c := range []struct {
 			name string
 			n    int

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/ledger"
@@ -21,6 +22,9 @@ import (
 type Location struct {
 	Name string
 	storage.Location
+	// Copies are the names of the locations this one's backups are
+	// copied to.
+	Copies []string
 	// opened is the location as locations.Open returned it: what knows
 	// whether it is available.
 	opened storage.Location
@@ -84,7 +88,7 @@ func NewLocations(named []locations.Named, m *metrics.Metrics) (*Locations, erro
 		if _, dup := ls.byName[n.Name]; dup {
 			return nil, fmt.Errorf("storage location %q is configured twice", n.Name)
 		}
-		l := &Location{Name: n.Name, Location: n.Location, opened: n.Location}
+		l := &Location{Name: n.Name, Location: n.Location, opened: n.Location, Copies: n.Copies}
 		if m != nil {
 			l.counted = &counted{Location: n.Location, name: n.Name, metrics: m}
 			l.Location = l.counted
@@ -92,7 +96,26 @@ func NewLocations(named []locations.Named, m *metrics.Metrics) (*Locations, erro
 		ls.all = append(ls.all, l)
 		ls.byName[n.Name] = l
 	}
+	for _, l := range ls.all {
+		for _, c := range l.Copies {
+			if _, ok := ls.byName[c]; !ok {
+				return nil, fmt.Errorf("storage location %q is copied to %q, which is not configured", l.Name, c)
+			}
+		}
+	}
 	return ls, nil
+}
+
+// CopiedFrom are the locations whose backups are copied to the one
+// called name.
+func (ls *Locations) CopiedFrom(name string) []*Location {
+	var out []*Location
+	for _, l := range ls.all {
+		if slices.Contains(l.Copies, name) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // All are the locations in order, the default first.

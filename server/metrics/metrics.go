@@ -63,6 +63,8 @@ type Metrics struct {
 
 	// Delta capture (delta.go).
 	deltaSeries
+	// Copies to copy locations (copies.go).
+	copySeries
 }
 
 // Results of a drill (etcdbackup_drill_runs_total's result label): its
@@ -113,6 +115,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		ControllerLeader: gauge("controller_leader",
 			"1 on the replica that runs the controller (schedules, retention, drills, delta agents), 0 on the others."),
 		deltaSeries: newDeltaSeries(),
+		copySeries:  newCopySeries(),
 	}
 	for _, d := range []string{"upload", "download"} {
 		m.InFlight.WithLabelValues(d)
@@ -124,7 +127,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 				return nil, err
 			}
 		}
-		for _, c := range m.deltaSeries.collectors() {
+		for _, c := range append(m.deltaSeries.collectors(), m.copySeries.collectors()...) {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -77,6 +77,8 @@ type Config struct {
 	DeltaFence DeltaFence
 	// DeltaLeases holds delta agents' Leases for them; nil is Agents.
 	DeltaLeases DeltaLeases
+	// Copies answers what the copier knows of copies not made yet.
+	Copies domain.CopyTracker
 }
 
 // Service implements the etcdbackup.v1 services.
@@ -150,7 +152,7 @@ func New(cfg Config) *Service {
 	}
 	s.Service = readpath.New(readpath.Config{
 		Locations: cfg.Locations, Targets: cfg.Targets, Logger: s.log, Now: s.now, Metrics: s.metrics,
-		ScratchDir: cfg.ScratchDir, Limits: cfg.Limits,
+		ScratchDir: cfg.ScratchDir, Limits: cfg.Limits, Copies: cfg.Copies,
 		Hooks: readpath.Hooks{
 			Caller: caller, MayGet: mayGet, MayDownload: mayDownload, Sending: s.inUse.Download, Runs: s.runs,
 		},

@@ -55,6 +55,9 @@ type Server struct {
 
 // Options configure StartWith; the zero value is what Start serves.
 type Options struct {
+	// PollInterval is the controller's and the copier's round interval
+	// (0: their defaults).
+	PollInterval time.Duration
 	// Locations names the filesystem locations, each in a temporary
 	// directory of its own; the first is the default. Empty means one
 	// location called "default".
@@ -149,7 +152,7 @@ func start(t testing.TB, opts Options, dirs map[string]string) *Server {
 	}
 	cfg := server.Config{Targets: opts.Targets, Agents: opts.Agents, UserGuard: opts.UserGuard, AgentGuard: opts.AgentGuard, Limits: opts.Limits,
 		Logger: opts.Logger, AgentTLS: opts.AgentTLS, DeltaFence: opts.DeltaFence, HandOffDownloads: opts.HandOffDownloads,
-		CheckLocations: opts.CheckLocations}
+		CheckLocations: opts.CheckLocations, PollInterval: opts.PollInterval}
 	for _, n := range names {
 		loc, err := filesystem.New(dirs[n])
 		if err != nil {

@@ -84,6 +84,9 @@ func (o Options) withDefaults() Options {
 type Named struct {
 	Name     string
 	Location storage.Location
+	// Copies are the locations Location's backups are copied to (its
+	// configuration's copies).
+	Copies []string
 }
 
 // Open opens the configured locations in order (validating the
@@ -113,6 +116,9 @@ func Open(ctx context.Context, cfgs []storage.LocationConfig, opts Options) ([]N
 		openers = append(openers, o)
 	}
 	out := openAll(ctx, openers, retryBackoff, opts)
+	for i := range out {
+		out[i].Copies = storage.CopiesOf(cfgs, out[i].Name)
+	}
 	for i, n := range out {
 		// A store that answers but cannot do what the configuration asks
 		// (a bucket without object lock for a location that requires it)

@@ -65,6 +65,9 @@ type ProductOptions struct {
 	// Vault adds location "vault": the S3 server's bucket with object
 	// lock (s3test.LockedBucket), asking for COMPLIANCE for a day.
 	Vault bool
+	// CopyDefaultTo, when set, makes location default copy everything it
+	// stores to the location of that name (copies: [{to: NAME}]).
+	CopyDefaultTo string
 }
 
 // Kit is the control-plane target's recovery kit: the node's directories
@@ -93,6 +96,13 @@ func vaultLines(vault bool, region string) string {
           secretAccessKeyFile: /etc/etcdbackup/s3-credentials/secret-access-key
           objectLock: {mode: COMPLIANCE, days: 1}
 `, s3test.LockedBucket, region, S3ServiceName)
+}
+
+func copyLines(to string) string {
+	if to == "" {
+		return ""
+	}
+	return "        copies: [{to: " + to + "}]\n"
 }
 
 func kitLines(k *Kit) string {
@@ -362,7 +372,7 @@ data:
         tlsSecret: etcd-client
 %[9]s%[4]s    agents:
       serviceAccount: etcdbackup-agent
-%[5]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), authorization(opts.Authorization), EtcdServiceURL, replicas, shared, kitLines(opts.Kit), vaultLines(opts.Vault, s3.Region)),
+%[5]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), authorization(opts.Authorization), EtcdServiceURL, replicas, shared+copyLines(opts.CopyDefaultTo), kitLines(opts.Kit), vaultLines(opts.Vault, s3.Region)),
 		"deployment.yaml": `apiVersion: apps/v1
 kind: Deployment
 metadata:

@@ -83,6 +83,78 @@ func (BackupPhase) EnumDescriptor() ([]byte, []int) {
 	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{0}
 }
 
+// BackupCopyState is where one copy of a backup stands.
+type BackupCopyState int32
+
+const (
+	BackupCopyState_BACKUP_COPY_STATE_UNSPECIFIED BackupCopyState = 0
+	// The copy location holds the backup's bytes, checked.
+	BackupCopyState_BACKUP_COPY_STATE_COPIED BackupCopyState = 1
+	// Not copied yet: the server copies it in its next round.
+	BackupCopyState_BACKUP_COPY_STATE_PENDING BackupCopyState = 2
+	// The last attempt failed (message); the server retries at
+	// next_attempt.
+	BackupCopyState_BACKUP_COPY_STATE_RETRYING BackupCopyState = 3
+	// The copy location holds another backup of the same name (another
+	// sha256): nothing is copied over it.
+	BackupCopyState_BACKUP_COPY_STATE_CONFLICT BackupCopyState = 4
+	// Not copied on purpose: the copy was deleted from the copy location
+	// (by delete or its retention), which the ledger there records.
+	BackupCopyState_BACKUP_COPY_STATE_SKIPPED BackupCopyState = 5
+	// The copy location cannot be read now (message): its state is not
+	// known.
+	BackupCopyState_BACKUP_COPY_STATE_UNKNOWN BackupCopyState = 6
+)
+
+// Enum value maps for BackupCopyState.
+var (
+	BackupCopyState_name = map[int32]string{
+		0: "BACKUP_COPY_STATE_UNSPECIFIED",
+		1: "BACKUP_COPY_STATE_COPIED",
+		2: "BACKUP_COPY_STATE_PENDING",
+		3: "BACKUP_COPY_STATE_RETRYING",
+		4: "BACKUP_COPY_STATE_CONFLICT",
+		5: "BACKUP_COPY_STATE_SKIPPED",
+		6: "BACKUP_COPY_STATE_UNKNOWN",
+	}
+	BackupCopyState_value = map[string]int32{
+		"BACKUP_COPY_STATE_UNSPECIFIED": 0,
+		"BACKUP_COPY_STATE_COPIED":      1,
+		"BACKUP_COPY_STATE_PENDING":     2,
+		"BACKUP_COPY_STATE_RETRYING":    3,
+		"BACKUP_COPY_STATE_CONFLICT":    4,
+		"BACKUP_COPY_STATE_SKIPPED":     5,
+		"BACKUP_COPY_STATE_UNKNOWN":     6,
+	}
+)
+
+func (x BackupCopyState) Enum() *BackupCopyState {
+	p := new(BackupCopyState)
+	*p = x
+	return p
+}
+
+func (x BackupCopyState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BackupCopyState) Descriptor() protoreflect.EnumDescriptor {
+	return file_etcdbackup_v1_etcdbackup_proto_enumTypes[1].Descriptor()
+}
+
+func (BackupCopyState) Type() protoreflect.EnumType {
+	return &file_etcdbackup_v1_etcdbackup_proto_enumTypes[1]
+}
+
+func (x BackupCopyState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BackupCopyState.Descriptor instead.
+func (BackupCopyState) EnumDescriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{1}
+}
+
 // What a restore drill found.
 type VerificationResult int32
 
@@ -126,11 +198,11 @@ func (x VerificationResult) String() string {
 }
 
 func (VerificationResult) Descriptor() protoreflect.EnumDescriptor {
-	return file_etcdbackup_v1_etcdbackup_proto_enumTypes[1].Descriptor()
+	return file_etcdbackup_v1_etcdbackup_proto_enumTypes[2].Descriptor()
 }
 
 func (VerificationResult) Type() protoreflect.EnumType {
-	return &file_etcdbackup_v1_etcdbackup_proto_enumTypes[1]
+	return &file_etcdbackup_v1_etcdbackup_proto_enumTypes[2]
 }
 
 func (x VerificationResult) Number() protoreflect.EnumNumber {
@@ -139,7 +211,7 @@ func (x VerificationResult) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use VerificationResult.Descriptor instead.
 func (VerificationResult) EnumDescriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{1}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{2}
 }
 
 // RestorePhase is where one member's restore agent is.
@@ -183,11 +255,11 @@ func (x RestorePhase) String() string {
 }
 
 func (RestorePhase) Descriptor() protoreflect.EnumDescriptor {
-	return file_etcdbackup_v1_etcdbackup_proto_enumTypes[2].Descriptor()
+	return file_etcdbackup_v1_etcdbackup_proto_enumTypes[3].Descriptor()
 }
 
 func (RestorePhase) Type() protoreflect.EnumType {
-	return &file_etcdbackup_v1_etcdbackup_proto_enumTypes[2]
+	return &file_etcdbackup_v1_etcdbackup_proto_enumTypes[3]
 }
 
 func (x RestorePhase) Number() protoreflect.EnumNumber {
@@ -196,7 +268,7 @@ func (x RestorePhase) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RestorePhase.Descriptor instead.
 func (RestorePhase) EnumDescriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{2}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{3}
 }
 
 type GetServerInfoRequest struct {
@@ -573,7 +645,14 @@ type Backup struct {
 	// When the store's object lock retention of the backup's objects ends
 	// (an S3 location with objectLock); until then nobody can delete it,
 	// and delete and retention leave it. Unset: not locked.
-	LockedUntil   *timestamppb.Timestamp `protobuf:"bytes,24,opt,name=locked_until,json=lockedUntil,proto3" json:"locked_until,omitempty"`
+	LockedUntil *timestamppb.Timestamp `protobuf:"bytes,24,opt,name=locked_until,json=lockedUntil,proto3" json:"locked_until,omitempty"`
+	// Set on a backup stored in a copy location (copies: in the server's
+	// configuration): where the server copied it from, and when.
+	CopyOf *BackupCopyOf `protobuf:"bytes,25,opt,name=copy_of,json=copyOf,proto3" json:"copy_of,omitempty"`
+	// The backup's copies, one per copy location of its location: whether
+	// each holds it yet. Set by ListBackups and GetBackup of the location
+	// the copies are made from.
+	Copies        []*BackupCopy `protobuf:"bytes,26,rep,name=copies,proto3" json:"copies,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -748,6 +827,176 @@ func (x *Backup) GetLockedUntil() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Backup) GetCopyOf() *BackupCopyOf {
+	if x != nil {
+		return x.CopyOf
+	}
+	return nil
+}
+
+func (x *Backup) GetCopies() []*BackupCopy {
+	if x != nil {
+		return x.Copies
+	}
+	return nil
+}
+
+// BackupCopyOf says a backup is a copy the server made: the same stored
+// bytes (its sha256 is the original's) in another location.
+type BackupCopyOf struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The location it was copied from.
+	Location      string                 `protobuf:"bytes,1,opt,name=location,proto3" json:"location,omitempty"`
+	CopyTime      *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=copy_time,json=copyTime,proto3" json:"copy_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupCopyOf) Reset() {
+	*x = BackupCopyOf{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupCopyOf) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupCopyOf) ProtoMessage() {}
+
+func (x *BackupCopyOf) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupCopyOf.ProtoReflect.Descriptor instead.
+func (*BackupCopyOf) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *BackupCopyOf) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
+func (x *BackupCopyOf) GetCopyTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CopyTime
+	}
+	return nil
+}
+
+// BackupCopy is the state of one copy of a backup.
+type BackupCopy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The copy location.
+	Location string          `protobuf:"bytes,1,opt,name=location,proto3" json:"location,omitempty"`
+	State    BackupCopyState `protobuf:"varint,2,opt,name=state,proto3,enum=etcdbackup.v1.BackupCopyState" json:"state,omitempty"`
+	// When the copy was stored (COPIED).
+	CopyTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=copy_time,json=copyTime,proto3" json:"copy_time,omitempty"`
+	// Lower-case hex SHA-256 of the copy's stored bytes (COPIED): the
+	// original's, checked at the destination before it was listed there.
+	Sha256 string `protobuf:"bytes,4,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	// Why the copy is not there yet (RETRYING, CONFLICT, SKIPPED), for a
+	// person.
+	Message string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	// When the server tries again (RETRYING).
+	NextAttempt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=next_attempt,json=nextAttempt,proto3" json:"next_attempt,omitempty"`
+	// When the server first failed to copy it (RETRYING).
+	FailingSince  *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=failing_since,json=failingSince,proto3" json:"failing_since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupCopy) Reset() {
+	*x = BackupCopy{}
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupCopy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupCopy) ProtoMessage() {}
+
+func (x *BackupCopy) ProtoReflect() protoreflect.Message {
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupCopy.ProtoReflect.Descriptor instead.
+func (*BackupCopy) Descriptor() ([]byte, []int) {
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *BackupCopy) GetLocation() string {
+	if x != nil {
+		return x.Location
+	}
+	return ""
+}
+
+func (x *BackupCopy) GetState() BackupCopyState {
+	if x != nil {
+		return x.State
+	}
+	return BackupCopyState_BACKUP_COPY_STATE_UNSPECIFIED
+}
+
+func (x *BackupCopy) GetCopyTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CopyTime
+	}
+	return nil
+}
+
+func (x *BackupCopy) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *BackupCopy) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *BackupCopy) GetNextAttempt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextAttempt
+	}
+	return nil
+}
+
+func (x *BackupCopy) GetFailingSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FailingSince
+	}
+	return nil
+}
+
 // Kit is a backup's recovery kit as stored: an age file, stored as the
 // object NAME.kit beside the backup, of a tar of the files an agent read
 // on a control-plane node. Everything here but the files' contents is
@@ -778,7 +1027,7 @@ type Kit struct {
 
 func (x *Kit) Reset() {
 	*x = Kit{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +1039,7 @@ func (x *Kit) String() string {
 func (*Kit) ProtoMessage() {}
 
 func (x *Kit) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[6]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +1052,7 @@ func (x *Kit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Kit.ProtoReflect.Descriptor instead.
 func (*Kit) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{6}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Kit) GetName() string {
@@ -892,7 +1141,7 @@ type KitFile struct {
 
 func (x *KitFile) Reset() {
 	*x = KitFile{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +1153,7 @@ func (x *KitFile) String() string {
 func (*KitFile) ProtoMessage() {}
 
 func (x *KitFile) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[7]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1166,7 @@ func (x *KitFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KitFile.ProtoReflect.Descriptor instead.
 func (*KitFile) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{7}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *KitFile) GetPath() string {
@@ -962,7 +1211,7 @@ type KitVersions struct {
 
 func (x *KitVersions) Reset() {
 	*x = KitVersions{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1223,7 @@ func (x *KitVersions) String() string {
 func (*KitVersions) ProtoMessage() {}
 
 func (x *KitVersions) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[8]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1236,7 @@ func (x *KitVersions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KitVersions.ProtoReflect.Descriptor instead.
 func (*KitVersions) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{8}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *KitVersions) GetEtcd() string {
@@ -1056,7 +1305,7 @@ type DeltaSegment struct {
 
 func (x *DeltaSegment) Reset() {
 	*x = DeltaSegment{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1317,7 @@ func (x *DeltaSegment) String() string {
 func (*DeltaSegment) ProtoMessage() {}
 
 func (x *DeltaSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[9]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1330,7 @@ func (x *DeltaSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeltaSegment.ProtoReflect.Descriptor instead.
 func (*DeltaSegment) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{9}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeltaSegment) GetChain() string {
@@ -1188,7 +1437,7 @@ type DeltaEvent struct {
 
 func (x *DeltaEvent) Reset() {
 	*x = DeltaEvent{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1200,7 +1449,7 @@ func (x *DeltaEvent) String() string {
 func (*DeltaEvent) ProtoMessage() {}
 
 func (x *DeltaEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[10]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1213,7 +1462,7 @@ func (x *DeltaEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeltaEvent.ProtoReflect.Descriptor instead.
 func (*DeltaEvent) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{10}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeltaEvent) GetKey() []byte {
@@ -1262,7 +1511,7 @@ type DeltaChain struct {
 
 func (x *DeltaChain) Reset() {
 	*x = DeltaChain{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1523,7 @@ func (x *DeltaChain) String() string {
 func (*DeltaChain) ProtoMessage() {}
 
 func (x *DeltaChain) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[11]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1536,7 @@ func (x *DeltaChain) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeltaChain.ProtoReflect.Descriptor instead.
 func (*DeltaChain) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{11}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeltaChain) GetSegments() int64 {
@@ -1367,7 +1616,7 @@ type Verification struct {
 
 func (x *Verification) Reset() {
 	*x = Verification{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1379,7 +1628,7 @@ func (x *Verification) String() string {
 func (*Verification) ProtoMessage() {}
 
 func (x *Verification) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[12]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1392,7 +1641,7 @@ func (x *Verification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Verification.ProtoReflect.Descriptor instead.
 func (*Verification) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{12}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Verification) GetTime() *timestamppb.Timestamp {
@@ -1484,7 +1733,7 @@ type BackupSource struct {
 
 func (x *BackupSource) Reset() {
 	*x = BackupSource{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1745,7 @@ func (x *BackupSource) String() string {
 func (*BackupSource) ProtoMessage() {}
 
 func (x *BackupSource) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[13]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1758,7 @@ func (x *BackupSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupSource.ProtoReflect.Descriptor instead.
 func (*BackupSource) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{13}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BackupSource) GetKind() string {
@@ -1611,7 +1860,7 @@ type EtcdInfo struct {
 
 func (x *EtcdInfo) Reset() {
 	*x = EtcdInfo{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1623,7 +1872,7 @@ func (x *EtcdInfo) String() string {
 func (*EtcdInfo) ProtoMessage() {}
 
 func (x *EtcdInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[14]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1636,7 +1885,7 @@ func (x *EtcdInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EtcdInfo.ProtoReflect.Descriptor instead.
 func (*EtcdInfo) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{14}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EtcdInfo) GetClusterId() uint64 {
@@ -1759,7 +2008,7 @@ type ListBackupsRequest struct {
 
 func (x *ListBackupsRequest) Reset() {
 	*x = ListBackupsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +2020,7 @@ func (x *ListBackupsRequest) String() string {
 func (*ListBackupsRequest) ProtoMessage() {}
 
 func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[15]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +2033,7 @@ func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsRequest.ProtoReflect.Descriptor instead.
 func (*ListBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{15}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListBackupsRequest) GetLocation() string {
@@ -1834,7 +2083,7 @@ type ListBackupsResponse struct {
 
 func (x *ListBackupsResponse) Reset() {
 	*x = ListBackupsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1846,7 +2095,7 @@ func (x *ListBackupsResponse) String() string {
 func (*ListBackupsResponse) ProtoMessage() {}
 
 func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[16]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1859,7 +2108,7 @@ func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsResponse.ProtoReflect.Descriptor instead.
 func (*ListBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{16}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListBackupsResponse) GetBackups() []*Backup {
@@ -1886,7 +2135,7 @@ type GetBackupRequest struct {
 
 func (x *GetBackupRequest) Reset() {
 	*x = GetBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1898,7 +2147,7 @@ func (x *GetBackupRequest) String() string {
 func (*GetBackupRequest) ProtoMessage() {}
 
 func (x *GetBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[17]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1911,7 +2160,7 @@ func (x *GetBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{17}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetBackupRequest) GetName() string {
@@ -1937,7 +2186,7 @@ type GetBackupResponse struct {
 
 func (x *GetBackupResponse) Reset() {
 	*x = GetBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1949,7 +2198,7 @@ func (x *GetBackupResponse) String() string {
 func (*GetBackupResponse) ProtoMessage() {}
 
 func (x *GetBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[18]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1962,7 +2211,7 @@ func (x *GetBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{18}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetBackupResponse) GetBackup() *Backup {
@@ -1982,7 +2231,7 @@ type DeleteBackupRequest struct {
 
 func (x *DeleteBackupRequest) Reset() {
 	*x = DeleteBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2243,7 @@ func (x *DeleteBackupRequest) String() string {
 func (*DeleteBackupRequest) ProtoMessage() {}
 
 func (x *DeleteBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[19]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2256,7 @@ func (x *DeleteBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackupRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{19}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DeleteBackupRequest) GetName() string {
@@ -2032,7 +2281,7 @@ type DeleteBackupResponse struct {
 
 func (x *DeleteBackupResponse) Reset() {
 	*x = DeleteBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2044,7 +2293,7 @@ func (x *DeleteBackupResponse) String() string {
 func (*DeleteBackupResponse) ProtoMessage() {}
 
 func (x *DeleteBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[20]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2057,7 +2306,7 @@ func (x *DeleteBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackupResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{20}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{22}
 }
 
 type UploadBackupRequest struct {
@@ -2074,7 +2323,7 @@ type UploadBackupRequest struct {
 
 func (x *UploadBackupRequest) Reset() {
 	*x = UploadBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2086,7 +2335,7 @@ func (x *UploadBackupRequest) String() string {
 func (*UploadBackupRequest) ProtoMessage() {}
 
 func (x *UploadBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[21]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2099,7 +2348,7 @@ func (x *UploadBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadBackupRequest.ProtoReflect.Descriptor instead.
 func (*UploadBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{21}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *UploadBackupRequest) GetMsg() isUploadBackupRequest_Msg {
@@ -2199,7 +2448,7 @@ type UploadHeader struct {
 
 func (x *UploadHeader) Reset() {
 	*x = UploadHeader{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2211,7 +2460,7 @@ func (x *UploadHeader) String() string {
 func (*UploadHeader) ProtoMessage() {}
 
 func (x *UploadHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[22]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2224,7 +2473,7 @@ func (x *UploadHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadHeader.ProtoReflect.Descriptor instead.
 func (*UploadHeader) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{22}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *UploadHeader) GetName() string {
@@ -2348,7 +2597,7 @@ type UploadTrailer struct {
 
 func (x *UploadTrailer) Reset() {
 	*x = UploadTrailer{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2360,7 +2609,7 @@ func (x *UploadTrailer) String() string {
 func (*UploadTrailer) ProtoMessage() {}
 
 func (x *UploadTrailer) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[23]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2373,7 +2622,7 @@ func (x *UploadTrailer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadTrailer.ProtoReflect.Descriptor instead.
 func (*UploadTrailer) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{23}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *UploadTrailer) GetSize() int64 {
@@ -2420,7 +2669,7 @@ type UploadBackupResponse struct {
 
 func (x *UploadBackupResponse) Reset() {
 	*x = UploadBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2432,7 +2681,7 @@ func (x *UploadBackupResponse) String() string {
 func (*UploadBackupResponse) ProtoMessage() {}
 
 func (x *UploadBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[24]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2445,7 +2694,7 @@ func (x *UploadBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadBackupResponse.ProtoReflect.Descriptor instead.
 func (*UploadBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{24}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *UploadBackupResponse) GetBackup() *Backup {
@@ -2473,7 +2722,7 @@ type DownloadBackupRequest struct {
 
 func (x *DownloadBackupRequest) Reset() {
 	*x = DownloadBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2485,7 +2734,7 @@ func (x *DownloadBackupRequest) String() string {
 func (*DownloadBackupRequest) ProtoMessage() {}
 
 func (x *DownloadBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[25]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2498,7 +2747,7 @@ func (x *DownloadBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadBackupRequest.ProtoReflect.Descriptor instead.
 func (*DownloadBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{25}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DownloadBackupRequest) GetName() string {
@@ -2542,7 +2791,7 @@ type DownloadBackupResponse struct {
 
 func (x *DownloadBackupResponse) Reset() {
 	*x = DownloadBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2554,7 +2803,7 @@ func (x *DownloadBackupResponse) String() string {
 func (*DownloadBackupResponse) ProtoMessage() {}
 
 func (x *DownloadBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[26]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2567,7 +2816,7 @@ func (x *DownloadBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadBackupResponse.ProtoReflect.Descriptor instead.
 func (*DownloadBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{26}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DownloadBackupResponse) GetMsg() isDownloadBackupResponse_Msg {
@@ -2629,7 +2878,7 @@ type DownloadHeader struct {
 
 func (x *DownloadHeader) Reset() {
 	*x = DownloadHeader{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2641,7 +2890,7 @@ func (x *DownloadHeader) String() string {
 func (*DownloadHeader) ProtoMessage() {}
 
 func (x *DownloadHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[27]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2654,7 +2903,7 @@ func (x *DownloadHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadHeader.ProtoReflect.Descriptor instead.
 func (*DownloadHeader) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{27}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DownloadHeader) GetBackup() *Backup {
@@ -2689,7 +2938,7 @@ type DrillBackupRequest struct {
 
 func (x *DrillBackupRequest) Reset() {
 	*x = DrillBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2701,7 +2950,7 @@ func (x *DrillBackupRequest) String() string {
 func (*DrillBackupRequest) ProtoMessage() {}
 
 func (x *DrillBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[28]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2714,7 +2963,7 @@ func (x *DrillBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrillBackupRequest.ProtoReflect.Descriptor instead.
 func (*DrillBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{28}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DrillBackupRequest) GetName() string {
@@ -2744,7 +2993,7 @@ type DrillBackupResponse struct {
 
 func (x *DrillBackupResponse) Reset() {
 	*x = DrillBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2756,7 +3005,7 @@ func (x *DrillBackupResponse) String() string {
 func (*DrillBackupResponse) ProtoMessage() {}
 
 func (x *DrillBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[29]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2769,7 +3018,7 @@ func (x *DrillBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrillBackupResponse.ProtoReflect.Descriptor instead.
 func (*DrillBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{29}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DrillBackupResponse) GetJob() string {
@@ -2803,7 +3052,7 @@ type CreateBackupRequest struct {
 
 func (x *CreateBackupRequest) Reset() {
 	*x = CreateBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2815,7 +3064,7 @@ func (x *CreateBackupRequest) String() string {
 func (*CreateBackupRequest) ProtoMessage() {}
 
 func (x *CreateBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[30]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2828,7 +3077,7 @@ func (x *CreateBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBackupRequest.ProtoReflect.Descriptor instead.
 func (*CreateBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{30}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CreateBackupRequest) GetName() string {
@@ -2875,7 +3124,7 @@ type CreateBackupResponse struct {
 
 func (x *CreateBackupResponse) Reset() {
 	*x = CreateBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2887,7 +3136,7 @@ func (x *CreateBackupResponse) String() string {
 func (*CreateBackupResponse) ProtoMessage() {}
 
 func (x *CreateBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[31]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2900,7 +3149,7 @@ func (x *CreateBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateBackupResponse.ProtoReflect.Descriptor instead.
 func (*CreateBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{31}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CreateBackupResponse) GetBackup() *Backup {
@@ -2922,7 +3171,7 @@ type GetBackupLogsRequest struct {
 
 func (x *GetBackupLogsRequest) Reset() {
 	*x = GetBackupLogsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2934,7 +3183,7 @@ func (x *GetBackupLogsRequest) String() string {
 func (*GetBackupLogsRequest) ProtoMessage() {}
 
 func (x *GetBackupLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[32]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2947,7 +3196,7 @@ func (x *GetBackupLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupLogsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{32}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetBackupLogsRequest) GetName() string {
@@ -2981,7 +3230,7 @@ type GetBackupLogsResponse struct {
 
 func (x *GetBackupLogsResponse) Reset() {
 	*x = GetBackupLogsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2993,7 +3242,7 @@ func (x *GetBackupLogsResponse) String() string {
 func (*GetBackupLogsResponse) ProtoMessage() {}
 
 func (x *GetBackupLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[33]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3006,7 +3255,7 @@ func (x *GetBackupLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupLogsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{33}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetBackupLogsResponse) GetData() []byte {
@@ -3026,7 +3275,7 @@ type VerifyBackupRequest struct {
 
 func (x *VerifyBackupRequest) Reset() {
 	*x = VerifyBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3038,7 +3287,7 @@ func (x *VerifyBackupRequest) String() string {
 func (*VerifyBackupRequest) ProtoMessage() {}
 
 func (x *VerifyBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[34]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3051,7 +3300,7 @@ func (x *VerifyBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyBackupRequest.ProtoReflect.Descriptor instead.
 func (*VerifyBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{34}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *VerifyBackupRequest) GetName() string {
@@ -3093,7 +3342,7 @@ type VerifyBackupResponse struct {
 
 func (x *VerifyBackupResponse) Reset() {
 	*x = VerifyBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3105,7 +3354,7 @@ func (x *VerifyBackupResponse) String() string {
 func (*VerifyBackupResponse) ProtoMessage() {}
 
 func (x *VerifyBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[35]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3118,7 +3367,7 @@ func (x *VerifyBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyBackupResponse.ProtoReflect.Descriptor instead.
 func (*VerifyBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{35}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *VerifyBackupResponse) GetBackup() *Backup {
@@ -3218,7 +3467,7 @@ type RestoreBackupRequest struct {
 
 func (x *RestoreBackupRequest) Reset() {
 	*x = RestoreBackupRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3230,7 +3479,7 @@ func (x *RestoreBackupRequest) String() string {
 func (*RestoreBackupRequest) ProtoMessage() {}
 
 func (x *RestoreBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[36]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3243,7 +3492,7 @@ func (x *RestoreBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreBackupRequest.ProtoReflect.Descriptor instead.
 func (*RestoreBackupRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{36}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RestoreBackupRequest) GetName() string {
@@ -3335,7 +3584,7 @@ type RestoreBackupResponse struct {
 
 func (x *RestoreBackupResponse) Reset() {
 	*x = RestoreBackupResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3347,7 +3596,7 @@ func (x *RestoreBackupResponse) String() string {
 func (*RestoreBackupResponse) ProtoMessage() {}
 
 func (x *RestoreBackupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[37]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3360,7 +3609,7 @@ func (x *RestoreBackupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreBackupResponse.ProtoReflect.Descriptor instead.
 func (*RestoreBackupResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{37}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RestoreBackupResponse) GetMembers() []*MemberRestore {
@@ -3427,7 +3676,7 @@ type MemberRestore struct {
 
 func (x *MemberRestore) Reset() {
 	*x = MemberRestore{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3439,7 +3688,7 @@ func (x *MemberRestore) String() string {
 func (*MemberRestore) ProtoMessage() {}
 
 func (x *MemberRestore) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[38]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3452,7 +3701,7 @@ func (x *MemberRestore) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberRestore.ProtoReflect.Descriptor instead.
 func (*MemberRestore) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{38}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *MemberRestore) GetMember() string {
@@ -3543,7 +3792,7 @@ type GetRestoreRequest struct {
 
 func (x *GetRestoreRequest) Reset() {
 	*x = GetRestoreRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3555,7 +3804,7 @@ func (x *GetRestoreRequest) String() string {
 func (*GetRestoreRequest) ProtoMessage() {}
 
 func (x *GetRestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[39]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3568,7 +3817,7 @@ func (x *GetRestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRestoreRequest.ProtoReflect.Descriptor instead.
 func (*GetRestoreRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{39}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GetRestoreRequest) GetName() string {
@@ -3601,7 +3850,7 @@ type GetRestoreResponse struct {
 
 func (x *GetRestoreResponse) Reset() {
 	*x = GetRestoreResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3613,7 +3862,7 @@ func (x *GetRestoreResponse) String() string {
 func (*GetRestoreResponse) ProtoMessage() {}
 
 func (x *GetRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[40]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3626,7 +3875,7 @@ func (x *GetRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRestoreResponse.ProtoReflect.Descriptor instead.
 func (*GetRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{40}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetRestoreResponse) GetMembers() []*MemberRestore {
@@ -3646,7 +3895,7 @@ type GetBackupEventsRequest struct {
 
 func (x *GetBackupEventsRequest) Reset() {
 	*x = GetBackupEventsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3658,7 +3907,7 @@ func (x *GetBackupEventsRequest) String() string {
 func (*GetBackupEventsRequest) ProtoMessage() {}
 
 func (x *GetBackupEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[41]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3671,7 +3920,7 @@ func (x *GetBackupEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupEventsRequest.ProtoReflect.Descriptor instead.
 func (*GetBackupEventsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{41}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetBackupEventsRequest) GetName() string {
@@ -3700,7 +3949,7 @@ type GetBackupEventsResponse struct {
 
 func (x *GetBackupEventsResponse) Reset() {
 	*x = GetBackupEventsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[42]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3712,7 +3961,7 @@ func (x *GetBackupEventsResponse) String() string {
 func (*GetBackupEventsResponse) ProtoMessage() {}
 
 func (x *GetBackupEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[42]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3725,7 +3974,7 @@ func (x *GetBackupEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBackupEventsResponse.ProtoReflect.Descriptor instead.
 func (*GetBackupEventsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{42}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetBackupEventsResponse) GetJobName() string {
@@ -3760,7 +4009,7 @@ type JobEvent struct {
 
 func (x *JobEvent) Reset() {
 	*x = JobEvent{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[43]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3772,7 +4021,7 @@ func (x *JobEvent) String() string {
 func (*JobEvent) ProtoMessage() {}
 
 func (x *JobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[43]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3785,7 +4034,7 @@ func (x *JobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobEvent.ProtoReflect.Descriptor instead.
 func (*JobEvent) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{43}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *JobEvent) GetType() string {
@@ -3855,7 +4104,7 @@ type PruneBackupsRequest struct {
 
 func (x *PruneBackupsRequest) Reset() {
 	*x = PruneBackupsRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[44]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3867,7 +4116,7 @@ func (x *PruneBackupsRequest) String() string {
 func (*PruneBackupsRequest) ProtoMessage() {}
 
 func (x *PruneBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[44]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3880,7 +4129,7 @@ func (x *PruneBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneBackupsRequest.ProtoReflect.Descriptor instead.
 func (*PruneBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{44}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *PruneBackupsRequest) GetLocation() string {
@@ -3928,7 +4177,7 @@ type PruneBackupsResponse struct {
 
 func (x *PruneBackupsResponse) Reset() {
 	*x = PruneBackupsResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[45]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3940,7 +4189,7 @@ func (x *PruneBackupsResponse) String() string {
 func (*PruneBackupsResponse) ProtoMessage() {}
 
 func (x *PruneBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[45]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3953,7 +4202,7 @@ func (x *PruneBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneBackupsResponse.ProtoReflect.Descriptor instead.
 func (*PruneBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{45}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *PruneBackupsResponse) GetPruned() []*Backup {
@@ -3992,7 +4241,7 @@ type KeptBackup struct {
 
 func (x *KeptBackup) Reset() {
 	*x = KeptBackup{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4004,7 +4253,7 @@ func (x *KeptBackup) String() string {
 func (*KeptBackup) ProtoMessage() {}
 
 func (x *KeptBackup) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[46]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4017,7 +4266,7 @@ func (x *KeptBackup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeptBackup.ProtoReflect.Descriptor instead.
 func (*KeptBackup) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{46}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *KeptBackup) GetBackup() *Backup {
@@ -4044,7 +4293,7 @@ type CheckLocationRequest struct {
 
 func (x *CheckLocationRequest) Reset() {
 	*x = CheckLocationRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4056,7 +4305,7 @@ func (x *CheckLocationRequest) String() string {
 func (*CheckLocationRequest) ProtoMessage() {}
 
 func (x *CheckLocationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[47]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4069,7 +4318,7 @@ func (x *CheckLocationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckLocationRequest.ProtoReflect.Descriptor instead.
 func (*CheckLocationRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{47}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CheckLocationRequest) GetLocation() string {
@@ -4094,7 +4343,7 @@ type CheckLocationResponse struct {
 
 func (x *CheckLocationResponse) Reset() {
 	*x = CheckLocationResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[48]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4106,7 +4355,7 @@ func (x *CheckLocationResponse) String() string {
 func (*CheckLocationResponse) ProtoMessage() {}
 
 func (x *CheckLocationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[48]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4119,7 +4368,7 @@ func (x *CheckLocationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckLocationResponse.ProtoReflect.Descriptor instead.
 func (*CheckLocationResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{48}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CheckLocationResponse) GetLocation() string {
@@ -4172,7 +4421,7 @@ type LocationCheckStep struct {
 
 func (x *LocationCheckStep) Reset() {
 	*x = LocationCheckStep{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[49]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4184,7 +4433,7 @@ func (x *LocationCheckStep) String() string {
 func (*LocationCheckStep) ProtoMessage() {}
 
 func (x *LocationCheckStep) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[49]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4197,7 +4446,7 @@ func (x *LocationCheckStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocationCheckStep.ProtoReflect.Descriptor instead.
 func (*LocationCheckStep) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{49}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *LocationCheckStep) GetName() string {
@@ -4243,7 +4492,7 @@ type GetDeltaLeaseRequest struct {
 
 func (x *GetDeltaLeaseRequest) Reset() {
 	*x = GetDeltaLeaseRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[50]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4255,7 +4504,7 @@ func (x *GetDeltaLeaseRequest) String() string {
 func (*GetDeltaLeaseRequest) ProtoMessage() {}
 
 func (x *GetDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[50]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4268,7 +4517,7 @@ func (x *GetDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeltaLeaseRequest.ProtoReflect.Descriptor instead.
 func (*GetDeltaLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{50}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{52}
 }
 
 type GetDeltaLeaseResponse struct {
@@ -4280,7 +4529,7 @@ type GetDeltaLeaseResponse struct {
 
 func (x *GetDeltaLeaseResponse) Reset() {
 	*x = GetDeltaLeaseResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[51]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4292,7 +4541,7 @@ func (x *GetDeltaLeaseResponse) String() string {
 func (*GetDeltaLeaseResponse) ProtoMessage() {}
 
 func (x *GetDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[51]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4305,7 +4554,7 @@ func (x *GetDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeltaLeaseResponse.ProtoReflect.Descriptor instead.
 func (*GetDeltaLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{51}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetDeltaLeaseResponse) GetLease() *DeltaLease {
@@ -4326,7 +4575,7 @@ type PutDeltaLeaseRequest struct {
 
 func (x *PutDeltaLeaseRequest) Reset() {
 	*x = PutDeltaLeaseRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[52]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4338,7 +4587,7 @@ func (x *PutDeltaLeaseRequest) String() string {
 func (*PutDeltaLeaseRequest) ProtoMessage() {}
 
 func (x *PutDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[52]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4351,7 +4600,7 @@ func (x *PutDeltaLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutDeltaLeaseRequest.ProtoReflect.Descriptor instead.
 func (*PutDeltaLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{52}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *PutDeltaLeaseRequest) GetLease() *DeltaLease {
@@ -4371,7 +4620,7 @@ type PutDeltaLeaseResponse struct {
 
 func (x *PutDeltaLeaseResponse) Reset() {
 	*x = PutDeltaLeaseResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[53]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4383,7 +4632,7 @@ func (x *PutDeltaLeaseResponse) String() string {
 func (*PutDeltaLeaseResponse) ProtoMessage() {}
 
 func (x *PutDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[53]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4396,7 +4645,7 @@ func (x *PutDeltaLeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutDeltaLeaseResponse.ProtoReflect.Descriptor instead.
 func (*PutDeltaLeaseResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{53}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *PutDeltaLeaseResponse) GetLease() *DeltaLease {
@@ -4425,7 +4674,7 @@ type DeltaLease struct {
 
 func (x *DeltaLease) Reset() {
 	*x = DeltaLease{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[54]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4437,7 +4686,7 @@ func (x *DeltaLease) String() string {
 func (*DeltaLease) ProtoMessage() {}
 
 func (x *DeltaLease) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[54]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4450,7 +4699,7 @@ func (x *DeltaLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeltaLease.ProtoReflect.Descriptor instead.
 func (*DeltaLease) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{54}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DeltaLease) GetHolderIdentity() string {
@@ -4509,7 +4758,7 @@ type GetLedgerRequest struct {
 
 func (x *GetLedgerRequest) Reset() {
 	*x = GetLedgerRequest{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[55]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4521,7 +4770,7 @@ func (x *GetLedgerRequest) String() string {
 func (*GetLedgerRequest) ProtoMessage() {}
 
 func (x *GetLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[55]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4534,7 +4783,7 @@ func (x *GetLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLedgerRequest.ProtoReflect.Descriptor instead.
 func (*GetLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{55}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *GetLedgerRequest) GetLocation() string {
@@ -4570,7 +4819,7 @@ type GetLedgerResponse struct {
 
 func (x *GetLedgerResponse) Reset() {
 	*x = GetLedgerResponse{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[56]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4582,7 +4831,7 @@ func (x *GetLedgerResponse) String() string {
 func (*GetLedgerResponse) ProtoMessage() {}
 
 func (x *GetLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[56]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4595,7 +4844,7 @@ func (x *GetLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLedgerResponse.ProtoReflect.Descriptor instead.
 func (*GetLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{56}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GetLedgerResponse) GetRecords() []*LedgerRecord {
@@ -4625,7 +4874,7 @@ type LedgerRecord struct {
 
 func (x *LedgerRecord) Reset() {
 	*x = LedgerRecord{}
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[57]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4637,7 +4886,7 @@ func (x *LedgerRecord) String() string {
 func (*LedgerRecord) ProtoMessage() {}
 
 func (x *LedgerRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[57]
+	mi := &file_etcdbackup_v1_etcdbackup_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4650,7 +4899,7 @@ func (x *LedgerRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LedgerRecord.ProtoReflect.Descriptor instead.
 func (*LedgerRecord) Descriptor() ([]byte, []int) {
-	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{57}
+	return file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *LedgerRecord) GetSeq() uint64 {
@@ -4694,7 +4943,7 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x05error\x18\x06 \x01(\tR\x05error\"^\n" +
 	"\fServerLimits\x12&\n" +
 	"\x0fmax_chunk_bytes\x18\x01 \x01(\x03R\rmaxChunkBytes\x12&\n" +
-	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\xf2\x06\n" +
+	"\x0fmax_name_length\x18\x02 \x01(\x05R\rmaxNameLength\"\xdb\a\n" +
 	"\x06Backup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\blocation\x18\x02 \x01(\tR\blocation\x120\n" +
@@ -4720,10 +4969,24 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x05delta\x18\x15 \x01(\v2\x1b.etcdbackup.v1.DeltaSegmentR\x05delta\x12/\n" +
 	"\x05chain\x18\x16 \x01(\v2\x19.etcdbackup.v1.DeltaChainR\x05chain\x12$\n" +
 	"\x03kit\x18\x17 \x01(\v2\x12.etcdbackup.v1.KitR\x03kit\x12=\n" +
-	"\flocked_until\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\vlockedUntil\x1a9\n" +
+	"\flocked_until\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\vlockedUntil\x124\n" +
+	"\acopy_of\x18\x19 \x01(\v2\x1b.etcdbackup.v1.BackupCopyOfR\x06copyOf\x121\n" +
+	"\x06copies\x18\x1a \x03(\v2\x19.etcdbackup.v1.BackupCopyR\x06copies\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd3\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"c\n" +
+	"\fBackupCopyOf\x12\x1a\n" +
+	"\blocation\x18\x01 \x01(\tR\blocation\x127\n" +
+	"\tcopy_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\bcopyTime\"\xc9\x02\n" +
+	"\n" +
+	"BackupCopy\x12\x1a\n" +
+	"\blocation\x18\x01 \x01(\tR\blocation\x124\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x1e.etcdbackup.v1.BackupCopyStateR\x05state\x127\n" +
+	"\tcopy_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bcopyTime\x12\x16\n" +
+	"\x06sha256\x18\x04 \x01(\tR\x06sha256\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12=\n" +
+	"\fnext_attempt\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vnextAttempt\x12?\n" +
+	"\rfailing_since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\ffailingSince\"\xd3\x02\n" +
 	"\x03Kit\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
@@ -5041,7 +5304,15 @@ const file_etcdbackup_v1_etcdbackup_proto_rawDesc = "" +
 	"\x18BACKUP_PHASE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14BACKUP_PHASE_RUNNING\x10\x01\x12\x1a\n" +
 	"\x16BACKUP_PHASE_COMPLETED\x10\x02\x12\x17\n" +
-	"\x13BACKUP_PHASE_FAILED\x10\x03*\x9b\x01\n" +
+	"\x13BACKUP_PHASE_FAILED\x10\x03*\xef\x01\n" +
+	"\x0fBackupCopyState\x12!\n" +
+	"\x1dBACKUP_COPY_STATE_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18BACKUP_COPY_STATE_COPIED\x10\x01\x12\x1d\n" +
+	"\x19BACKUP_COPY_STATE_PENDING\x10\x02\x12\x1e\n" +
+	"\x1aBACKUP_COPY_STATE_RETRYING\x10\x03\x12\x1e\n" +
+	"\x1aBACKUP_COPY_STATE_CONFLICT\x10\x04\x12\x1d\n" +
+	"\x19BACKUP_COPY_STATE_SKIPPED\x10\x05\x12\x1d\n" +
+	"\x19BACKUP_COPY_STATE_UNKNOWN\x10\x06*\x9b\x01\n" +
 	"\x12VerificationResult\x12#\n" +
 	"\x1fVERIFICATION_RESULT_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dVERIFICATION_RESULT_SUCCEEDED\x10\x01\x12\x1e\n" +
@@ -5089,179 +5360,189 @@ func file_etcdbackup_v1_etcdbackup_proto_rawDescGZIP() []byte {
 	return file_etcdbackup_v1_etcdbackup_proto_rawDescData
 }
 
-var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_etcdbackup_v1_etcdbackup_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_etcdbackup_v1_etcdbackup_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
 var file_etcdbackup_v1_etcdbackup_proto_goTypes = []any{
 	(BackupPhase)(0),                // 0: etcdbackup.v1.BackupPhase
-	(VerificationResult)(0),         // 1: etcdbackup.v1.VerificationResult
-	(RestorePhase)(0),               // 2: etcdbackup.v1.RestorePhase
-	(*GetServerInfoRequest)(nil),    // 3: etcdbackup.v1.GetServerInfoRequest
-	(*GetServerInfoResponse)(nil),   // 4: etcdbackup.v1.GetServerInfoResponse
-	(*EtcdTarget)(nil),              // 5: etcdbackup.v1.EtcdTarget
-	(*StorageLocation)(nil),         // 6: etcdbackup.v1.StorageLocation
-	(*ServerLimits)(nil),            // 7: etcdbackup.v1.ServerLimits
-	(*Backup)(nil),                  // 8: etcdbackup.v1.Backup
-	(*Kit)(nil),                     // 9: etcdbackup.v1.Kit
-	(*KitFile)(nil),                 // 10: etcdbackup.v1.KitFile
-	(*KitVersions)(nil),             // 11: etcdbackup.v1.KitVersions
-	(*DeltaSegment)(nil),            // 12: etcdbackup.v1.DeltaSegment
-	(*DeltaEvent)(nil),              // 13: etcdbackup.v1.DeltaEvent
-	(*DeltaChain)(nil),              // 14: etcdbackup.v1.DeltaChain
-	(*Verification)(nil),            // 15: etcdbackup.v1.Verification
-	(*BackupSource)(nil),            // 16: etcdbackup.v1.BackupSource
-	(*EtcdInfo)(nil),                // 17: etcdbackup.v1.EtcdInfo
-	(*ListBackupsRequest)(nil),      // 18: etcdbackup.v1.ListBackupsRequest
-	(*ListBackupsResponse)(nil),     // 19: etcdbackup.v1.ListBackupsResponse
-	(*GetBackupRequest)(nil),        // 20: etcdbackup.v1.GetBackupRequest
-	(*GetBackupResponse)(nil),       // 21: etcdbackup.v1.GetBackupResponse
-	(*DeleteBackupRequest)(nil),     // 22: etcdbackup.v1.DeleteBackupRequest
-	(*DeleteBackupResponse)(nil),    // 23: etcdbackup.v1.DeleteBackupResponse
-	(*UploadBackupRequest)(nil),     // 24: etcdbackup.v1.UploadBackupRequest
-	(*UploadHeader)(nil),            // 25: etcdbackup.v1.UploadHeader
-	(*UploadTrailer)(nil),           // 26: etcdbackup.v1.UploadTrailer
-	(*UploadBackupResponse)(nil),    // 27: etcdbackup.v1.UploadBackupResponse
-	(*DownloadBackupRequest)(nil),   // 28: etcdbackup.v1.DownloadBackupRequest
-	(*DownloadBackupResponse)(nil),  // 29: etcdbackup.v1.DownloadBackupResponse
-	(*DownloadHeader)(nil),          // 30: etcdbackup.v1.DownloadHeader
-	(*DrillBackupRequest)(nil),      // 31: etcdbackup.v1.DrillBackupRequest
-	(*DrillBackupResponse)(nil),     // 32: etcdbackup.v1.DrillBackupResponse
-	(*CreateBackupRequest)(nil),     // 33: etcdbackup.v1.CreateBackupRequest
-	(*CreateBackupResponse)(nil),    // 34: etcdbackup.v1.CreateBackupResponse
-	(*GetBackupLogsRequest)(nil),    // 35: etcdbackup.v1.GetBackupLogsRequest
-	(*GetBackupLogsResponse)(nil),   // 36: etcdbackup.v1.GetBackupLogsResponse
-	(*VerifyBackupRequest)(nil),     // 37: etcdbackup.v1.VerifyBackupRequest
-	(*VerifyBackupResponse)(nil),    // 38: etcdbackup.v1.VerifyBackupResponse
-	(*RestoreBackupRequest)(nil),    // 39: etcdbackup.v1.RestoreBackupRequest
-	(*RestoreBackupResponse)(nil),   // 40: etcdbackup.v1.RestoreBackupResponse
-	(*MemberRestore)(nil),           // 41: etcdbackup.v1.MemberRestore
-	(*GetRestoreRequest)(nil),       // 42: etcdbackup.v1.GetRestoreRequest
-	(*GetRestoreResponse)(nil),      // 43: etcdbackup.v1.GetRestoreResponse
-	(*GetBackupEventsRequest)(nil),  // 44: etcdbackup.v1.GetBackupEventsRequest
-	(*GetBackupEventsResponse)(nil), // 45: etcdbackup.v1.GetBackupEventsResponse
-	(*JobEvent)(nil),                // 46: etcdbackup.v1.JobEvent
-	(*PruneBackupsRequest)(nil),     // 47: etcdbackup.v1.PruneBackupsRequest
-	(*PruneBackupsResponse)(nil),    // 48: etcdbackup.v1.PruneBackupsResponse
-	(*KeptBackup)(nil),              // 49: etcdbackup.v1.KeptBackup
-	(*CheckLocationRequest)(nil),    // 50: etcdbackup.v1.CheckLocationRequest
-	(*CheckLocationResponse)(nil),   // 51: etcdbackup.v1.CheckLocationResponse
-	(*LocationCheckStep)(nil),       // 52: etcdbackup.v1.LocationCheckStep
-	(*GetDeltaLeaseRequest)(nil),    // 53: etcdbackup.v1.GetDeltaLeaseRequest
-	(*GetDeltaLeaseResponse)(nil),   // 54: etcdbackup.v1.GetDeltaLeaseResponse
-	(*PutDeltaLeaseRequest)(nil),    // 55: etcdbackup.v1.PutDeltaLeaseRequest
-	(*PutDeltaLeaseResponse)(nil),   // 56: etcdbackup.v1.PutDeltaLeaseResponse
-	(*DeltaLease)(nil),              // 57: etcdbackup.v1.DeltaLease
-	(*GetLedgerRequest)(nil),        // 58: etcdbackup.v1.GetLedgerRequest
-	(*GetLedgerResponse)(nil),       // 59: etcdbackup.v1.GetLedgerResponse
-	(*LedgerRecord)(nil),            // 60: etcdbackup.v1.LedgerRecord
-	nil,                             // 61: etcdbackup.v1.Backup.LabelsEntry
-	nil,                             // 62: etcdbackup.v1.UploadHeader.LabelsEntry
-	nil,                             // 63: etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),   // 64: google.protobuf.Timestamp
+	(BackupCopyState)(0),            // 1: etcdbackup.v1.BackupCopyState
+	(VerificationResult)(0),         // 2: etcdbackup.v1.VerificationResult
+	(RestorePhase)(0),               // 3: etcdbackup.v1.RestorePhase
+	(*GetServerInfoRequest)(nil),    // 4: etcdbackup.v1.GetServerInfoRequest
+	(*GetServerInfoResponse)(nil),   // 5: etcdbackup.v1.GetServerInfoResponse
+	(*EtcdTarget)(nil),              // 6: etcdbackup.v1.EtcdTarget
+	(*StorageLocation)(nil),         // 7: etcdbackup.v1.StorageLocation
+	(*ServerLimits)(nil),            // 8: etcdbackup.v1.ServerLimits
+	(*Backup)(nil),                  // 9: etcdbackup.v1.Backup
+	(*BackupCopyOf)(nil),            // 10: etcdbackup.v1.BackupCopyOf
+	(*BackupCopy)(nil),              // 11: etcdbackup.v1.BackupCopy
+	(*Kit)(nil),                     // 12: etcdbackup.v1.Kit
+	(*KitFile)(nil),                 // 13: etcdbackup.v1.KitFile
+	(*KitVersions)(nil),             // 14: etcdbackup.v1.KitVersions
+	(*DeltaSegment)(nil),            // 15: etcdbackup.v1.DeltaSegment
+	(*DeltaEvent)(nil),              // 16: etcdbackup.v1.DeltaEvent
+	(*DeltaChain)(nil),              // 17: etcdbackup.v1.DeltaChain
+	(*Verification)(nil),            // 18: etcdbackup.v1.Verification
+	(*BackupSource)(nil),            // 19: etcdbackup.v1.BackupSource
+	(*EtcdInfo)(nil),                // 20: etcdbackup.v1.EtcdInfo
+	(*ListBackupsRequest)(nil),      // 21: etcdbackup.v1.ListBackupsRequest
+	(*ListBackupsResponse)(nil),     // 22: etcdbackup.v1.ListBackupsResponse
+	(*GetBackupRequest)(nil),        // 23: etcdbackup.v1.GetBackupRequest
+	(*GetBackupResponse)(nil),       // 24: etcdbackup.v1.GetBackupResponse
+	(*DeleteBackupRequest)(nil),     // 25: etcdbackup.v1.DeleteBackupRequest
+	(*DeleteBackupResponse)(nil),    // 26: etcdbackup.v1.DeleteBackupResponse
+	(*UploadBackupRequest)(nil),     // 27: etcdbackup.v1.UploadBackupRequest
+	(*UploadHeader)(nil),            // 28: etcdbackup.v1.UploadHeader
+	(*UploadTrailer)(nil),           // 29: etcdbackup.v1.UploadTrailer
+	(*UploadBackupResponse)(nil),    // 30: etcdbackup.v1.UploadBackupResponse
+	(*DownloadBackupRequest)(nil),   // 31: etcdbackup.v1.DownloadBackupRequest
+	(*DownloadBackupResponse)(nil),  // 32: etcdbackup.v1.DownloadBackupResponse
+	(*DownloadHeader)(nil),          // 33: etcdbackup.v1.DownloadHeader
+	(*DrillBackupRequest)(nil),      // 34: etcdbackup.v1.DrillBackupRequest
+	(*DrillBackupResponse)(nil),     // 35: etcdbackup.v1.DrillBackupResponse
+	(*CreateBackupRequest)(nil),     // 36: etcdbackup.v1.CreateBackupRequest
+	(*CreateBackupResponse)(nil),    // 37: etcdbackup.v1.CreateBackupResponse
+	(*GetBackupLogsRequest)(nil),    // 38: etcdbackup.v1.GetBackupLogsRequest
+	(*GetBackupLogsResponse)(nil),   // 39: etcdbackup.v1.GetBackupLogsResponse
+	(*VerifyBackupRequest)(nil),     // 40: etcdbackup.v1.VerifyBackupRequest
+	(*VerifyBackupResponse)(nil),    // 41: etcdbackup.v1.VerifyBackupResponse
+	(*RestoreBackupRequest)(nil),    // 42: etcdbackup.v1.RestoreBackupRequest
+	(*RestoreBackupResponse)(nil),   // 43: etcdbackup.v1.RestoreBackupResponse
+	(*MemberRestore)(nil),           // 44: etcdbackup.v1.MemberRestore
+	(*GetRestoreRequest)(nil),       // 45: etcdbackup.v1.GetRestoreRequest
+	(*GetRestoreResponse)(nil),      // 46: etcdbackup.v1.GetRestoreResponse
+	(*GetBackupEventsRequest)(nil),  // 47: etcdbackup.v1.GetBackupEventsRequest
+	(*GetBackupEventsResponse)(nil), // 48: etcdbackup.v1.GetBackupEventsResponse
+	(*JobEvent)(nil),                // 49: etcdbackup.v1.JobEvent
+	(*PruneBackupsRequest)(nil),     // 50: etcdbackup.v1.PruneBackupsRequest
+	(*PruneBackupsResponse)(nil),    // 51: etcdbackup.v1.PruneBackupsResponse
+	(*KeptBackup)(nil),              // 52: etcdbackup.v1.KeptBackup
+	(*CheckLocationRequest)(nil),    // 53: etcdbackup.v1.CheckLocationRequest
+	(*CheckLocationResponse)(nil),   // 54: etcdbackup.v1.CheckLocationResponse
+	(*LocationCheckStep)(nil),       // 55: etcdbackup.v1.LocationCheckStep
+	(*GetDeltaLeaseRequest)(nil),    // 56: etcdbackup.v1.GetDeltaLeaseRequest
+	(*GetDeltaLeaseResponse)(nil),   // 57: etcdbackup.v1.GetDeltaLeaseResponse
+	(*PutDeltaLeaseRequest)(nil),    // 58: etcdbackup.v1.PutDeltaLeaseRequest
+	(*PutDeltaLeaseResponse)(nil),   // 59: etcdbackup.v1.PutDeltaLeaseResponse
+	(*DeltaLease)(nil),              // 60: etcdbackup.v1.DeltaLease
+	(*GetLedgerRequest)(nil),        // 61: etcdbackup.v1.GetLedgerRequest
+	(*GetLedgerResponse)(nil),       // 62: etcdbackup.v1.GetLedgerResponse
+	(*LedgerRecord)(nil),            // 63: etcdbackup.v1.LedgerRecord
+	nil,                             // 64: etcdbackup.v1.Backup.LabelsEntry
+	nil,                             // 65: etcdbackup.v1.UploadHeader.LabelsEntry
+	nil,                             // 66: etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),   // 67: google.protobuf.Timestamp
 }
 var file_etcdbackup_v1_etcdbackup_proto_depIdxs = []int32{
-	6,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
-	7,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
-	5,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
+	7,  // 0: etcdbackup.v1.GetServerInfoResponse.locations:type_name -> etcdbackup.v1.StorageLocation
+	8,  // 1: etcdbackup.v1.GetServerInfoResponse.limits:type_name -> etcdbackup.v1.ServerLimits
+	6,  // 2: etcdbackup.v1.GetServerInfoResponse.targets:type_name -> etcdbackup.v1.EtcdTarget
 	0,  // 3: etcdbackup.v1.Backup.phase:type_name -> etcdbackup.v1.BackupPhase
-	64, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
-	61, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
-	16, // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
-	17, // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	15, // 8: etcdbackup.v1.Backup.verification:type_name -> etcdbackup.v1.Verification
-	12, // 9: etcdbackup.v1.Backup.delta:type_name -> etcdbackup.v1.DeltaSegment
-	14, // 10: etcdbackup.v1.Backup.chain:type_name -> etcdbackup.v1.DeltaChain
-	9,  // 11: etcdbackup.v1.Backup.kit:type_name -> etcdbackup.v1.Kit
-	64, // 12: etcdbackup.v1.Backup.locked_until:type_name -> google.protobuf.Timestamp
-	64, // 13: etcdbackup.v1.Kit.create_time:type_name -> google.protobuf.Timestamp
-	10, // 14: etcdbackup.v1.Kit.files:type_name -> etcdbackup.v1.KitFile
-	11, // 15: etcdbackup.v1.Kit.versions:type_name -> etcdbackup.v1.KitVersions
-	64, // 16: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
-	64, // 17: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
-	64, // 18: etcdbackup.v1.DeltaSegment.sent_time:type_name -> google.protobuf.Timestamp
-	13, // 19: etcdbackup.v1.DeltaSegment.last_event:type_name -> etcdbackup.v1.DeltaEvent
-	64, // 20: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
-	13, // 21: etcdbackup.v1.DeltaChain.last_event:type_name -> etcdbackup.v1.DeltaEvent
-	64, // 22: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
-	1,  // 23: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
-	64, // 24: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
-	64, // 25: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
-	64, // 26: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
-	8,  // 27: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
-	8,  // 28: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	25, // 29: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
-	26, // 30: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
-	62, // 31: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
-	16, // 32: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
-	17, // 33: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	12, // 34: etcdbackup.v1.UploadHeader.delta:type_name -> etcdbackup.v1.DeltaSegment
-	9,  // 35: etcdbackup.v1.UploadHeader.kit:type_name -> etcdbackup.v1.Kit
-	17, // 36: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
-	8,  // 37: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	30, // 38: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
-	8,  // 39: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
-	64, // 40: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
-	63, // 41: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
-	8,  // 42: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	8,  // 43: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
-	64, // 44: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
-	41, // 45: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	2,  // 46: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
-	41, // 47: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
-	46, // 48: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
-	64, // 49: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
-	64, // 50: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
-	8,  // 51: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
-	8,  // 52: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
-	49, // 53: etcdbackup.v1.PruneBackupsResponse.kept:type_name -> etcdbackup.v1.KeptBackup
-	8,  // 54: etcdbackup.v1.KeptBackup.backup:type_name -> etcdbackup.v1.Backup
-	52, // 55: etcdbackup.v1.CheckLocationResponse.steps:type_name -> etcdbackup.v1.LocationCheckStep
-	57, // 56: etcdbackup.v1.GetDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
-	57, // 57: etcdbackup.v1.PutDeltaLeaseRequest.lease:type_name -> etcdbackup.v1.DeltaLease
-	57, // 58: etcdbackup.v1.PutDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
-	64, // 59: etcdbackup.v1.DeltaLease.acquire_time:type_name -> google.protobuf.Timestamp
-	64, // 60: etcdbackup.v1.DeltaLease.renew_time:type_name -> google.protobuf.Timestamp
-	60, // 61: etcdbackup.v1.GetLedgerResponse.records:type_name -> etcdbackup.v1.LedgerRecord
-	3,  // 62: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
-	18, // 63: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
-	20, // 64: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
-	22, // 65: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
-	24, // 66: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
-	28, // 67: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
-	33, // 68: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
-	35, // 69: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
-	37, // 70: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
-	39, // 71: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
-	42, // 72: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
-	31, // 73: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
-	44, // 74: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
-	47, // 75: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
-	50, // 76: etcdbackup.v1.BackupService.CheckLocation:input_type -> etcdbackup.v1.CheckLocationRequest
-	58, // 77: etcdbackup.v1.BackupService.GetLedger:input_type -> etcdbackup.v1.GetLedgerRequest
-	53, // 78: etcdbackup.v1.AgentService.GetDeltaLease:input_type -> etcdbackup.v1.GetDeltaLeaseRequest
-	55, // 79: etcdbackup.v1.AgentService.PutDeltaLease:input_type -> etcdbackup.v1.PutDeltaLeaseRequest
-	4,  // 80: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
-	19, // 81: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
-	21, // 82: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
-	23, // 83: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
-	27, // 84: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
-	29, // 85: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
-	34, // 86: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
-	36, // 87: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
-	38, // 88: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
-	40, // 89: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
-	43, // 90: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
-	32, // 91: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
-	45, // 92: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
-	48, // 93: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
-	51, // 94: etcdbackup.v1.BackupService.CheckLocation:output_type -> etcdbackup.v1.CheckLocationResponse
-	59, // 95: etcdbackup.v1.BackupService.GetLedger:output_type -> etcdbackup.v1.GetLedgerResponse
-	54, // 96: etcdbackup.v1.AgentService.GetDeltaLease:output_type -> etcdbackup.v1.GetDeltaLeaseResponse
-	56, // 97: etcdbackup.v1.AgentService.PutDeltaLease:output_type -> etcdbackup.v1.PutDeltaLeaseResponse
-	80, // [80:98] is the sub-list for method output_type
-	62, // [62:80] is the sub-list for method input_type
-	62, // [62:62] is the sub-list for extension type_name
-	62, // [62:62] is the sub-list for extension extendee
-	0,  // [0:62] is the sub-list for field type_name
+	67, // 4: etcdbackup.v1.Backup.create_time:type_name -> google.protobuf.Timestamp
+	64, // 5: etcdbackup.v1.Backup.labels:type_name -> etcdbackup.v1.Backup.LabelsEntry
+	19, // 6: etcdbackup.v1.Backup.source:type_name -> etcdbackup.v1.BackupSource
+	20, // 7: etcdbackup.v1.Backup.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	18, // 8: etcdbackup.v1.Backup.verification:type_name -> etcdbackup.v1.Verification
+	15, // 9: etcdbackup.v1.Backup.delta:type_name -> etcdbackup.v1.DeltaSegment
+	17, // 10: etcdbackup.v1.Backup.chain:type_name -> etcdbackup.v1.DeltaChain
+	12, // 11: etcdbackup.v1.Backup.kit:type_name -> etcdbackup.v1.Kit
+	67, // 12: etcdbackup.v1.Backup.locked_until:type_name -> google.protobuf.Timestamp
+	10, // 13: etcdbackup.v1.Backup.copy_of:type_name -> etcdbackup.v1.BackupCopyOf
+	11, // 14: etcdbackup.v1.Backup.copies:type_name -> etcdbackup.v1.BackupCopy
+	67, // 15: etcdbackup.v1.BackupCopyOf.copy_time:type_name -> google.protobuf.Timestamp
+	1,  // 16: etcdbackup.v1.BackupCopy.state:type_name -> etcdbackup.v1.BackupCopyState
+	67, // 17: etcdbackup.v1.BackupCopy.copy_time:type_name -> google.protobuf.Timestamp
+	67, // 18: etcdbackup.v1.BackupCopy.next_attempt:type_name -> google.protobuf.Timestamp
+	67, // 19: etcdbackup.v1.BackupCopy.failing_since:type_name -> google.protobuf.Timestamp
+	67, // 20: etcdbackup.v1.Kit.create_time:type_name -> google.protobuf.Timestamp
+	13, // 21: etcdbackup.v1.Kit.files:type_name -> etcdbackup.v1.KitFile
+	14, // 22: etcdbackup.v1.Kit.versions:type_name -> etcdbackup.v1.KitVersions
+	67, // 23: etcdbackup.v1.DeltaSegment.first_time:type_name -> google.protobuf.Timestamp
+	67, // 24: etcdbackup.v1.DeltaSegment.last_time:type_name -> google.protobuf.Timestamp
+	67, // 25: etcdbackup.v1.DeltaSegment.sent_time:type_name -> google.protobuf.Timestamp
+	16, // 26: etcdbackup.v1.DeltaSegment.last_event:type_name -> etcdbackup.v1.DeltaEvent
+	67, // 27: etcdbackup.v1.DeltaChain.last_time:type_name -> google.protobuf.Timestamp
+	16, // 28: etcdbackup.v1.DeltaChain.last_event:type_name -> etcdbackup.v1.DeltaEvent
+	67, // 29: etcdbackup.v1.Verification.time:type_name -> google.protobuf.Timestamp
+	2,  // 30: etcdbackup.v1.Verification.result:type_name -> etcdbackup.v1.VerificationResult
+	67, // 31: etcdbackup.v1.BackupSource.start_time:type_name -> google.protobuf.Timestamp
+	67, // 32: etcdbackup.v1.BackupSource.end_time:type_name -> google.protobuf.Timestamp
+	67, // 33: etcdbackup.v1.BackupSource.scheduled_time:type_name -> google.protobuf.Timestamp
+	9,  // 34: etcdbackup.v1.ListBackupsResponse.backups:type_name -> etcdbackup.v1.Backup
+	9,  // 35: etcdbackup.v1.GetBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	28, // 36: etcdbackup.v1.UploadBackupRequest.header:type_name -> etcdbackup.v1.UploadHeader
+	29, // 37: etcdbackup.v1.UploadBackupRequest.trailer:type_name -> etcdbackup.v1.UploadTrailer
+	65, // 38: etcdbackup.v1.UploadHeader.labels:type_name -> etcdbackup.v1.UploadHeader.LabelsEntry
+	19, // 39: etcdbackup.v1.UploadHeader.source:type_name -> etcdbackup.v1.BackupSource
+	20, // 40: etcdbackup.v1.UploadHeader.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	15, // 41: etcdbackup.v1.UploadHeader.delta:type_name -> etcdbackup.v1.DeltaSegment
+	12, // 42: etcdbackup.v1.UploadHeader.kit:type_name -> etcdbackup.v1.Kit
+	20, // 43: etcdbackup.v1.UploadTrailer.etcd:type_name -> etcdbackup.v1.EtcdInfo
+	9,  // 44: etcdbackup.v1.UploadBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	33, // 45: etcdbackup.v1.DownloadBackupResponse.header:type_name -> etcdbackup.v1.DownloadHeader
+	9,  // 46: etcdbackup.v1.DownloadHeader.backup:type_name -> etcdbackup.v1.Backup
+	67, // 47: etcdbackup.v1.DrillBackupResponse.start_time:type_name -> google.protobuf.Timestamp
+	66, // 48: etcdbackup.v1.CreateBackupRequest.labels:type_name -> etcdbackup.v1.CreateBackupRequest.LabelsEntry
+	9,  // 49: etcdbackup.v1.CreateBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	9,  // 50: etcdbackup.v1.VerifyBackupResponse.backup:type_name -> etcdbackup.v1.Backup
+	67, // 51: etcdbackup.v1.RestoreBackupRequest.to_time:type_name -> google.protobuf.Timestamp
+	44, // 52: etcdbackup.v1.RestoreBackupResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	3,  // 53: etcdbackup.v1.MemberRestore.phase:type_name -> etcdbackup.v1.RestorePhase
+	44, // 54: etcdbackup.v1.GetRestoreResponse.members:type_name -> etcdbackup.v1.MemberRestore
+	49, // 55: etcdbackup.v1.GetBackupEventsResponse.events:type_name -> etcdbackup.v1.JobEvent
+	67, // 56: etcdbackup.v1.JobEvent.first_time:type_name -> google.protobuf.Timestamp
+	67, // 57: etcdbackup.v1.JobEvent.last_time:type_name -> google.protobuf.Timestamp
+	9,  // 58: etcdbackup.v1.PruneBackupsResponse.pruned:type_name -> etcdbackup.v1.Backup
+	9,  // 59: etcdbackup.v1.PruneBackupsResponse.in_use:type_name -> etcdbackup.v1.Backup
+	52, // 60: etcdbackup.v1.PruneBackupsResponse.kept:type_name -> etcdbackup.v1.KeptBackup
+	9,  // 61: etcdbackup.v1.KeptBackup.backup:type_name -> etcdbackup.v1.Backup
+	55, // 62: etcdbackup.v1.CheckLocationResponse.steps:type_name -> etcdbackup.v1.LocationCheckStep
+	60, // 63: etcdbackup.v1.GetDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
+	60, // 64: etcdbackup.v1.PutDeltaLeaseRequest.lease:type_name -> etcdbackup.v1.DeltaLease
+	60, // 65: etcdbackup.v1.PutDeltaLeaseResponse.lease:type_name -> etcdbackup.v1.DeltaLease
+	67, // 66: etcdbackup.v1.DeltaLease.acquire_time:type_name -> google.protobuf.Timestamp
+	67, // 67: etcdbackup.v1.DeltaLease.renew_time:type_name -> google.protobuf.Timestamp
+	63, // 68: etcdbackup.v1.GetLedgerResponse.records:type_name -> etcdbackup.v1.LedgerRecord
+	4,  // 69: etcdbackup.v1.InfoService.GetServerInfo:input_type -> etcdbackup.v1.GetServerInfoRequest
+	21, // 70: etcdbackup.v1.BackupService.ListBackups:input_type -> etcdbackup.v1.ListBackupsRequest
+	23, // 71: etcdbackup.v1.BackupService.GetBackup:input_type -> etcdbackup.v1.GetBackupRequest
+	25, // 72: etcdbackup.v1.BackupService.DeleteBackup:input_type -> etcdbackup.v1.DeleteBackupRequest
+	27, // 73: etcdbackup.v1.BackupService.UploadBackup:input_type -> etcdbackup.v1.UploadBackupRequest
+	31, // 74: etcdbackup.v1.BackupService.DownloadBackup:input_type -> etcdbackup.v1.DownloadBackupRequest
+	36, // 75: etcdbackup.v1.BackupService.CreateBackup:input_type -> etcdbackup.v1.CreateBackupRequest
+	38, // 76: etcdbackup.v1.BackupService.GetBackupLogs:input_type -> etcdbackup.v1.GetBackupLogsRequest
+	40, // 77: etcdbackup.v1.BackupService.VerifyBackup:input_type -> etcdbackup.v1.VerifyBackupRequest
+	42, // 78: etcdbackup.v1.BackupService.RestoreBackup:input_type -> etcdbackup.v1.RestoreBackupRequest
+	45, // 79: etcdbackup.v1.BackupService.GetRestore:input_type -> etcdbackup.v1.GetRestoreRequest
+	34, // 80: etcdbackup.v1.BackupService.DrillBackup:input_type -> etcdbackup.v1.DrillBackupRequest
+	47, // 81: etcdbackup.v1.BackupService.GetBackupEvents:input_type -> etcdbackup.v1.GetBackupEventsRequest
+	50, // 82: etcdbackup.v1.BackupService.PruneBackups:input_type -> etcdbackup.v1.PruneBackupsRequest
+	53, // 83: etcdbackup.v1.BackupService.CheckLocation:input_type -> etcdbackup.v1.CheckLocationRequest
+	61, // 84: etcdbackup.v1.BackupService.GetLedger:input_type -> etcdbackup.v1.GetLedgerRequest
+	56, // 85: etcdbackup.v1.AgentService.GetDeltaLease:input_type -> etcdbackup.v1.GetDeltaLeaseRequest
+	58, // 86: etcdbackup.v1.AgentService.PutDeltaLease:input_type -> etcdbackup.v1.PutDeltaLeaseRequest
+	5,  // 87: etcdbackup.v1.InfoService.GetServerInfo:output_type -> etcdbackup.v1.GetServerInfoResponse
+	22, // 88: etcdbackup.v1.BackupService.ListBackups:output_type -> etcdbackup.v1.ListBackupsResponse
+	24, // 89: etcdbackup.v1.BackupService.GetBackup:output_type -> etcdbackup.v1.GetBackupResponse
+	26, // 90: etcdbackup.v1.BackupService.DeleteBackup:output_type -> etcdbackup.v1.DeleteBackupResponse
+	30, // 91: etcdbackup.v1.BackupService.UploadBackup:output_type -> etcdbackup.v1.UploadBackupResponse
+	32, // 92: etcdbackup.v1.BackupService.DownloadBackup:output_type -> etcdbackup.v1.DownloadBackupResponse
+	37, // 93: etcdbackup.v1.BackupService.CreateBackup:output_type -> etcdbackup.v1.CreateBackupResponse
+	39, // 94: etcdbackup.v1.BackupService.GetBackupLogs:output_type -> etcdbackup.v1.GetBackupLogsResponse
+	41, // 95: etcdbackup.v1.BackupService.VerifyBackup:output_type -> etcdbackup.v1.VerifyBackupResponse
+	43, // 96: etcdbackup.v1.BackupService.RestoreBackup:output_type -> etcdbackup.v1.RestoreBackupResponse
+	46, // 97: etcdbackup.v1.BackupService.GetRestore:output_type -> etcdbackup.v1.GetRestoreResponse
+	35, // 98: etcdbackup.v1.BackupService.DrillBackup:output_type -> etcdbackup.v1.DrillBackupResponse
+	48, // 99: etcdbackup.v1.BackupService.GetBackupEvents:output_type -> etcdbackup.v1.GetBackupEventsResponse
+	51, // 100: etcdbackup.v1.BackupService.PruneBackups:output_type -> etcdbackup.v1.PruneBackupsResponse
+	54, // 101: etcdbackup.v1.BackupService.CheckLocation:output_type -> etcdbackup.v1.CheckLocationResponse
+	62, // 102: etcdbackup.v1.BackupService.GetLedger:output_type -> etcdbackup.v1.GetLedgerResponse
+	57, // 103: etcdbackup.v1.AgentService.GetDeltaLease:output_type -> etcdbackup.v1.GetDeltaLeaseResponse
+	59, // 104: etcdbackup.v1.AgentService.PutDeltaLease:output_type -> etcdbackup.v1.PutDeltaLeaseResponse
+	87, // [87:105] is the sub-list for method output_type
+	69, // [69:87] is the sub-list for method input_type
+	69, // [69:69] is the sub-list for extension type_name
+	69, // [69:69] is the sub-list for extension extendee
+	0,  // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_etcdbackup_v1_etcdbackup_proto_init() }
@@ -5269,24 +5550,24 @@ func file_etcdbackup_v1_etcdbackup_proto_init() {
 	if File_etcdbackup_v1_etcdbackup_proto != nil {
 		return
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[21].OneofWrappers = []any{
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[23].OneofWrappers = []any{
 		(*UploadBackupRequest_Header)(nil),
 		(*UploadBackupRequest_Chunk)(nil),
 		(*UploadBackupRequest_Trailer)(nil),
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[22].OneofWrappers = []any{}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[26].OneofWrappers = []any{
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[24].OneofWrappers = []any{}
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[28].OneofWrappers = []any{
 		(*DownloadBackupResponse_Header)(nil),
 		(*DownloadBackupResponse_Chunk)(nil),
 	}
-	file_etcdbackup_v1_etcdbackup_proto_msgTypes[36].OneofWrappers = []any{}
+	file_etcdbackup_v1_etcdbackup_proto_msgTypes[38].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_etcdbackup_v1_etcdbackup_proto_rawDesc), len(file_etcdbackup_v1_etcdbackup_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   61,
+			NumEnums:      4,
+			NumMessages:   63,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

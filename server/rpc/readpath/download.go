@@ -18,6 +18,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/edge"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/rpc/internal/stream"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 )
 
 // DownloadBackup implements ebv1.BackupServiceServer: admit the request
@@ -45,6 +46,19 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, out ebv1.Backu
 	// range asks for whatever is left); what is sent is measured on the
 	// manifest Open returned, as everything below is.
 	r, m, err := d.loc.Open(ctx, req.GetName(), req.GetOffset(), req.GetLength())
+	if err != nil && d.copyOf == "" && readFromCopy(err) {
+		// Listed, but its bytes are gone (or the store stopped answering
+		// since): a copy of the same bytes serves as well.
+		if cl, cm := s.fromCopy(ctx, d.locName, d.name, d.sha); cl != nil {
+			s.log.Warn("backup download: reading a copy", "location", d.locName, "backup", d.name, "copy", cl.Name, "error", err)
+			d.copyOf, d.locName, d.loc = d.locName, cl.Name, cl
+			r, m, err = cl.Open(ctx, req.GetName(), req.GetOffset(), req.GetLength())
+			if err == nil && m.SHA256 != cm.SHA256 {
+				r.Close()
+				err = fmt.Errorf("the copy of %q in location %q changed while it was opened", d.name, cl.Name)
+			}
+		}
+	}
 	if err != nil {
 		return edge.StorageStatus("download", d.locName, req.GetName(), err)
 	}
@@ -68,7 +82,7 @@ func (s *Service) DownloadBackup(req *ebv1.DownloadBackupRequest, out ebv1.Backu
 	}
 	// Every backup holds every Secret of its cluster: say who read it.
 	who := s.caller(ctx)
-	s.log.Info("backup download", "location", d.locName, "backup", req.GetName(), "offset", req.GetOffset(), "length", end-req.GetOffset(), "caller", who)
+	s.log.Info("backup download", "location", d.locName, "backup", req.GetName(), "offset", req.GetOffset(), "length", end-req.GetOffset(), "caller", who, "copyOf", d.copyOf)
 	if s.reads.first(who, d.locName, req.GetName(), m.SHA256, s.now()) {
 		d.loc.Note(ctx, s.log, ledger.Entry{Action: s.readAction(), Backup: req.GetName(), SHA256: m.SHA256, Who: who,
 			Detail: fmt.Sprintf("bytes %d-%d of %d", req.GetOffset(), end, m.Size)})
@@ -95,6 +109,19 @@ type download struct {
 	locName string
 	loc     *domain.Location
 	pin     *Pin
+	// sha is the stored SHA-256 admitDownload found.
+	sha string
+	// copyOf is set when the backup is read from a copy: the location
+	// asked for, which could not serve it.
+	copyOf string
+}
+
+// readFromCopy says whether a read that failed with err may be served
+// from a copy: the backup (or its bytes) is not in the location, or the
+// location cannot be reached.
+func readFromCopy(err error) bool {
+	var ue *locations.UnavailableError
+	return errors.Is(err, storage.ErrNotFound) || errors.As(err, &ue)
 }
 
 // admitDownload checks a download request: its name and range, its
@@ -113,25 +140,47 @@ func (s *Service) admitDownload(ctx context.Context, req *ebv1.DownloadBackupReq
 		return nil, status.Errorf(codes.InvalidArgument, "length %d is negative; 0 asks for everything from the offset to the end", req.GetLength())
 	}
 	d := &download{name: req.GetName()}
-	var err error
-	if d.locName, d.loc, err = s.location(req.GetLocation()); err != nil {
-		return nil, err
+	l, err := s.locations.Get(req.GetLocation())
+	var ue *locations.UnavailableError
+	switch {
+	case errors.As(err, &ue):
+		// Its copies may serve it (below).
+		l, _ = s.locations.Lookup(ue.Location)
+	case err != nil:
+		return nil, edge.Status("", err)
 	}
+	d.locName, d.loc = l.Name, l
 	if may := s.hooks.MayDownload; may != nil {
 		if d.pin, err = may(ctx, req.GetName(), d.locName); err != nil {
 			return nil, err
 		}
 	}
-	m, err := d.loc.Stat(ctx, req.GetName())
+	var m *storage.Manifest
+	if ue == nil {
+		m, err = d.loc.Stat(ctx, req.GetName())
+	} else {
+		err = ue
+	}
 	if errors.Is(err, storage.ErrNotFound) {
 		if b := s.run(ctx, d.locName, req.GetName()); b != nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "backup %q is %s, not stored: %s", req.GetName(),
 				map[bool]string{true: "still being taken", false: "failed"}[b.GetPhase() == ebv1.BackupPhase_BACKUP_PHASE_RUNNING], b.GetMessage())
 		}
 	}
+	if err != nil && readFromCopy(err) {
+		var pinned string
+		if d.pin != nil {
+			pinned = d.pin.SHA256
+		}
+		if cl, cm := s.fromCopy(ctx, d.locName, req.GetName(), pinned); cl != nil {
+			s.log.Warn("backup download: reading a copy", "location", d.locName, "backup", req.GetName(), "copy", cl.Name, "error", err)
+			d.copyOf, d.locName, d.loc, m, err = d.locName, cl.Name, cl, cm, nil
+		}
+	}
 	if err != nil {
 		return nil, edge.StorageStatus("download", d.locName, req.GetName(), err)
 	}
+	d.sha = m.SHA256
 	if req.GetOffset() > m.Size {
 		return nil, status.Errorf(codes.OutOfRange,
 			"offset %d is past the end of backup %q (%d bytes); a partial download larger than the backup is not of this backup: delete it and download again",

@@ -60,6 +60,7 @@ func (s *Service) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest)
 	if err != nil {
 		return nil, err
 	}
+	copies := s.listCopies(ctx, loc, "")
 	resp := &ebv1.ListBackupsResponse{}
 	for _, m := range manifests {
 		delete(runs, m.Name)
@@ -67,6 +68,7 @@ func (s *Service) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest)
 			b := edge.Backup(locName, m)
 			edge.WithChain(b, m, chains)
 			edge.WithKit(b, kits[m.Name], false)
+			copies.set(b, m, s.copies)
 			resp.Backups = append(resp.Backups, b)
 		}
 	}
@@ -167,6 +169,7 @@ func (s *Service) GetBackup(ctx context.Context, req *ebv1.GetBackupRequest) (*e
 		return nil, edge.StorageStatus("get", locName, req.GetName(), err)
 	}
 	b := edge.Backup(locName, m)
+	s.listCopies(ctx, loc, m.Name).set(b, m, s.copies)
 	if !m.IsSegment() && !m.IsKit() {
 		if k, err := loc.Stat(ctx, storage.KitName(m.Name)); err == nil && k.IsKit() {
 			edge.WithKit(b, k, true)

@@ -49,6 +49,9 @@ type Config struct {
 	// ("break-glass on HOST"): downloads are recorded in the ledger as
 	// break-glass reads by it. Empty on the data server.
 	BreakGlass string
+	// Copies answers what the copier knows of copies not made yet; nil
+	// (break-glass, a replica that does not lead) knows nothing.
+	Copies domain.CopyTracker
 }
 
 // Hooks are the request layer's policy the read path defers to. A nil
@@ -96,6 +99,7 @@ type Service struct {
 	scratchDir string
 	limits     config.Limits
 	hooks      Hooks
+	copies     domain.CopyTracker
 	breakGlass bool
 	// reads keeps the ledger at an entry per read, not per ranged call.
 	reads recentReads
@@ -118,6 +122,7 @@ func New(cfg Config) *Service {
 		metrics:    cfg.Metrics,
 		scratchDir: cfg.ScratchDir,
 		limits:     cfg.Limits,
+		copies:     cfg.Copies,
 		hooks:      cfg.Hooks,
 		breakGlass: cfg.BreakGlass != "",
 		verifies:   verifyGate{budget: cfg.Limits.VerifyScratchBytes},

@@ -36,6 +36,15 @@ func (s *Service) VerifyBackup(ctx context.Context, req *ebv1.VerifyBackupReques
 		return nil, err
 	}
 	r, m, err := loc.Open(ctx, req.GetName(), 0, 0)
+	if err != nil && readFromCopy(err) {
+		// Its bytes are gone: a copy of them verifies as well (the
+		// response's backup names the copy's location).
+		if cl, _ := s.fromCopy(ctx, locName, req.GetName(), ""); cl != nil {
+			s.log.Warn("verify: reading a copy", "location", locName, "backup", req.GetName(), "copy", cl.Name, "error", err)
+			locName, loc = cl.Name, cl
+			r, m, err = cl.Open(ctx, req.GetName(), 0, 0)
+		}
+	}
 	if err != nil {
 		return nil, edge.StorageStatus("verify", locName, req.GetName(), err)
 	}

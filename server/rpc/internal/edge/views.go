@@ -68,6 +68,9 @@ func Backup(loc string, m *storage.Manifest) *ebv1.Backup {
 	if !m.LockedUntil.IsZero() {
 		b.LockedUntil = timestamppb.New(m.LockedUntil)
 	}
+	if c := m.Copy; c != nil {
+		b.CopyOf = &ebv1.BackupCopyOf{Location: c.From, CopyTime: timestamppb.New(c.Time)}
+	}
 	if !m.Source.StartTime.IsZero() {
 		b.Source.StartTime = timestamppb.New(m.Source.StartTime)
 	}
