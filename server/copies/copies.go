@@ -226,13 +226,9 @@ func (c *Copier) Round(ctx context.Context, from, to *domain.Location) RoundResu
 	}
 	c.forgetGone(st, src)
 	if len(res.Copied) > 0 {
+		// What retention removes here stays among the names held until
+		// the next round lists them: none of it is pending either way.
 		c.retain(ctx, from, to)
-		if dst, err := to.List(ctx); err == nil {
-			c.have(st, dst)
-		}
-		if del, err = c.deletionsOf(ctx, to); err != nil {
-			del = nil
-		}
 	}
 	c.record(from.Name, to.Name, Missing(src, c.have(st, nil), del), c.now())
 	return res

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/domain"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/metrics"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/retention"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/locations"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/s3/s3test"
@@ -77,24 +77,14 @@ func (w *world) restart() {
 	w.c = copies.New(copies.Config{Locations: w.locs, Targets: targets, Pruner: pruner, Metrics: w.metrics, Now: now})
 }
 
-// store writes an object into the primary location.
+// put stores an object in the primary location, created now unless
+// m says when.
 func (w *world) put(m *storage.Manifest, data []byte) *storage.Manifest {
 	w.t.Helper()
-	sum := sha256.Sum256(data)
-	m.Size, m.SHA256 = int64(len(data)), hex.EncodeToString(sum[:])
 	if m.CreateTime.IsZero() {
 		m.CreateTime = w.now
 	}
-	u, err := w.from.Create(w.t.Context(), m.Name)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	if _, err := u.Write(data); err != nil {
-		w.t.Fatal(err)
-	}
-	if err := u.Commit(w.t.Context(), m); err != nil {
-		w.t.Fatal(err)
-	}
+	backuptest.Put(w.t, w.from, m, data)
 	return m
 }
 
@@ -333,18 +323,7 @@ func TestRetentionPerCopyLocation(t *testing.T) {
 	if len(res.Copied) != 3 {
 		t.Fatalf("%+v", res)
 	}
-	names := func(l *domain.Location) string {
-		ms, err := l.List(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, m := range ms {
-			out = append(out, m.Name)
-		}
-		slices.Sort(out)
-		return strings.Join(out, ",")
-	}
+	names := func(l *domain.Location) string { return strings.Join(backuptest.Names(t, l), ",") }
 	if got := names(w.to); got != "cp-2,cp-3" {
 		t.Errorf("copy location after its retention: %s, want cp-2,cp-3", got)
 	}
