@@ -64,6 +64,11 @@ type Events struct {
 	Downloading func(done, total int64)
 	// Verified is called once the snapshot passed every check.
 	Verified func(Verified)
+	// Rebuilding is called once the snapshot to restore is final (checked,
+	// and replayed with Deltas), just before the data directory is
+	// rebuilt: what comes before it is getting the data, what comes after
+	// writing it, which a caller timing the restore tells apart.
+	Rebuilding func()
 	// MovedAside is called when a non-empty data directory was renamed.
 	MovedAside func(to string)
 }
@@ -204,6 +209,9 @@ func Restore(ctx context.Context, c *client.Client, o Options, ev Events) (*Resu
 	if bump > math.MaxInt64-v.Status.Revision {
 		return nil, fmt.Errorf("a revision bump of %d would take the snapshot's revision %d past the largest etcd can hold (%d); choose a smaller one (default %d)",
 			bump, v.Status.Revision, int64(math.MaxInt64), snapshot.DefaultRevisionBump)
+	}
+	if ev.Rebuilding != nil {
+		ev.Rebuilding()
 	}
 	movedTo, err := snapshot.Restore(path, o.Member)
 	if movedTo != "" && ev.MovedAside != nil {

@@ -56,12 +56,24 @@ func TestRestoreThroughTheServerBringsTheDataBack(t *testing.T) {
 			m, peer := memberAt(t, dataDir)
 			var verified member.Verified
 			var progressed bool
+			// What a caller timing the steps relies on: every byte before
+			// the checks end, the checks before the rebuild starts.
+			var order []string
 			res, err := member.Restore(context.Background(), srv.Client, member.Options{Name: "b1", Member: m}, member.Events{
-				Downloading: func(done, total int64) { progressed = progressed || (done > 0 && total > 0) },
-				Verified:    func(v member.Verified) { verified = v },
+				Downloading: func(done, total int64) {
+					progressed = progressed || (done > 0 && total > 0)
+					if done == total && !slices.Contains(order, "downloaded") {
+						order = append(order, "downloaded")
+					}
+				},
+				Verified:   func(v member.Verified) { verified = v; order = append(order, "verified") },
+				Rebuilding: func() { order = append(order, "rebuilding") },
 			})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if want := []string{"downloaded", "verified", "rebuilding"}; !slices.Equal(order, want) {
+				t.Errorf("events %q, want %q", order, want)
 			}
 			if res.DataDir != dataDir || !progressed || verified.Backup.GetName() != "b1" || verified.Status.TotalKey == 0 {
 				t.Fatalf("result %+v, verified %+v, progressed %v", res, verified, progressed)
@@ -89,13 +101,21 @@ func TestRestoreFromAFileNeedsNoServer(t *testing.T) {
 	}
 	m, peer := memberAt(t, filepath.Join(t.TempDir(), "data"))
 	var verified member.Verified
+	rebuilding := 0
 	if _, err := member.Restore(context.Background(), nil, member.Options{Name: "b1", FromFile: file, Member: m}, member.Events{
-		Verified: func(v member.Verified) { verified = v },
+		Downloading: func(int64, int64) { t.Error("a restore from a file reported a download") },
+		Verified:    func(v member.Verified) { verified = v },
+		Rebuilding: func() {
+			if verified.File == "" {
+				t.Error("the rebuild started before the file was verified")
+			}
+			rebuilding++
+		},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if verified.File != file || verified.Backup != nil {
-		t.Fatalf("verified %+v", verified)
+	if verified.File != file || verified.Backup != nil || rebuilding != 1 {
+		t.Fatalf("verified %+v, rebuilding reported %d times", verified, rebuilding)
 	}
 	if got := readMarker(t, m, peer); got != "from-file" {
 		t.Fatalf("marker = %q", got)

@@ -59,7 +59,7 @@ func (g *GlobalOptions) explicitToken() string {
 // missing install, an unready pod or missing RBAC is reported as such
 // rather than as a gRPC "connection error"; later (re-)dials by gRPC go
 // through the same tunnel dialer.
-func (g *GlobalOptions) connectTunnel(ctx context.Context) (*Connection, error) {
+func (g *GlobalOptions) connectTunnel(ctx context.Context, extra []grpc.DialOption) (*Connection, error) {
 	ctx = traceHTTP(ctx)
 	cfg, err := g.ConfigFlags.ToRESTConfig()
 	if err != nil {
@@ -100,7 +100,7 @@ func (g *GlobalOptions) connectTunnel(ctx context.Context) (*Connection, error) 
 	// The kubeconfig's token goes only to a server that asks for it.
 	asked := &tokenWhenAsked{creds: token}
 	conn, err := grpc.NewClient("passthrough:///"+g.ServerService+"."+g.namespace(),
-		append(append(dialOptions, grpc.WithContextDialer(dial)), asked.dialOptions()...)...)
+		slices.Concat(dialOptions, []grpc.DialOption{grpc.WithContextDialer(dial)}, asked.dialOptions(), extra)...)
 	if err != nil {
 		first.Close()
 		return nil, err

@@ -137,8 +137,17 @@ func TestRestoreToAPoint(t *testing.T) {
 		t.Helper()
 		dataDir := filepath.Join(t.TempDir(), "etcd")
 		peer := freeURL(t)
-		r := mustRun(t, append([]string{addr, "restore", "--local", "--target", "cp", "--data-dir", dataDir, "--member-name", "m1",
-			"--initial-cluster", "m1=" + peer.String(), "--initial-advertise-peer-urls", peer.String()}, point...)...)
+		// Read at the start, the full's last byte, the checks' end, the
+		// replay's end and the rebuild's end.
+		r := runRestoreAt(t, []time.Duration{0, 41 * time.Second, 47 * time.Second, 59 * time.Second, 95 * time.Second},
+			append([]string{addr, "restore", "--local", "--target", "cp", "--data-dir", dataDir, "--member-name", "m1",
+				"--initial-cluster", "m1=" + peer.String(), "--initial-advertise-peer-urls", peer.String()}, point...)...)
+		if r.err != nil {
+			t.Fatalf("restore to %v: %v\n%s", point, r.err, r.errOut)
+		}
+		if !strings.HasSuffix(r.out, "\nrestored in 1m35s: download 41s, verify 6s, replay 12s, rebuild 36s\n") {
+			t.Fatalf("restore to %v does not end with its elapsed time and steps:\n%s", point, r.out)
+		}
 		return startEtcd(t, dataDir, "m1", peer), r
 	}
 	for _, rev := range []int64{inside, boundary, newest} {

@@ -68,9 +68,15 @@ func printBackupList(out io.Writer, pf *PrintFlags, bs []*ebv1.Backup, fold bool
 	if fold {
 		rows, folded = foldCopies(bs)
 	}
-	var obj runtime.Object = backupList(bs)
-	if pf.OutputFormat == "name" {
+	// The table is printed from the backups themselves: the documents
+	// (a Kubernetes-style object per backup) are built only for -o.
+	var obj runtime.Object
+	switch {
+	case pf.Human():
+	case pf.OutputFormat == "name":
 		obj = backupList(rows)
+	default:
+		obj = backupList(bs)
 	}
 	return pf.Print(out, obj, func(w io.Writer) error {
 		return printBackupTable(w, rows, folded, pf.Wide(), pf.NoHeaders, time.Now())

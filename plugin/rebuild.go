@@ -183,7 +183,6 @@ func (o *RestoreOptions) checkVersions(ctx context.Context, v kit.Versions) []st
 // and the static-pod manifests written last, so that the kubelet starts
 // the control plane on restored data.
 func (o *RestoreOptions) rebuild(ctx context.Context) error {
-	start := time.Now()
 	ids, err := loadIdentities(o.IdentityFiles)
 	if err != nil {
 		return err
@@ -241,6 +240,7 @@ func (o *RestoreOptions) rebuild(ctx context.Context) error {
 		return withCode(ExitRefused, fmt.Errorf("restore %q --rebuild refused, nothing was changed: %w", o.Name, err))
 	}
 	if err := contents.Install(files); err != nil {
+		o.failedAfter()
 		return fmt.Errorf("rebuild: the kit's files: %w (files written so far stay; what was there is beside them, hidden, named .NAME.before-rebuild-*)", err)
 	}
 	o.printSteps("wrote", files)
@@ -248,10 +248,14 @@ func (o *RestoreOptions) rebuild(ctx context.Context) error {
 	o.Member.BumpRevision = &o.BumpRevision
 	o.rebuilding = true
 	o.Location = b.GetLocation()
+	// Everything so far (the kit fetched, opened, checked and written)
+	// is the kit's part of the recovery time; etcd's member is next.
+	o.endStep("kit")
 	if err := o.restoreLocal(ctx, conn, member.DefaultWorkDir(m.DataDir, o.Name)); err != nil {
 		return fmt.Errorf("rebuild: %w (the kit's files are in place; the static-pod manifests were not written, so nothing starts; run the same command again)", err)
 	}
 	if err := contents.Install(manifests); err != nil {
+		o.failedAfter()
 		return fmt.Errorf("rebuild: the static-pod manifests: %w", err)
 	}
 	o.printSteps("wrote, last", manifests)
@@ -262,9 +266,11 @@ func (o *RestoreOptions) rebuild(ctx context.Context) error {
 			break
 		}
 	}
+	took := o.restoredIn()
 	fmt.Fprintf(o.Out, "node rebuilt from %q in %s: the kubelet starts etcd and the control plane from %s; follow it with %s\n",
-		o.Name, time.Since(start).Round(time.Millisecond), filepath.Join(o.Rebuild.Root, o.Rebuild.ManifestsDir), follow)
+		o.Name, roundElapsed(o.lastEnd().Sub(o.start)), filepath.Join(o.Rebuild.Root, o.Rebuild.ManifestsDir), follow)
 	fmt.Fprintln(o.Out, "the backup and its kit hold every key of this cluster: rotate what docs/disaster-recovery.md names once the cluster is back")
+	fmt.Fprintln(o.Out, took)
 	return nil
 }
 

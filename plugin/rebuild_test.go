@@ -161,9 +161,17 @@ func TestRebuildBringsBackAControlPlaneNode(t *testing.T) {
 		t.Errorf("--dry-run writes the manifests before etcd's data:\n%s", dry)
 	}
 	unchanged("--dry-run")
+	if strings.Contains(dry, "restored in") {
+		t.Errorf("--dry-run prints an elapsed time:\n%s", dry)
+	}
 
-	r = mustRun(t, args...)
-	if !strings.Contains(r.out, `node rebuilt from "b1" in `) {
+	// Read at the start, when the kit's files are written, at the
+	// download's last byte, the checks' end and the rebuild's end.
+	r = runRestoreAt(t, []time.Duration{0, 3 * time.Second, 44 * time.Second, 50 * time.Second, 86 * time.Second}, args...)
+	if r.err != nil {
+		t.Fatalf("rebuild: %v\n%s", r.err, r.errOut)
+	}
+	if !strings.Contains(r.out, `node rebuilt from "b1" in 1m26s: `) || !strings.HasSuffix(r.out, "\nrestored in 1m26s: kit 3s, download 41s, verify 6s, rebuild 36s\n") {
 		t.Errorf("rebuild stdout:\n%s", r.out)
 	}
 	for p, body := range files {

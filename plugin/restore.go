@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,11 +59,32 @@ type RestoreOptions struct {
 	// restores etcd's member (the kubelet, not the operator, starts it).
 	Rebuild    RebuildOptions
 	rebuilding bool
+	// now is the clock a restore's elapsed time is read from (time.Now;
+	// tests give their own, so that the durations printed are exact).
+	// start is Run's first reading, steps where each step ended so far:
+	// a restore is the operator's recovery time, printed at its end.
+	now   func() time.Time
+	start time.Time
+	steps []restoreStep
+}
+
+// restoreStep is a step of a restore and when it ended; it began where
+// the step before it ended (the first at the start of Run).
+type restoreStep struct {
+	name string
+	end  time.Time
 }
 
 // NewCmdRestore returns the restore command.
 func NewCmdRestore(g *GlobalOptions) *cobra.Command {
-	o := &RestoreOptions{GlobalOptions: g, PrintFlags: newPrintFlags(plainFormats), WaitOptions: defaultWait()}
+	return newCmdRestore(&RestoreOptions{GlobalOptions: g, now: time.Now})
+}
+
+// newCmdRestore is the restore command running o, whose clock a test may
+// have set.
+func newCmdRestore(o *RestoreOptions) *cobra.Command {
+	g := o.GlobalOptions
+	o.PrintFlags, o.WaitOptions = newPrintFlags(plainFormats), defaultWait()
 	cmd := &cobra.Command{
 		Use:   "restore NAME (--target T | --local --data-dir DIR --member-name M --initial-cluster C --initial-advertise-peer-urls U)",
 		Short: "Rebuild etcd member data from a backup",
@@ -96,6 +118,10 @@ etcd's member is rebuilt from the backup as its static pod's manifest
 describes it, and the static-pod manifests are written last, so that the
 kubelet starts the control plane on restored data. What is in the way is
 renamed aside, never deleted; --dry-run prints every file it would write.
+
+A restore that completes ends with its recovery time, from the command's
+start ("restored in 1m23s: download 41s, verify 6s, rebuild 36s", each
+step's part; with --target --wait the whole, on stderr with -o json/yaml).
 
 A data directory that is not empty is refused unless --move-aside is given,
 which renames it to DIR.before-restore-TIMESTAMP; nothing is ever deleted.
@@ -247,6 +273,7 @@ func (o *RestoreOptions) Validate() error {
 // Run restores. With --local a data directory that is not empty is
 // refused first, before anything is downloaded, and even for --dry-run.
 func (o *RestoreOptions) Run(ctx context.Context) error {
+	o.start, o.steps = o.clock(), nil
 	if o.Rebuild.Rebuild {
 		return o.rebuild(ctx)
 	}
@@ -306,26 +333,47 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, conn *Connection, wor
 		}
 	}
 	var bar *progress
+	downloaded := false
 	ev := member.Events{
 		Downloading: func(done, total int64) {
 			if bar == nil {
 				bar = newProgress(o.ErrOut, total, "downloading "+o.Name)
 			}
 			bar.Set(done)
+			// The last stored byte: what follows (decrypting,
+			// decompressing, etcd's checks) is verifying.
+			if !downloaded && total > 0 && done >= total {
+				downloaded = true
+				o.endStep("download")
+			}
 		},
 		Verified: func(v member.Verified) {
 			bar.Finish(true)
 			bar = nil
+			if o.FromFile == "" && !downloaded {
+				// Nothing was left to download (a rerun resumed a
+				// complete one): the time went to checking it.
+				o.steps = append(o.steps, restoreStep{"download", o.lastEnd()})
+			}
+			o.endStep("verify")
 			if v.File != "" {
 				fmt.Fprintf(o.ErrOut, "%s verified: etcd trailer and database consistent, revision %d, %d keys\n", v.File, v.Status.Revision, v.Status.TotalKey)
 				return
 			}
 			fmt.Fprintf(o.ErrOut, "backup %q verified: sha256 %s, revision %d, %d keys\n", o.Name, v.Backup.GetSha256(), v.Status.Revision, v.Status.TotalKey)
 		},
+		Rebuilding: func() {
+			if deltas != nil {
+				o.endStep("replay")
+			}
+		},
 		MovedAside: func(to string) { fmt.Fprintf(o.ErrOut, "the old data directory was moved to %s\n", to) },
 	}
 	res, err := member.Restore(ctx, c, member.Options{Name: o.Name, Location: o.Location, FromFile: o.FromFile, Member: o.Member, WorkDir: work, Identities: ids, SHA256: sha, Deltas: deltas}, ev)
 	bar.Finish(false)
+	if err != nil {
+		o.failedAfter()
+	}
 	if errors.Is(err, crypt.ErrIdentityRequired) {
 		return fmt.Errorf("restore %q: the backup is age-encrypted and no identity was given: %s; nothing was changed", o.Name, passIdentity)
 	}
@@ -370,7 +418,63 @@ func (o *RestoreOptions) restoreLocal(ctx context.Context, conn *Connection, wor
 		fmt.Fprintf(o.Out, "removed the data server's Job-signing key and agent CA (%s) at revision %d: every backup of this cluster holds them, so the server makes new ones within 30 s of the cluster's return, and refuses agent Jobs signed before; restore every member of this cluster with this version, so that each removes them at the same revision\n",
 			strings.Join(res.RevokedServerKeys, ", "), res.Revision)
 	}
+	if !o.rebuilding {
+		// A node's rebuild goes on (the static-pod manifests): it prints
+		// its own once done.
+		fmt.Fprintln(o.Out, o.restoredIn())
+	}
 	return nil
+}
+
+// clock reads o.now (time.Now when unset).
+func (o *RestoreOptions) clock() time.Time {
+	if o.now == nil {
+		return time.Now()
+	}
+	return o.now()
+}
+
+// endStep says step name of the restore ended now.
+func (o *RestoreOptions) endStep(name string) {
+	o.steps = append(o.steps, restoreStep{name, o.clock()})
+}
+
+// lastEnd is where the next step begins.
+func (o *RestoreOptions) lastEnd() time.Time {
+	if len(o.steps) == 0 {
+		return o.start
+	}
+	return o.steps[len(o.steps)-1].end
+}
+
+// restoredIn ends the restore's last step, "rebuild" (writing the data
+// directory, and a node's rebuild the manifests too), and says how long
+// it took from the start of Run, each step's part after the colon:
+// "restored in 1m23s: download 41s, verify 6s, rebuild 36s".
+func (o *RestoreOptions) restoredIn() string {
+	o.endStep("rebuild")
+	parts := make([]string, 0, len(o.steps))
+	from := o.start
+	for _, s := range o.steps {
+		parts = append(parts, s.name+" "+roundElapsed(s.end.Sub(from)))
+		from = s.end
+	}
+	return "restored in " + roundElapsed(from.Sub(o.start)) + ": " + strings.Join(parts, ", ")
+}
+
+// failedAfter says on stderr how long a restore ran before it failed:
+// the error says why, this what the attempt cost of the recovery time.
+func (o *RestoreOptions) failedAfter() {
+	fmt.Fprintf(o.ErrOut, "restore failed after %s\n", roundElapsed(o.clock().Sub(o.start)))
+}
+
+// roundElapsed rounds d as a person reads it: to 0.1 s below 10 s (a
+// step of a small restore), to the second above ("1m23s").
+func roundElapsed(d time.Duration) string {
+	if d < 10*time.Second {
+		return strconv.FormatFloat(d.Round(100*time.Millisecond).Seconds(), 'f', -1, 64) + "s"
+	}
+	return d.Round(time.Second).String()
 }
 
 // bumpSummary says what a restore with revision bump b does to etcd's
@@ -494,6 +598,7 @@ func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error
 					// The agent's last words (its termination message, or
 					// the end of its log).
 					printLogTail(o.ErrOut, strings.TrimSpace(m.GetMessage()))
+					o.failedAfter()
 					return false, withCode(ExitFailed, fmt.Errorf("restore of member %s failed: %s; see `kubectl -n %s logs job/%s`", m.GetMember(), m.GetMessage(), ns, job))
 				case ebv1.RestorePhase_RESTORE_PHASE_SUCCEEDED:
 				default:
@@ -508,17 +613,27 @@ func (o *RestoreOptions) waitTarget(ctx context.Context, conn *Connection) error
 	if err != nil {
 		return err
 	}
+	// From the command, not the wait: the server's checks and the Jobs'
+	// start are part of the recovery time. GetRestore carries no times of
+	// the members' Jobs, so there is no part per member.
+	took := fmt.Sprintf("target %q restored in %s, from the command to every member's Job succeeded", o.Target, roundElapsed(o.clock().Sub(o.start)))
 	if !o.PrintFlags.Human() {
-		return o.PrintFlags.Print(o.Out, o.restoreObject(members), nil)
+		if err := o.PrintFlags.Print(o.Out, o.restoreObject(members), nil); err != nil {
+			return err
+		}
+		// Stdout holds the document alone.
+		fmt.Fprintln(o.ErrOut, took)
+		return nil
 	}
 	for _, m := range members {
 		fmt.Fprintf(o.Out, "member %s restored into %s (data dir %q); %s\n", m.GetMember(), m.GetVolume(), dataDirLabel(m.GetDataDir()), bumpSummary(m.GetBumpRevision()))
 	}
 	if o.toPoint() {
 		fmt.Fprintf(o.Out, "target %q restored to %s (full backup %q, %d delta segments replayed): start the members again\n", o.Target, o.plannedPoint(), o.Name, len(o.segments))
-		return nil
+	} else {
+		fmt.Fprintf(o.Out, "restore of %q into target %q done: start the members again\n", o.Name, o.Target)
 	}
-	fmt.Fprintf(o.Out, "restore of %q into target %q done: start the members again\n", o.Name, o.Target)
+	fmt.Fprintln(o.Out, took)
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -96,11 +97,17 @@ func TestRestoreLocalRebuildsDataDir(t *testing.T) {
 	cluster := "m1=" + peer.String()
 	args := []string{addr, "restore", "snap", "--local", "--data-dir", dataDir, "--member-name", "m1",
 		"--initial-cluster", cluster, "--initial-advertise-peer-urls", peer.String()}
-	r := mustRun(t, args...)
+	// Read at the start, the download's last byte, the checks' end and
+	// the rebuild's end.
+	r := runRestoreAt(t, []time.Duration{0, 41 * time.Second, 47 * time.Second, 83 * time.Second}, args...)
+	if r.err != nil {
+		t.Fatalf("restore: %v\n%s", r.err, r.errOut)
+	}
 	want := fmt.Sprintf("restored %q into %s for member %q; start etcd with --data-dir %s --name m1 --initial-cluster %s --initial-advertise-peer-urls %s\n",
 		"snap", dataDir, "m1", dataDir, cluster, peer.String()) +
 		// Every restore bumps the revision by default.
-		fmt.Sprintf("revision bumped by 1000000000 (from %d to %d) and marked compacted (watchers and informers will relist)\n", st.Revision, st.Revision+1_000_000_000)
+		fmt.Sprintf("revision bumped by 1000000000 (from %d to %d) and marked compacted (watchers and informers will relist)\n", st.Revision, st.Revision+1_000_000_000) +
+		"restored in 1m23s: download 41s, verify 6s, rebuild 36s\n"
 	if r.out != want {
 		t.Fatalf("restore stdout\n %q\nwant\n %q", r.out, want)
 	}
@@ -116,6 +123,10 @@ func TestRestoreLocalRebuildsDataDir(t *testing.T) {
 	r = mustRun(t, append(args, "--move-aside")...)
 	if !strings.Contains(r.errOut, "the old data directory was moved to "+dataDir+".before-restore-") {
 		t.Fatalf("--move-aside does not say where the old data went: %q", r.errOut)
+	}
+	// On the real clock too.
+	if !regexp.MustCompile(`\nrestored in [0-9.hms]+: download [0-9.hms]+, verify [0-9.hms]+, rebuild [0-9.hms]+\n$`).MatchString(r.out) {
+		t.Fatalf("restore --move-aside does not end with its elapsed time:\n%s", r.out)
 	}
 
 	c := startEtcd(t, dataDir, "m1", peer)
@@ -175,14 +186,27 @@ func TestRestoreLocalFromFile(t *testing.T) {
 		"--initial-cluster", "m1=http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380"}
 
 	junk, _, _ := writeRandom(t, "junk.db", 4096)
-	mustFail(t, junk+" is not a usable etcd snapshot, refusing to restore it", append(args, "--from-file", junk)...)
+	r := runRestoreAt(t, []time.Duration{0, 1500 * time.Millisecond}, append(args, "--from-file", junk)...)
+	if r.err == nil || !strings.Contains(r.err.Error(), junk+" is not a usable etcd snapshot, refusing to restore it") {
+		t.Fatalf("restore of a junk file: %v", r.err)
+	}
+	if !strings.HasSuffix(r.errOut, "restore failed after 1.5s\n") || strings.Contains(r.out, "restored in") {
+		t.Fatalf("a failed restore does not say how long it ran: stdout %q, stderr %q", r.out, r.errOut)
+	}
 	if _, err := os.Stat(filepath.Join(dataDir, "member")); !os.IsNotExist(err) {
 		t.Fatalf("a refused restore wrote the data directory: %v", err)
 	}
 
-	r := mustRun(t, append(args, "--from-file", snap)...)
+	// No download: the file's checks are the first step.
+	r = runRestoreAt(t, []time.Duration{0, 2340 * time.Millisecond, 12600 * time.Millisecond}, append(args, "--from-file", snap)...)
+	if r.err != nil {
+		t.Fatalf("restore --from-file: %v\n%s", r.err, r.errOut)
+	}
 	if !strings.Contains(r.errOut, snap+" verified: etcd trailer and database consistent") {
 		t.Fatalf("stderr %q", r.errOut)
+	}
+	if !strings.HasSuffix(r.out, "\nrestored in 13s: verify 2.3s, rebuild 10s\n") {
+		t.Fatalf("restore --from-file stdout does not end with its elapsed time:\n%s", r.out)
 	}
 	if _, err := os.Stat(filepath.Join(dataDir, "member", "snap", "db")); err != nil {
 		t.Fatalf("no member database after restore: %v", err)

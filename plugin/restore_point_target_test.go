@@ -56,7 +56,7 @@ func TestRestoreTargetToAPoint(t *testing.T) {
 		}
 		agent <- js
 	}()
-	r = run(t, w.addr, "restore", "--target", "app", "--to-revision", "25", "--allow-lease-loss", "--wait")
+	r = runRestoreAt(t, []time.Duration{0, 4200 * time.Millisecond}, w.addr, "restore", "--target", "app", "--to-revision", "25", "--allow-lease-loss", "--wait")
 	js := <-agent
 	if r.err != nil {
 		t.Fatalf("restore --to-revision --wait: %v\n%s", r.err, r.errOut)
@@ -67,7 +67,8 @@ func TestRestoreTargetToAPoint(t *testing.T) {
 			t.Errorf("job %s: args %s, segments %q", j.Name, args, j.Annotations[jobs.AnnotationDeltaSegments])
 		}
 	}
-	if !strings.Contains(r.out, `target "app" restored to revision 25 (full backup "f1", 2 delta segments replayed)`) {
+	if !strings.Contains(r.out, `target "app" restored to revision 25 (full backup "f1", 2 delta segments replayed)`) ||
+		!strings.HasSuffix(r.out, "\ntarget \"app\" restored in 4.2s, from the command to every member's Job succeeded\n") {
 		t.Fatalf("restore --wait output:\n%s", r.out)
 	}
 	if !strings.Contains(r.errOut, `restoring target "app" to revision 25: full backup "f1", then 2 delta segments`) {

@@ -1,17 +1,78 @@
 package plugin
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/spf13/cobra"
 	batchv1 "k8s.io/api/batch/v1"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/client"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/snapshot"
 )
+
+// runRestoreAt is run for the restore command, its clock reading each of
+// readings (after a fixed start) in turn and the last for good: a restore
+// reads it once per step it ends, so the durations it prints are exact.
+// Of the root's flags, only --server-address is given in these tests;
+// the other globals are NewCmdRoot's defaults.
+func runRestoreAt(t *testing.T, readings []time.Duration, args ...string) result {
+	t.Helper()
+	t0 := time.Date(2026, 1, 31, 2, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	now := func() time.Time {
+		// The download's end is read on the download's own goroutine.
+		mu.Lock()
+		defer mu.Unlock()
+		d := readings[0]
+		if len(readings) > 1 {
+			readings = readings[1:]
+		}
+		return t0.Add(d)
+	}
+	var out, errOut bytes.Buffer
+	g := &GlobalOptions{ConfigFlags: genericclioptions.NewConfigFlags(true), ServerService: "etcdbackup", ConnectTimeout: 30 * time.Second,
+		RetryTimeout: client.DefaultRetryTimeout, IOStreams: genericiooptions.IOStreams{In: &bytes.Buffer{}, Out: &out, ErrOut: &errOut}}
+	root := &cobra.Command{Use: "kubectl-etcdbackup", SilenceUsage: true, SilenceErrors: true}
+	root.PersistentFlags().StringVar(&g.ServerAddress, "server-address", "", "")
+	root.AddCommand(newCmdRestore(&RestoreOptions{GlobalOptions: g, now: now}))
+	root.SetArgs(args)
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	err := root.ExecuteContext(ctx)
+	return result{out: out.String(), errOut: errOut.String(), err: err}
+}
+
+func TestRoundElapsed(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0:                                     "0s",
+		40 * time.Millisecond:                 "0s",
+		450 * time.Millisecond:                "0.5s",
+		6 * time.Second:                       "6s",
+		6340 * time.Millisecond:               "6.3s",
+		9960 * time.Millisecond:               "10s",
+		41*time.Second + 499*time.Millisecond: "41s",
+		83*time.Second + 600*time.Millisecond: "1m24s",
+		2*time.Hour + 3*time.Second:           "2h0m3s",
+	} {
+		if got := roundElapsed(d); got != want {
+			t.Errorf("roundElapsed(%s) = %q, want %q", d, got, want)
+		}
+	}
+}
 
 func TestRestoreFlagCombinations(t *testing.T) {
 	for _, tc := range []struct {
@@ -166,10 +227,14 @@ func TestRestoreTargetBumpRevision(t *testing.T) {
 		}
 		agent <- js
 	}()
-	r = run(t, w.addr, "restore", "b1", "--target", "app", "--bump-revision", "7", "--wait")
+	r = runRestoreAt(t, []time.Duration{0, 2*time.Minute + 3*time.Second}, w.addr, "restore", "b1", "--target", "app", "--bump-revision", "7", "--wait")
 	js := <-agent
 	if r.err != nil {
 		t.Fatalf("restore --wait: %v\n%s", r.err, r.errOut)
+	}
+	// The recovery time ends the output, from the command on.
+	if want := "\ntarget \"app\" restored in 2m3s, from the command to every member's Job succeeded\n"; !strings.HasSuffix(r.out, want) {
+		t.Errorf("restore --wait does not end with %q:\n%s", want, r.out)
 	}
 	for _, j := range js {
 		if args := j.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--bump-revision=7") {
@@ -181,5 +246,55 @@ func TestRestoreTargetBumpRevision(t *testing.T) {
 		if !strings.Contains(r.out, want) {
 			t.Errorf("restore --wait output lacks %q:\n%s", want, r.out)
 		}
+	}
+}
+
+// An in-cluster restore's elapsed time: on stderr with -o json, whose
+// stdout stays one document; "restore failed after" when a member's Job
+// failed; nothing while a restore without --wait still runs.
+func TestRestoreTargetElapsed(t *testing.T) {
+	w := newAgentWorld(t, "cp")
+	for _, name := range []string{"b1", "b2", "b3"} {
+		file, _, _ := writeSnapshot(t, name, smallSnapshot)
+		mustRun(t, w.addr, "upload", file)
+	}
+	finish := func(backup string, m1ok bool) chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for _, j := range w.jobsOf(t, "app", "restore-agent", backup, 2) {
+				w.finish(t, j, m1ok || j.Annotations["etcdbackup.io/member"] == "m0", "restore m1: disk full")
+			}
+		}()
+		return done
+	}
+
+	done := finish("b1", true)
+	r := runRestoreAt(t, []time.Duration{0, 95 * time.Second}, w.addr, "restore", "b1", "--target", "app", "--wait", "-o", "json")
+	<-done
+	if r.err != nil {
+		t.Fatalf("restore --wait -o json: %v\n%s", r.err, r.errOut)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(r.out), &doc); err != nil || doc["kind"] != "Restore" {
+		t.Errorf("restore --wait -o json stdout is not one Restore (%v):\n%s", err, r.out)
+	}
+	if want := "target \"app\" restored in 1m35s, from the command to every member's Job succeeded\n"; !strings.HasSuffix(r.errOut, want) {
+		t.Errorf("restore --wait -o json stderr does not end with %q:\n%s", want, r.errOut)
+	}
+
+	done = finish("b2", false)
+	r = runRestoreAt(t, []time.Duration{0, 12 * time.Second}, w.addr, "restore", "b2", "--target", "app", "--wait")
+	<-done
+	if r.err == nil || ExitCode(r.err) != ExitFailed || !strings.Contains(r.err.Error(), "restore of member m1 failed") {
+		t.Fatalf("failed restore --wait: %v (exit %d)\n%s", r.err, ExitCode(r.err), r.errOut)
+	}
+	if !strings.HasSuffix(r.errOut, "\nrestore failed after 12s\n") || strings.Contains(r.out, "restored in") {
+		t.Errorf("failed restore --wait: stdout\n%s\nstderr\n%s", r.out, r.errOut)
+	}
+
+	r = runRestoreAt(t, []time.Duration{0, time.Minute}, w.addr, "restore", "b3", "--target", "app")
+	if r.err != nil || !strings.Contains(r.out, "started; follow it with") || strings.Contains(r.out+r.errOut, " in 1m") {
+		t.Errorf("restore without --wait: %v\nstdout\n%s\nstderr\n%s", r.err, r.out, r.errOut)
 	}
 }

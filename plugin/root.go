@@ -7,6 +7,7 @@ package plugin
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -138,10 +139,16 @@ func (c *Connection) Close() error { return c.conn.Close() }
 // RetryTimeout when the connection breaks, saying so on ErrOut once per
 // outage.
 func (g *GlobalOptions) Connect(ctx context.Context) (*Connection, error) {
+	return g.connectWith(ctx)
+}
+
+// connectWith connects as Connect does, with extra gRPC options for the
+// server's connection (not --storage-config's in-process one).
+func (g *GlobalOptions) connectWith(ctx context.Context, extra ...grpc.DialOption) (*Connection, error) {
 	if g.StorageConfig != "" {
 		return g.connectStorage(ctx)
 	}
-	c, err := g.connect(ctx)
+	c, err := g.connect(ctx, extra)
 	if err != nil {
 		return nil, err
 	}
@@ -166,11 +173,11 @@ func (g *GlobalOptions) notifyRetry() func(err error, left time.Duration) {
 	}
 }
 
-func (g *GlobalOptions) connect(ctx context.Context) (*Connection, error) {
+func (g *GlobalOptions) connect(ctx context.Context, extra []grpc.DialOption) (*Connection, error) {
 	if g.ServerAddress != "" {
-		opts := dialOptions
+		opts := append(slices.Clip(dialOptions), extra...)
 		if t := g.explicitToken(); t != "" {
-			opts = append(opts[:len(opts):len(opts)], grpc.WithPerRPCCredentials(staticToken(t)))
+			opts = append(opts, grpc.WithPerRPCCredentials(staticToken(t)))
 		}
 		conn, err := grpc.NewClient("passthrough:///"+g.ServerAddress, opts...)
 		if err != nil {
@@ -178,7 +185,7 @@ func (g *GlobalOptions) connect(ctx context.Context) (*Connection, error) {
 		}
 		return &Connection{Client: client.New(conn), conn: conn, Target: g.ServerAddress}, nil
 	}
-	return g.connectTunnel(ctx)
+	return g.connectTunnel(ctx, extra)
 }
 
 // command is what every verb's Options implements, kubectl's way; the

@@ -1,30 +1,13 @@
 package controller
 
 import (
-	"context"
-	"sync/atomic"
 	"testing"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/jobs"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/servertest/backuptest"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
+	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage/storagetest"
 )
-
-// listCounter counts the listings of the location it wraps.
-type listCounter struct {
-	storage.Location
-	lists atomic.Int64
-}
-
-func (c *listCounter) List(ctx context.Context) ([]*storage.Manifest, error) {
-	c.lists.Add(1)
-	return c.Location.List(ctx)
-}
-
-func (c *listCounter) SetVerification(ctx context.Context, name string, v *storage.Verification) error {
-	return c.Location.(storage.VerificationWriter).SetVerification(ctx, name, v)
-}
 
 // A round lists each location once, however many of its parts read it:
 // the schedules' recall, the delta supervisor, the chain folds and the
@@ -37,16 +20,16 @@ func TestARoundListsEachLocationOnce(t *testing.T) {
 	sw.storeChainBase("cp-full", 100)
 	sw.storeSegment("cp-full", 101, 600)
 	sw.storeFingerprinted("cp-1", backuptest.MustTime(t, "2026-12-01T09:00:00Z"))
-	counter := &listCounter{Location: sw.loc}
+	counter := &storagetest.ListCounter{Location: sw.loc}
 	sw.loc = counter
 	sw.restart()
 
 	// The first round also recalls what earlier servers did.
 	rounds := []string{"2026-12-01T10:00:10Z", "2026-12-01T10:00:20Z", "2026-12-01T10:10:01Z"}
 	for _, at := range rounds {
-		before := counter.lists.Load()
+		before := counter.Lists.Load()
 		sw.at(at)
-		if n := counter.lists.Load() - before; n != 1 {
+		if n := counter.Lists.Load() - before; n != 1 {
 			t.Errorf("round at %s listed the location %d times, want 1", at, n)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"strings"
+	"sync"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsv1beta1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1beta1"
@@ -18,18 +19,21 @@ import (
 )
 
 // Scheme holds every type this package decodes from protobuf: client-go's
-// (every built-in API group) and the CustomResourceDefinition's.
-var Scheme = runtime.NewScheme()
-
-func init() {
-	utilruntime.Must(clientgoscheme.AddToScheme(Scheme))
-	utilruntime.Must(apiextensionsv1.AddToScheme(Scheme))
-	utilruntime.Must(apiextensionsv1beta1.AddToScheme(Scheme))
-}
+// (every built-in API group) and the CustomResourceDefinition's. It is
+// made at its first use, not at the start of every process that links
+// this package: the plugin's `list` has no use for it, and registering
+// every API group costs it milliseconds of its start.
+var Scheme = sync.OnceValue(func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(apiextensionsv1.AddToScheme(s))
+	utilruntime.Must(apiextensionsv1beta1.AddToScheme(s))
+	return s
+})
 
 var (
-	protoSerializer = protobuf.NewSerializer(Scheme, Scheme)
-	cborSerializer  = cbor.NewSerializer(Scheme, Scheme)
+	protoSerializer = sync.OnceValue(func() *protobuf.Serializer { return protobuf.NewSerializer(Scheme(), Scheme()) })
+	cborSerializer  = sync.OnceValue(func() cbor.Serializer { return cbor.NewSerializer(Scheme(), Scheme()) })
 
 	// protobufMagic starts kube-apiserver's protobuf storage encoding,
 	// a runtime.Unknown envelope naming the type.
@@ -157,7 +161,7 @@ func Decode(value []byte) (*unstructured.Unstructured, error) {
 	case bytes.HasPrefix(value, encryptedMagic):
 		return nil, fmt.Errorf("encrypted at rest (%s)", encryptionOf(value))
 	case bytes.HasPrefix(value, protobufMagic):
-		obj, gvk, err := protoSerializer.Decode(value, nil, nil)
+		obj, gvk, err := protoSerializer().Decode(value, nil, nil)
 		if err != nil {
 			if runtime.IsNotRegisteredError(err) && gvk != nil {
 				return nil, &UnknownTypeError{APIVersion: gvk.GroupVersion().String(), Kind: gvk.Kind}
@@ -167,7 +171,7 @@ func Decode(value []byte) (*unstructured.Unstructured, error) {
 		return typedToUnstructured(obj, *gvk)
 	case bytes.HasPrefix(value, cborMagic):
 		u := &unstructured.Unstructured{}
-		if _, _, err := cborSerializer.Decode(value, nil, u); err != nil {
+		if _, _, err := cborSerializer().Decode(value, nil, u); err != nil {
 			return nil, fmt.Errorf("decode CBOR: %w", err)
 		}
 		return u, nil
@@ -200,17 +204,17 @@ func typedToUnstructured(obj runtime.Object, gvk schema.GroupVersionKind) (*unst
 func decodeTyped(value []byte) (runtime.Object, error) {
 	switch {
 	case bytes.HasPrefix(value, protobufMagic):
-		obj, _, err := protoSerializer.Decode(value, nil, nil)
+		obj, _, err := protoSerializer().Decode(value, nil, nil)
 		return obj, err
 	case bytes.HasPrefix(value, cborMagic):
-		obj, _, err := cborSerializer.Decode(value, nil, nil)
+		obj, _, err := cborSerializer().Decode(value, nil, nil)
 		return obj, err
 	}
 	u, err := Decode(value)
 	if err != nil {
 		return nil, err
 	}
-	obj, err := Scheme.New(u.GroupVersionKind())
+	obj, err := Scheme().New(u.GroupVersionKind())
 	if err != nil {
 		return nil, err
 	}

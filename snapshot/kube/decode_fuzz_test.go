@@ -17,11 +17,11 @@ import (
 // behind the "k8s\x00" envelope for a typed object.
 func storedAs(f *testing.F, obj runtime.Object) []byte {
 	f.Helper()
-	gvks, _, err := Scheme.ObjectKinds(obj)
+	gvks, _, err := Scheme().ObjectKinds(obj)
 	if err != nil {
 		f.Fatal(err)
 	}
-	enc := serializer.NewCodecFactory(Scheme).EncoderForVersion(protoSerializer, gvks[0].GroupVersion())
+	enc := serializer.NewCodecFactory(Scheme()).EncoderForVersion(protoSerializer(), gvks[0].GroupVersion())
 	b, err := runtime.Encode(enc, obj)
 	if err != nil {
 		f.Fatal(err)
@@ -57,7 +57,7 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Add(append(js, '\n'))
 	var cb bytes.Buffer
-	if err := cborSerializer.Encode(widget, &cb); err != nil {
+	if err := cborSerializer().Encode(widget, &cb); err != nil {
 		f.Fatal(err)
 	}
 	f.Add(cb.Bytes())

@@ -22,7 +22,7 @@ func TestBuiltinsAreSchemeTypes(t *testing.T) {
 			continue // kube-aggregator's, not in client-go
 		}
 		found := false
-		for gvk := range Scheme.AllKnownTypes() {
+		for gvk := range Scheme().AllKnownTypes() {
 			if gvk.Group == b.group && gvk.Kind == b.kind {
 				found = true
 				if plural, _ := meta.UnsafeGuessKindToResource(gvk); plural.Resource != b.resource {

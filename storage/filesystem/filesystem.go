@@ -71,6 +71,12 @@ type Location struct {
 	// readOnly refuses Create and Delete (NewReadOnly).
 	readOnly bool
 
+	// listed holds the manifests List read, by name, with the file each
+	// was read from: a listing reads only the manifests that changed
+	// since (listedFile).
+	listedMu sync.Mutex
+	listed   map[string]listedFile
+
 	// publish, with .publish.lock across processes (lockPublish),
 	// serialises the steps that make names appear and disappear, so that a
 	// commit can tell an orphan left by a crash from a concurrent commit of
@@ -496,12 +502,28 @@ func openRegular(path string) (*os.File, fs.FileInfo, error) {
 	return f, info, nil
 }
 
-// List implements storage.Location.
+// listedFile is a manifest as List read it, and the file it read: a
+// manifest is never rewritten in place (a new one is linked or renamed
+// over it), so a file of the same device, inode, size and modification
+// time holds the same manifest.
+type listedFile struct {
+	dev, ino uint64
+	size     int64
+	mod      time.Time
+	m        *storage.Manifest
+}
+
+// List implements storage.Location. It reads the manifests that are new
+// or replaced since the last listing; the others cost a stat(2) each.
 func (l *Location) List(ctx context.Context) ([]*storage.Manifest, error) {
 	entries, err := os.ReadDir(l.backupsDir)
 	if err != nil {
 		return nil, fmt.Errorf("list %q: %w", l.backupsDir, err)
 	}
+	l.listedMu.Lock()
+	known := l.listed
+	l.listedMu.Unlock()
+	listed := make(map[string]listedFile, len(known))
 	var out []*storage.Manifest
 	for _, e := range entries {
 		name, ok := strings.CutSuffix(e.Name(), manifestSuffix)
@@ -511,6 +533,21 @@ func (l *Location) List(ctx context.Context) ([]*storage.Manifest, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		// Before the read: a file replaced in between is read again next
+		// time, as its identity is not the one kept.
+		info, err := e.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // deleted while listing
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list %q: %w", l.backupsDir, err)
+		}
+		dev, ino, idOK := fileID(info)
+		if c, ok := known[name]; ok && idOK && info.Mode().IsRegular() && c.dev == dev && c.ino == ino && c.size == info.Size() && c.mod.Equal(info.ModTime()) {
+			listed[name] = c
+			out = append(out, c.m.Clone())
+			continue
+		}
 		m, err := l.Stat(ctx, name)
 		if errors.Is(err, storage.ErrNotFound) {
 			continue // deleted while listing
@@ -518,8 +555,14 @@ func (l *Location) List(ctx context.Context) ([]*storage.Manifest, error) {
 		if err != nil {
 			return nil, err
 		}
+		if idOK {
+			listed[name] = listedFile{dev: dev, ino: ino, size: info.Size(), mod: info.ModTime(), m: m.Clone()}
+		}
 		out = append(out, m)
 	}
+	l.listedMu.Lock()
+	l.listed = listed
+	l.listedMu.Unlock()
 	return out, nil
 }
 

@@ -380,3 +380,53 @@ func TestSharedCommitsOfOneName(t *testing.T) {
 		}
 	}
 }
+
+// List reads again what changed since the last listing, and only that is
+// read: a manifest replaced (a drill's verdict), one rewritten in place by
+// hand, one deleted and one added are listed as they are now, and the
+// manifest returned is the caller's to change.
+func TestListSeesChangedManifests(t *testing.T) {
+	dir := t.TempDir()
+	l, err := filesystem.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, name := range []string{"a", "b", "c"} {
+		storagetest.Put(t, l, name, strings.NewReader("data of "+name))
+	}
+	first := storagetest.ListByName(t, l)
+	first["a"].Labels = map[string]string{"changed": "by the caller"}
+
+	if err := l.SetVerification(ctx, "a", &storage.Verification{Time: time.Now().UTC(), Result: storage.VerificationSucceeded}); err != nil {
+		t.Fatal(err)
+	}
+	// By hand, in place: the same file, other bytes.
+	path := filepath.Join(dir, "backups", "b.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw = bytes.Replace(raw, []byte(`"name": "b"`), []byte(`"name": "b", "labels": {"edited": "by hand"}`), 1)
+	if err := os.WriteFile(path, raw, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Delete(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	storagetest.Put(t, l, "d", strings.NewReader("data of d"))
+
+	got := storagetest.ListByName(t, l)
+	if len(got) != 3 || got["c"] != nil || got["d"] == nil {
+		t.Fatalf("listed %v; want a, b and d", got)
+	}
+	if v := got["a"].Verification; v == nil || v.Result != storage.VerificationSucceeded {
+		t.Errorf("a's verdict, written since the last listing, is %+v", v)
+	}
+	if got["a"].Labels["changed"] != "" {
+		t.Error("a change the caller made to a listed manifest came back in the next listing")
+	}
+	if got["b"].Labels["edited"] != "by hand" {
+		t.Errorf("b, edited in place since the last listing, lists with labels %v", got["b"].Labels)
+	}
+}

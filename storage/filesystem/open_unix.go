@@ -27,3 +27,14 @@ func openNoFollow(path string) (*os.File, error) {
 	}
 	return nil, err
 }
+
+// fileID is what tells a file from the one that was at its path before:
+// its device and inode. Every manifest this location writes is a new
+// file linked or renamed into place, never one rewritten in place.
+func fileID(info fs.FileInfo) (dev, ino uint64, ok bool) {
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, 0, false
+	}
+	return uint64(st.Dev), uint64(st.Ino), true //nolint:unconvert // Dev is not uint64 everywhere
+}

@@ -907,18 +907,7 @@ func TestListRereadsChangedManifests(t *testing.T) {
 	for _, n := range []string{"a", "b", "c"} {
 		storagetest.Put(t, loc, n, storagetest.Data(1, 10))
 	}
-	list := func() map[string]*storage.Manifest {
-		t.Helper()
-		ms, err := loc.List(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]*storage.Manifest{}
-		for _, m := range ms {
-			out[m.Name] = m
-		}
-		return out
-	}
+	list := func() map[string]*storage.Manifest { t.Helper(); return storagetest.ListByName(t, loc) }
 	if got := list(); len(got) != 3 {
 		t.Fatalf("first List: %v", got)
 	}

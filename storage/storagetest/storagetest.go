@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -555,4 +556,42 @@ func testBig(t *testing.T, s Suite) {
 		t.Fatalf("put %d bytes, manifest says %d", size, m.Size)
 	}
 	checkResume(t, loc, "big", 9, size, []int64{0, 1, 5<<20 - 1, 5 << 20, 5<<20 + 1, size / 2, size - 1, size})
+}
+
+// ListCounter counts the listings of the location it wraps, for tests of
+// what lists a location how often. It writes verdicts through, as the
+// location it wraps does.
+type ListCounter struct {
+	storage.Location
+	Lists atomic.Int64
+}
+
+// List implements storage.Location.
+func (c *ListCounter) List(ctx context.Context) ([]*storage.Manifest, error) {
+	c.Lists.Add(1)
+	return c.Location.List(ctx)
+}
+
+// SetVerification implements storage.VerificationWriter when the wrapped
+// location does.
+func (c *ListCounter) SetVerification(ctx context.Context, name string, v *storage.Verification) error {
+	w, ok := c.Location.(storage.VerificationWriter)
+	if !ok {
+		return fmt.Errorf("set the verification of %q: %w", name, errors.ErrUnsupported)
+	}
+	return w.SetVerification(ctx, name, v)
+}
+
+// ListByName lists loc, by backup name.
+func ListByName(t testing.TB, loc storage.Location) map[string]*storage.Manifest {
+	t.Helper()
+	ms, err := loc.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*storage.Manifest{}
+	for _, m := range ms {
+		out[m.Name] = m
+	}
+	return out
 }

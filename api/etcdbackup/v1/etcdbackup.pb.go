@@ -1996,7 +1996,10 @@ type ListBackupsRequest struct {
 	// page may hold fewer (the server also bounds a page's bytes).
 	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// next_page_token of the previous response, with the same location and
-	// label_selector; empty asks for the first page.
+	// label_selector; empty asks for the first page. The server keeps a
+	// listing of several pages for a minute after each: its next pages show
+	// the location as it was at the first page. A token whose listing the
+	// server no longer keeps lists again, from after the token's backup.
 	PageToken string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	// When set, list the delta segments of the chain that starts from this
 	// full backup (in revision order) instead of backups. Segments are

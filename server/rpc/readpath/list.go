@@ -47,6 +47,26 @@ func (s *Service) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest)
 			return nil, err
 		}
 	}
+	if after != nil {
+		if sorted := s.paged.get(after.Listing, locName, listingKey(req), s.now()); sorted != nil {
+			return s.page(sorted, after, locName, req, after.Listing)
+		}
+	}
+	// The location's agent runs (an API request, on the data server)
+	// are asked for while the location is listed.
+	type listedRuns struct {
+		runs map[string]*ebv1.Backup
+		err  error
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runsc := make(chan listedRuns, 1)
+	if req.GetChain() == "" {
+		go func() {
+			runs, err := s.runs(ctx, locName)
+			runsc <- listedRuns{runs, err}
+		}()
+	}
 	manifests, err := loc.List(ctx)
 	if err != nil {
 		return nil, edge.StorageStatus("list", locName, "", err)
@@ -54,12 +74,13 @@ func (s *Service) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest)
 	manifests, parts := storage.SplitParts(manifests)
 	chains, kits := storage.Chains(parts), storage.Kits(parts)
 	if c := req.GetChain(); c != "" {
-		return listChain(locName, chains[c], after, req)
+		return s.page(listChain(locName, chains[c]), after, locName, req, "")
 	}
-	runs, err := s.runs(ctx, locName)
-	if err != nil {
-		return nil, err
+	r := <-runsc
+	if r.err != nil {
+		return nil, r.err
 	}
+	runs := r.runs
 	copies := s.listCopies(ctx, loc, "")
 	resp := &ebv1.ListBackupsResponse{}
 	for _, m := range manifests {
@@ -82,7 +103,12 @@ func (s *Service) ListBackups(ctx context.Context, req *ebv1.ListBackupsRequest)
 	// create time and name) says where the next page starts even when
 	// backups were added or deleted in between.
 	ebv1.SortBackups(resp.Backups)
-	return page(resp.Backups, after, locName, req)
+	return s.page(resp.Backups, after, locName, req, "")
+}
+
+// listingKey is what, beside the location, a kept listing is of.
+func listingKey(req *ebv1.ListBackupsRequest) string {
+	return req.GetLabelSelector() + "\x00" + req.GetChain()
 }
 
 // pageToken is where a page ended, and what it listed: a token is only
@@ -92,6 +118,9 @@ type pageToken struct {
 	Selector string    `json:"s,omitempty"`
 	Time     time.Time `json:"t"`
 	Name     string    `json:"n"`
+	// Listing names the listing this server keeps for the next pages
+	// (pages.go); one it no longer keeps is listed again.
+	Listing string `json:"k,omitempty"`
 }
 
 func parsePageToken(s, location, selector string) (*pageToken, error) {
@@ -111,8 +140,11 @@ func parsePageToken(s, location, selector string) (*pageToken, error) {
 }
 
 // page returns the sorted backups after the token's, up to the request's
-// page size and maxPageBytes, and a token for the rest.
-func page(sorted []*ebv1.Backup, after *pageToken, location string, req *ebv1.ListBackupsRequest) (*ebv1.ListBackupsResponse, error) {
+// page size and maxPageBytes, and a token for the rest. The whole sorted
+// listing is kept for the next pages, under listing (kept already) or a
+// new ID.
+func (s *Service) page(all []*ebv1.Backup, after *pageToken, location string, req *ebv1.ListBackupsRequest, listing string) (*ebv1.ListBackupsResponse, error) {
+	sorted := all
 	if after != nil {
 		last := &ebv1.Backup{Name: after.Name, CreateTime: timestamppb.New(after.Time)}
 		sorted = sorted[sort.Search(len(sorted), func(i int) bool { return ebv1.ListedBefore(last, sorted[i]) }):]
@@ -132,14 +164,21 @@ func page(sorted []*ebv1.Backup, after *pageToken, location string, req *ebv1.Li
 		resp.Backups = append(resp.Backups, b)
 		total += n
 	}
-	if len(resp.Backups) < len(sorted) {
-		last := resp.Backups[len(resp.Backups)-1]
-		b, err := json.Marshal(pageToken{Location: location, Selector: req.GetLabelSelector(), Time: last.GetCreateTime().AsTime(), Name: last.GetName()})
-		if err != nil {
-			return nil, ebv1.ServerErrorf(codes.Internal, "page token: %v", err)
+	if len(resp.Backups) == len(sorted) {
+		if listing != "" {
+			s.paged.done(listing)
 		}
-		resp.NextPageToken = base64.RawURLEncoding.EncodeToString(b)
+		return resp, nil
 	}
+	if listing == "" {
+		listing = s.paged.keep(location, listingKey(req), all, s.now())
+	}
+	last := resp.Backups[len(resp.Backups)-1]
+	b, err := json.Marshal(pageToken{Location: location, Selector: req.GetLabelSelector(), Time: last.GetCreateTime().AsTime(), Name: last.GetName(), Listing: listing})
+	if err != nil {
+		return nil, ebv1.ServerErrorf(codes.Internal, "page token: %v", err)
+	}
+	resp.NextPageToken = base64.RawURLEncoding.EncodeToString(b)
 	return resp, nil
 }
 
@@ -198,16 +237,15 @@ func (s *Service) capturesDeltas(target string) bool {
 	return false
 }
 
-// listChain answers ListBackups for a chain: every stored segment that
-// names it as its full backup, contiguous or not (the caller orders them
-// by revision and keeps what follows the full: delta.Contiguous).
-func listChain(locName string, segs []*storage.Manifest, after *pageToken, req *ebv1.ListBackupsRequest) (*ebv1.ListBackupsResponse, error) {
+// listChain is ListBackups's answer for a chain: every stored segment
+// that names it as its full backup, contiguous or not (the caller orders
+// them by revision and keeps what follows the full: delta.Contiguous),
+// sorted to be paged in the listing's order, as backups are.
+func listChain(locName string, segs []*storage.Manifest) []*ebv1.Backup {
 	var all []*ebv1.Backup
 	for _, m := range segs {
 		all = append(all, edge.Backup(locName, m))
 	}
-	// Paged in the listing's order, as backups are; the caller orders by
-	// revision.
 	ebv1.SortBackups(all)
-	return page(all, after, locName, req)
+	return all
 }

@@ -103,6 +103,8 @@ type Service struct {
 	breakGlass bool
 	// reads keeps the ledger at an entry per read, not per ranged call.
 	reads recentReads
+	// paged keeps listings being paged through (pages.go).
+	paged pagedListings
 	// verifies bounds what VerifyBackup unpacks into scratchDir at once;
 	// its zero value has the defaults.
 	verifies verifyGate

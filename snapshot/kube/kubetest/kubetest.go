@@ -75,7 +75,7 @@ func (e *Etcd) Snapshot() string {
 	return path
 }
 
-var codecs = serializer.NewCodecFactory(kube.Scheme)
+var codecs = serializer.NewCodecFactory(kube.Scheme())
 
 // Protobuf encodes a typed object as kube-apiserver's storage does: a
 // versioning encoder (which sets apiVersion and kind) around
@@ -83,11 +83,11 @@ var codecs = serializer.NewCodecFactory(kube.Scheme)
 // and the runtime.Unknown envelope.
 func Protobuf(t testing.TB, obj runtime.Object) []byte {
 	t.Helper()
-	gvks, _, err := kube.Scheme.ObjectKinds(obj)
+	gvks, _, err := kube.Scheme().ObjectKinds(obj)
 	if err != nil {
 		t.Fatal(err)
 	}
-	enc := codecs.EncoderForVersion(protobuf.NewSerializer(kube.Scheme, kube.Scheme), gvks[0].GroupVersion())
+	enc := codecs.EncoderForVersion(protobuf.NewSerializer(kube.Scheme(), kube.Scheme()), gvks[0].GroupVersion())
 	b, err := runtime.Encode(enc, obj)
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +110,7 @@ func JSON(t testing.TB, obj *unstructured.Unstructured) []byte {
 func CBOR(t testing.TB, obj *unstructured.Unstructured) []byte {
 	t.Helper()
 	var buf bytes.Buffer
-	if err := cbor.NewSerializer(kube.Scheme, kube.Scheme).Encode(obj, &buf); err != nil {
+	if err := cbor.NewSerializer(kube.Scheme(), kube.Scheme()).Encode(obj, &buf); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
