@@ -163,7 +163,7 @@ sandbox: node-deps node-bins s3-bins
 	$(GO) build -o $(TOOLS_BIN)/etcdbackup-sandbox ./tests/cmd/etcdbackup-sandbox
 	$(SANDBOX_ENV) exec $(TOOLS_BIN)/etcdbackup-sandbox -dir .sandbox -nodes $(or $(NODES),1) $(if $(HA),-ha)
 
-## bench: every benchmark (throughput, CPU per GiB, memory, list latency; with perf, where the CPU goes), then docs/benchmarks.md and its chart; BENCH_BASELINE_BIN / BENCH_BASELINE_PLUGIN (another build's agent+server dir / plugin) are timed in the same rounds
+## bench: every benchmark (throughput, CPU per GiB and against each stage's floor, memory, list latency and its growth with the backups, restore time; with perf, where the CPU goes), then docs/benchmarks.md and its chart; BENCH_BASELINE_BIN / BENCH_BASELINE_PLUGIN (another build's agent+server dir / plugin) are timed in the same rounds
 BENCH_OUT := $(CACHE)/bench
 BENCH_SIZES_MIB ?= 64,256,1024
 BENCH_ENV = ETCDBACKUP_BENCH_BASELINE_BIN=$(BENCH_BASELINE_BIN) ETCDBACKUP_BENCH_BASELINE_PLUGIN=$(BENCH_BASELINE_PLUGIN) $(SANDBOX_ENV)
