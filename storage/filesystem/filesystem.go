@@ -73,9 +73,13 @@ type Location struct {
 
 	// listed holds the manifests List read, by name, with the file each
 	// was read from: a listing reads only the manifests that changed
-	// since (listedFile).
-	listedMu sync.Mutex
-	listed   map[string]listedFile
+	// since (listedFile). Not on a shared volume (NewShared): a network
+	// file system may answer stat(2) from its attribute cache, where
+	// opening the file revalidates it, so another replica's change would
+	// list late.
+	rereadAll bool
+	listedMu  sync.Mutex
+	listed    map[string]listedFile
 
 	// publish, with .publish.lock across processes (lockPublish),
 	// serialises the steps that make names appear and disappear, so that a
@@ -111,6 +115,7 @@ func open(dir string, shared bool) (*Location, error) {
 	if err != nil {
 		return nil, err
 	}
+	l.rereadAll = shared
 	if !shared {
 		if err := os.RemoveAll(l.tmpDir); err != nil {
 			return nil, fmt.Errorf("clean interrupted uploads in %q: %w", l.tmpDir, err)
@@ -543,6 +548,7 @@ func (l *Location) List(ctx context.Context) ([]*storage.Manifest, error) {
 			return nil, fmt.Errorf("list %q: %w", l.backupsDir, err)
 		}
 		dev, ino, idOK := fileID(info)
+		idOK = idOK && !l.rereadAll
 		if c, ok := known[name]; ok && idOK && info.Mode().IsRegular() && c.dev == dev && c.ino == ino && c.size == info.Size() && c.mod.Equal(info.ModTime()) {
 			listed[name] = c
 			out = append(out, c.m.Clone())

@@ -430,3 +430,43 @@ func TestListSeesChangedManifests(t *testing.T) {
 		t.Errorf("b, edited in place since the last listing, lists with labels %v", got["b"].Labels)
 	}
 }
+
+// A location on a shared volume reads every manifest at every listing: a
+// network file system may answer stat(2) from its cache, and another
+// replica's change would list late. A manifest rewritten in place with
+// the same size and modification time is listed as it is now.
+func TestSharedListRereadsEveryManifest(t *testing.T) {
+	dir := t.TempDir()
+	l, err := filesystem.NewShared(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	storagetest.Put(t, l, "a", strings.NewReader("data of a"))
+	storagetest.ListByName(t, l)
+	path := filepath.Join(dir, "backups", "a.json")
+	info, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One hex digit of the SHA-256 changed: the same size.
+	at := bytes.Index(raw, []byte(`"sha256": "`)) + len(`"sha256": "`)
+	digit := byte('0')
+	if raw[at] == '0' {
+		digit = '1'
+	}
+	raw[at] = digit
+	if err := os.WriteFile(path, raw, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(path, info.ModTime(), info.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	got := storagetest.ListByName(t, l)["a"]
+	if got == nil || got.SHA256[0] != digit {
+		t.Fatalf("a, rewritten in place with its size and time kept, lists as %+v; want it read again", got)
+	}
+}
