@@ -518,6 +518,22 @@ type listedFile struct {
 	m        *storage.Manifest
 }
 
+// fileOf is the identity of the regular file info describes, without its
+// manifest; false where there is none to trust (not a regular file, or a
+// platform without inodes).
+func fileOf(info fs.FileInfo) (listedFile, bool) {
+	dev, ino, ok := fileID(info)
+	if !ok || !info.Mode().IsRegular() {
+		return listedFile{}, false
+	}
+	return listedFile{dev: dev, ino: ino, size: info.Size(), mod: info.ModTime()}, true
+}
+
+// sameFile says whether f and o are one file, unchanged.
+func (f listedFile) sameFile(o listedFile) bool {
+	return f.dev == o.dev && f.ino == o.ino && f.size == o.size && f.mod.Equal(o.mod)
+}
+
 // List implements storage.Location. It reads the manifests that are new
 // or replaced since the last listing; the others cost a stat(2) each.
 func (l *Location) List(ctx context.Context) ([]*storage.Manifest, error) {
@@ -538,21 +554,24 @@ func (l *Location) List(ctx context.Context) ([]*storage.Manifest, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		// Before the read: a file replaced in between is read again next
-		// time, as its identity is not the one kept.
-		info, err := e.Info()
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // deleted while listing
-		}
-		if err != nil {
-			return nil, fmt.Errorf("list %q: %w", l.backupsDir, err)
-		}
-		dev, ino, idOK := fileID(info)
-		idOK = idOK && !l.rereadAll
-		if c, ok := known[name]; ok && idOK && info.Mode().IsRegular() && c.dev == dev && c.ino == ino && c.size == info.Size() && c.mod.Equal(info.ModTime()) {
-			listed[name] = c
-			out = append(out, c.m.Clone())
-			continue
+		var file listedFile
+		idOK := false
+		if !l.rereadAll {
+			// Before the read: a file replaced in between is read again
+			// next time, as its identity is not the one kept.
+			info, err := e.Info()
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // deleted while listing
+			}
+			if err != nil {
+				return nil, fmt.Errorf("list %q: %w", l.backupsDir, err)
+			}
+			file, idOK = fileOf(info)
+			if c, ok := known[name]; ok && idOK && c.sameFile(file) {
+				listed[name] = c
+				out = append(out, c.m.Clone())
+				continue
+			}
 		}
 		m, err := l.Stat(ctx, name)
 		if errors.Is(err, storage.ErrNotFound) {
@@ -562,7 +581,8 @@ func (l *Location) List(ctx context.Context) ([]*storage.Manifest, error) {
 			return nil, err
 		}
 		if idOK {
-			listed[name] = listedFile{dev: dev, ino: ino, size: info.Size(), mod: info.ModTime(), m: m.Clone()}
+			file.m = m.Clone()
+			listed[name] = file
 		}
 		out = append(out, m)
 	}

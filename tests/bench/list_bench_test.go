@@ -185,11 +185,8 @@ func BenchmarkList(b *testing.B) {
 		}
 	}
 	fmt.Print("\n" + listTable(result))
-	out := map[string]any{"bench": "list"}
-	raw, _ := json.Marshal(result)
-	_ = json.Unmarshal(raw, &out)
-	out["bench"] = "list"
-	emitJSON(out)
+	result.Bench = "list"
+	emitJSON(result)
 }
 
 // listPrefix begins the names of the benchmark's backups.
@@ -212,6 +209,8 @@ type listSize struct {
 // listResult is BenchmarkList's: the headline size's times (inlined),
 // every size's, and where the plugin's time goes.
 type listResult struct {
+	// Bench names the line's benchmark for tools/benchreport.
+	Bench string `json:"bench"`
 	listSize
 	Scale  []listSize  `json:"scale"`
 	Phases []listPhase `json:"phases"`

@@ -35,22 +35,24 @@ type pagedListings struct {
 	kept map[string]*keptListing
 }
 
+// keptListing is a location's sorted listing, of key (listingKey: the
+// selector and chain asked for).
 type keptListing struct {
-	location, selector string
-	sorted             []*ebv1.Backup
-	expires            time.Time
+	location, key string
+	sorted        []*ebv1.Backup
+	expires       time.Time
 }
 
-// get returns the listing id keeps for location and selector, and nil if
-// none is kept (or it expired).
-func (l *pagedListings) get(id, location, selector string, now time.Time) []*ebv1.Backup {
+// get returns the listing id keeps for location and key, and nil if none
+// is kept (or it expired).
+func (l *pagedListings) get(id, location, key string, now time.Time) []*ebv1.Backup {
 	if id == "" {
 		return nil
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := l.kept[id]
-	if k == nil || k.location != location || k.selector != selector {
+	if k == nil || k.location != location || k.key != key {
 		return nil
 	}
 	if now.After(k.expires) {
@@ -64,7 +66,7 @@ func (l *pagedListings) get(id, location, selector string, now time.Time) []*ebv
 // keep keeps sorted under a new ID, which it returns, making room by
 // dropping expired listings and then the one closest to expiring; "" if
 // sorted is too large to keep.
-func (l *pagedListings) keep(location, selector string, sorted []*ebv1.Backup, now time.Time) string {
+func (l *pagedListings) keep(location, key string, sorted []*ebv1.Backup, now time.Time) string {
 	if len(sorted) > keptBackups {
 		return ""
 	}
@@ -97,7 +99,7 @@ func (l *pagedListings) keep(location, selector string, sorted []*ebv1.Backup, n
 		}
 		delete(l.kept, oldest)
 	}
-	l.kept[id] = &keptListing{location: location, selector: selector, sorted: sorted, expires: now.Add(listingTTL)}
+	l.kept[id] = &keptListing{location: location, key: key, sorted: sorted, expires: now.Add(listingTTL)}
 	return id
 }
 
