@@ -128,6 +128,15 @@ type CopyOf struct {
 	Time time.Time `json:"time"`
 }
 
+// PlainSize is the plain etcd snapshot's size: RawSize when it was
+// compressed or encrypted, else the stored size.
+func (m *Manifest) PlainSize() int64 {
+	if m.RawSize > 0 {
+		return m.RawSize
+	}
+	return m.Size
+}
+
 // Locked says whether m's object lock retention has not ended at now.
 func (m *Manifest) Locked(now time.Time) bool { return m.LockedUntil.After(now) }
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/backup"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/agents/restore"
@@ -43,13 +44,29 @@ func TestRunLogsEachStep(t *testing.T) {
 		var line struct {
 			Msg      string
 			Revision int64
+			Took     string
+			Steps    map[string]string
 		}
 		if err := dec.Decode(&line); err != nil {
 			t.Fatal(err)
 		}
 		msgs = append(msgs, line.Msg)
-		if line.Msg == "member data restored" && line.Revision != res.Revision {
-			t.Errorf("logged revision %d, restored %d", line.Revision, res.Revision)
+		if line.Msg == "member data restored" {
+			if line.Revision != res.Revision {
+				t.Errorf("logged revision %d, restored %d", line.Revision, res.Revision)
+			}
+			// Where the member's part of the recovery time went.
+			if _, err := time.ParseDuration(line.Took); err != nil {
+				t.Errorf("took = %q: %v", line.Took, err)
+			}
+			if len(line.Steps) != 3 {
+				t.Errorf("steps = %v, want download, verify and rebuild", line.Steps)
+			}
+			for _, step := range []string{"download", "verify", "rebuild"} {
+				if _, err := time.ParseDuration(line.Steps[step]); err != nil {
+					t.Errorf("step %s = %q: %v", step, line.Steps[step], err)
+				}
+			}
 		}
 	}
 	want := []string{"downloading backup", "backup verified", "member data restored"}

@@ -21,6 +21,9 @@ type DrillSpec struct {
 	IdentitySecret string
 	// Scheduled marks a drill the target's drill schedule started.
 	Scheduled bool
+	// SnapshotBytes is the plain snapshot's size, which sizes the agent's
+	// memory limit (sizeMemoryFor); 0 if unknown.
+	SnapshotBytes int64
 }
 
 func drillJobName(location, backup string) string {
@@ -61,6 +64,7 @@ func (l *Launcher) drillJob(spec DrillSpec) *batchv1.Job {
 	if spec.Scheduled {
 		markScheduled(job)
 	}
+	l.sizeMemoryFor(job, spec.SnapshotBytes)
 	return job
 }
 

@@ -125,3 +125,56 @@ func TestAgentResourcesConfigured(t *testing.T) {
 		}
 	}
 }
+
+// Restore and drill agents run etcd's restore code, which maps the whole
+// database: under the default resources their memory limit grows by the
+// snapshot's size (in whole MiB), the request stays; configured
+// resources are kept as they are.
+func TestRestoreAndDrillMemorySizedToSnapshot(t *testing.T) {
+	const sha = "6794a8ff9654e821ba067dda207cf98ec8f022ce1c001fd07cd542530cd173f5"
+	limits := func(t *testing.T, agents config.Agents, snapshot int64) (restore, drill corev1.ResourceRequirements) {
+		t.Helper()
+		l, _ := newLauncher(t, agents)
+		ctx := context.Background()
+		r, err := l.StartRestore(ctx, jobs.RestoreSpec{Name: "b", Location: "default", Target: restoreTarget, SHA256: sha, SnapshotBytes: snapshot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := l.StartDrill(ctx, jobs.DrillSpec{Backup: "b", Location: "default", Target: target.Name, SHA256: sha, SnapshotBytes: snapshot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r[0].Spec.Template.Spec.Containers[0].Resources, d.Spec.Template.Spec.Containers[0].Resources
+	}
+	for _, c := range []struct {
+		name     string
+		agents   config.Agents
+		snapshot int64
+		limit    string
+	}{
+		{"1 GiB under the default", config.Agents{}, 1 << 30, "1536Mi"},
+		{"a part of a MiB rounds up", config.Agents{}, 100<<20 + 1, "613Mi"},
+		{"size unknown", config.Agents{}, 0, "512Mi"},
+		{"configured", config.Agents{Resources: &corev1.ResourceRequirements{
+			Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("768Mi")}}}, 1 << 30, "768Mi"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, d := limits(t, c.agents, c.snapshot)
+			for kind, res := range map[string]corev1.ResourceRequirements{"restore": r, "drill": d} {
+				if got := quantity(res.Limits, corev1.ResourceMemory); got != c.limit {
+					t.Errorf("%s agent's memory limit %s, want %s", kind, got, c.limit)
+				}
+				if c.agents.Resources == nil {
+					if got := quantity(res.Requests, corev1.ResourceMemory); got != "128Mi" {
+						t.Errorf("%s agent's memory request %s, want the default's 128Mi", kind, got)
+					}
+				}
+			}
+		})
+	}
+	// The backup agent streams: its limit is the default's whatever the
+	// size of what it backs up.
+	if got := quantity(agentPods(t, config.Agents{})["backup"].Containers[0].Resources.Limits, corev1.ResourceMemory); got != "512Mi" {
+		t.Errorf("backup agent's memory limit %s, want 512Mi", got)
+	}
+}

@@ -278,6 +278,10 @@ type RestoreSpec struct {
 	ToMinRevision  int64
 	Segments       []SegmentPin
 	AllowLeaseLoss bool
+	// SnapshotBytes is the size of the plain snapshot restored (with a
+	// point, the full's and the segments' together), which sizes the
+	// agents' memory limit (sizeMemoryFor); 0 if unknown.
+	SnapshotBytes int64
 }
 
 // ToPoint says whether spec restores to a point.
@@ -363,6 +367,7 @@ func (l *Launcher) restoreJob(spec RestoreSpec, m config.Member) (*batchv1.Job, 
 		run: runID(spec.Location, spec.Name, t.Name, m.Name), annotations: ann,
 	}, restoreSecurityContext(t), pod.flags, pod.volumes, pod.mounts)
 	job.Spec.Template.Spec.NodeName = m.NodeName
+	l.sizeMemoryFor(job, spec.SnapshotBytes)
 	return job, nil
 }
 

@@ -239,13 +239,17 @@ func (s *Service) startRestore(ctx context.Context, req *ebv1.RestoreBackupReque
 	spec := jobs.RestoreSpec{
 		Name: name, Location: r.locName, Target: *t, MoveAside: req.GetMoveAside(), IdentitySecret: r.secret,
 		// What the agents may restore: exactly the backup stored now.
-		SHA256:       r.stored.SHA256,
-		BumpRevision: r.bump,
+		SHA256:        r.stored.SHA256,
+		BumpRevision:  r.bump,
+		SnapshotBytes: r.stored.PlainSize(),
 	}
 	if r.point != nil {
 		// And replay exactly the segments planned, each as stored now.
 		p := r.point.replay
 		spec.ToRevision, spec.ToTime, spec.ToMinRevision, spec.Segments, spec.AllowLeaseLoss = p.Revision, p.Time, p.MinRevision, r.point.pins(), req.GetAllowLeaseLoss()
+		for _, m := range r.point.segments {
+			spec.SnapshotBytes += m.PlainSize()
+		}
 	}
 	created, err := s.agents.StartRestore(ctx, spec)
 	if errors.Is(err, jobs.ErrRunning) {

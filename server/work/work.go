@@ -188,7 +188,7 @@ func (s *Starter) StartDrill(ctx context.Context, req DrillRequest) (*Drill, err
 	// Only a target's own backup is drilled as the target's: an upload
 	// that claims a target gets neither its drill identity nor its
 	// verdict metrics.
-	spec := jobs.DrillSpec{Backup: name, Location: loc.Name, SHA256: m.SHA256, Scheduled: req.Scheduled}
+	spec := jobs.DrillSpec{Backup: name, Location: loc.Name, SHA256: m.SHA256, Scheduled: req.Scheduled, SnapshotBytes: m.PlainSize()}
 	if m.OfTarget(m.Source.Target) {
 		spec.Target = m.Source.Target
 		if t, err := s.targets.Get(spec.Target); err == nil && t.Drill != nil {

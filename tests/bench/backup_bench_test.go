@@ -335,7 +335,7 @@ func backupTable(rows []backupRow) string {
 func benchSizes(b *testing.B) []int {
 	v := os.Getenv("ETCDBACKUP_BENCH_SIZES_MIB")
 	if v == "" {
-		return []int{dbMiB(b)}
+		return []int{envMiB(b, "ETCDBACKUP_BENCH_DB_MIB", 1024)}
 	}
 	var sizes []int
 	for _, f := range strings.Split(v, ",") {

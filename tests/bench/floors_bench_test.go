@@ -60,7 +60,7 @@ const floorDownloadName = "floors-download"
 // the hottest functions of the last round's are printed; perf's own cost
 // is then in the numbers.
 func BenchmarkFloors(b *testing.B) {
-	mib := dbMiB(b)
+	mib := envMiB(b, "ETCDBACKUP_BENCH_DB_MIB", 1024)
 	ctx := context.Background()
 	dir := b.TempDir()
 	binDir := filepath.Join(dir, "bin")

@@ -82,13 +82,7 @@ func BenchmarkList(b *testing.B) {
 	if err := buildTracePlugin(ctx, traceDir); err != nil {
 		b.Fatal(err)
 	}
-	images, err := world.BuildImages(ctx, filepath.Join(dir, "images"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := sb.ImportImages(ctx, images.Archives...); err != nil {
-		b.Fatal(err)
-	}
+	images := importProductImages(ctx, b, sb, dir)
 	kubectl := world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
 	product, err := world.InstallProduct(ctx, sb, &kubectl, images, filepath.Join(dir, "product"), os.Stderr)
 	if err != nil {

@@ -27,22 +27,10 @@ import (
 // of the downloaded file. It reports both wall times, their ratio, and the
 // plugin's peak RSS.
 func BenchmarkRestoreLocal(b *testing.B) {
-	mib := dbMiB(b)
-	sb := sandbox.StartForTest(b)
+	mib := envMiB(b, "ETCDBACKUP_BENCH_DB_MIB", 1024)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	dir := b.TempDir()
-	binDir := filepath.Join(dir, "bin")
-	if err := world.BuildBinaries(ctx, binDir); err != nil {
-		b.Fatal(err)
-	}
-	images, err := world.BuildImages(ctx, filepath.Join(dir, "images"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := sb.ImportImages(ctx, images.Archives...); err != nil {
-		b.Fatal(err)
-	}
+	sb, dir, binDir, images := startProductWorld(ctx, b)
 	k := world.Kubectl{Path: sb.KubectlPath(), Kubeconfig: sb.Kubeconfig(), PluginDir: binDir}
 	if err := world.InstallServer(ctx, sb, &k, namespace, images, dir); err != nil {
 		b.Fatal(err)
@@ -61,7 +49,6 @@ func BenchmarkRestoreLocal(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	member := []string{"--member-name", "m1", "--initial-cluster", "m1=http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380"}
 	var restoreWall, downloadWall, etcdRestoreWall time.Duration
 	var peakRSS int64
 	// steps is the last restore's own account of its parts.
@@ -69,7 +56,7 @@ func BenchmarkRestoreLocal(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		run := filepath.Join(dir, fmt.Sprintf("run-%d", i))
 		// The plugin: download through the tunnel, verify, restore.
-		cmd := k.Command(ctx, append([]string{"etcdbackup", "restore", "restore-me", "--local", "--data-dir", filepath.Join(run, "plugin.etcd")}, member...)...)
+		cmd := k.Command(ctx, append([]string{"etcdbackup", "restore", "restore-me", "--local", "--data-dir", filepath.Join(run, "plugin.etcd")}, byHandMember...)...)
 		var out strings.Builder
 		cmd.Stdout, cmd.Stderr = &out, &out
 		start := time.Now()
@@ -99,14 +86,7 @@ func BenchmarkRestoreLocal(b *testing.B) {
 			b.Fatalf("download: %v\n%s", err, o)
 		}
 		downloadWall += time.Since(start)
-		start = time.Now()
-		if _, err := ebsnapshot.Restore(file, ebsnapshot.Member{
-			Name: "m1", InitialCluster: "m1=http://127.0.0.1:2380", InitialAdvertisePeerURLs: []string{"http://127.0.0.1:2380"},
-			DataDir: filepath.Join(run, "byhand.etcd"),
-		}); err != nil {
-			b.Fatal(err)
-		}
-		etcdRestoreWall += time.Since(start)
+		etcdRestoreWall += etcdRestoreByHand(b, file, filepath.Join(run, "byhand.etcd"))
 		if err := os.RemoveAll(run); err != nil {
 			b.Fatal(err)
 		}
@@ -132,12 +112,61 @@ func BenchmarkRestoreLocal(b *testing.B) {
 		"pluginPeakRSSMiB": float64(peakRSS) / 1024, "steps": steps})
 }
 
-func dbMiB(b *testing.B) int {
-	mib := 1024
-	if v := os.Getenv("ETCDBACKUP_BENCH_DB_MIB"); v != "" {
+// envMiB is the size in MiB environment variable name asks for, def
+// when it is not set.
+func envMiB(b *testing.B, name string, def int) int {
+	mib := def
+	if v := os.Getenv(name); v != "" {
 		if _, err := fmt.Sscan(v, &mib); err != nil {
-			b.Fatalf("ETCDBACKUP_BENCH_DB_MIB=%q: %v", v, err)
+			b.Fatalf("%s=%q: %v", name, v, err)
 		}
 	}
 	return mib
+}
+
+// startProductWorld starts the sandbox and builds what a benchmark of the
+// installed product needs: the binaries (in binDir, the plugin's PATH
+// directory) and the images, imported into the node, both under dir.
+func startProductWorld(ctx context.Context, b *testing.B) (sb *sandbox.Sandbox, dir, binDir string, images *world.Images) {
+	b.Helper()
+	sb = sandbox.StartForTest(b)
+	dir = b.TempDir()
+	binDir = filepath.Join(dir, "bin")
+	if err := world.BuildBinaries(ctx, binDir); err != nil {
+		b.Fatal(err)
+	}
+	return sb, dir, binDir, importProductImages(ctx, b, sb, dir)
+}
+
+// importProductImages builds the product's images into dir and imports
+// them into the sandbox's node.
+func importProductImages(ctx context.Context, b *testing.B, sb *sandbox.Sandbox, dir string) *world.Images {
+	b.Helper()
+	images, err := world.BuildImages(ctx, filepath.Join(dir, "images"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := sb.ImportImages(ctx, images.Archives...); err != nil {
+		b.Fatal(err)
+	}
+	return images
+}
+
+// byHandMember is the one-member cluster a local restore writes, as the
+// plugin's flags; etcdRestoreByHand restores the same.
+var byHandMember = []string{"--member-name", "m1", "--initial-cluster", "m1=http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380"}
+
+// etcdRestoreByHand times etcd's own restore (etcdutl's snapshot package)
+// of file into dataDir as byHandMember: what an operator does by hand
+// after downloading a backup.
+func etcdRestoreByHand(b *testing.B, file, dataDir string) time.Duration {
+	b.Helper()
+	start := time.Now()
+	if _, err := ebsnapshot.Restore(file, ebsnapshot.Member{
+		Name: "m1", InitialCluster: "m1=http://127.0.0.1:2380", InitialAdvertisePeerURLs: []string{"http://127.0.0.1:2380"},
+		DataDir: dataDir,
+	}); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start)
 }

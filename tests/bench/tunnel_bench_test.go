@@ -178,7 +178,7 @@ func BenchmarkTunnelDownload(b *testing.B) {
 					}()
 				}
 				k := kubectl
-				k.Env = []string{"KUBECTL_PORT_FORWARD_WEBSOCKETS=" + strconv.FormatBool(tr.websockets)}
+				k.Env = append([]string{"KUBECTL_PORT_FORWARD_WEBSOCKETS=" + strconv.FormatBool(tr.websockets)}, pluginEnv()...)
 				dialer := rawDialer(b, sb, tr.websockets)
 				s := summary{transport: tr.name, link: link}
 				i := 0
@@ -243,6 +243,20 @@ func linkRates() []string {
 	return rates
 }
 
+// pluginEnv is ETCDBACKUP_BENCH_PLUGIN_ENV, KEY=VALUE pairs (comma
+// separated) added to the environment of kubectl and the plugin it execs,
+// to measure a runtime setting (GOGC=50, GOMEMLIMIT=40MiB) before it is
+// made the plugin's own.
+func pluginEnv() []string {
+	var env []string
+	for kv := range strings.SplitSeq(os.Getenv("ETCDBACKUP_BENCH_PLUGIN_ENV"), ",") {
+		if kv = strings.TrimSpace(kv); kv != "" {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
 // uploadBackup stores the backup the plugin downloads with `kubectl
 // etcdbackup upload`, from a file written in dir and removed after: the
 // server listens on its pod's loopback only, for port-forwards. The file
@@ -268,6 +282,8 @@ type sample struct {
 	// plugin (it includes kubectl's pre-exec peak, ~45 MiB, so above
 	// that it is the plugin's), and VmHWM sampled after the exec.
 	maxRSSKiB, sampledRSSKiB int64
+	anonKiB, fileKiB         int64
+	segments                 map[string]int64
 }
 
 // measurement accumulates the samples of one path.
@@ -276,6 +292,8 @@ type measurement struct {
 	wall, stream             time.Duration
 	cpu                      cpuUse
 	maxRSSKiB, sampledRSSKiB int64
+	anonKiB, fileKiB         int64
+	segments                 map[string]int64
 }
 
 func (m *measurement) add(s sample) {
@@ -285,11 +303,26 @@ func (m *measurement) add(s sample) {
 	m.cpu = m.cpu.add(s.cpu)
 	m.maxRSSKiB = max(m.maxRSSKiB, s.maxRSSKiB)
 	m.sampledRSSKiB = max(m.sampledRSSKiB, s.sampledRSSKiB)
+	m.anonKiB, m.fileKiB = max(m.anonKiB, s.anonKiB), max(m.fileKiB, s.fileKiB)
+	for k, v := range s.segments {
+		if m.segments == nil {
+			m.segments = map[string]int64{}
+		}
+		m.segments[k] = max(m.segments[k], v)
+	}
 }
 
-// peakRSSMiB is the plugin's peak RSS: ru_maxrss (exact, but kubectl's
-// pre-exec peak is in it too; that stays under 50 MiB) or the VmHWM
-// sampled after the exec, whichever is higher.
+// segmentsMiB says the binary's mappings' Rss, code first.
+func (m *measurement) segmentsMiB() string {
+	var parts []string
+	for _, p := range []string{"r-xp", "r--p", "rw-p"} {
+		if v, ok := m.segments[p]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.1f", p, float64(v)/1024))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 // peakRSSMiB is the plugin's VmHWM, sampled after kubectl exec'd it:
 // ru_maxrss will not do, as after vfork+exec Linux counts in it the RSS
 // the parent (this benchmark's process, with its in-process etcd) had at
@@ -340,7 +373,7 @@ func runPlugin(ctx context.Context, b *testing.B, forwards func() int, probe cpu
 	werr := cmd.Wait()
 	wall := time.Since(start)
 	cpu := probe.snapshot().since(cpu0)
-	sampled, image := rss.stop()
+	mem := rss.stop()
 	if werr != nil || rerr != nil {
 		b.Fatalf("kubectl etcdbackup download: %v (read: %v)\nstderr:\n%s", werr, rerr, stderr.String())
 	}
@@ -349,8 +382,8 @@ func runPlugin(ctx context.Context, b *testing.B, forwards func() int, probe cpu
 	}
 	// kubectl runs a plugin with execve on Linux: the child kubectl
 	// becomes the plugin, same pid.
-	if image != world.PluginBinary {
-		b.Fatalf("process %d ran %q, not the plugin: kubectl did not exec it", cmd.Process.Pid, image)
+	if mem.image != world.PluginBinary {
+		b.Fatalf("process %d ran %q, not the plugin: kubectl did not exec it", cmd.Process.Pid, mem.image)
 	}
 	cpu.plugin = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	return sample{
@@ -358,7 +391,10 @@ func runPlugin(ctx context.Context, b *testing.B, forwards func() int, probe cpu
 		stream:        last.Sub(first),
 		cpu:           cpu,
 		maxRSSKiB:     world.PeakRSSKiB(cmd),
-		sampledRSSKiB: sampled,
+		sampledRSSKiB: mem.peakKiB,
+		anonKiB:       mem.anonKiB,
+		fileKiB:       mem.fileKiB,
+		segments:      mem.segments,
 	}
 }
 
@@ -386,7 +422,7 @@ func runPluginParallel(ctx context.Context, b *testing.B, forwards func() int, p
 	werr := cmd.Wait()
 	wall := time.Since(start)
 	cpu := probe.snapshot().since(cpu0)
-	sampled, _ := rss.stop()
+	mem := rss.stop()
 	if werr != nil {
 		b.Fatalf("kubectl etcdbackup download --parallel: %v\nstderr:\n%s", werr, stderr.String())
 	}
@@ -394,7 +430,7 @@ func runPluginParallel(ctx context.Context, b *testing.B, forwards func() int, p
 		b.Fatalf("kubectl etcdbackup download --parallel wrote %v (%v), want %d bytes\nstderr:\n%s", st, err, snapshotSize, stderr.String())
 	}
 	cpu.plugin = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
-	return sample{wall: wall, stream: wall, cpu: cpu, maxRSSKiB: world.PeakRSSKiB(cmd), sampledRSSKiB: sampled}
+	return sample{wall: wall, stream: wall, cpu: cpu, maxRSSKiB: world.PeakRSSKiB(cmd), sampledRSSKiB: mem.peakKiB, anonKiB: mem.anonKiB, fileKiB: mem.fileKiB, segments: mem.segments}
 }
 
 // rssSampler polls /proc/PID/status for VmHWM while the plugin runs. The
@@ -408,6 +444,13 @@ type rssSampler struct {
 type rssResult struct {
 	peakKiB int64
 	image   string
+	// anonKiB and fileKiB are the largest RssAnon and RssFile sampled:
+	// the heap and stacks, and the pages of the binary it touched.
+	anonKiB, fileKiB int64
+	// segments is the largest Rss of each of the binary's mappings, by
+	// permissions (r-xp: code; r--p: read-only data, type and line
+	// tables; rw-p: data), from /proc/PID/smaps.
+	segments map[string]int64
 }
 
 func startRSSSampler(pid int) *rssSampler {
@@ -416,12 +459,21 @@ func startRSSSampler(pid int) *rssSampler {
 		var r rssResult
 		t := time.NewTicker(rssSampleEvery)
 		defer t.Stop()
-		for {
+		for ticks := 0; ; ticks++ {
 			// Only samples of the plugin's image count: before the exec
 			// the process is kubectl.
 			if exe, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); err == nil && filepath.Base(exe) == world.PluginBinary {
 				if v, err := world.ReadStatusValue(pid, "VmHWM"); err == nil {
 					r.peakKiB, r.image = max(r.peakKiB, v), world.PluginBinary
+				}
+				if v, err := world.ReadStatusValue(pid, "RssAnon"); err == nil {
+					r.anonKiB = max(r.anonKiB, v)
+				}
+				if v, err := world.ReadStatusValue(pid, "RssFile"); err == nil {
+					r.fileKiB = max(r.fileKiB, v)
+				}
+				if ticks%smapsEvery == 0 {
+					r.segments = binarySegments(pid, r.segments)
 				}
 			}
 			select {
@@ -435,10 +487,44 @@ func startRSSSampler(pid int) *rssSampler {
 	return s
 }
 
-func (s *rssSampler) stop() (peakKiB int64, image string) {
+// smapsEvery is how many RSS samples go by between two reads of smaps,
+// which is long.
+const smapsEvery = 20
+
+// binarySegments adds to seen the Rss (KiB) of each mapping of the
+// plugin's binary in /proc/PID/smaps, keyed by its permissions, keeping
+// the larger of the two.
+func binarySegments(pid int, seen map[string]int64) map[string]int64 {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")
+	if err != nil {
+		return seen
+	}
+	if seen == nil {
+		seen = map[string]int64{}
+	}
+	var perms string
+	for line := range strings.SplitSeq(string(data), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 5 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":"):
+			// A mapping's header: "ADDR-ADDR PERMS OFFSET DEV INODE
+			// [PATH]".
+			perms = ""
+			if len(f) >= 6 && filepath.Base(f[5]) == world.PluginBinary {
+				perms = f[1]
+			}
+		case len(f) == 3 && f[0] == "Rss:" && perms != "":
+			if v, err := strconv.ParseInt(f[1], 10, 64); err == nil {
+				seen[perms] = max(seen[perms], v)
+			}
+		}
+	}
+	return seen
+}
+
+func (s *rssSampler) stop() rssResult {
 	close(s.done)
-	r := <-s.result
-	return r.peakKiB, r.image
+	return <-s.result
 }
 
 // rawDialer is the port-forward dialer kubectl would use: WebSocket with
@@ -745,6 +831,10 @@ type tunnelPath struct {
 	Bench      float64 `json:"benchCPUPerGiB"`
 	Rest       float64 `json:"restCPUPerGiB"`
 	PeakRSSMiB float64 `json:"peakRSSMiB"`
+	// PeakAnonMiB and PeakFileMiB split it: the largest RssAnon (heap,
+	// stacks) and RssFile (the binary's pages) sampled.
+	PeakAnonMiB float64 `json:"peakAnonMiB,omitempty"`
+	PeakFileMiB float64 `json:"peakFileMiB,omitempty"`
 }
 
 // tunnelRow is what tools/benchreport reads of one transport and link.
@@ -766,7 +856,7 @@ func (m *measurement) jsonPath() tunnelPath {
 		MBps: m.mbps(), StreamMBps: m.streamMBps(),
 		CPU: perGiB(m.cpu.path()), Plugin: perGiB(m.cpu.plugin), APIServer: perGiB(m.cpu.apiserver),
 		Server: perGiB(m.cpu.server), Bench: perGiB(m.cpu.bench), Rest: perGiB(m.cpu.rest()),
-		PeakRSSMiB: m.peakRSSMiB(),
+		PeakRSSMiB: m.peakRSSMiB(), PeakAnonMiB: float64(m.anonKiB) / 1024, PeakFileMiB: float64(m.fileKiB) / 1024,
 	}
 }
 
@@ -811,8 +901,9 @@ func (s *summary) table() string {
 	fmt.Fprintf(w, "parallel/raw\t%.2f\t\t\t%s\t\t%s\t\t\t\t\t\n", s.parallel.mbps()/s.raw.mbps(),
 		ratio(s.parallel.cpu.path(), r.path()), ratio(s.parallel.cpu.apiserver, r.apiserver))
 	w.Flush()
-	fmt.Fprintf(&buf, "CPU: user+system of the path's processes, on %d CPUs. Plugin peak RSS (VmHWM sampled after exec): download -o - %.1f MiB, --parallel %d %.1f MiB (ru_maxrss, which counts the parent's: %.1f MiB).\n",
-		runtime.NumCPU(), s.plugin.peakRSSMiB(), parallelRanges, s.parallel.peakRSSMiB(), float64(s.plugin.maxRSSKiB)/1024)
+	fmt.Fprintf(&buf, "CPU: user+system of the path's processes, on %d CPUs. Plugin peak RSS (VmHWM sampled after exec): download -o - %.1f MiB (anonymous %.1f, the binary's pages %.1f: %s), --parallel %d %.1f MiB (%.1f, %.1f) (ru_maxrss, which counts the parent's: %.1f MiB).\n",
+		runtime.NumCPU(), s.plugin.peakRSSMiB(), float64(s.plugin.anonKiB)/1024, float64(s.plugin.fileKiB)/1024, s.plugin.segmentsMiB(),
+		parallelRanges, s.parallel.peakRSSMiB(), float64(s.parallel.anonKiB)/1024, float64(s.parallel.fileKiB)/1024, float64(s.plugin.maxRSSKiB)/1024)
 	return buf.String()
 }
 

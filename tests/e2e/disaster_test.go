@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,10 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/yaml"
 
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/server/config"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
 )
@@ -178,52 +174,13 @@ func restoreControlPlane(ctx context.Context, t *testing.T, c *cluster, storageC
 }
 
 // copyStorageConfig writes what an operator copies out of the cluster for
-// the day it is down: the server's configuration from its ConfigMap, with
-// only the S3 location, pointed at the store's address as this machine
-// reaches it and at credential and CA files copied from the Secret and
-// ConfigMap the server mounts.
+// the day it is down (world.BreakGlassStorageConfig).
 func copyStorageConfig(t *testing.T, c *cluster, product *world.Product) string {
 	t.Helper()
-	dir := t.TempDir()
-	get := func(kind, name, path string) string {
-		r := mustSucceed(t, c.run(t, nil, "-n", world.DefaultNamespace, "get", kind, name, "-o", "jsonpath={"+path+"}"), "get "+kind+" "+name)
-		return r.Stdout
-	}
-	var f config.File
-	if err := yaml.UnmarshalStrict([]byte(get("configmap", "etcdbackup-config", ".data.config\\.yaml")), &f); err != nil {
-		t.Fatal(err)
-	}
-	var s3 *storage.LocationConfig
-	for i := range f.Locations {
-		if f.Locations[i].S3 != nil {
-			s3 = &f.Locations[i]
-		}
-	}
-	if s3 == nil {
-		t.Fatal("no S3 location in the server's configuration")
-	}
-	files := map[string]string{}
-	for key, name := range map[string]string{"access-key-id": "id", "secret-access-key": "secret"} {
-		b, err := base64.StdEncoding.DecodeString(get("secret", "s3-credentials", ".data."+key))
-		if err != nil {
-			t.Fatal(err)
-		}
-		files[name] = string(b)
-	}
-	files["ca.crt"] = get("configmap", "s3-ca", ".data.ca\\.crt")
-	for name, content := range files {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	s3.S3.Endpoint = product.S3.Endpoint
-	s3.S3.AccessKeyIDFile, s3.S3.SecretAccessKeyFile, s3.S3.CABundleFile = "id", "secret", "ca.crt"
-	out, err := yaml.Marshal(config.File{Locations: []storage.LocationConfig{*s3}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	path, err := world.BreakGlassStorageConfig(ctx, c.kubectl, product, t.TempDir())
 	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(dir, "storage.yaml")
-	if err := os.WriteFile(path, out, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -16,15 +15,12 @@ import (
 
 	"filippo.io/age"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/storage"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/world"
-	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tunnel"
 )
 
 var (
@@ -34,27 +30,14 @@ var (
 )
 
 // etcdImage is etcd's own server main (tests/cmd/etcd) as an image.
-const etcdImage = "sandbox.local/etcd:e2e"
+const etcdImage = world.AppEtcdImage
 
 // etcdBinary builds etcd's own server main (tests/cmd/etcd) once, static,
 // for the etcd image.
 func etcdBinary(t *testing.T) string {
 	t.Helper()
 	etcdBinOnce.Do(func() {
-		root, err := world.RepoRoot()
-		if err != nil {
-			etcdBinErr = err
-			return
-		}
-		out := filepath.Join(binDir, "etcd")
-		cmd := exec.Command("go", "build", "-o", out, "./tests/cmd/etcd")
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			etcdBinErr = fmt.Errorf("go build ./tests/cmd/etcd: %v\n%s", err, b)
-			return
-		}
-		etcdBin = out
+		etcdBin, etcdBinErr = world.BuildEtcd(context.Background(), binDir)
 	})
 	if etcdBinErr != nil {
 		t.Fatal(etcdBinErr)
@@ -63,186 +46,27 @@ func etcdBinary(t *testing.T) string {
 }
 
 const (
-	appNS        = "app"
-	appTarget    = "app-etcd"
-	appToken     = "app-etcd-token"
-	appMembers   = 3
-	appDataDir   = "data"
-	appMountPath = "/var/lib/etcd"
+	appNS      = "app"
+	appTarget  = "app-etcd"
+	appToken   = "app-etcd-token"
+	appMembers = world.AppEtcdMembers
+	appDataDir = world.AppEtcdDataDir
 )
 
-func appMember(i int) world.ClusterMember {
-	n := fmt.Sprintf("etcd-%d", i)
-	return world.ClusterMember{
-		Name:      n,
-		PeerURL:   fmt.Sprintf("http://%s.%s.svc:2380", n, appNS),
-		ClientURL: fmt.Sprintf("http://%s.%s.svc:2379", n, appNS),
-		DataDir:   appDataDir,
-		ClaimName: "data-" + n,
-	}
-}
+func appMember(i int) world.ClusterMember { return world.AppMember(appNS, i) }
 
 // appCluster is the YAML of a 3-member etcd running in namespace app as
 // three Deployments, each with its own PVC and ClusterIP Service, plus
 // what the etcdbackup server needs there to run restore Jobs.
 func appCluster(members []world.ClusterMember) string {
-	var ic []string
-	for _, m := range members {
-		ic = append(ic, m.Name+"="+m.PeerURL)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, `apiVersion: v1
-kind: Namespace
-metadata:
-  name: %[1]s
----
-# Restore agents run beside the volumes, under their own ServiceAccount.
-apiVersion: v1
-kind: ServiceAccount
-metadata:
-  name: etcdbackup-agent
-  namespace: %[1]s
-automountServiceAccountToken: false
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata:
-  name: etcdbackup-server
-  namespace: %[1]s
-rules:
-  - apiGroups: [batch]
-    resources: [jobs]
-    verbs: [create, get, list, watch, delete, patch]
-  - apiGroups: [""]
-    resources: [pods]
-    verbs: [get, list, watch]
-  - apiGroups: [""]
-    resources: [pods/log]
-    verbs: [get]
-  - apiGroups: [""]
-    resources: [events]
-    verbs: [list, watch]
-  - apiGroups: [""]
-    resources: [configmaps]
-    resourceNames: [etcdbackup-agent-ca]
-    verbs: [get, update]
-  - apiGroups: [""]
-    resources: [configmaps]
-    verbs: [create]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata:
-  name: etcdbackup-server
-  namespace: %[1]s
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: Role
-  name: etcdbackup-server
-subjects:
-  - kind: ServiceAccount
-    name: etcdbackup-server
-    namespace: %[2]s
-`, appNS, world.DefaultNamespace)
-	for _, m := range members {
-		fmt.Fprintf(&b, `---
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: %[2]s
-  namespace: %[3]s
-spec:
-  accessModes: [ReadWriteOnce]
-  resources:
-    requests:
-      storage: 1Gi
----
-apiVersion: v1
-kind: Service
-metadata:
-  name: %[1]s
-  namespace: %[3]s
-spec:
-  selector:
-    app: etcd
-    member: %[1]s
-  ports:
-    - name: client
-      port: 2379
-      targetPort: client
-    - name: peer
-      port: 2380
-      targetPort: peer
----
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: %[1]s
-  namespace: %[3]s
-spec:
-  replicas: 1
-  strategy:
-    type: Recreate
-  selector:
-    matchLabels:
-      app: etcd
-      member: %[1]s
-  template:
-    metadata:
-      labels:
-        app: etcd
-        member: %[1]s
-    spec:
-      securityContext:
-        runAsNonRoot: true
-        runAsUser: 65532
-        runAsGroup: 65532
-        fsGroup: 65532
-      containers:
-        - name: etcd
-          image: %[10]s
-          imagePullPolicy: Never
-          args:
-            - --name=%[1]s
-            - --data-dir=%[4]s/%[5]s
-            - --listen-client-urls=http://0.0.0.0:2379
-            - --advertise-client-urls=%[6]s
-            - --listen-peer-urls=http://0.0.0.0:2380
-            - --initial-advertise-peer-urls=%[7]s
-            - --initial-cluster=%[8]s
-            - --initial-cluster-token=%[9]s
-            - --initial-cluster-state=new
-          ports:
-            - name: client
-              containerPort: 2379
-            - name: peer
-              containerPort: 2380
-          volumeMounts:
-            - name: data
-              mountPath: %[4]s
-      volumes:
-        - name: data
-          persistentVolumeClaim:
-            claimName: %[2]s
-`, m.Name, m.ClaimName, appNS, appMountPath, m.DataDir, m.ClientURL, m.PeerURL, strings.Join(ic, ","), appToken, etcdImage)
-	}
-	return b.String()
+	return world.AppEtcdYAML(appNS, appToken, members)
 }
 
 // appClient is an etcd client to member through a port-forward to its
 // Service's pod, as kubectl port-forward would open.
 func appClient(t *testing.T, sb *sandbox.Sandbox, member string) *clientv3.Client {
 	t.Helper()
-	d, err := tunnel.New(sb.RESTConfig(), tunnel.Target{Namespace: appNS, Service: member, PortName: "client"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := clientv3.New(clientv3.Config{
-		Endpoints:   []string{"http://" + member + ":2379"},
-		DialTimeout: 10 * time.Second,
-		DialOptions: []grpc.DialOption{grpc.WithContextDialer(d.DialContext)},
-		Logger:      zap.NewNop(),
-	})
+	c, err := world.AppEtcdClient(sb.RESTConfig(), appNS, member)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,35 +77,11 @@ func appClient(t *testing.T, sb *sandbox.Sandbox, member string) *clientv3.Clien
 // quorum read works, and returns its member list.
 func waitHealthy(ctx context.Context, t *testing.T, c *clientv3.Client, n int) *clientv3.MemberListResponse {
 	t.Helper()
-	var last error
-	for {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ml, err := c.MemberList(rctx)
-		if err == nil {
-			started := 0
-			for _, m := range ml.Members {
-				if m.Name != "" {
-					started++
-				}
-			}
-			if started == n {
-				_, err = c.Get(rctx, "health-probe")
-				if err == nil {
-					cancel()
-					return ml
-				}
-			} else {
-				err = fmt.Errorf("%d of %d members started", started, n)
-			}
-		}
-		cancel()
-		last = err
-		select {
-		case <-ctx.Done():
-			t.Fatalf("etcd cluster not healthy with %d members: %v", n, last)
-		case <-time.After(time.Second):
-		}
+	ml, err := world.WaitEtcdHealthy(ctx, c, n)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return ml
 }
 
 func scaleApp(t *testing.T, c *cluster, replicas int) {

@@ -68,6 +68,9 @@ type ProductOptions struct {
 	// CopyDefaultTo, when set, makes location default copy everything it
 	// stores to the location of that name (copies: [{to: NAME}]).
 	CopyDefaultTo string
+	// AgentMemoryLimit, when set, is the agents' memory limit
+	// (agents.resources; requests as the default's).
+	AgentMemoryLimit string
 }
 
 // Kit is the control-plane target's recovery kit: the node's directories
@@ -372,7 +375,7 @@ data:
         tlsSecret: etcd-client
 %[9]s%[4]s    agents:
       serviceAccount: etcdbackup-agent
-%[5]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), authorization(opts.Authorization), EtcdServiceURL, replicas, shared+copyLines(opts.CopyDefaultTo), kitLines(opts.Kit), vaultLines(opts.Vault, s3.Region)),
+%[11]s%[5]s`, s3.Bucket, s3.Region, S3ServiceName, plainTargets(extra)+clusterTargets(cluster), authorization(opts.Authorization), EtcdServiceURL, replicas, shared+copyLines(opts.CopyDefaultTo), kitLines(opts.Kit), vaultLines(opts.Vault, s3.Region), agentResources(opts.AgentMemoryLimit)),
 		"deployment.yaml": `apiVersion: apps/v1
 kind: Deployment
 metadata:
@@ -405,6 +408,18 @@ spec:
 		}
 	}
 	return nil
+}
+
+// agentResources are the agents: lines of a memory limit other than the
+// default's.
+func agentResources(limit string) string {
+	if limit == "" {
+		return ""
+	}
+	return fmt.Sprintf(`      resources:
+        requests: {cpu: 100m, memory: 128Mi}
+        limits: {memory: %s}
+`, limit)
 }
 
 func authorization(mode string) string {

@@ -24,3 +24,19 @@ func TestListScaleAndRestoreTables(t *testing.T) {
 		t.Error("the report lists the tunnel's reads and writes as phases")
 	}
 }
+
+// BenchmarkRestoreCluster's line makes the in-cluster and break-glass
+// tables, with each restore's own account of itself.
+func TestRestoreClusterTable(t *testing.T) {
+	md, _ := reportOf(t, "testdata/scale/restore-cluster.txt")
+	wantIn(t, md,
+		"## In-cluster restore of a three-member target; the break-glass restore from S3",
+		"a 3-member etcd of pods on PVCs holding about 256 MiB",
+		"took 12.50 s",
+		"| 31.25 s | 27 s | 9.50 s | 40.75 s |",
+		"`target \"app-etcd\" restored in 31s, from the command to every member's Job succeeded`",
+		"The slowest member's restore agent, in its Job's log: `etcd-2 took 26.1s: download 19.5s, verify 1.8s, rebuild 4.8s`.",
+		"| 6.40 s | 3.50 s | 2.60 s | 1.05 |",
+		"`restored in 6.3s: download 3.4s, verify 0.6s, rebuild 2.3s`",
+	)
+}

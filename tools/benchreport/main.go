@@ -118,6 +118,7 @@ type results struct {
 	profiled []row
 	list     *listResult
 	restore  *restoreResult
+	cluster  *restoreClusterResult
 	// baseline holds the rows of another build run in the same rounds.
 	baseline *results
 }
@@ -176,6 +177,9 @@ func run(out, before, include, notes string, inputs []string) error {
 	}
 	if after.restore != nil {
 		md.WriteString(restoreSection(after.restore))
+	}
+	if after.cluster != nil {
+		md.WriteString(restoreClusterSection(after.cluster))
 	}
 	md.WriteString(hotSection(after.profiled, old))
 	for _, f := range []string{notes, include} {
@@ -262,6 +266,12 @@ func read(files ...string) (*results, error) {
 					return nil, fmt.Errorf("%s: %w", f, err)
 				}
 				r.restore = &rr
+			case "restore-cluster":
+				var rc restoreClusterResult
+				if err := json.Unmarshal([]byte(line), &rc); err != nil {
+					return nil, fmt.Errorf("%s: %w", f, err)
+				}
+				r.cluster = &rc
 			}
 		}
 	}
