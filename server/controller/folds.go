@@ -105,13 +105,16 @@ func (c *Controller) foldChain(ctx context.Context, ls *domain.Listings, t confi
 			fmt.Sprintf("chain %s has %d segments, more than one fold reads (%d)", full.Name, len(segs), jobs.MaxFoldSegments))
 	}
 	in := jobs.FoldInputs{Full: jobs.FoldRef{Name: full.Name, SHA256: full.SHA256}, ToRevision: last}
+	size := full.PlainSize()
 	for _, s := range segs {
 		in.Segments = append(in.Segments, jobs.FoldRef{Name: s.Name, SHA256: s.SHA256})
+		size += s.PlainSize()
 	}
 	name := jobs.FoldName(t.Name, last)
 	_, err = c.agents.StartFold(ctx, jobs.FoldSpec{
 		Target: t, Backup: name, Location: locName, Inputs: in,
 		Compression: ebv1.CompressionFromName(t.Compression), AgeRecipients: t.AgeRecipients(), IdentitySecret: t.Deltas.IdentitySecret,
+		SnapshotBytes: size,
 	})
 	if errors.Is(err, jobs.ErrRunning) {
 		return nil

@@ -61,6 +61,10 @@ type FoldSpec struct {
 	// IdentitySecret names a Secret in the server's namespace with age
 	// identity files, for an encrypted chain.
 	IdentitySecret string
+	// SnapshotBytes is the plain size of the full and its segments
+	// together, which sizes the agent's memory limit (sizeMemoryFor); 0
+	// if unknown.
+	SnapshotBytes int64
 }
 
 // FoldName is the name of the full backup a fold of target's chain to
@@ -134,6 +138,7 @@ func (l *Launcher) foldJob(spec FoldSpec) (*batchv1.Job, error) {
 			AnnotationFoldInputs: string(inputs),
 		},
 	}, agentSecurityContext(), flags, volumes, mounts)
+	l.sizeMemoryFor(job, spec.SnapshotBytes)
 	return job, nil
 }
 

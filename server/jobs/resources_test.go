@@ -126,13 +126,13 @@ func TestAgentResourcesConfigured(t *testing.T) {
 	}
 }
 
-// Restore and drill agents run etcd's restore code, which maps the whole
-// database: under the default resources their memory limit grows by the
+// Restore, drill and fold agents run etcd's restore code, which maps the
+// whole database: under the default resources their memory limit grows by the
 // snapshot's size (in whole MiB), the request stays; configured
 // resources are kept as they are.
-func TestRestoreAndDrillMemorySizedToSnapshot(t *testing.T) {
+func TestRestoreDrillAndFoldMemorySizedToSnapshot(t *testing.T) {
 	const sha = "6794a8ff9654e821ba067dda207cf98ec8f022ce1c001fd07cd542530cd173f5"
-	limits := func(t *testing.T, agents config.Agents, snapshot int64) (restore, drill corev1.ResourceRequirements) {
+	limits := func(t *testing.T, agents config.Agents, snapshot int64) (restore, drill, fold corev1.ResourceRequirements) {
 		t.Helper()
 		l, _ := newLauncher(t, agents)
 		ctx := context.Background()
@@ -144,7 +144,12 @@ func TestRestoreAndDrillMemorySizedToSnapshot(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r[0].Spec.Template.Spec.Containers[0].Resources, d.Spec.Template.Spec.Containers[0].Resources
+		f, err := l.StartFold(ctx, jobs.FoldSpec{Target: target, Backup: jobs.FoldName(target.Name, 5000), Location: "default",
+			Inputs: foldInputs(3), SnapshotBytes: snapshot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r[0].Spec.Template.Spec.Containers[0].Resources, d.Spec.Template.Spec.Containers[0].Resources, f.Spec.Template.Spec.Containers[0].Resources
 	}
 	for _, c := range []struct {
 		name     string
@@ -159,8 +164,8 @@ func TestRestoreAndDrillMemorySizedToSnapshot(t *testing.T) {
 			Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("768Mi")}}}, 1 << 30, "768Mi"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r, d := limits(t, c.agents, c.snapshot)
-			for kind, res := range map[string]corev1.ResourceRequirements{"restore": r, "drill": d} {
+			r, d, f := limits(t, c.agents, c.snapshot)
+			for kind, res := range map[string]corev1.ResourceRequirements{"restore": r, "drill": d, "fold": f} {
 				if got := quantity(res.Limits, corev1.ResourceMemory); got != c.limit {
 					t.Errorf("%s agent's memory limit %s, want %s", kind, got, c.limit)
 				}
