@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kubectl-etcdbackup/kubectl-etcdbackup/tests/sandbox"
@@ -86,24 +87,28 @@ func BenchmarkRestoreCluster(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(product.Stop)
-	membersServing := func() {
+	// serving waits until every member's Deployment is available and
+	// the cluster serves a quorum read, and returns a client to member.
+	serving := func(member string) *clientv3.Client {
 		b.Helper()
 		for _, m := range members {
 			if err := sb.WaitForDeploymentAvailable(ctx, clusterNS, m.Name); err != nil {
 				b.Fatal(err)
 			}
 		}
+		ec, err := world.AppEtcdClient(sb.RESTConfig(), clusterNS, member)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := world.WaitEtcdHealthy(ctx, ec, len(members)); err != nil {
+			ec.Close()
+			b.Fatal(err)
+		}
+		return ec
 	}
-	membersServing()
 
 	// Fill the members with 1 MiB values, half random, then the marker.
-	ec, err := world.AppEtcdClient(sb.RESTConfig(), clusterNS, members[0].Name)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := world.WaitEtcdHealthy(ctx, ec, len(members)); err != nil {
-		b.Fatal(err)
-	}
+	ec := serving(members[0].Name)
 	val := make([]byte, 1<<20)
 	for j := len(val) / 2; j < len(val); j++ {
 		val[j] = byte(j % 7)
@@ -187,14 +192,7 @@ func BenchmarkRestoreCluster(b *testing.B) {
 		agentSteps = slowestMember(ctx, b, sb, k)
 		began := time.Now()
 		scale(1)
-		membersServing()
-		ec, err := world.AppEtcdClient(sb.RESTConfig(), clusterNS, members[1].Name)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := world.WaitEtcdHealthy(ctx, ec, len(members)); err != nil {
-			b.Fatal(err)
-		}
+		ec := serving(members[1].Name)
 		got, err := ec.Get(ctx, clusterMarker)
 		ec.Close()
 		if err != nil {

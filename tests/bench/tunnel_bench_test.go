@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -280,20 +281,18 @@ type sample struct {
 	cpu    cpuUse
 	// Plugin only: ru_maxrss of the kubectl process, which execs the
 	// plugin (it includes kubectl's pre-exec peak, ~45 MiB, so above
-	// that it is the plugin's), and VmHWM sampled after the exec.
-	maxRSSKiB, sampledRSSKiB int64
-	anonKiB, fileKiB         int64
-	segments                 map[string]int64
+	// that it is the plugin's), and what was sampled after the exec.
+	maxRSSKiB int64
+	mem       rssResult
 }
 
 // measurement accumulates the samples of one path.
 type measurement struct {
-	n                        int
-	wall, stream             time.Duration
-	cpu                      cpuUse
-	maxRSSKiB, sampledRSSKiB int64
-	anonKiB, fileKiB         int64
-	segments                 map[string]int64
+	n            int
+	wall, stream time.Duration
+	cpu          cpuUse
+	maxRSSKiB    int64
+	mem          rssResult
 }
 
 func (m *measurement) add(s sample) {
@@ -302,21 +301,14 @@ func (m *measurement) add(s sample) {
 	m.stream += s.stream
 	m.cpu = m.cpu.add(s.cpu)
 	m.maxRSSKiB = max(m.maxRSSKiB, s.maxRSSKiB)
-	m.sampledRSSKiB = max(m.sampledRSSKiB, s.sampledRSSKiB)
-	m.anonKiB, m.fileKiB = max(m.anonKiB, s.anonKiB), max(m.fileKiB, s.fileKiB)
-	for k, v := range s.segments {
-		if m.segments == nil {
-			m.segments = map[string]int64{}
-		}
-		m.segments[k] = max(m.segments[k], v)
-	}
+	m.mem = m.mem.merge(s.mem)
 }
 
 // segmentsMiB says the binary's mappings' Rss, code first.
 func (m *measurement) segmentsMiB() string {
 	var parts []string
 	for _, p := range []string{"r-xp", "r--p", "rw-p"} {
-		if v, ok := m.segments[p]; ok {
+		if v, ok := m.mem.segments[p]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.1f", p, float64(v)/1024))
 		}
 	}
@@ -329,7 +321,7 @@ func (m *measurement) segmentsMiB() string {
 // the fork, which is how earlier runs reported the plugin at 106 MiB while
 // this process was small and 3.7 GiB once it was large.
 func (m *measurement) peakRSSMiB() float64 {
-	return float64(m.sampledRSSKiB) / 1024
+	return float64(m.mem.peakKiB) / 1024
 }
 
 func (m *measurement) mbps() float64 {
@@ -387,14 +379,11 @@ func runPlugin(ctx context.Context, b *testing.B, forwards func() int, probe cpu
 	}
 	cpu.plugin = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	return sample{
-		wall:          wall,
-		stream:        last.Sub(first),
-		cpu:           cpu,
-		maxRSSKiB:     world.PeakRSSKiB(cmd),
-		sampledRSSKiB: mem.peakKiB,
-		anonKiB:       mem.anonKiB,
-		fileKiB:       mem.fileKiB,
-		segments:      mem.segments,
+		wall:      wall,
+		stream:    last.Sub(first),
+		cpu:       cpu,
+		maxRSSKiB: world.PeakRSSKiB(cmd),
+		mem:       mem,
 	}
 }
 
@@ -430,7 +419,7 @@ func runPluginParallel(ctx context.Context, b *testing.B, forwards func() int, p
 		b.Fatalf("kubectl etcdbackup download --parallel wrote %v (%v), want %d bytes\nstderr:\n%s", st, err, snapshotSize, stderr.String())
 	}
 	cpu.plugin = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
-	return sample{wall: wall, stream: wall, cpu: cpu, maxRSSKiB: world.PeakRSSKiB(cmd), sampledRSSKiB: mem.peakKiB, anonKiB: mem.anonKiB, fileKiB: mem.fileKiB, segments: mem.segments}
+	return sample{wall: wall, stream: wall, cpu: cpu, maxRSSKiB: world.PeakRSSKiB(cmd), mem: mem}
 }
 
 // rssSampler polls /proc/PID/status for VmHWM while the plugin runs. The
@@ -463,18 +452,14 @@ func startRSSSampler(pid int) *rssSampler {
 			// Only samples of the plugin's image count: before the exec
 			// the process is kubectl.
 			if exe, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); err == nil && filepath.Base(exe) == world.PluginBinary {
-				if v, err := world.ReadStatusValue(pid, "VmHWM"); err == nil {
-					r.peakKiB, r.image = max(r.peakKiB, v), world.PluginBinary
-				}
-				if v, err := world.ReadStatusValue(pid, "RssAnon"); err == nil {
-					r.anonKiB = max(r.anonKiB, v)
-				}
-				if v, err := world.ReadStatusValue(pid, "RssFile"); err == nil {
-					r.fileKiB = max(r.fileKiB, v)
-				}
+				now := rssResult{image: world.PluginBinary}
+				now.peakKiB, _ = world.ReadStatusValue(pid, "VmHWM")
+				now.anonKiB, _ = world.ReadStatusValue(pid, "RssAnon")
+				now.fileKiB, _ = world.ReadStatusValue(pid, "RssFile")
 				if ticks%smapsEvery == 0 {
-					r.segments = binarySegments(pid, r.segments)
+					now.segments = binarySegments(pid)
 				}
+				r = r.merge(now)
 			}
 			select {
 			case <-s.done:
@@ -491,17 +476,33 @@ func startRSSSampler(pid int) *rssSampler {
 // which is long.
 const smapsEvery = 20
 
-// binarySegments adds to seen the Rss (KiB) of each mapping of the
-// plugin's binary in /proc/PID/smaps, keyed by its permissions, keeping
-// the larger of the two.
-func binarySegments(pid int, seen map[string]int64) map[string]int64 {
+// merge is the larger of r's and o's values, each on its own (the image
+// is o's, when r has none).
+func (r rssResult) merge(o rssResult) rssResult {
+	r.peakKiB, r.anonKiB, r.fileKiB = max(r.peakKiB, o.peakKiB), max(r.anonKiB, o.anonKiB), max(r.fileKiB, o.fileKiB)
+	if r.image == "" {
+		r.image = o.image
+	}
+	if len(o.segments) > 0 {
+		r.segments = maps.Clone(r.segments)
+		if r.segments == nil {
+			r.segments = map[string]int64{}
+		}
+		for k, v := range o.segments {
+			r.segments[k] = max(r.segments[k], v)
+		}
+	}
+	return r
+}
+
+// binarySegments is the Rss (KiB) of each mapping of the plugin's binary
+// in /proc/PID/smaps, keyed by its permissions; nil if it cannot be read.
+func binarySegments(pid int) map[string]int64 {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps")
 	if err != nil {
-		return seen
+		return nil
 	}
-	if seen == nil {
-		seen = map[string]int64{}
-	}
+	seen := map[string]int64{}
 	var perms string
 	for line := range strings.SplitSeq(string(data), "\n") {
 		f := strings.Fields(line)
@@ -856,7 +857,7 @@ func (m *measurement) jsonPath() tunnelPath {
 		MBps: m.mbps(), StreamMBps: m.streamMBps(),
 		CPU: perGiB(m.cpu.path()), Plugin: perGiB(m.cpu.plugin), APIServer: perGiB(m.cpu.apiserver),
 		Server: perGiB(m.cpu.server), Bench: perGiB(m.cpu.bench), Rest: perGiB(m.cpu.rest()),
-		PeakRSSMiB: m.peakRSSMiB(), PeakAnonMiB: float64(m.anonKiB) / 1024, PeakFileMiB: float64(m.fileKiB) / 1024,
+		PeakRSSMiB: m.peakRSSMiB(), PeakAnonMiB: float64(m.mem.anonKiB) / 1024, PeakFileMiB: float64(m.mem.fileKiB) / 1024,
 	}
 }
 
@@ -902,8 +903,8 @@ func (s *summary) table() string {
 		ratio(s.parallel.cpu.path(), r.path()), ratio(s.parallel.cpu.apiserver, r.apiserver))
 	w.Flush()
 	fmt.Fprintf(&buf, "CPU: user+system of the path's processes, on %d CPUs. Plugin peak RSS (VmHWM sampled after exec): download -o - %.1f MiB (anonymous %.1f, the binary's pages %.1f: %s), --parallel %d %.1f MiB (%.1f, %.1f) (ru_maxrss, which counts the parent's: %.1f MiB).\n",
-		runtime.NumCPU(), s.plugin.peakRSSMiB(), float64(s.plugin.anonKiB)/1024, float64(s.plugin.fileKiB)/1024, s.plugin.segmentsMiB(),
-		parallelRanges, s.parallel.peakRSSMiB(), float64(s.parallel.anonKiB)/1024, float64(s.parallel.fileKiB)/1024, float64(s.plugin.maxRSSKiB)/1024)
+		runtime.NumCPU(), s.plugin.peakRSSMiB(), float64(s.plugin.mem.anonKiB)/1024, float64(s.plugin.mem.fileKiB)/1024, s.plugin.segmentsMiB(),
+		parallelRanges, s.parallel.peakRSSMiB(), float64(s.parallel.mem.anonKiB)/1024, float64(s.parallel.mem.fileKiB)/1024, float64(s.plugin.maxRSSKiB)/1024)
 	return buf.String()
 }
 
